@@ -1,0 +1,167 @@
+"""Prefix-cache interface shared by the radix cache and the disabled cache.
+
+Ownership and locking contract (every implementation follows it, so the engine treats them alike):
+
+* Ownership. Every KV slot has exactly one owner: the allocator (free), the cache (the tree holds
+  it), or one running request (slots it allocated and has not handed over yet). The accounting
+  invariant is `allocator.num_free + cache.total_size + running-only slots == allocator.num_slots`.
+
+* `match_prefix(key)` -> `MatchResult(slots, node, length)`. `slots[:length]` are the cache's own
+  slots for `key[:length]`; the caller may read them but never frees them. `node` is an opaque
+  handle (the last matched node). The match may be evicted at any later call unless locked, so
+  call `lock(node)` right away, before anything else can evict.
+
+* `lock(node)` / `unlock(node)`: a request locks its handle while it uses the matched slots and
+  unlocks it exactly once when done. Locking pins the whole path from the handle to the root,
+  so none of it is evicted. Unlocking more often than locking raises.
+
+* `insert(key, slots)` -> `cached_len`. The cache takes ownership of `slots[cached_len:aligned]`
+  where `aligned = len(key) // page_size * page_size` (only whole pages are cached). It does not
+  free anything itself. The CALLER then frees exactly:
+    - `slots[matched_len:cached_len]`: positions someone else cached since this caller's match,
+      so the caller's copies are duplicates (`matched_len` is the length of the match whose
+      handle the caller holds, 0 if it never matched; `slots[:matched_len]` are the cache's own);
+    - `slots[aligned:]`: the partial last page, which the cache did not take.
+  After that the caller owns none of `slots`. A caller that keeps running after an insert must
+  re-match to get the cache's slots for the positions it freed. `cache_finished` does all of it.
+
+* `evict(n)` frees at least `n` tokens (if that many are evictable) of unlocked leaves, least
+  recently used first, returning the slots to the allocator; it returns the number freed.
+
+* The disabled cache (`NoPrefixCache`) fits the same contract: a match is always empty,
+  `insert` takes nothing and returns `len(key)` ("all of it is a duplicate"), so the same caller
+  code frees every slot of the finished request.
+
+Keys are token-id sequences; `namespace` (tenant + cache salt) separates trees so no prefix is
+ever shared across namespaces.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from runtime.kv_pool import SlotAllocator
+
+
+class MatchResult(NamedTuple):
+    slots: torch.Tensor  # int64, the cache's own slots for key[:length]
+    node: Any  # handle for lock/unlock
+    length: int
+
+
+_EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
+
+
+class BasePrefixCache(abc.ABC):
+    page_size: int = 1
+
+    @abc.abstractmethod
+    def match_prefix(self, key: Sequence[int], namespace: str = "") -> MatchResult: ...
+
+    @abc.abstractmethod
+    def prefix_match_length(self, key: Sequence[int], namespace: str = "") -> int:
+        """Length `match_prefix` would return, without mutating anything (for scheduling)."""
+
+    @abc.abstractmethod
+    def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: str = "") -> int: ...
+
+    @abc.abstractmethod
+    def lock(self, node: Any) -> None: ...
+
+    @abc.abstractmethod
+    def unlock(self, node: Any) -> None: ...
+
+    @abc.abstractmethod
+    def evict(self, num_tokens: int) -> int: ...
+
+    @abc.abstractmethod
+    def reset(self) -> None: ...
+
+    @abc.abstractmethod
+    def check_invariant(self, running_only_slots: int = 0) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def protected_size(self) -> int: ...
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+    @property
+    @abc.abstractmethod
+    def allocator(self) -> SlotAllocator | None: ...
+
+    def cache_finished(self, key: Sequence[int], slots: torch.Tensor, node: Any,
+                       matched_len: int, namespace: str = "") -> int:
+        """Hand a finished request's KV to the cache and release its lock.
+
+        `slots[i]` is the slot of `key[i]`; `node`/`matched_len` come from the request's locked
+        match. Frees the duplicates and the partial last page as the contract says; returns
+        the cached length. Afterwards the request owns no slots.
+        """
+        if slots.numel() != len(key):
+            raise ValueError(f"{slots.numel()} slots for {len(key)} tokens")
+        cached_len = self.insert(key, slots, namespace)
+        if cached_len < matched_len:
+            raise RuntimeError("insert found less than the locked match: namespace/key mismatch")
+        aligned = len(key) // self.page_size * self.page_size
+        if self.allocator is not None:
+            self.allocator.free(slots[matched_len:cached_len])
+            self.allocator.free(slots[aligned:])
+        self.unlock(node)
+        return cached_len
+
+
+class NoPrefixCache(BasePrefixCache):
+    """Cache disabled: nothing is ever cached; every finished request frees all its slots."""
+
+    def __init__(self, allocator: SlotAllocator | None = None):
+        self._allocator = allocator
+        self.evicted_tokens = 0
+
+    @property
+    def allocator(self) -> SlotAllocator | None:
+        return self._allocator
+
+    def match_prefix(self, key: Sequence[int], namespace: str = "") -> MatchResult:
+        return MatchResult(_EMPTY_SLOTS, None, 0)
+
+    def prefix_match_length(self, key: Sequence[int], namespace: str = "") -> int:
+        return 0
+
+    def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: str = "") -> int:
+        # Takes nothing; "everything is already cached" makes the caller free slots[0:len(key)].
+        return len(key)
+
+    def lock(self, node: Any) -> None:
+        pass
+
+    def unlock(self, node: Any) -> None:
+        pass
+
+    def evict(self, num_tokens: int) -> int:
+        return 0
+
+    def reset(self) -> None:
+        pass
+
+    def check_invariant(self, running_only_slots: int = 0) -> None:
+        if self._allocator is not None:
+            a = self._allocator
+            assert a.num_free + running_only_slots == a.num_slots, (a.num_free, running_only_slots, a.num_slots)
+
+    @property
+    def evictable_size(self) -> int:
+        return 0
+
+    @property
+    def protected_size(self) -> int:
+        return 0
