@@ -26,7 +26,7 @@ from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool, ReqToTokenTable
-from runtime.loader import resolve_model_dir, read_config
+from runtime.loader import load_tokenizer, read_config, resolve_model_dir
 from runtime.model import LlamaModel, load_weights
 from runtime.prefix_cache import BasePrefixCache, NoPrefixCache
 from runtime.radix_cache import RadixCache
@@ -65,12 +65,10 @@ class Engine:
         dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
         self.dtype = getattr(torch, dtype_name)
 
-        from transformers import AutoTokenizer
-
         self.model_dir = resolve_model_dir(cfg.model)
         self.model_config = mc = read_config(self.model_dir)
         self.model_name = _model_name(cfg.model, self.model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.tokenizer = load_tokenizer(self.model_dir)
         self.model = LlamaModel(mc, load_weights(self.model_dir), self.device, self.dtype)
 
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)

@@ -211,3 +211,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         json.dumps({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]})
     )
     log.info("converted %s -> %s", gguf_path, out_dir)
+
+
+def load_tokenizer(model_dir: Path):
+    """The model folder's Hugging Face tokenizer; a broken one fails with the file named."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as e:  # transformers raises many kinds (KeyError, ValueError, OSError, ...)
+        raise ModelLoadError(f"{model_dir / 'tokenizer.json'}: cannot load tokenizer ({type(e).__name__}: {e})") from e

@@ -42,6 +42,8 @@ class ModelConfig:
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
+            # transformers >= 5 writes `rope_parameters` (theta + scaling) instead of `rope_scaling`.
+            rope = cfg.get("rope_parameters") or {}
             eos = cfg.get("eos_token_id")
             eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
             return cls(
@@ -53,8 +55,8 @@ class ModelConfig:
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=cfg.get("rope_scaling"),
+                rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),

@@ -97,7 +97,7 @@ class BasePrefixCache(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def allocator(self) -> SlotAllocator | None: ...
+    def allocator(self) -> SlotAllocator: ...
 
     def cache_finished(self, key: Sequence[int], slots: torch.Tensor, node: Any,
                        matched_len: int, namespace: str = "") -> int:
@@ -113,9 +113,8 @@ class BasePrefixCache(abc.ABC):
         if cached_len < matched_len:
             raise RuntimeError("insert found less than the locked match: namespace/key mismatch")
         aligned = len(key) // self.page_size * self.page_size
-        if self.allocator is not None:
-            self.allocator.free(slots[matched_len:cached_len])
-            self.allocator.free(slots[aligned:])
+        self.allocator.free(slots[matched_len:cached_len])
+        self.allocator.free(slots[aligned:])
         self.unlock(node)
         return cached_len
 
@@ -123,12 +122,12 @@ class BasePrefixCache(abc.ABC):
 class NoPrefixCache(BasePrefixCache):
     """Cache disabled: nothing is ever cached; every finished request frees all its slots."""
 
-    def __init__(self, allocator: SlotAllocator | None = None):
+    def __init__(self, allocator: SlotAllocator):
         self._allocator = allocator
         self.evicted_tokens = 0
 
     @property
-    def allocator(self) -> SlotAllocator | None:
+    def allocator(self) -> SlotAllocator:
         return self._allocator
 
     def match_prefix(self, key: Sequence[int], namespace: str = "") -> MatchResult:
@@ -154,9 +153,8 @@ class NoPrefixCache(BasePrefixCache):
         pass
 
     def check_invariant(self, running_only_slots: int = 0) -> None:
-        if self._allocator is not None:
-            a = self._allocator
-            assert a.num_free + running_only_slots == a.num_slots, (a.num_free, running_only_slots, a.num_slots)
+        a = self._allocator
+        assert a.num_free + running_only_slots == a.num_slots, (a.num_free, running_only_slots, a.num_slots)
 
     @property
     def evictable_size(self) -> int:

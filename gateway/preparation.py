@@ -1,0 +1,275 @@
+"""A validated request → what the engine needs: prompt ids, sampling params, constraint, namespace.
+
+All request checks that need the model (context length, KV pool size, token budget) live here, so a
+request the engine could never serve is a 400 before anything is queued.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from gateway.auth import cache_namespace
+from gateway.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
+from gateway.errors import bad_request, context_length_exceeded, model_not_found
+from gateway.prompt import PromptRenderer
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.registry import SchemaRegistry
+from gateway.settings import Settings
+from runtime.api import GenerateRequest
+from runtime.sampling import SamplingParams
+
+_SAMPLING_PARAM_NAMES = {"max_new_tokens": "max_tokens"}
+
+
+@dataclass
+class Prepared:
+    request_id: str
+    created: int
+    model: str
+    prompt_ids: list[int]
+    prompt_text: str | None
+    plan: ConstraintPlan
+    constraint: Any
+    sampling: SamplingParams
+    namespace: str
+
+    def engine_requests(self, n: int, jump_forward: str | None, rid_prefix: str | None = None) -> list[GenerateRequest]:
+        """n engine requests; with a seed, choice i uses seed + i (distinct yet reproducible)."""
+        requests = []
+        for i in range(n):
+            sampling = SamplingParams(**{**self.sampling.__dict__, "stop": list(self.sampling.stop),
+                                         "stop_token_ids": list(self.sampling.stop_token_ids)})
+            if sampling.seed is not None:
+                sampling.seed = sampling.seed + i
+            requests.append(
+                GenerateRequest(
+                    prompt_ids=list(self.prompt_ids),
+                    sampling=sampling,
+                    constraint=self.constraint,
+                    jump_forward=jump_forward,  # type: ignore[arg-type]
+                    strict=self.plan.strict,
+                    namespace=self.namespace,
+                    rid=f"{rid_prefix or self.request_id}-{i}",
+                )
+            )
+        return requests
+
+
+def served_model_names(engine: Any, settings: Settings) -> list[str]:
+    names = [engine.model_name]
+    names += [n for n in settings.served_model_names if n not in names]
+    return names
+
+
+def check_model(model: str, engine: Any, settings: Settings) -> str:
+    if model not in served_model_names(engine, settings):
+        raise model_not_found(model)
+    return model
+
+
+def check_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(req, name)
+        if value not in (None, 0, 0.0):
+            raise bad_request(f"'{name}' is not supported by this server (use 0 or leave it out).", name)
+    if req.logit_bias:
+        raise bad_request("'logit_bias' is not supported by this server.", "logit_bias")
+    logprobs = getattr(req, "logprobs", None)
+    if logprobs not in (None, False, 0):
+        raise bad_request("'logprobs' is not supported by this server.", "logprobs")
+    if getattr(req, "top_logprobs", None) not in (None, 0):
+        raise bad_request("'top_logprobs' is not supported by this server.", "top_logprobs")
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else list(stop)
+    if len(items) > 16:
+        raise bad_request("'stop' may hold at most 16 sequences.", "stop")
+    for i, item in enumerate(items):
+        if not item:
+            raise bad_request("Stop sequences must not be empty.", "stop" if isinstance(stop, str) else f"stop[{i}]")
+    return items
+
+
+def token_budget(
+    prompt_len: int, requested: int | None, requested_param: str, engine: Any, settings: Settings,
+    prompt_param: str = "messages",
+) -> int:
+    """max_new_tokens for a prompt of `prompt_len`: the request's value checked against the context,
+    the KV pool and the server's limit, or the most that fits when the request gave none."""
+    max_context = int(engine.max_context)
+    pool = getattr(engine, "kv_pool_tokens", None)
+    room = max_context - prompt_len
+    if pool:
+        room = min(room, int(pool) - prompt_len)
+    if room < 1:
+        where = "context" if (not pool or max_context <= int(pool)) else "KV cache pool"
+        limit = max_context if where == "context" else int(pool)
+        raise context_length_exceeded(
+            f"This model's maximum {where} length is {limit} tokens. However, your messages resulted in "
+            f"{prompt_len} tokens, leaving no room for the completion. Please reduce the length of the messages.",
+            prompt_param,
+        )
+    if requested is None:
+        return max(1, min(room, settings.max_tokens_limit))
+    if requested > settings.max_tokens_limit:
+        raise bad_request(
+            f"'{requested_param}' is {requested}; this server allows at most {settings.max_tokens_limit}.",
+            requested_param,
+        )
+    if requested > room:
+        total = prompt_len + requested
+        raise context_length_exceeded(
+            f"This model's maximum context length is {prompt_len + room} tokens. However, you requested {total} "
+            f"tokens ({prompt_len} in the messages, {requested} in the completion). Please reduce the length of "
+            "the messages or completion.",
+            requested_param,
+        )
+    return requested
+
+
+def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_new_tokens: int, stop: list[str]) -> SamplingParams:
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=1.0 if req.temperature is None else float(req.temperature),
+        top_p=1.0 if req.top_p is None else float(req.top_p),
+        top_k=-1 if req.top_k is None else int(req.top_k),
+        min_p=0.0 if req.min_p is None else float(req.min_p),
+        seed=req.seed,
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+    )
+    try:
+        params.validate()
+    except ValueError as exc:
+        field, _, reason = str(exc).partition(":")
+        field = field.strip()
+        raise bad_request(f"Invalid value for '{_SAMPLING_PARAM_NAMES.get(field, field)}': {reason.strip() or exc}",
+                          _SAMPLING_PARAM_NAMES.get(field, field)) from exc
+    return params
+
+
+def check_n(n: int, settings: Settings) -> None:
+    if n > settings.max_n:
+        raise bad_request(f"'n' is {n}; this server allows at most {settings.max_n}.", "n")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+async def prepare_chat(
+    req: ChatCompletionRequest,
+    *,
+    engine: Any,
+    grammar_service: Any,
+    renderer: PromptRenderer,
+    registry: SchemaRegistry,
+    settings: Settings,
+    tenant: str,
+    compile: bool = True,
+) -> Prepared:
+    check_model(req.model, engine, settings)
+    if not req.messages:
+        raise bad_request("'messages' must contain at least one message.", "messages")
+    check_unsupported(req)
+    check_n(req.n, settings)
+    stop = stop_list(req.stop)
+    if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
+        raise bad_request("Give either 'max_tokens' or 'max_completion_tokens', not both.", "max_tokens")
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    requested_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+
+    plan = plan_chat(req, registry, tenant)
+    # template rendering (jinja) and tokenizing are CPU work: keep them off the event loop
+    rendered = await anyio.to_thread.run_sync(lambda: renderer.render_chat(req.messages, plan.tools, plan.instructions))
+    max_new = token_budget(len(rendered.token_ids), requested, requested_param, engine, settings)
+    sampling = sampling_params(req, max_new, stop)
+    constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s) if compile else None
+    return Prepared(
+        request_id=new_id("chatcmpl"),
+        created=int(time.time()),
+        model=req.model,
+        prompt_ids=rendered.token_ids,
+        prompt_text=rendered.text,
+        plan=plan,
+        constraint=constraint,
+        sampling=sampling,
+        namespace=cache_namespace(tenant, req.cache_salt),
+    )
+
+
+def completion_prompts(prompt: str | list[Any], vocab_size: int) -> list[str | list[int]]:
+    """Normalize OpenAI's four prompt shapes to a list of (text | token ids)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise bad_request("'prompt' must not be empty.", "prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        prompts: list[str | list[int]] = [list(prompt)]
+    elif all(isinstance(p, list) for p in prompt):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids, or a list of "
+                          "token id lists.", "prompt")
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise bad_request("Token id prompts must not be empty.", f"prompt[{i}]")
+        for t in ids:  # type: ignore[union-attr]
+            if not 0 <= int(t) < vocab_size:
+                raise bad_request(f"Token id {t} is outside the vocabulary (size {vocab_size}).", "prompt")
+    return prompts
+
+
+async def prepare_completion(
+    req: CompletionRequest,
+    prompt: str | list[int],
+    *,
+    engine: Any,
+    grammar_service: Any,
+    renderer: PromptRenderer,
+    registry: SchemaRegistry,
+    settings: Settings,
+    tenant: str,
+    plan: ConstraintPlan | None = None,
+    constraint: Any = None,
+) -> Prepared:
+    """One prompt of a completion request (the plan/constraint are shared between prompts)."""
+    if plan is None:
+        plan = plan_completion(req, registry, tenant)
+        constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s)
+    if isinstance(prompt, str):
+        ids = await anyio.to_thread.run_sync(renderer.encode_completion_prompt, prompt)
+        text: str | None = prompt
+    else:
+        ids, text = list(prompt), None
+    if not ids:
+        raise bad_request("'prompt' must not be empty.", "prompt")
+    max_new = token_budget(len(ids), req.max_tokens, "max_tokens", engine, settings, prompt_param="prompt")
+    return Prepared(
+        request_id=new_id("cmpl"),
+        created=int(time.time()),
+        model=req.model,
+        prompt_ids=ids,
+        prompt_text=text,
+        plan=plan,
+        constraint=constraint,
+        sampling=sampling_params(req, max_new, stop_list(req.stop)),
+        namespace=cache_namespace(tenant, req.cache_salt),
+    )
+
+
+def vocab_size(tokenizer: Any) -> int:
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return int(getattr(tokenizer, "vocab_size", 0) or 0)

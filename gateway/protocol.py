@@ -1,0 +1,392 @@
+"""The OpenAI wire format (plus Jumpgate's extensions) as msgspec Structs: the schema of record.
+
+Requests are decoded straight into these Structs; a type error names its JSON path, which
+`gateway.errors` turns into the OpenAI `param`. Unknown request fields are ignored (as the OpenAI
+API does), while known-but-unsupported options with non-default values are rejected in the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+JumpForward = Literal["verify", "direct", "off"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+
+NonNegFloat = Annotated[float, Meta(ge=0)]
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+MinP = Annotated[float, Meta(ge=0, le=1)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class TextContentPart(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+# Only text parts are accepted: an image part fails at `$.messages[i].content[j].type`.
+Content = Union[str, list[TextContentPart]]
+
+
+class FunctionCall(Struct):
+    name: str
+    arguments: str  # a JSON string, as OpenAI sends it
+
+
+class ToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class SystemMessage(Struct, tag="system", tag_field="role"):
+    content: Content
+    name: str | None = None
+
+
+class DeveloperMessage(Struct, tag="developer", tag_field="role"):
+    """OpenAI's newer name for the system role; rendered as a system turn."""
+
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(Struct, tag="user", tag_field="role"):
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(Struct, tag="assistant", tag_field="role"):
+    content: Content | None = None
+    tool_calls: list[ToolCall] | None = None
+    name: str | None = None
+    refusal: str | None = None
+
+
+class ToolMessage(Struct, tag="tool", tag_field="role"):
+    content: Content
+    tool_call_id: str
+
+
+Message = Union[SystemMessage, DeveloperMessage, UserMessage, AssistantMessage, ToolMessage]
+
+
+def content_text(content: Content | None) -> str:
+    """The plain text of a message's content (text parts joined without a separator, as OpenAI does)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+# --------------------------------------------------------------------------- tools and formats
+
+
+class FunctionDefinition(Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(Struct):
+    function: FunctionDefinition
+    type: Literal["function"] = "function"
+
+
+class NamedFunction(Struct):
+    name: str
+
+
+class NamedToolChoice(Struct):
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
+class JsonSchemaFormat(Struct):
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormatText(Struct, tag="text", tag_field="type"):
+    pass
+
+
+class ResponseFormatJsonObject(Struct, tag="json_object", tag_field="type"):
+    pass
+
+
+class ResponseFormatJsonSchema(Struct, tag="json_schema", tag_field="type"):
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Union[ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema]
+
+
+class StreamOptions(Struct):
+    include_usage: bool = False
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class _SamplingFields(Struct, kw_only=True):
+    """Fields shared by chat and text completions (OpenAI's plus Jumpgate's extensions)."""
+
+    model: str
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: PositiveInt = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Jumpgate extensions
+    regex: str | None = None
+    ebnf: str | None = None
+    schema_id: str | None = None
+    jump_forward: JumpForward | None = None
+    cache_salt: str | None = None
+    top_k: int | None = None
+    min_p: MinP | None = None
+    ignore_eos: bool = False
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    messages: list[Message]
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+# msgspec allows one array-like type per union, so the four OpenAI prompt shapes (str, [str],
+# [int], [[int]]) are decoded as `str | list[...]` and checked for homogeneity in the route.
+PromptItem = Union[str, int, list[int]]
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    prompt: str | list[PromptItem]
+    max_tokens: PositiveInt | None = 16  # OpenAI's default for /v1/completions
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+    response_format: ResponseFormat | None = None  # extension: structured text completions
+
+
+class CacheExplainRequest(ChatCompletionRequest, kw_only=True):
+    """Same body as a chat completion; nothing is generated."""
+
+
+# --------------------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(Struct):
+    cached_tokens: int = 0
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = field(default_factory=PromptTokensDetails)
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+class ChatMessage(Struct, omit_defaults=True):
+    content: str | None
+    role: Literal["assistant"] = "assistant"
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(Struct):
+    index: int
+    message: ChatMessage
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatCompletion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class FunctionCallDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
+class ChoiceDelta(Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(Struct):
+    index: int
+    delta: ChoiceDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    usage: Usage | None = None
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class Completion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    object: Literal["text_completion"] = "text_completion"
+
+
+class CompletionChunk(Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: Literal["text_completion"] = "text_completion"
+    usage: Usage | None = None
+
+
+class Model(Struct):
+    id: str
+    created: int
+    owned_by: str = "jumpgate"
+    object: Literal["model"] = "model"
+    max_model_len: int | None = None
+
+
+class ModelList(Struct):
+    data: list[Model]
+    object: Literal["list"] = "list"
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(Struct):
+    error: ErrorDetail
+
+
+# --------------------------------------------------------------------------- Jumpgate resources
+
+
+class SchemaUpload(Struct, kw_only=True):
+    """POST /v1/schemas: exactly one of `schema` (JSON schema), `regex`, `ebnf`, `tools`."""
+
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    tools: list[ToolDefinition] | None = None
+    strict: bool | None = None
+
+
+class SchemaEntry(Struct, kw_only=True):
+    id: str
+    kind: Literal["json_schema", "regex", "ebnf", "tools"]
+    payload: Any  # the schema dict, the regex/EBNF string, or the list of tool dicts
+    created: int
+    name: str | None = None
+    object: Literal["schema"] = "schema"
+
+
+class SchemaList(Struct):
+    data: list[SchemaEntry]
+    object: Literal["list"] = "list"
+
+
+class SchemaDeleted(Struct):
+    id: str
+    deleted: bool = True
+    object: Literal["schema"] = "schema"
+
+
+class CachedTier(Struct):
+    tier: str
+    tokens: int
+
+
+class CacheBoundary(Struct):
+    token_index: int  # prompt tokens [0, token_index) are cached
+    text_before: str  # ~40 characters of the prompt before the boundary
+    text_after: str  # ~40 characters after it
+
+
+class CacheExplanation(Struct):
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    cached_by_tier: list[CachedTier]
+    boundary: CacheBoundary
+    namespace_salted: bool = False
+    object: Literal["cache.explanation"] = "cache.explanation"
+
+
+class Health(Struct):
+    status: Literal["ok", "stopped"]
+    model: str
+
+
+def encode(obj: Any) -> bytes:
+    return msgspec.json.encode(obj)

@@ -1,0 +1,81 @@
+"""Engine outcomes → OpenAI response bodies (whole responses; the streaming form is in streaming.py)."""
+
+from __future__ import annotations
+
+from gateway import grammar_adapter
+from gateway.generation import Outcome
+from gateway.preparation import Prepared
+from gateway.protocol import (
+    ChatChoice,
+    ChatCompletion,
+    ChatMessage,
+    Completion,
+    CompletionChoice,
+    FunctionCall,
+    ToolCall,
+    Usage,
+    make_usage,
+)
+
+
+def finish_reason(engine_reason: str | None, has_tool_calls: bool = False) -> str:
+    if has_tool_calls:
+        return "tool_calls"
+    if engine_reason == "length":
+        return "length"
+    return "stop"
+
+
+def usage_of(outcomes: list[Outcome]) -> Usage:
+    """OpenAI counts the prompt once for n choices; completions add up."""
+    first = outcomes[0]
+    return make_usage(first.prompt_tokens, sum(o.completion_tokens for o in outcomes), first.cached_tokens)
+
+
+def chat_choice(index: int, outcome: Outcome, parse_tools: bool) -> ChatChoice:
+    if parse_tools:
+        content, calls = grammar_adapter.parse_tool_calls(outcome.text)
+        if calls:
+            tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+            return ChatChoice(
+                index=index,
+                message=ChatMessage(content=content or None, tool_calls=tool_calls),
+                finish_reason="tool_calls" if outcome.finish_reason != "length" else "length",  # type: ignore[arg-type]
+            )
+    return ChatChoice(
+        index=index,
+        message=ChatMessage(content=outcome.text),
+        finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
+    )
+
+
+def chat_completion(prepared: Prepared, outcomes: list[Outcome]) -> ChatCompletion:
+    return ChatCompletion(
+        id=prepared.request_id,
+        created=prepared.created,
+        model=prepared.model,
+        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls) for i, o in enumerate(outcomes)],
+        usage=usage_of(outcomes),
+    )
+
+
+def completion(
+    request_id: str, created: int, model: str, outcomes: list[Outcome], n: int, echo_texts: list[str | None]
+) -> Completion:
+    """Choices for p prompts × n samples (index = prompt * n + sample), as OpenAI numbers them."""
+    choices = []
+    for index, outcome in enumerate(outcomes):
+        prefix = echo_texts[index // n] or ""
+        choices.append(
+            CompletionChoice(index=index, text=prefix + outcome.text,
+                             finish_reason=finish_reason(outcome.finish_reason))  # type: ignore[arg-type]
+        )
+    prompt_tokens = sum(outcomes[p * n].prompt_tokens for p in range(len(outcomes) // n))
+    cached = sum(outcomes[p * n].cached_tokens for p in range(len(outcomes) // n))
+    return Completion(
+        id=request_id,
+        created=created,
+        model=model,
+        choices=choices,
+        usage=make_usage(prompt_tokens, sum(o.completion_tokens for o in outcomes), cached),
+    )

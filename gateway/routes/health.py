@@ -1,0 +1,30 @@
+"""GET /health: answers from the event loop alone (never waits on the engine thread)."""
+
+from __future__ import annotations
+
+from litestar import Response, get
+
+from gateway.errors import SERVER_ERROR, APIError, error_response
+from gateway.protocol import Health
+from gateway.services import GatewayServices
+
+
+def engine_stopped(engine: object) -> bool:
+    """Read a flag only: no lock, no call into the engine thread."""
+    for name in ("stopped", "is_stopped"):
+        value = getattr(engine, name, None)
+        if isinstance(value, bool):
+            return value
+    for name in ("running", "is_running", "alive"):
+        value = getattr(engine, name, None)
+        if isinstance(value, bool):
+            return not value
+    return False
+
+
+@get("/health", summary="Liveness", tags=["ops"], sync_to_thread=False)
+def health(services: GatewayServices) -> Response[Health]:
+    engine = services.engine
+    if engine_stopped(engine):
+        return error_response(APIError(503, "The engine is stopped.", type=SERVER_ERROR, code="engine_stopped"))  # type: ignore[return-value]
+    return Response(Health(status="ok", model=engine.model_name))

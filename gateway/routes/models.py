@@ -1,0 +1,35 @@
+"""GET /v1/models and /v1/models/{id}."""
+
+from __future__ import annotations
+
+from litestar import Controller, get
+
+from gateway.errors import model_not_found
+from gateway.preparation import served_model_names
+from gateway.protocol import Model, ModelList
+from gateway.services import GatewayServices
+
+
+def _models(services: GatewayServices) -> list[Model]:
+    created = services.settings_created if hasattr(services, "settings_created") else 0
+    return [
+        Model(id=name, created=created, max_model_len=int(services.engine.max_context))
+        for name in served_model_names(services.engine, services.settings)
+    ]
+
+
+class ModelsController(Controller):
+    path = "/models"
+    tags = ["models"]
+
+    @get("", summary="List the served models")
+    async def list_models(self, services: GatewayServices) -> ModelList:
+        return ModelList(data=_models(services))
+
+    @get("/{model_id:path}", summary="Retrieve a model")
+    async def get_model(self, model_id: str, services: GatewayServices) -> Model:
+        model_id = model_id.lstrip("/")
+        for model in _models(services):
+            if model.id == model_id:
+                return model
+        raise model_not_found(model_id, param="model")

@@ -1,0 +1,51 @@
+"""The gateway's collaborators, built once by `create_app` and injected into the route handlers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.auth import Authenticator
+from gateway.generation import ConcurrencyLimiter, EngineStream, RequestLog
+from gateway.metrics import GatewayMetrics
+from gateway.prompt import PromptRenderer
+from gateway.registry import SchemaRegistry
+from gateway.settings import Settings
+
+
+@dataclass
+class GatewayServices:
+    engine: Any  # runtime.api.EngineClient (+ .tokenizer, .kv_pool_tokens)
+    grammar: Any  # grammar.GrammarService, or None: structured output unavailable
+    renderer: PromptRenderer
+    registry: SchemaRegistry
+    settings: Settings
+    metrics: GatewayMetrics
+    limiter: ConcurrencyLimiter
+    authenticator: Authenticator
+
+    def finish(self, route: str, outcome: str, record: RequestLog, streams: list[EngineStream]) -> None:
+        """Account one finished request (once): log record, outcome counter."""
+        for s in streams:
+            record.add(s.outcome)
+        record.outcome = outcome
+        self.metrics.requests.inc(route=route, outcome=outcome)
+
+
+def outcome_of(exc: BaseException | None) -> str:
+    from gateway.errors import APIError, from_engine_error
+    from gateway.generation import ClientDisconnected
+    from runtime.api import EngineError
+
+    if exc is None:
+        return "success"
+    if isinstance(exc, EngineError):
+        exc = from_engine_error(exc)
+    if isinstance(exc, ClientDisconnected):
+        return "cancelled"
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if isinstance(exc, APIError) and status == 503:
+        return "overloaded" if exc.code == "overloaded" else "error"
+    if isinstance(status, int) and 400 <= status < 500:
+        return "rejected"
+    return "error"

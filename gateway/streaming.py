@@ -1,0 +1,191 @@
+"""Server-sent events for chat and text completions, as OpenAI sends them.
+
+Each generator owns its engine streams: its `finally` closes them (aborting unfinished engine
+requests) and calls `on_close(outcome)`, whether the stream ended, failed, or the client went away
+(Litestar cancels the sending task on disconnect; the app also `aclose()`s the generator in a
+background task, so the `finally` runs even when the generator was parked at a `yield`).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+from typing import AsyncIterator, Callable
+
+import msgspec
+
+from gateway import grammar_adapter
+from gateway.errors import SERVER_ERROR, APIError, from_engine_error
+from gateway.generation import EngineStream, close_all, merge
+from gateway.preparation import Prepared
+from gateway.protocol import (
+    ChatCompletionChunk,
+    ChoiceDelta,
+    ChunkChoice,
+    CompletionChoice,
+    CompletionChunk,
+    FunctionCallDelta,
+    ToolCallDelta,
+)
+from gateway.responses import finish_reason, usage_of
+from runtime.api import EngineError
+
+log = logging.getLogger("jumpgate.gateway")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+def _error_event(exc: BaseException, retry_after_s: int) -> bytes:
+    if isinstance(exc, EngineError):
+        exc = from_engine_error(exc, retry_after_s)
+    if not isinstance(exc, APIError):
+        log.exception("error while streaming", exc_info=exc)
+        exc = APIError(500, "The server had an error while streaming the response.", type=SERVER_ERROR,
+                       code="internal_error")
+    return sse(exc.body())
+
+
+def _tool_deltas(pieces: list[tuple[int, str | None, str | None, str | None]]) -> list[ToolCallDelta]:
+    deltas = []
+    for index, call_id, name, arguments in pieces:
+        opening = call_id is not None or name is not None
+        deltas.append(
+            ToolCallDelta(
+                index=index,
+                id=call_id,
+                type="function" if opening else None,
+                function=FunctionCallDelta(name=name, arguments=arguments if arguments is not None else ("" if opening else None)),
+            )
+        )
+    return deltas
+
+
+async def chat_events(
+    prepared: Prepared,
+    streams: list[EngineStream],
+    include_usage: bool,
+    on_close: Callable[[str], None],
+    retry_after_s: int = 1,
+) -> AsyncIterator[bytes]:
+    n = len(streams)
+    parsers = [grammar_adapter.ToolCallStream() if prepared.plan.parse_tool_calls else None for _ in range(n)]
+    finished = [False] * n
+    outcome = "cancelled"
+
+    def chunk(index: int, delta: ChoiceDelta, reason: str | None = None) -> bytes:
+        return sse(ChatCompletionChunk(
+            id=prepared.request_id, created=prepared.created, model=prepared.model,
+            choices=[ChunkChoice(index=index, delta=delta, finish_reason=reason)],  # type: ignore[arg-type]
+        ))
+
+    def pieces(index: int, content: str, calls: list) -> list[bytes]:
+        out = []
+        if content:
+            out.append(chunk(index, ChoiceDelta(content=content)))
+        if calls:
+            out.append(chunk(index, ChoiceDelta(tool_calls=_tool_deltas(calls))))
+        return out
+
+    def final(index: int) -> list[bytes]:
+        finished[index] = True
+        out: list[bytes] = []
+        parser = parsers[index]
+        if parser is not None:
+            out += pieces(index, *parser.finish())
+        streams[index].check_error()
+        has_calls = parser is not None and parser.num_calls > 0
+        reason = streams[index].outcome.finish_reason
+        out.append(chunk(index, ChoiceDelta(), "length" if reason == "length" else finish_reason(reason, has_calls)))
+        return out
+
+    try:
+        for i in range(n):
+            yield chunk(i, ChoiceDelta(role="assistant", content=""))
+        async with aclosing(merge(streams)) as events:
+            async for index, event in events:
+                if event.text:
+                    parser = parsers[index]
+                    if parser is None:
+                        yield chunk(index, ChoiceDelta(content=event.text))
+                    else:
+                        for piece in pieces(index, *parser.feed(event.text)):
+                            yield piece
+                if event.finished:
+                    for piece in final(index):
+                        yield piece
+        for index in range(n):  # an engine stream that ended without a finished event
+            if not finished[index]:
+                for piece in final(index):
+                    yield piece
+        if include_usage:
+            yield sse(ChatCompletionChunk(id=prepared.request_id, created=prepared.created, model=prepared.model,
+                                          choices=[], usage=usage_of([s.outcome for s in streams])))
+        yield DONE
+        outcome = "success"
+    except Exception as exc:
+        outcome = "error"
+        yield _error_event(exc, retry_after_s)
+        yield DONE
+    finally:
+        close_all(streams)
+        on_close(outcome)
+
+
+async def completion_events(
+    request_id: str,
+    created: int,
+    model: str,
+    streams: list[EngineStream],
+    n: int,
+    echo_texts: list[str | None],
+    include_usage: bool,
+    on_close: Callable[[str], None],
+    retry_after_s: int = 1,
+) -> AsyncIterator[bytes]:
+    finished = [False] * len(streams)
+    outcome = "cancelled"
+
+    def chunk(index: int, text: str, reason: str | None = None) -> bytes:
+        return sse(CompletionChunk(id=request_id, created=created, model=model,
+                                   choices=[CompletionChoice(index=index, text=text, finish_reason=reason)]))  # type: ignore[arg-type]
+
+    def final(index: int) -> bytes:
+        finished[index] = True
+        streams[index].check_error()
+        return chunk(index, "", finish_reason(streams[index].outcome.finish_reason))
+
+    try:
+        for index in range(len(streams)):
+            echo = echo_texts[index // n]
+            if echo:
+                yield chunk(index, echo)
+        async with aclosing(merge(streams)) as events:
+            async for index, event in events:
+                if event.text:
+                    yield chunk(index, event.text)
+                if event.finished:
+                    yield final(index)
+        for index in range(len(streams)):
+            if not finished[index]:
+                yield final(index)
+        if include_usage:
+            outcomes = [s.outcome for s in streams]
+            prompts = range(len(streams) // n)
+            usage = usage_of(outcomes)
+            usage.prompt_tokens = sum(outcomes[p * n].prompt_tokens for p in prompts)
+            usage.prompt_tokens_details.cached_tokens = sum(outcomes[p * n].cached_tokens for p in prompts)
+            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            yield sse(CompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage))
+        yield DONE
+        outcome = "success"
+    except Exception as exc:
+        outcome = "error"
+        yield _error_event(exc, retry_after_s)
+        yield DONE
+    finally:
+        close_all(streams)
+        on_close(outcome)

@@ -1,0 +1,125 @@
+"""Where compiled grammars are kept: a bounded LRU in memory and one file per key on disk.
+
+The disk copy makes a restart warm (deserializing takes about a millisecond, compiling can take
+seconds). Files are written atomically (temp file + os.replace), so a crash never leaves a half
+file under a real name; a file that is corrupt or from another xgrammar version is discarded
+with a warning and the grammar recompiled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import xgrammar as xgr
+
+log = logging.getLogger("jumpgate.grammar.cache")
+
+V = TypeVar("V")
+
+
+class MemoryLRU(Generic[V]):
+    """Thread-safe LRU map with at most `max_entries` entries."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> V | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: V) -> None:
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def keys(self) -> list[str]:
+        """Keys from least to most recently used."""
+        with self._lock:
+            return list(self._entries)
+
+
+class DiskGrammarCache:
+    """`<dir>/<key>.json` holding `CompiledGrammar.serialize_json()` for one tokenizer."""
+
+    SUFFIX = ".json"
+
+    def __init__(self, directory: Path, tokenizer_info: xgr.TokenizerInfo) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._tokenizer_info = tokenizer_info
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}{self.SUFFIX}"
+
+    def load(self, key: str) -> xgr.CompiledGrammar | None:
+        """The stored grammar, or None if absent; an unreadable file is deleted (and logged)."""
+        path = self.path(key)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            self._discard(path, e)
+            return None
+        try:
+            return xgr.CompiledGrammar.deserialize_json(text, self._tokenizer_info)
+        except (RuntimeError, ValueError, TypeError) as e:  # InvalidJSON / DeserializeFormat / DeserializeVersion
+            self._discard(path, e)
+            return None
+
+    def store(self, key: str, compiled: xgr.CompiledGrammar) -> None:
+        """Write atomically; failures only cost a future recompile, so they are logged, not raised."""
+        path = self.path(key)
+        tmp_name = None
+        try:
+            data = compiled.serialize_json()
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(data)
+            os.replace(tmp_name, path)
+            tmp_name = None
+        except (OSError, RuntimeError) as e:
+            log.warning("grammar cache: could not write %s: %s", path, e)
+        finally:
+            if tmp_name is not None:
+                try:
+                    os.unlink(tmp_name)
+                except OSError:
+                    pass
+
+    def keys_newest_first(self) -> list[str]:
+        files = [p for p in self.directory.glob(f"*{self.SUFFIX}") if not p.name.startswith(".")]
+        files.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        return [p.name[: -len(self.SUFFIX)] for p in files]
+
+    @staticmethod
+    def _discard(path: Path, error: BaseException) -> None:
+        log.warning("grammar cache: discarding unreadable %s (%s: %s); it will be recompiled",
+                    path, type(error).__name__, str(error).strip()[:200])
+        try:
+            path.unlink()
+        except OSError:
+            pass

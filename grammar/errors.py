@@ -1,0 +1,53 @@
+"""Errors raised by `grammar/`: every refusal says what is wrong and where.
+
+`pointer` is a JSON pointer (RFC 6901) into the offending request parameter (`param`), so the
+gateway can answer a 400 that names the exact part of a schema to fix, e.g.
+`param="response_format", pointer="/properties/age/minimum"`.
+"""
+
+from __future__ import annotations
+
+
+def escape_pointer_token(token: object) -> str:
+    """One JSON-pointer reference token (`~` and `/` escaped as RFC 6901 says)."""
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def join_pointer(base: str, *tokens: object) -> str:
+    return base + "".join("/" + escape_pointer_token(t) for t in tokens)
+
+
+class GrammarError(Exception):
+    """Base of every error raised by `grammar/`."""
+
+
+class GrammarSpecError(GrammarError, ValueError):
+    """A grammar spec (schema, regex, EBNF, tools) that Jumpgate refuses; a client error (400)."""
+
+    def __init__(self, message: str, pointer: str = "", param: str | None = None) -> None:
+        self.message = message
+        self.pointer = pointer
+        self.param = param
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        where = ""
+        if self.param or self.pointer:
+            where = f" (at {self.param or ''}{self.pointer or ''})" if self.pointer else f" (in {self.param})"
+        return f"{self.message}{where}"
+
+    def with_context(self, param: str | None = None, pointer_prefix: str = "") -> "GrammarSpecError":
+        """The same error re-rooted under a larger document (e.g. a tool's parameters)."""
+        return type(self)(self.message, pointer_prefix + self.pointer, param or self.param)
+
+
+class GrammarCompileTimeout(GrammarSpecError):
+    """Compiling took longer than the service's limit; the spec is refused as too complex.
+
+    The compile may still finish on its worker thread and land in the cache, so an identical
+    retry can succeed later; it never blocks other requests meanwhile.
+    """
+
+
+class GrammarServiceBusy(GrammarError):
+    """Too many runaway compiles are still occupying threads; a server-side condition (503)."""

@@ -1,0 +1,75 @@
+"""Where the sub-schemas of a JSON schema live, by keyword (one table used by every walker).
+
+Canonicalization, `$ref` checks and semantic checks all need to know which values are schemas
+(to recurse into), which are maps of named schemas, and which are plain data (enum, const, ...).
+Keeping that knowledge in one table means the walkers cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from grammar.errors import join_pointer
+
+# keyword -> value is one schema
+SCHEMA_KEYWORDS = frozenset(
+    {
+        "additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
+        "contains", "propertyNames", "not", "if", "then", "else", "items",
+    }
+)
+# keyword -> value is a list of schemas ("items" may also be a list in drafts 4-7)
+SCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+# keyword -> value maps names to schemas; the names' order carries no meaning
+SCHEMA_MAP_KEYWORDS = frozenset({"$defs", "definitions", "patternProperties", "dependentSchemas"})
+# `properties` maps names to schemas too, but its order is the order in which fields are
+# generated (xgrammar follows it), so it is kept as written.
+ORDERED_SCHEMA_MAP_KEYWORD = "properties"
+# draft-7 `dependencies`: name -> schema or list of names
+DEPENDENCIES_KEYWORD = "dependencies"
+
+
+def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[Any, str]]:
+    """Yield (schema, JSON pointer) for the schema and every sub-schema under it, depth first."""
+    stack = [(schema, pointer)]
+    while stack:
+        node, here = stack.pop()
+        yield node, here
+        if not isinstance(node, dict):
+            continue  # boolean schemas have no children
+        children: list[tuple[Any, str]] = []
+        for keyword, value in node.items():
+            if keyword in SCHEMA_KEYWORDS:
+                if isinstance(value, list):  # draft 4-7 tuple form of "items"
+                    children += [(v, join_pointer(here, keyword, i)) for i, v in enumerate(value)]
+                else:
+                    children.append((value, join_pointer(here, keyword)))
+            elif keyword in SCHEMA_LIST_KEYWORDS and isinstance(value, list):
+                children += [(v, join_pointer(here, keyword, i)) for i, v in enumerate(value)]
+            elif (keyword in SCHEMA_MAP_KEYWORDS or keyword == ORDERED_SCHEMA_MAP_KEYWORD) and isinstance(
+                value, dict
+            ):
+                children += [(v, join_pointer(here, keyword, name)) for name, v in value.items()]
+            elif keyword == DEPENDENCIES_KEYWORD and isinstance(value, dict):
+                children += [
+                    (v, join_pointer(here, keyword, name)) for name, v in value.items() if isinstance(v, (dict, bool))
+                ]
+        stack.extend(reversed(children))
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), computed without recursion."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+        else:
+            deepest = max(deepest, depth)
+            continue
+        deepest = max(deepest, depth + 1 if not node else depth)
+    return deepest

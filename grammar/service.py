@@ -1,0 +1,243 @@
+"""GrammarService: spec -> compiled grammar, through memory LRU, disk cache and compile workers.
+
+Lookups go memory -> disk -> compile. Everything slower than a dict lookup (validation, disk
+read, compile) runs on the compile workers under a time limit, so neither the HTTP event loop
+nor other requests wait on a slow schema. Identical specs compiling at the same time share one
+compile (single flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xgrammar as xgr
+
+from grammar.cache import DiskGrammarCache, MemoryLRU
+from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
+from grammar.errors import GrammarCompileTimeout, GrammarSpecError
+from grammar.matcher import XGrammarMatcher
+from grammar.spec import GrammarSpec, tokenizer_fingerprint
+from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
+from grammar.validate import validate_spec
+from grammar.worker_pool import CompileJob, CompileWorkerPool
+
+log = logging.getLogger("jumpgate.grammar")
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledGrammarHandle:
+    """A compiled grammar shared by every request with the same spec (a CompiledConstraint)."""
+
+    key: str
+    kind: str
+    compiled: xgr.CompiledGrammar
+    _encode: Any = field(repr=False)
+    _special_ids: frozenset[int] = field(repr=False)
+
+    def new_matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self.compiled, self._encode, self._special_ids)
+
+    @property
+    def memory_size_bytes(self) -> int:
+        return self.compiled.memory_size_bytes
+
+
+@dataclass
+class GrammarServiceStats:
+    memory_hits: int = 0
+    disk_hits: int = 0
+    misses: int = 0  # compiles started (neither memory nor disk had the key)
+    compile_errors: int = 0  # specs refused (validation or xgrammar)
+    compile_timeouts: int = 0
+    compile_seconds_total: float = 0.0
+    compile_seconds_max: float = 0.0
+    memory_entries: int = 0
+    abandoned_compiles_running: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+class GrammarService:
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        vocab_size: int,
+        cache_dir: Path | str | None = None,
+        max_memory_entries: int = 256,
+        compile_timeout_s: float = 10.0,
+        workers: int = 2,
+        *,
+        stop_token_ids: list[int] | None = None,
+        max_abandoned_compiles: int = 4,
+    ) -> None:
+        self.tokenizer_info = build_tokenizer_info(hf_tokenizer, vocab_size, stop_token_ids)
+        self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
+        self.compile_timeout_s = compile_timeout_s
+        # our own LRU is the cache; xgrammar's would hold a second, unbounded copy
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=workers, cache_enabled=False)
+        # the key covers everything a compiled grammar depends on besides the spec
+        self.fingerprint = hashlib.sha256(
+            f"{tokenizer_fingerprint(hf_tokenizer)}|vocab={vocab_size}|stop={self.stop_token_ids}"
+            f"|policy={COMPILE_POLICY_VERSION}".encode()
+        ).hexdigest()
+        self._encode = _make_encoder(hf_tokenizer)
+        self._special_ids = frozenset(special_token_ids(hf_tokenizer))
+        self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(max_memory_entries)
+        self._disk = DiskGrammarCache(Path(cache_dir), self.tokenizer_info) if cache_dir is not None else None
+        self._pool = CompileWorkerPool(workers, max_abandoned=max_abandoned_compiles)
+        self._inflight: dict[str, CompileJob] = {}
+        self._lock = threading.Lock()
+        self._stats = GrammarServiceStats()
+
+    # -- public ----------------------------------------------------------------------------
+
+    def key(self, spec: GrammarSpec) -> str:
+        return spec.key(self.fingerprint)
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammarHandle:
+        """Blocking lookup/compile under the time limit (don't call it on an event loop)."""
+        key = self.key(spec)
+        handle = self._memory_hit(key)
+        if handle is not None:
+            return handle
+        deadline = time.monotonic() + self.compile_timeout_s
+        job = self._submit(key, spec, deadline)
+        try:
+            return job.future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise self._timed_out(job, spec) from None
+
+    async def compile_async(self, spec: GrammarSpec) -> CompiledGrammarHandle:
+        """Like `compile`, awaiting the worker instead of blocking the event loop."""
+        key = self.key(spec)
+        handle = self._memory_hit(key)
+        if handle is not None:
+            return handle
+        deadline = time.monotonic() + self.compile_timeout_s
+        job = self._submit(key, spec, deadline)
+        # shield: our caller being cancelled must not cancel a compile others may share
+        waiter = asyncio.shield(asyncio.wrap_future(job.future))
+        try:
+            return await asyncio.wait_for(waiter, timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise self._timed_out(job, spec) from None
+
+    def get_cached(self, spec: GrammarSpec) -> CompiledGrammarHandle | None:
+        """Memory-only lookup (no disk, no compile)."""
+        return self._memory.get(self.key(spec))
+
+    def warm_from_disk(self, max_entries: int | None = None) -> int:
+        """Load the newest disk entries into memory (e.g. at start-up); returns how many."""
+        if self._disk is None:
+            return 0
+        loaded = 0
+        limit = self._memory.max_entries if max_entries is None else max_entries
+        for key in self._disk.keys_newest_first()[:limit]:
+            compiled = self._disk.load(key)
+            if compiled is not None:
+                self._memory.put(key, self._handle(key, "unknown", compiled))
+                loaded += 1
+        return loaded
+
+    def stats(self) -> GrammarServiceStats:
+        with self._lock:
+            snapshot = GrammarServiceStats(**self._stats.as_dict())
+        snapshot.memory_entries = len(self._memory)
+        snapshot.abandoned_compiles_running = self._pool.abandoned_running
+        return snapshot
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _memory_hit(self, key: str) -> CompiledGrammarHandle | None:
+        handle = self._memory.get(key)
+        if handle is not None:
+            with self._lock:
+                self._stats.memory_hits += 1
+        return handle
+
+    def _submit(self, key: str, spec: GrammarSpec, deadline: float) -> CompileJob:
+        with self._lock:
+            job = self._inflight.get(key)
+            if job is not None and not job.future.done():
+                job.extend_deadline(deadline)
+                return job
+            job = self._pool.submit(lambda: self._load_or_compile(key, spec), deadline)
+            self._inflight[key] = job
+        job.future.add_done_callback(lambda _f, key=key, job=job: self._forget(key, job))
+        return job
+
+    def _forget(self, key: str, job: CompileJob) -> None:
+        with self._lock:
+            if self._inflight.get(key) is job:
+                del self._inflight[key]
+
+    def _timed_out(self, job: CompileJob, spec: GrammarSpec) -> GrammarCompileTimeout:
+        self._pool.abandon(job)
+        with self._lock:
+            self._stats.compile_timeouts += 1
+        log.warning("grammar compile of a %s spec exceeded %.1f s", spec.kind, self.compile_timeout_s)
+        return GrammarCompileTimeout(
+            f"compiling the {spec.kind} grammar took longer than {self.compile_timeout_s:g} s; "
+            "simplify it (fewer alternatives, smaller bounds, shallower nesting)",
+            "",
+            spec.param,
+        )
+
+    def _load_or_compile(self, key: str, spec: GrammarSpec) -> CompiledGrammarHandle:
+        """Runs on a compile worker: memory again (a racing job may have filled it), disk, compile."""
+        handle = self._memory.get(key)
+        if handle is not None:
+            return handle
+        if self._disk is not None:
+            compiled = self._disk.load(key)
+            if compiled is not None:
+                handle = self._handle(key, spec.kind, compiled)
+                self._memory.put(key, handle)
+                with self._lock:
+                    self._stats.disk_hits += 1
+                return handle
+        with self._lock:
+            self._stats.misses += 1
+        started = time.perf_counter()
+        try:
+            validate_spec(spec)
+            compiled = compile_spec(self._compiler, spec)
+        except GrammarSpecError:
+            with self._lock:
+                self._stats.compile_errors += 1
+            raise
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._stats.compile_seconds_total += elapsed
+            self._stats.compile_seconds_max = max(self._stats.compile_seconds_max, elapsed)
+        handle = self._handle(key, spec.kind, compiled)
+        self._memory.put(key, handle)
+        if self._disk is not None:
+            self._disk.store(key, compiled)
+        return handle
+
+    def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar) -> CompiledGrammarHandle:
+        return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids)
+
+
+def _make_encoder(hf_tokenizer: Any):
+    """Text -> token ids as the model's tokenizer would produce them, without BOS/EOS."""
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # the Rust tokenizer directly: several times faster than __call__
+        def encode(text: str) -> list[int]:
+            return backend.encode(text, add_special_tokens=False).ids
+    else:
+        def encode(text: str) -> list[int]:
+            return list(hf_tokenizer.encode(text, add_special_tokens=False))
+    return encode
