@@ -10,6 +10,7 @@ import hashlib
 import hmac
 from typing import Any
 
+from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
@@ -74,6 +75,6 @@ def require_api_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRoute
     connection.state.tenant = authenticator.tenant_for(connection.headers)
 
 
-def provide_tenant(request: Any) -> str:
+def provide_tenant(request: Request[Any, Any, Any]) -> str:
     """Dependency: the tenant the guard resolved."""
     return getattr(request.state, "tenant", DEFAULT_TENANT)

@@ -48,6 +48,10 @@ class APIError(Exception):
         return ErrorBody(error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code))
 
 
+class ClientDisconnected(Exception):
+    """The client went away before the response was ready (nobody will read the answer)."""
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -197,6 +201,11 @@ def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Resp
     return error_response(_from_http_exception(exc))
 
 
+def handle_disconnect(_: Request[Any, Any, Any], exc: ClientDisconnected) -> Response[ErrorBody]:
+    # 499 (nginx's "client closed request"): only the access log ever sees it
+    return error_response(APIError(499, "Client closed the request.", code="client_closed_request"))
+
+
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(APIError(500, "The server had an error while processing your request.", type=SERVER_ERROR,
@@ -206,6 +215,7 @@ def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Respon
 def exception_handlers(retry_after_s: int = 1) -> dict[Any, Any]:
     return {
         APIError: handle_api_error,
+        ClientDisconnected: handle_disconnect,
         EngineError: engine_error_handler(retry_after_s),
         ValidationException: handle_validation,
         HTTPException: handle_http_exception,

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
-from gateway.errors import APIError, SERVER_ERROR, from_engine_error, overloaded
+from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
 from gateway.metrics import GatewayMetrics
 from runtime.api import EngineError, GenerateRequest, StreamEvent
 
@@ -251,10 +251,6 @@ async def until_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]], wor
         watch_task.cancel()
         if not work_task.done():
             work_task.cancel()
-
-
-class ClientDisconnected(Exception):
-    """The client went away before the response was ready."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ class GatewayServices:
     metrics: GatewayMetrics
     limiter: ConcurrencyLimiter
     authenticator: Authenticator
+    started_at: int = 0  # unix time the app was built (the models' `created`)
 
     def finish(self, route: str, outcome: str, record: RequestLog, streams: list[EngineStream]) -> None:
         """Account one finished request (once): log record, outcome counter."""
@@ -33,8 +34,7 @@ class GatewayServices:
 
 
 def outcome_of(exc: BaseException | None) -> str:
-    from gateway.errors import APIError, from_engine_error
-    from gateway.generation import ClientDisconnected
+    from gateway.errors import APIError, ClientDisconnected, from_engine_error
     from runtime.api import EngineError
 
     if exc is None:

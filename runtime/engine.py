@@ -500,7 +500,8 @@ class Engine:
         if not r.finished:
             self._plan_jump_forward(r)
         self._emit_progress(r)
-        if not r.finished and len(r.output_ids) % CACHE_PROGRESS_EVERY == 0:
+        # A finished prefill goes into the cache now, so waiting requests with the same prefix hit it.
+        if not r.finished and (fed - len(draft) > 1 or len(r.output_ids) % CACHE_PROGRESS_EVERY == 0):
             self._cache_progress(r)
 
     def _accept_token(self, r: Req, tok: int) -> bool:

@@ -11,9 +11,8 @@ from gateway.services import GatewayServices
 
 
 def _models(services: GatewayServices) -> list[Model]:
-    created = services.settings_created if hasattr(services, "settings_created") else 0
     return [
-        Model(id=name, created=created, max_model_len=int(services.engine.max_context))
+        Model(id=name, created=services.started_at, max_model_len=int(services.engine.max_context))
         for name in served_model_names(services.engine, services.settings)
     ]
 

@@ -1,0 +1,100 @@
+"""`create_app(engine, grammar_service, settings)`: the Litestar application.
+
+Collaborators are built here once and injected (`services`, `tenant`, `request_log`); nothing is
+global. /v1 routes sit behind the API-key guard; /health and /metrics do not.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar, Request, Router
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+from gateway.access_log import access_log_middleware, request_log_of
+from gateway.auth import Authenticator, provide_tenant, require_api_key
+from gateway.errors import exception_handlers
+from gateway.generation import ConcurrencyLimiter, RequestLog
+from gateway.metrics import GatewayMetrics
+from gateway.prompt import PromptRenderer
+from gateway.registry import SchemaRegistry
+from gateway.routes.cache import CacheController
+from gateway.routes.chat import ChatController
+from gateway.routes.completions import CompletionsController
+from gateway.routes.health import health
+from gateway.routes.metrics import metrics
+from gateway.routes.models import ModelsController
+from gateway.routes.schemas import SchemasController
+from gateway.services import GatewayServices
+from gateway.settings import Settings
+
+VERSION = "0.1.0"
+
+
+def default_registry_dir() -> Path:
+    root = Path(os.environ.get("JUMPGATE_CACHE_DIR", Path.home() / ".cache" / "jumpgate"))
+    return root / "registry"
+
+
+def build_services(engine: Any, grammar_service: Any, settings: Settings, tokenizer: Any = None) -> GatewayServices:
+    settings.validate()
+    return GatewayServices(
+        engine=engine,
+        grammar=grammar_service,
+        renderer=PromptRenderer(tokenizer if tokenizer is not None else engine.tokenizer),
+        registry=SchemaRegistry(settings.registry_dir or default_registry_dir()),
+        settings=settings,
+        metrics=GatewayMetrics(),
+        limiter=ConcurrencyLimiter(settings.max_concurrent_requests, settings.retry_after_s),
+        authenticator=Authenticator(settings.api_keys),
+        started_at=int(time.time()),
+    )
+
+
+def provide_request_log(request: Request[Any, Any, Any]) -> RequestLog:
+    return request_log_of(request.scope)
+
+
+def create_app(
+    engine: Any,
+    grammar_service: Any,
+    settings: Settings | None = None,
+    *,
+    services: GatewayServices | None = None,
+    tokenizer: Any = None,
+) -> Litestar:
+    """The app around a started engine; `grammar_service` may be None (free text only)."""
+    settings = settings or Settings()
+    services = services or build_services(engine, grammar_service, settings, tokenizer)
+
+    def provide_services() -> GatewayServices:
+        return services  # type: ignore[return-value]
+
+    v1 = Router(
+        path="/v1",
+        route_handlers=[ChatController, CompletionsController, ModelsController, SchemasController, CacheController],
+        guards=[require_api_key],
+    )
+    return Litestar(
+        route_handlers=[v1, health, metrics],
+        dependencies={
+            "services": Provide(provide_services, sync_to_thread=False, use_cache=True),
+            "tenant": Provide(provide_tenant, sync_to_thread=False),
+            "request_log": Provide(provide_request_log, sync_to_thread=False),
+        },
+        exception_handlers=exception_handlers(settings.retry_after_s),
+        middleware=[access_log_middleware],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="Jumpgate", version=VERSION, path="/docs",
+            description="OpenAI-compatible structured-output gateway",
+        ) if settings.openapi else None,
+        state=State({"authenticator": services.authenticator, "services": services}),
+        logging_config=None,
+        debug=False,
+    )

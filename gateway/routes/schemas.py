@@ -1,0 +1,70 @@
+"""The schema registry: POST/GET /v1/schemas, GET/DELETE /v1/schemas/{id}.
+
+An upload is validated and compiled before it is stored, so a registered id always works in a
+request (`schema_id`). Ids come from the canonical hash: the same schema twice is the same id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Response, delete, get, post
+
+from gateway.constraints import ConstraintPlan, check_tools, compile_plan
+from gateway.errors import bad_request, not_found
+from gateway.protocol import SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
+from gateway.services import GatewayServices
+
+
+def _upload_plan(data: SchemaUpload) -> tuple[str, Any, ConstraintPlan]:
+    given = [name for name in ("schema", "regex", "ebnf", "tools") if getattr(data, name) is not None]
+    if len(given) != 1:
+        raise bad_request(
+            "Give exactly one of 'schema' (a JSON schema), 'regex', 'ebnf' or 'tools'"
+            + (f"; got {', '.join(given)}." if given else "."),
+            given[1] if len(given) > 1 else "schema",
+        )
+    field = given[0]
+    if field == "schema":
+        assert data.schema is not None
+        return "json_schema", data.schema, ConstraintPlan(kind="json_schema", payload=data.schema, param="schema",
+                                                          label="schema")
+    if field in ("regex", "ebnf"):
+        text = getattr(data, field)
+        if not text.strip():
+            raise bad_request(f"'{field}' must not be empty.", field)
+        return field, text, ConstraintPlan(kind=field, payload=text, param=field,
+                                           label="regex" if field == "regex" else "EBNF grammar")
+    assert data.tools is not None
+    tools = check_tools(data.tools)
+    payload = {"tools": tools, "tool_choice": "auto", "parallel_tool_calls": True}
+    return "tools", tools, ConstraintPlan(kind="tool_calls", payload=payload, param="tools", label="tools")
+
+
+class SchemasController(Controller):
+    path = "/schemas"
+    tags = ["schemas"]
+
+    @post("", summary="Register a JSON schema, regex, EBNF grammar or tool set (validated and compiled)")
+    async def create(self, data: SchemaUpload, services: GatewayServices, tenant: str) -> Response[SchemaEntry]:
+        kind, payload, plan = _upload_plan(data)
+        await compile_plan(plan, services.grammar, services.settings.grammar_compile_timeout_s)
+        entry, created = services.registry.put(tenant, kind, payload, data.name)
+        return Response(entry, status_code=201 if created else 200)
+
+    @get("", summary="List registered schemas")
+    async def list_schemas(self, services: GatewayServices, tenant: str) -> SchemaList:
+        return SchemaList(data=services.registry.list(tenant))
+
+    @get("/{schema_id:str}", summary="Retrieve a registered schema")
+    async def get_schema(self, schema_id: str, services: GatewayServices, tenant: str) -> SchemaEntry:
+        entry = services.registry.get(tenant, schema_id)
+        if entry is None:
+            raise not_found(f"No registered schema with id '{schema_id}'.", None, code="schema_not_found")
+        return entry
+
+    @delete("/{schema_id:str}", status_code=200, summary="Delete a registered schema")
+    async def delete_schema(self, schema_id: str, services: GatewayServices, tenant: str) -> SchemaDeleted:
+        if not services.registry.delete(tenant, schema_id):
+            raise not_found(f"No registered schema with id '{schema_id}'.", None, code="schema_not_found")
+        return SchemaDeleted(id=schema_id)
