@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import grammar_adapter
-from gateway.errors import APIError, bad_request, not_found
+from gateway.errors import APIError, bad_request, not_found, overloaded
 from gateway.prompt import schema_instructions
 from gateway.protocol import (
     ChatCompletionRequest,
@@ -41,7 +41,7 @@ class ConstraintPlan:
 
     @property
     def spec(self) -> Any:
-        return None if self.kind is None else grammar_adapter.make_spec(self.kind, self.payload)
+        return None if self.kind is None else grammar_adapter.make_spec(self.kind, self.payload, self.strict)
 
 
 def tool_dict(tool: ToolDefinition) -> dict[str, Any]:
@@ -84,14 +84,14 @@ def _format_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tupl
     sources: list[tuple[str, str, Any, str, bool]] = []
     rf = req.response_format
     if isinstance(rf, ResponseFormatJsonObject):
-        sources.append(("response_format", "json_object", {}, "response_format", False))
+        sources.append(("response_format", "json_object", None, "response_format", False))
     elif isinstance(rf, ResponseFormatJsonSchema):
         js = rf.json_schema
         if js.schema is None:
             raise bad_request("response_format.json_schema.schema is required.", "response_format.json_schema.schema")
-        sources.append(
-            ("response_format.json_schema.schema", "json_schema", js.schema, f"schema '{js.name}'", bool(js.strict))
-        )
+        # strict unless the client says otherwise: no free extra properties for a small model to loop on
+        strict = js.strict is not False
+        sources.append(("response_format.json_schema.schema", "json_schema", js.schema, f"schema '{js.name}'", strict))
     if req.regex is not None:
         if not req.regex:
             raise bad_request("'regex' must not be empty.", "regex")
@@ -142,7 +142,7 @@ def plan_chat(req: ChatCompletionRequest, registry: SchemaRegistry, tenant: str)
         else:
             tool_choice = choice or "auto"
         parallel = True if req.parallel_tool_calls is None else req.parallel_tool_calls
-        strict = any(t["function"].get("strict") for t in tools)
+        strict = True
         return ConstraintPlan(
             kind="tool_calls",
             payload={"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel},
@@ -192,17 +192,21 @@ async def compile_plan(plan: ConstraintPlan, service: Any, timeout_s: float) -> 
     except asyncio.TimeoutError as exc:
         raise bad_request(f"Compiling the {plan.label} took longer than {timeout_s:g} s; simplify it.",
                           plan.param, code="grammar_timeout") from exc
-    except grammar_adapter.spec_error_types() as exc:
+    except grammar_adapter.GrammarSpecError as exc:
         raise spec_error(plan, exc) from exc
+    except grammar_adapter.GrammarServiceBusy as exc:
+        raise overloaded(f"The grammar compiler is busy: {exc}") from exc
     except (ValueError, RuntimeError, TypeError) as exc:  # xgrammar raises these for bad input
         raise bad_request(f"Invalid {plan.label}: {exc}", plan.param, code=_code_for(plan.kind)) from exc
 
 
-def spec_error(plan: ConstraintPlan, exc: BaseException) -> APIError:
-    message, pointer, param = grammar_adapter.spec_error_fields(exc)
-    if pointer is not None and f"'{pointer}'" not in message and f"at {pointer}" not in message:
-        message = f"{message} (at JSON pointer '{pointer or '/'}')"
-    return bad_request(f"Invalid {plan.label}: {message}", param or plan.param, code=_code_for(plan.kind))
+def spec_error(plan: ConstraintPlan, exc: grammar_adapter.GrammarSpecError) -> APIError:
+    message = exc.message
+    if exc.pointer:
+        message = f"{message} (at JSON pointer '{exc.pointer}')"
+    # a registered schema / an upload names its own field; otherwise trust the grammar's param
+    param = plan.param if plan.param in ("schema_id", "schema") else (exc.param or plan.param)
+    return bad_request(f"Invalid {plan.label}: {message}", param, code=_code_for(plan.kind))
 
 
 def _code_for(kind: str | None) -> str:

@@ -12,7 +12,7 @@ import re
 from typing import Any, Callable
 
 from litestar import MediaType, Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 
 from gateway.protocol import ErrorBody, ErrorDetail
 from runtime.api import EngineError
@@ -185,7 +185,7 @@ def _from_http_exception(exc: HTTPException) -> APIError:
     type_, code = _STATUS_CODES.get(status, (SERVER_ERROR if status >= 500 else INVALID_REQUEST, None))
     detail = exc.detail or ""
     cause = exc.__cause__
-    if status == 400 and cause is not None and "malformed" in str(cause).lower():
+    if status == 400 and isinstance(cause, SerializationException):
         return bad_request(f"We could not parse the JSON body of your request: {cause}", None, code="invalid_json")
     if status == 404:
         detail = f"Not found: {detail}" if detail and detail != "Not Found" else "The requested resource does not exist."

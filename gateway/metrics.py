@@ -136,17 +136,20 @@ class Histogram(Metric):
 _ENGINE_FIELDS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("gauge", "running_requests", "Requests being decoded by the engine.", ("num_running", "running", "running_requests")),
     ("gauge", "waiting_requests", "Requests queued in the engine.", ("num_waiting", "waiting", "waiting_requests")),
-    ("gauge", "kv_slots_used", "KV pool slots in use (running requests + radix tree).", ("kv_used", "kv_slots_used", "used_slots")),
-    ("gauge", "kv_slots_free", "KV pool slots free.", ("kv_free", "kv_slots_free", "free_slots")),
-    ("gauge", "kv_slots_tree_held", "KV pool slots held by the radix tree (cached prefixes).", ("kv_tree_held", "kv_slots_tree_held", "tree_held_slots", "tree_slots")),
-    ("gauge", "kv_pool_slots", "KV pool size in slots.", ("kv_pool_tokens", "kv_pool_size", "pool_size")),
-    ("counter", "jump_forward_tokens_total", "Tokens appended by jump-forward.", ("jump_forward_tokens", "jump_forward_tokens_total")),
-    ("counter", "jump_forward_rejected_tokens_total", "Jump-forward draft tokens rolled back by verification.", ("jump_forward_rejected_tokens", "jump_forward_rolled_back_tokens")),
+    ("gauge", "kv_slots_used", "KV pool slots in use (running requests + radix tree).", ("kv_slots_used", "kv_used")),
+    ("gauge", "kv_slots_free", "KV pool slots free.", ("kv_slots_free", "kv_free")),
+    ("gauge", "kv_slots_tree_held", "KV pool slots held by the radix tree (cached prefixes).", ("kv_slots_tree", "kv_slots_tree_held", "kv_tree_held")),
+    ("gauge", "kv_slots_request_only", "KV pool slots held only by running requests.", ("kv_slots_request_only",)),
+    ("gauge", "kv_pool_slots", "KV pool size in slots.", ("kv_slots_total", "kv_pool_tokens")),
+    ("counter", "jump_forward_tokens_total", "Tokens appended by jump-forward.", ("jump_forward_tokens",)),
+    ("counter", "jump_forward_rejected_tokens_total", "Jump-forward draft tokens rolled back by verification.", ("jump_forward_rejected", "jump_forward_rejected_tokens")),
 )
 _GRAMMAR_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("grammar_cache_hits_total", "Grammar cache hits (memory or disk).", ("hits", "cache_hits", "memory_hits")),
-    ("grammar_cache_misses_total", "Grammar cache misses (compiled).", ("misses", "cache_misses")),
-    ("grammar_disk_hits_total", "Grammar cache hits served from disk.", ("disk_hits",)),
+    ("grammar_cache_hits_total", "Grammar cache hits in memory.", ("memory_hits", "hits")),
+    ("grammar_cache_disk_hits_total", "Grammar cache hits served from disk.", ("disk_hits",)),
+    ("grammar_cache_misses_total", "Grammar cache misses (compiled).", ("misses",)),
+    ("grammar_compile_errors_total", "Grammar specs refused.", ("compile_errors",)),
+    ("grammar_compile_timeouts_total", "Grammar compiles over the time limit.", ("compile_timeouts",)),
 )
 
 
@@ -160,13 +163,11 @@ class GatewayMetrics:
         self.ttft = Histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
         self.e2e = Histogram("e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS)
         self.itl = Histogram("inter_token_latency_seconds", "Time between output increments.", ITL_BUCKETS)
-        self.grammar_hits = Counter("gateway_grammar_cache_hits_total", "Grammar lookups answered from cache (gateway view).")
-        self.grammar_misses = Counter("gateway_grammar_cache_misses_total", "Grammar lookups that compiled (gateway view).")
 
     def own(self) -> list[Metric]:
         return [
             self.requests, self.prompt_tokens, self.cached_prompt_tokens, self.generated_tokens, self.in_flight,
-            self.ttft, self.e2e, self.itl, self.grammar_hits, self.grammar_misses,
+            self.ttft, self.e2e, self.itl,
         ]
 
     def render(self, engine_stats: Mapping[str, Any] | None = None, grammar_stats: Mapping[str, Any] | None = None) -> str:
@@ -205,6 +206,8 @@ def _metric_name(key: str) -> str:
 
 def render_engine_stats(stats: Mapping[str, Any]) -> list[str]:
     flat = _flatten(stats)
+    if "kv_slots_used" not in flat and "kv_slots_total" in flat and "kv_slots_free" in flat:
+        flat["kv_slots_used"] = flat["kv_slots_total"] - flat["kv_slots_free"]
     used: set[str] = set()
     lines: list[str] = []
     for kind, name, help, keys in _ENGINE_FIELDS:

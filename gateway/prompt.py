@@ -31,15 +31,11 @@ from gateway.protocol import (
 BOUNDARY_CONTEXT_CHARS = 40
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def schema_instructions(kind: str, payload: Any) -> str | None:
     """Natural-language hint matching the grammar (the grammar enforces it; the hint helps a small
     model choose sensible values). Canonical JSON so that equal schemas give equal prefixes."""
     if kind == "json_schema":
-        return "Respond with only a JSON value that conforms to this JSON schema:\n" + canonical_json(payload)
+        return "Respond with only a JSON value that conforms to this JSON schema:\n" + grammar_adapter.schema_text(payload)
     if kind == "json_object":
         return "Respond with only a JSON object."
     return None

@@ -339,7 +339,6 @@ class SchemaUpload(Struct, kw_only=True):
     regex: str | None = None
     ebnf: str | None = None
     tools: list[ToolDefinition] | None = None
-    strict: bool | None = None
 
 
 class SchemaEntry(Struct, kw_only=True):

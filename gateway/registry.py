@@ -10,7 +10,6 @@ touch a path, so no id can escape the folder; another tenant's id is simply not 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import tempfile
@@ -28,14 +27,10 @@ _TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DEFAULT_TENANT_DIR = "_default"
 
 
-def canonical_json(obj: Any) -> str:
-    """Sorted keys, fixed separators, no ASCII escaping: one text per value (the cache-friendly form)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def schema_id(kind: str, payload: Any) -> str:
-    digest = hashlib.sha256(canonical_json({"kind": kind, "payload": payload}).encode()).hexdigest()
-    return "sch_" + digest[:24]
+def schema_id(canonical_text: str) -> str:
+    """The id of an entry: a hash of its canonical text (the caller canonicalizes: a schema's
+    `properties` order is meaningful, so plain key sorting would merge distinct schemas)."""
+    return "sch_" + hashlib.sha256(canonical_text.encode()).hexdigest()[:24]
 
 
 def valid_id(entry_id: str) -> bool:
@@ -62,9 +57,11 @@ class SchemaRegistry:
             return None
         return self._tenant_dir(tenant) / f"{entry_id}.json"
 
-    def put(self, tenant: str, kind: str, payload: Any, name: str | None = None) -> tuple[SchemaEntry, bool]:
+    def put(
+        self, tenant: str, kind: str, payload: Any, canonical_text: str, name: str | None = None
+    ) -> tuple[SchemaEntry, bool]:
         """Store an entry; returns (entry, created). An existing identical entry is returned as is."""
-        entry_id = schema_id(kind, payload)
+        entry_id = schema_id(canonical_text)
         path = self._path(tenant, entry_id)
         assert path is not None
         with self._lock:

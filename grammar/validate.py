@@ -46,20 +46,27 @@ def validate_json_schema(
         raise e.with_context(param=param, pointer_prefix=pointer_prefix) from None
 
 
-def validate_regex(pattern: Any, *, param: str = "regex", pointer: str = "") -> None:
-    """Refuse a pattern that is not a string or that neither Python nor xgrammar can parse."""
+def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = "") -> None:
+    """Refuse a pattern that is not a string, or that Python or xgrammar cannot parse.
+
+    Python's `re` runs first for its precise messages; xgrammar (an ECMAScript-like dialect
+    without lookaround or backreferences) decides what is actually supported.
+    """
     if not isinstance(pattern, str):
         raise GrammarSpecError(f"regex must be a string, got {type(pattern).__name__}", pointer, param)
     check_json_limits(pattern, param=param)
     try:
         re.compile(pattern)
     except re.error as e:
-        # Python's dialect is not xgrammar's (ECMAScript-like); trust xgrammar when it accepts.
-        if not _xgrammar_parses_regex(pattern):
+        if _xgrammar_regex_error(pattern) is not None:  # both refuse: Python says it best
             where = f" at position {e.pos}" if e.pos is not None else ""
             raise GrammarSpecError(f"invalid regex {pattern!r}: {e.msg}{where}", pointer, param) from None
+        return  # valid in xgrammar's dialect, which is the one that matters
     except (RecursionError, OverflowError) as e:  # pathological nesting / counts
         raise GrammarSpecError(f"regex {pattern!r} is too complex: {e}", pointer, param) from None
+    problem = _xgrammar_regex_error(pattern)
+    if problem is not None:
+        raise GrammarSpecError(f"regex {pattern!r} is not supported: {problem}", pointer, param)
 
 
 def validate_spec(spec: Any) -> None:
@@ -206,14 +213,17 @@ def _check_required(node: dict, pointer: str) -> None:
             )
 
 
-def _xgrammar_parses_regex(pattern: str) -> bool:
+def _xgrammar_regex_error(pattern: str) -> str | None:
+    """xgrammar's complaint about `pattern`, or None if it parses."""
     import xgrammar
+
+    from grammar.compile import xgrammar_message
 
     try:
         xgrammar.Grammar.from_regex(pattern)
-    except Exception:  # noqa: BLE001 - any parse failure means "no"
-        return False
-    return True
+    except (RuntimeError, ValueError) as e:
+        return xgrammar_message(e)
+    return None
 
 
 def _short(message: str) -> str:

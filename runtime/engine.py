@@ -203,6 +203,13 @@ class Engine:
         n = self.call(lambda: self.cache.prefix_match_length(prompt_ids, namespace)).result(timeout=30)
         return {"prompt_tokens": len(prompt_ids), "cached_tokens": n, "tiers": {"device": n, "host": 0, "disk": 0}}
 
+    def flush_cache(self) -> None:
+        """Drop every unlocked prefix from the cache and zero the counters (benchmarks, admin)."""
+        def flush():
+            self.cache.evict(self.cache.evictable_size)
+            self.counters.clear()
+        self.call(flush).result(timeout=60)
+
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run `fn` on the engine thread between steps (or here, if the engine is not running)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()

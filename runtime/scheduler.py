@@ -17,7 +17,7 @@ POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 LPM_FALLBACK_QUEUE_LEN = 128
 # A waiting request that shares this many more tokens with a request being prefilled than with
 # the cache waits for that prefill to land in the cache instead of computing the prefix twice.
-SHARED_PREFIX_WAIT_TOKENS = 32
+SHARED_PREFIX_WAIT_TOKENS = 64
 _DFS_PROBE_TOKENS = 1024  # prompt head used to build the dfs-weight trie
 _DFS_CHUNK = 16
 

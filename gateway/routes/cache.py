@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar import Controller, post
 
 from gateway.preparation import prepare_chat
@@ -37,7 +39,7 @@ class CacheController(Controller):
     tags = ["cache"]
 
     @post("/explain", status_code=200, summary="Explain prefix-cache reuse for a chat request")
-    async def explain(self, data: CacheExplainRequest, services: GatewayServices, tenant: str) -> CacheExplanation:
+    async def explain(self, data: JSONBody[CacheExplainRequest], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]) -> CacheExplanation:
         s = services
         prepared = await prepare_chat(
             data, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar import Controller, Request, Response, post
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
@@ -27,10 +29,10 @@ class ChatController(Controller):
     async def create(
         self,
         request: Request[Any, Any, Any],
-        data: ChatCompletionRequest,
-        services: GatewayServices,
-        tenant: str,
-        request_log: RequestLog,
+        data: JSONBody[ChatCompletionRequest],
+        services: NamedDependency[GatewayServices],
+        tenant: NamedDependency[str],
+        request_log: NamedDependency[RequestLog],
     ) -> Response[ChatCompletion]:
         s = services
         permit = s.limiter.acquire()

@@ -6,6 +6,8 @@ import asyncio
 import time
 from typing import Any
 
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar import Controller, Request, Response, post
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
@@ -32,10 +34,10 @@ class CompletionsController(Controller):
     async def create(
         self,
         request: Request[Any, Any, Any],
-        data: CompletionRequest,
-        services: GatewayServices,
-        tenant: str,
-        request_log: RequestLog,
+        data: JSONBody[CompletionRequest],
+        services: NamedDependency[GatewayServices],
+        tenant: NamedDependency[str],
+        request_log: NamedDependency[RequestLog],
     ) -> Response[Completion]:
         s = services
         permit = s.limiter.acquire()

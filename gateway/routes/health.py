@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from litestar.di import NamedDependency
 from litestar import Response, get
 
 from gateway.errors import SERVER_ERROR, APIError, error_response
@@ -23,7 +24,7 @@ def engine_stopped(engine: object) -> bool:
 
 
 @get("/health", summary="Liveness", tags=["ops"], sync_to_thread=False)
-def health(services: GatewayServices) -> Response[Health]:
+def health(services: NamedDependency[GatewayServices]) -> Response[Health]:
     engine = services.engine
     if engine_stopped(engine):
         return error_response(APIError(503, "The engine is stopped.", type=SERVER_ERROR, code="engine_stopped"))  # type: ignore[return-value]

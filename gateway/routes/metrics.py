@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from litestar.di import NamedDependency
 from litestar import Response, get
 
 from gateway import grammar_adapter
@@ -11,11 +12,11 @@ from gateway.services import GatewayServices
 
 log = logging.getLogger("jumpgate.gateway")
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; version=0.0.4"  # Litestar appends the charset
 
 
 @get("/metrics", summary="Prometheus metrics", tags=["ops"], sync_to_thread=False)
-def metrics(services: GatewayServices) -> Response[str]:
+def metrics(services: NamedDependency[GatewayServices]) -> Response[str]:
     try:
         engine_stats = services.engine.stats()
     except Exception:  # a scrape must not fail because of one source

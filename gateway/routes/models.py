@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 from litestar import Controller, get
 
 from gateway.errors import model_not_found
@@ -10,7 +12,7 @@ from gateway.protocol import Model, ModelList
 from gateway.services import GatewayServices
 
 
-def _models(services: GatewayServices) -> list[Model]:
+def _models(services: NamedDependency[GatewayServices]) -> list[Model]:
     return [
         Model(id=name, created=services.started_at, max_model_len=int(services.engine.max_context))
         for name in served_model_names(services.engine, services.settings)
@@ -22,11 +24,11 @@ class ModelsController(Controller):
     tags = ["models"]
 
     @get("", summary="List the served models")
-    async def list_models(self, services: GatewayServices) -> ModelList:
+    async def list_models(self, services: NamedDependency[GatewayServices]) -> ModelList:
         return ModelList(data=_models(services))
 
     @get("/{model_id:path}", summary="Retrieve a model")
-    async def get_model(self, model_id: str, services: GatewayServices) -> Model:
+    async def get_model(self, model_id: FromPath[str], services: NamedDependency[GatewayServices]) -> Model:
         model_id = model_id.lstrip("/")
         for model in _models(services):
             if model.id == model_id:

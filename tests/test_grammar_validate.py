@@ -1,0 +1,116 @@
+"""Refusals say what is wrong and where (JSON pointer + request parameter)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grammar import GrammarSpec, GrammarSpecError, validate_json_schema, validate_regex, validate_spec
+
+DATA = Path(__file__).parent / "data"
+
+
+def refusal(schema, **kw) -> GrammarSpecError:
+    with pytest.raises(GrammarSpecError) as e:
+        validate_json_schema(schema, **kw)
+    assert e.value.message
+    return e.value
+
+
+def test_meta_schema_error_points_at_the_bad_keyword():
+    e = refusal({"type": "object", "properties": {"age": {"type": "integer", "minimum": "zero"}}})
+    assert e.pointer == "/properties/age/minimum"
+    assert e.param == "response_format"
+    assert "not a valid JSON schema" in e.message and "Draft202012" in e.message
+    assert "response_format/properties/age/minimum" in str(e)
+
+
+def test_draft_comes_from_dollar_schema():
+    # draft-04 spells exclusiveMinimum as a boolean; 2020-12 as a number
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 0, "exclusiveMinimum": True}
+    validate_json_schema(draft4)
+    e = refusal({k: v for k, v in draft4.items() if k != "$schema"})
+    assert e.pointer == "/exclusiveMinimum"
+    assert refusal({"$schema": "https://example.com/dialect", "type": "string"}).pointer == "/$schema"
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["https://example.com/address.json", "address.json", "file:///etc/passwd", "other.json#/$defs/a", "urn:x:y"],
+)
+def test_refs_outside_the_document_are_refused(ref):
+    e = refusal({"type": "object", "properties": {"address": {"$ref": ref}}})
+    assert e.pointer == "/properties/address/$ref"
+    assert "outside this schema" in e.message
+
+
+def test_local_refs_must_resolve_and_anchors_are_refused():
+    validate_json_schema({"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"})
+    validate_json_schema({"type": "object", "properties": {"next": {"$ref": "#"}}})
+    assert refusal({"$defs": {}, "items": {"$ref": "#/$defs/nope"}, "type": "array"}).pointer == "/items/$ref"
+    assert "anchors" in refusal({"$ref": "#thing"}).message
+    assert refusal({"$dynamicRef": "#x"}).pointer == "/$dynamicRef"
+
+
+def test_unsatisfiable_bounds_point_at_the_lower_bound():
+    assert refusal({"type": "object", "properties": {"age": {"type": "integer", "minimum": 9, "maximum": 3}}}).pointer == "/properties/age/minimum"
+    assert refusal({"type": "number", "exclusiveMinimum": 1, "maximum": 1}).pointer == "/exclusiveMinimum"
+    assert refusal({"type": "string", "minLength": 5, "maxLength": 2}).pointer == "/minLength"
+    assert refusal({"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 1}).pointer == "/minItems"
+    assert refusal({"enum": []}).pointer in ("/enum", "")  # meta-schema or our own check
+
+
+def test_required_property_that_cannot_appear():
+    e = refusal({"type": "object", "properties": {"a": {}}, "required": ["a", "b"], "additionalProperties": False})
+    assert e.pointer == "/required/1"
+
+
+def test_patterns_are_checked_where_they_are():
+    e = refusal({"type": "object", "properties": {"code": {"type": "string", "pattern": "^(ab$"}}})
+    assert e.pointer == "/properties/code/pattern"
+    assert "position" in e.message
+    e = refusal({"type": "string", "pattern": "(?<=x)y"})  # Python accepts it, xgrammar does not
+    assert e.pointer == "/pattern" and "Lookbehind" in e.message
+    assert refusal({"type": "object", "patternProperties": {"([": {}}}).pointer == "/patternProperties/(["
+
+
+def test_strict_contains_without_items_is_refused_but_allowed_without_strict():
+    schema = {"type": "array", "contains": {"type": "integer"}}
+    assert refusal(schema).pointer == "/contains"
+    validate_json_schema(schema, strict=False)
+
+
+def test_root_must_be_an_object_and_pointer_prefix_is_applied():
+    assert "must be an object" in refusal(True).message
+    e = refusal({"type": "strin"}, param="tools", pointer_prefix="/0/function/parameters")
+    assert (e.param, e.pointer) == ("tools", "/0/function/parameters/type")
+
+
+@pytest.mark.parametrize(
+    "pattern, fragment",
+    [("(", "position"), ("a{2,1}", ""), ("(a)\\1", "Backreference"), ("\\bword", "Word boundary"), ("(?i)abc", "not supported")],
+)
+def test_bad_regexes_are_refused(pattern, fragment):
+    with pytest.raises(GrammarSpecError) as e:
+        validate_spec(GrammarSpec.regex(pattern))
+    assert e.value.param == "regex"
+    assert fragment in e.value.message
+
+
+def test_regex_corpus_is_valid():
+    for entry in json.loads((DATA / "regex_corpus.json").read_text()):
+        validate_regex(entry["pattern"])
+    with pytest.raises(GrammarSpecError, match="must be a string"):
+        validate_regex(123)
+
+
+def test_validate_spec_dispatches_by_kind():
+    validate_spec(GrammarSpec.json_object())
+    validate_spec(GrammarSpec.ebnf('root ::= "a"'))
+    with pytest.raises(GrammarSpecError, match="non-empty"):
+        validate_spec(GrammarSpec.ebnf("  "))
+    with pytest.raises(GrammarSpecError) as e:
+        validate_spec(GrammarSpec.json_schema({"type": "object", "properties": {"x": {"$ref": "http://a/b"}}}))
+    assert e.value.pointer == "/properties/x/$ref"
