@@ -87,7 +87,9 @@ def from_engine_error(exc: EngineError, retry_after_s: int = 1) -> APIError:
         return overloaded(exc.message, retry_after_s)
     if exc.code == "engine_stopped":
         return APIError(503, exc.message, type=SERVER_ERROR, code="engine_stopped")
-    return bad_request(exc.message, exc.param)
+    if exc.code == "invalid_request":
+        return bad_request(exc.message, exc.param)
+    return APIError(500, exc.message, type=SERVER_ERROR, code=exc.code or "engine_error")
 
 
 # --------------------------------------------------------------------------- msgspec paths → param
@@ -206,6 +208,12 @@ def handle_disconnect(_: Request[Any, Any, Any], exc: ClientDisconnected) -> Res
     return error_response(APIError(499, "Client closed the request.", code="client_closed_request"))
 
 
+def handle_too_deep(_: Request[Any, Any, Any], exc: RecursionError) -> Response[ErrorBody]:
+    # msgspec refuses JSON nested past Python's recursion limit while decoding the body
+    return error_response(bad_request("We could not parse the JSON body of your request: it is nested too deeply.",
+                                      None, code="invalid_json"))
+
+
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(APIError(500, "The server had an error while processing your request.", type=SERVER_ERROR,
@@ -216,6 +224,7 @@ def exception_handlers(retry_after_s: int = 1) -> dict[Any, Any]:
     return {
         APIError: handle_api_error,
         ClientDisconnected: handle_disconnect,
+        RecursionError: handle_too_deep,
         EngineError: engine_error_handler(retry_after_s),
         ValidationException: handle_validation,
         HTTPException: handle_http_exception,

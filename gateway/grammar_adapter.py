@@ -13,14 +13,8 @@ from typing import Any
 
 from grammar import tool_calls as _tc
 from grammar.canonical import canonical_json, canonical_schema, canonical_tool
-from grammar.errors import GrammarSpecError
+from grammar.errors import GrammarServiceBusy, GrammarSpecError
 from grammar.spec import GrammarSpec
-
-try:
-    from grammar.errors import GrammarServiceBusy
-except ImportError:  # pragma: no cover
-    class GrammarServiceBusy(Exception):  # type: ignore[no-redef]
-        pass
 
 FORMAT = _tc.HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
 

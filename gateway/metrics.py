@@ -134,15 +134,24 @@ class Histogram(Metric):
 # Engine stats keys (first present wins) → exported gauge/counter; unknown numeric keys are exported
 # as jumpgate_engine_<key> so nothing the engine reports is lost.
 _ENGINE_FIELDS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    ("gauge", "running_requests", "Requests being decoded by the engine.", ("num_running", "running", "running_requests")),
-    ("gauge", "waiting_requests", "Requests queued in the engine.", ("num_waiting", "waiting", "waiting_requests")),
-    ("gauge", "kv_slots_used", "KV pool slots in use (running requests + radix tree).", ("kv_slots_used", "kv_used")),
-    ("gauge", "kv_slots_free", "KV pool slots free.", ("kv_slots_free", "kv_free")),
-    ("gauge", "kv_slots_tree_held", "KV pool slots held by the radix tree (cached prefixes).", ("kv_slots_tree", "kv_slots_tree_held", "kv_tree_held")),
-    ("gauge", "kv_slots_request_only", "KV pool slots held only by running requests.", ("kv_slots_request_only",)),
-    ("gauge", "kv_pool_slots", "KV pool size in slots.", ("kv_slots_total", "kv_pool_tokens")),
-    ("counter", "jump_forward_tokens_total", "Tokens appended by jump-forward.", ("jump_forward_tokens",)),
-    ("counter", "jump_forward_rejected_tokens_total", "Jump-forward draft tokens rolled back by verification.", ("jump_forward_rejected", "jump_forward_rejected_tokens")),
+    ("gauge", "running_requests", "Requests being decoded by the engine.",
+     ("running_requests", "num_running")),
+    ("gauge", "waiting_requests", "Requests queued in the engine.",
+     ("waiting_requests", "num_waiting")),
+    ("gauge", "kv_slots_used", "KV pool slots in use (running requests + radix tree).",
+     ("kv_slots_used", "kv_used")),
+    ("gauge", "kv_slots_free", "KV pool slots free.",
+     ("kv_slots_free", "kv_free")),
+    ("gauge", "kv_slots_tree_held", "KV pool slots held by the radix tree (cached prefixes).",
+     ("kv_slots_tree", "kv_slots_tree_held", "kv_tree_held")),
+    ("gauge", "kv_slots_request_only", "KV pool slots held only by running requests.",
+     ("kv_slots_request_only",)),
+    ("gauge", "kv_pool_slots", "KV pool size in slots.",
+     ("kv_slots_total", "kv_pool_tokens")),
+    ("counter", "jump_forward_tokens_total", "Tokens appended by jump-forward.",
+     ("jump_forward_tokens",)),
+    ("counter", "jump_forward_rejected_tokens_total", "Jump-forward draft tokens rolled back by verification.",
+     ("jump_forward_rejected", "jump_forward_rejected_tokens")),
 )
 _GRAMMAR_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("grammar_cache_hits_total", "Grammar cache hits in memory.", ("memory_hits", "hits")),
@@ -170,7 +179,9 @@ class GatewayMetrics:
             self.ttft, self.e2e, self.itl,
         ]
 
-    def render(self, engine_stats: Mapping[str, Any] | None = None, grammar_stats: Mapping[str, Any] | None = None) -> str:
+    def render(
+        self, engine_stats: Mapping[str, Any] | None = None, grammar_stats: Mapping[str, Any] | None = None
+    ) -> str:
         lines: list[str] = []
         for metric in self.own():
             lines.extend(metric.render())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 JumpForward = Literal["verify", "direct", "off"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
@@ -222,10 +222,13 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
     )
 
 
-class ChatMessage(Struct, omit_defaults=True):
+# Fields typed `X | UnsetType = UNSET` are left out of the JSON unless set (OpenAI omits them).
+
+
+class ChatMessage(Struct):
     content: str | None
     role: Literal["assistant"] = "assistant"
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
 class ChatChoice(Struct):
@@ -245,22 +248,22 @@ class ChatCompletion(Struct):
     system_fingerprint: str | None = None
 
 
-class FunctionCallDelta(Struct, omit_defaults=True):
-    name: str | None = None
-    arguments: str | None = None
+class FunctionCallDelta(Struct):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
 
 
-class ToolCallDelta(Struct, omit_defaults=True):
+class ToolCallDelta(Struct):
     index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: FunctionCallDelta | None = None
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionCallDelta | UnsetType = UNSET
 
 
-class ChoiceDelta(Struct, omit_defaults=True):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
+class ChoiceDelta(Struct):
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChunkChoice(Struct):
@@ -270,13 +273,13 @@ class ChunkChoice(Struct):
     logprobs: None = None
 
 
-class ChatCompletionChunk(Struct, omit_defaults=True):
+class ChatCompletionChunk(Struct):
     id: str
     created: int
     model: str
     choices: list[ChunkChoice]
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    usage: Usage | None = None
+    usage: Usage | UnsetType = UNSET
 
 
 class CompletionChoice(Struct):
@@ -295,13 +298,13 @@ class Completion(Struct):
     object: Literal["text_completion"] = "text_completion"
 
 
-class CompletionChunk(Struct, omit_defaults=True):
+class CompletionChunk(Struct):
     id: str
     created: int
     model: str
     choices: list[CompletionChoice]
     object: Literal["text_completion"] = "text_completion"
-    usage: Usage | None = None
+    usage: Usage | UnsetType = UNSET
 
 
 class Model(Struct):

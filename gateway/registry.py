@@ -68,7 +68,9 @@ class SchemaRegistry:
             existing = self._read(path)
             if existing is not None:
                 return existing, False
-            entry = SchemaEntry(id=entry_id, kind=kind, payload=payload, created=int(time.time()), name=name)  # type: ignore[arg-type]
+            entry = SchemaEntry(
+                id=entry_id, kind=kind, payload=payload, created=int(time.time()), name=name  # type: ignore[arg-type]
+            )
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
             try:

@@ -1,18 +1,21 @@
 """Server-sent events for chat and text completions, as OpenAI sends them.
 
 Each generator owns its engine streams: its `finally` closes them (aborting unfinished engine
-requests) and calls `on_close(outcome)`, whether the stream ended, failed, or the client went away
-(Litestar cancels the sending task on disconnect; the app also `aclose()`s the generator in a
-background task, so the `finally` runs even when the generator was parked at a `yield`).
+requests) and calls `on_close(outcome)`. On a client disconnect Litestar cancels the task that
+iterates the generator, which runs that `finally` only if the generator was inside an `await`;
+`SSEResponse` therefore also finishes the job itself once the response is over, however it ended
+(parked at a `yield`, never started, or failed): `on_close` runs exactly once in every case.
 """
 
 from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 import msgspec
+from litestar.response import Stream
+from msgspec import UNSET
 
 from gateway import grammar_adapter
 from gateway.errors import SERVER_ERROR, APIError, from_engine_error
@@ -33,6 +36,49 @@ from runtime.api import EngineError
 log = logging.getLogger("jumpgate.gateway")
 
 DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def once(fn: Callable[[str], None]) -> Callable[[str], None]:
+    """`fn(outcome)` runs on the first call only (the stream's end and the response's end both call it)."""
+    done = False
+
+    def call(outcome: str) -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn(outcome)
+
+    return call
+
+
+class SSEResponse(Stream):
+    """A text/event-stream response that always finalizes its generator.
+
+    `on_close` must be idempotent (see `once`); it is called with "cancelled" after the response,
+    which is a no-op when the generator's own `finally` already reported the real outcome.
+    """
+
+    def __init__(self, events: AsyncGenerator[bytes, None], on_close: Callable[[str], None], **kwargs: Any):
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS, **kwargs)
+        self._events = events
+        self._on_close = on_close
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        inner = super().to_asgi_response(*args, **kwargs)
+        events, on_close = self._events, self._on_close
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await inner(scope, receive, send)
+            finally:
+                on_close("cancelled")  # synchronous: aborts the engine requests even if we are cancelled
+                try:
+                    await events.aclose()  # lets the generator's own finally (merge tasks) run
+                except Exception:  # cleanup must not mask the response's outcome
+                    log.exception("closing an event stream failed")
+
+        return app
 
 
 def sse(obj: object) -> bytes:
@@ -49,16 +95,23 @@ def _error_event(exc: BaseException, retry_after_s: int) -> bytes:
     return sse(exc.body())
 
 
+def _set(value):  # None → left out of the JSON
+    return UNSET if value is None else value
+
+
 def _tool_deltas(pieces: list[tuple[int, str | None, str | None, str | None]]) -> list[ToolCallDelta]:
+    """OpenAI's shape: a call opens with index, id, type and name (arguments ""), then argument pieces."""
     deltas = []
     for index, call_id, name, arguments in pieces:
         opening = call_id is not None or name is not None
+        if arguments is None and opening:
+            arguments = ""
         deltas.append(
             ToolCallDelta(
                 index=index,
-                id=call_id,
-                type="function" if opening else None,
-                function=FunctionCallDelta(name=name, arguments=arguments if arguments is not None else ("" if opening else None)),
+                id=_set(call_id),
+                type="function" if opening else UNSET,
+                function=FunctionCallDelta(name=_set(name), arguments=_set(arguments)),
             )
         )
     return deltas
@@ -150,8 +203,8 @@ async def completion_events(
     outcome = "cancelled"
 
     def chunk(index: int, text: str, reason: str | None = None) -> bytes:
-        return sse(CompletionChunk(id=request_id, created=created, model=model,
-                                   choices=[CompletionChoice(index=index, text=text, finish_reason=reason)]))  # type: ignore[arg-type]
+        choice = CompletionChoice(index=index, text=text, finish_reason=reason)  # type: ignore[arg-type]
+        return sse(CompletionChunk(id=request_id, created=created, model=model, choices=[choice]))
 
     def final(index: int) -> bytes:
         finished[index] = True

@@ -111,9 +111,15 @@ class DiskGrammarCache:
                     pass
 
     def keys_newest_first(self) -> list[str]:
-        files = [p for p in self.directory.glob(f"*{self.SUFFIX}") if not p.name.startswith(".")]
-        files.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-        return [p.name[: -len(self.SUFFIX)] for p in files]
+        dated = []
+        for path in self.directory.glob(f"*{self.SUFFIX}"):
+            if path.name.startswith("."):  # a temp file of an unfinished write
+                continue
+            try:
+                dated.append((path.stat().st_mtime, path.name[: -len(self.SUFFIX)]))
+            except OSError:  # removed meanwhile
+                continue
+        return [key for _, key in sorted(dated, reverse=True)]
 
     @staticmethod
     def _discard(path: Path, error: BaseException) -> None:

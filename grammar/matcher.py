@@ -12,21 +12,40 @@ from collections.abc import Callable
 
 import xgrammar as xgr
 
+from grammar.closing import (
+    ClosingVocab,
+    completion_bound,
+    fill_closing_bitmask,
+    fill_value_closing_bitmask,
+)
+
 Encode = Callable[[str], list[int]]
 
 
 class XGrammarMatcher:
-    __slots__ = ("_matcher", "_encode", "_special_ids")
+    __slots__ = ("_matcher", "_encode", "_special_ids", "_closing")
 
-    def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode, special_ids: frozenset[int]) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode, special_ids: frozenset[int],
+                 closing: ClosingVocab | None = None) -> None:
         # Rollback is unlimited in xgrammar >= 0.2 (max_rollback_tokens is deprecated), which
         # jump-forward verification relies on.
         self._matcher = xgr.GrammarMatcher(compiled)
         self._encode = encode
         self._special_ids = special_ids
+        self._closing = closing
 
     def fill_bitmask(self, bitmask, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout)."""
+        """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout).
+
+        A terminated matcher allows only its stop tokens (xgrammar itself raises), so a batch
+        that still holds a finished request needs no special case.
+        """
+        if self._matcher.is_terminated():
+            bitmask[row] = 0
+            for token_id in self._matcher.stop_token_ids:
+                word, bit = divmod(token_id, 32)
+                bitmask[row, word] |= -(1 << 31) if bit == 31 else (1 << bit)
+            return
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
@@ -64,3 +83,26 @@ class XGrammarMatcher:
         if accepted:
             self._matcher.rollback(accepted)
         return draft[:accepted]
+
+    # -- strict completeness (see grammar/closing.py) ---------------------------------------
+
+    def completion_bound(self) -> int | None:
+        """Upper bound on the tokens needed to reach a complete value from here."""
+        return completion_bound(self._matcher, self._closing, self._encode) if self._closing else None
+
+    def fill_closing_bitmask(self, bitmask, row: int, tight: bool = False) -> None:
+        """Closing mode: only tokens on a shortest completion path (the stop token once complete);
+        `tight`: only the plan's own next token."""
+        if self._closing is None or self._matcher.is_terminated():
+            self.fill_bitmask(bitmask, row)
+            return
+        fill_closing_bitmask(self._matcher, self._closing, self._encode, bitmask, row, tight)
+
+    def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
+        """Loop breaking: only tokens that end the current value; False when none is allowed now."""
+        if self._closing is None or self._matcher.is_terminated():
+            return False
+        return fill_value_closing_bitmask(self._matcher, self._closing, bitmask, row)
+
+    def closes_value(self, token_id: int) -> bool:
+        return self._closing is not None and self._closing.is_closer(token_id)

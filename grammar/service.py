@@ -20,6 +20,7 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.cache import DiskGrammarCache, MemoryLRU
+from grammar.closing import ClosingVocab
 from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.errors import GrammarCompileTimeout, GrammarSpecError
 from grammar.matcher import XGrammarMatcher
@@ -40,9 +41,17 @@ class CompiledGrammarHandle:
     compiled: xgr.CompiledGrammar
     _encode: Any = field(repr=False)
     _special_ids: frozenset[int] = field(repr=False)
+    _closing: ClosingVocab | None = field(default=None, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)
 
     def new_matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self.compiled, self._encode, self._special_ids)
+        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing)
+
+    def min_completion_tokens(self) -> int | None:
+        """Tokens of the smallest output the grammar allows (computed once per grammar)."""
+        if "min_tokens" not in self._memo:
+            self._memo["min_tokens"] = self.new_matcher().completion_bound()
+        return self._memo["min_tokens"]
 
     @property
     def memory_size_bytes(self) -> int:
@@ -90,6 +99,8 @@ class GrammarService:
         ).hexdigest()
         self._encode = _make_encoder(hf_tokenizer)
         self._special_ids = frozenset(special_token_ids(hf_tokenizer))
+        # Token classes for strict-mode closing (grammar/closing.py), shared by every grammar.
+        self._closing_vocab = ClosingVocab(hf_tokenizer, vocab_size, self.stop_token_ids, self._special_ids)
         self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(max_memory_entries)
         self._disk = DiskGrammarCache(Path(cache_dir), self.tokenizer_info) if cache_dir is not None else None
         self._pool = CompileWorkerPool(workers, max_abandoned=max_abandoned_compiles)
@@ -104,7 +115,7 @@ class GrammarService:
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Blocking lookup/compile under the time limit (don't call it on an event loop)."""
-        key = self.key(spec)
+        key = self._checked_key(spec)
         handle = self._memory_hit(key)
         if handle is not None:
             return handle
@@ -117,7 +128,7 @@ class GrammarService:
 
     async def compile_async(self, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Like `compile`, awaiting the worker instead of blocking the event loop."""
-        key = self.key(spec)
+        key = self._checked_key(spec)
         handle = self._memory_hit(key)
         if handle is not None:
             return handle
@@ -140,7 +151,7 @@ class GrammarService:
             return 0
         loaded = 0
         limit = self._memory.max_entries if max_entries is None else max_entries
-        for key in self._disk.keys_newest_first()[:limit]:
+        for key in reversed(self._disk.keys_newest_first()[:limit]):  # newest ends most recent
             compiled = self._disk.load(key)
             if compiled is not None:
                 self._memory.put(key, self._handle(key, "unknown", compiled))
@@ -158,6 +169,14 @@ class GrammarService:
         self._pool.shutdown()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _checked_key(self, spec: GrammarSpec) -> str:
+        try:
+            return self.key(spec)  # canonicalizing checks the size and depth limits
+        except GrammarSpecError:
+            with self._lock:
+                self._stats.compile_errors += 1
+            raise
 
     def _memory_hit(self, key: str) -> CompiledGrammarHandle | None:
         handle = self._memory.get(key)
@@ -228,7 +247,7 @@ class GrammarService:
         return handle
 
     def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar) -> CompiledGrammarHandle:
-        return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids)
+        return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab)
 
 
 def _make_encoder(hf_tokenizer: Any):

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from grammar.canonical import canonical_data, canonical_json, canonical_schema, canonical_tool
+from grammar.errors import GrammarSpecError
 from grammar.limits import check_json_limits
 
 SpecKind = Literal["json_schema", "json_object", "regex", "ebnf", "tool_calls"]
@@ -86,11 +87,13 @@ class GrammarSpec:
     def canonical(self) -> str:
         """Canonical JSON of the whole spec (limits checked first, so this never recurses deep)."""
         if self.kind not in SPEC_KINDS:
-            from grammar.errors import GrammarSpecError
-
             raise GrammarSpecError(f"unknown grammar kind {self.kind!r}; expected one of {', '.join(SPEC_KINDS)}")
         check_json_limits(self.payload, param=self.param)
-        text = canonical_json({"kind": self.kind, "payload": _canonical_payload(self.kind, self.payload), "strict": bool(self.strict)})
+        try:
+            payload = _canonical_payload(self.kind, self.payload)
+            text = canonical_json({"kind": self.kind, "payload": payload, "strict": bool(self.strict)})
+        except (TypeError, ValueError) as e:  # NaN, Infinity, non-JSON Python objects
+            raise GrammarSpecError(f"spec is not plain JSON data: {e}", "", self.param) from None
         check_json_limits(text, param=self.param)  # the size limit applies to the canonical text
         return text
 

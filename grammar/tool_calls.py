@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grammar.canonical import canonical_json, canonical_tool
-from grammar.errors import GrammarSpecError, join_pointer
+from grammar.errors import GrammarSpecError
 from grammar.spec import GrammarSpec
-from grammar.validate import validate_json_schema
+from grammar.validate import validate_json_schema, validate_spec
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 SIMPLE_TOOL_CHOICES = ("none", "auto", "required")
@@ -66,11 +66,8 @@ class ToolCallStartDelta:
     name: str
 
     def to_openai(self) -> dict:
-        return {
-            "tool_calls": [
-                {"index": self.index, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": ""}}
-            ]
-        }
+        call = {"index": self.index, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": ""}}
+        return {"tool_calls": [call]}
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,7 @@ class ToolCallFormat:
         """Text appended after the system prompt. Canonical JSON (sorted keys, fixed separators),
         so the same tools always give the same tokens and share a KV-cache prefix."""
         lines = "\n".join(canonical_json(canonical_tool(t)) for t in tools)
-        example = self.render_call("<function-name>", "<arguments-json-object>", quote_arguments=False)
+        example = f'{self.call_begin}{{"name":<function-name>,"arguments":<arguments-json-object>}}{self.call_end}'
         return (
             "# Tools\n\n"
             "You may call one or more functions to assist with the user query.\n\n"
@@ -116,10 +113,10 @@ class ToolCallFormat:
             f"{example}"
         )
 
-    def render_call(self, name: str, arguments: str, *, quote_arguments: bool = True) -> str:
-        """One call as the model writes it (also used to render past assistant turns)."""
-        name_json = json.dumps(name, ensure_ascii=False) if quote_arguments else name
-        return f'{self.call_begin}{{"name":{name_json},"arguments":{arguments}}}{self.call_end}'
+    def render_call(self, name: str, arguments: str) -> str:
+        """One call as the model writes it (also used to render past assistant turns);
+        `arguments` is the arguments' JSON text, inserted as is."""
+        return f"{self.call_prefix(name)}{arguments}{self.call_suffix}"
 
     def render_calls(self, calls: Iterable[tuple[str, str]]) -> str:
         return self.call_separator.join(self.render_call(n, a) for n, a in calls)
@@ -150,11 +147,11 @@ class ToolCallFormat:
 
         def tag(tool: dict) -> dict:
             function = tool["function"]
-            schema = arguments_schema(function)
+            ebnf = arguments_grammar(arguments_schema(function), function.get("strict") is not False)
             return {
                 "type": "tag",
                 "begin": self.call_prefix(function["name"]),
-                "content": {"type": "grammar", "grammar": arguments_grammar(schema, function.get("strict") is not False)},
+                "content": {"type": "grammar", "grammar": ebnf},
                 "end": self.call_suffix,
             }
 
@@ -228,7 +225,7 @@ def tool_calls_grammar_spec(
     (tool_choice "none", or "auto" without tools). Raises GrammarSpecError for bad tools/choice."""
     tool_choice = "auto" if tool_choice is None else tool_choice
     spec = GrammarSpec.tool_calls(tools or [], tool_choice, parallel_tool_calls, format=fmt.name)
-    validate_tool_calls_payload(spec.payload)
+    validate_spec(spec)  # remembered per canonical spec: repeated tools are checked once
     if tool_choice == "none" or (tool_choice == "auto" and not tools):
         return None
     return spec
@@ -287,7 +284,9 @@ def _validate_tool(tool: Any, i: int, names: dict[str, int]) -> None:
             f"function name {name!r} must be 1-64 characters of a-z, A-Z, 0-9, _ or -", here + "/function/name", "tools"
         )
     if name in names:
-        raise GrammarSpecError(f"duplicate function name {name!r} (also tool {names[name]})", here + "/function/name", "tools")
+        raise GrammarSpecError(
+            f"duplicate function name {name!r} (also tool {names[name]})", here + "/function/name", "tools"
+        )
     names[name] = i
     if "description" in function and not isinstance(function["description"], str):
         raise GrammarSpecError("description must be a string", here + "/function/description", "tools")

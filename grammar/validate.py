@@ -9,8 +9,12 @@ time (its errors are mapped in `grammar/compile.py`); these checks exist because
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
+from urllib.parse import unquote
 
 import jsonschema
 from jsonschema.exceptions import best_match
@@ -21,8 +25,14 @@ from grammar.schema_walk import iter_subschemas
 
 DEFAULT_DIALECT = jsonschema.Draft202012Validator
 
+
+def _dialect_uri(uri: str) -> str:
+    """Dialect URIs compared without the trailing '#' and the http/https difference."""
+    return uri.rstrip("#").replace("https://", "http://")
+
+
 _DIALECTS = {
-    cls.META_SCHEMA["$schema" if "$id" not in cls.META_SCHEMA else "$id"].rstrip("#").replace("https://", "http://"): cls
+    _dialect_uri(cls.META_SCHEMA.get("$id", cls.META_SCHEMA["$schema"])): cls
     for cls in (
         jsonschema.Draft4Validator,
         jsonschema.Draft6Validator,
@@ -70,9 +80,30 @@ def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = 
 
 
 def validate_spec(spec: Any) -> None:
-    """Validate any GrammarSpec by kind (raises GrammarSpecError)."""
+    """Validate any GrammarSpec by kind (raises GrammarSpecError).
+
+    Validity depends only on the canonical spec, so passing specs are remembered: a request that
+    repeats the same tools does not pay for meta-schema validation again (~1 ms per schema).
+    """
+    memo_key = hashlib.sha256(spec.canonical.encode()).digest()  # also: kind, size, depth limits
+    with _validated_lock:
+        if memo_key in _validated:
+            _validated.move_to_end(memo_key)
+            return
+    _validate_spec(spec)
+    with _validated_lock:
+        _validated[memo_key] = None
+        while len(_validated) > _VALIDATED_MAX:
+            _validated.popitem(last=False)
+
+
+_VALIDATED_MAX = 4096
+_validated: OrderedDict[bytes, None] = OrderedDict()
+_validated_lock = threading.Lock()
+
+
+def _validate_spec(spec: Any) -> None:
     kind, payload, param = spec.kind, spec.payload, spec.param
-    spec.canonical  # unknown kind, size and depth limits  # noqa: B018
     if kind == "json_schema":
         validate_json_schema(payload, param=param, strict=spec.strict)
     elif kind == "json_object":
@@ -114,7 +145,7 @@ def _dialect_of(schema: dict) -> type:
         return DEFAULT_DIALECT
     if not isinstance(uri, str):
         raise GrammarSpecError("$schema must be a string URI", "/$schema")
-    dialect = _DIALECTS.get(uri.rstrip("#").replace("https://", "http://"))
+    dialect = _DIALECTS.get(_dialect_uri(uri))
     if dialect is None:
         known = ", ".join(sorted(_DIALECTS))
         raise GrammarSpecError(f"unknown $schema {uri!r}; supported: {known}", "/$schema")
@@ -159,22 +190,18 @@ def _check_ref(ref: Any, keyword: str, pointer: str, root: dict) -> None:
             pointer,
         )
     if ref != "#" and not ref.startswith("#/"):
-        raise GrammarSpecError(f"$ref {ref!r}: anchors are not supported; use a JSON pointer like '#/$defs/...'", pointer)
+        raise GrammarSpecError(
+            f"$ref {ref!r}: anchors are not supported; use a JSON pointer like '#/$defs/...'", pointer
+        )
     target: Any = root
     for token in ref[2:].split("/") if ref != "#" else []:
-        token = _unquote(token).replace("~1", "/").replace("~0", "~")
+        token = unquote(token).replace("~1", "/").replace("~0", "~")
         if isinstance(target, dict) and token in target:
             target = target[token]
         elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
             target = target[int(token)]
         else:
             raise GrammarSpecError(f"$ref {ref!r} does not resolve inside this schema", pointer)
-
-
-def _unquote(token: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(token)
 
 
 def _num(node: dict, keyword: str) -> float | None:

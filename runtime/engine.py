@@ -22,6 +22,7 @@ import torch
 
 from runtime.api import EngineError, GenerateRequest, GenerateResult, StreamEvent
 from runtime.attention import TorchAttentionBackend
+from runtime.completeness import CompletionGuard
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
@@ -253,6 +254,13 @@ class Engine:
             raise EngineError("prompt holds token ids outside the vocabulary", param="prompt")
         # The output may use whatever room the context leaves.
         max_new = min(spec.sampling.max_new_tokens, limit - n)
+        if spec.strict and spec.constraint is not None and hasattr(spec.constraint, "min_completion_tokens"):
+            need = spec.constraint.min_completion_tokens()
+            if need is not None and max_new < need:
+                raise EngineError(
+                    f"max_tokens is {max_new}, but the smallest output the schema allows needs {need} tokens; "
+                    f"raise max_tokens to at least {need}", param="max_tokens",
+                )
         return replace(spec, sampling=replace(spec.sampling, max_new_tokens=max_new))
 
     def _new_req(self, spec: GenerateRequest, emit) -> Req:
@@ -260,9 +268,13 @@ class Engine:
         if not spec.sampling.greedy:
             gen = torch.Generator().manual_seed(spec.sampling.seed if spec.sampling.seed is not None
                                                 else int(torch.randint(0, 2**62, (1,))))
+        matcher = spec.constraint.new_matcher() if spec.constraint is not None else None
+        guard = None
+        if matcher is not None and spec.strict and hasattr(matcher, "completion_bound"):
+            guard = CompletionGuard(loop_breaking=self.config.loop_breaking)
         return Req(
             spec=spec, emit=emit, detok=IncrementalDetokenizer(self.tokenizer, spec.sampling.stop),
-            matcher=spec.constraint.new_matcher() if spec.constraint is not None else None,
+            matcher=matcher, guard=guard,
             jump_forward=(spec.jump_forward or self.config.jump_forward) if spec.constraint is not None else "off",
             generator=gen,
         )
@@ -439,15 +451,23 @@ class Engine:
         if constrained:
             mask = torch.full((len(greedy), (sel.shape[-1] + 31) // 32), -1, dtype=torch.int32)
             for i in constrained:
-                greedy[i][0].matcher.fill_bitmask(mask, i)
+                self._fill_mask(greedy[i][0], mask, i)
             apply_bitmask_(sel, mask)
         return {r.rid: int(t) for (r, _), t in zip(greedy, sel.argmax(dim=-1).tolist())}
+
+    def _fill_mask(self, r: Req, mask: torch.Tensor, row: int) -> None:
+        """The grammar's mask for `r`'s next token, narrowed by closing / loop breaking if active."""
+        if r.guard is None:
+            r.matcher.fill_bitmask(mask, row)
+            return
+        r.guard.before_choice(r.matcher, len(r.output_ids), r.spec.sampling.max_new_tokens)
+        r.guard.fill_mask(r.matcher, mask, row)
 
     def _choose(self, r: Req, logits_row: torch.Tensor) -> int:
         row = logits_row.clone().unsqueeze(0)
         if r.matcher is not None:
             mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
-            r.matcher.fill_bitmask(mask, 0)
+            self._fill_mask(r, mask, 0)
             apply_bitmask_(row, mask)
         return sample_token(row[0], r.spec.sampling, r.generator)
 
@@ -459,7 +479,7 @@ class Engine:
             return self._choose(r, logits_row)
         row = logits_row.clone().unsqueeze(0)
         mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
-        r.matcher.fill_bitmask(mask, 0)
+        self._fill_mask(r, mask, 0)
         apply_bitmask_(row, mask)
         probs = sampling_probs(row[0], p)
         if torch.rand(1, generator=r.generator).item() < probs[draft_tok].item():
@@ -471,12 +491,13 @@ class Engine:
 
     def _accept_from_logits(self, r: Req, rows: torch.Tensor, fed: int, first_choice: int | None) -> None:
         """After a pass that reached the end of `r`'s pending tokens: verify its draft (if any),
-        choose the next token, roll back KV of rejected draft tokens, then plan the next draft."""
+        choose the next token, roll back KV of rejected draft tokens, then plan the next draft.
+        Finishing waits until the KV bookkeeping is done, so no slot is left behind."""
         draft, r.draft = r.draft, []
         kv_before = r.kv_len
         r.kv_len += fed - len(draft)  # real tokens now have KV; drafts count only once accepted
         accepted_draft = 0
-        new_tokens: list[int] = []
+        finish: tuple[str, str | None] | None = None
         for i in range(len(draft) + 1):
             if i == 0 and first_choice is not None:
                 tok = first_choice
@@ -484,14 +505,12 @@ class Engine:
                 tok = self._verify_draft_token(r, rows[i], draft[i])
             else:
                 tok = self._choose(r, rows[i])
+            finish = self._accept_token(r, tok)
+            if i < len(draft) and tok == draft[i] and finish is None:
+                accepted_draft += 1
+                continue
             if i < len(draft) and tok == draft[i]:
                 accepted_draft += 1
-                new_tokens.append(tok)
-                if not self._accept_token(r, tok):
-                    break
-                continue
-            new_tokens.append(tok)
-            self._accept_token(r, tok)
             break
         r.kv_len += accepted_draft
         rejected = len(draft) - accepted_draft
@@ -504,56 +523,61 @@ class Engine:
         if r.first_token_at is None:
             r.first_token_at = time.monotonic()
             self.counters["ttft_s_sum"] += r.first_token_at - r.arrival
-        if not r.finished:
-            self._plan_jump_forward(r)
+        if finish is None:
+            finish = self._plan_jump_forward(r)
+        if finish is not None:
+            self._finish(r, *finish)
+            return
         self._emit_progress(r)
         # A finished prefill goes into the cache now, so waiting requests with the same prefix hit it.
-        if not r.finished and (fed - len(draft) > 1 or len(r.output_ids) % CACHE_PROGRESS_EVERY == 0):
+        if fed - len(draft) > 1 or len(r.output_ids) % CACHE_PROGRESS_EVERY == 0:
             self._cache_progress(r)
 
-    def _accept_token(self, r: Req, tok: int) -> bool:
-        """Append one output token, advance the grammar, check finish conditions. Returns False
-        when the request finished."""
+    def _accept_token(self, r: Req, tok: int) -> tuple[str, str | None] | None:
+        """Append one output token, advance the grammar, check finish conditions. Returns
+        (finish_reason, error) when the request is done; the caller finishes it."""
         if r.matcher is not None and not r.matcher.accept(tok):
-            self._finish(r, "error", error=f"grammar rejected token {tok}")
-            return False
+            return "error", f"grammar rejected token {tok}"
         r.output_ids.append(tok)
         r.unsent_ids.append(tok)
         self.counters["generated_tokens"] += 1
         p = r.spec.sampling
+        # A value completed by budget closing was still cut short: that is `length`.
+        done = "length" if r.guard is not None and r.guard.closing else "stop"
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            self._finish(r, "stop")
-            return False
+            return done, None
         if r.matcher is not None and r.matcher.is_terminated():
-            self._finish(r, "stop")
-            return False
+            return done, None
         r.pending_text += r.detok.add([tok])
+        if r.guard is not None:
+            r.guard.after_token(r.output_ids, r.detok.text[-32:], r.matcher.closes_value(tok))
         if r.detok.stopped:
-            self._finish(r, "stop")
-            return False
+            return "stop", None
         if len(r.output_ids) >= p.max_new_tokens:
-            self._finish(r, "length")
-            return False
-        return True
+            return "length", None
+        return None
 
-    def _plan_jump_forward(self, r: Req) -> None:
+    def _plan_jump_forward(self, r: Req) -> tuple[str, str | None] | None:
+        """Queue the grammar's forced tokens: as a draft (verify) or as output (direct)."""
         if r.jump_forward == "off" or r.matcher is None:
-            return
+            return None
         room = r.spec.sampling.max_new_tokens - len(r.output_ids) - 1
         cap = min(self.config.max_jump_forward_tokens, room)
         if cap <= 0:
-            return
+            return None
         forced = r.matcher.jump_forward_tokens()[:cap]
         if not forced:
-            return
+            return None
         if r.jump_forward == "verify":
             r.draft = forced
-            return
+            return None
         for tok in forced:  # direct: the grammar's tokens go in unverified (SGLang 2024)
             self.counters["jump_forward_tokens"] += 1
             r.jump_forward_tokens += 1
-            if not self._accept_token(r, tok):
-                return
+            finish = self._accept_token(r, tok)
+            if finish is not None:
+                return finish
+        return None
 
     def _emit_progress(self, r: Req) -> None:
         if r.finished or not r.unsent_ids:

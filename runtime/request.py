@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from runtime.api import GenerateRequest, StreamEvent
+from runtime.completeness import CompletionGuard
 from runtime.constraint import TokenMatcher
 from runtime.detokenizer import IncrementalDetokenizer
 
@@ -19,6 +20,7 @@ class Req:
     emit: Callable[[StreamEvent], None]
     detok: IncrementalDetokenizer
     matcher: TokenMatcher | None = None
+    guard: CompletionGuard | None = None  # strict JSON: budget closing and loop breaking
     jump_forward: str = "off"
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)

@@ -53,6 +53,12 @@ def test_empty_body_is_400(gateway_client):
     assert_error(resp, 400, None)
 
 
+def test_deeply_nested_body_is_400(gateway_client):
+    deep = b'{"model":"m","messages":[],"metadata":' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}"
+    resp = gateway_client().post("/v1/chat/completions", content=deep, headers={"content-type": "application/json"})
+    assert_error(resp, 400, None, "invalid_json")
+
+
 def test_body_not_an_object_is_400(gateway_client):
     resp = gateway_client().post("/v1/chat/completions", json=[1, 2])
     assert_error(resp, 400, None)

@@ -384,3 +384,14 @@ def test_finished_stream_does_not_abort(fake_engine, gateway_grammar, tmp_path):
     sent, _ = asyncio.run(_drive(app, {"model": MODEL, "messages": USER, "stream": True}, disconnect_after_chunks=10**6))
     assert b"[DONE]" in b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     assert fake_engine.aborted == []
+
+
+def test_immediate_disconnect_releases_everything(fake_engine, gateway_grammar, tmp_path):
+    fake_engine.reply = lambda req: "x" * 300
+    fake_engine.delay = 0.01
+    app = _app(fake_engine, gateway_grammar, tmp_path)
+    asyncio.run(_drive(app, {"model": MODEL, "messages": USER, "stream": True, "n": 2}, disconnect_after_chunks=0))
+    services = app.state.services
+    assert all(r.rid in fake_engine.aborted for r in fake_engine.submitted)
+    assert services.limiter.in_flight == 0
+    assert services.metrics.requests.value(route="chat", outcome="cancelled") == 1

@@ -119,3 +119,10 @@ def test_tokenizer_fingerprint_is_stable_and_cached(tokenizer):
     assert len(first) == 64
     other = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     assert tokenizer_fingerprint(other) == first  # same vocabulary, another object
+
+
+def test_non_json_payloads_are_refused():
+    with pytest.raises(GrammarSpecError, match="not plain JSON"):
+        GrammarSpec.json_schema({"type": "number", "minimum": float("nan")}).key(FP)
+    with pytest.raises(GrammarSpecError, match="not plain JSON"):
+        GrammarSpec.json_schema({"enum": {1, 2}}).key(FP)

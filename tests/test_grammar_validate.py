@@ -59,7 +59,7 @@ def test_unsatisfiable_bounds_point_at_the_lower_bound():
     assert refusal({"type": "number", "exclusiveMinimum": 1, "maximum": 1}).pointer == "/exclusiveMinimum"
     assert refusal({"type": "string", "minLength": 5, "maxLength": 2}).pointer == "/minLength"
     assert refusal({"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 1}).pointer == "/minItems"
-    assert refusal({"enum": []}).pointer in ("/enum", "")  # meta-schema or our own check
+    assert refusal({"enum": []}).pointer == "/enum"
 
 
 def test_required_property_that_cannot_appear():

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+from litestar import Controller, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
-from litestar import Controller, post
 
 from gateway.preparation import prepare_chat
 from gateway.protocol import CacheBoundary, CachedTier, CacheExplainRequest, CacheExplanation
@@ -39,7 +39,12 @@ class CacheController(Controller):
     tags = ["cache"]
 
     @post("/explain", status_code=200, summary="Explain prefix-cache reuse for a chat request")
-    async def explain(self, data: JSONBody[CacheExplainRequest], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]) -> CacheExplanation:
+    async def explain(
+        self,
+        data: JSONBody[CacheExplainRequest],
+        services: NamedDependency[GatewayServices],
+        tenant: NamedDependency[str],
+    ) -> CacheExplanation:
         s = services
         prepared = await prepare_chat(
             data, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,

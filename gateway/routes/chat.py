@@ -5,20 +5,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
-from litestar import Controller, Request, Response, post
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from gateway.generation import RequestLog, close_all, open_streams, prime_all, until_disconnect
 from gateway.preparation import prepare_chat
 from gateway.protocol import ChatCompletion, ChatCompletionRequest
 from gateway.responses import chat_completion
 from gateway.services import GatewayServices, outcome_of
-from gateway.streaming import chat_events
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+from gateway.streaming import SSEResponse, chat_events, once
 
 
 class ChatController(Controller):
@@ -50,15 +46,16 @@ class ChatController(Controller):
             if data.stream:
                 await until_disconnect(request.receive, prime_all(streams, s.settings.retry_after_s))
 
+                @once
                 def on_close(outcome: str) -> None:
+                    close_all(streams)
                     permit.release()
                     s.finish("chat", outcome, request_log, streams)
 
                 include_usage = bool(data.stream_options and data.stream_options.include_usage)
                 events = chat_events(prepared, streams, include_usage, on_close, s.settings.retry_after_s)
                 handed_over = True
-                return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS,
-                              background=BackgroundTask(events.aclose))
+                return SSEResponse(events, on_close)
             outcomes = await until_disconnect(request.receive, asyncio.gather(*(st.collect() for st in streams)))
             return Response(chat_completion(prepared, list(outcomes)))
         except BaseException as exc:

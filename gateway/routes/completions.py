@@ -6,11 +6,9 @@ import asyncio
 import time
 from typing import Any
 
+from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
-from litestar import Controller, Request, Response, post
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from gateway.constraints import compile_plan, plan_completion
 from gateway.errors import bad_request
@@ -21,9 +19,7 @@ from gateway.preparation import (
 from gateway.protocol import Completion, CompletionRequest
 from gateway.responses import completion
 from gateway.services import GatewayServices, outcome_of
-from gateway.streaming import completion_events
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+from gateway.streaming import SSEResponse, completion_events, once
 
 
 class CompletionsController(Controller):
@@ -74,7 +70,9 @@ class CompletionsController(Controller):
             if data.stream:
                 await until_disconnect(request.receive, prime_all(streams, s.settings.retry_after_s))
 
+                @once
                 def on_close(outcome: str) -> None:
+                    close_all(streams)
                     permit.release()
                     s.finish("completions", outcome, request_log, streams)
 
@@ -82,8 +80,7 @@ class CompletionsController(Controller):
                 events = completion_events(request_id, created, data.model, streams, data.n, echo_texts,
                                            include_usage, on_close, s.settings.retry_after_s)
                 handed_over = True
-                return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS,
-                              background=BackgroundTask(events.aclose))
+                return SSEResponse(events, on_close)
             outcomes = await until_disconnect(request.receive, asyncio.gather(*(st.collect() for st in streams)))
             return Response(completion(request_id, created, data.model, list(outcomes), data.n, echo_texts))
         except BaseException as exc:

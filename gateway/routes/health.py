@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from litestar.di import NamedDependency
 from litestar import Response, get
+from litestar.di import NamedDependency
 
 from gateway.errors import SERVER_ERROR, APIError, error_response
 from gateway.protocol import Health
@@ -27,5 +27,6 @@ def engine_stopped(engine: object) -> bool:
 def health(services: NamedDependency[GatewayServices]) -> Response[Health]:
     engine = services.engine
     if engine_stopped(engine):
-        return error_response(APIError(503, "The engine is stopped.", type=SERVER_ERROR, code="engine_stopped"))  # type: ignore[return-value]
+        stopped = APIError(503, "The engine is stopped.", type=SERVER_ERROR, code="engine_stopped")
+        return error_response(stopped)  # type: ignore[return-value]
     return Response(Health(status="ok", model=engine.model_name))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from litestar.di import NamedDependency
 from litestar import Response, get
+from litestar.di import NamedDependency
 
 from gateway import grammar_adapter
 from gateway.services import GatewayServices

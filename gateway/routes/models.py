@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from litestar import Controller, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
-from litestar import Controller, get
 
 from gateway.errors import model_not_found
 from gateway.preparation import served_model_names

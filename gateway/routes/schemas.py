@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from litestar import Controller, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
-from litestar import Controller, Response, delete, get, post
 
 from gateway import grammar_adapter
 from gateway.constraints import ConstraintPlan, check_tools, compile_plan
@@ -49,7 +49,9 @@ class SchemasController(Controller):
     tags = ["schemas"]
 
     @post("", summary="Register a JSON schema, regex, EBNF grammar or tool set (validated and compiled)")
-    async def create(self, data: JSONBody[SchemaUpload], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]) -> Response[SchemaEntry]:
+    async def create(
+        self, data: JSONBody[SchemaUpload], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]
+    ) -> Response[SchemaEntry]:
         kind, payload, plan = _upload_plan(data)
         await compile_plan(plan, services.grammar, services.settings.grammar_compile_timeout_s)
         canonical = grammar_adapter.canonical_payload_text(kind, payload)
@@ -57,18 +59,24 @@ class SchemasController(Controller):
         return Response(entry, status_code=201 if created else 200)
 
     @get("", summary="List registered schemas")
-    async def list_schemas(self, services: NamedDependency[GatewayServices], tenant: NamedDependency[str]) -> SchemaList:
+    async def list_schemas(
+        self, services: NamedDependency[GatewayServices], tenant: NamedDependency[str]
+    ) -> SchemaList:
         return SchemaList(data=services.registry.list(tenant))
 
     @get("/{schema_id:str}", summary="Retrieve a registered schema")
-    async def get_schema(self, schema_id: FromPath[str], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]) -> SchemaEntry:
+    async def get_schema(
+        self, schema_id: FromPath[str], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]
+    ) -> SchemaEntry:
         entry = services.registry.get(tenant, schema_id)
         if entry is None:
             raise not_found(f"No registered schema with id '{schema_id}'.", None, code="schema_not_found")
         return entry
 
     @delete("/{schema_id:str}", status_code=200, summary="Delete a registered schema")
-    async def delete_schema(self, schema_id: FromPath[str], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]) -> SchemaDeleted:
+    async def delete_schema(
+        self, schema_id: FromPath[str], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]
+    ) -> SchemaDeleted:
         if not services.registry.delete(tenant, schema_id):
             raise not_found(f"No registered schema with id '{schema_id}'.", None, code="schema_not_found")
         return SchemaDeleted(id=schema_id)

@@ -1,0 +1,80 @@
+"""The on-disk schema registry: ids, persistence, atomic files, tenants, path safety."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gateway.grammar_adapter import canonical_payload_text
+from gateway.registry import SchemaRegistry, schema_id, valid_id
+
+SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}}
+
+
+def put(reg, tenant="", kind="json_schema", payload=SCHEMA, name=None):
+    return reg.put(tenant, kind, payload, canonical_payload_text(kind, payload), name)
+
+
+def test_same_payload_same_id(tmp_path):
+    reg = SchemaRegistry(tmp_path)
+    e1, created1 = put(reg, name="a")
+    e2, created2 = put(reg, payload={"properties": {"x": {"type": "integer"}}, "type": "object"}, name="b")
+    assert created1 and not created2 and e1.id == e2.id and e2.name == "a"
+    assert valid_id(e1.id)
+
+
+def test_kind_is_part_of_the_id(tmp_path):
+    reg = SchemaRegistry(tmp_path)
+    assert put(reg, kind="regex", payload="a+")[0].id != put(reg, kind="ebnf", payload="a+")[0].id
+
+
+def test_survives_restart(tmp_path):
+    entry, _ = put(SchemaRegistry(tmp_path))
+    again = SchemaRegistry(tmp_path)
+    assert again.get("", entry.id) == entry
+    assert [e.id for e in again.list("")] == [entry.id]
+
+
+def test_atomic_files_leave_no_temp(tmp_path):
+    reg = SchemaRegistry(tmp_path)
+    for i in range(5):
+        put(reg, kind="regex", payload=f"a{{{i}}}")
+    files = [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert len(files) == 5 and all(f.startswith("sch_") and f.endswith(".json") for f in files)
+
+
+def test_damaged_file_reads_as_absent_and_is_rewritten(tmp_path):
+    reg = SchemaRegistry(tmp_path)
+    entry, _ = put(reg)
+    path = next(tmp_path.rglob(f"{entry.id}.json"))
+    path.write_text("{half")
+    assert reg.get("", entry.id) is None and reg.list("") == []
+    assert put(reg)[1] is True and reg.get("", entry.id) is not None
+
+
+def test_tenants_are_isolated(tmp_path):
+    reg = SchemaRegistry(tmp_path)
+    entry, _ = put(reg, tenant="tabc")
+    assert reg.get("tabc", entry.id) is not None
+    assert reg.get("", entry.id) is None and reg.get("tother", entry.id) is None
+    assert reg.delete("tother", entry.id) is False and reg.list("") == []
+    assert reg.delete("tabc", entry.id) is True and reg.get("tabc", entry.id) is None
+
+
+@pytest.mark.parametrize("bad", ["../x", "sch_../../etc", "sch_XYZ", "sch_" + "a" * 8, "sch_" + "a" * 65,
+                                 "/etc/passwd", "sch_" + "a" * 16 + "/..", ""])
+def test_ids_cannot_escape(tmp_path, bad):
+    reg = SchemaRegistry(tmp_path / "reg")
+    assert not valid_id(bad)
+    assert reg.get("", bad) is None and reg.delete("", bad) is False
+
+
+@pytest.mark.parametrize("tenant", ["../x", "a/b", "_default", "x" * 65])
+def test_bad_tenants_refused(tmp_path, tenant):
+    with pytest.raises(ValueError):
+        SchemaRegistry(tmp_path).list(tenant)
+
+
+def test_schema_id_format():
+    assert valid_id(schema_id("anything")) and schema_id("a") != schema_id("b")
