@@ -67,6 +67,7 @@ class GenerateResult:
 class EngineClient(Protocol):
     model_name: str
     max_context: int  # longest prompt + output one request may have (tokens)
+    is_running: bool  # the step loop is alive (read without touching the engine thread)
 
     def submit(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         """Queue `req` and stream its events; raises EngineError at once on a refusal

@@ -105,6 +105,10 @@ class Engine:
             self._thread.start()
         return self
 
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
     def shutdown(self) -> None:
         self._stop.set()
         self._wake.set()

@@ -91,6 +91,7 @@ class FakeEngine:
     """EngineClient with scripted output: `reply(req) -> str` is streamed in 3-character pieces."""
 
     model_name = "SmolLM2-135M-Instruct"
+    is_running = True
 
     def __init__(self, tokenizer, *, max_context=2048, kv_pool_tokens=4096, reply=None, delay=0.0,
                  finish_reason="stop", cached_tokens=3):

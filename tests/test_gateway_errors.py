@@ -309,3 +309,12 @@ def test_internal_error_is_openai_shaped(gateway_client, fake_engine):
     fake_engine.reply = boom
     err = assert_error(chat(gateway_client()), 500, None, "internal_error")
     assert "kaput" not in err["message"]  # internals stay in the log
+
+
+def test_health_reports_a_stopped_engine_as_503(gateway_client, fake_engine):
+    client = gateway_client()
+    assert client.get("/health").status_code == 200
+    fake_engine.is_running = False
+    r = client.get("/health")
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "engine_stopped"

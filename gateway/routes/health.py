@@ -12,15 +12,7 @@ from gateway.services import GatewayServices
 
 def engine_stopped(engine: object) -> bool:
     """Read a flag only: no lock, no call into the engine thread."""
-    for name in ("stopped", "is_stopped"):
-        value = getattr(engine, name, None)
-        if isinstance(value, bool):
-            return value
-    for name in ("running", "is_running", "alive"):
-        value = getattr(engine, name, None)
-        if isinstance(value, bool):
-            return not value
-    return False
+    return not getattr(engine, "is_running", True)
 
 
 @get("/health", summary="Liveness", tags=["ops"], sync_to_thread=False)
