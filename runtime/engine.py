@@ -334,9 +334,9 @@ class Engine:
         plan: list[tuple[Req, int]] = []  # (request, new tokens this pass)
 
         decoding = [r for r in self.running if not r.in_prefill]
-        for r in decoding:
-            if r.draft and not self._ensure_free(len(r.pending_ids()) + sum(len(p.pending_ids()) for p in decoding)):
-                r.draft = []  # no room to verify a draft: plain decoding instead
+        if not self._ensure_free(sum(len(r.pending_ids()) for r in decoding)):
+            for r in decoding:  # drafts are optional: drop them before retracting anyone
+                r.draft = []
         while decoding and not self._ensure_free(sum(len(r.pending_ids()) for r in decoding)):
             if not self._retract_one(decoding):
                 break

@@ -1,0 +1,175 @@
+"""A real `jumpgate serve` subprocess for end-to-end tests.
+
+`JumpgateServer` starts the console script (or `python -m gateway` where the script is missing) on a
+free 127.0.0.1 port, waits for /health, and stops the process it started by its PID (SIGTERM, then
+SIGKILL). `restart()` brings the same server back on the same port with the same folders, so state
+kept on disk (schema registry, grammar cache) can be checked across a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_command() -> list[str]:
+    script = Path(sys.executable).parent / "jumpgate"
+    if script.exists():
+        return [str(script), "serve"]
+    return [sys.executable, "-m", "gateway", "serve"]
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+class JumpgateServer:
+    def __init__(self, workdir: Path, *, kv_pool_tokens: int = 16384, extra_args: Sequence[str] = (),
+                 port: int | None = None, startup_timeout_s: float = 180.0):
+        self.workdir = Path(workdir)
+        self.registry_dir = self.workdir / "registry"
+        self.grammar_cache_dir = self.workdir / "grammars"
+        self.kv_pool_tokens = kv_pool_tokens
+        self.extra_args = list(extra_args)
+        self.port = port or free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"server-{self.starts}.log"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def command(self) -> list[str]:
+        return serve_command() + [
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--kv-pool-tokens", str(self.kv_pool_tokens),
+            "--registry-dir", str(self.registry_dir),
+            "--grammar-cache-dir", str(self.grammar_cache_dir),
+            "--log-level", "warning",
+            *self.extra_args,
+        ]
+
+    def start(self) -> "JumpgateServer":
+        for attempt in range(3):
+            self.starts += 1
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "wb")
+            try:
+                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
+            finally:
+                log.close()
+            try:
+                self.wait_healthy()
+                return self
+            except ServerFailed:
+                self.stop()
+                if "address already in use" not in self.log_tail().lower() or attempt == 2:
+                    raise
+                self.port = free_port()  # lost a race for the port: try another
+        return self
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise ServerFailed(f"jumpgate exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise ServerFailed(f"jumpgate did not become healthy in {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop the process this object started (by PID only)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+
+    def restart(self) -> "JumpgateServer":
+        self.stop()
+        return self.start()
+
+    # ------------------------------------------------------------------ introspection
+
+    def metrics(self) -> dict[str, float]:
+        """Unlabelled samples of /metrics as {name: value} (labelled ones keep their labels)."""
+        text = httpx.get(self.url + "/metrics", timeout=10.0).text
+        return parse_metrics(text)
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+        return 0.0
+
+    def __enter__(self) -> "JumpgateServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
