@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="extra model id accepted in requests (repeatable)")
     model.add_argument("--device", default=e.device, choices=["auto", "cpu", "cuda"])
     model.add_argument("--dtype", default=e.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    model.add_argument("--attention-backend", default=e.attention_backend, choices=["auto", "torch", "triton"],
+                       help="auto: triton on CUDA, torch on CPU")
+    model.add_argument("--no-cuda-graphs", action="store_true", help="run decode passes eagerly on CUDA")
     model.add_argument("--kv-pool-tokens", type=_positive_int, default=e.kv_pool_tokens,
                        help="KV cache size in tokens (default: sized from free memory)")
     model.add_argument("--max-context", type=_positive_int, default=e.max_context,
@@ -46,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--chunked-prefill-tokens", type=_positive_int, default=e.chunked_prefill_tokens)
     model.add_argument("--num-threads", type=_positive_int, default=e.num_threads, help="torch intra-op threads")
     model.add_argument("--seed", type=int, default=e.seed)
+
+    tiers = serve.add_argument_group("hierarchical KV cache (host and disk tiers, pinning)")
+    tiers.add_argument("--host-pool-tokens", type=int, default=e.host_pool_tokens,
+                       help="host-memory KV tier size in tokens (0 = tiers off)")
+    tiers.add_argument("--disk-cache-dir", default=e.disk_cache_dir,
+                       help="disk KV tier folder, reused after a restart (needs --host-pool-tokens)")
+    tiers.add_argument("--disk-cache-bytes", type=_positive_int, default=e.disk_cache_bytes)
+    tiers.add_argument("--hicache-write-policy", default=e.hicache_write_policy,
+                       choices=["write_through", "write_through_selective", "write_back"])
+    tiers.add_argument("--hicache-page-tokens", type=_positive_int, default=e.hicache_page_tokens)
+    tiers.add_argument("--hicache-min-load-tokens", type=int, default=e.hicache_min_load_tokens,
+                       help="lower-tier hits shorter than this are recomputed")
+    tiers.add_argument("--pin-budget-tokens", type=int, default=e.pin_budget_tokens,
+                       help="tokens of pinned schema prefixes kept in the device cache (0 = pinning off)")
 
     http = serve.add_argument_group("HTTP gateway")
     http.add_argument("--host", default=g.host)
@@ -73,6 +90,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model,
         device=args.device,
         dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        cuda_graphs=not args.no_cuda_graphs,
         kv_pool_tokens=args.kv_pool_tokens,
         max_context=args.max_context,
         schedule_policy=args.schedule_policy,
@@ -83,6 +102,13 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         chunked_prefill_tokens=args.chunked_prefill_tokens,
         num_threads=args.num_threads,
         seed=args.seed,
+        host_pool_tokens=args.host_pool_tokens,
+        disk_cache_dir=args.disk_cache_dir,
+        disk_cache_bytes=args.disk_cache_bytes,
+        hicache_write_policy=args.hicache_write_policy,
+        hicache_page_tokens=args.hicache_page_tokens,
+        hicache_min_load_tokens=args.hicache_min_load_tokens,
+        pin_budget_tokens=args.pin_budget_tokens,
     )
 
 

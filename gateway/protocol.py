@@ -342,6 +342,9 @@ class SchemaUpload(Struct, kw_only=True):
     regex: str | None = None
     ebnf: str | None = None
     tools: list[ToolDefinition] | None = None
+    # keep this schema's prompt prefix (system_prompt + schema text) resident in the KV cache
+    pin: bool = False
+    system_prompt: str | None = None  # the system prompt that requests using this schema send (for the pin)
 
 
 class SchemaEntry(Struct, kw_only=True):
@@ -351,6 +354,7 @@ class SchemaEntry(Struct, kw_only=True):
     created: int
     name: str | None = None
     object: Literal["schema"] = "schema"
+    pinned_tokens: int | None = None  # set in the response of an upload with "pin": true
 
 
 class SchemaList(Struct):

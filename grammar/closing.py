@@ -3,24 +3,37 @@ which tokens lead there fastest.
 
 The plan is greedy over token classes, tried in order at each state:
 1. text the grammar forces (jump-forward) is followed as is;
-2. *closers*: tokens made only of `"`, `]`, `}` (a string, array or object ends);
-3. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`;
-4. closers that also carry a comma (needed to reach the next required property);
-5. any single-character token the grammar allows (a pattern, an enum, a minLength).
-Counting the greedy path on a forked matcher gives an upper bound on the tokens needed; in closing
-mode the mask keeps only the first non-empty class, and the model picks among those tokens.
+2. *structural closers*: tokens made only of `]` and `}` (an array or object ends);
+3. *string closers*: `"` optionally followed by `]` / `}` (a string ends, maybe its containers);
+4. closers that also carry a comma (a number ends; the next array item or property begins);
+5. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
+6. any single-character token the grammar allows (a pattern, an enum, a minLength).
+A candidate is taken only if it makes progress. Inside text (a string, a regex) `]` and `}` are
+just characters, and a `"` that may be followed by another `"` opened a string rather than closing
+one; a comma, a minimal value or a character counts only if it leads to a state the plan has not
+met since the last forced text (`0` after `1` in an integer is just another digit). When nothing
+makes progress (a counted repetition such as `[0-9]{5}`), the first candidate not yet taken from
+such a state is taken, so the plan keeps moving. States are told apart by their token mask plus,
+where xgrammar shows them, its parser states.
+
+Counting the path on a forked matcher gives an upper bound on the tokens needed; the plan itself is
+what a request follows token for token once its budget is tight.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
 MAX_PLAN_TOKENS = 256
-_CLOSE_CHARS = set('"]}')
-_FILLERS = ["0", "false", "true", "null", "[]", "{}"]
+MAX_TRIES = 64  # candidates per step that make no progress, before falling back
+MAX_CLASS_TESTS = 16  # closing mask: class members checked for progress
+_FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
+_LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
 
 
 class ClosingVocab:
@@ -28,23 +41,39 @@ class ClosingVocab:
 
     def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: list[int], special_ids: frozenset[int]):
         self.vocab_size = vocab_size
+        self.special_ids = frozenset(special_ids)
         self.stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.int64)
         pieces = hf_tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(hf_tokenizer)))))
-        strong, comma, singles = [], [], []
+        structural, quoted, comma, singles = [], [], [], []
         for i, p in enumerate(pieces):
-            if p is None or i in special_ids:
+            if p is None or i in special_ids or not p:
                 continue
-            if p and set(p) <= _CLOSE_CHARS | {","}:
-                (comma if "," in p else strong).append((len(p), i))
+            if set(p) <= set("]}"):
+                structural.append((len(p), i))
+            elif p[0] == '"' and set(p[1:]) <= set("]}"):
+                quoted.append((len(p), i))
+            elif p.count(",") == 1 and p.count('"') < 2 and set(p) <= set('"]},'):
+                comma.append((len(p), i))
             if len(p) == 1:
                 singles.append(i)
         vocab = hf_tokenizer.get_vocab()
-        self.closers = _ids([i for _, i in sorted(strong, reverse=True)])  # longest (closes most) first
+        self.structural = _ids([i for _, i in sorted(structural, reverse=True)])  # longest (closes most) first
+        self.quoted = _ids([i for _, i in sorted(quoted, reverse=True)])
+        self.closers = torch.cat([self.structural, self.quoted])
         self.comma_closers = _ids([i for _, i in sorted(comma)])
         self.fillers = _ids([vocab[f] for f in _FILLERS if f in vocab])
-        self.singles = _ids(singles)
-        self.classes = [self.closers, self.fillers, self.comma_closers, self.singles]
+        # a newline or a space first: in a regex they often end an item
+        first = [vocab[c] for c in ("\u010a", "\u0120") if c in vocab]
+        self.singles = _ids(first + [i for i in singles if i not in first])
+        self.letters = _ids([vocab[c] for c in _LETTERS if c in vocab])
+        self.classes = [self.structural, self.quoted, self.comma_closers, self.fillers, self.singles]
+        self.quote_id = vocab.get('"')
+        self.quote_led = frozenset(i for _, i in quoted + comma if pieces[i].startswith('"'))
         self._closer_set = set(self.closers.tolist()) | set(self.comma_closers.tolist())
+        # Tokens that may commit the output to more structure (a new item, property, string or
+        # line): the ones checked against the budget before they are chosen.
+        self.expanding = frozenset(i for i, p in enumerate(pieces)
+                                   if p and i not in special_ids and any(c in p for c in ',[{"\u010a'))
 
     def is_closer(self, token_id: int) -> bool:
         return token_id in self._closer_set
@@ -62,75 +91,210 @@ def allowed_subset(mask_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return ids[bits.bool()]
 
 
-_SHIFTS = torch.arange(32, dtype=torch.int64)
-
-
-def _restrict(bitmask: torch.Tensor, row: int, ids: torch.Tensor) -> None:
+def _restrict(bitmask: torch.Tensor, row: int, ids) -> None:
     """Set `bitmask[row]` to allow exactly `ids`."""
-    words = bitmask.shape[-1]
-    allowed = torch.zeros(words * 32, dtype=torch.int64)
-    allowed[ids] = 1
-    packed = (allowed.view(words, 32) << _SHIFTS).sum(dim=1)
-    bitmask[row] = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    words = np.zeros(bitmask.shape[-1], dtype=np.uint32)
+    idx = np.asarray(ids.tolist() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64)
+    np.bitwise_or.at(words, idx >> 5, np.left_shift(np.uint32(1), (idx & 31).astype(np.uint32)))
+    bitmask[row] = torch.from_numpy(words.view(np.int32))
+
+
+_POSITIONS = re.compile(r"rule_start_pos=-?\d+")
+
+
+def _signature(mask_row: torch.Tensor, m: xgr.GrammarMatcher) -> bytes:
+    """What tells two matcher states apart for planning: the allowed-token mask and, where
+    xgrammar shows them, its parser states (position-free), which separate e.g. the states of a
+    counted repetition that masks do not."""
+    sig = mask_row.numpy().tobytes()
+    debug = getattr(m, "_debug_print_internal_state", None)
+    if debug is not None:
+        try:
+            state = debug().rpartition("Last step:")[2]
+        except Exception:  # a debugging aid, not an API: planning works without it
+            return sig
+        sig += _POSITIONS.sub("", state).encode()
+    return sig
+
+
+def _bit(mask_row: torch.Tensor, token_id: int | None) -> bool:
+    return token_id is not None and bool((int(mask_row[token_id >> 5]) >> (token_id & 31)) & 1)
+
+
+class _State:
+    """The state a plan step starts from: its signature and whether it is inside text."""
+
+    def __init__(self, mask_row: torch.Tensor, m: xgr.GrammarMatcher, vocab: ClosingVocab):
+        self.sig = _signature(mask_row, m)
+        self.in_text = bool(allowed_subset(mask_row, vocab.letters).numel())
+
+
+def _progress(vocab: ClosingVocab, ids: torch.Tensor, tok: int, here: _State, after_row: torch.Tensor,
+              after_sig: bytes, seen: set[bytes]) -> bool:
+    """Does `tok` (of class `ids`), leading to the state with mask `after_row`, make progress?"""
+    if tok in vocab.quote_led and _bit(after_row, vocab.quote_id):
+        return False  # it opened a string: a closed string is never followed by `"`
+    if ids is vocab.structural:
+        return not here.in_text
+    if ids is vocab.quoted:
+        return after_sig != here.sig  # a `"` that is just a character of a pattern leads back here
+    return after_sig not in seen
+
+
+def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after: torch.Tensor,
+          seen: set[bytes], taken: dict[bytes, set[int]]) -> int | None:
+    """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
+    in class order that makes progress, else the first one not yet taken from a state like this.
+    Leaves `after[0]` holding the new state's mask. None if the grammar allows no candidate."""
+    here = _State(mask[0], m, vocab)
+    seen.add(here.sig)
+    done = taken.setdefault(here.sig, set())
+    fallback = first = None
+    tries = 0
+    for ids in vocab.classes:
+        if ids is vocab.structural and here.in_text:
+            continue
+        for j, tok in enumerate(allowed_subset(mask[0], ids).tolist()):
+            if tries >= MAX_TRIES and first is not None:
+                break
+            if not m.accept_token(tok):
+                continue
+            m.fill_next_token_bitmask(after, 0)
+            if _progress(vocab, ids, tok, here, after[0], _signature(after[0], m), seen):
+                done.add(tok)
+                return tok
+            m.rollback(1)
+            tries += 1
+            first = tok if first is None else first
+            if fallback is None and tok not in done:
+                fallback = tok
+            if j == 0 and ids is vocab.fillers:
+                break  # `0` leads nowhere: neither will `false` (inside text, all are characters)
+    tok = fallback if fallback is not None else first
+    if tok is None:
+        return None
+    done.add(tok)
+    m.accept_token(tok)
+    m.fill_next_token_bitmask(after, 0)
+    return tok
+
+
+def _accept_forced(m: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]]) -> list[int]:
+    """Accept the grammar's forced text in the model tokenizer's own tokens (as jump-forward
+    drafts it); returns the tokens taken."""
+    forced = m.find_jump_forward_string()
+    took: list[int] = []
+    if forced:
+        for t in encode(forced):
+            if t in vocab.special_ids or not m.accept_token(t):
+                break
+            took.append(t)
+    return took
+
+
+def completion_plan(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
+                    limit: int = MAX_PLAN_TOKENS) -> list[int] | None:
+    """The tokens of the greedy plan from `matcher`'s state (not changed) to a complete value;
+    None if no plan was found within `limit` tokens."""
+    if matcher.is_terminated():
+        return []
+    m = matcher.fork()
+    mask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+    after = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+    plan: list[int] = []
+    seen: set[bytes] = set()
+    taken: dict[bytes, set[int]] = {}
+    have_mask = False
+    while len(plan) <= limit:
+        if m.is_completed():
+            return plan
+        took = _accept_forced(m, vocab, encode)
+        if took:
+            plan += took
+            seen.clear()
+            taken.clear()
+            have_mask = False
+            continue
+        if not have_mask:
+            m.fill_next_token_bitmask(mask, 0)
+        tok = _step(m, vocab, mask, after, seen, taken)
+        if tok is None:
+            return None
+        plan.append(tok)
+        mask, after = after, mask
+        have_mask = True
+    return None
 
 
 def completion_bound(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
                      limit: int = MAX_PLAN_TOKENS) -> int | None:
     """Tokens the greedy plan needs to reach a complete value from `matcher`'s state (not changed);
     None if no plan was found within `limit`."""
-    if matcher.is_terminated():
-        return 0
+    plan = completion_plan(matcher, vocab, encode, limit)
+    return None if plan is None else len(plan)
+
+
+def completion_bound_after(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
+                           token_id: int) -> int | None:
+    """The plan's length after `token_id` (None: the grammar refuses it, or no plan)."""
     m = matcher.fork()
-    buf = xgr.allocate_token_bitmask(1, vocab.vocab_size)
-    n = 0
-    while n <= limit:
-        if m.is_completed():
-            return n
-        forced = m.find_jump_forward_string()
-        if forced:
-            took = 0
-            for t in encode(forced):
-                if not m.accept_token(t):
-                    break
-                took += 1
-            n += took
-            if took:
-                continue
-        m.fill_next_token_bitmask(buf, 0)
-        tok = _first_candidate(buf[0], vocab)
-        if tok is None or not m.accept_token(tok):
-            return None
-        n += 1
-    return None
+    if not m.accept_token(token_id):
+        return None
+    return completion_bound(m, vocab, encode)
 
 
-def _first_candidate(mask_row: torch.Tensor, vocab: ClosingVocab) -> int | None:
-    for ids in vocab.classes:
-        allowed = allowed_subset(mask_row, ids)
-        if allowed.numel():
-            return int(allowed[0])
-    return None
+def _progress_members(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, mask_row: torch.Tensor, here: _State,
+                      classes: list[torch.Tensor], limit: int = MAX_CLASS_TESTS) -> list[int]:
+    """Allowed tokens of the first of `classes` that has any, each checked to make progress."""
+    after = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+    for ids in classes:
+        if ids is vocab.structural and here.in_text:
+            continue
+        keep = []
+        for t in allowed_subset(mask_row, ids).tolist()[:limit]:
+            f = matcher.fork()
+            if f.accept_token(t):
+                f.fill_next_token_bitmask(after, 0)
+                if _progress(vocab, ids, t, here, after[0], _signature(after[0], f), {here.sig}):
+                    keep.append(t)
+        if keep:
+            return keep
+    return []
 
 
 def fill_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
-                         bitmask: torch.Tensor, row: int, tight: bool = False) -> None:
+                         bitmask: torch.Tensor, row: int, tight: bool = False, plan_token: int | None = None) -> None:
     """Mask for closing mode: the stop token once complete; forced text in the plan's own
-    tokenization; else the first non-empty token class (only the plan's token when `tight`)."""
+    tokenization; else the plan's next token (`plan_token`, or planned here) and, unless `tight`,
+    the other tokens of its class that also make progress (the model chooses among those)."""
     if matcher.is_completed():
         _restrict(bitmask, row, vocab.stop_ids)
         return
     matcher.fill_next_token_bitmask(bitmask, row)
     forced = matcher.find_jump_forward_string()
     if forced:
-        first = encode(forced)[:1]
-        if first and allowed_subset(bitmask[row], _ids(first)).numel():
-            _restrict(bitmask, row, _ids(first))
-        return
-    for ids in vocab.classes:
-        allowed = allowed_subset(bitmask[row], ids)
-        if allowed.numel():
-            _restrict(bitmask, row, allowed[:1] if tight else allowed)
+        first = [plan_token] if plan_token is not None else encode(forced)[:1]
+        if first and first[0] not in vocab.special_ids and _bit(bitmask[row], first[0]):
+            _restrict(bitmask, row, first)
             return
+    mask = bitmask[row : row + 1].clone()
+    tok = plan_token
+    if tok is None:
+        tok = _step(matcher.fork(), vocab, mask, xgr.allocate_token_bitmask(1, vocab.vocab_size), set(), {})
+        if tok is None:
+            return  # nothing to plan with: the grammar's own mask stays
+    keep = [tok]
+    if not tight:
+        cls = next((ids for ids in vocab.classes if bool((ids == tok).any())), None)
+        if cls is not None:
+            here = _State(mask[0], matcher, vocab)
+            keep += [t for t in _progress_members(matcher, vocab, mask[0], here, [cls]) if t != tok]
+    _restrict(bitmask, row, keep)
+
+
+def fill_plan_bitmask(bitmask: torch.Tensor, row: int, token_id: int) -> None:
+    """Allow exactly `token_id` (the next token of a stored plan)."""
+    _restrict(bitmask, row, [token_id])
 
 
 def fill_value_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, bitmask: torch.Tensor,
@@ -138,9 +302,10 @@ def fill_value_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab,
     """Loop breaking: allow only tokens that end the current value; False if none is allowed now
     (the row then holds the grammar's plain mask)."""
     matcher.fill_next_token_bitmask(bitmask, row)
-    for ids in (vocab.closers, vocab.comma_closers):
-        allowed = allowed_subset(bitmask[row], ids)
-        if allowed.numel():
-            _restrict(bitmask, row, allowed)
-            return True
+    here = _State(bitmask[row], matcher, vocab)
+    keep = _progress_members(matcher, vocab, bitmask[row], here,
+                             [vocab.structural, vocab.quoted, vocab.comma_closers], limit=64)
+    if keep:
+        _restrict(bitmask, row, keep)
+        return True
     return False

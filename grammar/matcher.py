@@ -15,7 +15,10 @@ import xgrammar as xgr
 from grammar.closing import (
     ClosingVocab,
     completion_bound,
+    completion_bound_after,
+    completion_plan,
     fill_closing_bitmask,
+    fill_plan_bitmask,
     fill_value_closing_bitmask,
 )
 
@@ -90,13 +93,31 @@ class XGrammarMatcher:
         """Upper bound on the tokens needed to reach a complete value from here."""
         return completion_bound(self._matcher, self._closing, self._encode) if self._closing else None
 
-    def fill_closing_bitmask(self, bitmask, row: int, tight: bool = False) -> None:
+    def completion_plan(self) -> list[int] | None:
+        """The tokens of that bound's path (what a request follows once its budget is tight)."""
+        return completion_plan(self._matcher, self._closing, self._encode) if self._closing else None
+
+    def may_expand(self, token_id: int) -> bool:
+        """Whether `token_id` may commit the output to more structure (so its budget is checked)."""
+        return self._closing is not None and token_id in self._closing.expanding
+
+    def completion_bound_after(self, token_id: int) -> int | None:
+        """`completion_bound` after accepting `token_id` (on a fork; None if refused or unknown)."""
+        if self._closing is None or self._matcher.is_terminated():
+            return None
+        return completion_bound_after(self._matcher, self._closing, self._encode, token_id)
+
+    def fill_plan_bitmask(self, bitmask, row: int, token_id: int) -> None:
+        """Allow only `token_id` (the next token of a plan from `completion_plan`)."""
+        fill_plan_bitmask(bitmask, row, token_id)
+
+    def fill_closing_bitmask(self, bitmask, row: int, tight: bool = False, plan_token: int | None = None) -> None:
         """Closing mode: only tokens on a shortest completion path (the stop token once complete);
-        `tight`: only the plan's own next token."""
+        `tight`: only the plan's own next token; `plan_token`: that token, from a stored plan."""
         if self._closing is None or self._matcher.is_terminated():
             self.fill_bitmask(bitmask, row)
             return
-        fill_closing_bitmask(self._matcher, self._closing, self._encode, bitmask, row, tight)
+        fill_closing_bitmask(self._matcher, self._closing, self._encode, bitmask, row, tight, plan_token)
 
     def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
         """Loop breaking: only tokens that end the current value; False when none is allowed now."""

@@ -6,6 +6,8 @@ Each request's new tokens attend to all of its slots (cached prefix + themselves
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from abc import ABC, abstractmethod
 
 import torch
@@ -15,6 +17,8 @@ from runtime.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):
+    name = "abstract"
+
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
         """Precompute per-pass metadata (called once before the layers run)."""
@@ -27,7 +31,11 @@ class AttentionBackend(ABC):
 class TorchAttentionBackend(AttentionBackend):
     """SDPA per extend request (long, compute-bound) and one padded SDPA for all decode rows."""
 
+    name = "torch"
+
     def prepare(self, batch: ForwardBatch) -> None:
+        # Indices and masks live where the model runs (SDPA wants its mask on q's device).
+        device = batch.input_ids.device
         self.extends: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
         decode_rows, decode_slots = [], []
         offset = 0
@@ -39,11 +47,11 @@ class TorchAttentionBackend(AttentionBackend):
                 # Bottom-right aligned causal mask: new token i sees positions <= prefix + i.
                 mask = None
                 if seq != ext:
-                    q_pos = torch.arange(seq - ext, seq).unsqueeze(1)
-                    mask = torch.arange(seq).unsqueeze(0) <= q_pos
-                self.extends.append((offset, ext, slots, mask))
+                    q_pos = torch.arange(seq - ext, seq, device=device).unsqueeze(1)
+                    mask = torch.arange(seq, device=device).unsqueeze(0) <= q_pos
+                self.extends.append((offset, ext, slots.to(device), mask))
             offset += ext
-        self.decode_rows = torch.tensor(decode_rows, dtype=torch.int64)
+        self.decode_rows = torch.tensor(decode_rows, dtype=torch.int64, device=device)
         if decode_slots:
             max_len = max(s.numel() for s in decode_slots)
             table = torch.zeros(len(decode_slots), max_len, dtype=torch.int64)
@@ -51,7 +59,7 @@ class TorchAttentionBackend(AttentionBackend):
             for i, s in enumerate(decode_slots):
                 table[i, : s.numel()] = s
                 mask[i, 0, 0, : s.numel()] = True
-            self.decode_table, self.decode_mask = table, mask
+            self.decode_table, self.decode_mask = table.to(device), mask.to(device)
             self.decode_uniform = all(s.numel() == max_len for s in decode_slots)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
@@ -73,3 +81,27 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, enable_gqa=True)
             out[self.decode_rows] = o.squeeze(2)
         return out
+
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+def triton_interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def make_attention_backend(name: str, device: torch.device) -> AttentionBackend:
+    """`auto`: Triton on CUDA (when triton is installed), torch elsewhere. `triton` off CUDA runs
+    only under the Triton interpreter (`TRITON_INTERPRET=1`, for tests)."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend: must be one of {', '.join(ATTENTION_BACKENDS)}, not {name!r}")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and importlib.util.find_spec("triton") is not None else "torch"
+    if name == "torch":
+        return TorchAttentionBackend()
+    if device.type != "cuda" and not triton_interpreter_enabled():
+        raise ValueError(f"attention_backend=triton needs a CUDA device, not {device.type} "
+                         "(on CPU it runs only under TRITON_INTERPRET=1, for tests)")
+    from runtime.triton_attention import TritonAttentionBackend
+
+    return TritonAttentionBackend()

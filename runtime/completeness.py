@@ -52,7 +52,12 @@ def runaway_number(text_tail: str) -> bool:
 
 @dataclass
 class CompletionGuard:
-    """Per-request state of closing and loop breaking."""
+    """Per-request state of closing and loop breaking.
+
+    While closing, the request follows the plan made when closing began (or when the model last
+    left it): the model may choose another allowed token, but a plan re-computed from a later
+    state could differ from the rest of the stored one (the planner avoids states it has met on
+    its own path), and only the stored one is known to fit the budget."""
 
     loop_breaking: bool = True
     closing: bool = False  # budget closing: stays on until the value is complete
@@ -61,24 +66,75 @@ class CompletionGuard:
     tight: bool = False
     checked_at: int = -1
     loops_broken: int = 0
+    plan: list[int] | None = None  # the last plan's tokens (None: unknown, or left by the output)
+    plan_at: int = 0  # output length when `plan` was made
+    _next: int | None = None  # closing: index in `plan` of the token being chosen
+
+    def _replan(self, matcher, produced: int) -> None:
+        planner = getattr(matcher, "completion_plan", None)
+        if planner is not None:
+            self.plan = planner()
+            self.bound = None if self.plan is None else len(self.plan)
+        else:
+            self.plan, self.bound = None, matcher.completion_bound()
+        self.plan_at = produced
 
     def before_choice(self, matcher, produced: int, max_new: int) -> None:
         """Decide whether the next token must be on a shortest completion path."""
         remaining = max_new - produced
-        if self.closing:
-            # Re-plan every token while closing (a few steps at most); with no slack left, follow
-            # the plan token for token.
-            self.bound = matcher.completion_bound()
-            self.tight = self.bound is None or remaining <= self.bound + 1
-            return
-        due = self.bound is None or produced - self.checked_at >= RECHECK_EVERY or remaining <= self.bound + CHECK_SLACK
-        if due:
-            self.bound = matcher.completion_bound()
-            self.checked_at = produced
-        if self.bound is not None and remaining <= self.bound + CLOSING_MARGIN:
+        self._next = None
+        if not self.closing:
+            due = (self.bound is None or produced - self.checked_at >= RECHECK_EVERY
+                   or remaining <= self.bound + CHECK_SLACK)
+            if due:
+                self._replan(matcher, produced)
+                self.checked_at = produced
+            if self.bound is None or remaining > self.bound + CLOSING_MARGIN:
+                return
             self.closing = True
+        idx = produced - self.plan_at
+        if self.plan is None or not 0 <= idx <= len(self.plan):
+            self._replan(matcher, produced)  # the model left the plan (or there was none)
+            idx = 0
+        if self.plan is None:  # no plan known: the closing mask plans on its own
+            self.tight = True
+            return
+        self.bound = len(self.plan) - idx
+        self.tight = remaining <= self.bound + 1  # no slack left: the plan's token only
+        if idx < len(self.plan):
+            self._next = idx
+
+    def allows(self, matcher, token_id: int, remaining: int) -> bool:
+        """May the model's choice `token_id` be taken with `remaining` tokens of budget left
+        (this one included)? Not if it commits the output to more than the rest of the budget can
+        complete (a new array item of a large object, say): one token can raise the bound by more
+        than CLOSING_MARGIN, so near the budget such tokens are checked before they are taken."""
+        if self.bound is None:
+            return True
+        if self.closing:
+            if self.tight or self._next is None or token_id == self.plan[self._next]:
+                return True
+        elif remaining > 2 * self.bound + CHECK_SLACK:
+            return True
+        else:
+            may_expand = getattr(matcher, "may_expand", None)
+            if may_expand is None or not may_expand(token_id):
+                return True
+        after = matcher.completion_bound_after(token_id)
+        return after is not None and after <= remaining - 1
+
+    def fallback_token(self, matcher) -> int | None:
+        """A token that is always allowed: the next one on a shortest completion path."""
+        if self.closing and self._next is not None:
+            return self.plan[self._next]
+        plan = matcher.completion_plan() if hasattr(matcher, "completion_plan") else None
+        return plan[0] if plan else None
 
     def after_token(self, output_ids: list[int], text_tail: str, closed_value: bool) -> None:
+        if self.plan is not None:  # still on the stored plan?
+            idx = len(output_ids) - 1 - self.plan_at
+            if not (0 <= idx < len(self.plan) and self.plan[idx] == output_ids[-1]):
+                self.plan = None
         if self.close_value and closed_value:
             self.close_value = False
         if self.loop_breaking and not self.closing and not self.close_value:
@@ -88,7 +144,14 @@ class CompletionGuard:
 
     def fill_mask(self, matcher, mask: torch.Tensor, row: int) -> None:
         if self.closing:
-            matcher.fill_closing_bitmask(mask, row, self.tight)
+            if self._next is not None and hasattr(matcher, "fill_plan_bitmask"):
+                token = self.plan[self._next]
+                if self.tight:
+                    matcher.fill_plan_bitmask(mask, row, token)
+                else:
+                    matcher.fill_closing_bitmask(mask, row, False, plan_token=token)
+            else:
+                matcher.fill_closing_bitmask(mask, row, self.tight)
         elif self.close_value:
             if not matcher.fill_value_closing_bitmask(mask, row):
                 matcher.fill_bitmask(mask, row)

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from runtime.api import EngineError, GenerateRequest, GenerateResult, StreamEvent
-from runtime.attention import TorchAttentionBackend
+from runtime.attention import make_attention_backend
 from runtime.completeness import CompletionGuard
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_config import EngineConfig
@@ -32,7 +32,8 @@ from runtime.model import LlamaModel, load_weights
 from runtime.prefix_cache import BasePrefixCache, NoPrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Req
-from runtime.sampler import apply_bitmask_, sample_token, sampling_probs
+from runtime.sampler import apply_token_bitmask, sample_token, sampling_probs
+from runtime.sampling import SamplingParams
 from runtime.scheduler import SHARED_PREFIX_WAIT_TOKENS, SchedulePolicy, common_prefix_len
 
 log = logging.getLogger("jumpgate.engine")
@@ -41,6 +42,9 @@ JUMP_FORWARD_MODES = ("verify", "direct", "off")
 # Long decodes hand their KV to the prefix cache every this many tokens, so a request arriving
 # mid-way (a retry, a fork) reuses it.
 CACHE_PROGRESS_EVERY = 128
+# Strict requests: choices re-drawn at most this often when they would overrun the budget
+# (then the shortest completion path's next token is taken).
+MAX_VETTED_CHOICES = 8
 
 
 def _default_pool_tokens(bytes_per_token: int) -> int:
@@ -80,7 +84,20 @@ class Engine:
         self.cache: BasePrefixCache = (
             RadixCache(self.kv.allocator, page_size=cfg.page_size) if cfg.radix_cache else NoPrefixCache(self.kv.allocator)
         )
-        self.attn = TorchAttentionBackend()
+        if cfg.disk_cache_dir and not cfg.host_pool_tokens:
+            raise ValueError("disk_cache_dir needs the host tier: set host_pool_tokens > 0")
+        if cfg.radix_cache and cfg.host_pool_tokens > 0:
+            from runtime.hiradix_cache import build_hiradix_cache
+
+            self.cache = build_hiradix_cache(cfg, self.kv, self.model_dir)
+        self._pins: dict[tuple[str, str], tuple[Any, int]] = {}  # (namespace, name) -> (locked node, tokens)
+        self.attn = make_attention_backend(cfg.attention_backend, self.device)
+        self.cuda_graphs = None  # decode passes replayed from CUDA graphs (CUDA + triton only)
+        if cfg.cuda_graphs and self.device.type == "cuda" and self.attn.name == "triton":
+            from runtime.cuda_graphs import DecodeCudaGraphs
+
+            self.cuda_graphs = DecodeCudaGraphs(self.model, self.kv, cfg.max_running_requests,
+                                                self.req_table.table.shape[1])
         self.policy = SchedulePolicy(cfg.schedule_policy, seed=cfg.seed)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -115,6 +132,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        self.cache.close()
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -200,13 +218,64 @@ class Engine:
             kv_slots_request_only=a.num_slots - a.num_free - tree,
             evicted_tokens=getattr(self.cache, "evicted_tokens", 0),
         )
+        out.update(self.cache.tier_stats())
         return out
 
     def explain_prefix(self, prompt_ids: list[int], namespace: str = "") -> dict[str, Any]:
         """Cached length of `prompt_ids` per tier, computed on the engine thread (the tree is
         only ever touched there)."""
-        n = self.call(lambda: self.cache.prefix_match_length(prompt_ids, namespace)).result(timeout=30)
-        return {"prompt_tokens": len(prompt_ids), "cached_tokens": n, "tiers": {"device": n, "host": 0, "disk": 0}}
+        tiers = self.call(lambda: self.cache.tier_lengths(prompt_ids, namespace)).result(timeout=30)
+        return {"prompt_tokens": len(prompt_ids), "cached_tokens": sum(tiers.values()), "tiers": tiers}
+
+    def pin_prefix(self, token_ids: list[int], namespace: str = "", name: str | None = None) -> int:
+        """Prefill `token_ids` and keep their KV resident in L1 until `unpin_prefix` (a schema's
+        system prompt + schema text). Returns the pinned length (whole cache pages). Refused with
+        EngineError(code="pin_budget_exceeded") beyond `pin_budget_tokens` in all."""
+        ids = list(token_ids)
+        pin_key = (namespace, name or _ids_name(ids))
+        budget = self.config.pin_budget_tokens
+
+        def check() -> int | None:
+            if pin_key in self._pins:
+                return self._pins[pin_key][1]
+            if not self.config.radix_cache:
+                raise EngineError("pinning needs the prefix cache (radix_cache is off)", code="pinning_unavailable")
+            used = sum(n for _, n in self._pins.values())
+            if used + len(ids) > budget:
+                raise EngineError(
+                    f"pinning {len(ids)} tokens would exceed the pin budget: {used} of {budget} tokens are "
+                    "pinned already" + ("" if budget else " (pinning is off: set pin_budget_tokens)"),
+                    code="pin_budget_exceeded", param="pin")
+            return None
+
+        pinned = self.call(check).result(timeout=60)
+        if pinned is not None:
+            return pinned
+        self.generate(ids, SamplingParams(max_new_tokens=1, temperature=0.0), namespace=namespace)
+
+        def lock() -> int:
+            again = check()  # a concurrent pin may have used the budget meanwhile
+            if again is not None:
+                return again
+            m = self.cache.match_prefix(ids, namespace)
+            self.cache.lock(m.node)
+            self._pins[pin_key] = (m.node, m.length)
+            return m.length
+
+        return self.call(lock).result(timeout=60)
+
+    def unpin_prefix(self, token_ids: list[int] | None = None, namespace: str = "", name: str | None = None) -> int:
+        """Release a pin made by `pin_prefix` (by the same name, or the same token ids); returns
+        the tokens released (0 if nothing was pinned under that key)."""
+        pin_key = (namespace, name or _ids_name(list(token_ids or [])))
+
+        def release() -> int:
+            node, n = self._pins.pop(pin_key, (None, 0))
+            if node is not None:
+                self.cache.unlock(node)
+            return n
+
+        return self.call(release).result(timeout=60)
 
     def flush_cache(self) -> None:
         """Drop every unlocked prefix from the cache and zero the counters (benchmarks, admin)."""
@@ -287,7 +356,10 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain_inbox()
+            try:
+                self._drain_inbox()
+            except Exception:  # the thread must outlive any one bad item
+                log.exception("engine intake failed")
             if not self.waiting and not self.running:
                 self._wake.wait(0.05)
                 self._wake.clear()
@@ -310,11 +382,20 @@ class Engine:
                 return
             if kind == "add":
                 spec, emit = item
-                req = self._new_req(spec, emit)
+                try:
+                    req = self._new_req(spec, emit)
+                except Exception as e:  # e.g. the constraint's new_matcher raised: fail this request only
+                    log.exception("setting up request %s failed", spec.rid)
+                    with self._queued_lock:
+                        self._queued -= 1
+                    emit(StreamEvent(rid=spec.rid, finished=True, finish_reason="error",
+                                     prompt_tokens=len(spec.prompt_ids), error=f"engine error: {e}"))
+                    continue
                 if stopping:
                     self._finish(req, "error", error="engine stopped")
                 else:
                     self.waiting.append(req)
+                    self.cache.prefetch(req.all_ids()[:-1], req.namespace)
             elif kind == "abort":
                 for r in self.running + self.waiting:
                     if r.rid == item:
@@ -372,6 +453,8 @@ class Engine:
         for r in order:
             if budget <= 0 or self.req_table.num_free_rows == 0:
                 break
+            if self.running and self.cache.loading(r.all_ids()[:-1], r.namespace):
+                continue  # its prefix is being read from disk: admit it once the pages are in memory
             m = self.cache.match_prefix(r.all_ids()[:-1], r.namespace)
             # Another request is prefilling the same long prefix: wait a step and hit the cache.
             if any(p.namespace == r.namespace and
@@ -383,6 +466,7 @@ class Engine:
             n = min(budget, pending)
             if not self._ensure_free(reserved + n):
                 self.cache.unlock(m.node)
+                self._ensure_free(reserved)  # a tiered match may have loaded into slots the plan reserved
                 break
             r.row = self.req_table.alloc_row()
             r.node, r.kv_len, r.cached_len = m.node, m.length, m.length
@@ -412,6 +496,7 @@ class Engine:
             slots = self.kv.allocator.alloc(n)
             assert slots is not None, "slots were reserved before the pass"
             self.req_table.write(r.row, r.kv_len, slots)
+            r.pass_end = r.kv_len + n
             ids.extend(pending)
             positions.extend(range(r.kv_len, r.kv_len + n))
             out_slots.append(slots)
@@ -431,33 +516,74 @@ class Engine:
             out_slots=torch.cat(out_slots), extend_lens=ext_lens, seq_lens=seq_lens, slot_rows=rows,
             logits_index=torch.tensor(logits_index, dtype=torch.int64, device=self.device),
         )
-        logits = self.model.forward(batch, self.kv, self.attn).cpu() if logits_index else None
+        # Always run the pass, even when no row's logits are wanted (a pass of only mid-prompt
+        # prefill chunks): the forward is what writes this pass's K/V into the pool.
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
+            out = self.cuda_graphs.run(batch)
+        else:
+            out = self.model.forward(batch, self.kv, self.attn)
+        logits = out.cpu() if logits_index else None
         self.counters["forward_passes"] += 1
         self.counters["forward_tokens"] += len(ids)
 
-        first_choices = self._first_choices(logits, [(r, row) for r, row, k, _ in wanted if row >= 0])
+        # greedy choices from the device logits: the grammar mask is applied where they live
+        failed: dict[str, Exception] = {}
+        first_choices = self._first_choices(out if logits_index else None,
+                                            [(r, row) for r, row, k, _ in wanted if row >= 0], failed)
         for r, row, k, n in wanted:
             if r.finished:  # aborted meanwhile cannot happen inside a step, but keep it safe
                 continue
             if row < 0:
                 r.kv_len += n
+                r.pass_end = None
                 self._cache_progress(r)
                 continue
-            self._accept_from_logits(r, logits[row : row + k], n, first_choices.get(r.rid))
+            try:
+                if r.rid in failed:
+                    raise failed[r.rid]
+                self._accept_from_logits(r, logits[row : row + k], n, first_choices.get(r.rid))
+            except Exception as e:  # its grammar matcher raised: fail this request, not the batch
+                log.exception("request %s failed", r.rid)
+                self._finish(r, "error", error=f"engine error: {e}")
 
-    def _first_choices(self, logits: torch.Tensor | None, reqs: list[tuple[Req, int]]) -> dict[str, int]:
-        """Batched choice for greedy requests at their first logits row (the common decode path)."""
+    def _first_choices(self, logits: torch.Tensor | None, reqs: list[tuple[Req, int]],
+                       failed: dict[str, Exception]) -> dict[str, int]:
+        """Batched choice for greedy requests at their first logits row (the common decode path).
+        A request whose matcher raises is left out and its error put in `failed`."""
         greedy = [(r, row) for r, row in reqs if r.spec.sampling.greedy]
         if logits is None or not greedy:
             return {}
-        sel = logits[torch.tensor([row for _, row in greedy])]
+        sel = logits[torch.tensor([row for _, row in greedy], device=logits.device)]
         constrained = [i for i, (r, _) in enumerate(greedy) if r.matcher is not None]
         if constrained:
             mask = torch.full((len(greedy), (sel.shape[-1] + 31) // 32), -1, dtype=torch.int32)
             for i in constrained:
-                self._fill_mask(greedy[i][0], mask, i)
-            apply_bitmask_(sel, mask)
-        return {r.rid: int(t) for (r, _), t in zip(greedy, sel.argmax(dim=-1).tolist())}
+                try:
+                    self._fill_mask(greedy[i][0], mask, i)
+                except Exception as e:
+                    failed[greedy[i][0].rid] = e
+            apply_token_bitmask(sel, mask, torch.tensor(constrained))
+        choices = sel.argmax(dim=-1).tolist()
+        for i, (r, _) in enumerate(greedy):
+            if r.guard is not None and r.rid not in failed:
+                choices[i] = self._vetted(r, sel[i], int(choices[i]))
+        return {r.rid: int(t) for (r, _), t in zip(greedy, choices) if r.rid not in failed}
+
+    def _vetted(self, r: Req, row: torch.Tensor, tok: int) -> int:
+        """Strict requests: re-choose (from the same masked `row`, changed in place) while the
+        choice would commit the output to more than the remaining budget can complete."""
+        remaining = r.spec.sampling.max_new_tokens - len(r.output_ids)
+        for _ in range(MAX_VETTED_CHOICES):
+            if r.guard.allows(r.matcher, tok, remaining):
+                return tok
+            row[tok] = float("-inf")
+            if not torch.isfinite(row).any():
+                break
+            tok = sample_token(row, r.spec.sampling, r.generator)
+        if r.guard.allows(r.matcher, tok, remaining):
+            return tok
+        fallback = r.guard.fallback_token(r.matcher)
+        return tok if fallback is None else fallback
 
     def _fill_mask(self, r: Req, mask: torch.Tensor, row: int) -> None:
         """The grammar's mask for `r`'s next token, narrowed by closing / loop breaking if active."""
@@ -472,8 +598,9 @@ class Engine:
         if r.matcher is not None:
             mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
             self._fill_mask(r, mask, 0)
-            apply_bitmask_(row, mask)
-        return sample_token(row[0], r.spec.sampling, r.generator)
+            apply_token_bitmask(row, mask)
+        tok = sample_token(row[0], r.spec.sampling, r.generator)
+        return tok if r.guard is None else self._vetted(r, row[0], tok)
 
     def _verify_draft_token(self, r: Req, logits_row: torch.Tensor, draft_tok: int) -> int:
         """Keep the draft token or replace it, so the output follows the model's masked
@@ -484,7 +611,7 @@ class Engine:
         row = logits_row.clone().unsqueeze(0)
         mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
         self._fill_mask(r, mask, 0)
-        apply_bitmask_(row, mask)
+        apply_token_bitmask(row, mask)
         probs = sampling_probs(row[0], p)
         if torch.rand(1, generator=r.generator).item() < probs[draft_tok].item():
             return draft_tok
@@ -521,6 +648,7 @@ class Engine:
         if rejected:
             start = kv_before + fed - rejected
             self.kv.allocator.free(self.req_table.slots(r.row, start + rejected)[start:].clone())
+        r.pass_end = None
         self.counters["jump_forward_tokens"] += accepted_draft
         self.counters["jump_forward_rejected"] += rejected
         r.jump_forward_tokens += accepted_draft
@@ -622,6 +750,9 @@ class Engine:
         if r.row is None:
             return
         t0 = time.perf_counter()
+        if r.pass_end is not None and r.pass_end > r.kv_len:  # a failed step left this pass's slots behind
+            self.kv.allocator.free(self.req_table.slots(r.row, r.pass_end)[r.kv_len:].clone())
+        r.pass_end = None
         key = r.all_ids()[: r.kv_len]
         slots = self.req_table.slots(r.row, r.kv_len).clone()
         self.cache.cache_finished(key, slots, r.node, r.cached_len, r.namespace)
@@ -675,6 +806,12 @@ class Engine:
     def check_invariant(self) -> None:
         """free + tree-held + request-only slots == pool size (and the tree's own checks)."""
         self.cache.check_invariant(running_only_slots=sum(r.owned_slots for r in self.running))
+
+
+def _ids_name(ids: list[int]) -> str:
+    import hashlib
+
+    return "ids:" + hashlib.sha256(repr(ids).encode()).hexdigest()[:24]
 
 
 def _model_name(requested: str | None, model_dir) -> str:

@@ -48,7 +48,11 @@ class SlotAllocator:
 
 
 class KVPool:
-    """Per-layer K and V tensors of shape [num_slots, kv_heads, head_dim]."""
+    """Per-layer K and V tensors of shape [num_slots + 1, kv_heads, head_dim].
+
+    The last row (`scratch_slot`) is never handed out: padded rows of a CUDA-graph decode batch
+    write their K/V there, so padding can never touch a slot that a request or the cache owns.
+    """
 
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
@@ -58,8 +62,10 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
-        self.k = [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v = [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.scratch_slot = num_slots
+        rows = num_slots + 1
+        self.k = [torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v = [torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.allocator = SlotAllocator(num_slots)
 
     @staticmethod

@@ -99,6 +99,25 @@ class BasePrefixCache(abc.ABC):
     @abc.abstractmethod
     def allocator(self) -> SlotAllocator: ...
 
+    # -- tiers (HiRadixCache); single-tier caches keep these defaults -----------------------
+
+    def tier_lengths(self, key: Sequence[int], namespace: str = "") -> dict[str, int]:
+        """How much of `key` each tier holds, without mutating anything (`explain_prefix`)."""
+        return {"device": self.prefix_match_length(key, namespace), "host": 0, "disk": 0}
+
+    def prefetch(self, key: Sequence[int], namespace: str = "") -> None:
+        """A request with this key was queued: start loading what lower tiers hold of it."""
+
+    def loading(self, key: Sequence[int], namespace: str = "") -> bool:
+        """True while a prefetch for `key` is still in flight (the engine admits others first)."""
+        return False
+
+    def tier_stats(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """Engine shutdown: persist what should survive a restart and stop helper threads."""
+
     def cache_finished(self, key: Sequence[int], slots: torch.Tensor, node: Any,
                        matched_len: int, namespace: str = "") -> int:
         """Hand a finished request's KV to the cache and release its lock.

@@ -31,6 +31,10 @@ class Req:
     kv_len: int = 0
     cached_len: int = 0
     node: Any = None
+    # During a forward pass: the end of the positions given slots by this pass. Slots of
+    # [kv_len, pass_end) are not accounted in kv_len yet; if the step fails before its bookkeeping
+    # finishes, releasing the request frees them too (otherwise they would leak from the pool).
+    pass_end: int | None = None
     prompt_cached_tokens: int | None = None  # reported cached_tokens (set at first admission)
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None

@@ -13,11 +13,38 @@ from runtime.sampling import SamplingParams
 _BIT = torch.arange(32, dtype=torch.int32)
 
 
-def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set logits of tokens whose bit is 0 to -inf, in place. logits [B, V], bitmask int32 [B, ceil(V/32)]."""
+def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Set logits of tokens whose bit is 0 to -inf, in place (the torch version, used on CPU).
+    logits [B, V], bitmask int32 [B, ceil(V/32)]; `rows` limits it to those rows (None = all)."""
     vocab = logits.shape[-1]
-    allowed = ((bitmask.unsqueeze(-1) >> _BIT) & 1).bool().flatten(-2)[..., :vocab]
-    logits.masked_fill_(~allowed, float("-inf"))
+    bits = _BIT if bitmask.device.type == "cpu" else _BIT.to(bitmask.device)
+    if rows is None:
+        allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(-2)[..., :vocab]
+        logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
+        return
+    rows = rows.to(device=logits.device, dtype=torch.int64)
+    if rows.numel() == 0:
+        return
+    words = bitmask.index_select(0, rows.to(bitmask.device))
+    allowed = ((words.unsqueeze(-1) >> bits) & 1).bool().flatten(-2)[..., :vocab]
+    logits.index_copy_(0, rows, logits.index_select(0, rows).masked_fill_(~allowed.to(logits.device), float("-inf")))
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """The one entry point for grammar masks: -inf for disallowed tokens of `rows` (None = all),
+    in place. Triton kernel for CUDA logits, `apply_bitmask_` otherwise."""
+    if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.shape[0] != logits.shape[0]:
+        raise ValueError(f"token bitmask: logits {tuple(logits.shape)} and bitmask {tuple(bitmask.shape)} "
+                         "must be [B, V] and [B, ceil(V/32)]")
+    if bitmask.dtype != torch.int32 or bitmask.shape[1] * 32 < logits.shape[1]:
+        raise ValueError(f"token bitmask: need int32 words covering {logits.shape[1]} tokens, "
+                         f"got {bitmask.dtype} {tuple(bitmask.shape)}")
+    if logits.device.type == "cuda":
+        from runtime.triton_bitmask import apply_token_bitmask_triton
+
+        apply_token_bitmask_triton(logits, bitmask, rows)
+    else:
+        apply_bitmask_(logits, bitmask, rows)
 
 
 def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

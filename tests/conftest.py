@@ -4,11 +4,19 @@ uses the real SmolLM2 tokenizer (fast unit tests of the runtime)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run only under the Triton interpreter. It must be on before triton
+# is first imported (triton.language binds its own @jit helpers, e.g. tl.zeros, at import) and
+# before our kernel modules are; a session fixture importing transformers' Llama imports triton,
+# so this is set here, before any test module or fixture runs. Nothing else uses triton on CPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ kept on disk (schema registry, grammar cache) can be checked across a restart.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -99,6 +100,8 @@ class JumpgateServer:
                                              stdin=subprocess.DEVNULL, start_new_session=True)
             finally:
                 log.close()
+            if self.starts == 1:
+                atexit.register(self.stop)  # stop() is idempotent; covers an interrupted test run
             try:
                 self.wait_healthy()
                 return self

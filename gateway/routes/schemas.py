@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Controller, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from gateway import grammar_adapter
+from gateway.auth import cache_namespace
 from gateway.constraints import ConstraintPlan, check_tools, compile_plan
-from gateway.errors import bad_request, not_found
+from gateway.errors import APIError, bad_request, not_found
+from gateway.pinning import pin_schema, unpin_schema
 from gateway.protocol import SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
 from gateway.services import GatewayServices
 
@@ -56,6 +59,15 @@ class SchemasController(Controller):
         await compile_plan(plan, services.grammar, services.settings.grammar_compile_timeout_s)
         canonical = grammar_adapter.canonical_payload_text(kind, payload)
         entry, created = services.registry.put(tenant, kind, payload, canonical, data.name)
+        if data.pin:
+            try:
+                pinned = await pin_schema(services.engine, services.renderer, cache_namespace(tenant, None),
+                                          entry.id, kind, payload, data.system_prompt)
+            except APIError:
+                if created:  # a refused pin registers nothing
+                    services.registry.delete(tenant, entry.id)
+                raise
+            entry = msgspec.structs.replace(entry, pinned_tokens=pinned)
         return Response(entry, status_code=201 if created else 200)
 
     @get("", summary="List registered schemas")
@@ -79,4 +91,5 @@ class SchemasController(Controller):
     ) -> SchemaDeleted:
         if not services.registry.delete(tenant, schema_id):
             raise not_found(f"No registered schema with id '{schema_id}'.", None, code="schema_not_found")
+        await unpin_schema(services.engine, cache_namespace(tenant, None), schema_id)
         return SchemaDeleted(id=schema_id)

@@ -1,0 +1,503 @@
+"""GPU device check for the CUDA path: Triton kernels against the torch backend, then speed.
+
+    bash bench/device_check.sh            # on a CUDA machine (H100/H200: a few minutes)
+    bash bench/device_check.sh --smoke    # anywhere: tiny sizes on CPU under TRITON_INTERPRET=1
+    python -m bench.device_check --aot 80,90   # compile every kernel for those SM archs (no GPU needed)
+
+One JSON line per result. Sections:
+- `check`: extend/decode attention vs `TorchAttentionBackend` (mixed lengths, cached prefixes,
+  split-K, GQA 1/4/8, fp32/fp16/bf16); bitmask kernel vs the torch version; decode logits replayed
+  from CUDA graphs vs eager.
+- `model`: prefill and decode tokens/s of a random-weight ~1.2B Llama (hidden 2048, 16 layers,
+  32 heads, 8 KV heads, intermediate 8192, vocab 128256) in bf16 at batch 1/16/64, decode with
+  and without CUDA graphs.
+- `bitmask`: the mask kernel on 64 x 128256 logits (target < 20 us).
+- `decode_attention`: our decode attention (slot-table gather) vs torch SDPA on contiguous KV of
+  the same lengths (target: within 2x).
+
+It imports only runtime modules that need nothing but torch and triton (no xgrammar, litestar,
+msgspec or transformers), because the GPU machine has only those; the last line says which
+third-party modules were loaded. Exit status 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+FULL = dict(
+    model=dict(vocab=128256, hidden=2048, inter=8192, layers=16, heads=32, kv_heads=8),
+    batches=(1, 16, 64), prompt=512, decode_steps=32,
+    bitmask=(64, 128256), attn_cases=((1, 4096), (16, 2048), (64, 1024), (64, 4096)),
+    # (head_dim, (heads, kv_heads), dtypes): every GQA ratio in bf16, the others at one shape
+    kernel_cases=dict(shapes=[(64, (32, 32), "bf16 fp32"), (64, (32, 8), "bf16 fp16 fp32"), (64, (32, 4), "bf16"),
+                              (128, (32, 8), "bf16 fp16"), (128, (32, 32), "bf16")], long=3000, slots=12_000),
+    graph_sizes=(1, 2, 4, 8, 16, 32, 64), iters=50,
+)
+SMOKE = dict(  # batch 3 replays through the padded size-4 path
+    model=dict(vocab=512, hidden=64, inter=128, layers=2, heads=4, kv_heads=2),
+    batches=(1, 3), prompt=8, decode_steps=1,
+    bitmask=(4, 1000), attn_cases=((2, 40),),
+    kernel_cases=dict(shapes=[(16, (8, 2), "fp32 fp16 bf16")], long=70, slots=600),
+    graph_sizes=(1, 2, 4), iters=1,
+)
+FORBIDDEN = ("xgrammar", "litestar", "msgspec", "transformers", "tokenizers", "safetensors", "uvicorn", "gguf",
+             "jsonschema")
+
+
+def emit(**record) -> None:
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_us(fn, device, iters: int) -> float:
+    """Wall time per call of back-to-back eager calls (launch overhead included)."""
+    for _ in range(2):
+        fn()
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t) / iters * 1e6
+
+
+def graph_time_us(fn, device, iters: int) -> float | None:
+    """GPU time per call, replayed from a CUDA graph (no launch overhead). None off CUDA."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    fn()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / iters * 1e3
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def attention_case(specs, heads, kv_heads, dim, dtype, device, slots, seed):
+    """A packed batch: specs = [(seq_len, extend_len)]; slots scattered over the pool."""
+    import torch
+
+    from runtime.forward_batch import ForwardBatch
+
+    g = torch.Generator().manual_seed(seed)
+    gd = torch.Generator(device=device).manual_seed(seed)
+    k = torch.randn(slots + 1, kv_heads, dim, generator=gd, device=device).to(dtype)
+    v = torch.randn(slots + 1, kv_heads, dim, generator=gd, device=device).to(dtype)
+    perm = torch.randperm(slots, generator=g)
+    rows, used = [], 0
+    for seq, _ in specs:
+        rows.append(perm[used:used + seq])
+        used += seq
+    t = sum(e for _, e in specs)
+    q = torch.randn(t, heads, dim, generator=gd, device=device).to(dtype)
+    zeros = torch.zeros(t, dtype=torch.int64, device=device)
+    batch = ForwardBatch(zeros, zeros, zeros, [e for _, e in specs], [s for s, _ in specs], rows,
+                         torch.zeros(0, dtype=torch.int64, device=device))
+    return q, k, v, batch
+
+
+def check_attention(sizes, device) -> bool:
+    import torch
+
+    from runtime.attention import TorchAttentionBackend
+    from runtime.triton_attention import TritonAttentionBackend
+
+    kc = sizes["kernel_cases"]
+    long = kc["long"]
+    # extend without prefix, extend after a cached prefix, decodes short and long, a 1-token request
+    specs = [(long // 3, long // 3), (long, 1), (long // 2 + 7, 13), (1, 1), (long // 2, 1), (long // 5 + 3, 3)]
+    tol = {torch.float32: 2e-3 if device.type == "cuda" else 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    ok = True
+    seed = 0
+    for dim, (heads, kv_heads), names in kc["shapes"]:
+        for dtype in (dtypes[n] for n in names.split()):
+            seed += 1
+            q, k, v, batch = attention_case(specs, heads, kv_heads, dim, dtype, device, kc["slots"], seed)
+            ref = TorchAttentionBackend()
+            ref.prepare(batch)
+            want = ref.forward(q, k, v).float()
+            for splits in (1, 4):
+                tri = TritonAttentionBackend(max_kv_splits=splits, min_split_tokens=16)
+                tri.prepare(batch)
+                got = tri.forward(q, k, v).float()
+                err = (got - want).abs().max().item()
+                good = bool(torch.isfinite(got).all()) and err <= tol[dtype]
+                ok &= good
+                emit(check="attention", dim=dim, heads=heads, kv_heads=kv_heads, dtype=str(dtype)[6:],
+                     kv_splits=splits, max_abs_err=err, ok=good)
+    return ok
+
+
+def check_bitmask(sizes, device) -> bool:
+    import torch
+
+    from runtime.sampler import apply_bitmask_
+    from runtime.triton_bitmask import apply_token_bitmask_triton
+
+    ok = True
+    b, vocab = sizes["bitmask"]
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(b, vocab, generator=g).to(device=device, dtype=dtype)
+        words = torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), generator=g, dtype=torch.int64)
+        mask = words.to(torch.int32).to(device)
+        rows = torch.arange(0, b, 2, device=device)
+        want, got = logits.clone(), logits.clone()
+        apply_bitmask_(want, mask, rows)
+        apply_token_bitmask_triton(got, mask, rows)
+        good = torch.equal(want, got)
+        ok &= good
+        emit(check="bitmask", dtype=str(dtype)[6:], batch=b, vocab=vocab, ok=good)
+    return ok
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+def build_model(spec, device, dtype, max_positions: int):
+    import torch
+
+    from runtime.model import LlamaModel
+    from runtime.model_config import ModelConfig
+
+    h, inter, heads, kvh = spec["hidden"], spec["inter"], spec["heads"], spec["kv_heads"]
+    d = h // heads
+    cfg = ModelConfig(vocab_size=spec["vocab"], hidden_size=h, intermediate_size=inter, num_layers=spec["layers"],
+                      num_heads=heads, num_kv_heads=kvh, head_dim=d, rope_theta=500000.0,
+                      max_position_embeddings=max_positions, tie_word_embeddings=True)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.02).to(dtype)
+
+    w = {"model.embed_tokens.weight": rand(cfg.vocab_size, h), "model.norm.weight": torch.ones(h, device=device, dtype=dtype)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        w.update({
+            p + "input_layernorm.weight": torch.ones(h, device=device, dtype=dtype),
+            p + "post_attention_layernorm.weight": torch.ones(h, device=device, dtype=dtype),
+            p + "self_attn.q_proj.weight": rand(heads * d, h), p + "self_attn.k_proj.weight": rand(kvh * d, h),
+            p + "self_attn.v_proj.weight": rand(kvh * d, h), p + "self_attn.o_proj.weight": rand(h, heads * d),
+            p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
+            p + "mlp.down_proj.weight": rand(h, inter),
+        })
+    model = LlamaModel(cfg, w, device, dtype)
+    del w
+    params = sum(t.numel() for t in [model.embed, model.norm] + [
+        x for layer in model.layers for x in (layer.qkv, layer.o_proj, layer.gate_up, layer.down,
+                                              layer.input_norm, layer.post_norm)])
+    return cfg, model, params
+
+
+class _Requests:
+    """B requests with contiguous slot ranges, prefilled to `prompt` tokens, then decoded."""
+
+    def __init__(self, b: int, prompt: int, room: int, vocab: int, device):
+        import torch
+
+        self.b, self.len, self.vocab, self.device = b, 0, vocab, device
+        self.slots = torch.arange(b * room, dtype=torch.int64).view(b, room)
+        self.prompt = prompt
+
+    def prefill_batch(self):
+        import torch
+
+        from runtime.forward_batch import ForwardBatch
+
+        p, b = self.prompt, self.b
+        ids = torch.randint(0, self.vocab, (b * p,), device=self.device)
+        pos = torch.arange(p, device=self.device).repeat(b)
+        out_slots = self.slots[:, :p].reshape(-1)
+        logits_index = torch.arange(p - 1, b * p, p, device=self.device)
+        return ForwardBatch(ids, pos, out_slots, [p] * b, [p] * b, [self.slots[i, :p] for i in range(b)], logits_index)
+
+    def decode_batch(self, step: int):
+        import torch
+
+        from runtime.forward_batch import ForwardBatch
+
+        n = self.prompt + step  # tokens before this one
+        b = self.b
+        ids = torch.randint(0, self.vocab, (b,), device=self.device)
+        pos = torch.full((b,), n, dtype=torch.int64, device=self.device)
+        return ForwardBatch(ids, pos, self.slots[:, n].clone(), [1] * b, [n + 1] * b,
+                            [self.slots[i, : n + 1] for i in range(b)], torch.arange(b, device=self.device))
+
+
+def bench_model(sizes, device, smoke: bool) -> bool:
+    import torch
+
+    from runtime.cuda_graphs import DecodeCudaGraphs
+    from runtime.kv_pool import KVPool
+    from runtime.triton_attention import TritonAttentionBackend
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    steps, prompt = sizes["decode_steps"], sizes["prompt"]
+    room = prompt + steps + 2
+    max_b = max(sizes["batches"])
+    t0 = time.perf_counter()
+    cfg, model, params = build_model(sizes["model"], device, dtype, max_positions=room + 8)
+    kv = KVPool(cfg.num_layers, max_b * room, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    emit(section="model", params_m=round(params / 1e6, 1), dtype=str(dtype)[6:], layers=cfg.num_layers,
+         build_s=time.perf_counter() - t0)
+    attn = TritonAttentionBackend()
+    graphs = DecodeCudaGraphs(model, kv, max_b, room, batch_sizes=sizes["graph_sizes"],
+                              capture=device.type == "cuda")
+    ok = True
+    rates = {}
+    for b in sizes["batches"]:
+        reqs = _Requests(b, prompt, room, cfg.vocab_size, device)
+        batch = reqs.prefill_batch()
+        model.forward(batch, kv, attn)  # warm-up (compiles kernels for this shape class)
+        _sync(device)
+        t = time.perf_counter()
+        model.forward(batch, kv, attn)
+        _sync(device)
+        prefill_s = time.perf_counter() - t
+
+        # graph replay equals eager for the first decode step (same inputs, same KV writes)
+        step0 = reqs.decode_batch(0)
+        eager = model.forward(step0, kv, attn).float()
+        replay = graphs.run(step0).float()
+        err = (eager - replay).abs().max().item()
+        same = (eager.argmax(-1) == replay.argmax(-1)).float().mean().item()
+        good = err <= (5e-2 if dtype == torch.bfloat16 else 1e-4) * max(1.0, eager.abs().max().item())
+        ok &= good
+        emit(check="cuda_graph_decode", batch=b, replayed=graphs.capture, max_abs_err=err, argmax_agree=same, ok=good)
+
+        timings = {}
+        for mode in ("eager", "graph"):
+            _sync(device)
+            t = time.perf_counter()
+            for s in range(steps):
+                db = reqs.decode_batch(s)
+                (model.forward(db, kv, attn) if mode == "eager" else graphs.run(db)).argmax(-1)
+            _sync(device)
+            timings[mode] = time.perf_counter() - t
+        rates[b] = {m: b * steps / s for m, s in timings.items()}
+        emit(section="model", batch=b, prompt=prompt, prefill_tok_s=b * prompt / prefill_s,
+             decode_tok_s_eager=rates[b]["eager"], decode_tok_s_graph=rates[b]["graph"],
+             decode_ms_per_step_graph=timings["graph"] / steps * 1e3, decode_steps=steps)
+    lo, hi = min(rates), max(rates)
+    best = lambda b: max(rates[b].values())
+    emit(section="model", decode_scaling=f"batch {hi} vs {lo}", ratio=best(hi) / best(lo), target=">= 20")
+    return ok
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+
+def bench_bitmask(sizes, device) -> None:
+    import torch
+
+    from runtime.sampler import apply_bitmask_
+    from runtime.triton_bitmask import apply_token_bitmask_triton
+
+    b, vocab = sizes["bitmask"]
+    logits = torch.randn(b, vocab, device=device)
+    mask = torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), dtype=torch.int64).to(torch.int32).to(device)
+    rows = torch.arange(b, device=device, dtype=torch.int32)
+    iters = sizes["iters"]
+    tri = lambda: apply_token_bitmask_triton(logits, mask, rows)
+    ref = lambda: apply_bitmask_(logits, mask)
+    emit(section="bitmask", batch=b, vocab=vocab, triton_us=time_us(tri, device, iters),
+         triton_graph_us=graph_time_us(tri, device, iters), torch_us=time_us(ref, device, iters), target_us=20)
+
+
+def bench_decode_attention(sizes, device) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from runtime.forward_batch import ForwardBatch
+    from runtime.triton_attention import TritonAttentionBackend
+
+    spec = sizes["model"]
+    heads, kvh = spec["heads"], spec["kv_heads"]
+    dim = spec["hidden"] // heads
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    iters = sizes["iters"]
+    for b, length in sizes["attn_cases"]:
+        slots = b * length
+        k = torch.randn(slots + 1, kvh, dim, device=device, dtype=dtype)
+        v = torch.randn(slots + 1, kvh, dim, device=device, dtype=dtype)
+        perm = torch.randperm(slots)
+        rows = [perm[i * length:(i + 1) * length] for i in range(b)]
+        q = torch.randn(b, heads, dim, device=device, dtype=dtype)
+        zeros = torch.zeros(b, dtype=torch.int64, device=device)
+        batch = ForwardBatch(zeros, zeros, zeros, [1] * b, [length] * b, rows, torch.arange(b, device=device))
+        attn = TritonAttentionBackend()
+        attn.prepare(batch)
+        attn.forward(q, k, v)  # sizes the splits
+        # the same keys, laid out contiguously per request, for SDPA
+        idx = torch.stack(rows).to(device)
+        kc, vc = k[idx].transpose(1, 2).contiguous(), v[idx].transpose(1, 2).contiguous()  # [B, KVH, L, D]
+        kx, vx = kc.repeat_interleave(heads // kvh, 1), vc.repeat_interleave(heads // kvh, 1)
+        qs = q.unsqueeze(2)
+        ours = lambda: attn.forward(q, k, v)
+        sdpa_gqa = lambda: F.scaled_dot_product_attention(qs, kc, vc, enable_gqa=True)
+        sdpa_mha = lambda: F.scaled_dot_product_attention(qs, kx, vx)
+        err = (ours().float() - sdpa_gqa().squeeze(2).float()).abs().max().item()
+        rec = dict(section="decode_attention", batch=b, kv_len=length, heads=heads, kv_heads=kvh, dim=dim,
+                   kv_splits=attn.decode.max_splits, max_abs_err=err)
+        for name, fn in (("triton", ours), ("sdpa_gqa", sdpa_gqa), ("sdpa_expanded_kv", sdpa_mha)):
+            rec[f"{name}_us"] = time_us(fn, device, iters)
+            try:
+                rec[f"{name}_graph_us"] = graph_time_us(fn, device, iters)
+            except Exception as e:  # an SDPA backend that cannot be captured: eager numbers only
+                rec[f"{name}_graph_us"] = f"not capturable: {type(e).__name__}"
+        best_sdpa = min(x for x in (rec["sdpa_gqa_graph_us"], rec["sdpa_expanded_kv_graph_us"],
+                                    rec["sdpa_gqa_us"], rec["sdpa_expanded_kv_us"]) if isinstance(x, float))
+        ours_t = rec["triton_graph_us"] if isinstance(rec["triton_graph_us"], float) else rec["triton_us"]
+        rec.update(ratio_vs_best_sdpa=ours_t / best_sdpa, target="<= 2")
+        emit(**rec)
+
+
+# ------------------------------------------------------------------------------------------ AOT
+
+
+def aot_compile(archs: list[int], quick: bool = False) -> bool:
+    """Compile every kernel configuration the launchers use, for each SM arch, without a GPU
+    (triton ships ptxas). Catches compile errors and shared-memory overruns before GPU time is spent."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from runtime import triton_attention as ta
+    from runtime import triton_bitmask as tb
+
+    shared_limit = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+    tname = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+    def build(kernel, types: dict, cfg: dict, arch: int) -> dict:
+        consts = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+        opts = {k: v for k, v in cfg.items() if k in ("num_warps", "num_stages")}
+        sig = {name: ("constexpr" if name in consts else types.get(name, "i32")) for name in kernel.arg_names}
+        t = time.perf_counter()
+        compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+                                  options=opts)
+        shared = compiled.metadata.shared
+        return dict(shared_bytes=shared, compile_s=time.perf_counter() - t,
+                    ok=shared <= shared_limit.get(arch, 99 * 1024))
+
+    ok = True
+    for arch in archs:
+        jobs = []
+        # quick: the serving dtype (bf16) at the common head shapes, and the float32 logits mask
+        for dtype in ((torch.bfloat16, torch.float32) if quick else (torch.bfloat16, torch.float16, torch.float32)):
+            p = "*" + tname[dtype]
+            for dim in ((64, 128) if dtype != torch.float32 or not quick else ()):
+                for heads, kvh in (((32, 8), (32, 32)) if quick else ((32, 8), (32, 32), (64, 2))):
+                    ext = ta.extend_config(heads, kvh, dim, dtype, on_gpu=True)
+                    types = dict(Q=p, K=p, V=p, O=p, QStart="*i32", ExtLen="*i32", SeqLen="*i32", Table="*i32",
+                                 sm_scale="fp32")
+                    jobs.append((f"extend {tname[dtype]} d{dim} h{heads}/{kvh}", ta._extend_kernel, types, ext))
+                    _, split, merge = ta.decode_config(heads, kvh, dim, dtype, on_gpu=True)
+                    types = dict(Q=p, K=p, V=p, MidO="*fp32", MidLse="*fp32", QRows="*i32", SeqLen="*i32",
+                                 NumSplits="*i32", Table="*i32", sm_scale="fp32")
+                    jobs.append((f"decode {tname[dtype]} d{dim} h{heads}/{kvh}", ta._decode_split_kernel, types, split))
+                    if heads == 32 and kvh == 8:
+                        types = dict(MidO="*fp32", MidLse="*fp32", O=p, QRows="*i32", SeqLen="*i32", NumSplits="*i32")
+                        jobs.append((f"merge {tname[dtype]} d{dim}", ta._decode_merge_kernel, types, merge))
+            jobs.append((f"bitmask {tname[dtype]}", tb._bitmask_kernel,
+                         dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=2048, num_warps=4)))
+        for name, kernel, types, cfg in jobs:
+            try:
+                rec = build(kernel, types, cfg, arch)
+            except Exception as e:
+                rec = dict(ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+            ok &= rec["ok"]
+            emit(check="aot_compile", arch=f"sm_{arch}", kernel=name, **rec)
+    return ok
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.device_check", description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under TRITON_INTERPRET=1")
+    ap.add_argument("--aot", metavar="ARCHS", help="only compile the kernels for these SM archs, e.g. 80,90")
+    ap.add_argument("--quick", action="store_true", help="with --aot: bf16 kernels and the float32 mask only")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: check,model,bitmask,attention")
+    args = ap.parse_args(argv)
+    if args.aot:
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            print("--aot needs the real compiler: unset TRITON_INTERPRET", file=sys.stderr)
+            return 2
+        return 0 if aot_compile([int(a) for a in args.aot.split(",")], args.quick) else 1
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported (kernels bind at import)
+
+    import torch
+
+    skip = set(filter(None, args.skip.split(",")))
+    if args.smoke:
+        device, sizes = torch.device("cpu"), SMOKE
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    elif torch.cuda.is_available():
+        device, sizes = torch.device("cuda"), FULL
+    else:
+        print("no CUDA device: run with --smoke for the CPU code-path check", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    emit(section="device", device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
+         torch=torch.__version__, triton=__import__("triton").__version__, smoke=args.smoke)
+    t_all = time.perf_counter()
+    failed = []
+    sections = [
+        ("check", lambda: check_attention(sizes, device) & check_bitmask(sizes, device)),
+        ("model", lambda: bench_model(sizes, device, args.smoke)),
+        ("bitmask", lambda: bench_bitmask(sizes, device)),
+        ("attention", lambda: bench_decode_attention(sizes, device)),
+    ]
+    for name, fn in sections:
+        if name in skip:
+            continue
+        t = time.perf_counter()
+        try:
+            if fn() is False:
+                failed.append(name)
+        except Exception as e:
+            failed.append(name)
+            emit(section=name, ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-2000:])
+        emit(section=name, done_s=time.perf_counter() - t)
+    loaded = sorted({m.split(".")[0] for m in sys.modules} & set(FORBIDDEN))
+    if loaded:
+        failed.append("imports")
+    emit(check="imports", forbidden_loaded=loaded, ok=not loaded)
+    emit(section="summary", ok=not failed, failed=failed, total_s=time.perf_counter() - t_all)
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

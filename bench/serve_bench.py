@@ -1,0 +1,562 @@
+"""`python -m bench serve`: the whole server over HTTP, on agent-like workloads.
+
+Starts its own `jumpgate serve` subprocess and drives it with streaming chat requests (greedy,
+max_tokens 160) at a fixed concurrency. One JSON line per workload:
+
+- `agent-tools`: ~1.5k-token agent system prompt + the 8 tools of schemas/agent_tools.json,
+  tool_choice "required"; valid = every call names a known tool and its arguments validate
+  against that tool's parameters.
+- `multi-turn`: conversations growing turn by turn (each turn sends the real previous answers).
+- `json-extract`: one shared document, a different record asked for each time, strict json_schema
+  tests/data/schema_corpus/extract_12_fields.json; valid = parses and validates.
+- `cold-unique`: unrelated prompts (nothing to reuse).
+
+Fields: ttft_p50_s / ttft_p90_s (time to the first content or tool-call delta), output_tok_s and
+req_s (over the workload's wall time), cached_frac (cached / prompt tokens), complete_frac
+(finish_reason stop or tool_calls, not length), valid_frac (valid among the complete ones).
+
+The agent-tools workload also runs in-process, after the server is stopped: the same prompts
+prepared by the gateway's own code (same rendering, same tool-call grammar), submitted straight to
+`runtime.engine.Engine` at the same concurrency; `http_vs_inprocess` = HTTP req_s / in-process
+req_s on the agent-tools line (the cost of HTTP, JSON, SSE and the gateway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+import httpx
+import jsonschema
+
+from bench.common import emit
+from bench.workloads import ROOT, USER_TASKS, agent_system_prompt, agent_tools
+
+MODEL = "SmolLM2-135M-Instruct"
+EXTRACT_SCHEMA_PATH = ROOT / "tests" / "data" / "schema_corpus" / "extract_12_fields.json"
+COMPLETE = ("stop", "tool_calls")
+
+
+# =========================================================================== the server process
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A `jumpgate serve` subprocess on a free 127.0.0.1 port; stopped by its own PID only."""
+
+    def __init__(self, workdir: Path, args: Sequence[str] = (), startup_timeout_s: float = 300.0):
+        self.workdir = Path(workdir)
+        self.args = list(args)
+        self.port = free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.workdir / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> "ServerProcess":
+        script = Path(sys.executable).parent / "jumpgate"
+        cmd = [str(script), "serve"] if script.exists() else [sys.executable, "-m", "gateway", "serve"]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port),
+                "--registry-dir", str(self.workdir / "registry"),
+                "--grammar-cache-dir", str(self.workdir / "grammars"),
+                "--log-level", "warning", *self.args]
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        atexit.register(self.stop)  # never leave our server behind, however the benchmark ends
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jumpgate exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"jumpgate did not become healthy:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def rss_mb(self) -> float:
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024.0
+        except (OSError, AssertionError):
+            pass
+        return float("nan")
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(httpx.get(self.url + "/metrics", timeout=30).text)
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+# =========================================================================== one streamed request
+
+
+@dataclass
+class Result:
+    status: int = 0
+    ttft: float | None = None
+    elapsed: float = 0.0
+    content: str = ""
+    tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    saw_done: bool = False
+
+
+async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
+                      on_event: Callable[[int], Awaitable[bool]] | None = None) -> Result:
+    """POST a streaming chat request and collect it. `on_event(n)` (n = SSE events so far) may
+    return True to hang up early (a client that disconnects mid-stream)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    r = Result()
+    t0 = time.perf_counter()
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        r.status = resp.status_code
+        if resp.status_code != 200:
+            raw = await resp.aread()
+            try:
+                r.error = json.loads(raw)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                r.error = raw[:200].decode(errors="replace")
+            r.elapsed = time.perf_counter() - t0
+            return r
+        events = 0
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                r.saw_done = True
+                break
+            obj = json.loads(data)
+            events += 1
+            if "error" in obj:
+                r.error = obj["error"].get("message", "stream error")
+                continue
+            if obj.get("usage"):
+                u = obj["usage"]
+                r.prompt_tokens = u["prompt_tokens"]
+                r.completion_tokens = u["completion_tokens"]
+                r.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            for ch in obj.get("choices", []):
+                d = ch.get("delta", {})
+                if d.get("content"):
+                    if r.ttft is None:
+                        r.ttft = time.perf_counter() - t0
+                    r.content += d["content"]
+                for tc in d.get("tool_calls") or []:
+                    if r.ttft is None:
+                        r.ttft = time.perf_counter() - t0
+                    call = r.tool_calls.setdefault(tc["index"], {"id": "", "name": "", "arguments": ""})
+                    call["id"] = tc.get("id") or call["id"]
+                    fn = tc.get("function") or {}
+                    call["name"] = fn.get("name") or call["name"]
+                    call["arguments"] += fn.get("arguments") or ""
+                if ch.get("finish_reason"):
+                    r.finish_reason = ch["finish_reason"]
+            if on_event is not None and await on_event(events):
+                break
+    r.elapsed = time.perf_counter() - t0
+    return r
+
+
+# =========================================================================== validity checks
+
+
+def tool_calls_valid(calls: list[tuple[str, str]], tool_params: dict[str, dict]) -> bool:
+    """At least one call; each names a known tool and has arguments valid for its parameters."""
+    if not calls:
+        return False
+    for name, arguments in calls:
+        if name not in tool_params:
+            return False
+        try:
+            jsonschema.validate(json.loads(arguments), tool_params[name])
+        except (ValueError, jsonschema.ValidationError):
+            return False
+    return True
+
+
+def json_valid(text: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+# =========================================================================== workloads
+
+
+DOCUMENT_PEOPLE = [
+    ("Maria Lopez", "Senior Data Engineer", "Northwind Logistics", "logistics", "northwind.example", "Madrid",
+     ["Python", "Spark", "SQL"], ["Spanish", "English"], ["Iberia Freight", "DataCo"]),
+    ("Ken Sato", "Creative Director", "Sato Design", "graphic design", "sato-design.example", "Osaka",
+     ["branding", "typography"], ["Japanese", "English"], ["Dentsu"]),
+    ("Amina Okafor", "Head of Research", "Lagos Health", "healthcare", "lagoshealth.example", "Lagos",
+     ["epidemiology", "R", "statistics"], ["English", "Yoruba"], ["WHO", "Lagos University Hospital"]),
+    ("Lars Nilsen", "Fleet Manager", "Fjord Shipping", "maritime transport", "fjordship.example", "Bergen",
+     ["route planning", "safety audits"], ["Norwegian", "English", "German"], ["Hurtigruten"]),
+    ("Priya Raman", "Product Manager", "Cloudlet", "software", "cloudlet.example", "Bangalore",
+     ["roadmaps", "user research"], ["Tamil", "English", "Hindi"], ["Infosys", "Flipkart"]),
+    ("Tomasz Wrobel", "Chief Accountant", "Vistula Foods", "food production", "vistulafoods.example", "Krakow",
+     ["IFRS", "audits"], ["Polish", "English"], ["KPMG"]),
+    ("Sofia Greco", "Architect", "Studio Greco", "architecture", "studiogreco.example", "Milan",
+     ["CAD", "sustainable design"], ["Italian", "English", "French"], ["Renzo Piano Building Workshop"]),
+    ("Diego Fuentes", "Sales Lead", "Andes Mining Supply", "mining equipment", "andesmining.example", "Santiago",
+     ["negotiation", "CRM"], ["Spanish", "English"], ["Komatsu Chile"]),
+]
+
+
+def extract_document() -> str:
+    parts = ["Staff directory of the Harbor Consortium partner companies (confidential).\n"]
+    for i, (name, title, company, industry, site, city, skills, langs, prev) in enumerate(DOCUMENT_PEOPLE):
+        first = name.split()[0]
+        parts.append(
+            f"Profile {i + 1}. {name} works as {title} at {company}, a {industry} company headquartered in {city} "
+            f"(website https://www.{site}). {first} can be reached at {first.lower()}@{site} or by phone at "
+            f"+{30 + i} 555 01{i:02d} {i * 7 % 10}{i * 3 % 10}. Skills: {', '.join(skills)}. Languages: "
+            f"{', '.join(langs)}. Previously at {', '.join(prev)}. {first} joined {company} in {2010 + i} and "
+            f"mentors new staff on {skills[0]}.\n"
+        )
+    return "".join(parts)
+
+
+def agent_messages(system: str, i: int) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": USER_TASKS[i % len(USER_TASKS)]}]
+
+
+def extract_messages(doc: str, i: int) -> list[dict]:
+    name = DOCUMENT_PEOPLE[i % len(DOCUMENT_PEOPLE)][0]
+    return [{"role": "system", "content": doc},
+            {"role": "user", "content": f"Extract the record of {name} from the directory."}]
+
+
+def cold_messages(i: int) -> list[dict]:
+    lang = ["French", "Spanish", "German", "Italian"][i % 4]
+    return [{"role": "user", "content": f"Unique request {i}: describe the number {i * 7919 + 13} in {lang} words, "
+                                        f"then name {i % 5 + 2} animals whose names start with the letter "
+                                        f"{chr(65 + i % 26)}."}]
+
+
+@dataclass
+class Workload:
+    name: str
+    jobs: list[Callable[[httpx.AsyncClient], Awaitable[list[tuple[Result, bool]]]]]
+    concurrency: int
+
+
+def build_workloads(tok, n: int, concurrency: int, max_tokens: int) -> list[Workload]:
+    common = {"model": MODEL, "temperature": 0, "max_tokens": max_tokens}
+    tools = agent_tools()
+    tool_params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    system = agent_system_prompt(tok, 1500)
+    extract_schema = json.loads(EXTRACT_SCHEMA_PATH.read_text())
+    doc = extract_document()
+
+    def single(body: dict, check: Callable[[Result], bool]):
+        async def job(client: httpx.AsyncClient) -> list[tuple[Result, bool]]:
+            r = await stream_chat(client, body)
+            return [(r, check(r))]
+        return job
+
+    def agent_check(r: Result) -> bool:
+        return tool_calls_valid([(c["name"], c["arguments"]) for _, c in sorted(r.tool_calls.items())], tool_params)
+
+    agent = [single({**common, "messages": agent_messages(system, i), "tools": tools, "tool_choice": "required"},
+                    agent_check) for i in range(n)]
+    extract = [single({**common, "messages": extract_messages(doc, i), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "record", "strict": True, "schema": extract_schema}}},
+        lambda r: json_valid(r.content, extract_schema)) for i in range(n)]
+    cold = [single({**common, "messages": cold_messages(i)}, lambda r: bool(r.content.strip())) for i in range(n)]
+
+    conversations = max(1, min(concurrency, n))
+    turns = [n // conversations + (1 if c < n % conversations else 0) for c in range(conversations)]
+
+    def conversation(c: int, num_turns: int):
+        async def job(client: httpx.AsyncClient) -> list[tuple[Result, bool]]:
+            msgs = [{"role": "system", "content": f"You are tutor #{c} for a student learning geography. "
+                                                  "Answer in two or three sentences."}]
+            out = []
+            for t in range(num_turns):
+                msgs.append({"role": "user", "content": f"Question {t + 1}: what is notable about country number "
+                                                        f"{c * 7 + t} on your list, and why?"})
+                r = await stream_chat(client, {**common, "messages": msgs})
+                out.append((r, bool(r.content.strip())))
+                msgs.append({"role": "assistant", "content": r.content})
+            return out
+        return job
+
+    multi = [conversation(c, k) for c, k in enumerate(turns) if k]
+    return [
+        Workload("agent-tools", agent, concurrency),
+        Workload("multi-turn", multi, conversations),
+        Workload("json-extract", extract, concurrency),
+        Workload("cold-unique", cold, concurrency),
+    ]
+
+
+# =========================================================================== running and summarizing
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(name: str, results: list[tuple[Result, bool]], wall: float, concurrency: int) -> dict[str, Any]:
+    rs = [r for r, _ in results]
+    ok = [r for r in rs if r.status == 200 and r.error is None]
+    complete = [(r, v) for r, v in results if r.status == 200 and r.error is None and r.finish_reason in COMPLETE]
+    prompt = sum(r.prompt_tokens for r in ok)
+    return {
+        "bench": "serve", "workload": name, "requests": len(rs), "concurrency": concurrency,
+        "ttft_p50_s": percentile([r.ttft for r in ok if r.ttft is not None], 0.5),
+        "ttft_p90_s": percentile([r.ttft for r in ok if r.ttft is not None], 0.9),
+        "output_tok_s": sum(r.completion_tokens for r in ok) / wall,
+        "req_s": len(ok) / wall,
+        "cached_frac": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+        "complete_frac": len(complete) / len(rs) if rs else 0.0,
+        "valid_frac": (sum(1 for _, v in complete if v) / len(complete)) if complete else None,
+        "mean_prompt_tokens": prompt / len(ok) if ok else 0.0,
+        "mean_completion_tokens": sum(r.completion_tokens for r in ok) / len(ok) if ok else 0.0,
+        "errors": len(rs) - len(ok),
+        "wall_s": wall,
+    }
+
+
+async def run_jobs(jobs: list, concurrency: int, client: httpx.AsyncClient) -> tuple[list[tuple[Result, bool]], float]:
+    sem = asyncio.Semaphore(concurrency)
+    results: list[tuple[Result, bool]] = []
+
+    async def one(job):
+        async with sem:
+            results.extend(await job(client))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(j) for j in jobs))
+    return results, time.perf_counter() - t0
+
+
+async def run_http(url: str, workloads: list[Workload], warmup_body: dict) -> dict[str, dict]:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    out = {}
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800, connect=30), limits=limits) as client:
+        # warm-up: first forward passes, and the tool-call grammar compiled (different system prompt,
+        # so no prefix of the measured requests is cached by it)
+        w = await stream_chat(client, warmup_body)
+        if w.status != 200:
+            raise RuntimeError(f"warm-up request failed: {w.status} {w.error}")
+        for wl in workloads:
+            results, wall = await run_jobs(wl.jobs, wl.concurrency, client)
+            out[wl.name] = summarize(wl.name, results, wall, wl.concurrency)
+    return out
+
+
+# =========================================================================== in-process agent-tools
+
+
+async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool_tokens: int,
+                              warmup_messages: list[dict]) -> dict[str, Any]:
+    """The agent-tools workload straight into the engine: requests prepared by the gateway's own
+    `prepare_chat` (same template rendering, same tool-call grammar and sampling), no HTTP."""
+    import msgspec
+
+    from gateway import grammar_adapter
+    from gateway.cli import build_grammar_service
+    from gateway.preparation import prepare_chat
+    from gateway.prompt import PromptRenderer
+    from gateway.protocol import ChatCompletionRequest
+    from gateway.settings import Settings
+    from runtime.engine import Engine
+
+    engine = Engine(kv_pool_tokens=kv_pool_tokens).start()
+    grammar = build_grammar_service(engine, argparse.Namespace(
+        no_grammar_disk_cache=True, grammar_cache_dir=None, grammar_compile_timeout=10.0))
+    try:
+        renderer = PromptRenderer(engine.tokenizer)
+        settings = Settings()
+        tools = agent_tools()
+        tool_params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+        system = agent_system_prompt(engine.tokenizer, 1500)
+
+        async def prepared(messages: list[dict]):
+            body = {"model": MODEL, "messages": messages, "tools": tools, "tool_choice": "required",
+                    "temperature": 0, "max_tokens": max_tokens}
+            req = msgspec.json.decode(json.dumps(body), type=ChatCompletionRequest)
+            p = await prepare_chat(req, engine=engine, grammar_service=grammar, renderer=renderer, registry=None,
+                                   settings=settings, tenant="")
+            return p.engine_requests(1, None)[0]
+
+        async def one(spec) -> tuple[Result, bool]:
+            r = Result(status=200, prompt_tokens=len(spec.prompt_ids))
+            t0 = time.perf_counter()
+            text = ""
+            parser = grammar_adapter.ToolCallStream()  # TTFT as over HTTP: the first content or tool delta
+            async for ev in engine.submit(spec):
+                if ev.text and r.ttft is None:
+                    content, deltas = parser.feed(ev.text)
+                    if content or deltas:
+                        r.ttft = time.perf_counter() - t0
+                text += ev.text
+                if ev.finished:
+                    r.finish_reason = ev.finish_reason
+                    r.cached_tokens = ev.cached_tokens
+                    r.completion_tokens = ev.completion_tokens
+                    r.error = ev.error
+            r.elapsed = time.perf_counter() - t0
+            content, calls = grammar_adapter.parse_tool_calls(text)
+            r.content = content or ""
+            r.tool_calls = {i: {"id": c.id, "name": c.name, "arguments": c.arguments} for i, c in enumerate(calls)}
+            if calls and r.finish_reason == "stop":
+                r.finish_reason = "tool_calls"  # as the gateway reports it
+            return r, tool_calls_valid([(c.name, c.arguments) for c in calls], tool_params)
+
+        await one(await prepared(warmup_messages))  # warm-up, as for HTTP
+        specs = [await prepared(agent_messages(system, i)) for i in range(n)]
+        sem = asyncio.Semaphore(concurrency)
+
+        async def limited(spec):
+            async with sem:
+                return await one(spec)
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(limited(s) for s in specs))
+        wall = time.perf_counter() - t0
+        return summarize("agent-tools", list(results), wall, concurrency)
+    finally:
+        engine.shutdown()
+        grammar.close()
+
+
+# =========================================================================== entry point
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM → SystemExit, so `with ServerProcess(...)` and atexit still stop the server."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench serve", description="HTTP serving benchmark")
+    ap.add_argument("--requests", type=int, default=8 if quick else 12, help="requests per workload")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--kv-pool-tokens", type=int, default=32768)
+    ap.add_argument("--workloads", default="agent-tools,multi-turn,json-extract,cold-unique",
+                    help="comma-separated subset")
+    ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process agent-tools comparison")
+    return ap.parse_args(list(argv or []))
+
+
+def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
+    args = parse_args(quick, argv)
+    exit_on_sigterm()
+    from runtime.loader import load_tokenizer, resolve_model_dir
+
+    tok = load_tokenizer(resolve_model_dir())
+    wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    workloads = [w for w in build_workloads(tok, args.requests, args.concurrency, args.max_tokens) if w.name in wanted]
+    warmup_messages = [{"role": "system", "content": "Warm-up agent."}, {"role": "user", "content": "Warm up."}]
+    warmup_body = {"model": MODEL, "messages": warmup_messages, "tools": agent_tools(), "tool_choice": "required",
+                   "temperature": 0, "max_tokens": args.max_tokens}
+
+    with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-") as tmp:
+        server = ServerProcess(Path(tmp), ["--kv-pool-tokens", str(args.kv_pool_tokens)])
+        with server:
+            results = asyncio.run(run_http(server.url, workloads, warmup_body))
+            results_meta = {"server_rss_mb": server.rss_mb()}
+    inprocess = None
+    if "agent-tools" in results and not args.no_inprocess:
+        inprocess = asyncio.run(run_inprocess_agent(args.requests, args.concurrency, args.max_tokens,
+                                                    args.kv_pool_tokens, warmup_messages))
+    for name, rec in results.items():
+        if name == "agent-tools" and inprocess is not None:
+            rec["inprocess_req_s"] = inprocess["req_s"]
+            rec["inprocess_ttft_p50_s"] = inprocess["ttft_p50_s"]
+            rec["inprocess_complete_frac"] = inprocess["complete_frac"]
+            rec["inprocess_valid_frac"] = inprocess["valid_frac"]
+            rec["http_vs_inprocess"] = rec["req_s"] / inprocess["req_s"] if inprocess["req_s"] else None
+        rec["server_rss_mb"] = results_meta["server_rss_mb"]
+        emit(rec)
+
+
+if __name__ == "__main__":
+    run(quick="--quick" in sys.argv[1:], argv=[a for a in sys.argv[1:] if a != "--quick"])

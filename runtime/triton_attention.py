@@ -1,0 +1,393 @@
+"""Triton attention over the slot-based KV pool (the CUDA backend; anchor: SGLang
+`layers/attention/triton_ops/extend_attention.py` and `decode_attention.py`).
+
+Two kernels, both reading K/V through a padded slot table `[B, max_len]` (row b, column i = slot of
+request b's position i), so no request ever has a contiguous copy of its KV:
+
+- extend: the new tokens of a request (packed back to back in `q`, as in `ForwardBatch`) attend to
+  the request's cached prefix and to themselves, causally, bottom-right aligned: new token i sees
+  positions <= prefix + i. One program per (request, query head, block of new tokens); key blocks
+  past the block's last position are never visited.
+- decode: one new token per request. One program per (request, block of query heads that share a
+  KV head, KV split): grouped-query heads share each K/V tile they load, and long contexts are split
+  over the KV length (split-K / flash-decoding); a second kernel merges the splits by their
+  log-sum-exp.
+
+The K/V of this pass are already in the pool when `forward` runs (the model writes them first), so
+the extend kernel reads every key, cached or new, from the pool.
+
+Tested on CPU under `TRITON_INTERPRET=1`. The interpreter keeps bfloat16 as raw 16-bit integers
+and has no bfloat16 arithmetic, so on CPU bfloat16 tiles are widened to float32 right after loading
+(`UPCAST`); on CUDA they stay bfloat16 into `tl.dot`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.attention import AttentionBackend
+from runtime.forward_batch import ForwardBatch
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    # float32 K/V: exact products like the torch reference, not TF32.
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K, V, O, QStart, ExtLen, SeqLen, Table, sm_scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_tb,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    mblk = tl.program_id(2)
+    ext = tl.load(ExtLen + req)
+    if mblk * BLOCK_M < ext:  # the grid covers the longest extend; shorter ones skip the rest
+        seq = tl.load(SeqLen + req)
+        prefix = seq - ext
+        q_start = tl.load(QStart + req).to(tl.int64)
+        kv_head = head // GROUP
+
+        offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_n0 = tl.arange(0, BLOCK_N)
+        mask_m = offs_m < ext
+        mask_d = offs_d < HEAD_DIM
+
+        q = tl.load(Q + (q_start + offs_m[:, None]) * stride_qt + head * stride_qh + offs_d[None, :],
+                    mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        q_pos = prefix + offs_m  # absolute position of each query row
+        kv_end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)  # causal: nothing past the block's last row
+        for start_n in range(0, kv_end, BLOCK_N):
+            offs_n = start_n + offs_n0
+            mask_n = offs_n < kv_end
+            slot = tl.load(Table + req * stride_tb + offs_n, mask=mask_n, other=0).to(tl.int64)
+            k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                        mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
+            if UPCAST:
+                k = k.to(tl.float32)
+            s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
+            keep = (q_pos[:, None] >= offs_n[None, :]) & mask_n[None, :]
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # Padded query rows see only -inf: keep them finite so no NaN is ever produced.
+            m_new = tl.where(mask_m, m_new, 0.0)
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
+            if UPCAST:
+                v = v.to(tl.float32)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+            m_i = m_new
+        out = acc / tl.where(mask_m, l_i, 1.0)[:, None]
+        tl.store(O + (q_start + offs_m[:, None]) * stride_ot + head * stride_oh + offs_d[None, :],
+                 out, mask=mask_m[:, None] & mask_d[None, :])
+
+
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, MidO, MidLse, QRows, SeqLen, NumSplits, Table, sm_scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEADS_PER_PROG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    req = tl.program_id(0)
+    hblk = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = tl.load(SeqLen + req)
+    n_splits = tl.load(NumSplits + req)
+    # A split is a whole number of BLOCK_N tiles; trailing splits of a short request may be empty.
+    per_split = tl.cdiv(tl.cdiv(seq, n_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq)
+    if (split < n_splits) & (end > start):
+        row = tl.load(QRows + req).to(tl.int64)
+        first_head = hblk * HEADS_PER_PROG
+        kv_head = first_head // GROUP
+        offs_h = tl.arange(0, BLOCK_H)
+        heads = first_head + offs_h
+        mask_h = offs_h < HEADS_PER_PROG  # tl.dot wants >= 16 rows: the head group is padded
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < HEAD_DIM
+        offs_n0 = tl.arange(0, BLOCK_N)
+
+        q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        for start_n in range(start, end, BLOCK_N):
+            offs_n = start_n + offs_n0
+            mask_n = offs_n < end
+            slot = tl.load(Table + req * stride_tb + offs_n, mask=mask_n, other=0).to(tl.int64)
+            k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                        mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
+            if UPCAST:
+                k = k.to(tl.float32)
+            s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
+            s = tl.where(mask_n[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
+            if UPCAST:
+                v = v.to(tl.float32)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+            m_i = m_new
+        mid = req * stride_mb + heads * stride_mh + split * stride_ms
+        tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None],
+                 mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(MidLse + req * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_h)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    MidO, MidLse, O, QRows, SeqLen, NumSplits,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(SeqLen + req)
+    n_splits = tl.load(NumSplits + req)
+    row = tl.load(QRows + req).to(tl.int64)
+    per_split = tl.cdiv(tl.cdiv(seq, n_splits), BLOCK_N) * BLOCK_N
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    m = -float("inf")
+    total = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for split in range(0, n_splits):
+        if split * per_split < seq:  # the split kernel's emptiness rule
+            lse = tl.load(MidLse + req * stride_lb + head * stride_lh + split)
+            o = tl.load(MidO + req * stride_mb + head * stride_mh + split * stride_ms + offs_d, mask=mask_d, other=0.0)
+            m_new = tl.maximum(m, lse)
+            scale = tl.exp(m - m_new)
+            w = tl.exp(lse - m_new)
+            acc = acc * scale + w * o
+            total = total * scale + w
+            m = m_new
+    tl.store(O + row * stride_ot + head * stride_oh + offs_d, acc / total, mask=mask_d)
+
+
+# ---------------------------------------------------------------------------------------- launchers
+
+
+@dataclass
+class ExtendMetadata:
+    """Requests with several new tokens. Index tensors live on the KV pool's device."""
+
+    q_start: torch.Tensor  # int32 [B] first row of each request's new tokens in q
+    ext_lens: torch.Tensor  # int32 [B] new tokens
+    seq_lens: torch.Tensor  # int32 [B] cached prefix + new tokens
+    slot_table: torch.Tensor  # int32 [B, >= max seq_len] slot of each position
+    max_ext: int
+
+
+@dataclass
+class DecodeMetadata:
+    """Requests with one new token each."""
+
+    q_rows: torch.Tensor  # int32 [B] row of each request's token in q (and in the output)
+    seq_lens: torch.Tensor  # int32 [B]
+    slot_table: torch.Tensor  # int32 [B, >= max seq_len]
+    num_splits: torch.Tensor | None  # int32 [B] KV splits per request, 1..max_splits (None: not yet sized)
+    max_splits: int  # grid size over splits (fixed for a CUDA graph)
+
+
+@functools.lru_cache(maxsize=256)
+def decode_head_blocks(num_heads: int, num_kv_heads: int) -> tuple[int, int, int]:
+    """(query heads per decode program, programs per request, padded head rows for tl.dot)."""
+    if num_heads % num_kv_heads:
+        raise ValueError(f"attention: {num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    group = num_heads // num_kv_heads
+    per_prog = group if group <= 16 else math.gcd(group, 16)
+    return per_prog, num_heads // per_prog, max(16, triton.next_power_of_2(per_prog))
+
+
+def _upcast(dtype: torch.dtype, on_gpu: bool) -> bool:
+    return not on_gpu and dtype == torch.bfloat16  # see the module docstring
+
+
+@functools.lru_cache(maxsize=256)  # called per layer: keep the launch path short
+def extend_config(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool,
+                  block_m: int | None = None, block_n: int | None = None) -> dict:
+    """The extend kernel's compile-time parameters and launch options."""
+    if heads % kv_heads:
+        raise ValueError(f"attention: {heads} query heads are not a multiple of {kv_heads} KV heads")
+    wide = on_gpu and dtype != torch.float32  # float32 tiles take twice the shared memory
+    return dict(
+        GROUP=heads // kv_heads, HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        BLOCK_M=block_m or (64 if wide else 32), BLOCK_N=block_n or (64 if wide else 32),
+        UPCAST=_upcast(dtype, on_gpu), IEEE=dtype == torch.float32,
+        num_warps=4 if dim <= 64 else 8, num_stages=2,
+    )
+
+
+@functools.lru_cache(maxsize=256)  # called per layer: keep the launch path short
+def decode_config(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool,
+                  block_n: int | None = None) -> tuple[int, dict, dict]:
+    """(programs per request over heads, split kernel parameters, merge kernel parameters)."""
+    per_prog, head_blocks, block_h = decode_head_blocks(heads, kv_heads)
+    block_d = max(16, triton.next_power_of_2(dim))
+    block_n = block_n or ((64 if dim <= 64 else 32) if on_gpu else 16)
+    split = dict(GROUP=heads // kv_heads, HEADS_PER_PROG=per_prog, HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_H=block_h,
+                 BLOCK_N=block_n, UPCAST=_upcast(dtype, on_gpu), IEEE=dtype == torch.float32,
+                 num_warps=4, num_stages=2)
+    merge = dict(HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=2)
+    return head_blocks, split, merge
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                     meta: ExtendMetadata, block_m: int | None = None, block_n: int | None = None) -> None:
+    """Write the extend rows of `out` ([T, H, D], like q). Caches: [num_slots, KVH, D]."""
+    batch = meta.ext_lens.shape[0]
+    if batch == 0:
+        return
+    _, heads, dim = q.shape
+    cfg = extend_config(heads, k_cache.shape[1], dim, q.dtype, q.device.type == "cuda", block_m, block_n)
+    grid = (batch, heads, triton.cdiv(meta.max_ext, cfg["BLOCK_M"]))
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out, meta.q_start, meta.ext_lens, meta.seq_lens, meta.slot_table, 1.0 / math.sqrt(dim),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        out.stride(0), out.stride(1), meta.slot_table.stride(0), **cfg,
+    )
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                     meta: DecodeMetadata, block_n: int | None = None) -> None:
+    """Write the decode rows of `out`. Launches a fixed grid with no host sync, so it can be
+    captured in a CUDA graph when the metadata tensors are static buffers."""
+    batch = meta.seq_lens.shape[0]
+    if batch == 0:
+        return
+    _, heads, dim = q.shape
+    head_blocks, split_cfg, merge_cfg = decode_config(heads, k_cache.shape[1], dim, q.dtype,
+                                                      q.device.type == "cuda", block_n)
+    splits = meta.max_splits
+    mid_o = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(batch, head_blocks, splits)](
+        q, k_cache, v_cache, mid_o, mid_lse, meta.q_rows, meta.seq_lens, meta.num_splits, meta.slot_table,
+        1.0 / math.sqrt(dim),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        meta.slot_table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), **split_cfg,
+    )
+    _decode_merge_kernel[(batch, heads)](
+        mid_o, mid_lse, out, meta.q_rows, meta.seq_lens, meta.num_splits,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1), **merge_cfg,
+    )
+
+
+def num_kv_splits(seq_lens: torch.Tensor, max_splits: int, min_split_tokens: int) -> torch.Tensor:
+    """Splits per request: one per `min_split_tokens` keys, at most `max_splits`. Device ops only
+    (it runs inside the decode CUDA graph)."""
+    return torch.clamp((seq_lens + (min_split_tokens - 1)) // min_split_tokens, 1, max_splits).to(torch.int32)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def default_max_splits(batch: int, head_blocks: int, device: torch.device) -> int:
+    """Enough split programs to give every SM about two, and no more than 16 splits."""
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    want = -(-2 * _SM_COUNT[index] // max(1, batch * head_blocks))
+    return int(min(16, max(1, triton.next_power_of_2(want))))
+
+
+def _slot_table(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    table = torch.nn.utils.rnn.pad_sequence([r.reshape(-1) for r in rows], batch_first=True)
+    return table.to(dtype=torch.int32).to(device, non_blocking=True)
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Extend requests through the extend kernel, single-token requests through split-K decode.
+
+    `prepare` builds the int32 index tensors (request offsets, lengths, padded slot tables) once
+    per pass; every layer's `forward` reuses them.
+    """
+
+    name = "triton"
+
+    def __init__(self, max_kv_splits: int | None = None, min_split_tokens: int = 256,
+                 extend_blocks: tuple[int, int] | None = None, decode_block_n: int | None = None):
+        self.max_kv_splits = max_kv_splits  # None: sized from the batch and the GPU's SM count
+        self.min_split_tokens = min_split_tokens
+        self.extend_blocks = extend_blocks or (None, None)
+        self.decode_block_n = decode_block_n
+        self.extend: ExtendMetadata | None = None
+        self.decode: DecodeMetadata | None = None
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        device = batch.input_ids.device
+        ext_rows, dec_rows = [], []
+        offset = 0
+        for i, ext in enumerate(batch.extend_lens):
+            (dec_rows if ext == 1 else ext_rows).append((i, offset))
+            offset += ext
+        self.extend = self.decode = None
+        if ext_rows:
+            idx = [i for i, _ in ext_rows]
+            ext = [batch.extend_lens[i] for i in idx]
+            ints = torch.tensor([[o for _, o in ext_rows], ext, [batch.seq_lens[i] for i in idx]],
+                                dtype=torch.int32).to(device, non_blocking=True)
+            self.extend = ExtendMetadata(ints[0], ints[1], ints[2],
+                                         _slot_table([batch.slot_rows[i] for i in idx], device), max(ext))
+        if dec_rows:
+            idx = [i for i, _ in dec_rows]
+            ints = torch.tensor([[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx]],
+                                dtype=torch.int32).to(device, non_blocking=True)
+            # The split count needs the head layout, which the first `forward` brings.
+            self.decode = DecodeMetadata(ints[0], ints[1], _slot_table([batch.slot_rows[i] for i in idx], device),
+                                         num_splits=None, max_splits=0)
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        if self.extend is not None:
+            bm, bn = self.extend_blocks
+            extend_attention(q, k_cache, v_cache, out, self.extend, bm, bn)
+        if self.decode is not None:
+            if self.decode.num_splits is None:
+                d = self.decode
+                _, head_blocks, _ = decode_head_blocks(q.shape[1], k_cache.shape[1])
+                # Sized for the batch rounded up to a power of two, as the decode CUDA graphs are,
+                # so eager and replayed passes split the same way.
+                d.max_splits = self.max_kv_splits or default_max_splits(
+                    triton.next_power_of_2(d.seq_lens.shape[0]), head_blocks, q.device)
+                d.num_splits = num_kv_splits(d.seq_lens, d.max_splits, self.min_split_tokens)
+            decode_attention(q, k_cache, v_cache, out, self.decode, self.decode_block_n)
+        return out

@@ -1,0 +1,282 @@
+"""Pathological grammars (real tokenizer, real xgrammar): deep nesting, huge enums, recursive and
+circular $ref chains, catastrophic regex shapes, specs of about 1 MB. Each one either compiles
+within the time limit or is refused with a clear GrammarSpecError / GrammarCompileTimeout, and while
+a slow compile runs, other compiles and the gateway's event loop keep being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from grammar import CompiledGrammarHandle, GrammarCompileTimeout, GrammarService, GrammarSpec, GrammarSpecError
+from grammar.limits import MAX_JSON_DEPTH, MAX_SPEC_BYTES
+
+COMPILE_LIMIT_S = 20.0  # the service's limit for the parametrized cases
+SLACK_S = 5.0  # scheduling noise on a shared CPU
+
+
+@pytest.fixture(scope="module")
+def vocab_size(smollm_dir):
+    from runtime.loader import read_config
+
+    return read_config(smollm_dir).vocab_size
+
+
+@pytest.fixture(scope="module")
+def service(tokenizer, vocab_size):
+    svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=COMPILE_LIMIT_S)
+    yield svc
+    svc.close()
+
+
+def accepts(handle: CompiledGrammarHandle, tokenizer, text: str) -> bool:
+    matcher = handle.new_matcher()
+    return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False)) and matcher.is_completed()
+
+
+def nested_objects(levels: int) -> dict:
+    schema: dict = {"type": "string", "maxLength": 3}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"k": schema}, "required": ["k"], "additionalProperties": False}
+    return schema
+
+
+def required_integers(n: int) -> dict:
+    """Many required properties: a real schema whose compile takes seconds (super-linear in n)."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+            "required": [f"p{i}" for i in range(n)], "additionalProperties": False}
+
+
+# Each case: a spec, and what the outcome must be: ("ok", texts it must accept, texts it must reject)
+# or ("refused", a fragment of the message).
+CASES = {
+    "nested-within-limit": (
+        GrammarSpec.json_schema(nested_objects(MAX_JSON_DEPTH // 2 - 2)),
+        ("ok", ['{"k":' * (MAX_JSON_DEPTH // 2 - 2) + '"abc"' + "}" * (MAX_JSON_DEPTH // 2 - 2)], ['{"k":1}']),
+    ),
+    "nested-past-limit": (GrammarSpec.json_schema(nested_objects(MAX_JSON_DEPTH)), ("refused", "nested deeper")),
+    "enum-20k-strings": (
+        GrammarSpec.json_schema({"type": "object", "properties": {"v": {"enum": [f"value_{i}" for i in range(20000)]}},
+                                 "required": ["v"], "additionalProperties": False}),
+        ("ok", ['{"v":"value_0"}', '{"v":"value_19999"}'], ['{"v":"value_20000"}', '{"v":"other"}']),
+    ),
+    "enum-20k-integers": (GrammarSpec.json_schema({"enum": list(range(20000))}), ("ok", ["0", "19999"], ["20000"])),
+    "ref-cycle": (
+        GrammarSpec.json_schema({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                                 "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}),
+        ("refused", "Circular $ref"),
+    ),
+    "ref-self": (
+        GrammarSpec.json_schema({"$defs": {"a": {"$ref": "#/$defs/a"}}, "type": "object",
+                                 "properties": {"x": {"$ref": "#/$defs/a"}}}),
+        ("refused", "Circular $ref"),
+    ),
+    "ref-root-to-root": (GrammarSpec.json_schema({"$ref": "#"}), ("refused", "Circular $ref")),
+    "ref-to-nowhere": (
+        GrammarSpec.json_schema({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}),
+        ("refused", "does not resolve"),
+    ),
+    "recursive-tree": (
+        GrammarSpec.json_schema({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 5}, "children": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["name", "children"], "additionalProperties": False}),
+        ("ok", ['{"name":"a","children":[{"name":"b","children":[{"name":"c","children":[]}]}]}'],
+         ['{"name":"a","children":[{"name":"b"}]}']),
+    ),
+    "ref-chain-500": (
+        GrammarSpec.json_schema({
+            "$defs": {**{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(500)}, "d500": {"type": "integer"}},
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "required": ["x"],
+            "additionalProperties": False}),
+        ("ok", ['{"x":42}'], ['{"x":"42"}']),
+    ),
+    "regex-nested-plus": (GrammarSpec.regex("(a+)+$"), ("ok", ["a", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"], ["aab"])),
+    "regex-alternation-star": (GrammarSpec.regex("(a|a)*b"), ("ok", ["b", "aaaaaab"], ["aaaa"])),
+    "regex-star-star": (GrammarSpec.regex("(a*)*b"), ("ok", ["aaab"], ["aaac"])),
+    "regex-overlapping-plus": (GrammarSpec.regex("(x+x+)+y"), ("ok", ["xxy", "xxxxxxxxy"], ["xy"])),
+    "regex-nested-counts": (GrammarSpec.regex("((a{1,30}){1,30}){1,30}"), ("ok", ["a" * 50], ["b"])),
+    "regex-long-counts": (GrammarSpec.regex("[a-z]{1,500}[0-9]{1,500}"), ("ok", ["abc123"], ["123abc"])),
+    "schema-with-catastrophic-pattern": (
+        GrammarSpec.json_schema({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
+                                 "required": ["s"], "additionalProperties": False}),
+        ("ok", ['{"s":"aaaa"}'], ['{"s":"aab"}']),
+    ),
+    "schema-near-1mb": (
+        GrammarSpec.json_schema({"type": "object", "description": "d" * (MAX_SPEC_BYTES - 2000),
+                                 "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+                                 "additionalProperties": False}),
+        ("ok", ['{"a":true}'], ['{"a":1}']),
+    ),
+    "schema-over-1mb": (
+        GrammarSpec.json_schema({"type": "object", "properties": {
+            f"p{i}": {"type": "string", "description": "x" * 100} for i in range(10000)}}),
+        ("refused", f"over the {MAX_SPEC_BYTES}-byte limit"),
+    ),
+    "regex-over-1mb": (GrammarSpec.regex("a" * (MAX_SPEC_BYTES + 1)), ("refused", "byte limit")),
+    "ebnf-left-recursion": (GrammarSpec.ebnf('root ::= root "a" | "b"'), ("either", None)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_pathological_spec_compiles_in_time_or_is_refused_clearly(name, service, tokenizer):
+    spec, expected = CASES[name]
+    started = time.monotonic()
+    try:
+        handle = service.compile(spec)
+        error = None
+    except GrammarSpecError as e:  # GrammarCompileTimeout is one too
+        handle, error = None, e
+    elapsed = time.monotonic() - started
+    assert elapsed < COMPILE_LIMIT_S + SLACK_S, f"{name} took {elapsed:.1f} s"
+
+    if error is not None:
+        # a refusal always says what is wrong, and for which request parameter
+        assert error.message and error.param == spec.param, error
+        if isinstance(error, GrammarCompileTimeout):
+            assert "took longer than" in error.message
+            return  # too slow on this machine: refused as too complex, which is allowed
+    kind = expected[0]
+    if kind == "refused":
+        assert error is not None, f"{name} should be refused"
+        assert expected[1] in str(error), str(error)
+    elif kind == "ok":
+        assert error is None, f"{name} was refused: {error}"
+        _, good, bad = expected
+        for text in good:
+            assert accepts(handle, tokenizer, text), (name, text)
+        for text in bad:
+            assert not accepts(handle, tokenizer, text), (name, text)
+
+
+def test_a_refusal_is_fast_and_cached_specs_stay_fast(service):
+    """Limits are checked before any work, so hostile sizes cost almost nothing; a repeat of a
+    compiled pathological spec is a memory hit."""
+    started = time.monotonic()
+    with pytest.raises(GrammarSpecError):
+        service.compile(CASES["schema-over-1mb"][0])
+    with pytest.raises(GrammarSpecError):
+        service.compile(CASES["nested-past-limit"][0])
+    assert time.monotonic() - started < 2.0
+    service.compile(CASES["enum-20k-strings"][0])
+    started = time.monotonic()
+    service.compile(CASES["enum-20k-strings"][0])
+    assert time.monotonic() - started < 0.5
+
+
+# --------------------------------------------------------------------------- slow compiles do not block others
+
+
+SLOW = GrammarSpec.json_schema(required_integers(4000))  # ~2-4 s of real xgrammar work here
+NORMAL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+          "additionalProperties": False}
+
+
+def test_other_compiles_are_served_while_a_slow_one_runs(tokenizer, vocab_size):
+    svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=60, workers=2)
+    try:
+        outcome: dict = {}
+
+        def slow():
+            t0 = time.monotonic()
+            outcome["handle"] = svc.compile(SLOW)
+            outcome["slow_s"] = time.monotonic() - t0
+            outcome["done_at"] = time.monotonic()
+
+        worker = threading.Thread(target=slow)
+        worker.start()
+        time.sleep(0.2)  # the slow compile is under way
+        fast_times = []
+        for i in range(3):
+            t0 = time.monotonic()
+            handle = svc.compile(GrammarSpec.json_schema({**NORMAL, "title": f"normal-{i}"}))
+            fast_times.append(time.monotonic() - t0)
+            assert accepts(handle, tokenizer, '{"city":"Oslo"}')
+        fast_done_at = time.monotonic()
+        worker.join(60)
+        assert not worker.is_alive() and "handle" in outcome
+        assert max(fast_times) < 1.5, fast_times
+        if outcome["slow_s"] > 1.0:  # on a machine where it was slow at all, the others did not wait for it
+            assert fast_done_at < outcome["done_at"], (fast_times, outcome["slow_s"])
+    finally:
+        svc.close()
+
+
+def test_a_real_slow_compile_times_out_clearly_and_lands_in_the_cache_later(tokenizer, vocab_size):
+    svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=0.3, workers=1)
+    try:
+        t0 = time.monotonic()
+        try:
+            svc.compile(SLOW)
+            timed_out = False
+        except GrammarCompileTimeout as e:
+            timed_out = True
+            assert "took longer than 0.3 s" in e.message and e.param == "response_format"
+        assert time.monotonic() - t0 < 2.0
+        # the only worker is busy with the abandoned compile, yet a normal spec compiles at once
+        t0 = time.monotonic()
+        assert svc.compile(GrammarSpec.json_schema(NORMAL)) is not None
+        assert time.monotonic() - t0 < 1.5
+        if timed_out:
+            assert svc.stats().abandoned_compiles_running <= 1
+        # the abandoned compile finishes in the background and is cached: a retry is a hit
+        deadline = time.monotonic() + 60
+        while svc.get_cached(SLOW) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        svc.compile(SLOW)
+        assert time.monotonic() - t0 < 0.5
+        deadline = time.monotonic() + 10
+        while svc.stats().abandoned_compiles_running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert svc.stats().abandoned_compiles_running == 0
+    finally:
+        svc.close()
+
+
+def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, vocab_size, tmp_path):
+    """Through the ASGI app (FakeEngine, real GrammarService): a chat request with a slow schema
+    compiles on a worker; meanwhile /health answers within 100 ms and a normal request completes."""
+    from gateway.app import create_app
+    from gateway.settings import Settings
+    from tests.conftest import FakeEngine
+
+    svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=60, workers=2)
+    app = create_app(FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192), svc,
+                     Settings(registry_dir=str(tmp_path / "registry")))
+    model = "SmolLM2-135M-Instruct"
+    user = [{"role": "user", "content": "hi"}]
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+            slow = asyncio.ensure_future(client.post("/v1/schemas", json={"schema": SLOW.payload}))
+            await asyncio.sleep(0.3)
+            health_s = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                r = await client.get("/health")
+                health_s.append(time.perf_counter() - t0)
+                assert r.status_code == 200
+                await asyncio.sleep(0.02)
+            t0 = time.perf_counter()
+            normal = await client.post("/v1/chat/completions", json={
+                "model": model, "messages": user, "max_tokens": 8,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NORMAL}}})
+            normal_s = time.perf_counter() - t0
+            slow_resp = await asyncio.wait_for(slow, 90)
+            return health_s, normal, normal_s, slow_resp, slow.done()
+
+    try:
+        health_s, normal, normal_s, slow_resp, _ = asyncio.run(scenario())
+    finally:
+        svc.close()
+    assert normal.status_code == 200, normal.text
+    assert sorted(health_s)[len(health_s) // 2] < 0.1, health_s  # median under 100 ms
+    assert max(health_s) < 0.5, health_s
+    assert normal_s < 2.0, normal_s
+    assert slow_resp.status_code in (200, 201), slow_resp.text

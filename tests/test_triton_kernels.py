@@ -1,0 +1,319 @@
+"""The CUDA path, checked on CPU: Triton kernels run under the Triton interpreter at tiny sizes
+(`tests/conftest.py` turns it on before triton is first imported when there is no GPU; on a GPU
+machine the same tests run the compiled kernels on CUDA tensors).
+
+- extend + split-K decode attention equal `TorchAttentionBackend` (mixed lengths, cached prefixes,
+  GQA 1/2/4, float32/float16/bfloat16, a head_dim that is not a power of two);
+- the bitmask kernel equals the torch mask; `apply_token_bitmask` picks torch on CPU;
+- the engine gives the same greedy tokens with `attention_backend="triton"` as with torch;
+- the CUDA-graph decode runner's static buffers and padding equal an eager pass (captured on GPU);
+- `bench/device_check.sh --smoke` runs, and the bf16 kernels compile for sm_90 (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bench.device_check import SMOKE, attention_case, build_model
+from runtime.attention import TorchAttentionBackend, make_attention_backend, triton_interpreter_enabled
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+from runtime.sampler import apply_bitmask_, apply_token_bitmask
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+ON_GPU = torch.cuda.is_available() and not triton_interpreter_enabled()
+DEV = torch.device("cuda") if ON_GPU else CPU
+FP32_TOL = 1e-4 if ON_GPU else 1e-5
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The kernel modules, imported lazily (only these tests need triton)."""
+    if not ON_GPU and not triton_interpreter_enabled():
+        pytest.skip("no GPU and TRITON_INTERPRET is off: Triton kernels cannot run here")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from runtime import cuda_graphs, triton_attention, triton_bitmask
+
+    interpreted = isinstance(triton_attention._extend_kernel, InterpretedFunction)
+    assert interpreted == (not ON_GPU), "kernel modules were imported before TRITON_INTERPRET was set"
+    return SimpleNamespace(attn=triton_attention, bitmask=triton_bitmask, graphs=cuda_graphs)
+
+
+# ------------------------------------------------------------------------------------------ attention
+
+# (seq_len, extend_len): plain prefill, decodes (one reaches 4 splits with an empty last one),
+# extends after a cached prefix, a 1-token request.
+SPECS = [(20, 20), (37, 1), (45, 13), (1, 1), (70, 1), (9, 3)]
+
+
+@pytest.mark.parametrize("dtype,heads,kv_heads,dim,atol", [
+    (torch.float32, 4, 4, 16, FP32_TOL),
+    (torch.float32, 4, 2, 24, FP32_TOL),  # head_dim 24: padded to a 32-wide tile
+    (torch.float32, 8, 2, 16, FP32_TOL),
+    (torch.float16, 8, 2, 16, 2e-3),
+    (torch.bfloat16, 4, 2, 16, 2e-2),
+])
+def test_attention_matches_torch_backend(kernels, dtype, heads, kv_heads, dim, atol):
+    q, k, v, batch = attention_case(SPECS, heads, kv_heads, dim, dtype, DEV, slots=200, seed=heads + dim)
+    ref = TorchAttentionBackend()
+    ref.prepare(batch)
+    want = ref.forward(q, k, v).float()
+    for splits in (1, 4):
+        tri = kernels.attn.TritonAttentionBackend(max_kv_splits=splits, min_split_tokens=16, extend_blocks=(16, 16))
+        tri.prepare(batch)
+        got = tri.forward(q, k, v)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, atol=atol, rtol=0, msg=f"kv splits {splits}")
+
+
+def test_decode_only_and_extend_only_batches(kernels):
+    for specs in ([(5, 1), (33, 1), (2, 1)], [(12, 12), (30, 7)]):
+        q, k, v, batch = attention_case(specs, 4, 2, 16, torch.float32, DEV, slots=100, seed=3)
+        ref = TorchAttentionBackend()
+        ref.prepare(batch)
+        tri = kernels.attn.TritonAttentionBackend(max_kv_splits=2, min_split_tokens=8)
+        tri.prepare(batch)
+        assert (tri.extend is None) == all(e == 1 for e in batch.extend_lens)
+        assert (tri.decode is None) == all(e > 1 for e in batch.extend_lens)
+        torch.testing.assert_close(tri.forward(q, k, v), ref.forward(q, k, v), atol=FP32_TOL, rtol=0)
+
+
+def test_split_counts(kernels):
+    ta = kernels.attn
+    seq = torch.tensor([1, 16, 17, 300], dtype=torch.int32)
+    assert ta.num_kv_splits(seq, 4, 16).tolist() == [1, 1, 2, 4]
+    assert ta.default_max_splits(64, 8, CPU) >= 1
+    per_prog, blocks, block_h = ta.decode_head_blocks(32, 8)
+    assert (per_prog, blocks, block_h) == (4, 8, 16)
+    with pytest.raises(ValueError, match="multiple"):
+        ta.decode_head_blocks(6, 4)
+
+
+# ------------------------------------------------------------------------------------------ bitmask
+
+
+def _random_mask(b: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), generator=g, dtype=torch.int64).to(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitmask_kernel_matches_torch(kernels, dtype):
+    b, vocab = 5, 1000  # not a multiple of 32, nor of the kernel's block
+    logits = torch.randn(b, vocab, generator=torch.Generator().manual_seed(1)).to(device=DEV, dtype=dtype)
+    mask = _random_mask(b, vocab, 2).to(DEV)
+    for rows in (torch.tensor([0, 3, 4], device=DEV), None):
+        want, got = logits.clone(), logits.clone()
+        apply_bitmask_(want, mask, rows)
+        kernels.bitmask.apply_token_bitmask_triton(got, mask, rows, block=256)
+        assert torch.equal(got, want)
+
+
+def test_apply_token_bitmask_on_cpu_uses_torch_and_only_the_given_rows():
+    b, vocab = 4, 70
+    logits = torch.randn(b, vocab)
+    mask = _random_mask(b, vocab, 3)
+    out = logits.clone()
+    apply_token_bitmask(out, mask, torch.tensor([1, 2]))
+    assert torch.equal(out[0], logits[0]) and torch.equal(out[3], logits[3])
+    for r in (1, 2):
+        allowed = [bool((int(mask[r, t // 32]) >> (t % 32)) & 1) for t in range(vocab)]
+        assert [not torch.isinf(x).item() for x in out[r]] == allowed
+    full = logits.clone()
+    apply_token_bitmask(full, torch.full((b, 3), -1, dtype=torch.int32))  # all allowed: unchanged
+    assert torch.equal(full, logits)
+    with pytest.raises(ValueError, match="covering"):
+        apply_token_bitmask(logits, torch.zeros(b, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="must be"):
+        apply_token_bitmask(logits, torch.zeros(b + 1, 3, dtype=torch.int32))
+
+
+# ------------------------------------------------------------------------------------------ selection
+
+
+def test_backend_selection(monkeypatch, kernels):
+    assert make_attention_backend("auto", CPU).name == "torch"
+    assert make_attention_backend("torch", CPU).name == "torch"
+    assert make_attention_backend("auto", torch.device("cuda")).name == "triton"  # builds nothing on CUDA yet
+    with pytest.raises(ValueError, match="attention_backend"):
+        make_attention_backend("flash", CPU)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert make_attention_backend("triton", CPU).name == "triton"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA"):
+        make_attention_backend("triton", CPU)
+    model, kv = _tiny_model(CPU)
+    with pytest.raises(ValueError, match="CUDA"):
+        kernels.graphs.DecodeCudaGraphs(model, kv, 4, 64)  # capture needs a GPU
+
+
+def test_cli_flags_map_to_engine_config():
+    from gateway.cli import build_parser, engine_config
+
+    cfg = engine_config(build_parser().parse_args(["serve"]))
+    assert cfg.attention_backend == "auto" and cfg.cuda_graphs is True
+    cfg = engine_config(build_parser().parse_args(["serve", "--attention-backend", "triton", "--no-cuda-graphs"]))
+    assert cfg.attention_backend == "triton" and cfg.cuda_graphs is False
+
+
+# ------------------------------------------------------------------------------------------ model level
+
+
+def _tiny_model(device=DEV):
+    cfg, model, _ = build_model(SMOKE["model"], device, torch.float32, max_positions=128)
+    return model, KVPool(cfg.num_layers, 96, cfg.num_kv_heads, cfg.head_dim, torch.float32, device)
+
+
+def test_decode_graph_buffers_and_padding_match_eager(kernels):
+    """The CUDA-graph runner's static-buffer pass (eager on CPU, captured graphs on a GPU): batch 3
+    padded to 4, then batch 2 in the same graph, whose stale third row must write only scratch."""
+    model, kv = _tiny_model()
+    vocab = model.cfg.vocab_size
+    lens = [9, 4, 13]
+    slots = [torch.arange(i * 32, i * 32 + 32) for i in range(3)]
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
+    torch_attn = TorchAttentionBackend()
+    # the engine's layout: ids, positions and logits rows on the device; slots on the host
+    prefill = ForwardBatch(torch.cat(ids).to(DEV), torch.cat([torch.arange(n) for n in lens]).to(DEV),
+                           torch.cat([s[:n] for s, n in zip(slots, lens)]), lens, lens,
+                           [s[:n] for s, n in zip(slots, lens)], torch.tensor([8, 12, 25], device=DEV))
+    model.forward(prefill, kv, torch_attn)
+    graphs = kernels.graphs.DecodeCudaGraphs(model, kv, 4, 64, batch_sizes=(1, 4), capture=ON_GPU,
+                                             min_split_tokens=4, max_kv_splits=2)
+
+    def decode(rows):
+        nxt = torch.randint(0, vocab, (len(rows),), generator=g)
+        return ForwardBatch(nxt.to(DEV), torch.tensor([lens[r] for r in rows], device=DEV),
+                            torch.stack([slots[r][lens[r]] for r in rows]), [1] * len(rows),
+                            [lens[r] + 1 for r in rows], [slots[r][: lens[r] + 1] for r in rows],
+                            torch.arange(len(rows), device=DEV))
+
+    for rows in ([0, 1, 2], [1, 2]):
+        batch = decode(rows)
+        assert graphs.can_run(batch)
+        before = [t.clone() for t in kv.k + kv.v]
+        got = graphs.run(batch).clone()
+        after_graph = [t.clone() for t in kv.k + kv.v]
+        for t, b in zip(kv.k + kv.v, before):
+            t.copy_(b)
+        want = model.forward(batch, kv, torch_attn)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        for mine, eager in zip(after_graph, kv.k + kv.v):  # the same K/V in real slots; padding only in scratch
+            torch.testing.assert_close(mine[:-1], eager[:-1], atol=1e-6, rtol=0)
+            assert mine[kv.scratch_slot].abs().sum() > 0
+        for r in rows:
+            lens[r] += 1
+    extend = ForwardBatch(torch.tensor([1, 2]), torch.tensor([lens[0], lens[0] + 1]), slots[0][lens[0]:lens[0] + 2],
+                          [2], [lens[0] + 2], [slots[0][: lens[0] + 2]], torch.tensor([1]))
+    assert not graphs.can_run(extend)  # extend passes run eagerly
+
+
+class _ThreeTokens:
+    """A toy grammar for the engine test: step i allows exactly the tokens in `allowed(i)`."""
+
+    @staticmethod
+    def allowed(i: int) -> list[int]:
+        return [101 + 7 * i, 2003 + i, 39007 - 5 * i]
+
+    def new_matcher(self):
+        return self
+
+    def __init__(self):
+        self.n = 0
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = 0
+        for t in self.allowed(self.n):
+            word = int(bitmask[row, t // 32]) | (1 << (t % 32))
+            bitmask[row, t // 32] = word - (1 << 32) if word >= 1 << 31 else word
+
+    def accept(self, token_id: int) -> bool:
+        ok = token_id in self.allowed(self.n)
+        self.n += ok
+        return ok
+
+    def rollback(self, num_tokens: int) -> None:
+        self.n -= num_tokens
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def is_completed(self) -> bool:
+        return False
+
+    def jump_forward_tokens(self) -> list[int]:
+        return []
+
+
+def test_engine_greedy_tokens_equal_torch_backend(kernels, tiny_model_dir):
+    """Chunked prefill (extends after cached prefixes), a shared prefix hit, then batched decode
+    with one grammar-constrained request among free ones (the mask applies to that row only)."""
+    from runtime.api import GenerateRequest
+    from runtime.engine import Engine
+    from runtime.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randint(100, 40000, (24,), generator=g).tolist()
+    prompts = [shared + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (14, 3)]
+    prompts.append(torch.randint(100, 40000, (9,), generator=g).tolist())
+    outs = {}
+    for backend in ("torch", "triton"):
+        engine = Engine(model=str(tiny_model_dir), device=DEV.type, dtype="float32", attention_backend=backend,
+                        kv_pool_tokens=512, chunked_prefill_tokens=16, max_running_requests=4, debug_invariants=True)
+        assert engine.attn.name == backend
+        assert (engine.cuda_graphs is not None) == (ON_GPU and backend == "triton")
+        try:
+            first = engine.generate(prompts[0], SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True))
+            greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+            rest = engine.generate_many([GenerateRequest(prompts[1], greedy, constraint=_ThreeTokens()),
+                                         GenerateRequest(prompts[2], greedy)])
+        finally:
+            engine.shutdown()
+        assert rest[0].cached_tokens >= len(shared)
+        assert all(t in _ThreeTokens.allowed(i) for i, t in enumerate(rest[0].token_ids))
+        outs[backend] = [first.token_ids] + [r.token_ids for r in rest]
+    assert outs["triton"] == outs["torch"]
+    assert outs["torch"][2] != outs["torch"][1]  # the free request was not masked
+
+
+# ------------------------------------------------------------------------------------------ scripts
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1", **extra)
+    return env
+
+
+@pytest.mark.slow
+def test_device_check_smoke_runs_on_cpu():
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh"), "--smoke"], cwd=ROOT,
+                          env=_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=170)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = lines[-1]
+    assert summary["section"] == "summary" and summary["ok"], summary
+    seen = {r.get("section") or r.get("check") for r in lines}
+    assert {"attention", "bitmask", "cuda_graph_decode", "model", "decode_attention", "imports"} <= seen
+    assert any(r.get("batch") == 3 and r.get("check") == "cuda_graph_decode" for r in lines)  # padded 3 -> 4
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90():
+    """Ahead-of-time compile (triton ships ptxas): catches GPU-only compile errors here."""
+    proc = subprocess.run([sys.executable, "-m", "bench.device_check", "--aot", "90", "--quick"], cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines and all(r["ok"] for r in lines), proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert {r["kernel"].split()[0] for r in lines} == {"extend", "decode", "merge", "bitmask"}
