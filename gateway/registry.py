@@ -10,6 +10,7 @@ touch a path, so no id can escape the folder; another tenant's id is simply not 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import tempfile
@@ -21,6 +22,8 @@ from typing import Any
 import msgspec
 
 from gateway.protocol import SchemaEntry
+
+log = logging.getLogger("jumpgate.gateway.registry")
 
 ID_RE = re.compile(r"^sch_[0-9a-f]{16,64}$")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -121,5 +124,8 @@ class SchemaRegistry:
             return msgspec.json.decode(path.read_bytes(), type=SchemaEntry)
         except FileNotFoundError:
             return None
-        except (msgspec.DecodeError, msgspec.ValidationError, OSError):
-            return None  # a damaged file reads as absent; a fresh upload rewrites it
+        except (msgspec.DecodeError, msgspec.ValidationError, OSError) as e:
+            # a damaged file reads as absent; a fresh upload rewrites it
+            log.warning("schema registry: ignoring damaged entry %s (%s: %s); upload it again to rebuild it",
+                        path, type(e).__name__, str(e)[:200])
+            return None

@@ -8,13 +8,15 @@ The plan is greedy over token classes, tried in order at each state:
 4. closers that also carry a comma (a number ends; the next array item or property begins);
 5. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
 6. any single-character token the grammar allows (a pattern, an enum, a minLength).
-A candidate is taken only if it makes progress. Inside text (a string, a regex) `]` and `}` are
-just characters, and a `"` that may be followed by another `"` opened a string rather than closing
-one; a comma, a minimal value or a character counts only if it leads to a state the plan has not
-met since the last forced text (`0` after `1` in an integer is just another digit). When nothing
-makes progress (a counted repetition such as `[0-9]{5}`), the first candidate not yet taken from
-such a state is taken, so the plan keeps moving. States are told apart by their token mask plus,
-where xgrammar shows them, its parser states.
+Inside text (a string, a regex: where plain letters are allowed) `]`, `}`, `,` and `0` are just
+characters, so there the order is string closers, single characters (newline and space first),
+then the rest. A candidate is taken only if it makes progress: a `"` that may be followed by
+another `"` opened a string rather than closing one; a string closer that leads back to the same
+state was a character; a comma, a minimal value or a character counts only if it leads to a
+state the plan has not met since the last forced text (`0` after `1` in an integer is just a
+digit). When nothing makes progress (a counted repetition such as `[0-9]{5}`), the first
+candidate not yet taken from such a state is taken, so the plan keeps moving. States are told
+apart by their token mask plus, where xgrammar shows them, its parser states.
 
 Counting the path on a forked matcher gives an upper bound on the tokens needed; the plan itself is
 what a request follows token for token once its budget is tight.
@@ -60,13 +62,16 @@ class ClosingVocab:
         self.structural = _ids([i for _, i in sorted(structural, reverse=True)])  # longest (closes most) first
         self.quoted = _ids([i for _, i in sorted(quoted, reverse=True)])
         self.closers = torch.cat([self.structural, self.quoted])
-        self.comma_closers = _ids([i for _, i in sorted(comma)])
+        self.comma_closers = _ids([i for _, i in sorted(comma, reverse=True)])  # `,"` before `,`
         self.fillers = _ids([vocab[f] for f in _FILLERS if f in vocab])
         # a newline or a space first: in a regex they often end an item
         first = [vocab[c] for c in ("\u010a", "\u0120") if c in vocab]
         self.singles = _ids(first + [i for i in singles if i not in first])
         self.letters = _ids([vocab[c] for c in _LETTERS if c in vocab])
         self.classes = [self.structural, self.quoted, self.comma_closers, self.fillers, self.singles]
+        # inside text `]`, `}`, `,` and `0` are just characters: a quote ends a JSON string, a
+        # newline or a space an item of a pattern
+        self.text_classes = [self.quoted, self.singles, self.comma_closers, self.fillers]
         self.quote_id = vocab.get('"')
         self.quote_led = frozenset(i for _, i in quoted + comma if pieces[i].startswith('"'))
         self._closer_set = set(self.closers.tolist()) | set(self.comma_closers.tolist())
@@ -151,9 +156,7 @@ def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after:
     done = taken.setdefault(here.sig, set())
     fallback = first = None
     tries = 0
-    for ids in vocab.classes:
-        if ids is vocab.structural and here.in_text:
-            continue
+    for ids in vocab.text_classes if here.in_text else vocab.classes:
         for j, tok in enumerate(allowed_subset(mask[0], ids).tolist()):
             if tries >= MAX_TRIES and first is not None:
                 break
@@ -249,7 +252,7 @@ def _progress_members(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, mask_row
     after = xgr.allocate_token_bitmask(1, vocab.vocab_size)
     for ids in classes:
         if ids is vocab.structural and here.in_text:
-            continue
+            continue  # characters of a string
         keep = []
         for t in allowed_subset(mask_row, ids).tolist()[:limit]:
             f = matcher.fork()

@@ -20,7 +20,13 @@ from grammar.errors import GrammarSpecError
 COMPACT_SEPARATORS = (",", ":")
 # Bump when the way specs are compiled changes: it is part of the cache key, so grammars
 # compiled under an older policy are never loaded from disk.
-COMPILE_POLICY_VERSION = 1
+COMPILE_POLICY_VERSION = 2  # 2: length-bounded JSON strings refuse raw control characters
+
+# xgrammar (0.2.x) spells the characters of a length-bounded JSON string (minLength / maxLength,
+# propertyNames) as [^"\\\r\n]: raw control characters such as TAB or \x01 are let into the output,
+# which is then not JSON. Its own unbounded strings use JSON's class, which is put in their place.
+_LOOSE_STRING_CHARS = r'[^\"\\\r\n]'
+_JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
 
 _XGRAMMAR_ERRORS = (RuntimeError, ValueError, TypeError)  # xgrammar's own errors subclass RuntimeError
 _LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
@@ -47,12 +53,16 @@ _WHAT = {
 
 def _compile(compiler: xgr.GrammarCompiler, spec: Any) -> xgr.CompiledGrammar:
     if spec.kind == "json_schema":
-        return compiler.compile_json_schema(
+        grammar = xgr.Grammar.from_json_schema(
             json.dumps(canonical_schema(spec.payload)),
             any_whitespace=False,
             separators=COMPACT_SEPARATORS,
             strict_mode=spec.strict,
         )
+        text = str(grammar)
+        if _LOOSE_STRING_CHARS in text:
+            grammar = xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHARS, _JSON_STRING_CHARS))
+        return compiler.compile_grammar(grammar)
     if spec.kind == "json_object":
         # any JSON object, compact (strict_mode would shrink a property-less object to {})
         return compiler.compile_json_schema(
@@ -84,7 +94,7 @@ def compact_json_schema_ebnf(schema: Any, *, strict: bool = True) -> str:
         )
     except _XGRAMMAR_ERRORS as e:
         raise GrammarSpecError(f"JSON schema cannot be compiled: {xgrammar_message(e)}") from e
-    return str(grammar)
+    return str(grammar).replace(_LOOSE_STRING_CHARS, _JSON_STRING_CHARS)
 
 
 def xgrammar_message(error: BaseException) -> str:

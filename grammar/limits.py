@@ -25,16 +25,42 @@ def check_json_limits(value: Any, *, param: str | None = None) -> None:
                 param,
             )
         return
-    stack: list[tuple[Any, int, tuple]] = [(value, 0, ())]
+    # The walk keeps a lower bound of the compact JSON size, so a hostile payload (a few MB of tiny
+    # containers) is refused after about MAX_SPEC_BYTES nodes instead of walking all of it first;
+    # the path of a node is kept as a parent link and only spelled out for an error.
+    lower_bound = 0
+    stack: list[tuple[Any, int, tuple | None]] = [(value, 0, None)]
     while stack:
-        node, depth, path = stack.pop()
-        if not isinstance(node, (dict, list)):
-            continue
-        if depth >= MAX_JSON_DEPTH:
+        node, depth, link = stack.pop()
+        if isinstance(node, str):
+            lower_bound += len(node) + 2
+        elif not isinstance(node, (dict, list)):
+            lower_bound += 1
+        else:
+            if depth >= MAX_JSON_DEPTH:
+                raise GrammarSpecError(
+                    f"nested deeper than {MAX_JSON_DEPTH} levels; flatten the schema or use $defs/$ref",
+                    join_pointer("", *_path(link)),
+                    param,
+                )
+            lower_bound += 1 + len(node)  # brackets and separators
+            if isinstance(node, dict):
+                lower_bound += sum(len(str(k)) + 3 for k in node)  # "key":
+            if lower_bound <= MAX_SPEC_BYTES:  # checked before the children are queued
+                items = node.items() if isinstance(node, dict) else enumerate(node)
+                stack.extend((v, depth + 1, (link, k)) for k, v in items)
+        if lower_bound > MAX_SPEC_BYTES:
             raise GrammarSpecError(
-                f"nested deeper than {MAX_JSON_DEPTH} levels; flatten the schema or use $defs/$ref",
-                join_pointer("", *path),
+                f"spec is more than {MAX_SPEC_BYTES} bytes as JSON, over the {MAX_SPEC_BYTES}-byte limit; "
+                "split or simplify it",
+                "",
                 param,
             )
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        stack.extend((v, depth + 1, path + (k,)) for k, v in items)
+
+
+def _path(link: tuple | None) -> list:
+    path = []
+    while link is not None:
+        link, key = link
+        path.append(key)
+    return path[::-1]

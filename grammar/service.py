@@ -128,7 +128,8 @@ class GrammarService:
 
     async def compile_async(self, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Like `compile`, awaiting the worker instead of blocking the event loop."""
-        key = self._checked_key(spec)
+        # canonicalizing walks the whole payload (seconds for a hostile body of a few MB): off the loop
+        key = await asyncio.to_thread(self._checked_key, spec)
         handle = self._memory_hit(key)
         if handle is not None:
             return handle

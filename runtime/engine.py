@@ -111,7 +111,11 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._queued = 0  # submitted, not yet admitted or finished (bounded by max_waiting_requests)
+        self._queued = 0  # submitted, not yet admitted or finished
+        # Submitted and not finished. Bounded by max_running + max_waiting, so that a burst on an idle
+        # engine is not refused before the loop had a chance to admit it, while the queue that
+        # actually waits stays bounded by max_waiting once every running row is taken.
+        self._unfinished = 0
         self._queued_lock = threading.Lock()
 
     # ------------------------------------------------------------------ client interface
@@ -299,9 +303,10 @@ class Engine:
     def _enqueue(self, spec: GenerateRequest, emit: Callable[[StreamEvent], None]) -> None:
         spec = self._validated(spec)
         with self._queued_lock:
-            if self._queued >= self.config.max_waiting_requests:
+            if self._unfinished >= self.config.max_running_requests + self.config.max_waiting_requests:
                 raise EngineError("server overloaded: the waiting queue is full; retry later", code="overloaded")
             self._queued += 1
+            self._unfinished += 1
         self._inbox.put(("add", (spec, emit)))
         self._wake.set()
 
@@ -388,6 +393,7 @@ class Engine:
                     log.exception("setting up request %s failed", spec.rid)
                     with self._queued_lock:
                         self._queued -= 1
+                        self._unfinished -= 1
                     emit(StreamEvent(rid=spec.rid, finished=True, finish_reason="error",
                                      prompt_tokens=len(spec.prompt_ids), error=f"engine error: {e}"))
                     continue
@@ -779,6 +785,8 @@ class Engine:
         if r.finished:
             return
         r.finished = True
+        with self._queued_lock:
+            self._unfinished -= 1
         r.finish_reason = reason
         r.draft = []
         if r in self.running:

@@ -14,7 +14,9 @@ class EngineConfig:
     cuda_graphs: bool = True  # replay decode passes from CUDA graphs (CUDA + triton attention only)
     kv_pool_tokens: int | None = None  # None = sized from available memory
     max_running_requests: int = 64
-    max_waiting_requests: int = 256  # beyond this, submit raises EngineError(code="overloaded")
+    # Requests that wait behind the running ones; once max_running + max_waiting are in the engine,
+    # submit raises EngineError(code="overloaded") at once.
+    max_waiting_requests: int = 256
     max_context: int | None = None  # None = the model's max_position_embeddings
     chunked_prefill_tokens: int = 512  # max prompt tokens extended per step
     schedule_policy: str = "lpm"  # lpm | dfs-weight | fcfs | random

@@ -130,3 +130,20 @@ def test_loader_errors_name_the_file(tmp_path, tiny_model_dir):
     gg.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(ModelLoadError, match="broken.gguf"):
         Engine(model=str(gg))
+
+
+def test_chunked_prefill_matches_transformers(smollm_dir, tokenizer):
+    """A prompt spanning several prefill chunks (steps that carry no logits at all) must still
+    write every position's KV: greedy output equals transformers' generate."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    doc = " ".join(f"Ferry route {i} crossing takes {10 + i} minutes." for i in range(30))
+    ids = chat_ids(tokenizer, "Which ferry route takes 18 minutes? Answer briefly.", system=doc)
+    assert len(ids) > 3 * 64
+    with Engine(kv_pool_tokens=4096, chunked_prefill_tokens=64, debug_invariants=True) as e:
+        ours = e.generate(ids, greedy(12, ignore_eos=True)).token_ids
+    hf = AutoModelForCausalLM.from_pretrained(str(smollm_dir), dtype=torch.float32).eval()
+    ref = hf.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                      pad_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+    assert ours == ref

@@ -282,27 +282,51 @@ def test_pool_far_smaller_than_the_working_set_queues_evicts_retracts_and_comple
 
 
 def test_waiting_queue_is_bounded_and_refuses_at_once(engine_factory):
-    engine = engine_factory(kv_pool_tokens=2048, max_waiting_requests=3)
+    """At most max_running + max_waiting requests are in the engine: a burst that fits is accepted
+    whole (even before the loop admitted any of it), the next one is refused at once, and while the
+    rows are taken no more than max_waiting requests wait."""
+    engine = engine_factory(kv_pool_tokens=4096, max_running_requests=2, max_waiting_requests=2)
     rng = random.Random(3)
+    waiting_seen: list[int] = []
 
     async def scenario():
-        accepted = [asyncio.ensure_future(consume(engine, GenerateRequest(random_ids(rng, 50), greedy(8))))
-                    for _ in range(3)]
-        await asyncio.sleep(0)
+        burst = [asyncio.ensure_future(consume(engine, GenerateRequest(random_ids(rng, 50), greedy(32))))
+                 for _ in range(4)]
+        await asyncio.sleep(0)  # all four submitted before the engine thread runs
         t0 = time.monotonic()
         with pytest.raises(EngineError) as refused:
             engine.submit(GenerateRequest(random_ids(rng, 50), greedy(8)))
         assert time.monotonic() - t0 < 0.5
         assert refused.value.code == "overloaded"
-        assert engine.stats()["waiting_requests"] == 3
         engine.start()
-        done = await asyncio.wait_for(asyncio.gather(*accepted), timeout=TIMEOUT_S)
-        # room again once the queue drained
+        while not all(t.done() for t in burst):
+            stats = engine.stats()
+            if stats["running_requests"] == 2:  # both rows taken: the rest waits, and no more than that
+                waiting_seen.append(stats["waiting_requests"])
+            await asyncio.sleep(0.005)
+        done = await asyncio.wait_for(asyncio.gather(*burst), timeout=TIMEOUT_S)
+        # room again once the burst is through
         more = await asyncio.wait_for(consume(engine, GenerateRequest(random_ids(rng, 50), greedy(4))), TIMEOUT_S)
         return done, more
 
     done, more = asyncio.run(scenario())
-    assert [d[-1].finish_reason for d in done] == ["length"] * 3 and more[-1].finish_reason == "length"
+    assert [d[-1].finish_reason for d in done] == ["length"] * 4 and more[-1].finish_reason == "length"
+    assert waiting_seen and max(waiting_seen) <= 2, waiting_seen
+    assert_baseline(engine)
+
+
+def test_a_burst_on_an_idle_engine_is_not_refused(engine_factory):
+    """Before the fix the bound counted requests not yet admitted, so a burst of
+    max_waiting + 1 requests on an idle engine got a spurious refusal although rows were free."""
+    engine = engine_factory(kv_pool_tokens=4096, max_running_requests=4, max_waiting_requests=1).start()
+    rng = random.Random(5)
+
+    async def scenario():
+        jobs = [consume(engine, GenerateRequest(random_ids(rng, 40), greedy(4))) for _ in range(5)]
+        return await asyncio.wait_for(asyncio.gather(*jobs), timeout=TIMEOUT_S)
+
+    results = asyncio.run(scenario())
+    assert [r[-1].finish_reason for r in results] == ["length"] * 5
     assert_baseline(engine)
 
 

@@ -153,6 +153,23 @@ def test_pathological_spec_compiles_in_time_or_is_refused_clearly(name, service,
             assert not accepts(handle, tokenizer, text), (name, text)
 
 
+@pytest.mark.parametrize("schema,template", [
+    ({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}, "required": ["s"],
+      "additionalProperties": False}, '{{"s":"{}"}}'),
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 1}}, "required": ["s"],
+      "additionalProperties": False}, '{{"s":"{}"}}'),
+    ({"type": "object", "propertyNames": {"maxLength": 4}, "additionalProperties": {"type": "integer"}},
+     '{{"{}":1}}'),
+])
+def test_length_bounded_strings_refuse_raw_control_characters(schema, template, service, tokenizer):
+    """xgrammar writes a length-bounded string's characters as [^"\\\r\n], which let a raw TAB or
+    \x01 into the output (not JSON); the compiled grammar must only allow what JSON allows."""
+    handle = service.compile(GrammarSpec.json_schema(schema))
+    assert accepts(handle, tokenizer, template.format("ab"))
+    for bad in ("a\tb", "a\x01", "\x1f"):
+        assert not accepts(handle, tokenizer, template.format(bad)), repr(bad)
+
+
 def test_a_refusal_is_fast_and_cached_specs_stay_fast(service):
     """Limits are checked before any work, so hostile sizes cost almost nothing; a repeat of a
     compiled pathological spec is a memory hit."""
@@ -280,3 +297,57 @@ def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, 
     assert max(health_s) < 0.5, health_s
     assert normal_s < 2.0, normal_s
     assert slow_resp.status_code in (200, 201), slow_resp.text
+
+
+@pytest.mark.parametrize("route", ["/v1/schemas", "/v1/completions"])
+def test_gateway_stays_responsive_while_refusing_a_hostile_multi_megabyte_schema(route, tokenizer, vocab_size,
+                                                                               tmp_path):
+    """~3.9 MB of tiny containers: under the body limit, far over the spec limit. Checking the limits
+    walks the payload; that must happen off the event loop and stop early (it used to hold the loop
+    for seconds, so /health went unanswered meanwhile)."""
+    import json
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+    from tests.conftest import FakeEngine
+
+    svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=30)
+    app = create_app(FakeEngine(tokenizer), svc, Settings(registry_dir=str(tmp_path / "registry")))
+    schema = {"enum": [[] for _ in range(1_300_000)]}
+    if route == "/v1/schemas":
+        body = {"schema": schema}
+    else:
+        body = {"model": "SmolLM2-135M-Instruct", "prompt": "x", "max_tokens": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}}
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    assert len(raw) < Settings().max_body_bytes
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+            await client.get("/health")
+            hostile = asyncio.ensure_future(client.post(route, content=raw,
+                                                        headers={"content-type": "application/json"}))
+            latencies, answered_at = [], [time.perf_counter()]
+            while True:  # one more /health after the hostile request ended: a stall shows as a gap
+                t0 = time.perf_counter()
+                assert (await client.get("/health")).status_code == 200
+                latencies.append(time.perf_counter() - t0)
+                answered_at.append(time.perf_counter())
+                if hostile.done():
+                    break
+                await asyncio.sleep(0.01)
+            return await hostile, latencies, answered_at
+
+    try:
+        resp, latencies, answered_at = asyncio.run(scenario())
+    finally:
+        svc.close()
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert "byte limit" in err["message"] and err["code"] == "invalid_schema", err
+    gaps = [b - a for a, b in zip(answered_at, answered_at[1:])]
+    # Decoding the body into Python objects (bounded by max_body_bytes) still happens on the loop
+    # (~0.5 s here); the limit check no longer does (it held the loop for 3-5 s on this payload).
+    assert max(gaps) < 2.5, gaps
+    assert sorted(latencies)[len(latencies) // 2] < 0.1, latencies
