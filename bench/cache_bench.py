@@ -28,7 +28,9 @@ def build_workloads(tok, quick: bool) -> dict[str, dict]:
     # An agent fleet sends many tasks against one system prompt + tool set.
     agent = [chat(tok, [{"role": "system", "content": sys_prompt}, {"role": "user", "content": u}])
              for u in USER_TASKS[: (n if quick else 16) + 1]]
-    few = [chat(tok, [{"role": "user", "content": FEW_SHOT + f"Q: What is the capital of {c}?\nA:"}]) for c in FEW_SHOT_QUESTIONS[: n + 1]]
+    # Few-shot prompting: one long block of examples, many questions.
+    few = [chat(tok, [{"role": "user", "content": FEW_SHOT + f"Q: What is the capital of {c}?\nA:"}])
+           for c in FEW_SHOT_QUESTIONS[: (n if quick else 16) + 1]]
     # multi-turn: conversations growing turn by turn; each turn is a request
     turns = []
     for c in range(2 if quick else 4):
@@ -78,10 +80,21 @@ def _ttft(engine: Engine, wl: dict) -> tuple[float, float, dict]:
 
 
 def run(quick: bool = False, argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench cache")
+    ap.add_argument("--workload", action="append", help="run only these workloads (repeatable)")
+    args = ap.parse_args(argv or [])
     common = dict(kv_pool_tokens=32768, chunked_prefill_tokens=512)
     lpm = Engine(schedule_policy="lpm", **common).start()
     workloads = build_workloads(lpm.tokenizer, quick)
-    run_timed(lpm, [GenerateRequest(workloads["cold-unique"]["first"], _greedy(2))])  # warm-up
+    if args.workload:
+        unknown = set(args.workload) - set(workloads)
+        if unknown:
+            raise SystemExit(f"unknown workload(s): {', '.join(sorted(unknown))}; choose from {', '.join(workloads)}")
+        workloads = {k: v for k, v in workloads.items() if k in args.workload}
+    warmup = next(iter(workloads.values()))["first"]
+    run_timed(lpm, [GenerateRequest(warmup, _greedy(2))])  # warm-up
     results = {}
     for name, wl in workloads.items():
         cold, warm, _ = _ttft(lpm, wl)
@@ -95,7 +108,7 @@ def run(quick: bool = False, argv=None) -> None:
     lpm.shutdown()
     for label, cfg in (("nocache", dict(radix_cache=False)), ("fcfs", dict(schedule_policy="fcfs"))):
         e = Engine(**common, **cfg).start()
-        run_timed(e, [GenerateRequest(workloads["cold-unique"]["first"], _greedy(2))])
+        run_timed(e, [GenerateRequest(warmup, _greedy(2))])
         for name, wl in workloads.items():
             results[name][label] = _throughput(e, wl)[0]
         e.shutdown()

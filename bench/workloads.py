@@ -56,7 +56,8 @@ FEW_SHOT = "".join(
     for c, k in [("France", "Paris"), ("Spain", "Madrid"), ("Italy", "Rome"), ("Japan", "Tokyo"),
                  ("Peru", "Lima"), ("Kenya", "Nairobi"), ("Canada", "Ottawa"), ("Egypt", "Cairo")] * 6
 )
-FEW_SHOT_QUESTIONS = ["Norway", "Chile", "India", "Ghana", "Poland", "Cuba", "Nepal", "Chad"]
+FEW_SHOT_QUESTIONS = ["Norway", "Chile", "India", "Ghana", "Poland", "Cuba", "Nepal", "Chad", "Iran", "Fiji",
+                      "Mali", "Laos", "Oman", "Togo", "Peru", "Iraq", "Cyprus"]
 
 
 def chat(tokenizer, messages: list[dict]) -> list[int]:
