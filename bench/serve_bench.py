@@ -25,13 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import json
 import math
-import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +39,7 @@ import httpx
 import jsonschema
 
 from bench.common import emit
+from bench.server_process import JumpgateServer
 from bench.workloads import ROOT, USER_TASKS, agent_system_prompt, agent_tools
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -51,108 +48,6 @@ COMPLETE = ("stop", "tool_calls")
 
 
 # =========================================================================== the server process
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
-    """A `jumpgate serve` subprocess on a free 127.0.0.1 port; stopped by its own PID only."""
-
-    def __init__(self, workdir: Path, args: Sequence[str] = (), startup_timeout_s: float = 300.0):
-        self.workdir = Path(workdir)
-        self.args = list(args)
-        self.port = free_port()
-        self.startup_timeout_s = startup_timeout_s
-        self.proc: subprocess.Popen | None = None
-        self.log_path = self.workdir / "server.log"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self) -> "ServerProcess":
-        script = Path(sys.executable).parent / "jumpgate"
-        cmd = [str(script), "serve"] if script.exists() else [sys.executable, "-m", "gateway", "serve"]
-        cmd += ["--host", "127.0.0.1", "--port", str(self.port),
-                "--registry-dir", str(self.workdir / "registry"),
-                "--grammar-cache-dir", str(self.workdir / "grammars"),
-                "--log-level", "warning", *self.args]
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        atexit.register(self.stop)  # never leave our server behind, however the benchmark ends
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jumpgate exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"jumpgate did not become healthy:\n{self.log_tail()}")
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=timeout_s)
-        except ProcessLookupError:
-            pass
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def rss_mb(self) -> float:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024.0
-        except (OSError, AssertionError):
-            pass
-        return float("nan")
-
-    def metrics(self) -> dict[str, float]:
-        return parse_metrics(httpx.get(self.url + "/metrics", timeout=30).text)
-
-    def __enter__(self) -> "ServerProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                pass
-    return out
 
 
 # =========================================================================== one streamed request
@@ -507,7 +402,7 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
 
 
 def exit_on_sigterm() -> None:
-    """SIGTERM → SystemExit, so `with ServerProcess(...)` and atexit still stop the server."""
+    """SIGTERM → SystemExit, so `with JumpgateServer(...)` and atexit still stop the server."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
@@ -539,7 +434,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                    "temperature": 0, "max_tokens": args.max_tokens}
 
     with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-") as tmp:
-        server = ServerProcess(Path(tmp), ["--kv-pool-tokens", str(args.kv_pool_tokens)])
+        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300)
         with server:
             results = asyncio.run(run_http(server.url, workloads, warmup_body))
             results_meta = {"server_rss_mb": server.rss_mb()}

@@ -32,12 +32,12 @@ from typing import Any, Sequence
 import httpx
 
 from bench.common import emit
+from bench.server_process import JumpgateServer
 from bench.serve_bench import (
     EXTRACT_SCHEMA_PATH,
     MODEL,
     DOCUMENT_PEOPLE,
     Result,
-    ServerProcess,
     exit_on_sigterm,
     json_valid,
     percentile,
@@ -253,7 +253,7 @@ class Soak:
 class Poller(threading.Thread):
     """/health every `interval` s (latency in ms) and the server's RSS once a second."""
 
-    def __init__(self, server: ServerProcess, interval: float = 0.1):
+    def __init__(self, server: JumpgateServer, interval: float = 0.1):
         super().__init__(name="soak-poller", daemon=True)
         self.server = server
         self.interval = interval
@@ -287,7 +287,7 @@ class Poller(threading.Thread):
         self.join(timeout=10)
 
 
-def wait_idle(server: ServerProcess, timeout_s: float) -> tuple[dict[str, float], float]:
+def wait_idle(server: JumpgateServer, timeout_s: float) -> tuple[dict[str, float], float]:
     t0 = time.monotonic()
     while True:
         m = server.metrics()
@@ -324,8 +324,8 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     args = parse_args(quick, argv)
     exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="jumpgate-soak-") as tmp:
-        server = ServerProcess(Path(tmp), ["--kv-pool-tokens", str(args.kv_pool_tokens),
-                                           "--max-running-requests", str(args.max_running_requests)])
+        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300,
+                                extra_args=["--max-running-requests", str(args.max_running_requests)])
         with server:
             soak = Soak(server.url, args)
             # warm-up outside the measured window: compile both grammars once

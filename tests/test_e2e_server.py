@@ -23,7 +23,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.e2e_server import MODEL, JumpgateServer
+from bench.server_process import MODEL, JumpgateServer
 
 pytestmark = pytest.mark.e2e
 

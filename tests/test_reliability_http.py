@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway.auth import tenant_id
-from tests.e2e_server import MODEL, JumpgateServer
+from bench.server_process import MODEL, JumpgateServer
 
 KEYS = {"load": "sk-load-0001", "alice": "sk-alice-0001", "bob": "sk-bob-0001"}
 MAX_RUNNING, MAX_WAITING = 2, 2

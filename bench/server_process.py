@@ -1,4 +1,4 @@
-"""A real `jumpgate serve` subprocess for end-to-end tests.
+"""A real `jumpgate serve` subprocess, for end-to-end tests and the HTTP benchmarks.
 
 `JumpgateServer` starts the console script (or `python -m gateway` where the script is missing) on a
 free 127.0.0.1 port, waits for /health, and stops the process it started by its PID (SIGTERM, then
