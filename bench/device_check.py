@@ -33,7 +33,7 @@ import traceback
 FULL = dict(
     model=dict(vocab=128256, hidden=2048, inter=8192, layers=16, heads=32, kv_heads=8),
     batches=(1, 16, 64), prompt=512, decode_steps=32,
-    bitmask=(64, 128256), attn_cases=((1, 4096), (16, 2048), (64, 1024), (64, 4096)),
+    bitmask=(64, 128256), bitmask_blocks=(1024, 2048, 4096, 8192), attn_cases=((1, 4096), (16, 2048), (64, 1024), (64, 4096)),
     # (head_dim, (heads, kv_heads), dtypes): every GQA ratio in bf16, the others at one shape
     kernel_cases=dict(shapes=[(64, (32, 32), "bf16 fp32"), (64, (32, 8), "bf16 fp16 fp32"), (64, (32, 4), "bf16"),
                               (128, (32, 8), "bf16 fp16"), (128, (32, 32), "bf16")], long=3000, slots=12_000),
@@ -42,7 +42,7 @@ FULL = dict(
 SMOKE = dict(  # batch 3 replays through the padded size-4 path
     model=dict(vocab=512, hidden=64, inter=128, layers=2, heads=4, kv_heads=2),
     batches=(1, 3), prompt=8, decode_steps=1,
-    bitmask=(4, 1000), attn_cases=((2, 40),),
+    bitmask=(4, 1000), bitmask_blocks=(256,), attn_cases=((2, 40),),
     kernel_cases=dict(shapes=[(16, (8, 2), "fp32 fp16 bf16")], long=70, slots=600),
     graph_sizes=(1, 2, 4), iters=1,
 )
@@ -317,20 +317,38 @@ def bench_model(sizes, device, smoke: bool) -> bool:
 
 
 def bench_bitmask(sizes, device) -> None:
+    """The shipped configuration, then a sweep of block size x warps x layout (same work, same
+    answer), so the default can be set from what this GPU measured."""
     import torch
 
     from runtime.sampler import apply_bitmask_
-    from runtime.triton_bitmask import apply_token_bitmask_triton
+    from runtime.triton_bitmask import DEFAULT_CONFIG, apply_token_bitmask_triton
 
     b, vocab = sizes["bitmask"]
-    logits = torch.randn(b, vocab, device=device)
+    base = torch.randn(b, vocab, device=device)
+    logits = base.clone()  # masked in place over and over while timing (the same work each time)
     mask = torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), dtype=torch.int64).to(torch.int32).to(device)
     rows = torch.arange(b, device=device, dtype=torch.int32)
     iters = sizes["iters"]
     tri = lambda: apply_token_bitmask_triton(logits, mask, rows)
     ref = lambda: apply_bitmask_(logits, mask)
-    emit(section="bitmask", batch=b, vocab=vocab, triton_us=time_us(tri, device, iters),
+    emit(section="bitmask", batch=b, vocab=vocab, config=DEFAULT_CONFIG, triton_us=time_us(tri, device, iters),
          triton_graph_us=graph_time_us(tri, device, iters), torch_us=time_us(ref, device, iters), target_us=20)
+    want = base.clone()
+    apply_bitmask_(want, mask, rows)
+    best = None
+    for words in (False, True):
+        for block in sizes["bitmask_blocks"]:
+            for warps in (4, 8):
+                cfg = dict(block=block, num_warps=warps, words=words)
+                fn = lambda: apply_token_bitmask_triton(logits, mask, rows, **cfg)
+                got = base.clone()
+                apply_token_bitmask_triton(got, mask, rows, **cfg)
+                us = graph_time_us(fn, device, iters) or time_us(fn, device, iters)
+                emit(section="bitmask_sweep", **cfg, graph_us=us, ok=bool(torch.equal(got, want)))
+                if best is None or us < best[0]:
+                    best = (us, cfg)
+    emit(section="bitmask_sweep", best=best[1], best_us=best[0], target_us=20)
 
 
 def bench_decode_attention(sizes, device) -> None:
@@ -429,7 +447,9 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
                         types = dict(MidO="*fp32", MidLse="*fp32", O=p, QRows="*i32", SeqLen="*i32", NumSplits="*i32")
                         jobs.append((f"merge {tname[dtype]} d{dim}", ta._decode_merge_kernel, types, merge))
             jobs.append((f"bitmask {tname[dtype]}", tb._bitmask_kernel,
-                         dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=2048, num_warps=4)))
+                         dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=2048, WORDS=False, num_warps=4)))
+            jobs.append((f"bitmask words {tname[dtype]}", tb._bitmask_kernel,
+                         dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=4096, WORDS=True, num_warps=8)))
         for name, kernel, types, cfg in jobs:
             try:
                 rec = build(kernel, types, cfg, arch)

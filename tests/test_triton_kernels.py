@@ -107,15 +107,16 @@ def _random_mask(b: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), generator=g, dtype=torch.int64).to(torch.int32)
 
 
+@pytest.mark.parametrize("words", [False, True], ids=["lane-words", "unpacked-words"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_bitmask_kernel_matches_torch(kernels, dtype):
+def test_bitmask_kernel_matches_torch(kernels, dtype, words):
     b, vocab = 5, 1000  # not a multiple of 32, nor of the kernel's block
     logits = torch.randn(b, vocab, generator=torch.Generator().manual_seed(1)).to(device=DEV, dtype=dtype)
     mask = _random_mask(b, vocab, 2).to(DEV)
     for rows in (torch.tensor([0, 3, 4], device=DEV), None):
         want, got = logits.clone(), logits.clone()
         apply_bitmask_(want, mask, rows)
-        kernels.bitmask.apply_token_bitmask_triton(got, mask, rows, block=256)
+        kernels.bitmask.apply_token_bitmask_triton(got, mask, rows, block=256, words=words)
         assert torch.equal(got, want)
 
 
