@@ -298,16 +298,22 @@ def _env(**extra) -> dict:
 
 
 @pytest.mark.slow
-def test_device_check_smoke_runs_on_cpu():
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh"), "--smoke"], cwd=ROOT,
-                          env=_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=170)
+def test_device_check_smoke_runs_on_cpu(smollm_dir):
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh"), "--smoke", "--tokenizer-dir", str(smollm_dir)],
+                          cwd=ROOT, env=_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=300)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = lines[-1]
-    assert summary["section"] == "summary" and summary["ok"], summary
+    summary = next(r for r in lines if r.get("section") == "summary")
+    assert summary["ok"], summary
     seen = {r.get("section") or r.get("check") for r in lines}
-    assert {"attention", "bitmask", "cuda_graph_decode", "model", "decode_attention", "imports"} <= seen
+    assert {"attention", "bitmask", "bitmask_sweep", "cuda_graph_decode", "model", "decode_attention", "imports"} <= seen
     assert any(r.get("batch") == 3 and r.get("check") == "cuda_graph_decode" for r in lines)  # padded 3 -> 4
+    assert all(r["ok"] for r in lines if r.get("section") == "bitmask_sweep" and "ok" in r)
+    # the whole engine: Triton backend == torch backend greedy, then the per-backend bench and profile
+    engine = {r.get("section") or r.get("check"): r for r in lines}
+    assert engine["engine_greedy_equal"]["ok"] and engine["engine_greedy_equal"]["cached_tokens_triton"] > 0
+    assert engine["engine_summary"]["ok"], engine["engine_summary"]
+    assert engine["engine_profile"]["top_by_own_time"]
 
 
 @pytest.mark.slow
