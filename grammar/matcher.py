@@ -2,8 +2,10 @@
 
 Each request gets its own `XGrammarMatcher` over a shared compiled grammar. Besides masking,
 it drafts jump-forward tokens: the text the grammar forces from the current state, tokenized the
-way the model's own tokenizer would, cut to the longest prefix the grammar accepts so the draft
-is always grammar-valid (the engine then verifies it against the model).
+way the model was seen to write it (`grammar/draft_split.py`; the tokenizer's own encoding where
+nothing was seen yet), cut to the longest prefix the grammar accepts so the draft is always
+grammar-valid (the engine then verifies it against the model). While a drafted span is being
+written, each accepted token teaches the shared splitter how the model splits that text.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 
 import xgrammar as xgr
 
+from grammar.draft_split import DraftSplitter, ForcedSpanWatch
 from grammar.closing import (
     ClosingVocab,
     completion_bound,
@@ -26,16 +29,18 @@ Encode = Callable[[str], list[int]]
 
 
 class XGrammarMatcher:
-    __slots__ = ("_matcher", "_encode", "_special_ids", "_closing")
+    __slots__ = ("_matcher", "_encode", "_special_ids", "_closing", "_splitter", "_watch")
 
     def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode, special_ids: frozenset[int],
-                 closing: ClosingVocab | None = None) -> None:
+                 closing: ClosingVocab | None = None, splitter: DraftSplitter | None = None) -> None:
         # Rollback is unlimited in xgrammar >= 0.2 (max_rollback_tokens is deprecated), which
         # jump-forward verification relies on.
         self._matcher = xgr.GrammarMatcher(compiled)
         self._encode = encode
         self._special_ids = special_ids
         self._closing = closing
+        self._splitter = splitter
+        self._watch: ForcedSpanWatch | None = None  # the drafted span being written, if any
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout).
@@ -52,11 +57,15 @@ class XGrammarMatcher:
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
-        return self._matcher.accept_token(int(token_id))
+        ok = self._matcher.accept_token(int(token_id))
+        if ok and self._watch is not None and not self._watch.accepted(int(token_id)):
+            self._watch = None
+        return ok
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
+            self._watch = None
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
@@ -70,13 +79,20 @@ class XGrammarMatcher:
             return ""
         return self._matcher.find_jump_forward_string()
 
-    def jump_forward_tokens(self) -> list[int]:
-        """Forced tokens, not accepted: the model tokenizer's encoding of the forced text, cut
-        to the longest prefix the matcher accepts (checked by accepting, then rolling back)."""
+    def jump_forward_tokens(self, learn: bool = True) -> list[int]:
+        """Forced tokens, not accepted: the forced text split as the model was seen to write it
+        (else the tokenizer's own encoding), cut to the longest prefix the matcher accepts
+        (checked by accepting, then rolling back). `learn`: the tokens accepted next are the
+        model's choices (verify), so let them teach the splitter; False for tokens inserted
+        without the model (direct)."""
         text = self.jump_forward_string()
         if not text:
             return []
-        draft = self._encode(text)
+        if self._splitter is None:
+            draft = self._encode(text)
+        else:
+            draft = self._splitter.split(text)
+            self._watch = ForcedSpanWatch(self._splitter, text) if learn else None
         accepted = 0
         for token_id in draft:
             # a forced text that spells a special token (e.g. "<|im_end|>") is not that token

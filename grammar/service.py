@@ -23,6 +23,7 @@ from grammar.cache import DiskGrammarCache, MemoryLRU
 from grammar.closing import ClosingVocab
 from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.errors import GrammarCompileTimeout, GrammarSpecError
+from grammar.draft_split import DraftSplitter
 from grammar.matcher import XGrammarMatcher
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
@@ -43,9 +44,10 @@ class CompiledGrammarHandle:
     _special_ids: frozenset[int] = field(repr=False)
     _closing: ClosingVocab | None = field(default=None, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)
+    _splitter: DraftSplitter | None = field(default=None, repr=False)
 
     def new_matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing)
+        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter)
 
     def min_completion_tokens(self) -> int | None:
         """Tokens of the smallest output the grammar allows (computed once per grammar)."""
@@ -101,6 +103,9 @@ class GrammarService:
         self._special_ids = frozenset(special_token_ids(hf_tokenizer))
         # Token classes for strict-mode closing (grammar/closing.py), shared by every grammar.
         self._closing_vocab = ClosingVocab(hf_tokenizer, vocab_size, self.stop_token_ids, self._special_ids)
+        # How the model splits forced text, learned while it writes (grammar/draft_split.py);
+        # shared by every grammar: the preference is the model's.
+        self.draft_splitter = DraftSplitter(self._encode, self.tokenizer_info.decoded_vocab)
         self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(max_memory_entries)
         self._disk = DiskGrammarCache(Path(cache_dir), self.tokenizer_info) if cache_dir is not None else None
         self._pool = CompileWorkerPool(workers, max_abandoned=max_abandoned_compiles)
@@ -248,7 +253,8 @@ class GrammarService:
         return handle
 
     def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar) -> CompiledGrammarHandle:
-        return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab)
+        return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
+                                     _splitter=self.draft_splitter)
 
 
 def _make_encoder(hf_tokenizer: Any):

@@ -28,8 +28,10 @@ class TokenMatcher(Protocol):
     def is_completed(self) -> bool:
         """True where the text so far is a complete match (the stop token is allowed now)."""
 
-    def jump_forward_tokens(self) -> list[int]:
-        """Tokens the grammar forces from the current state (may be empty); not accepted yet."""
+    def jump_forward_tokens(self, learn: bool = True) -> list[int]:
+        """Tokens the grammar forces from the current state (may be empty); not accepted yet.
+        `learn=False`: the caller inserts them without the model (direct jump-forward), so the
+        matcher must not take them for the model's own choices."""
 
 
 class CompiledConstraint(Protocol):

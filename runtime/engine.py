@@ -703,13 +703,20 @@ class Engine:
         cap = min(self.config.max_jump_forward_tokens, room)
         if cap <= 0:
             return None
-        forced = r.matcher.jump_forward_tokens()[:cap]
+        forced = r.matcher.jump_forward_tokens(learn=r.jump_forward == "verify")[:cap]
         if not forced:
             return None
         if r.jump_forward == "verify":
             r.draft = forced
             return None
         for tok in forced:  # direct: the grammar's tokens go in unverified (SGLang 2024)
+            if r.guard is not None:
+                # Strict: a forced span can be split into more tokens than its shortest form, so
+                # near the budget the guard's closing plan, not the draft, chooses the next token.
+                max_new = r.spec.sampling.max_new_tokens
+                r.guard.before_choice(r.matcher, len(r.output_ids), max_new)
+                if r.guard.closing or not r.guard.allows(r.matcher, tok, max_new - len(r.output_ids)):
+                    break
             self.counters["jump_forward_tokens"] += 1
             r.jump_forward_tokens += 1
             finish = self._accept_token(r, tok)

@@ -165,3 +165,29 @@ def test_engine_is_idle_after_the_corpus(runs, engine_idle_check):
     stats = engine_idle_check.stats()
     assert stats["running_requests"] == 0 and stats["waiting_requests"] == 0
 
+
+
+def test_drafts_learn_the_models_split_and_keep_verify_exact(real_engine, tokenizer, engine_idle_check):
+    """A fresh service (nothing learned): the second identical batch drafts the way the model wrote
+    the first, so fewer draft tokens are rejected, and the output stays the model's own."""
+    svc = GrammarService(tokenizer, real_engine.model_config.vocab_size)
+    try:
+        handle = svc.compile(GrammarSpec.json_schema(SCHEMAS["extract_12_fields"]))
+        prompts = [chat_ids(tokenizer, f"Extract the person and company record: {who}", SYSTEM) for who in (
+            "Ada Lovelace, analyst at Babbage & Co (engines, babbage.co.uk), London, ada@babbage.co.uk.",
+            "Kenji Watanabe, engineer at Hoshino Robotics (hoshino-robotics.jp), Osaka, kenji@hoshino.jp.")]
+        runs = []
+        for mode in ("verify", "verify", "off"):
+            specs = [GenerateRequest(ids, SamplingParams(max_new_tokens=96, temperature=0.0), constraint=handle,
+                                     jump_forward=mode, strict=True) for ids in prompts]
+            before = real_engine.stats()
+            results = real_engine.generate_many(specs, timeout=600)
+            after = real_engine.stats()
+            runs.append(([r.token_ids for r in results],
+                         after.get("jump_forward_rejected", 0) - before.get("jump_forward_rejected", 0)))
+        (first, rejected_first), (second, rejected_second), (off, _) = runs
+        assert len(svc.draft_splitter) > 0
+        assert rejected_second < rejected_first, (rejected_first, rejected_second)
+        assert first == second == off
+    finally:
+        svc.close()

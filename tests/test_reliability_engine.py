@@ -52,7 +52,7 @@ class FlakyMatcher:
     def is_completed(self) -> bool:
         return False
 
-    def jump_forward_tokens(self) -> list[int]:
+    def jump_forward_tokens(self, learn: bool = True) -> list[int]:
         self._tick("jump_forward_tokens")
         return []
 

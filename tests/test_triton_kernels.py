@@ -253,7 +253,7 @@ class _ThreeTokens:
     def is_completed(self) -> bool:
         return False
 
-    def jump_forward_tokens(self) -> list[int]:
+    def jump_forward_tokens(self, learn: bool = True) -> list[int]:
         return []
 
 

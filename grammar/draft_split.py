@@ -1,0 +1,102 @@
+"""Jump-forward drafts tokenized the way the model writes, learned from what it wrote.
+
+A forced span has many tokenizations, and the tokenizer's own (canonical) one is often not the
+model's: SmolLM2 writes `":` + `"` where the tokenizer has one `":"` token, and spells keys as
+`f` + `ul` + `l` + `_` + `name`. Under `verify` every draft token after the first disagreement is
+wasted work, so a canonical draft loses about half its tokens on such a model.
+
+`DraftSplitter` remembers, for each remaining forced text (the part of a forced span not yet
+written), the tokens the model chose there and how often, and drafts with the most frequent one
+(the latest among equals) the next time the same text is forced; the choice depends a little on
+context (SmolLM2 writes `h` + `ead...` after some values and `head` after others), so a vote
+beats remembering only the last choice; where it knows nothing it falls back to the canonical encoding. A choice may
+straddle the end of the span (`["` where only `[` is forced); the matcher cuts every draft to what
+the grammar accepts, so such a token is drafted only where it is valid. What the splitter learns
+never changes outputs (verification is exact); it only changes how many draft tokens survive.
+
+One splitter serves every grammar of one tokenizer (the preference is the model's, not the
+schema's, so `":` learned on one schema helps all). Bounded LRU; touched only from the engine
+thread (matchers live there).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+Encode = Callable[[str], list[int]]
+
+
+class DraftSplitter:
+    def __init__(self, encode: Encode, token_bytes: Sequence[bytes], max_entries: int = 16384) -> None:
+        self._encode = encode
+        self._token_bytes = token_bytes
+        self._max_entries = max_entries
+        # remaining forced text -> {token the model chose there: times}, latest choice last
+        self._learned: OrderedDict[bytes, dict[int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._learned)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._token_bytes[token_id] if 0 <= token_id < len(self._token_bytes) else b""
+
+    def split(self, text: str) -> list[int]:
+        """Draft tokens for forced `text`: learned choices where known, canonical elsewhere."""
+        data = text.encode()
+        out: list[int] = []
+        pos = 0
+        canonical: list[int] = []  # canonical encoding of data[pos:], consumed from the front
+        while pos < len(data):
+            votes = self._learned.get(data[pos:])
+            token = None
+            if votes is not None:
+                self._learned.move_to_end(data[pos:])
+                token = max(reversed(votes), key=votes.__getitem__)  # most votes; ties: latest
+                canonical = []  # the split moved off the canonical one: re-encode when needed
+            else:
+                if not canonical:
+                    try:
+                        canonical = self._encode(data[pos:].decode())
+                    except UnicodeDecodeError:  # a learned token ended inside a character
+                        break
+                    if not canonical:
+                        break
+                    canonical.reverse()
+                token = canonical.pop()
+            step = len(self.token_bytes(token))
+            if step == 0:  # special or unknown token: nothing to draft past it
+                break
+            out.append(token)
+            pos += step
+        return out
+
+    def learn(self, remaining: bytes, token_id: int) -> None:
+        """The model wrote `token_id` where `remaining` was the forced text still to write."""
+        if not remaining:
+            return
+        votes = self._learned.setdefault(remaining, {})
+        votes[token_id] = votes.pop(token_id, 0) + 1  # re-inserted: the latest choice comes last
+        self._learned.move_to_end(remaining)
+        while len(self._learned) > self._max_entries:
+            self._learned.popitem(last=False)
+
+
+class ForcedSpanWatch:
+    """Follows one forced span while its tokens are accepted, teaching the splitter each choice."""
+
+    __slots__ = ("_splitter", "_text", "_pos")
+
+    def __init__(self, splitter: DraftSplitter, text: str) -> None:
+        self._splitter, self._text, self._pos = splitter, text.encode(), 0
+
+    def accepted(self, token_id: int) -> bool:
+        """Record the model's token; False once the span is written (or left), i.e. done."""
+        remaining = self._text[self._pos:]
+        piece = self._splitter.token_bytes(token_id)
+        # inside the span, or straddling its end; anything else means the span was not followed
+        if not piece or not (remaining.startswith(piece) or piece.startswith(remaining)):
+            return False
+        self._splitter.learn(remaining, token_id)
+        self._pos += len(piece)
+        return self._pos < len(self._text)
