@@ -6,12 +6,13 @@ model's: SmolLM2 writes `":` + `"` where the tokenizer has one `":"` token, and 
 wasted work, so a canonical draft loses about half its tokens on such a model.
 
 `DraftSplitter` remembers, for each remaining forced text (the part of a forced span not yet
-written), the tokens the model chose there and how often, and drafts with the most frequent one
-(the latest among equals) the next time the same text is forced; the choice depends a little on
-context (SmolLM2 writes `h` + `ead...` after some values and `head` after others), so a vote
-beats remembering only the last choice; where it knows nothing it falls back to the canonical encoding. A choice may
-straddle the end of the span (`["` where only `[` is forced); the matcher cuts every draft to what
-the grammar accepts, so such a token is drafted only where it is valid. What the splitter learns
+written), the token the model chose there last, and drafts with it the next time the same text
+is forced. The choice depends a little on context (SmolLM2 writes `h` + `ead...` after some values
+and `head` after others); on the extraction bench the latest choice did better than a majority
+vote (101 against 111 forward passes for the same 8-request batch once learned). Where it knows
+nothing it falls back to the canonical encoding. A choice may straddle the end of the span (`["`
+where only `[` is forced); the matcher cuts every draft to what the grammar accepts, so such a
+token is drafted only where it is valid. What the splitter learns
 never changes outputs (verification is exact); it only changes how many draft tokens survive.
 
 One splitter serves every grammar of one tokenizer (the preference is the model's, not the
@@ -32,8 +33,7 @@ class DraftSplitter:
         self._encode = encode
         self._token_bytes = token_bytes
         self._max_entries = max_entries
-        # remaining forced text -> {token the model chose there: times}, latest choice last
-        self._learned: OrderedDict[bytes, dict[int, int]] = OrderedDict()
+        self._learned: OrderedDict[bytes, int] = OrderedDict()  # remaining forced text -> model's token
 
     def __len__(self) -> int:
         return len(self._learned)
@@ -48,11 +48,9 @@ class DraftSplitter:
         pos = 0
         canonical: list[int] = []  # canonical encoding of data[pos:], consumed from the front
         while pos < len(data):
-            votes = self._learned.get(data[pos:])
-            token = None
-            if votes is not None:
+            token = self._learned.get(data[pos:])
+            if token is not None:
                 self._learned.move_to_end(data[pos:])
-                token = max(reversed(votes), key=votes.__getitem__)  # most votes; ties: latest
                 canonical = []  # the split moved off the canonical one: re-encode when needed
             else:
                 if not canonical:
@@ -75,8 +73,7 @@ class DraftSplitter:
         """The model wrote `token_id` where `remaining` was the forced text still to write."""
         if not remaining:
             return
-        votes = self._learned.setdefault(remaining, {})
-        votes[token_id] = votes.pop(token_id, 0) + 1  # re-inserted: the latest choice comes last
+        self._learned[remaining] = token_id
         self._learned.move_to_end(remaining)
         while len(self._learned) > self._max_entries:
             self._learned.popitem(last=False)
