@@ -1,0 +1,66 @@
+"""The lifecycle every generating route shares (chat and text completions).
+
+Take a concurrency permit, prepare the engine requests, open their streams, then either hand the
+streams to an SSE response (which releases everything when the stream ends or the client leaves)
+or wait for every choice and build one response. Whatever happens before the hand-over (a bad
+request, an engine refusal, a disconnect), the streams are closed, the permit released and the
+request accounted exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from litestar import Request, Response
+
+from gateway.generation import EngineStream, Outcome, RequestLog, close_all, open_streams, prime_all, until_disconnect
+from gateway.services import GatewayServices, outcome_of
+from gateway.streaming import SSEResponse, once
+from runtime.api import GenerateRequest
+
+Events = Callable[[list[EngineStream], Callable[[str], None]], AsyncIterator[bytes]]
+
+
+async def serve_generation(
+    route: str,
+    request: Request[Any, Any, Any],
+    services: GatewayServices,
+    request_log: RequestLog,
+    *,
+    prepare: Callable[[], Awaitable[list[GenerateRequest]]],
+    stream: bool,
+    events: Events,
+    respond: Callable[[list[Outcome]], Any],
+) -> Response[Any]:
+    """`prepare()` validates and returns the engine requests (raising an APIError for a bad
+    request); `events(streams, on_close)` makes the SSE body; `respond(outcomes)` the whole one."""
+    s = services
+    permit = s.limiter.acquire()
+    streams: list[EngineStream] = []
+    handed_over = False
+    error: BaseException | None = None
+    try:
+        streams = open_streams(s.engine, await prepare(), s.metrics, s.settings.retry_after_s)
+        if stream:
+            await until_disconnect(request.receive, prime_all(streams, s.settings.retry_after_s))
+
+            @once
+            def on_close(outcome: str) -> None:
+                close_all(streams)
+                permit.release()
+                s.finish(route, outcome, request_log, streams)
+
+            body = events(streams, on_close)
+            handed_over = True
+            return SSEResponse(body, on_close)
+        outcomes = await until_disconnect(request.receive, asyncio.gather(*(st.collect() for st in streams)))
+        return Response(respond(list(outcomes)))
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if not handed_over:
+            close_all(streams)
+            permit.release()
+            s.finish(route, outcome_of(error), request_log, streams)
