@@ -123,6 +123,14 @@ class CompletionGuard:
         after = matcher.completion_bound_after(token_id)
         return after is not None and after <= remaining - 1
 
+    def allows_unchosen(self, matcher, token_id: int, remaining: int) -> bool:
+        """May forced `token_id` go in without the model choosing it (direct jump-forward)? Call
+        after `before_choice`. While closing, only the plan's own next token may: a forced span
+        split into more tokens than the plan's would spend budget the plan counted on."""
+        if self.closing:
+            return self.plan is not None and self._next is not None and token_id == self.plan[self._next]
+        return self.allows(matcher, token_id, remaining)
+
     def fallback_token(self, matcher) -> int | None:
         """A token that is always allowed: the next one on a shortest completion path."""
         if self.closing and self._next is not None:

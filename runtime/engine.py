@@ -715,7 +715,7 @@ class Engine:
                 # near the budget the guard's closing plan, not the draft, chooses the next token.
                 max_new = r.spec.sampling.max_new_tokens
                 r.guard.before_choice(r.matcher, len(r.output_ids), max_new)
-                if r.guard.closing or not r.guard.allows(r.matcher, tok, max_new - len(r.output_ids)):
+                if not r.guard.allows_unchosen(r.matcher, tok, max_new - len(r.output_ids)):
                     break
             self.counters["jump_forward_tokens"] += 1
             r.jump_forward_tokens += 1

@@ -174,6 +174,23 @@ def test_guard_follows_the_stored_plan_token_for_token_when_tight():
     assert m.plans_made == made + 1  # planned once, then followed
 
 
+def test_forced_tokens_go_in_unchosen_only_on_the_plan_while_closing():
+    """Direct jump-forward inserts forced tokens without the model: far from the budget any
+    forced token may go in; once closing, only the plan's next token (a longer split of the same
+    text would spend budget the plan counted on)."""
+    plan = [41, 42, 43]
+    g, m, out = CompletionGuard(), FakeMatcher(plan), []
+    max_new = 12
+    g.before_choice(m, len(out), max_new)
+    assert not g.closing and g.allows_unchosen(m, 77, max_new)
+    while len(out) < max_new - len(plan) - CLOSING_MARGIN:
+        drive(g, m, out, max_new, token=60 + len(out))
+    g.before_choice(m, len(out), max_new)
+    assert g.closing
+    assert g.allows_unchosen(m, 41, max_new - len(out))
+    assert not g.allows_unchosen(m, 77, max_new - len(out))
+
+
 def test_guard_replans_when_the_model_leaves_the_plan():
     g, m, out = CompletionGuard(), FakeMatcher([31, 32, 33], detours=frozenset({99})), []
     max_new = 12
