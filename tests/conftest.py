@@ -33,6 +33,18 @@ def tokenizer(smollm_dir):
     return AutoTokenizer.from_pretrained(str(smollm_dir))
 
 
+@pytest.fixture(scope="module")
+def service(tokenizer, smollm_dir):
+    """A GrammarService for the real tokenizer (memory cache only), one per test module: each
+    module starts with an empty grammar cache and nothing learned by the draft splitter."""
+    from grammar import GrammarService
+    from runtime.loader import read_config
+
+    svc = GrammarService(tokenizer, read_config(smollm_dir).vocab_size)
+    yield svc
+    svc.close()
+
+
 def make_tiny_llama(out: Path, tokenizer_dir: Path, **overrides) -> Path:
     """A 2-layer random Llama with the SmolLM2 vocabulary, saved as a Hugging Face folder."""
     from transformers import LlamaConfig, LlamaForCausalLM

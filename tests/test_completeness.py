@@ -276,15 +276,6 @@ def test_engine_wires_loop_breaking_and_strict_into_the_guard(tiny_model_dir, to
 # ==== grammar/closing.py ==========================================================================
 
 
-@pytest.fixture(scope="module")
-def service(tokenizer, smollm_dir):
-    from runtime.loader import read_config
-
-    svc = GrammarService(tokenizer, read_config(smollm_dir).vocab_size)
-    yield svc
-    svc.close()
-
-
 def compile_schema(service, schema):
     return service.compile(GrammarSpec.json_schema(schema))
 

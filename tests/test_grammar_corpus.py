@@ -9,21 +9,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from grammar import GrammarService, GrammarSpec, GrammarSpecError
+from grammar import GrammarSpec, GrammarSpecError
 
 DATA = Path(__file__).parent / "data"
 CORPUS = sorted((DATA / "schema_corpus").glob("*.json"))
 EXAMPLES = json.loads((DATA / "schema_corpus_examples.json").read_text())
 REFUSED = {k: v for k, v in json.loads((DATA / "schema_corpus_refusals.json").read_text()).items() if not k.startswith("_")}
-
-
-@pytest.fixture(scope="module")
-def service(tokenizer, smollm_dir):
-    from runtime.loader import read_config
-
-    svc = GrammarService(tokenizer, read_config(smollm_dir).vocab_size)
-    yield svc
-    svc.close()
 
 
 def test_corpus_is_large_and_covers_the_loop_prone_cases():

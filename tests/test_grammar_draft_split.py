@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from grammar import GrammarService, GrammarSpec
+from grammar import GrammarSpec
 from grammar.draft_split import DraftSplitter, ForcedSpanWatch
 
 NAME_ONLY = {"type": "object", "properties": {"full_name": {"type": "string"}}, "required": ["full_name"]}
 TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
         "required": ["tags"]}
-
-
-@pytest.fixture(scope="module")
-def service(tokenizer, smollm_dir):
-    from runtime.loader import read_config
-
-    svc = GrammarService(tokenizer, read_config(smollm_dir).vocab_size)
-    yield svc
-    svc.close()
 
 
 def ids(tokenizer, text):

@@ -22,13 +22,6 @@ def vocab_size(smollm_dir):
     return read_config(smollm_dir).vocab_size
 
 
-@pytest.fixture(scope="module")
-def service(tokenizer, vocab_size):
-    svc = GrammarService(tokenizer, vocab_size)
-    yield svc
-    svc.close()
-
-
 def encode(tokenizer, text):
     return tokenizer.encode(text, add_special_tokens=False)
 

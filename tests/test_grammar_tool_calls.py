@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from grammar import (
     HERMES_TOOL_CALL_FORMAT as FMT,
     ContentDelta,
-    GrammarService,
     GrammarSpecError,
     ToolCallArgumentsDelta,
     ToolCallStartDelta,
@@ -30,15 +29,6 @@ ENVELOPE = json.loads((ROOT / "schemas" / "tool_call_envelope.json").read_text()
 WEATHER = FMT.render_call("get_weather", '{"city":"Paris","unit":"celsius"}')
 SEARCH = FMT.render_call("web_search", '{"query":"xgrammar structural tags","num_results":3}')
 CALC = FMT.render_call("calculator", '{"expression":"2*(3+4)"}')
-
-
-@pytest.fixture(scope="module")
-def service(tokenizer, smollm_dir):
-    from runtime.loader import read_config
-
-    svc = GrammarService(tokenizer, read_config(smollm_dir).vocab_size)
-    yield svc
-    svc.close()
 
 
 @pytest.fixture(scope="module")
