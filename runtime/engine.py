@@ -528,7 +528,6 @@ class Engine:
             out = self.cuda_graphs.run(batch)
         else:
             out = self.model.forward(batch, self.kv, self.attn)
-        logits = out.cpu() if logits_index else None
         self.counters["forward_passes"] += 1
         self.counters["forward_tokens"] += len(ids)
 
@@ -536,6 +535,19 @@ class Engine:
         failed: dict[str, Exception] = {}
         first_choices = self._first_choices(out if logits_index else None,
                                             [(r, row) for r, row, k, _ in wanted if row >= 0], failed)
+        # Only rows still to be read one by one come to the host (draft verification, sampling):
+        # a greedy decode batch copies nothing (on CUDA the whole [B, vocab] logits would be
+        # megabytes per step).
+        host_rows: dict[str, int] = {}
+        index: list[int] = []
+        for r, row, k, _ in wanted:
+            if row >= 0 and (k > 1 or r.rid not in first_choices):
+                host_rows[r.rid] = len(index)
+                index.extend(range(row, row + k))
+        logits = None
+        if index:
+            logits = out if out.device.type == "cpu" and len(index) == out.shape[0] else \
+                out[torch.tensor(index, device=out.device)].cpu()
         for r, row, k, n in wanted:
             if r.finished:  # aborted meanwhile cannot happen inside a step, but keep it safe
                 continue
@@ -547,7 +559,9 @@ class Engine:
             try:
                 if r.rid in failed:
                     raise failed[r.rid]
-                self._accept_from_logits(r, logits[row : row + k], n, first_choices.get(r.rid))
+                at = host_rows.get(r.rid)
+                rows = logits[at : at + k] if at is not None else None
+                self._accept_from_logits(r, rows, n, first_choices.get(r.rid))
             except Exception as e:  # its grammar matcher raised: fail this request, not the batch
                 log.exception("request %s failed", r.rid)
                 self._finish(r, "error", error=f"engine error: {e}")
@@ -626,7 +640,7 @@ class Engine:
             return draft_tok
         return int(torch.multinomial(probs / probs.sum(), 1, generator=r.generator))
 
-    def _accept_from_logits(self, r: Req, rows: torch.Tensor, fed: int, first_choice: int | None) -> None:
+    def _accept_from_logits(self, r: Req, rows: torch.Tensor | None, fed: int, first_choice: int | None) -> None:
         """After a pass that reached the end of `r`'s pending tokens: verify its draft (if any),
         choose the next token, roll back KV of rejected draft tokens, then plan the next draft.
         Finishing waits until the KV bookkeeping is done, so no slot is left behind."""
