@@ -519,7 +519,9 @@ class Engine:
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=self.device),
             positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
-            out_slots=torch.cat(out_slots), extend_lens=ext_lens, seq_lens=seq_lens, slot_rows=rows,
+            # on the model's device: every layer indexes its K/V pool with it
+            out_slots=torch.cat(out_slots).to(self.device, non_blocking=True), extend_lens=ext_lens,
+            seq_lens=seq_lens, slot_rows=rows,
             logits_index=torch.tensor(logits_index, dtype=torch.int64, device=self.device),
         )
         # Always run the pass, even when no row's logits are wanted (a pass of only mid-prompt
