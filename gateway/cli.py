@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compiled grammar disk cache (default: ~/.cache/jumpgate/grammars)")
     http.add_argument("--no-grammar-disk-cache", action="store_true")
     http.add_argument("--grammar-compile-timeout", type=float, default=10.0, help="seconds per grammar compile")
+    http.add_argument("--grammar-cache-memory-mb", type=_positive_int, default=512,
+                      help="compiled grammars kept in memory (least recently used go first)")
     http.add_argument("--max-body-bytes", type=_positive_int, default=g.max_body_bytes)
     http.add_argument("--max-tokens-limit", type=_positive_int, default=g.max_tokens_limit,
                       help="largest max_tokens a request may ask for")
@@ -146,7 +148,7 @@ def build_grammar_service(engine: Any, args: argparse.Namespace) -> Any:
     eos = getattr(engine, "eos_ids", None)
     service = GrammarService(
         engine.tokenizer, vocab, cache_dir, compile_timeout_s=args.grammar_compile_timeout,
-        stop_token_ids=sorted(eos) if eos else None,
+        max_memory_bytes=args.grammar_cache_memory_mb << 20, stop_token_ids=sorted(eos) if eos else None,
     )
     try:
         loaded = service.warm_from_disk()

@@ -14,7 +14,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 import xgrammar as xgr
 
@@ -24,28 +24,49 @@ V = TypeVar("V")
 
 
 class MemoryLRU(Generic[V]):
-    """Thread-safe LRU map with at most `max_entries` entries."""
+    """Thread-safe LRU map with at most `max_entries` entries and, when `max_bytes` is set, at most
+    that many bytes by `size_of(value)`. The newest entry always stays, even alone over the byte
+    budget: it is the one a request is about to use."""
 
-    def __init__(self, max_entries: int) -> None:
+    def __init__(self, max_entries: int, max_bytes: int | None = None,
+                 size_of: Callable[[V], int] | None = None) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
+        if max_bytes is not None and (max_bytes < 1 or size_of is None):
+            raise ValueError("max_bytes must be >= 1 and needs size_of")
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, V] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._size_of = size_of
+        self._entries: OrderedDict[str, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
 
     def get(self, key: str) -> V | None:
         with self._lock:
-            value = self._entries.get(key)
-            if value is not None:
-                self._entries.move_to_end(key)
-            return value
+            item = self._entries.get(key)
+            if item is None:
+                return None
+            self._entries.move_to_end(key)
+            return item[0]
 
     def put(self, key: str, value: V) -> None:
+        size = int(self._size_of(value)) if self._size_of is not None else 0
         with self._lock:
-            self._entries[key] = value
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._entries[key] = (value, size)
+            self._bytes += size
+            while len(self._entries) > 1 and (
+                    len(self._entries) > self.max_entries
+                    or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self._bytes -= evicted
 
     def __contains__(self, key: str) -> bool:
         with self._lock:

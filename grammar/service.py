@@ -70,6 +70,7 @@ class GrammarServiceStats:
     compile_seconds_total: float = 0.0
     compile_seconds_max: float = 0.0
     memory_entries: int = 0
+    memory_bytes: int = 0
     abandoned_compiles_running: int = 0
 
     def as_dict(self) -> dict[str, float]:
@@ -83,6 +84,7 @@ class GrammarService:
         vocab_size: int,
         cache_dir: Path | str | None = None,
         max_memory_entries: int = 256,
+        max_memory_bytes: int | None = 512 << 20,
         compile_timeout_s: float = 10.0,
         workers: int = 2,
         *,
@@ -106,7 +108,9 @@ class GrammarService:
         # How the model splits forced text, learned while it writes (grammar/draft_split.py);
         # shared by every grammar: the preference is the model's.
         self.draft_splitter = DraftSplitter(self._encode, self.tokenizer_info.decoded_vocab)
-        self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(max_memory_entries)
+        # Bounded in bytes too: one 20k-value enum compiles to ~60 MB of token masks.
+        self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(
+            max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes)
         self._disk = DiskGrammarCache(Path(cache_dir), self.tokenizer_info) if cache_dir is not None else None
         self._pool = CompileWorkerPool(workers, max_abandoned=max_abandoned_compiles)
         self._inflight: dict[str, CompileJob] = {}
@@ -168,6 +172,7 @@ class GrammarService:
         with self._lock:
             snapshot = GrammarServiceStats(**self._stats.as_dict())
         snapshot.memory_entries = len(self._memory)
+        snapshot.memory_bytes = self._memory.total_bytes
         snapshot.abandoned_compiles_running = self._pool.abandoned_running
         return snapshot
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import grammar.service as service_module
+from grammar.cache import MemoryLRU
 from grammar import (
     CompiledGrammarHandle,
     GrammarCompileTimeout,
@@ -118,6 +119,40 @@ def test_memory_lru_is_bounded(make_service):
     assert svc.get_cached(specs[0]) is None and svc.get_cached(specs[2]) is not None
     svc.compile(specs[0])  # evicted: compiled again (no disk cache)
     assert svc.stats().misses == 4
+
+
+def test_memory_lru_is_bounded_in_bytes(make_service):
+    """A big enum compiles to megabytes of token masks: the byte budget, not the entry count,
+    decides what stays; the newest grammar stays even when it alone is over the budget."""
+    big = GrammarSpec.json_schema({"enum": [f"value-{i}" for i in range(3000)]})
+    small = [GrammarSpec.regex(p) for p in ("a+", "b+")]
+    probe = make_service()
+    size_big = probe.compile(big).memory_size_bytes
+    size_small = probe.compile(small[0]).memory_size_bytes
+    assert size_big > 10 * size_small
+    svc = make_service(max_memory_entries=100, max_memory_bytes=size_big + 3 * size_small)
+    svc.compile(big)
+    svc.compile(small[0])
+    svc.compile(small[1])
+    assert svc.stats().memory_entries == 3
+    assert svc.stats().memory_bytes <= size_big + 3 * size_small
+    huge = GrammarSpec.json_schema({"enum": [f"other-{i}" for i in range(6000)]})
+    svc.compile(huge)  # over the whole budget alone: everything older goes, it stays
+    assert svc.get_cached(huge) is not None
+    assert all(svc.get_cached(spec) is None for spec in [big, *small])
+    assert svc.stats().memory_entries == 1
+
+
+def test_memory_lru_unit_accounting():
+    lru = MemoryLRU(max_entries=10, max_bytes=10, size_of=len)
+    lru.put("a", "xxxx")
+    lru.put("b", "yyyy")
+    lru.put("a", "zz")  # replaced: its old size leaves the count
+    assert lru.total_bytes == 6 and lru.keys() == ["b", "a"]
+    lru.put("c", "wwwww")  # 11 > 10: the least recently used goes
+    assert lru.keys() == ["a", "c"] and lru.total_bytes == 7
+    with pytest.raises(ValueError):
+        MemoryLRU(max_entries=1, max_bytes=5)  # a byte budget needs a size function
 
 
 def test_refusals_are_counted_and_raised_with_param(make_service):
