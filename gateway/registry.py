@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from gateway.protocol import SchemaEntry
+from grammar.cache import remove_stale_temp_files
 
 log = logging.getLogger("jumpgate.gateway.registry")
 
@@ -41,10 +42,13 @@ def valid_id(entry_id: str) -> bool:
 
 
 class SchemaRegistry:
+    TEMP_PATTERN = "*/.tmp-*.json"  # what `put` writes before its rename
+
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        remove_stale_temp_files(self.root, self.TEMP_PATTERN)
 
     def _tenant_dir(self, tenant: str) -> Path:
         if tenant == "":

@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
@@ -82,15 +83,37 @@ class MemoryLRU(Generic[V]):
             return list(self._entries)
 
 
+STALE_TEMP_S = 600.0  # an atomic write takes milliseconds; a temp file this old lost its writer
+
+
+def remove_stale_temp_files(directory: Path, pattern: str, older_than_s: float = STALE_TEMP_S) -> int:
+    """Delete temp files (matching `pattern`) left by writers killed between write and rename.
+    Only old ones: another process may be writing a fresh one right now. Returns how many."""
+    removed = 0
+    cutoff = time.time() - older_than_s
+    for path in Path(directory).glob(pattern):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except OSError:  # gone meanwhile, or not ours to delete: leave it
+            continue
+    if removed:
+        log.info("removed %d stale temp file(s) in %s", removed, directory)
+    return removed
+
+
 class DiskGrammarCache:
     """`<dir>/<key>.json` holding `CompiledGrammar.serialize_json()` for one tokenizer."""
 
     SUFFIX = ".json"
+    TEMP_PATTERN = ".*.tmp"
 
     def __init__(self, directory: Path, tokenizer_info: xgr.TokenizerInfo) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._tokenizer_info = tokenizer_info
+        remove_stale_temp_files(self.directory, self.TEMP_PATTERN)
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}{self.SUFFIX}"

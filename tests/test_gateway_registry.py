@@ -44,6 +44,21 @@ def test_atomic_files_leave_no_temp(tmp_path):
     assert len(files) == 5 and all(f.startswith("sch_") and f.endswith(".json") for f in files)
 
 
+def test_temp_files_of_a_killed_writer_are_removed_at_start_once_stale(tmp_path):
+    """A writer killed between write and rename leaves `.tmp-*.json`; a restart deletes those old
+    enough that no live writer can own them, and leaves fresh ones and real entries alone."""
+    entry, _ = put(SchemaRegistry(tmp_path))
+    tenant_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    stale, fresh = tenant_dir / ".tmp-killed.json", tenant_dir / ".tmp-live.json"
+    for f in (stale, fresh):
+        f.write_text('{"half": ')
+    old = os.path.getmtime(stale) - 3600
+    os.utime(stale, (old, old))
+    again = SchemaRegistry(tmp_path)
+    assert not stale.exists() and fresh.exists()
+    assert again.get("", entry.id) == entry
+
+
 def test_damaged_file_reads_as_absent_and_is_rewritten(tmp_path):
     reg = SchemaRegistry(tmp_path)
     entry, _ = put(reg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 
@@ -108,6 +109,16 @@ def test_a_corrupt_cache_file_is_discarded_and_recompiled(damage, make_service, 
     assert (stats.disk_hits, stats.misses) == (0, 1)
     assert accepts(handle, tokenizer, '{"name":"Ada"}')
     assert path.read_text() == text  # rewritten with a good copy
+
+
+def test_stale_temp_files_in_the_disk_cache_are_removed_at_start(make_service, tmp_path):
+    stale, fresh = tmp_path / ".0123456789abcdef.killed.tmp", tmp_path / ".0123456789abcdef.live.tmp"
+    for f in (stale, fresh):
+        f.write_text("{")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    make_service(cache_dir=tmp_path)
+    assert not stale.exists() and fresh.exists()
 
 
 def test_memory_lru_is_bounded(make_service):
