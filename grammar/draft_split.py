@@ -27,6 +27,10 @@ from collections.abc import Callable, Sequence
 
 Encode = Callable[[str], list[int]]
 
+# A choice is keyed by the next this-many bytes of forced text, not all of it: memory stays bounded
+# (a forced span can be kilobytes of const text) and the choice depends on what comes next.
+KEY_BYTES = 64
+
 
 class DraftSplitter:
     def __init__(self, encode: Encode, token_bytes: Sequence[bytes], max_entries: int = 16384) -> None:
@@ -48,9 +52,10 @@ class DraftSplitter:
         pos = 0
         canonical: list[int] = []  # canonical encoding of data[pos:], consumed from the front
         while pos < len(data):
-            token = self._learned.get(data[pos:])
+            key = data[pos:pos + KEY_BYTES]
+            token = self._learned.get(key)
             if token is not None:
-                self._learned.move_to_end(data[pos:])
+                self._learned.move_to_end(key)
                 canonical = []  # the split moved off the canonical one: re-encode when needed
             else:
                 if not canonical:
@@ -73,8 +78,9 @@ class DraftSplitter:
         """The model wrote `token_id` where `remaining` was the forced text still to write."""
         if not remaining:
             return
-        self._learned[remaining] = token_id
-        self._learned.move_to_end(remaining)
+        key = remaining[:KEY_BYTES]
+        self._learned[key] = token_id
+        self._learned.move_to_end(key)
         while len(self._learned) > self._max_entries:
             self._learned.popitem(last=False)
 

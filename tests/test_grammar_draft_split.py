@@ -56,6 +56,17 @@ def test_memory_is_bounded(service, tokenizer):
     assert len(small) == 3
 
 
+def test_keys_are_the_next_bytes_of_forced_text_only(splitter, tokenizer):
+    """A long const (kilobytes of forced text) costs at most KEY_BYTES per learned choice."""
+    from grammar.draft_split import KEY_BYTES
+
+    long_text = '"' + "x" * (4 * KEY_BYTES) + '"'
+    quote = one(tokenizer, '"')
+    splitter.learn(long_text.encode(), quote)
+    assert splitter.split(long_text)[0] == quote  # found by its first KEY_BYTES bytes
+    assert all(len(k) <= KEY_BYTES for k in splitter._learned)
+
+
 def test_watch_teaches_each_choice_until_the_span_is_written(splitter, tokenizer):
     watch = ForcedSpanWatch(splitter, '":"')
     assert watch.accepted(one(tokenizer, '":'))  # more of the span to come
