@@ -47,7 +47,18 @@ CACHE_PROGRESS_EVERY = 128
 MAX_VETTED_CHOICES = 8
 
 
-def _default_pool_tokens(bytes_per_token: int) -> int:
+CUDA_KV_FRACTION = 0.85  # of the device memory free once the weights are loaded
+CUDA_RESERVE_BYTES = 2 << 30  # activations, logits, CUDA-graph pools
+
+
+def default_pool_tokens(bytes_per_token: int, device: torch.device) -> int:
+    """KV pool size when none is given. CUDA: most of the device memory left after the weights
+    (as SGLang's static memory fraction does). CPU: 15% of available host memory, within
+    4k..64k tokens (the CPU attention gathers each request's K/V, so a bigger pool buys little)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = free * CUDA_KV_FRACTION - CUDA_RESERVE_BYTES
+        return int(max(4096, budget // bytes_per_token))
     try:
         with open("/proc/meminfo") as f:
             avail_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
@@ -77,7 +88,7 @@ class Engine:
         self.model = LlamaModel(mc, load_weights(self.model_dir), self.device, self.dtype)
 
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
-        self.kv_pool_tokens = cfg.kv_pool_tokens or _default_pool_tokens(bpt)
+        self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, self.device)
         self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
         self.max_context = min(cfg.max_context or mc.max_position_embeddings, mc.max_position_embeddings)
         self.req_table = ReqToTokenTable(cfg.max_running_requests, self.max_context + cfg.max_jump_forward_tokens + 2)

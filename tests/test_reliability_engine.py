@@ -11,6 +11,7 @@ import random
 import time
 
 import pytest
+import torch
 
 from runtime.api import EngineError, GenerateRequest, StreamEvent
 from runtime.engine import Engine
@@ -350,3 +351,15 @@ def test_aborts_of_waiting_unknown_and_finished_requests_are_harmless(engine_fac
     assert waiting[-1].finish_reason == "abort" and waiting[-1].completion_tokens < 64
     engine.abort(first[-1].rid)  # already finished
     assert_baseline(engine)
+
+
+def test_default_pool_size_on_cuda_comes_from_free_device_memory(monkeypatch):
+    """Not from host memory: on a GPU the pool takes most of what the weights left free."""
+    from runtime import engine as engine_module
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 << 30, 141 << 30))
+    bpt = 23040  # SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 x 2 (K, V) x 2 bytes
+    tokens = engine_module.default_pool_tokens(bpt, torch.device("cuda"))
+    assert tokens == int(((40 << 30) * engine_module.CUDA_KV_FRACTION - engine_module.CUDA_RESERVE_BYTES) // bpt)
+    assert tokens > 1_000_000
+    assert 4096 <= engine_module.default_pool_tokens(bpt, torch.device("cpu")) <= 65536
