@@ -431,19 +431,12 @@ def greedy(n: int) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def e2e_service(real_engine):
-    svc = GrammarService(real_engine.tokenizer, real_engine.model_config.vocab_size, cache_dir=None)
-    yield svc
-    svc.close()
-
-
-@pytest.fixture(scope="module")
-def loop_prone_runs(real_engine, e2e_service, tokenizer):
+def loop_prone_runs(real_engine, service, tokenizer):
     """(name, budget, strict) -> result: every loop-prone schema at a tight budget and at 160, strict
     and not, all in one batch."""
     keys, specs = [], []
     for name, text in LOOP_PRONE.items():
-        handle = compile_schema(e2e_service, SCHEMAS[name])
+        handle = compile_schema(service, SCHEMAS[name])
         ids = chat_ids(tokenizer, text, SYSTEM)
         for budget in (handle.min_completion_tokens() + TIGHT_SLACK, LONG_BUDGET):
             for strict in (True, False):
@@ -512,8 +505,8 @@ def test_non_strict_output_is_never_altered(loop_prone_runs, name):
 
 
 @pytest.mark.e2e
-def test_budget_below_the_smallest_instance_is_refused_at_once(engine_idle_check, e2e_service, tokenizer):
-    handle = compile_schema(e2e_service, SCHEMAS["extract_12_fields"])
+def test_budget_below_the_smallest_instance_is_refused_at_once(engine_idle_check, service, tokenizer):
+    handle = compile_schema(service, SCHEMAS["extract_12_fields"])
     need = handle.min_completion_tokens()
     assert need == len(handle.new_matcher().completion_plan()) and need > 20
     ids = chat_ids(tokenizer, LOOP_PRONE["extract_12_fields"], SYSTEM)
@@ -545,10 +538,10 @@ WELL_BEHAVED = {
 
 
 @pytest.mark.e2e
-def test_well_behaved_output_is_identical_with_and_without_strict(engine_idle_check, e2e_service, tokenizer):
+def test_well_behaved_output_is_identical_with_and_without_strict(engine_idle_check, service, tokenizer):
     specs, names = [], []
     for name, text in WELL_BEHAVED.items():
-        handle = compile_schema(e2e_service, SCHEMAS[name])
+        handle = compile_schema(service, SCHEMAS[name])
         ids = chat_ids(tokenizer, text, SYSTEM)
         for strict in (True, False):
             for mode in ("verify", "off"):

@@ -72,13 +72,6 @@ def unexplained_errors(name: str, schema: dict, value) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def service(real_engine):
-    svc = GrammarService(real_engine.tokenizer, real_engine.model_config.vocab_size, cache_dir=None)
-    yield svc
-    svc.close()
-
-
-@pytest.fixture(scope="module")
 def corpus(service, tokenizer):
     """(kind, name, constraint, prompt ids, max_new_tokens) for every compiled schema and regex."""
     items = []
