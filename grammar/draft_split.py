@@ -12,8 +12,8 @@ and `head` after others); on the extraction bench the latest choice did better t
 vote (101 against 111 forward passes for the same 8-request batch once learned). Where it knows
 nothing it falls back to the canonical encoding. A choice may straddle the end of the span (`["`
 where only `[` is forced); the matcher cuts every draft to what the grammar accepts, so such a
-token is drafted only where it is valid. What the splitter learns
-never changes outputs (verification is exact); it only changes how many draft tokens survive.
+token is drafted only where it is valid. What the splitter learns never changes outputs
+(verification is exact); it only changes how many draft tokens survive.
 
 One splitter serves every grammar of one tokenizer (the preference is the model's, not the
 schema's, so `":` learned on one schema helps all). Bounded LRU; touched only from the engine

@@ -10,11 +10,8 @@ written, each accepted token teaches the shared splitter how the model splits th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import xgrammar as xgr
 
-from grammar.draft_split import DraftSplitter, ForcedSpanWatch
 from grammar.closing import (
     ClosingVocab,
     completion_bound,
@@ -24,8 +21,7 @@ from grammar.closing import (
     fill_plan_bitmask,
     fill_value_closing_bitmask,
 )
-
-Encode = Callable[[str], list[int]]
+from grammar.draft_split import DraftSplitter, Encode, ForcedSpanWatch
 
 
 class XGrammarMatcher:

@@ -22,8 +22,8 @@ import xgrammar as xgr
 from grammar.cache import DiskGrammarCache, MemoryLRU
 from grammar.closing import ClosingVocab
 from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
-from grammar.errors import GrammarCompileTimeout, GrammarSpecError
 from grammar.draft_split import DraftSplitter
+from grammar.errors import GrammarCompileTimeout, GrammarSpecError
 from grammar.matcher import XGrammarMatcher
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids

@@ -558,9 +558,10 @@ class Engine:
                 host_rows[r.rid] = len(index)
                 index.extend(range(row, row + k))
         logits = None
-        if index:
-            logits = out if out.device.type == "cpu" and len(index) == out.shape[0] else \
-                out[torch.tensor(index, device=out.device)].cpu()
+        if len(index) == out.shape[0] and out.device.type == "cpu":
+            logits = out  # every row, in order, already on the host
+        elif index:
+            logits = out[torch.tensor(index, device=out.device)].cpu()
         for r, row, k, n in wanted:
             if r.finished:  # aborted meanwhile cannot happen inside a step, but keep it safe
                 continue
