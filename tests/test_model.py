@@ -116,3 +116,44 @@ def test_batched_mixed_extend_and_decode_equal_separate_passes(tiny_model_dir, t
     kv2 = KVPool(cfg.num_layers, 4096, cfg.num_kv_heads, cfg.head_dim)
     full_a, _, _ = _prefill(model, cfg, a + [nxt], kv2)
     torch.testing.assert_close(mixed[0], full_a[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_pass_with_decodes_drafts_and_a_prefill_equals_full_prefills(tiny_model_dir, tokenizer):
+    """The torch backend's kinds of rows in one pass (single-token decodes of unequal lengths and
+    short multi-token extends, as when jump-forward drafts are verified, padded together; a long
+    prefill on its own): every row's logits equal those of a full prefill of that sequence alone."""
+    cfg, model = _load(tiny_model_dir)
+    prompts = [chat_ids(tokenizer, t) for t in ("first request", "a second, longer request with more words",
+                                                 "third one", "fourth request, whose draft is four tokens")]
+    kv = KVPool(cfg.num_layers, 4096, cfg.num_kv_heads, cfg.head_dim)
+    cached = [_prefill(model, cfg, p, kv)[2] for p in prompts]
+    new = {0: [17], 1: [23, 5, 99, 41], 2: [8], 3: [61, 62, 63]}  # decode, draft, decode, draft
+    prefill = chat_ids(tokenizer, "a fresh prompt that is prefilled in the same pass " * 5)
+    ids, positions, out_slots, ext_lens, seq_lens, rows, logits_index = [], [], [], [], [], [], []
+    for i, p in enumerate(prompts):
+        s = kv.allocator.alloc(len(new[i]))
+        ids += new[i]
+        positions += range(len(p), len(p) + len(new[i]))
+        out_slots.append(s)
+        ext_lens.append(len(new[i]))
+        seq_lens.append(len(p) + len(new[i]))
+        rows.append(torch.cat([cached[i], s]))
+    s = kv.allocator.alloc(len(prefill))
+    ids += prefill
+    positions += range(len(prefill))
+    out_slots.append(s)
+    ext_lens.append(len(prefill))
+    seq_lens.append(len(prefill))
+    rows.append(s)
+    assert len(prefill) > TorchAttentionBackend.max_short_extend
+    n = len(ids)
+    batch = ForwardBatch(torch.tensor(ids), torch.tensor(positions), torch.cat(out_slots), ext_lens, seq_lens,
+                         rows, torch.arange(n))
+    mixed = model.forward(batch, kv, TorchAttentionBackend())
+    at = 0
+    for i, p in enumerate(prompts):
+        alone, _, _ = _prefill(model, cfg, p + new[i])
+        torch.testing.assert_close(mixed[at:at + len(new[i])], alone[len(p):], atol=1e-5, rtol=1e-5)
+        at += len(new[i])
+    alone, _, _ = _prefill(model, cfg, prefill)
+    torch.testing.assert_close(mixed[at:], alone, atol=1e-5, rtol=1e-5)
