@@ -288,6 +288,50 @@ def test_engine_greedy_tokens_equal_torch_backend(kernels, tiny_model_dir):
     assert outs["torch"][2] != outs["torch"][1]  # the free request was not masked
 
 
+def test_engine_jump_forward_verify_equals_torch_backend(kernels, tiny_model_dir, tokenizer):
+    """Jump-forward drafts verified through the Triton kernels: short extends after cached
+    prefixes, next to decodes in the same pass, rejected tails rolled back. Tokens equal the torch
+    backend's, and `verify` equals `off` on both (the CUDA path of #4, before a GPU runs it)."""
+    from grammar import GrammarService, GrammarSpec
+    from runtime.api import GenerateRequest
+    from runtime.engine import Engine
+    from runtime.loader import read_config
+    from runtime.sampling import SamplingParams
+
+    spec = GrammarSpec.json_schema({
+        "type": "object", "additionalProperties": False, "required": ["status", "count", "tags"],
+        "properties": {"status": {"enum": ["accepted_by_reviewer", "rejected_by_reviewer"]},
+                       "count": {"type": "integer"}, "tags": {"type": "array", "maxItems": 2,
+                                                               "items": {"type": "string", "maxLength": 4}}}})
+    g = torch.Generator().manual_seed(11)
+    shared = torch.randint(100, 40000, (20,), generator=g).tolist()
+    prompts = [shared + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (5, 9, 2)]
+    outs, counters = {}, {}
+    for backend in ("torch", "triton"):
+        # a service each: the draft splitter learns the model's splits, and both backends start unlearned
+        service = GrammarService(tokenizer, read_config(tiny_model_dir).vocab_size)
+        handle = service.compile(spec)
+        for mode in ("off", "verify"):
+            engine = Engine(model=str(tiny_model_dir), device=DEV.type, dtype="float32", attention_backend=backend,
+                            kv_pool_tokens=1024, max_running_requests=4, debug_invariants=True)
+            try:
+                greedy = SamplingParams(max_new_tokens=40, temperature=0.0)
+                res = engine.generate_many([GenerateRequest(p, greedy, constraint=handle, jump_forward=mode)
+                                            for p in prompts])
+                stats = engine.call(engine.stats).result(timeout=60)
+            finally:
+                engine.shutdown()
+            assert stats["kv_slots_request_only"] == 0
+            outs[backend, mode] = [r.token_ids for r in res]
+            counters[backend, mode] = (stats.get("jump_forward_tokens", 0), stats.get("jump_forward_rejected", 0))
+        service.close()
+    assert outs["triton", "verify"] == outs["torch", "verify"] == outs["torch", "off"] == outs["triton", "off"]
+    assert counters["triton", "verify"] == counters["torch", "verify"]
+    accepted, rejected = counters["triton", "verify"]
+    assert accepted > 0 and rejected > 0  # drafts kept through the extend kernel, and tails rolled back
+    assert counters["triton", "off"] == (0, 0)
+
+
 # ------------------------------------------------------------------------------------------ scripts
 
 
