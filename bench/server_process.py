@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import httpx
 
@@ -34,6 +34,15 @@ def serve_command() -> list[str]:
     if script.exists():
         return [str(script), "serve"]
     return [sys.executable, "-m", "gateway", "serve"]
+
+
+# Gauges that are all 0 once the server has nothing to do and holds no KV slot outside the prefix cache.
+IDLE_GAUGES = ("jumpgate_running_requests", "jumpgate_waiting_requests", "jumpgate_gateway_in_flight_requests",
+               "jumpgate_kv_slots_request_only")
+
+
+def is_idle(metrics: dict[str, float]) -> bool:
+    return all(metrics.get(name) == 0 for name in IDLE_GAUGES)
 
 
 class ServerFailed(RuntimeError):
@@ -150,6 +159,16 @@ class JumpgateServer:
         """Unlabelled samples of /metrics as {name: value} (labelled ones keep their labels)."""
         text = httpx.get(self.url + "/metrics", timeout=10.0).text
         return parse_metrics(text)
+
+    def wait_metrics(self, ok: Callable[[dict[str, float]], bool] = is_idle, timeout_s: float = 60.0,
+                     interval_s: float = 0.1) -> dict[str, float]:
+        """Poll /metrics until `ok(metrics)` (default: idle) or `timeout_s`; the last sample."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.metrics()
+            if ok(m) or time.monotonic() > deadline:
+                return m
+            time.sleep(interval_s)
 
     def rss_mb(self) -> float:
         with open(f"/proc/{self.pid}/status") as f:

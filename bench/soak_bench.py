@@ -287,18 +287,6 @@ class Poller(threading.Thread):
         self.join(timeout=10)
 
 
-def wait_idle(server: JumpgateServer, timeout_s: float) -> tuple[dict[str, float], float]:
-    t0 = time.monotonic()
-    while True:
-        m = server.metrics()
-        idle = all(m.get(k, 0) == 0 for k in ("jumpgate_running_requests", "jumpgate_waiting_requests",
-                                              "jumpgate_gateway_in_flight_requests", "jumpgate_kv_slots_request_only"))
-        waited = time.monotonic() - t0
-        if idle or waited > timeout_s:
-            return m, waited
-        time.sleep(0.25)
-
-
 def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -345,7 +333,8 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
             poller.start()
             asyncio.run(soak.run(t_start + args.duration))
             t_end = time.monotonic()
-            after, idle_wait = wait_idle(server, args.idle_timeout)
+            after = server.wait_metrics(timeout_s=args.idle_timeout, interval_s=0.25)
+            idle_wait = time.monotonic() - t_end
             poller.stop()
             rss_final = server.rss_mb()
 

@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -127,17 +126,6 @@ def sse_data(resp: httpx.Response):
     for line in resp.iter_lines():
         if line.startswith("data: "):
             yield line[len("data: "):]
-
-
-def wait_idle(server: JumpgateServer, timeout_s: float = 10.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        m = server.metrics()
-        idle = (m.get("jumpgate_running_requests") == 0 and m.get("jumpgate_kv_slots_request_only") == 0
-                and m.get("jumpgate_gateway_in_flight_requests") == 0)
-        if idle or time.monotonic() > deadline:
-            return m
-        time.sleep(0.2)
 
 
 def load_example(name: str):
@@ -577,7 +565,7 @@ def test_client_disconnect_mid_stream_frees_kv(server):
             assert during["jumpgate_gateway_in_flight_requests"] >= 1, during
             assert during["jumpgate_kv_slots_request_only"] >= 1, during
         # leaving the block closes the connection mid-stream
-    m = wait_idle(server)
+    m = server.wait_metrics(timeout_s=10)
     assert m["jumpgate_running_requests"] == 0, m
     assert m["jumpgate_kv_slots_request_only"] == 0, m
     assert m["jumpgate_gateway_in_flight_requests"] == 0, m
@@ -590,7 +578,7 @@ def test_client_timeout_on_whole_response_frees_kv(server):
     body = chat_body(messages=[{"role": "user", "content": "Write a very long story about wizards."}], max_tokens=400)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.5))
-    m = wait_idle(server)
+    m = server.wait_metrics(timeout_s=10)
     assert m["jumpgate_running_requests"] == 0, m
     assert m["jumpgate_kv_slots_request_only"] == 0, m
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway.auth import tenant_id
-from bench.server_process import MODEL, JumpgateServer
+from bench.server_process import MODEL, JumpgateServer, is_idle
 
 KEYS = {"load": "sk-load-0001", "alice": "sk-alice-0001", "bob": "sk-bob-0001"}
 MAX_RUNNING, MAX_WAITING = 2, 2
@@ -45,24 +45,6 @@ def server(tmp_path_factory):
         yield srv
     finally:
         srv.stop()
-
-
-def metrics(server: JumpgateServer) -> dict[str, float]:
-    return server.metrics()
-
-
-def wait_metrics(server: JumpgateServer, ok, timeout_s: float = 60.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        m = metrics(server)
-        if ok(m) or time.monotonic() > deadline:
-            return m
-        time.sleep(0.1)
-
-
-def is_idle(m: dict[str, float]) -> bool:
-    return (m.get("jumpgate_running_requests") == 0 and m.get("jumpgate_waiting_requests") == 0
-            and m.get("jumpgate_kv_slots_request_only") == 0 and m.get("jumpgate_gateway_in_flight_requests") == 0)
 
 
 def chat_body(content: str, **fields) -> dict:
@@ -103,7 +85,7 @@ def test_full_queue_is_refused_at_once_and_health_stays_fast(server):
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             tasks = [asyncio.ensure_future(hold(client, i)) for i in range(held)]
             try:
-                m = await asyncio.to_thread(wait_metrics, server, lambda m: (
+                m = await asyncio.to_thread(server.wait_metrics, lambda m: (
                     m.get("jumpgate_running_requests") == MAX_RUNNING
                     and m.get("jumpgate_waiting_requests") == MAX_WAITING))
                 assert m["jumpgate_running_requests"] == MAX_RUNNING, m
@@ -116,7 +98,7 @@ def test_full_queue_is_refused_at_once_and_health_stays_fast(server):
                                           json=chat_body("one more, please", stream=stream))
                     refusals.append((r, time.perf_counter() - t0))
                 latencies = await asyncio.to_thread(health_latencies)
-                during = await asyncio.to_thread(metrics, server)
+                during = await asyncio.to_thread(server.metrics)
                 return refusals, latencies, during
             finally:
                 for t in tasks:
@@ -136,7 +118,7 @@ def test_full_queue_is_refused_at_once_and_health_stays_fast(server):
     assert max(latencies) < 1.0, latencies
 
     # the held requests were cancelled by their clients: everything is released
-    m = wait_metrics(server, is_idle, timeout_s=30)
+    m = server.wait_metrics(timeout_s=30)
     assert is_idle(m), m
     assert httpx.post(server.url + "/v1/chat/completions", headers=auth("load"), timeout=60,
                       json=chat_body("still serving?")).status_code == 200
