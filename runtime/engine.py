@@ -32,7 +32,7 @@ from runtime.model import LlamaModel, load_weights
 from runtime.prefix_cache import BasePrefixCache, NoPrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Req
-from runtime.sampler import apply_token_bitmask, sample_token, sampling_probs
+from runtime.sampler import apply_token_bitmask, sample_token
 from runtime.sampling import SamplingParams
 from runtime.scheduler import SHARED_PREFIX_WAIT_TOKENS, SchedulePolicy, common_prefix_len
 
@@ -636,28 +636,17 @@ class Engine:
         tok = sample_token(row[0], r.spec.sampling, r.generator)
         return tok if r.guard is None else self._vetted(r, row[0], tok)
 
-    def _verify_draft_token(self, r: Req, logits_row: torch.Tensor, draft_tok: int) -> int:
-        """Keep the draft token or replace it, so the output follows the model's masked
-        distribution exactly (greedy: argmax; sampling: accept with the masked probability)."""
-        p = r.spec.sampling
-        if p.greedy:
-            return self._choose(r, logits_row)
-        row = logits_row.clone().unsqueeze(0)
-        mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
-        self._fill_mask(r, mask, 0)
-        apply_token_bitmask(row, mask)
-        probs = sampling_probs(row[0], p)
-        if torch.rand(1, generator=r.generator).item() < probs[draft_tok].item():
-            return draft_tok
-        probs[draft_tok] = 0.0  # the residual distribution of speculative sampling with a one-hot draft
-        if probs.sum() <= 0:
-            return draft_tok
-        return int(torch.multinomial(probs / probs.sum(), 1, generator=r.generator))
-
     def _accept_from_logits(self, r: Req, rows: torch.Tensor | None, fed: int, first_choice: int | None) -> None:
         """After a pass that reached the end of `r`'s pending tokens: verify its draft (if any),
         choose the next token, roll back KV of rejected draft tokens, then plan the next draft.
-        Finishing waits until the KV bookkeeping is done, so no slot is left behind."""
+        Finishing waits until the KV bookkeeping is done, so no slot is left behind.
+
+        Verifying a draft token is choosing at its position exactly as without a draft (masked,
+        vetted, sampled with the request's generator) and keeping it if the choice equals it.
+        Under sampling that accepts with the masked probability of the draft token and otherwise
+        yields the residual distribution, as speculative sampling with a one-hot draft does; and
+        since every position draws once, as it would without drafts, a seed gives the same output
+        whatever was drafted."""
         draft, r.draft = r.draft, []
         kv_before = r.kv_len
         r.kv_len += fed - len(draft)  # real tokens now have KV; drafts count only once accepted
@@ -666,8 +655,6 @@ class Engine:
         for i in range(len(draft) + 1):
             if i == 0 and first_choice is not None:
                 tok = first_choice
-            elif i < len(draft):
-                tok = self._verify_draft_token(r, rows[i], draft[i])
             else:
                 tok = self._choose(r, rows[i])
             finish = self._accept_token(r, tok)

@@ -189,16 +189,16 @@ def test_drafts_learn_the_models_split_and_keep_verify_exact(real_engine, tokeni
 def test_sampled_requests_verify_drafts_and_stay_valid(real_engine, tokenizer, engine_idle_check):
     """Sampling (temperature 1, seeded) with verify jump-forward, batched with greedy requests:
     drafts are accepted with the masked probability (speculative sampling), so every output is
-    still valid, and the same seed gives the same output."""
+    still valid, and the same seed gives the same output, with or without drafts."""
     svc = GrammarService(tokenizer, real_engine.model_config.vocab_size)
     try:
         schema = SCHEMAS["person_basic"]
         handle = svc.compile(GrammarSpec.json_schema(schema))
         ids = chat_ids(tokenizer, "Extract the person: Ada Lovelace, 36, ada@example.com.", SYSTEM)
 
-        def batch():
+        def batch(mode="verify"):
             sampled = [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=1.0, seed=s),
-                                       constraint=handle, jump_forward="verify", strict=True) for s in (1, 2)]
+                                       constraint=handle, jump_forward=mode, strict=True) for s in (1, 2)]
             greedy = [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=handle,
                                       jump_forward="verify", strict=True)]
             before = real_engine.stats()
@@ -207,7 +207,8 @@ def test_sampled_requests_verify_drafts_and_stay_valid(real_engine, tokenizer, e
             return results, drafted
 
         first, drafted = batch()
-        second, _ = batch()
+        second, _ = batch()  # drafted differently: the splitter learned from the first
+        without_drafts, _ = batch("off")
         alone = real_engine.generate_many([GenerateRequest(
             ids, SamplingParams(max_new_tokens=64, temperature=1.0, seed=1), constraint=handle,
             jump_forward="verify", strict=True)], timeout=600)[0]
@@ -215,6 +216,7 @@ def test_sampled_requests_verify_drafts_and_stay_valid(real_engine, tokenizer, e
         for r in first:
             assert not unexplained_errors("person_basic", schema, json.loads(r.text)), r.text
         assert [r.token_ids for r in first] == [r.token_ids for r in second]
+        assert [r.token_ids for r in first[:2]] == [r.token_ids for r in without_drafts[:2]]
         # each request reads its own logits rows in a batch: the same as when it runs alone
         assert alone.token_ids == first[0].token_ids
     finally:
