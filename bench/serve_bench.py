@@ -39,15 +39,11 @@ import httpx
 import jsonschema
 
 from bench.common import emit
-from bench.server_process import JumpgateServer
+from bench.server_process import MODEL, JumpgateServer
 from bench.workloads import ROOT, USER_TASKS, agent_system_prompt, agent_tools
 
-MODEL = "SmolLM2-135M-Instruct"
 EXTRACT_SCHEMA_PATH = ROOT / "tests" / "data" / "schema_corpus" / "extract_12_fields.json"
 COMPLETE = ("stop", "tool_calls")
-
-
-# =========================================================================== the server process
 
 
 # =========================================================================== one streamed request
