@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from gateway.cli import build_parser, engine_config, gateway_settings
+from types import SimpleNamespace
+
+import pytest
+
+from gateway.cli import build_grammar_service, build_parser, engine_config, gateway_settings
 
 
 def parse(*argv: str):
@@ -34,3 +38,29 @@ def test_flags_map_through():
     assert s.api_keys == ["a", "b", "c", "d"] and s.max_concurrent_requests == 13
     assert args.grammar_cache_dir == "/g"
     s.validate()
+
+
+def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
+    made = {}
+
+    class RecordingService:  # stands in for grammar.service.GrammarService: only its arguments matter here
+        def __init__(self, *args, **kw):
+            made.update(kw)
+
+        def warm_from_disk(self):
+            return 0
+
+    monkeypatch.setattr("grammar.service.GrammarService", RecordingService)
+    engine = SimpleNamespace(tokenizer=[0] * 10, model_config=SimpleNamespace(vocab_size=10), eos_ids={2})
+    build_grammar_service(engine, parse("--grammar-cache-dir", str(tmp_path)))
+    assert made["max_memory_bytes"] == 512 << 20
+    build_grammar_service(engine, parse("--grammar-cache-dir", str(tmp_path), "--grammar-cache-memory-mb", "64"))
+    assert made["max_memory_bytes"] == 64 << 20
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "lots", "1.5"])
+def test_grammar_cache_memory_flag_refuses_bad_values(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse("--grammar-cache-memory-mb", value)
+    assert exc.value.code == 2
+    assert "--grammar-cache-memory-mb" in capsys.readouterr().err
