@@ -7,7 +7,7 @@ several engine replicas by prefix hash without changing its own code.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Literal, Protocol
 
 from runtime.constraint import CompiledConstraint
@@ -64,10 +64,92 @@ class GenerateResult:
     completion_tokens: int
 
 
-class EngineClient(Protocol):
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine serves, fixed at start (banner, grammar service set-up, /v1/models)."""
+
     model_name: str
-    max_context: int  # longest prompt + output one request may have (tokens)
-    is_running: bool  # the step loop is alive (read without touching the engine thread)
+    device: str  # "cpu" | "cuda:0" ...
+    dtype: str  # activation / KV dtype, e.g. "float32"
+    weights: str  # linear-layer weight format actually used: fp32 | bf16 | q8 | q4
+    weights_reason: str  # why that format (auto's choice, or "requested")
+    attention_backend: str  # torch | triton
+    kv_pool_tokens: int
+    max_context: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's gauges and counters, made on the engine thread between steps
+    (never a live view: the gateway may read it from any thread while the engine keeps running).
+
+    Gauges describe now; counters only grow (until `flush_cache`, which benches use to restart them).
+    """
+
+    # gauges
+    running_requests: int = 0
+    waiting_requests: int = 0
+    kv_slots_total: int = 0
+    kv_slots_free: int = 0
+    kv_slots_tree: int = 0  # held by the prefix cache (device tier)
+    kv_slots_evictable: int = 0  # tree slots no running request locks
+    kv_slots_request_only: int = 0  # held by running requests and not (yet) by the tree
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)  # "device"/"host"/"disk" -> tokens held now
+    # counters
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    generated_tokens: int = 0
+    forward_passes: int = 0
+    forward_tokens: int = 0
+    jump_forward_tokens: int = 0  # tokens written by jump-forward (accepted drafts + direct)
+    jump_forward_rejected: int = 0  # draft tokens rolled back by verification
+    retractions: int = 0
+    evicted_tokens: int = 0
+    requests_finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
+    ttft_seconds_sum: float = 0.0
+    engine_seconds: float = 0.0  # time inside step()
+    tree_seconds: float = 0.0  # of which: prefix-cache bookkeeping
+    tier_counters: dict[str, int] = field(default_factory=dict)  # host/disk tier counters (hicache_*, disk_*)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of admitted prompt tokens that came from the prefix cache (0 before any)."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat numbers (benches print them as JSON)."""
+        out = {k: v for k, v in asdict(self).items() if not isinstance(v, dict)}
+        out.update({f"requests_{k}": v for k, v in self.requests_finished.items()})
+        out.update({f"cached_tokens_{k}": v for k, v in self.cached_tokens_by_tier.items()})
+        out.update(self.tier_counters)
+        out["prefix_hit_rate"] = self.prefix_hit_rate
+        return out
+
+
+@dataclass(frozen=True)
+class PrefixExplanation:
+    """How much of a prompt the cache holds, tier by tier, without generating anything.
+
+    The tiers are nested: the device holds a prefix, the host may hold more beyond it, the disk
+    more again; `cached_tokens` is where the prompt leaves the cache altogether (the sum)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    by_tier: dict[str, int]  # "device" / "host" / "disk" -> tokens of the prompt found there
+
+
+class EngineClient(Protocol):
+    """Everything the gateway may use of an engine (the in-process `Engine`, a fake in tests, a
+    remote replica later). Blocking methods are called off the event loop."""
+
+    info: EngineInfo
+    tokenizer: Any  # a Hugging Face tokenizer (encode / decode / chat template)
+
+    @property
+    def is_running(self) -> bool:
+        """The step loop is alive (read without touching the engine thread)."""
 
     def submit(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         """Queue `req` and stream its events; raises EngineError at once on a refusal
@@ -76,8 +158,17 @@ class EngineClient(Protocol):
     def abort(self, rid: str) -> None:
         """Cancel a queued or running request; its KV slots are freed (prefix stays cached)."""
 
-    def stats(self) -> dict[str, Any]:
-        """Counters and gauges: tokens, cached tokens, KV slots free/used/tree-held, queue sizes."""
+    def stats(self) -> EngineStats:
+        """A snapshot made on the engine thread (blocking; call it off the event loop)."""
 
-    def explain_prefix(self, prompt_ids: list[int], namespace: str = "") -> dict[str, Any]:
-        """How much of `prompt_ids` is cached (by tier), without generating anything."""
+    def explain_prefix(self, prompt_ids: list[int], namespace: str = "") -> PrefixExplanation:
+        """How much of `prompt_ids` is cached (by tier), without generating anything (blocking)."""
+
+    def pin_prefix(self, token_ids: list[int], namespace: str = "", name: str | None = None) -> int:
+        """Prefill and keep resident; returns the pinned length. EngineError(code="pin_budget_exceeded")
+        past the pin budget, (code="pinning_unavailable") without a prefix cache (blocking)."""
+
+    def unpin_prefix(self, token_ids: list[int] | None = None, namespace: str = "", name: str | None = None) -> int:
+        """Release a pin (by name or ids); returns the tokens released (blocking)."""
+
+    def shutdown(self) -> None: ...

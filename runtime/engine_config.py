@@ -10,6 +10,7 @@ class EngineConfig:
     model: str | None = None  # HF folder or GGUF file; None = the default SmolLM2-135M-Instruct
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    weights: str = "auto"  # linear-layer weight format: auto | fp32 | bf16 | q8 | q4 (GGUF-native int4)
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton (CPU: TRITON_INTERPRET=1 only)
     cuda_graphs: bool = True  # replay decode passes from CUDA graphs (CUDA + triton attention only)
     kv_pool_tokens: int | None = None  # None = sized from available memory
