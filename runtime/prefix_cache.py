@@ -105,6 +105,12 @@ class BasePrefixCache(abc.ABC):
         """How much of `key` each tier holds, without mutating anything (`explain_prefix`)."""
         return {"device": self.prefix_match_length(key, namespace), "host": 0, "disk": 0}
 
+    def load_back(self, key: Sequence[int], namespace: str = "") -> int:
+        """Bring what lower tiers hold of `key` (beyond the device match) into device slots, so the
+        next `match_prefix` finds it; returns the tokens loaded. The cache manager calls it
+        explicitly before matching at admission; `match_prefix` itself never loads."""
+        return 0
+
     def prefetch(self, key: Sequence[int], namespace: str = "") -> None:
         """A request with this key was queued: start loading what lower tiers hold of it."""
 
