@@ -162,7 +162,7 @@ def test_disk_full_is_a_warning_and_a_miss(tmp_path, caplog, monkeypatch):
     def full(self, h, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(DiskStore, "_write_file", full)
+    monkeypatch.setattr(DiskStore, "write_page_file", full)
     c = make_cache(tmp_path, device_slots=8, host_slots=8)
     with caplog.at_level(logging.WARNING, logger="jumpgate.hicache"):
         for k in range(4):
@@ -353,7 +353,7 @@ def test_disk_full_still_serves(tiny_model_dir, tmp_path, expected, monkeypatch,
     def full(self, h, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(DiskStore, "_write_file", full)
+    monkeypatch.setattr(DiskStore, "write_page_file", full)
     with caplog.at_level(logging.WARNING, logger="jumpgate.hicache"):
         with tiered(tiny_model_dir, tmp_path, host_pool_tokens=300) as e:
             got = _serve(e, prompts, rounds=2)
