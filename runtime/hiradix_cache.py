@@ -66,7 +66,7 @@ class HiRadixCache(BasePrefixCache):
                               "hicache_loaded_host_tokens": 0, "hicache_loaded_disk_tokens": 0,
                               "hicache_prefetched_pages": 0, "hicache_backed_up_tokens": 0,
                               "hicache_dropped_tokens": 0}
-        self.tree = RadixCache(kv.allocator, page_size, spill=self._spill)
+        self.tree = RadixCache(kv.allocator, page_size, spill=self._spill, on_split=self._split_tiers)
         self.host_tier = HostTier(kv, host, self.tree, self._write_to_disk, self.tier_counters)
         self.disk_tier = DiskTier(disk, identity, page_size, self.tier_counters, max_staged_pages)
 
@@ -128,6 +128,13 @@ class HiRadixCache(BasePrefixCache):
                 self.host_tier.free(below)
         self.tier_counters["hicache_dropped_tokens"] += n
         return False
+
+    def _split_tiers(self, head: TreeNode, tail: TreeNode, n: int) -> None:
+        """The tree cut a node: the head takes the first `n` tokens' host slots and page hashes."""
+        if tail.tier is not None:
+            head.tier = tail.tier.split(n)
+            if host_slots(head) is not None:
+                self.host_tier.lru.push(head)
 
     def _kv_source(self, node: TreeNode) -> tuple[Any, torch.Tensor]:
         """Where the node's KV is read from: its host copy if any, else its device slots."""

@@ -9,7 +9,7 @@ first page, so matches, inserts and splits happen only at page boundaries.
 
 This is the one tree of the project; the tiered cache (`hiradix_cache.py`) is composed from it.
 For that a node may be off the device (`value is None`: only a lower tier holds its KV) and may
-carry a `tier` record that the tree splits along with the node. Device residency is
+carry a `tier` record the tree never reads (the `on_split` hook splits it). Device residency is
 prefix-closed (a node on the device has its parent on the device), so the device part of a match
 is a prefix of it. Eviction takes unlocked device leaves in LRU order from an `LRUQueue`, and
 asks the `spill` hook (if any) whether a lower tier keeps the node; a one-tier cache has none, so
@@ -67,7 +67,7 @@ class TreeNode:
         self.last_access = 0
         self.namespace = namespace  # set on roots only
         self.evicted = False  # left the tree: a handle to it can no longer be locked
-        self.tier: Any = None  # lower-tier record of the tiered cache; has `split(n) -> head`
+        self.tier: Any = None  # the tiered cache's record of this node (opaque to the tree)
 
     @property
     def is_root(self) -> bool:
@@ -96,14 +96,17 @@ def device_length(path: list) -> int:
 
 class RadixCache(BasePrefixCache):
     def __init__(self, allocator: SlotAllocator, page_size: int = 1,
-                 spill: Callable[[TreeNode], bool] | None = None):
-        """`spill(node)` runs on every device eviction, before the node's slots are freed; True
-        means a lower tier keeps its KV, so the node stays in the tree off the device."""
+                 spill: Callable[[TreeNode], bool] | None = None,
+                 on_split: Callable[[TreeNode, TreeNode, int], None] | None = None):
+        """Hooks of a tiered cache: `spill(node)` runs on every device eviction, before the node's
+        slots are freed; True means a lower tier keeps its KV, so the node stays in the tree off
+        the device. `on_split(head, tail, n)` runs when a node is cut after `n` tokens."""
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         self._allocator = allocator
         self.page_size = page_size
         self.spill = spill
+        self.on_split = on_split
         self.evicted_tokens = 0  # cumulative, for metrics
         self._clock = itertools.count(1)
         self._lru = LRUQueue(self._is_device_leaf)
@@ -161,13 +164,13 @@ class RadixCache(BasePrefixCache):
         mid = TreeNode(child.key[:n], None, child.parent)
         if child.value is not None:
             mid.value, child.value = child.value[:n], child.value[n:]
-        if child.tier is not None:
-            mid.tier = child.tier.split(n)
         mid.lock_ref = child.lock_ref
         mid.last_access = child.last_access
         mid.children[self._child_key(child.key, n)] = child
         child.parent.children[self._child_key(child.key)] = mid
         child.key, child.parent = child.key[n:], mid
+        if self.on_split is not None:
+            self.on_split(mid, child, n)
         return mid
 
     def walk(self, key: Sequence[int], namespace: str, split: bool, touch: int = 0) -> Walk:

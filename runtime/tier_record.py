@@ -1,7 +1,7 @@
 """What the lower tiers know of one radix node: its host slots, its disk page hashes, its hits.
 
-Attached to `TreeNode.tier` by the tiered cache (`hiradix_cache.py`); the tree only splits it
-along with its node (`split`), so the tiers never need to subclass the tree.
+Attached to `TreeNode.tier` by the tiered cache (`hiradix_cache.py`), which splits it when the
+tree cuts the node (the tree's `on_split` hook), so the tiers never need to subclass the tree.
 """
 
 from __future__ import annotations

@@ -97,6 +97,37 @@ def test_accounting_invariants_across_tiers_random_workload(tmp_path):
         c.close()
 
 
+def test_random_workload_with_pins_and_prefetch_keeps_every_invariant(tmp_path):
+    """Requests, pins (a locked match held across other requests) and prefetches in random order
+    over small pools, so nodes split, move between all three tiers and leave the tree."""
+    for seed in range(8):
+        rng = random.Random(seed)
+        policy = ("write_through", "write_through_selective", "write_back")[seed % 3]
+        c = make_cache(tmp_path / str(seed) if seed % 2 else None, device_slots=rng.choice([16, 24, 40]),
+                       host_slots=rng.choice([8, 16, 24]), policy=policy, min_load=rng.choice([1, 4, 8]))
+        prefixes = [[rng.randrange(30) for _ in range(rng.randrange(4, 14))] for _ in range(6)]
+        pins = []
+        for _ in range(120):
+            key = rng.choice(prefixes) + [rng.randrange(30) for _ in range(rng.randrange(0, 9))]
+            ns, roll = rng.choice(["", "t1"]), rng.random()
+            if roll < 0.1:
+                c.load_back(key, ns)
+                m = c.match_prefix(key, ns)
+                c.lock(m.node)
+                pins.append(m.node)
+            elif roll < 0.2 and pins:
+                c.unlock(pins.pop(rng.randrange(len(pins))))
+            elif roll < 0.25:
+                c.prefetch(key, ns)
+            elif c.allocator.num_free + c.evictable_size >= len(key):  # pins may hold the pool
+                compute(c, key, ns)
+            c.check_invariant()
+        for node in pins:
+            c.unlock(node)
+        c.check_invariant()
+        c.close()
+
+
 def test_host_eviction_goes_to_disk_and_comes_back(tmp_path):
     c = make_cache(tmp_path, device_slots=8, host_slots=8, policy="write_back")
     keys = [list(range(k * 10, k * 10 + 8)) for k in range(4)]
