@@ -108,7 +108,8 @@ class HiRadixCache(BasePrefixCache):
             if host_slots(node) is not None:
                 self.host_tier.lru.push(node)
             node = node.parent
-        if self.write_policy == "write_through" and result.node.parent is not None:
+        # a node the tiers have no record of was just created by this insert: copy it down
+        if self.write_policy == "write_through" and result.node.parent is not None and result.node.tier is None:
             self._persist(result.node)
         return result
 

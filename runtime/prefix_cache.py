@@ -36,8 +36,8 @@ Ownership and locking contract (every implementation follows it, so the engine t
   recently used first, returning the slots to the allocator; it returns the number freed.
 
 * The disabled cache (`NoPrefixCache`) fits the same contract: a match is always empty,
-  `insert` takes nothing and returns `cached_len = len(key)` ("all of it is a duplicate"), so the same caller
-  code frees every slot of the finished request.
+  `insert` takes nothing and returns `cached_len = len(key)` ("all of it is a duplicate"), so
+  the same caller code frees every slot of the finished request.
 
 Keys are token-id sequences; `namespace` (tenant + cache salt) separates trees so no prefix is
 ever shared across namespaces.
@@ -75,7 +75,8 @@ class BasePrefixCache(abc.ABC):
 
     @abc.abstractmethod
     def prefix_match_length(self, key: Sequence[int], namespace: str = "") -> int:
-        """Length `match_prefix` would return, without mutating anything (for scheduling)."""
+        """Length `match_prefix` would return after `load_back` (so a tiered cache counts its
+        lower tiers too), without mutating anything (for scheduling)."""
 
     @abc.abstractmethod
     def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: str = "") -> InsertResult: ...
@@ -111,7 +112,7 @@ class BasePrefixCache(abc.ABC):
     @abc.abstractmethod
     def allocator(self) -> SlotAllocator: ...
 
-    # -- tiers (HiRadixCache); one-tier caches keep these defaults -----------------------
+    # -- tiers (HiRadixCache); one-tier caches keep these defaults --------------------------
 
     def tier_lengths(self, key: Sequence[int], namespace: str = "") -> dict[str, int]:
         """How much of `key` each tier holds, without mutating anything (`explain_prefix`)."""
