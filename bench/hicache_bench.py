@@ -15,6 +15,11 @@ the revisit rounds, i.e. after round 1 filled the cache; `*_hit_rate_all_rounds`
 too), `throughput_vs_l1_only` (requests per busy second over all rounds, round 1 included), and
 `restart_ttft_speedup` (cold TTFT / L3-warm TTFT after the restart). Page files written moments
 before are read back from the OS page cache, so "disk" reads here run at memory speed.
+
+`python -m bench hicache --eviction`: the cost of one eviction in the tree alone (no model),
+for the one-tier `RadixCache` and the tiered `HiRadixCache` (demotion to a host pool), on trees of
+growing size: one JSON line per (cache, leaves) with the microseconds per `evict(page)` call and
+the LRU queue entries each call looked at. Flat in the number of leaves: no call scans the tree.
 """
 
 from __future__ import annotations
@@ -23,11 +28,16 @@ import argparse
 import random
 import shutil
 import tempfile
+import time
 
 from bench.common import emit, run_timed
 from bench.workloads import USER_TASKS, agent_system_prompt, chat
 from runtime.api import GenerateRequest
 from runtime.engine import Engine
+from runtime.hiradix_cache import HiRadixCache
+from runtime.host_pool import HostKVPool
+from runtime.kv_pool import KVPool
+from runtime.radix_cache import RadixCache
 from runtime.loader import load_tokenizer, resolve_model_dir
 from runtime.sampling import SamplingParams
 
@@ -71,13 +81,42 @@ def _warm_up(engine: Engine, tok) -> None:
     run_timed(engine, [GenerateRequest(chat(tok, [{"role": "user", "content": "Warm-up: say hi."}]), _greedy(2))])
 
 
+def _eviction_cost(kind: str, leaves: int, calls: int = 500, page: int = 4) -> dict:
+    """Fill a tree with `leaves` leaves of one page under a shared stem, then time `calls`
+    evictions of one page each (least recently used first)."""
+    kv = KVPool(1, (leaves + 2) * page, 1, 8)
+    if kind == "radix":
+        cache = RadixCache(kv.allocator, page_size=page)
+    else:
+        cache = HiRadixCache(kv, HostKVPool.like(kv, (leaves + 1) * page), page, write_policy="write_back")
+    stem = list(range(-page, 0))
+    for i in range(leaves):
+        key = stem + [i] * page
+        slots = cache.allocator.alloc(len(key))
+        cache.allocator.free(slots[:cache.insert(key, slots).cached_len])
+    lru = cache.tree.lru if kind == "tiered" else cache.lru
+    visited = lru.visited
+    t = time.perf_counter()
+    for _ in range(calls):
+        cache.evict(page)
+    us = (time.perf_counter() - t) / calls * 1e6
+    return {"bench": "hicache_eviction", "cache": kind, "leaves": leaves, "us_per_evict": us,
+            "lru_entries_per_evict": (lru.visited - visited) / calls}
+
+
 def run(quick: bool = False, argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench hicache")
+    ap.add_argument("--eviction", action="store_true", help="only the tree's eviction cost (no model)")
     ap.add_argument("--prefixes", type=int, default=None, help="distinct agent prefixes (working set)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--prefix-tokens", type=int, default=1000)
     ap.add_argument("--disk-dir", default=None, help="disk tier folder (default: a fresh temp folder)")
     args = ap.parse_args(argv or [])
+    if args.eviction:
+        for kind in ("radix", "tiered"):
+            for leaves in ((1000, 10_000) if quick else (1000, 10_000, 50_000)):
+                emit(_eviction_cost(kind, leaves))
+        return
     prefixes = args.prefixes or (4 if quick else 8)
     rounds_n = args.rounds or 3
 

@@ -239,7 +239,7 @@ class DiskStore:
             if self.page_bytes > self.max_bytes:
                 return
             self._make_room(self.page_bytes)
-            size = self._write_file(h, data)
+            size = self.write_page_file(h, data)
         except OSError as e:  # disk full, read-only folder, ...: a miss, never a crash
             log.warning("disk KV cache: writing page %s failed (%s); the page stays uncached", h.hex()[:12], e)
             with self._lock:
@@ -258,7 +258,9 @@ class DiskStore:
                 self._pending.pop(h, None)
                 self._pending_bytes -= self.page_bytes
 
-    def _write_file(self, h: bytes, data: torch.Tensor) -> int:
+    def write_page_file(self, h: bytes, data: torch.Tensor) -> int:
+        """Write one page file atomically (temp file + rename); returns its size. Runs on the
+        writer thread; an OSError (disk full) is caught by the caller and counted."""
         payload = data.to(self.dtype).contiguous().view(-1).view(torch.uint8).numpy()
         body = memoryview(payload)
         header = _HEADER.pack(MAGIC, VERSION, 0, self.page_tokens, len(body), zlib.crc32(body), h)

@@ -472,6 +472,7 @@ class Engine:
                 break
             if self.running and self.cache.loading(r.all_ids()[:-1], r.namespace):
                 continue  # its prefix is being read from disk: admit it once the pages are in memory
+            self.cache.load_back(r.all_ids()[:-1], r.namespace)
             m = self.cache.match_prefix(r.all_ids()[:-1], r.namespace)
             # Another request is prefilling the same long prefix: wait a step and hit the cache.
             if any(p.namespace == r.namespace and
@@ -764,7 +765,7 @@ class Engine:
         t0 = time.perf_counter()
         key = r.all_ids()[: r.kv_len]
         slots = self.req_table.slots(r.row, r.kv_len).clone()
-        cached = self.cache.insert(key, slots, r.namespace)
+        cached = self.cache.insert(key, slots, r.namespace).cached_len
         self.kv.allocator.free(slots[r.cached_len : cached])
         m = self.cache.match_prefix(key, r.namespace)
         self.req_table.write(r.row, 0, m.slots)

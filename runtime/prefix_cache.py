@@ -15,9 +15,11 @@ Ownership and locking contract (every implementation follows it, so the engine t
   unlocks it exactly once when done. Locking pins the whole path from the handle to the root,
   so none of it is evicted. Unlocking more often than locking raises.
 
-* `insert(key, slots)` -> `cached_len`. The cache takes ownership of `slots[cached_len:aligned]`
-  where `aligned = len(key) // page_size * page_size` (only whole pages are cached). It does not
-  free anything itself. The CALLER then frees exactly:
+* `insert(key, slots)` -> `InsertResult(node, cached_len)`. The cache takes ownership of
+  `slots[cached_len:aligned]` where `aligned = len(key) // page_size * page_size` (only whole pages
+  are cached). `node` is the node of the inserted path (a handle like `MatchResult.node`, not
+  locked) and `cached_len` how much of `key` the device already held. It does not free anything
+  itself. The CALLER then frees exactly:
     - `slots[matched_len:cached_len]`: positions someone else cached since this caller's match,
       so the caller's copies are duplicates (`matched_len` is the length of the match whose
       handle the caller holds, 0 if it never matched; `slots[:matched_len]` are the cache's own);
@@ -25,12 +27,17 @@ Ownership and locking contract (every implementation follows it, so the engine t
   After that the caller owns none of `slots`. A caller that keeps running after an insert must
   re-match to get the cache's slots for the positions it freed. `cache_finished` does all of it.
 
+* `load_back(key)` -> tokens loaded. A tiered cache brings what its lower tiers (host, disk) hold
+  of `key` beyond the device match into device slots, evicting unlocked leaves for room; the
+  cache manager calls it at admission right before `match_prefix`. `match_prefix` itself is
+  pure: it returns the device part only and never loads. A one-tier cache loads nothing.
+
 * `evict(n)` frees at least `n` tokens (if that many are evictable) of unlocked leaves, least
   recently used first, returning the slots to the allocator; it returns the number freed.
 
 * The disabled cache (`NoPrefixCache`) fits the same contract: a match is always empty,
-  `insert` takes nothing and returns `len(key)` ("all of it is a duplicate"), so the same caller
-  code frees every slot of the finished request.
+  `insert` takes nothing and returns `cached_len = len(key)` ("all of it is a duplicate"), so
+  the same caller code frees every slot of the finished request.
 
 Keys are token-id sequences; `namespace` (tenant + cache salt) separates trees so no prefix is
 ever shared across namespaces.
@@ -52,6 +59,11 @@ class MatchResult(NamedTuple):
     length: int
 
 
+class InsertResult(NamedTuple):
+    node: Any  # the node of the inserted path (unlocked); None for the disabled cache
+    cached_len: int  # how much of the key the device held before: the caller's duplicates end here
+
+
 _EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
 
 
@@ -63,10 +75,11 @@ class BasePrefixCache(abc.ABC):
 
     @abc.abstractmethod
     def prefix_match_length(self, key: Sequence[int], namespace: str = "") -> int:
-        """Length `match_prefix` would return, without mutating anything (for scheduling)."""
+        """Length `match_prefix` would return after `load_back` (so a tiered cache counts its
+        lower tiers too), without mutating anything (for scheduling)."""
 
     @abc.abstractmethod
-    def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: str = "") -> int: ...
+    def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: str = "") -> InsertResult: ...
 
     @abc.abstractmethod
     def lock(self, node: Any) -> None: ...
@@ -99,7 +112,7 @@ class BasePrefixCache(abc.ABC):
     @abc.abstractmethod
     def allocator(self) -> SlotAllocator: ...
 
-    # -- tiers (HiRadixCache); single-tier caches keep these defaults -----------------------
+    # -- tiers (HiRadixCache); one-tier caches keep these defaults --------------------------
 
     def tier_lengths(self, key: Sequence[int], namespace: str = "") -> dict[str, int]:
         """How much of `key` each tier holds, without mutating anything (`explain_prefix`)."""
@@ -134,7 +147,7 @@ class BasePrefixCache(abc.ABC):
         """
         if slots.numel() != len(key):
             raise ValueError(f"{slots.numel()} slots for {len(key)} tokens")
-        cached_len = self.insert(key, slots, namespace)
+        cached_len = self.insert(key, slots, namespace).cached_len
         if cached_len < matched_len:
             raise RuntimeError("insert found less than the locked match: namespace/key mismatch")
         aligned = len(key) // self.page_size * self.page_size
@@ -161,9 +174,9 @@ class NoPrefixCache(BasePrefixCache):
     def prefix_match_length(self, key: Sequence[int], namespace: str = "") -> int:
         return 0
 
-    def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: str = "") -> int:
+    def insert(self, key: Sequence[int], slots: torch.Tensor, namespace: str = "") -> InsertResult:
         # Takes nothing; "everything is already cached" makes the caller free slots[0:len(key)].
-        return len(key)
+        return InsertResult(None, len(key))
 
     def lock(self, node: Any) -> None:
         pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import random
+import time
 
 import pytest
 import torch
@@ -56,6 +57,7 @@ def token_kv(key, layers=LAYERS) -> torch.Tensor:
 def compute(cache: HiRadixCache, key, namespace: str = "") -> int:
     """A request: match, lock, 'compute' the rest into fresh slots, insert, free as the caller must.
     Checks that every matched slot holds the right KV. Returns the matched length."""
+    cache.load_back(key, namespace)  # as the engine does at admission
     m = cache.match_prefix(key, namespace)
     cache.lock(m.node)
     assert torch.equal(gather_kv(cache.kv, m.slots), token_kv(key)[:, :, :m.length]), "loaded KV differs"
@@ -95,13 +97,44 @@ def test_accounting_invariants_across_tiers_random_workload(tmp_path):
         c.close()
 
 
+def test_random_workload_with_pins_and_prefetch_keeps_every_invariant(tmp_path):
+    """Requests, pins (a locked match held across other requests) and prefetches in random order
+    over small pools, so nodes split, move between all three tiers and leave the tree."""
+    for seed in range(8):
+        rng = random.Random(seed)
+        policy = ("write_through", "write_through_selective", "write_back")[seed % 3]
+        c = make_cache(tmp_path / str(seed) if seed % 2 else None, device_slots=rng.choice([16, 24, 40]),
+                       host_slots=rng.choice([8, 16, 24]), policy=policy, min_load=rng.choice([1, 4, 8]))
+        prefixes = [[rng.randrange(30) for _ in range(rng.randrange(4, 14))] for _ in range(6)]
+        pins = []
+        for _ in range(120):
+            key = rng.choice(prefixes) + [rng.randrange(30) for _ in range(rng.randrange(0, 9))]
+            ns, roll = rng.choice(["", "t1"]), rng.random()
+            if roll < 0.1:
+                c.load_back(key, ns)
+                m = c.match_prefix(key, ns)
+                c.lock(m.node)
+                pins.append(m.node)
+            elif roll < 0.2 and pins:
+                c.unlock(pins.pop(rng.randrange(len(pins))))
+            elif roll < 0.25:
+                c.prefetch(key, ns)
+            elif c.allocator.num_free + c.evictable_size >= len(key):  # pins may hold the pool
+                compute(c, key, ns)
+            c.check_invariant()
+        for node in pins:
+            c.unlock(node)
+        c.check_invariant()
+        c.close()
+
+
 def test_host_eviction_goes_to_disk_and_comes_back(tmp_path):
     c = make_cache(tmp_path, device_slots=8, host_slots=8, policy="write_back")
     keys = [list(range(k * 10, k * 10 + 8)) for k in range(4)]
     for key in keys:
         compute(c, key)
-    assert c.disk.num_pages + len(c.disk._pending) > 0
     c.disk.flush()
+    assert c.disk.num_pages > 0
     assert c.tier_lengths(keys[0]) == {"device": 0, "host": 0, "disk": 8}
     assert compute(c, keys[0]) == 8  # from disk, KV checked inside
     assert c.tier_counters["hicache_loaded_disk_tokens"] == 8
@@ -160,7 +193,7 @@ def test_disk_full_is_a_warning_and_a_miss(tmp_path, caplog, monkeypatch):
     def full(self, h, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(DiskStore, "_write_file", full)
+    monkeypatch.setattr(DiskStore, "write_page_file", full)
     c = make_cache(tmp_path, device_slots=8, host_slots=8)
     with caplog.at_level(logging.WARNING, logger="jumpgate.hicache"):
         for k in range(4):
@@ -192,12 +225,46 @@ def test_prefetch_reads_ahead(tmp_path):
     c2 = make_cache(tmp_path)
     c2.prefetch(key)
     assert c2.tier_counters["hicache_prefetched_pages"] == 4
-    for fut in list(c2._staged.values()):
-        fut.result()
-    assert not c2.loading(key)
+    while c2.loading(key):  # the reader pool finishes the reads
+        time.sleep(0.01)
+    assert c2.disk_tier.staged_pages == 4
     assert compute(c2, key + [1]) == 16
-    assert not c2._staged
+    assert c2.disk_tier.staged_pages == 0  # taken by the load
     c2.close()
+
+
+def test_match_prefix_never_loads_and_load_back_does(tmp_path):
+    c = make_cache(tmp_path, device_slots=16, host_slots=32, policy="write_back")
+    a, b = list(range(100, 112)), list(range(200, 212))
+    compute(c, a)
+    compute(c, b)  # a's 12 tokens demoted to L2
+    assert c.tier_lengths(a) == {"device": 0, "host": 12, "disk": 0}
+    m = c.match_prefix(a + [1])
+    assert m.length == 0 and c.tier_lengths(a)["host"] == 12  # pure: device only, nothing moved
+    assert c.tier_counters["hicache_loaded_host_tokens"] == 0
+    assert c.prefix_match_length(a + [1]) == 12  # scheduling still sees every tier
+    assert c.load_back(a + [1]) == 12
+    assert c.tier_lengths(a) == {"device": 12, "host": 0, "disk": 0}
+    assert c.match_prefix(a + [1]).length == 12
+    c.check_invariant()
+    c.close()
+    c2 = make_cache(tmp_path)  # a restart: a's pages only on disk
+    assert c2.match_prefix(a).length == 0 and c2.tier_lengths(a)["disk"] == 12
+    assert c2.load_back(a) == 12 and c2.match_prefix(a).length == 12
+    c2.check_invariant()
+    c2.close()
+
+
+def test_write_through_selective_copies_down_on_the_second_admission():
+    c = make_cache(device_slots=32, host_slots=32, policy="write_through_selective")
+    key = list(range(8))
+    compute(c, key)
+    assert c.tier_counters["hicache_backed_up_tokens"] == 0
+    compute(c, key + [9])  # first admission that uses it
+    assert c.tier_counters["hicache_backed_up_tokens"] == 0
+    c.match_prefix(key)  # a re-match (e.g. after the engine's own insert) is no admission
+    compute(c, key + [9])
+    assert c.tier_counters["hicache_backed_up_tokens"] == 8
 
 
 def test_pinned_node_is_never_demoted():
@@ -317,7 +384,7 @@ def test_disk_full_still_serves(tiny_model_dir, tmp_path, expected, monkeypatch,
     def full(self, h, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(DiskStore, "_write_file", full)
+    monkeypatch.setattr(DiskStore, "write_page_file", full)
     with caplog.at_level(logging.WARNING, logger="jumpgate.hicache"):
         with tiered(tiny_model_dir, tmp_path, host_pool_tokens=300) as e:
             got = _serve(e, prompts, rounds=2)
