@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -152,3 +154,11 @@ def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
     assert str(made["cache_dir"]) == str(tmp_path)
     build_grammar_service(engine, load("--grammar-cache-memory-mb", "64", "--no-grammar-disk-cache").grammar)
     assert made["max_memory_bytes"] == 64 << 20 and made["cache_dir"] is None
+
+
+def test_readme_options_table_names_real_flags():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Serving options"):readme.index("To serve another model:")]
+    known = {spec.flag for layer in LAYERS for _, spec in declared(layer)}
+    mentioned = set(re.findall(r"`(--[a-z-]+)", section))
+    assert "--weights" in mentioned and mentioned <= known, mentioned - known
