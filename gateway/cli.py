@@ -39,8 +39,7 @@ def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
     environ = dict(os.environ) if environ is None else environ
     engine = from_args(EngineConfig, args)
     grammar = from_args(GrammarSettings, args)
-    concurrency = getattr(args, "max_concurrent_requests", None) or default_concurrency(engine)
-    gateway = from_args(Settings, args, environ, max_concurrent_requests=concurrency,
+    gateway = from_args(Settings, args, environ, max_concurrent_requests=default_concurrency(engine),
                         grammar_compile_timeout_s=grammar.compile_timeout_s + GRAMMAR_TIMEOUT_MARGIN_S)
     return ServeSettings(engine, grammar, gateway)
 

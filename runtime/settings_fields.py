@@ -3,8 +3,7 @@
 `setting(...)` makes a dataclass field whose metadata carries its flag; `check_settings(obj)` (called
 from each settings object's `__post_init__`) refuses a bad value with a ValueError that names the
 flag; `add_flags` / `from_args` generate the argparse flags from the same declarations and build
-the object back from them. Pure Python (no
-torch) so every layer may import it.
+the object back from them. Pure Python (no torch), so every layer may import it.
 """
 
 from __future__ import annotations
@@ -146,11 +145,12 @@ def add_flags(parser: argparse.ArgumentParser, cls: Any, group_title: str) -> No
                                default=argparse.SUPPRESS, metavar=metavar, help=text)
 
 
-def from_args(cls: Any, args: argparse.Namespace, environ: Mapping[str, str] | None = None, **derived: Any) -> Any:
-    """Build `cls` from parsed flags (a flag not given keeps the field's default), list fields
-    extended by their environment variable; `derived` fills the fields that have no flag."""
+def from_args(cls: Any, args: argparse.Namespace, environ: Mapping[str, str] | None = None,
+              **fallbacks: Any) -> Any:
+    """Build `cls` from parsed flags, list fields extended by their environment variable. A field
+    whose flag was not given (or that has none) takes its value from `fallbacks`, else its default."""
     environ = {} if environ is None else environ
-    values: dict[str, Any] = dict(derived)
+    values: dict[str, Any] = dict(fallbacks)
     for f, spec in declared(cls):
         if spec.flag is None:
             continue

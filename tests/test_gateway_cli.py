@@ -34,7 +34,8 @@ def test_defaults_round_trip():
     assert config.engine == EngineConfig()
     assert config.grammar == GrammarSettings()
     assert config.gateway == Settings()
-    assert config.gateway.max_concurrent_requests == config.engine.max_running_requests + config.engine.max_waiting_requests
+    engine = config.engine
+    assert config.gateway.max_concurrent_requests == engine.max_running_requests + engine.max_waiting_requests
     assert config.gateway.grammar_compile_timeout_s == config.grammar.compile_timeout_s + 5.0
 
 

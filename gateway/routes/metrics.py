@@ -27,8 +27,8 @@ def _snapshot(source: str, read: Any) -> Any:
 def scrape(services: GatewayServices) -> bytes:
     """Blocking: engine.stats() waits for the engine thread."""
     engine = _snapshot("engine", lambda: engine_snapshot(services.engine.stats()))
-    grammar = services.grammar
-    grammar_stats = _snapshot("grammar", grammar.stats) if grammar is not None and hasattr(grammar, "stats") else None
+    grammar = services.grammar  # None: structured output unavailable, no grammar series
+    grammar_stats = _snapshot("grammar", grammar.stats) if grammar is not None else None
     services.metrics.in_flight.set(services.limiter.in_flight)
     return services.metrics.render(engine, grammar_stats)
 
