@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -77,12 +79,12 @@ def _check_value(name: str, spec: Flag, value: Any) -> None:
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
             raise ValueError(f"{where}: must be a list of non-empty strings, not {value!r}")
         return
-    if spec.type is int and (isinstance(value, bool) or not isinstance(value, int)):
+    if spec.type is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
         raise ValueError(f"{where}: must be a whole number, not {value!r}")
-    if spec.type is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+    if spec.type is float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise ValueError(f"{where}: must be a number, not {value!r}")
-    if spec.type is str and not isinstance(value, str):
-        raise ValueError(f"{where}: must be text, not {value!r}")
+    if spec.type is str and not isinstance(value, str) and (spec.choices or not isinstance(value, os.PathLike)):
+        raise ValueError(f"{where}: must be text, not {value!r}")  # a path object is text enough for a folder
     if spec.choices is not None and value not in spec.choices:
         raise ValueError(f"{where}: must be one of {', '.join(spec.choices)}, not {value!r}")
     if spec.min is not None and value < spec.min:

@@ -132,6 +132,10 @@ def test_objects_refuse_bad_values_when_built_directly(layer, field, value, flag
     assert str(exc.value).startswith(flag)
 
 
+def test_paths_may_be_path_objects(tmp_path):
+    assert EngineConfig(model=tmp_path).model == tmp_path  # library use: Engine(model=Path(...))
+
+
 def test_engine_config_checks_survive_replace():
     """Engine(config, **overrides) goes through dataclasses.replace: the checks run again."""
     with pytest.raises(ValueError, match="--jump-forward"):
