@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a model over HTTP", description="Serve a model over HTTP.")
     for layer in LAYERS:
         add_flags(serve, layer, layer.CLI_GROUP)
+    serve.set_defaults(subparser=serve)  # so a bad value is reported with `jumpgate serve`'s usage
     return parser
 
 
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = serve_settings(args)
     except ValueError as e:  # a bad value: exit 2 with the flag named, as argparse does
-        parser.error(str(e))
+        args.subparser.error(str(e))
     logging.basicConfig(level=config.gateway.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return serve(config)
