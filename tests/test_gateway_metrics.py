@@ -123,3 +123,33 @@ def test_engine_dict_maps_onto_engine_stats():
     assert s.tier_counters == {"hicache_demoted_tokens": 64, "disk_pages_read": 2}
     assert s.cached_tokens_by_tier == {"device": 5, "host": 7}
     assert engine_snapshot(STATS) is STATS
+
+
+def test_scrape_reads_engine_stats_off_the_event_loop(gateway_client, fake_engine):
+    import asyncio
+
+    seen = []
+
+    def stats():
+        try:
+            asyncio.get_running_loop()
+            seen.append("event loop")
+        except RuntimeError:
+            seen.append("worker thread")
+        return STATS
+
+    fake_engine.stats = stats
+    f = families(gateway_client().get("/metrics").content)
+    assert seen == ["worker thread"]  # one snapshot per scrape, taken where blocking is fine
+    assert value(f, "jumpgate_running_requests") == 2
+
+
+def test_scrape_survives_a_failing_engine(gateway_client, fake_engine):
+    def stats():
+        raise RuntimeError("engine thread gone")
+
+    fake_engine.stats = stats
+    resp = gateway_client().get("/metrics")
+    f = families(resp.content)
+    assert resp.status_code == 200 and "jumpgate_requests" in f and "jumpgate_running_requests" not in f
+    assert "jumpgate_grammar_cache_misses" in f  # the other source still reports
