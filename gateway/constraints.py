@@ -8,7 +8,6 @@ At most one may shape the output; tools with tool_choice "none" are shown in the
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +22,6 @@ from gateway.protocol import (
     ToolDefinition,
 )
 from gateway.registry import SchemaRegistry, valid_id
-
-_TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass
@@ -60,7 +57,7 @@ def check_tools(tools: list[ToolDefinition], param: str = "tools") -> list[dict[
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         name = tool.function.name
-        if not _TOOL_NAME_RE.match(name):
+        if not grammar_adapter.valid_tool_name(name):
             raise bad_request(
                 f"Invalid tool name {name!r}: use 1-64 letters, digits, underscores or dashes.",
                 f"{param}[{i}].function.name",

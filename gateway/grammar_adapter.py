@@ -25,6 +25,7 @@ from grammar import (
 )
 from grammar import parse_tool_calls as parse_with_format
 from grammar.canonical import canonical_json, canonical_tool
+from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 
 FORMAT = HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
 
@@ -44,6 +45,7 @@ __all__ = [
     "render_tool_result",
     "render_tools_prompt",
     "strict_closing",
+    "valid_tool_name",
 ]
 
 
@@ -119,6 +121,11 @@ def grammar_stats(service: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- tool-call format
+
+
+def valid_tool_name(name: str) -> bool:
+    """OpenAI's rule for function names, as the tool_calls kind checks it."""
+    return bool(TOOL_NAME_RE.match(name))
 
 
 def render_tools_prompt(tools: list[dict[str, Any]]) -> str:
