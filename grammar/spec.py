@@ -13,14 +13,12 @@ import threading
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 from grammar.canonical import canonical_json
 from grammar.errors import GrammarSpecError
 from grammar.kinds import KINDS, kind_for
 from grammar.limits import check_json_limits
-
-SpecKind = Literal["json_schema", "json_object", "regex", "ebnf", "tool_calls"]  # the names in KINDS
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,14 +26,14 @@ class GrammarSpec:
     """kind + payload; build one with `of` or the per-kind classmethods. What each kind's payload
     and `strict` mean is documented with the kind (grammar/kinds/)."""
 
-    kind: SpecKind
+    kind: str  # a name in grammar.kinds.KINDS
     payload: Any = None
     strict: bool = True
 
     @classmethod
     def of(cls, kind: str, payload: Any, strict: bool = True) -> "GrammarSpec":
         """The spec of a request's constraint of `kind` (GrammarSpecError for an unknown kind)."""
-        return cls(kind, *kind_for(kind).spec_fields(payload, strict))  # type: ignore[arg-type]
+        return cls(kind, *kind_for(kind).spec_fields(payload, strict))
 
     @classmethod
     def json_schema(cls, schema: Any, *, strict: bool = True) -> "GrammarSpec":

@@ -7,12 +7,12 @@ guard applies -- is one `ConstraintKind` subclass per kind, one module each unde
 Every other module looks a kind up (`grammar.kinds.kind_for(name)`) instead of branching on its
 name.
 
-Adding a kind = adding one module:
-1. grammar/kinds/<name>.py with a `ConstraintKind` subclass (set `name`, `param`, `what`,
-   `error_code`; implement `validate` and `compile`; override the defaults that differ);
-2. its instance in `KINDS` in grammar/kinds/__init__.py;
-3. an example payload in tests/test_grammar_kinds.py (which checks every registered kind).
-The gateway then accepts it wherever a spec of that kind reaches `grammar_adapter.make_spec`.
+Adding a kind = adding one module, grammar/kinds/<name>.py, with a `ConstraintKind` subclass
+(set `name`, `param`, `what`, `error_code`; implement `validate` and `compile`; override the
+defaults that differ) and its instance `KIND`; then list that instance in `KINDS`
+(grammar/kinds/__init__.py) and give an example payload in tests/test_grammar_kinds.py, which
+round-trips every registered kind. Nothing else in grammar/ changes; the gateway accepts the kind
+wherever a request field is mapped to it (`grammar_adapter.make_spec`).
 """
 
 from __future__ import annotations

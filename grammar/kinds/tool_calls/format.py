@@ -31,8 +31,6 @@ class ToolCallFormat:
     response_begin: str = "<tool_response>"
     response_end: str = "</tool_response>"
 
-    # prompt ---------------------------------------------------------------------------------
-
     def render_tools_prompt(self, tools: list[dict]) -> str:
         """Text appended after the system prompt. Canonical JSON (sorted keys, fixed separators),
         so the same tools always give the same tokens and share a KV-cache prefix."""
