@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from gateway import grammar_adapter
-from grammar import KINDS, GrammarSpec, GrammarSpecError, kind_for, validate_spec
+from grammar import KINDS, GrammarService, GrammarSpec, GrammarSpecError, kind_for, validate_spec
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather",
@@ -31,6 +31,16 @@ EXAMPLES = {
         {"tools": [WEATHER_TOOL], "tool_choice": "sometimes"},
     ),
 }
+
+
+@pytest.fixture(scope="module")
+def service(tokenizer, smollm_dir):
+    """A grammar service whose compile limit leaves room for a loaded machine (no timing here)."""
+    from runtime.loader import read_config
+
+    svc = GrammarService(tokenizer, read_config(smollm_dir).vocab_size, compile_timeout_s=120)
+    yield svc
+    svc.close()
 
 
 def test_every_registered_kind_has_an_example():
