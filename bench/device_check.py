@@ -128,7 +128,7 @@ def check_attention(sizes, device) -> bool:
     import torch
 
     from runtime.attention import TorchAttentionBackend
-    from runtime.triton_attention import TritonAttentionBackend
+    from runtime.attention.triton_backend import TritonAttentionBackend
 
     kc = sizes["kernel_cases"]
     long = kc["long"]
@@ -258,7 +258,7 @@ def bench_model(sizes, device, smoke: bool) -> bool:
 
     from runtime.cuda_graphs import DecodeCudaGraphs
     from runtime.kv_pool import KVPool
-    from runtime.triton_attention import TritonAttentionBackend
+    from runtime.attention.triton_backend import TritonAttentionBackend
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     steps, prompt = sizes["decode_steps"], sizes["prompt"]
@@ -356,7 +356,7 @@ def bench_decode_attention(sizes, device) -> None:
     import torch.nn.functional as F
 
     from runtime.forward_batch import ForwardBatch
-    from runtime.triton_attention import TritonAttentionBackend
+    from runtime.attention.triton_backend import TritonAttentionBackend
 
     spec = sizes["model"]
     heads, kvh = spec["heads"], spec["kv_heads"]
@@ -410,7 +410,7 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from runtime import triton_attention as ta
+    from runtime.attention import triton_backend as ta
     from runtime import triton_bitmask as tb
 
     shared_limit = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}

@@ -8,13 +8,11 @@ At most one may shape the output; tools with tool_choice "none" are shown in the
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from gateway import grammar_adapter
 from gateway.errors import APIError, bad_request, not_found, overloaded
-from gateway.prompt import schema_instructions
 from gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -24,8 +22,6 @@ from gateway.protocol import (
     ToolDefinition,
 )
 from gateway.registry import SchemaRegistry, valid_id
-
-_TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass
@@ -61,7 +57,7 @@ def check_tools(tools: list[ToolDefinition], param: str = "tools") -> list[dict[
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         name = tool.function.name
-        if not _TOOL_NAME_RE.match(name):
+        if not grammar_adapter.valid_tool_name(name):
             raise bad_request(
                 f"Invalid tool name {name!r}: use 1-64 letters, digits, underscores or dashes.",
                 f"{param}[{i}].function.name",
@@ -115,7 +111,8 @@ def plan_chat(req: ChatCompletionRequest, registry: SchemaRegistry, tenant: str)
             tools, tools_param = list(entry.payload), "schema_id"
         else:
             kind = entry.kind
-            sources.append(("schema_id", kind, entry.payload, f"registered schema '{entry.id}'", kind == "json_schema"))
+            sources.append(("schema_id", kind, entry.payload, f"registered schema '{entry.id}'",
+                            grammar_adapter.strict_closing(kind)))
     if len(sources) > 1:
         names = ", ".join(s[0].split(".")[0] for s in sources)
         raise bad_request(f"Only one output constraint may be given; got {names}.", sources[1][0])
@@ -163,7 +160,8 @@ def plan_completion(req: CompletionRequest, registry: SchemaRegistry, tenant: st
         entry = lookup_schema(registry, tenant, req.schema_id)
         if entry.kind == "tools":
             raise bad_request("A tool-set schema_id needs /v1/chat/completions.", "schema_id")
-        sources.append(("schema_id", entry.kind, entry.payload, f"registered schema '{entry.id}'", entry.kind == "json_schema"))
+        sources.append(("schema_id", entry.kind, entry.payload, f"registered schema '{entry.id}'",
+                        grammar_adapter.strict_closing(entry.kind)))
     if len(sources) > 1:
         names = ", ".join(s[0].split(".")[0] for s in sources)
         raise bad_request(f"Only one output constraint may be given; got {names}.", sources[1][0])
@@ -176,7 +174,7 @@ def _plan_from_sources(sources: list[tuple[str, str, Any, str, bool]]) -> Constr
     param, kind, payload, label, strict = sources[0]
     return ConstraintPlan(
         kind=kind, payload=payload, param=param, label=label,
-        instructions=schema_instructions(kind, payload), strict=strict,
+        instructions=grammar_adapter.prompt_instructions(kind, payload), strict=strict,
     )
 
 
@@ -197,7 +195,7 @@ async def compile_plan(plan: ConstraintPlan, service: Any, timeout_s: float) -> 
     except grammar_adapter.GrammarServiceBusy as exc:
         raise overloaded(f"The grammar compiler is busy: {exc}") from exc
     except (ValueError, RuntimeError, TypeError) as exc:  # xgrammar raises these for bad input
-        raise bad_request(f"Invalid {plan.label}: {exc}", plan.param, code=_code_for(plan.kind)) from exc
+        raise bad_request(f"Invalid {plan.label}: {exc}", plan.param, code=grammar_adapter.error_code(plan.kind)) from exc
 
 
 def spec_error(plan: ConstraintPlan, exc: grammar_adapter.GrammarSpecError) -> APIError:
@@ -206,10 +204,5 @@ def spec_error(plan: ConstraintPlan, exc: grammar_adapter.GrammarSpecError) -> A
         message = f"{message} (at JSON pointer '{exc.pointer}')"
     # a registered schema / an upload names its own field; otherwise trust the grammar's param
     param = plan.param if plan.param in ("schema_id", "schema") else (exc.param or plan.param)
-    return bad_request(f"Invalid {plan.label}: {message}", param, code=_code_for(plan.kind))
+    return bad_request(f"Invalid {plan.label}: {message}", param, code=grammar_adapter.error_code(plan.kind))
 
-
-def _code_for(kind: str | None) -> str:
-    return {"regex": "invalid_regex", "ebnf": "invalid_grammar", "tool_calls": "invalid_tools"}.get(
-        kind or "", "invalid_schema"
-    )

@@ -11,12 +11,23 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grammar import tool_calls as _tc
-from grammar.canonical import canonical_json, canonical_schema, canonical_tool
-from grammar.errors import GrammarServiceBusy, GrammarSpecError
-from grammar.spec import GrammarSpec
+from grammar import (
+    HERMES_TOOL_CALL_FORMAT,
+    KINDS,
+    ContentDelta,
+    GrammarServiceBusy,
+    GrammarSpec,
+    GrammarSpecError,
+    ToolCallArgumentsDelta,
+    ToolCallStartDelta,
+    ToolCallStreamParser,
+    kind_for,
+)
+from grammar import parse_tool_calls as parse_with_format
+from grammar.canonical import canonical_json, canonical_tool
+from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 
-FORMAT = _tc.HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
+FORMAT = HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
 
 __all__ = [
     "GrammarSpecError",
@@ -25,13 +36,16 @@ __all__ = [
     "ToolCallStream",
     "canonical_payload_text",
     "compile_spec",
+    "error_code",
     "grammar_stats",
     "make_spec",
     "parse_tool_calls",
+    "prompt_instructions",
     "render_tool_calls",
     "render_tool_result",
     "render_tools_prompt",
-    "schema_text",
+    "strict_closing",
+    "valid_tool_name",
 ]
 
 
@@ -46,38 +60,40 @@ class ParsedToolCall:
 
 
 def make_spec(kind: str, payload: Any, strict: bool = True) -> GrammarSpec:
-    """The grammar spec of a constraint. Payloads: json_schema → schema dict; json_object → None;
-    regex / ebnf → source text; tool_calls → {"tools", "tool_choice", "parallel_tool_calls"}."""
-    if kind == "json_schema":
-        return GrammarSpec.json_schema(payload, strict=strict)
-    if kind == "json_object":
-        return GrammarSpec.json_object()
-    if kind == "regex":
-        return GrammarSpec.regex(payload)
-    if kind == "ebnf":
-        return GrammarSpec.ebnf(payload)
-    if kind == "tool_calls":
-        return GrammarSpec.tool_calls(
-            payload["tools"], payload.get("tool_choice", "auto"), payload.get("parallel_tool_calls", True),
-            format=FORMAT.name,
-        )
-    raise GrammarSpecError(f"unknown grammar kind {kind!r}")
-
-
-def schema_text(schema: Any) -> str:
-    """Canonical JSON of a schema as shown in a prompt (keywords sorted, `properties` in order)."""
-    return canonical_json(canonical_schema(schema))
+    """The grammar spec of a constraint (what each kind's payload is: grammar/kinds/). Tool calls
+    are written in FORMAT; the gateway's payload for them is {"tools", "tool_choice",
+    "parallel_tool_calls"}."""
+    if kind == "tool_calls" and isinstance(payload, dict):
+        payload = {**payload, "format": FORMAT.name}
+    return GrammarSpec.of(kind, payload, strict)
 
 
 def canonical_payload_text(kind: str, payload: Any) -> str:
-    """One text per meaning of a registry entry (its id is the hash of this)."""
-    if kind == "json_schema":
-        body: Any = canonical_schema(payload)
-    elif kind == "tools":
-        body = [canonical_tool(t) for t in payload]
+    """One text per meaning of a registry entry (its id is the hash of this); registry kinds are
+    the grammar kinds plus "tools", a tool set."""
+    if kind == "tools":
+        body: Any = [canonical_tool(t) for t in payload]
     else:
-        body = payload
+        body = kind_for(kind).canonical_payload(payload)
     return canonical_json({"kind": kind, "payload": body})
+
+
+def error_code(kind: str | None) -> str:
+    """The OpenAI-style error code of a refused constraint of `kind` (invalid_schema if unknown)."""
+    known = KINDS.get(kind or "")
+    return "invalid_schema" if known is None else known.error_code
+
+
+def strict_closing(kind: str) -> bool:
+    """Whether a strict constraint of `kind` runs under the runtime's completion guard."""
+    known = KINDS.get(kind)
+    return known is not None and known.strict_closing
+
+
+def prompt_instructions(kind: str, payload: Any) -> str | None:
+    """The system-block text that tells the model what to write for `kind` (None: none)."""
+    known = KINDS.get(kind)
+    return None if known is None else known.prompt_instructions(payload)
 
 
 async def compile_spec(service: Any, spec: GrammarSpec) -> Any:
@@ -107,6 +123,11 @@ def grammar_stats(service: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- tool-call format
 
 
+def valid_tool_name(name: str) -> bool:
+    """OpenAI's rule for function names, as the tool_calls kind checks it."""
+    return bool(TOOL_NAME_RE.match(name))
+
+
 def render_tools_prompt(tools: list[dict[str, Any]]) -> str:
     return FORMAT.render_tools_prompt(tools)
 
@@ -131,7 +152,7 @@ def render_tool_result(name: str | None, tool_call_id: str, content: str) -> str
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedToolCall]]:
     """(content outside the calls or None, calls) of a finished generation."""
-    content, calls = _tc.parse_tool_calls(text, FORMAT)
+    content, calls = parse_with_format(text, FORMAT)
     return (content or None), [ParsedToolCall(c.id, c.name, c.arguments) for c in calls]
 
 
@@ -143,7 +164,7 @@ class ToolCallStream:
     (index, id, name), then argument pieces whose concatenation is the arguments JSON."""
 
     def __init__(self) -> None:
-        self._parser = FORMAT.stream_parser()
+        self._parser = ToolCallStreamParser(FORMAT)
         self.num_calls = 0
 
     def feed(self, text: str) -> tuple[str, list[ToolDelta]]:
@@ -156,12 +177,12 @@ class ToolCallStream:
         content: list[str] = []
         calls: list[ToolDelta] = []
         for d in deltas:
-            if isinstance(d, _tc.ContentDelta):
+            if isinstance(d, ContentDelta):
                 content.append(d.text)
-            elif isinstance(d, _tc.ToolCallStartDelta):
+            elif isinstance(d, ToolCallStartDelta):
                 self.num_calls = max(self.num_calls, d.index + 1)
                 calls.append((d.index, d.id, d.name, None))
-            elif isinstance(d, _tc.ToolCallArgumentsDelta):
+            elif isinstance(d, ToolCallArgumentsDelta):
                 if calls and calls[-1][0] == d.index:
                     i, call_id, name, args = calls[-1]  # merge consecutive pieces of one call
                     calls[-1] = (i, call_id, name, (args or "") + d.arguments)

@@ -34,11 +34,7 @@ BOUNDARY_CONTEXT_CHARS = 40
 def schema_instructions(kind: str, payload: Any) -> str | None:
     """Natural-language hint matching the grammar (the grammar enforces it; the hint helps a small
     model choose sensible values). Canonical JSON so that equal schemas give equal prefixes."""
-    if kind == "json_schema":
-        return "Respond with only a JSON value that conforms to this JSON schema:\n" + grammar_adapter.schema_text(payload)
-    if kind == "json_object":
-        return "Respond with only a JSON object."
-    return None
+    return grammar_adapter.prompt_instructions(kind, payload)  # each kind renders its own
 
 
 @dataclass

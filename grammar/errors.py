@@ -7,10 +7,22 @@ gateway can answer a 400 that names the exact part of a schema to fix, e.g.
 
 from __future__ import annotations
 
+import re
+
+# xgrammar raises these for input it refuses (its own errors subclass RuntimeError)
+XGRAMMAR_ERRORS = (RuntimeError, ValueError, TypeError)
+_XGRAMMAR_LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
+
 
 def escape_pointer_token(token: object) -> str:
     """One JSON-pointer reference token (`~` and `/` escaped as RFC 6901 says)."""
     return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def xgrammar_message(error: BaseException) -> str:
+    """xgrammar's message without its log prefix ("[08:47:33] /project/cpp/x.cc:94: ")."""
+    text = str(error).strip()
+    return _XGRAMMAR_LOG_PREFIX.sub("", text).strip() or type(error).__name__
 
 
 def join_pointer(base: str, *tokens: object) -> str:

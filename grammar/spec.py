@@ -13,53 +13,43 @@ import threading
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
-from grammar.canonical import canonical_data, canonical_json, canonical_schema, canonical_tool
+from grammar.canonical import canonical_json
 from grammar.errors import GrammarSpecError
+from grammar.kinds import KINDS, kind_for
 from grammar.limits import check_json_limits
-
-SpecKind = Literal["json_schema", "json_object", "regex", "ebnf", "tool_calls"]
-SPEC_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "ebnf", "tool_calls")
-
-# Which request parameter each kind comes from: where a GrammarSpecError points the client.
-PARAM_OF_KIND = {
-    "json_schema": "response_format",
-    "json_object": "response_format",
-    "regex": "regex",
-    "ebnf": "ebnf",
-    "tool_calls": "tools",
-}
 
 
 @dataclass(frozen=True, eq=False)
 class GrammarSpec:
-    """kind + payload; build one with the classmethods, which document each payload's shape.
+    """kind + payload; build one with `of` or the per-kind classmethods. What each kind's payload
+    and `strict` mean is documented with the kind (grammar/kinds/)."""
 
-    `strict` (json_schema, tool_calls): no properties beyond the declared ones wherever a schema
-    declares `properties`, as OpenAI's strict mode does; without it JSON Schema's open-object
-    default applies.
-    """
-
-    kind: SpecKind
+    kind: str  # a name in grammar.kinds.KINDS
     payload: Any = None
     strict: bool = True
 
     @classmethod
+    def of(cls, kind: str, payload: Any, strict: bool = True) -> "GrammarSpec":
+        """The spec of a request's constraint of `kind` (GrammarSpecError for an unknown kind)."""
+        return cls(kind, *kind_for(kind).spec_fields(payload, strict))
+
+    @classmethod
     def json_schema(cls, schema: Any, *, strict: bool = True) -> "GrammarSpec":
-        return cls("json_schema", schema, strict)
+        return cls.of("json_schema", schema, strict)
 
     @classmethod
     def json_object(cls) -> "GrammarSpec":
-        return cls("json_object", None)
+        return cls.of("json_object", None)
 
     @classmethod
     def regex(cls, pattern: str) -> "GrammarSpec":
-        return cls("regex", pattern)
+        return cls.of("regex", pattern)
 
     @classmethod
     def ebnf(cls, grammar: str) -> "GrammarSpec":
-        return cls("ebnf", grammar)
+        return cls.of("ebnf", grammar)
 
     @classmethod
     def tool_calls(
@@ -71,26 +61,22 @@ class GrammarSpec:
         format: str = "hermes",
     ) -> "GrammarSpec":
         """OpenAI `tools` + `tool_choice` + `parallel_tool_calls`, rendered in `format`."""
-        payload = {
-            "tools": tools,
-            "tool_choice": tool_choice,
-            "parallel_tool_calls": parallel_tool_calls,
-            "format": format,
-        }
-        return cls("tool_calls", payload, True)
+        payload = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
+                   "format": format}
+        return cls.of("tool_calls", payload)
 
     @property
     def param(self) -> str:
-        return PARAM_OF_KIND.get(self.kind, "grammar")
+        kind = KINDS.get(self.kind)
+        return "grammar" if kind is None else kind.param
 
     @cached_property
     def canonical(self) -> str:
         """Canonical JSON of the whole spec (limits checked first, so this never recurses deep)."""
-        if self.kind not in SPEC_KINDS:
-            raise GrammarSpecError(f"unknown grammar kind {self.kind!r}; expected one of {', '.join(SPEC_KINDS)}")
+        kind = kind_for(self.kind)
         check_json_limits(self.payload, param=self.param)
         try:
-            payload = _canonical_payload(self.kind, self.payload)
+            payload = kind.canonical_payload(self.payload)
             text = canonical_json({"kind": self.kind, "payload": payload, "strict": bool(self.strict)})
         except (TypeError, ValueError) as e:  # NaN, Infinity, non-JSON Python objects
             raise GrammarSpecError(f"spec is not plain JSON data: {e}", "", self.param) from None
@@ -100,18 +86,6 @@ class GrammarSpec:
     def key(self, tokenizer_fingerprint: str) -> str:
         """sha256 of canonical spec + tokenizer fingerprint: the cache key (memory and disk)."""
         return hashlib.sha256(f"{self.canonical}\n{tokenizer_fingerprint}".encode()).hexdigest()
-
-
-def _canonical_payload(kind: str, payload: Any) -> Any:
-    if kind == "json_schema":
-        return canonical_schema(payload)
-    if kind == "tool_calls" and isinstance(payload, dict):
-        out = canonical_data(payload)
-        tools = payload.get("tools")
-        if isinstance(tools, list):
-            out["tools"] = [canonical_tool(t) for t in tools]
-        return out
-    return canonical_data(payload)
 
 
 # -- tokenizer fingerprint -------------------------------------------------------------------

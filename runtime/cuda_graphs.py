@@ -26,7 +26,7 @@ import torch
 from runtime.attention import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-from runtime.triton_attention import (
+from runtime.attention.triton_backend import (
     DecodeMetadata, decode_head_blocks, decode_attention, default_max_splits, num_kv_splits,
 )
 

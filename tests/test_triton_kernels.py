@@ -42,11 +42,12 @@ def kernels():
         pytest.skip("no GPU and TRITON_INTERPRET is off: Triton kernels cannot run here")
     from triton.runtime.interpreter import InterpretedFunction
 
-    from runtime import cuda_graphs, triton_attention, triton_bitmask
+    from runtime import cuda_graphs, triton_bitmask
+    from runtime.attention import triton_backend
 
-    interpreted = isinstance(triton_attention._extend_kernel, InterpretedFunction)
+    interpreted = isinstance(triton_backend._extend_kernel, InterpretedFunction)
     assert interpreted == (not ON_GPU), "kernel modules were imported before TRITON_INTERPRET was set"
-    return SimpleNamespace(attn=triton_attention, bitmask=triton_bitmask, graphs=cuda_graphs)
+    return SimpleNamespace(attn=triton_backend, bitmask=triton_bitmask, graphs=cuda_graphs)
 
 
 # ------------------------------------------------------------------------------------------ attention

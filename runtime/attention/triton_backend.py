@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runtime.attention import AttentionBackend
+from runtime.attention.base import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 
 

@@ -1,31 +1,12 @@
-"""Attention over the slot-based KV pool. One interface, two backends (torch here; Triton for CUDA).
-
-Each request's new tokens attend to all of its slots (cached prefix + themselves), causally.
-`prepare` runs once per forward pass and builds the gather indices and masks that every layer reuses.
-"""
+"""The torch attention backend: SDPA over gathered slots (CPU, and CUDA without Triton)."""
 
 from __future__ import annotations
-
-import importlib.util
-import os
-from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
 
+from runtime.attention.base import AttentionBackend
 from runtime.forward_batch import ForwardBatch
-
-
-class AttentionBackend(ABC):
-    name = "abstract"
-
-    @abstractmethod
-    def prepare(self, batch: ForwardBatch) -> None:
-        """Precompute per-pass metadata (called once before the layers run)."""
-
-    @abstractmethod
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """q: [T, H, D]; caches: [num_slots, KVH, D] (this pass's K/V already written) -> [T, H, D]."""
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -102,27 +83,3 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qs, k, v, attn_mask=self.short_mask, enable_gqa=True)
             out[self.short_dst] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])[self.short_src]
         return out
-
-
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
-
-
-def triton_interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def make_attention_backend(name: str, device: torch.device) -> AttentionBackend:
-    """`auto`: Triton on CUDA (when triton is installed), torch elsewhere. `triton` off CUDA runs
-    only under the Triton interpreter (`TRITON_INTERPRET=1`, for tests)."""
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend: must be one of {', '.join(ATTENTION_BACKENDS)}, not {name!r}")
-    if name == "auto":
-        name = "triton" if device.type == "cuda" and importlib.util.find_spec("triton") is not None else "torch"
-    if name == "torch":
-        return TorchAttentionBackend()
-    if device.type != "cuda" and not triton_interpreter_enabled():
-        raise ValueError(f"attention_backend=triton needs a CUDA device, not {device.type} "
-                         "(on CPU it runs only under TRITON_INTERPRET=1, for tests)")
-    from runtime.triton_attention import TritonAttentionBackend
-
-    return TritonAttentionBackend()

@@ -1,0 +1,56 @@
+"""JSON schemas as compact xgrammar grammars: no free whitespace, separators (",", ":").
+
+Compact means fewer tokens, longer forced spans for jump-forward, and no room for a small model to
+loop on indentation until `max_tokens`. Schemas are converted from their canonical form, so two
+specs that share a cache key always share a grammar. Used by the json_schema and json_object kinds
+and for the arguments of tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import xgrammar as xgr
+
+from grammar.canonical import canonical_schema
+from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
+
+COMPACT_SEPARATORS = (",", ":")
+
+# xgrammar (0.2.x) spells the characters of a length-bounded JSON string (minLength / maxLength,
+# propertyNames) as [^"\\\r\n]: raw control characters such as TAB or \x01 are let into the output,
+# which is then not JSON. Its own unbounded strings use JSON's class, which is put in their place.
+_LOOSE_STRING_CHARS = r'[^\"\\\r\n]'
+_JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
+
+
+def _xgrammar_json_grammar(schema: Any, strict: bool) -> xgr.Grammar:
+    return xgr.Grammar.from_json_schema(
+        json.dumps(canonical_schema(schema)),
+        any_whitespace=False,
+        separators=COMPACT_SEPARATORS,
+        strict_mode=strict,
+    )
+
+
+def compact_json_grammar(schema: Any, *, strict: bool) -> xgr.Grammar:
+    """The grammar of compact JSON matching `schema` (xgrammar's errors propagate)."""
+    grammar = _xgrammar_json_grammar(schema, strict)
+    text = str(grammar)
+    if _LOOSE_STRING_CHARS in text:
+        grammar = xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHARS, _JSON_STRING_CHARS))
+    return grammar
+
+
+def compact_json_schema_ebnf(schema: Any, *, strict: bool = True) -> str:
+    """EBNF for compact JSON matching `schema`, to embed in a structural tag.
+
+    Structural tags' own `json_schema` content always allows free whitespace, so tool-call
+    arguments are embedded as a grammar converted here with the same compact settings.
+    """
+    try:
+        grammar = _xgrammar_json_grammar(schema, strict)
+    except XGRAMMAR_ERRORS as e:
+        raise GrammarSpecError(f"JSON schema cannot be compiled: {xgrammar_message(e)}") from e
+    return str(grammar).replace(_LOOSE_STRING_CHARS, _JSON_STRING_CHARS)

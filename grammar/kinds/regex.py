@@ -1,0 +1,24 @@
+"""regex: text matching a regular expression (Jumpgate's `regex` request parameter)."""
+
+from __future__ import annotations
+
+import xgrammar as xgr
+
+from grammar.kinds.base import ConstraintKind, SpecLike
+from grammar.regex_check import validate_regex
+
+
+class RegexKind(ConstraintKind):
+    name = "regex"
+    param = "regex"
+    what = "regex"
+    error_code = "invalid_regex"
+
+    def validate(self, spec: SpecLike) -> None:
+        validate_regex(spec.payload, param=spec.param)
+
+    def compile(self, compiler: xgr.GrammarCompiler, spec: SpecLike) -> xgr.CompiledGrammar:
+        return compiler.compile_regex(spec.payload)
+
+
+KIND = RegexKind()

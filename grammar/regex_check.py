@@ -1,0 +1,44 @@
+"""Regex checks: a pattern is refused with Python's precise message, or xgrammar's when only
+xgrammar (whose dialect is the one that decides) refuses it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import xgrammar
+
+from grammar.errors import GrammarSpecError, xgrammar_message
+from grammar.limits import check_json_limits
+
+
+def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = "") -> None:
+    """Refuse a pattern that is not a string, or that Python or xgrammar cannot parse.
+
+    Python's `re` runs first for its precise messages; xgrammar (an ECMAScript-like dialect
+    without lookaround or backreferences) decides what is actually supported.
+    """
+    if not isinstance(pattern, str):
+        raise GrammarSpecError(f"regex must be a string, got {type(pattern).__name__}", pointer, param)
+    check_json_limits(pattern, param=param)
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        if _xgrammar_regex_error(pattern) is not None:  # both refuse: Python says it best
+            where = f" at position {e.pos}" if e.pos is not None else ""
+            raise GrammarSpecError(f"invalid regex {pattern!r}: {e.msg}{where}", pointer, param) from None
+        return  # valid in xgrammar's dialect, which is the one that matters
+    except (RecursionError, OverflowError) as e:  # pathological nesting / counts
+        raise GrammarSpecError(f"regex {pattern!r} is too complex: {e}", pointer, param) from None
+    problem = _xgrammar_regex_error(pattern)
+    if problem is not None:
+        raise GrammarSpecError(f"regex {pattern!r} is not supported: {problem}", pointer, param)
+
+
+def _xgrammar_regex_error(pattern: str) -> str | None:
+    """xgrammar's complaint about `pattern`, or None if it parses."""
+    try:
+        xgrammar.Grammar.from_regex(pattern)
+    except (RuntimeError, ValueError) as e:
+        return xgrammar_message(e)
+    return None

@@ -1,0 +1,30 @@
+"""The attention contract every backend implements (torch for CPU, Triton for CUDA).
+
+Attention runs over the slot-based KV pool: each request's new tokens attend to all of its slots
+(cached prefix + themselves), causally and bottom-right aligned, so new token i of a request with
+`prefix` cached tokens sees positions <= prefix + i.
+
+Per forward pass the model calls `prepare(batch)` once, then `forward` once per layer; `prepare`
+builds the gather indices and masks that every layer reuses. When `forward` runs, this pass's K/V
+are already written into the pool (the model writes them first).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from runtime.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    name = "abstract"
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Precompute per-pass metadata (called once before the layers run)."""
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q: [T, H, D]; caches: [num_slots, KVH, D] (this pass's K/V already written) -> [T, H, D]."""
