@@ -13,60 +13,53 @@ Public API (everything else is internal):
               ContentDelta, ToolCallStartDelta, ToolCallArgumentsDelta
 """
 
-from grammar.errors import GrammarCompileTimeout, GrammarError, GrammarServiceBusy, GrammarSpecError
-from grammar.matcher import XGrammarMatcher
-from grammar.service import CompiledGrammarHandle, GrammarService, GrammarServiceStats
-from grammar.spec import GrammarSpec, tokenizer_fingerprint
-from grammar.tokenizer_info import build_tokenizer_info
-from grammar.json_schema_check import validate_json_schema
-from grammar.kinds import KINDS, ConstraintKind, kind_for
-from grammar.kinds.tool_calls.format import (
-    HERMES_TOOL_CALL_FORMAT,
-    ToolCallFormat,
-    get_tool_call_format,
-    render_tools_prompt,
-)
-from grammar.kinds.tool_calls.parser import (
-    ContentDelta,
-    ToolCall,
-    ToolCallArgumentsDelta,
-    ToolCallStartDelta,
-    ToolCallStreamParser,
-    new_tool_call_id,
-    parse_tool_calls,
-)
-from grammar.regex_check import validate_regex
-from grammar.tool_spec import tool_calls_grammar_spec
-from grammar.validate import validate_spec
+# Names are loaded on first use (PEP 562), so importing a light submodule such as grammar.settings
+# (the CLI does, for `jumpgate serve --help`) does not pull in xgrammar and torch.
+_EXPORTS = {
+    "GrammarCompileTimeout": "grammar.errors",
+    "GrammarError": "grammar.errors",
+    "GrammarServiceBusy": "grammar.errors",
+    "GrammarSpecError": "grammar.errors",
+    "XGrammarMatcher": "grammar.matcher",
+    "CompiledGrammarHandle": "grammar.service",
+    "GrammarService": "grammar.service",
+    "GrammarServiceStats": "grammar.service",
+    "GrammarSpec": "grammar.spec",
+    "tokenizer_fingerprint": "grammar.spec",
+    "build_tokenizer_info": "grammar.tokenizer_info",
+    "validate_json_schema": "grammar.json_schema_check",
+    "KINDS": "grammar.kinds",
+    "ConstraintKind": "grammar.kinds",
+    "kind_for": "grammar.kinds",
+    "HERMES_TOOL_CALL_FORMAT": "grammar.kinds.tool_calls.format",
+    "ToolCallFormat": "grammar.kinds.tool_calls.format",
+    "get_tool_call_format": "grammar.kinds.tool_calls.format",
+    "render_tools_prompt": "grammar.kinds.tool_calls.format",
+    "ContentDelta": "grammar.kinds.tool_calls.parser",
+    "ToolCall": "grammar.kinds.tool_calls.parser",
+    "ToolCallArgumentsDelta": "grammar.kinds.tool_calls.parser",
+    "ToolCallStartDelta": "grammar.kinds.tool_calls.parser",
+    "ToolCallStreamParser": "grammar.kinds.tool_calls.parser",
+    "new_tool_call_id": "grammar.kinds.tool_calls.parser",
+    "parse_tool_calls": "grammar.kinds.tool_calls.parser",
+    "validate_regex": "grammar.regex_check",
+    "tool_calls_grammar_spec": "grammar.tool_spec",
+    "validate_spec": "grammar.validate",
+}
 
-__all__ = [
-    "GrammarSpec",
-    "tokenizer_fingerprint",
-    "KINDS",
-    "ConstraintKind",
-    "kind_for",
-    "GrammarError",
-    "GrammarSpecError",
-    "GrammarCompileTimeout",
-    "GrammarServiceBusy",
-    "validate_spec",
-    "validate_json_schema",
-    "validate_regex",
-    "GrammarService",
-    "CompiledGrammarHandle",
-    "GrammarServiceStats",
-    "build_tokenizer_info",
-    "XGrammarMatcher",
-    "ToolCallFormat",
-    "HERMES_TOOL_CALL_FORMAT",
-    "get_tool_call_format",
-    "render_tools_prompt",
-    "tool_calls_grammar_spec",
-    "parse_tool_calls",
-    "ToolCallStreamParser",
-    "ToolCall",
-    "ContentDelta",
-    "ToolCallStartDelta",
-    "ToolCallArgumentsDelta",
-    "new_tool_call_id",
-]
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grammar' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
