@@ -172,11 +172,15 @@ class GatewayMetrics:
         self.ttft = Histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
         self.e2e = Histogram("e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS)
         self.itl = Histogram("inter_token_latency_seconds", "Time between output increments.", ITL_BUCKETS)
+        self.invalid_structured_outputs = Counter(
+            "structured_output_invalid_total",
+            "Structured outputs that failed schema validation after generation (mode=strict: a fidelity bug).",
+            ("mode", "reason"))
 
     def own(self) -> list[Metric]:
         return [
             self.requests, self.prompt_tokens, self.cached_prompt_tokens, self.generated_tokens, self.in_flight,
-            self.ttft, self.e2e, self.itl,
+            self.ttft, self.e2e, self.itl, self.invalid_structured_outputs,
         ]
 
     def render(
