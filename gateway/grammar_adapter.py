@@ -14,11 +14,16 @@ from typing import Any
 from grammar import tool_calls as _tc
 from grammar.canonical import canonical_json, canonical_schema, canonical_tool
 from grammar.errors import GrammarServiceBusy, GrammarSpecError
+from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 from grammar.spec import GrammarSpec
 
 FORMAT = _tc.HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
 
 __all__ = [
+    "FidelityReport",
+    "KeywordFidelity",
+    "schema_fidelity",
+    "tools_fidelity",
     "GrammarSpecError",
     "GrammarServiceBusy",
     "ParsedToolCall",

@@ -25,9 +25,8 @@ from typing import Any
 import jsonschema
 
 from gateway.errors import APIError, bad_request
+from gateway.grammar_adapter import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 from gateway.protocol import ChoiceValidity, SchemaViolation
-from grammar.errors import join_pointer
-from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 
 log = logging.getLogger("jumpgate.gateway.validation")
 
@@ -215,6 +214,11 @@ def _validator(schema: Any) -> Any:
         while len(_validators) > _VALIDATORS_MAX:
             _validators.popitem(last=False)
     return validator
+
+
+def join_pointer(base: str, *tokens: object) -> str:
+    """RFC 6901: `~` and `/` inside a token are escaped."""
+    return base + "".join("/" + str(t).replace("~", "~0").replace("/", "~1") for t in tokens)
 
 
 def _function(tool: Any) -> dict:
