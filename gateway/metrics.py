@@ -183,6 +183,10 @@ class GatewayMetrics:
             self.ttft, self.e2e, self.itl, self.invalid_structured_outputs,
         ]
 
+    def structured_output_invalid(self, mode: str, reason: str) -> None:
+        """One structured output that failed validation after generation (gateway/output_validation.py)."""
+        self.invalid_structured_outputs.inc(mode=mode, reason=reason)
+
     def render(
         self, engine_stats: Mapping[str, Any] | None = None, grammar_stats: Mapping[str, Any] | None = None
     ) -> str:

@@ -76,9 +76,8 @@ class OutputCheck:
         validity = ChoiceValidity(schema_valid=not violations, schema_mode=mode,  # type: ignore[arg-type]
                                   schema_errors=violations[:MAX_ERRORS])
         if reason is not None:
-            counter = getattr(self.metrics, "invalid_structured_outputs", None)
-            if counter is not None:
-                counter.inc(mode=mode, reason=reason)
+            if self.metrics is not None:
+                self.metrics.structured_output_invalid(mode, reason)
             if mode == STRICT and reason != TRUNCATED:  # a cut-off output is the budget's doing, not the mask's
                 first = violations[0]
                 log.error("strict structured output failed validation (a fidelity bug): schema %s, pointer %r: %s",

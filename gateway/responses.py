@@ -12,6 +12,7 @@ from gateway.protocol import (
     ChatChoice,
     ChatCompletion,
     ChatMessage,
+    ChoiceValidity,
     Completion,
     CompletionChoice,
     FunctionCall,
@@ -58,7 +59,7 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCh
     )
 
 
-def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bool):
+def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bool) -> ChoiceValidity | None:
     """The jumpgate validity of one finished choice (None: nothing structured to validate)."""
     if check is None:
         return None

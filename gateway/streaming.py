@@ -216,8 +216,8 @@ async def completion_events(
     def final(index: int) -> bytes:
         finished[index] = True
         streams[index].check_error()
-        outcome = streams[index].outcome
-        return chunk(index, "", finish_reason(outcome.finish_reason), choice_validity(check, outcome, False))
+        done = streams[index].outcome
+        return chunk(index, "", finish_reason(done.finish_reason), choice_validity(check, done, False))
 
     try:
         for index in range(len(streams)):
