@@ -6,7 +6,8 @@ schema, so a schema whose fidelity report (grammar/fidelity.py) holds a keyword 
 not enforce is refused with a 400 naming each keyword and its JSON pointer. With
 `schema_mode: "best_effort"` (or `strict: false`), generation proceeds and each choice says whether
 its final value validated (`jumpgate.schema_valid`, and the `x-jumpgate-schema-valid` header on
-whole responses).
+whole responses; a stream's headers leave before any value exists, so there the verdict rides on
+each choice's final chunk only).
 
 Validation runs in both modes (jsonschema with its format checker, plus a duplicate-key check
 that jsonschema cannot make on parsed JSON). A strict-mode failure is a fidelity bug: it is counted

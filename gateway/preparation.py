@@ -205,7 +205,9 @@ async def prepare_chat(
     sampling = sampling_params(req, max_new, stop)
     constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s) if compile else None
     # strict mode refuses a schema the mask cannot guarantee (a 400 naming each keyword)
-    check = build_output_check(plan, constraint, schema_mode_of(req, registry, tenant), metrics=metrics) if compile else None
+    check = None
+    if compile:
+        check = build_output_check(plan, constraint, schema_mode_of(req, registry, tenant), metrics=metrics)
     return Prepared(
         request_id=new_id("chatcmpl"),
         created=int(time.time()),

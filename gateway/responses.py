@@ -74,7 +74,8 @@ def chat_completion(prepared: Prepared, outcomes: list[Outcome]) -> ChatCompleti
         id=prepared.request_id,
         created=prepared.created,
         model=prepared.model,
-        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check) for i, o in enumerate(outcomes)],
+        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check)
+                 for i, o in enumerate(outcomes)],
         usage=usage_of(outcomes),
     )
 

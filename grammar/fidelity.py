@@ -197,7 +197,8 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None):
             declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
             undeclared = [n for n in value if n not in declared] if isinstance(value, list) else []
             if undeclared:
-                mark(keyword, CHECKED, f"required names properties not declared in properties ({', '.join(map(str, undeclared))}), "
+                names = ", ".join(map(str, undeclared))
+                mark(keyword, CHECKED, f"required names properties not declared in properties ({names}), "
                                        "which xgrammar does not force")
             else:
                 mark(keyword, ENFORCED)
