@@ -24,12 +24,17 @@ from grammar import (
     kind_for,
 )
 from grammar import parse_tool_calls as parse_with_format
-from grammar.canonical import canonical_json, canonical_tool
+from grammar.canonical import canonical_json, canonical_schema, canonical_tool
+from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 
 FORMAT = HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
 
 __all__ = [
+    "FidelityReport",
+    "KeywordFidelity",
+    "schema_fidelity",
+    "tools_fidelity",
     "GrammarSpecError",
     "GrammarServiceBusy",
     "ParsedToolCall",

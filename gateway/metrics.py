@@ -46,9 +46,17 @@ class GatewayMetrics:
                              registry=r)
         self.itl = Histogram("jumpgate_inter_token_latency_seconds", "Time between output increments.",
                              buckets=ITL_BUCKETS, registry=r)
+        self.invalid_structured_outputs = Counter(
+            "jumpgate_structured_output_invalid",
+            "Structured outputs that failed schema validation after generation (mode=strict: a fidelity bug).",
+            ("mode", "reason"), registry=r)
 
     def request_finished(self, route: str, outcome: str) -> None:
         self.requests.labels(route=route, outcome=outcome).inc()
+
+    def structured_output_invalid(self, mode: str, reason: str) -> None:
+        """One structured output that failed validation after generation (gateway/output_validation.py)."""
+        self.invalid_structured_outputs.labels(mode=mode, reason=reason).inc()
 
     def requests_counted(self, route: str, outcome: str) -> float:
         return self.registry.get_sample_value("jumpgate_requests_total", {"route": route, "outcome": outcome}) or 0.0

@@ -16,6 +16,7 @@ import anyio
 from gateway.auth import cache_namespace
 from gateway.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.errors import bad_request, context_length_exceeded, model_not_found
+from gateway.output_validation import OutputCheck, build_output_check
 from gateway.prompt import PromptRenderer
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.registry import SchemaRegistry
@@ -37,6 +38,7 @@ class Prepared:
     constraint: Any
     sampling: SamplingParams
     namespace: str
+    output_check: OutputCheck | None = None  # validates structured outputs before their final chunk
 
     def engine_requests(self, n: int, jump_forward: str | None, rid_prefix: str | None = None) -> list[GenerateRequest]:
         """n engine requests; with a seed, choice i uses seed + i (distinct yet reproducible)."""
@@ -161,6 +163,14 @@ def check_n(n: int, settings: Settings) -> None:
         raise bad_request(f"'n' is {n}; this server allows at most {settings.max_n}.", "n")
 
 
+def schema_mode_of(req: ChatCompletionRequest | CompletionRequest, registry: SchemaRegistry, tenant: str) -> str | None:
+    """The request's schema_mode, else the one its registered schema was uploaded with."""
+    if req.schema_mode is not None or req.schema_id is None:
+        return req.schema_mode
+    entry = registry.get(tenant, req.schema_id)
+    return entry.schema_mode if entry is not None else None
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
@@ -175,6 +185,7 @@ async def prepare_chat(
     settings: Settings,
     tenant: str,
     compile: bool = True,
+    metrics: Any = None,
 ) -> Prepared:
     check_model(req.model, engine, settings)
     if not req.messages:
@@ -193,6 +204,10 @@ async def prepare_chat(
     max_new = token_budget(len(rendered.token_ids), requested, requested_param, engine, settings)
     sampling = sampling_params(req, max_new, stop)
     constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s) if compile else None
+    # strict mode refuses a schema the mask cannot guarantee (a 400 naming each keyword)
+    check = None
+    if compile:
+        check = build_output_check(plan, constraint, schema_mode_of(req, registry, tenant), metrics=metrics)
     return Prepared(
         request_id=new_id("chatcmpl"),
         created=int(time.time()),
@@ -203,6 +218,7 @@ async def prepare_chat(
         constraint=constraint,
         sampling=sampling,
         namespace=cache_namespace(tenant, req.cache_salt),
+        output_check=check,
     )
 
 

@@ -13,6 +13,9 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 JumpForward = Literal["verify", "direct", "off"]
+# strict: every output fits the schema, or the schema is refused; best_effort: generate anyway and
+# report on each choice whether the output validated (`jumpgate.schema_valid`)
+SchemaMode = Literal["strict", "best_effort"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 NonNegFloat = Annotated[float, Meta(ge=0)]
@@ -161,6 +164,7 @@ class _SamplingFields(Struct, kw_only=True):
     regex: str | None = None
     ebnf: str | None = None
     schema_id: str | None = None
+    schema_mode: SchemaMode | None = None
     jump_forward: JumpForward | None = None
     cache_salt: str | None = None
     top_k: int | None = None
@@ -225,6 +229,20 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 # Fields typed `X | UnsetType = UNSET` are left out of the JSON unless set (OpenAI omits them).
 
 
+class SchemaViolation(Struct):
+    pointer: str  # where in the output (JSON pointer; tool calls: /tool_calls/i/function/arguments/...)
+    message: str
+    schema_pointer: str | UnsetType = UNSET  # the schema keyword that failed
+
+
+class ChoiceValidity(Struct):
+    """Jumpgate's extension on a structured choice: did the final value validate against its schema?"""
+
+    schema_valid: bool
+    schema_mode: SchemaMode
+    schema_errors: list[SchemaViolation] = field(default_factory=list)
+
+
 class ChatMessage(Struct):
     content: str | None
     role: Literal["assistant"] = "assistant"
@@ -236,6 +254,7 @@ class ChatChoice(Struct):
     message: ChatMessage
     finish_reason: FinishReason | None
     logprobs: None = None
+    jumpgate: ChoiceValidity | UnsetType = UNSET
 
 
 class ChatCompletion(Struct):
@@ -271,6 +290,7 @@ class ChunkChoice(Struct):
     delta: ChoiceDelta
     finish_reason: FinishReason | None = None
     logprobs: None = None
+    jumpgate: ChoiceValidity | UnsetType = UNSET  # on the chunk that finishes the choice
 
 
 class ChatCompletionChunk(Struct):
@@ -287,6 +307,7 @@ class CompletionChoice(Struct):
     text: str
     finish_reason: FinishReason | None
     logprobs: None = None
+    jumpgate: ChoiceValidity | UnsetType = UNSET
 
 
 class Completion(Struct):
@@ -345,6 +366,7 @@ class SchemaUpload(Struct, kw_only=True):
     # keep this schema's prompt prefix (system_prompt + schema text) resident in the KV cache
     pin: bool = False
     system_prompt: str | None = None  # the system prompt that requests using this schema send (for the pin)
+    schema_mode: SchemaMode | None = None  # best_effort: register a schema whose keywords are not all enforced
 
 
 class SchemaEntry(Struct, kw_only=True):
@@ -355,6 +377,25 @@ class SchemaEntry(Struct, kw_only=True):
     name: str | None = None
     object: Literal["schema"] = "schema"
     pinned_tokens: int | None = None  # set in the response of an upload with "pin": true
+    schema_mode: SchemaMode | None = None  # requests with this schema_id default to it
+    fidelity: dict[str, Any] | UnsetType = UNSET  # set in the response of an upload (schemas and tools)
+
+
+class SchemaCheckRequest(Struct, kw_only=True):
+    """POST /v1/schemas/check: one of `schema` or `tools`; nothing is stored."""
+
+    schema: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    strict: bool = True  # the schema's strictness (tools: each function's own `strict`)
+
+
+class SchemaCheck(Struct):
+    """How faithfully each keyword would be kept, and whether strict mode would accept the schema."""
+
+    fidelity: dict[str, Any]
+    strict_accepted: bool
+    strict_refusal: str | None = None  # the 400's message a strict request with this schema would get
+    object: Literal["schema.check"] = "schema.check"
 
 
 class SchemaList(Struct):

@@ -65,7 +65,8 @@ class SchemaRegistry:
         return self._tenant_dir(tenant) / f"{entry_id}.json"
 
     def put(
-        self, tenant: str, kind: str, payload: Any, canonical_text: str, name: str | None = None
+        self, tenant: str, kind: str, payload: Any, canonical_text: str, name: str | None = None,
+        schema_mode: str | None = None,
     ) -> tuple[SchemaEntry, bool]:
         """Store an entry; returns (entry, created). An existing identical entry is returned as is."""
         entry_id = schema_id(canonical_text)
@@ -76,7 +77,8 @@ class SchemaRegistry:
             if existing is not None:
                 return existing, False
             entry = SchemaEntry(
-                id=entry_id, kind=kind, payload=payload, created=int(time.time()), name=name  # type: ignore[arg-type]
+                id=entry_id, kind=kind, payload=payload, created=int(time.time()), name=name,  # type: ignore[arg-type]
+                schema_mode=schema_mode,  # type: ignore[arg-type]
             )
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from msgspec import UNSET
+
 from gateway import grammar_adapter
 from gateway.generation import Outcome
+from gateway.output_validation import OutputCheck
 from gateway.preparation import Prepared
 from gateway.protocol import (
     ChatChoice,
     ChatCompletion,
     ChatMessage,
+    ChoiceValidity,
     Completion,
     CompletionChoice,
     FunctionCall,
@@ -32,21 +36,37 @@ def usage_of(outcomes: list[Outcome]) -> Usage:
     return make_usage(first.prompt_tokens, sum(o.completion_tokens for o in outcomes), first.cached_tokens)
 
 
-def chat_choice(index: int, outcome: Outcome, parse_tools: bool) -> ChatChoice:
+def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCheck | None = None) -> ChatChoice:
     if parse_tools:
         content, calls = grammar_adapter.parse_tool_calls(outcome.text)
         if calls:
             tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+            validity = check.check_tool_calls([(c.name, c.arguments) for c in calls], outcome.finish_reason) \
+                if check is not None else None
             return ChatChoice(
                 index=index,
                 message=ChatMessage(content=content or None, tool_calls=tool_calls),
                 finish_reason="tool_calls" if outcome.finish_reason != "length" else "length",  # type: ignore[arg-type]
+                jumpgate=validity or UNSET,
             )
+    validity = check.check_text(outcome.text, outcome.finish_reason) \
+        if check is not None and check.kind == "json_schema" else None
     return ChatChoice(
         index=index,
         message=ChatMessage(content=outcome.text),
         finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
+        jumpgate=validity or UNSET,
     )
+
+
+def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bool) -> ChoiceValidity | None:
+    """The jumpgate validity of one finished choice (None: nothing structured to validate)."""
+    if check is None:
+        return None
+    if parse_tools:
+        _, calls = grammar_adapter.parse_tool_calls(outcome.text)
+        return check.check_tool_calls([(c.name, c.arguments) for c in calls], outcome.finish_reason)
+    return check.check_text(outcome.text, outcome.finish_reason) if check.kind == "json_schema" else None
 
 
 def chat_completion(prepared: Prepared, outcomes: list[Outcome]) -> ChatCompletion:
@@ -54,21 +74,26 @@ def chat_completion(prepared: Prepared, outcomes: list[Outcome]) -> ChatCompleti
         id=prepared.request_id,
         created=prepared.created,
         model=prepared.model,
-        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls) for i, o in enumerate(outcomes)],
+        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check)
+                 for i, o in enumerate(outcomes)],
         usage=usage_of(outcomes),
     )
 
 
 def completion(
-    request_id: str, created: int, model: str, outcomes: list[Outcome], n: int, echo_texts: list[str | None]
+    request_id: str, created: int, model: str, outcomes: list[Outcome], n: int, echo_texts: list[str | None],
+    check: OutputCheck | None = None,
 ) -> Completion:
     """Choices for p prompts × n samples (index = prompt * n + sample), as OpenAI numbers them."""
     choices = []
     for index, outcome in enumerate(outcomes):
         prefix = echo_texts[index // n] or ""
+        validity = check.check_text(outcome.text, outcome.finish_reason) \
+            if check is not None and check.kind == "json_schema" else None
         choices.append(
             CompletionChoice(index=index, text=prefix + outcome.text,
-                             finish_reason=finish_reason(outcome.finish_reason))  # type: ignore[arg-type]
+                             finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
+                             jumpgate=validity or UNSET)
         )
     prompt_tokens = sum(outcomes[p * n].prompt_tokens for p in range(len(outcomes) // n))
     cached = sum(outcomes[p * n].cached_tokens for p in range(len(outcomes) // n))

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from litestar import Request, Response
 
 from gateway.generation import EngineStream, Outcome, RequestLog, close_all, open_streams, prime_all, until_disconnect
+from gateway.output_validation import validity_headers
 from gateway.services import GatewayServices, outcome_of
 from gateway.streaming import SSEResponse, once
 from runtime.api import GenerateRequest
@@ -55,7 +56,8 @@ async def serve_generation(
             handed_over = True
             return SSEResponse(body, on_close)
         outcomes = await until_disconnect(request.receive, asyncio.gather(*(st.collect() for st in streams)))
-        return Response(respond(list(outcomes)))
+        body = respond(list(outcomes))
+        return Response(body, headers=validity_headers(body))  # x-jumpgate-schema-valid
     except BaseException as exc:
         error = exc
         raise

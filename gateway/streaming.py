@@ -30,7 +30,8 @@ from gateway.protocol import (
     FunctionCallDelta,
     ToolCallDelta,
 )
-from gateway.responses import finish_reason, usage_of
+from gateway.output_validation import OutputCheck
+from gateway.responses import choice_validity, finish_reason, usage_of
 from runtime.api import EngineError
 
 log = logging.getLogger("jumpgate.gateway")
@@ -129,10 +130,11 @@ async def chat_events(
     finished = [False] * n
     outcome = "cancelled"
 
-    def chunk(index: int, delta: ChoiceDelta, reason: str | None = None) -> bytes:
+    def chunk(index: int, delta: ChoiceDelta, reason: str | None = None, validity=None) -> bytes:
+        choice = ChunkChoice(index=index, delta=delta, finish_reason=reason,  # type: ignore[arg-type]
+                             jumpgate=validity or UNSET)
         return sse(ChatCompletionChunk(
-            id=prepared.request_id, created=prepared.created, model=prepared.model,
-            choices=[ChunkChoice(index=index, delta=delta, finish_reason=reason)],  # type: ignore[arg-type]
+            id=prepared.request_id, created=prepared.created, model=prepared.model, choices=[choice],
         ))
 
     def pieces(index: int, content: str, calls: list) -> list[bytes]:
@@ -152,7 +154,10 @@ async def chat_events(
         streams[index].check_error()
         has_calls = parser is not None and parser.num_calls > 0
         reason = streams[index].outcome.finish_reason
-        out.append(chunk(index, ChoiceDelta(), "length" if reason == "length" else finish_reason(reason, has_calls)))
+        # validated before the final chunk goes out, which carries the verdict
+        validity = choice_validity(prepared.output_check, streams[index].outcome, parser is not None)
+        out.append(chunk(index, ChoiceDelta(), "length" if reason == "length" else finish_reason(reason, has_calls),
+                         validity))
         return out
 
     try:
@@ -198,18 +203,21 @@ async def completion_events(
     include_usage: bool,
     on_close: Callable[[str], None],
     retry_after_s: int = 1,
+    check: OutputCheck | None = None,
 ) -> AsyncIterator[bytes]:
     finished = [False] * len(streams)
     outcome = "cancelled"
 
-    def chunk(index: int, text: str, reason: str | None = None) -> bytes:
-        choice = CompletionChoice(index=index, text=text, finish_reason=reason)  # type: ignore[arg-type]
+    def chunk(index: int, text: str, reason: str | None = None, validity=None) -> bytes:
+        choice = CompletionChoice(index=index, text=text, finish_reason=reason,  # type: ignore[arg-type]
+                                  jumpgate=validity or UNSET)
         return sse(CompletionChunk(id=request_id, created=created, model=model, choices=[choice]))
 
     def final(index: int) -> bytes:
         finished[index] = True
         streams[index].check_error()
-        return chunk(index, "", finish_reason(streams[index].outcome.finish_reason))
+        done = streams[index].outcome
+        return chunk(index, "", finish_reason(done.finish_reason), choice_validity(check, done, False))
 
     try:
         for index in range(len(streams)):

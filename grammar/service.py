@@ -24,6 +24,7 @@ from grammar.closing import ClosingVocab
 from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.draft_split import DraftSplitter
 from grammar.errors import GrammarCompileTimeout, GrammarSpecError
+from grammar.fidelity import FidelityReport, spec_fidelity
 from grammar.matcher import XGrammarMatcher
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
@@ -45,6 +46,8 @@ class CompiledGrammarHandle:
     _closing: ClosingVocab | None = field(default=None, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)
     _splitter: DraftSplitter | None = field(default=None, repr=False)
+    # which schema keywords the mask enforces (grammar/fidelity.py); None when the spec is unknown
+    fidelity: FidelityReport | None = None
 
     def new_matcher(self) -> XGrammarMatcher:
         return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter)
@@ -232,7 +235,7 @@ class GrammarService:
         if self._disk is not None:
             compiled = self._disk.load(key)
             if compiled is not None:
-                handle = self._handle(key, spec.kind, compiled)
+                handle = self._handle(key, spec.kind, compiled, spec)
                 self._memory.put(key, handle)
                 with self._lock:
                     self._stats.disk_hits += 1
@@ -251,15 +254,17 @@ class GrammarService:
         with self._lock:
             self._stats.compile_seconds_total += elapsed
             self._stats.compile_seconds_max = max(self._stats.compile_seconds_max, elapsed)
-        handle = self._handle(key, spec.kind, compiled)
+        handle = self._handle(key, spec.kind, compiled, spec)
         self._memory.put(key, handle)
         if self._disk is not None:
             self._disk.store(key, compiled)
         return handle
 
-    def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar) -> CompiledGrammarHandle:
+    def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar,
+                spec: GrammarSpec | None = None) -> CompiledGrammarHandle:
+        fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict) if spec is not None else None
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
-                                     _splitter=self.draft_splitter)
+                                     _splitter=self.draft_splitter, fidelity=fidelity)
 
 
 def _make_encoder(hf_tokenizer: Any):

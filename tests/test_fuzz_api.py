@@ -41,7 +41,7 @@ OPERATIONS = [
     ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/cache/explain"),
     ("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"),
     ("GET", "/v1/schemas"), ("POST", "/v1/schemas"), ("GET", "/v1/schemas/{schema_id}"),
-    ("DELETE", "/v1/schemas/{schema_id}"), ("GET", "/health"), ("GET", "/metrics"),
+    ("DELETE", "/v1/schemas/{schema_id}"), ("POST", "/v1/schemas/check"), ("GET", "/health"), ("GET", "/metrics"),
 ]
 POSITIVE, NEGATIVE = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
 # valid input for every operation; invalid bodies where there is a body (a string path parameter

@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from grammar import GrammarService, GrammarSpec, GrammarSpecError
+from grammar.fidelity import schema_fidelity
 from runtime.api import GenerateRequest
 from runtime.sampling import SamplingParams
 from tests.conftest import chat_ids
@@ -35,17 +36,15 @@ MODES = ("verify", "direct", "off")
 MAX_NEW = 96  # strict closing guarantees completion, so a small budget is enough
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
 
-# Keywords xgrammar (0.2.x) compiles but does not enforce: the grammar admits outputs that break
-# them, so for these schemas a validation error is accepted only where its schema path passes
-# through one of the listed keywords. Everything else (types, required, enums, consts, patterns,
-# bounds, additionalProperties, ...) must hold. `format` is an annotation in Draft 2020-12 and is
-# not checked by the validator either way.
+# Keywords xgrammar (0.2.x) compiles but does not enforce, as the fidelity report
+# (grammar/fidelity.py) classifies them (strict mode refuses these schemas at the gateway): for these
+# schemas a validation error is accepted only where its schema path passes through one of them.
+# Everything else (types, required, enums, consts, patterns, bounds, additionalProperties, ...)
+# must hold. tests/test_fidelity_classifier.py pins the list this produces.
 KNOWN_UNENFORCED = {
-    "allof_base_and_extension": {"allOf"},  # "allOf with multiple options": compiled as any JSON value
-    "if_then_else_country_postal": {"if", "then", "else"},
-    "array_unique_items_integers": {"uniqueItems"},
-    "numeric_bounds_sensor": {"multipleOf"},  # "range + multipleOf ... ignoring multipleOf"
-    "dependent_required_billing": {"dependentRequired"},
+    name: {k.keyword for k in report.refused_in_strict}
+    for name in COMPILED_NAMES
+    if (report := schema_fidelity(SCHEMAS[name])).refused_in_strict
 }
 
 

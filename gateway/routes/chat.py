@@ -37,7 +37,7 @@ class ChatController(Controller):
             nonlocal prepared
             prepared = await prepare_chat(
                 data, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,
-                registry=s.registry, settings=s.settings, tenant=tenant,
+                registry=s.registry, settings=s.settings, tenant=tenant, metrics=s.metrics,
             )
             request_log.request_id = prepared.request_id
             return prepared.engine_requests(data.n, data.jump_forward)

@@ -12,8 +12,10 @@ from litestar.params import JSONBody
 from gateway.constraints import compile_plan, plan_completion
 from gateway.errors import bad_request
 from gateway.generation import RequestLog
+from gateway.output_validation import build_output_check
 from gateway.preparation import (
-    check_model, check_n, check_unsupported, completion_prompts, new_id, prepare_completion, vocab_size,
+    check_model, check_n, check_unsupported, completion_prompts, new_id, prepare_completion, schema_mode_of,
+    vocab_size,
 )
 from gateway.protocol import Completion, CompletionRequest
 from gateway.responses import completion
@@ -38,8 +40,10 @@ class CompletionsController(Controller):
         s = services
         request_id, created = new_id("cmpl"), int(time.time())
         echo_texts: list[str | None] = []
+        check = None  # validates each structured choice (and refuses what strict mode cannot guarantee)
 
         async def prepare():
+            nonlocal check
             check_model(data.model, s.engine, s.settings)
             check_unsupported(data)
             check_n(data.n, s.settings)
@@ -52,6 +56,7 @@ class CompletionsController(Controller):
                 raise bad_request(f"At most {s.settings.max_n * 4} choices (prompts x n) per request.", "prompt")
             plan = plan_completion(data, s.registry, tenant)
             constraint = await compile_plan(plan, s.grammar, s.settings.grammar_compile_timeout_s)
+            check = build_output_check(plan, constraint, schema_mode_of(data, s.registry, tenant), metrics=s.metrics)
             request_log.request_id = request_id
             requests = []
             for p, prompt in enumerate(prompts):
@@ -71,6 +76,6 @@ class CompletionsController(Controller):
             "completions", request, s, request_log, prepare=prepare, stream=bool(data.stream),
             events=lambda streams, on_close: completion_events(
                 request_id, created, data.model, streams, data.n, echo_texts, include_usage, on_close,
-                s.settings.retry_after_s),
-            respond=lambda outcomes: completion(request_id, created, data.model, outcomes, data.n, echo_texts),
+                s.settings.retry_after_s, check),
+            respond=lambda outcomes: completion(request_id, created, data.model, outcomes, data.n, echo_texts, check),
         )

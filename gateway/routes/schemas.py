@@ -17,8 +17,9 @@ from gateway import grammar_adapter
 from gateway.auth import cache_namespace
 from gateway.constraints import ConstraintPlan, check_tools, compile_plan
 from gateway.errors import APIError, bad_request, not_found
+from gateway.output_validation import build_output_check
 from gateway.pinning import pin_schema, unpin_schema
-from gateway.protocol import SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
+from gateway.protocol import SchemaCheck, SchemaCheckRequest, SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
 from gateway.services import GatewayServices
 
 
@@ -47,6 +48,17 @@ def _upload_plan(data: JSONBody[SchemaUpload]) -> tuple[str, Any, ConstraintPlan
     return "tools", tools, ConstraintPlan(kind="tool_calls", payload=payload, param="tools", label="tools")
 
 
+def _check_plan(data: SchemaCheckRequest) -> ConstraintPlan:
+    if (data.schema is None) == (data.tools is None):
+        raise bad_request("Give exactly one of 'schema' (a JSON schema) or 'tools'.",
+                          "tools" if data.schema is not None else "schema")
+    if data.schema is not None:
+        return ConstraintPlan(kind="json_schema", payload=data.schema, param="schema", label="schema",
+                              strict=data.strict)
+    payload = {"tools": check_tools(data.tools), "tool_choice": "auto", "parallel_tool_calls": True}
+    return ConstraintPlan(kind="tool_calls", payload=payload, param="tools", label="tools")
+
+
 class SchemasController(Controller):
     path = "/schemas"
     tags = ["schemas"]
@@ -56,9 +68,11 @@ class SchemasController(Controller):
         self, data: JSONBody[SchemaUpload], services: NamedDependency[GatewayServices], tenant: NamedDependency[str]
     ) -> Response[SchemaEntry]:
         kind, payload, plan = _upload_plan(data)
-        await compile_plan(plan, services.grammar, services.settings.grammar_compile_timeout_s)
+        constraint = await compile_plan(plan, services.grammar, services.settings.grammar_compile_timeout_s)
+        # strict (the default) refuses a schema whose keywords the mask does not all enforce
+        check = build_output_check(plan, constraint, data.schema_mode)
         canonical = grammar_adapter.canonical_payload_text(kind, payload)
-        entry, created = services.registry.put(tenant, kind, payload, canonical, data.name)
+        entry, created = services.registry.put(tenant, kind, payload, canonical, data.name, data.schema_mode)
         if data.pin:
             try:
                 pinned = await pin_schema(services.engine, services.renderer, cache_namespace(tenant, None),
@@ -68,7 +82,26 @@ class SchemasController(Controller):
                     services.registry.delete(tenant, entry.id)
                 raise
             entry = msgspec.structs.replace(entry, pinned_tokens=pinned)
+        if check is not None:
+            entry = msgspec.structs.replace(entry, fidelity=check.report.as_dict())
         return Response(entry, status_code=201 if created else 200)
+
+    @post("/check", status_code=200, summary="Report how faithfully each keyword of a schema or tool set is enforced")
+    async def check(
+        self, data: JSONBody[SchemaCheckRequest], services: NamedDependency[GatewayServices]
+    ) -> SchemaCheck:
+        """Compiles like a request would (so a refused schema gets the same 400) and stores nothing."""
+        plan = _check_plan(data)
+        constraint = await compile_plan(plan, services.grammar, services.settings.grammar_compile_timeout_s)
+        best_effort = build_output_check(plan, constraint, "best_effort")
+        assert best_effort is not None
+        try:
+            build_output_check(plan, constraint, None)
+            refusal = None
+        except APIError as exc:
+            refusal = exc.message
+        return SchemaCheck(fidelity=best_effort.report.as_dict(), strict_accepted=refusal is None,
+                           strict_refusal=refusal)
 
     @get("", summary="List registered schemas")
     async def list_schemas(

@@ -1,0 +1,393 @@
+"""How faithfully a compiled JSON schema is kept: each keyword, at its JSON pointer, is
+
+- `enforced`: xgrammar's token mask admits no output that breaks it;
+- `checked`: the mask may let a violation through, but validation after generation (jsonschema
+  with its format checker, plus Jumpgate's duplicate-key check) detects it;
+- `unenforced`: neither (a `format` that xgrammar does not mask and jsonschema cannot check).
+
+The rules below were established against xgrammar 0.2.9 itself (a violating instance fed to a
+GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them honest):
+- siblings beside `$ref`, `anyOf`, `oneOf` or `allOf` are dropped; `allOf` with more than one
+  branch compiles as "any JSON value"; `oneOf` is exact only for provably disjoint branches;
+- beside `enum`/`const`, only the listed values are generated (other keywords are ignored);
+- string keywords (minLength, pattern, format, ...) and number keywords act only under a declared
+  `type`; minLength/maxLength are dropped beside `pattern` or `format`; `multipleOf` only for
+  integers;
+- `uniqueItems`, `contains` (+ min/maxContains), `not`, `if`/`then`/`else`, `dependentRequired`,
+  `dependentSchemas`, `dependencies`, `patternProperties`, and `required` naming an undeclared
+  property are not masked;
+- names of additional properties may repeat (the grammar has no memory of names written).
+
+Strict mode promises that every output fits, so it accepts only `enforced`: `checked` guarantees
+detection, not validity (a later stage may add check-and-rollback). Only the duplicate-key risk is
+let through in strict mode, reported and counted, because refusing it would refuse every open
+object (`{"type": "object"}`), which tools use widely.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import jsonschema
+
+from grammar.errors import join_pointer
+
+ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
+DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
+
+# Formats whose shape xgrammar 0.2.9 masks (a malformed value is refused by the grammar).
+MASKED_FORMATS = frozenset({
+    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
+    "uri-template", "uuid", "json-pointer", "relative-json-pointer",
+})
+# Formats jsonschema can check after generation, with the packages installed here.
+CHECKABLE_FORMATS = frozenset(jsonschema.FormatChecker().checkers)
+
+STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+ARRAY_KEYWORDS = ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains", "minContains",
+                  "maxContains", "unevaluatedItems")
+OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+                   "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
+                   "unevaluatedProperties")
+COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+NEVER_MASKED = {
+    "uniqueItems": "uniqueItems is not masked: an array may repeat an item",
+    "contains": "contains is not masked: an array need not hold a matching item",
+    "minContains": "minContains is not masked",
+    "maxContains": "maxContains is not masked",
+    "not": "not is not masked: a value the sub-schema describes can be generated",
+    "if": "if/then/else is not masked: the conditional branch is not applied",
+    "then": "if/then/else is not masked: the conditional branch is not applied",
+    "else": "if/then/else is not masked: the conditional branch is not applied",
+    "dependentRequired": "dependentRequired is not masked: a dependent property may be left out",
+    "dependentSchemas": "dependentSchemas is not masked",
+    "dependencies": "dependencies is not masked",
+    "patternProperties": "patternProperties is not masked (xgrammar mis-handles names matching the patterns)",
+}
+# Validation keywords (2020-12 plus drafts 4-7); any other keyword is an annotation or unknown and
+# does not change which values are valid.
+VALIDATION_KEYWORDS = frozenset(
+    ("type", "enum", "const") + STRING_KEYWORDS + NUMBER_KEYWORDS + ARRAY_KEYWORDS + OBJECT_KEYWORDS
+    + COMBINATORS + ("not", "if", "then", "else")
+)
+_KEYWORD_TYPES = {**{k: ("string",) for k in STRING_KEYWORDS}, **{k: ("integer", "number") for k in NUMBER_KEYWORDS}}
+
+
+@dataclass(frozen=True)
+class KeywordFidelity:
+    pointer: str  # JSON pointer of the keyword itself (for DUPLICATE_KEYS: of its object schema)
+    keyword: str
+    status: str  # ENFORCED, CHECKED or UNENFORCED
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        out = {"pointer": self.pointer, "keyword": self.keyword, "status": self.status}
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    keywords: tuple[KeywordFidelity, ...] = ()
+
+    @property
+    def not_masked(self) -> tuple[KeywordFidelity, ...]:
+        """Every keyword the mask does not enforce (what strict mode has to refuse or flag)."""
+        return tuple(k for k in self.keywords if k.status != ENFORCED)
+
+    @property
+    def refused_in_strict(self) -> tuple[KeywordFidelity, ...]:
+        """What strict mode refuses: everything not masked except the duplicate-key risk."""
+        return tuple(k for k in self.not_masked if k.keyword != DUPLICATE_KEYS)
+
+    @property
+    def guaranteed(self) -> bool:
+        return not self.not_masked
+
+    def as_dict(self) -> dict[str, Any]:
+        counts = {status: sum(k.status == status for k in self.keywords) for status in (ENFORCED, CHECKED, UNENFORCED)}
+        return {"guaranteed": self.guaranteed, "counts": counts, "keywords": [k.as_dict() for k in self.keywords]}
+
+
+def schema_fidelity(schema: Any, *, strict: bool = True, pointer: str = "") -> FidelityReport:
+    """Classify every validation keyword of `schema` (already validated; pointers under `pointer`)."""
+    return FidelityReport(tuple(_walk(schema, pointer, strict)))
+
+
+def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
+    """One report for the parameters of every tool (pointers `/i/function/parameters/...`).
+
+    A tool is strict unless its `function.strict` is false, as the tool-call grammar compiles it.
+    """
+    found: list[KeywordFidelity] = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            continue
+        params = function.get("parameters") or {}
+        if isinstance(params, dict) and "type" not in params:
+            params = {"type": "object", **params}  # as the grammar compiles it
+        strict = function.get("strict") is not False
+        found += _walk(params, join_pointer("", i, "function", "parameters"), strict)
+    return FidelityReport(tuple(found))
+
+
+def spec_fidelity(kind: str, payload: Any, strict: bool = True) -> FidelityReport | None:
+    """The report for a grammar spec's kind and payload; None for kinds without a schema."""
+    if kind == "json_schema":
+        return schema_fidelity(payload, strict=strict)
+    if kind == "tool_calls" and isinstance(payload, dict):
+        return tools_fidelity(payload.get("tools") or [])
+    return None
+
+
+# -- the walk --------------------------------------------------------------------------------
+
+
+def _walk(schema: Any, pointer: str, strict: bool) -> list[KeywordFidelity]:
+    found: list[KeywordFidelity] = []
+    stack: list[tuple[Any, str, str | None]] = [(schema, pointer, None)]  # (node, pointer, implied type)
+    while stack:
+        node, here, implied = stack.pop()
+        if not isinstance(node, dict):
+            continue  # boolean schemas are exact
+        entries, children = _classify_node(node, here, strict, implied)
+        found += entries
+        stack.extend(reversed(children))
+    return found
+
+
+def _classify_node(node: dict, here: str, strict: bool, implied: str | None):
+    entries: list[KeywordFidelity] = []
+    children: list[tuple[Any, str, str | None]] = []
+    present = [k for k in node if k in VALIDATION_KEYWORDS]
+    for name in ("$defs", "definitions"):  # reachable through $ref: classified where they are written
+        if isinstance(node.get(name), dict):
+            children += [(v, join_pointer(here, name, k), None) for k, v in node[name].items()]
+
+    def mark(keyword: str, status: str, reason: str = "") -> None:
+        if status != ENFORCED and status != UNENFORCED:
+            status = _checked_or_unenforced(node, keyword)
+        entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, status, reason))
+
+    combinator = next((k for k in COMBINATORS if k in node), None)
+    if combinator is not None:
+        return _classify_combinator(node, here, strict, combinator, present, mark, entries, children)
+    if "enum" in node or "const" in node:
+        return _classify_listed_values(node, here, present, mark, entries, children)
+
+    types = _types(node, implied)
+    for keyword in present:
+        value = node[keyword]
+        if keyword == "type":
+            mark(keyword, ENFORCED)
+        elif keyword in _KEYWORD_TYPES:
+            _classify_scalar_keyword(node, keyword, types, mark)
+        elif keyword in NEVER_MASKED:
+            if keyword == "uniqueItems" and value is not True:
+                continue  # uniqueItems: false asks nothing
+            if keyword in ("then", "else") and "if" not in node:
+                continue  # ignored by JSON Schema without `if`
+            mark(keyword, CHECKED, NEVER_MASKED[keyword])
+        elif keyword == "required":
+            declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+            undeclared = [n for n in value if n not in declared] if isinstance(value, list) else []
+            if undeclared:
+                names = ", ".join(map(str, undeclared))
+                mark(keyword, CHECKED, f"required names properties not declared in properties ({names}), "
+                                       "which xgrammar does not force")
+            else:
+                mark(keyword, ENFORCED)
+        elif keyword == "unevaluatedProperties":
+            closed = strict or node.get("additionalProperties") is False
+            mark(keyword, ENFORCED if closed else CHECKED,
+                 "" if closed else "unevaluatedProperties is not masked outside strict mode")
+        elif keyword == "unevaluatedItems":
+            exact = value is False
+            mark(keyword, ENFORCED if exact else CHECKED, "" if exact else "only unevaluatedItems: false is masked")
+        else:  # properties, items, prefixItems, additionalProperties, min/maxItems, min/maxProperties, propertyNames
+            mark(keyword, ENFORCED)
+            children += _subschemas(node, keyword, here)
+    if _allows_additional_names(node, types, strict):
+        entries.append(KeywordFidelity(here, DUPLICATE_KEYS, CHECKED,
+                                       "names of additional properties are not kept unique by the grammar; "
+                                       "a repeated name is detected after generation"))
+    return entries, children
+
+
+def _classify_combinator(node, here, strict, combinator, present, mark, entries, children):
+    value = node[combinator]
+    siblings = [k for k in present if k != combinator]
+    if combinator == "allOf" and isinstance(value, list) and len(value) > 1:
+        mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value")
+    elif combinator == "oneOf" and not _provably_disjoint(value):
+        mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
+    else:
+        mark(combinator, ENFORCED)
+        children += _subschemas(node, combinator, here)
+    for keyword in siblings:
+        if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(value, node["type"]):
+            mark(keyword, ENFORCED)  # every branch already has one of these types
+            continue
+        if keyword in ("then", "else") and "if" not in node:
+            continue
+        mark(keyword, CHECKED, f"keywords beside {combinator} are ignored by xgrammar (only {combinator} is compiled); "
+                               f"move {keyword} into the {combinator} branches")
+    return entries, children
+
+
+def _classify_listed_values(node, here, present, mark, entries, children):
+    listed = [node["const"]] if "const" in node else list(node.get("enum") or [])
+    rest = {k: v for k, v in node.items() if k not in ("enum", "const")}
+    implied = _values_fit(listed, rest)
+    for keyword in present:
+        if keyword in ("enum", "const"):
+            mark(keyword, ENFORCED)
+        elif keyword in ("then", "else") and "if" not in node:
+            continue
+        elif implied:
+            mark(keyword, ENFORCED)  # every listed value satisfies it, and only listed values are generated
+        else:
+            mark(keyword, CHECKED, "beside enum/const only the listed values are compiled; this keyword is ignored "
+                                   "and a listed value breaks it")
+    return entries, children
+
+
+def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, mark) -> None:
+    applies_to = _KEYWORD_TYPES[keyword]
+    if types is not None and not types & set(applies_to):
+        return  # the keyword cannot apply to any allowed type (JSON Schema ignores it too)
+    if types is None:
+        mark(keyword, CHECKED, f"{keyword} is masked only under a declared type ({' or '.join(applies_to)}); "
+                               "add one beside it")
+    elif keyword in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
+        mark(keyword, CHECKED, f"{keyword} is ignored beside {'pattern' if 'pattern' in node else 'format'}; "
+                               "write the length into the pattern (e.g. ^[a-z]{1,5}$)")
+    elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node)):
+        mark(keyword, CHECKED, "multipleOf is masked only for type integer, and not beside a one-sided range "
+                               "(give both a lower and an upper bound, or neither)")
+    elif keyword == "format" and node["format"] not in MASKED_FORMATS:
+        fmt = node["format"]
+        if fmt in CHECKABLE_FORMATS:
+            mark(keyword, CHECKED, f"format {fmt!r} is not masked; it is checked after generation")
+        else:
+            mark(keyword, UNENFORCED, f"format {fmt!r} is neither masked nor checkable here")
+    else:
+        mark(keyword, ENFORCED)
+
+
+def _one_sided_range(node: dict) -> bool:
+    low = "minimum" in node or "exclusiveMinimum" in node
+    high = "maximum" in node or "exclusiveMaximum" in node
+    return low != high
+
+
+def _checked_or_unenforced(node: dict, keyword: str) -> str:
+    if keyword == "format" and node.get("format") not in CHECKABLE_FORMATS:
+        return UNENFORCED
+    return CHECKED
+
+
+def _types(node: dict, implied: str | None) -> set[str] | None:
+    declared = node.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    if isinstance(declared, list):
+        return {t for t in declared if isinstance(t, str)}
+    return {implied} if implied else None
+
+
+def _subschemas(node: dict, keyword: str, here: str) -> list[tuple[Any, str, str | None]]:
+    value = node[keyword]
+    if keyword in ("properties",) and isinstance(value, dict):
+        return [(v, join_pointer(here, keyword, k), None) for k, v in value.items()]
+    if keyword in ("prefixItems", "anyOf", "oneOf", "allOf") and isinstance(value, list):
+        return [(v, join_pointer(here, keyword, i), None) for i, v in enumerate(value)]
+    if keyword == "propertyNames":
+        return [(value, join_pointer(here, keyword), "string")]  # names are strings
+    if keyword in ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems") and isinstance(
+            value, dict):
+        return [(value, join_pointer(here, keyword), None)]
+    return []
+
+
+def _allows_additional_names(node: dict, types: set[str] | None, strict: bool) -> bool:
+    """Can the grammar write a property name it did not declare (so perhaps twice)?"""
+    if types is not None and "object" not in types:
+        return False
+    if types is None and not any(k in node for k in OBJECT_KEYWORDS):
+        return False
+    if node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False:
+        return False
+    if strict and "properties" in node:
+        return False  # strict closes every object that declares properties
+    most = node.get("maxProperties")
+    return not (isinstance(most, int) and most <= 1)  # one name cannot repeat
+
+
+def _provably_disjoint(branches: Any) -> bool:
+    """True when no value can match two branches (then xgrammar compiles oneOf exactly): distinct
+    single types, distinct consts, or objects told apart by a required property's distinct consts."""
+    if not isinstance(branches, list) or not all(isinstance(b, dict) for b in branches):
+        return False
+    for tell in (_const_of, _type_of, _discriminator_of(branches)):
+        if tell is None:
+            continue
+        tags = [tell(b) for b in branches]
+        if None not in tags and len(set(tags)) == len(tags):
+            return True
+    return False
+
+
+def _const_of(branch: dict) -> str | None:
+    return _freeze(branch["const"]) if "const" in branch else None
+
+
+def _type_of(branch: dict) -> str | None:
+    t = branch.get("type")
+    return ("number" if t == "integer" else t) if isinstance(t, str) else None  # an integer is a number
+
+
+def _discriminator_of(branches: list[dict]):
+    """A property required by every branch with a const in each: the tag that tells branches apart."""
+    required = [set(b.get("required") or []) if isinstance(b.get("required"), list) else set() for b in branches]
+    for name in set.intersection(*required) if required else set():
+        def tag(branch: dict, name=name) -> str | None:
+            prop = (branch.get("properties") or {}).get(name)
+            return _const_of(prop) if isinstance(prop, dict) else None
+        if all(tag(b) is not None for b in branches):
+            return tag
+    return None
+
+
+def _branch_types_within(branches: Any, declared: Any) -> bool:
+    allowed = {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else set()
+    if not isinstance(branches, list) or not branches:
+        return False
+    for branch in branches:
+        t = branch.get("type") if isinstance(branch, dict) else None
+        got = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
+        if not got or not got <= allowed | ({"integer"} if "number" in allowed else set()):
+            return False
+    return True
+
+
+def _values_fit(values: list[Any], rest: dict) -> bool:
+    """Does every listed value satisfy the other keywords of its schema (so they need no mask)?"""
+    if not any(k in VALIDATION_KEYWORDS for k in rest):
+        return True
+    if any(k in rest for k in ("$ref",)):
+        return False  # would need the whole document to resolve
+    try:
+        validator = jsonschema.Draft202012Validator(rest, format_checker=jsonschema.FormatChecker())
+        return all(validator.is_valid(v) for v in values)
+    except Exception:  # a value jsonschema cannot judge here (e.g. a reference): assume it does not fit
+        return False
+
+
+def _freeze(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

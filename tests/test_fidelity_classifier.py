@@ -1,0 +1,225 @@
+"""The fidelity report (grammar/fidelity.py) against real xgrammar: a keyword reported `enforced`
+has its violating instance refused by the compiled grammar; a keyword reported `checked` or
+`unenforced` has a violating instance that the grammar lets through and jsonschema refuses. Each
+case also checks that a valid instance passes both, so no case is vacuous."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+
+from grammar.compact_json import compact_json_schema_ebnf
+from grammar.fidelity import CHECKED, DUPLICATE_KEYS, ENFORCED, UNENFORCED, schema_fidelity, tools_fidelity
+
+DATA = Path(__file__).parent / "data"
+_COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)  # strings only, no vocabulary
+
+
+def grammar_accepts(schema: dict, text: str, strict: bool = True) -> bool:
+    """Does the grammar Jumpgate compiles for `schema` admit exactly `text`?"""
+    compiled = _COMPILER.compile_grammar(compact_json_schema_ebnf(schema, strict=strict))
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return matcher.accept_string(text) and matcher.is_terminated()
+
+
+def schema_accepts(schema: dict, text: str) -> bool:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(json.loads(text))
+
+
+OBJ_AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}
+
+# (name, schema, strict, valid instance, violating instance): the report says all enforced
+ENFORCED_CASES = [
+    ("type", {"type": "integer"}, True, "1", '"a"'),
+    ("enum", {"enum": ["a", "b"]}, True, '"a"', '"c"'),
+    ("const", {"const": "a"}, True, '"a"', '"b"'),
+    ("enum_with_fitting_type", {"type": "string", "enum": ["a", "b"]}, True, '"a"', "1"),
+    ("minLength", {"type": "string", "minLength": 2}, True, '"ab"', '"a"'),
+    ("maxLength", {"type": "string", "maxLength": 2}, True, '"ab"', '"abc"'),
+    ("pattern", {"type": "string", "pattern": "^[a-z]+$"}, True, '"ab"', '"A"'),
+    ("format_date", {"type": "string", "format": "date"}, True, '"2020-01-01"', '"2020-13-45x"'),
+    ("format_email", {"type": "string", "format": "email"}, True, '"a@b.co"', '"x"'),
+    ("format_uuid", {"type": "string", "format": "uuid"}, True, '"123e4567-e89b-12d3-a456-426614174000"', '"x"'),
+    ("minimum", {"type": "integer", "minimum": 3}, True, "3", "2"),
+    ("maximum", {"type": "number", "maximum": 1.5}, True, "1.5", "1.6"),
+    ("exclusiveMinimum", {"type": "integer", "exclusiveMinimum": 3}, True, "4", "3"),
+    ("exclusiveMaximum", {"type": "integer", "exclusiveMaximum": 3}, True, "2", "3"),
+    ("multipleOf_integer", {"type": "integer", "multipleOf": 5}, True, "10", "3"),
+    ("multipleOf_integer_two_bounds", {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100}, True,
+     "10", "3"),
+    ("minItems", {"type": "array", "items": {"type": "integer"}, "minItems": 2}, True, "[1,2]", "[1]"),
+    ("maxItems", {"type": "array", "items": {"type": "integer"}, "maxItems": 2}, True, "[1,2]", "[1,2,3]"),
+    ("prefixItems", {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, True, "[1]", '["a"]'),
+    ("unevaluatedItems", {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False}, True,
+     "[1]", "[1,2]"),
+    ("required", {"type": "object", "properties": OBJ_AB, "required": ["a"]}, True, '{"a":1}', '{"b":1}'),
+    ("additionalProperties_false", {"type": "object", "properties": OBJ_AB, "additionalProperties": False}, False,
+     '{"a":1}', '{"a":1,"c":2}'),
+    ("minProperties", {"type": "object", "properties": OBJ_AB, "minProperties": 1}, True, '{"a":1}', "{}"),
+    ("maxProperties", {"type": "object", "properties": OBJ_AB, "maxProperties": 1}, True, '{"a":1}', '{"a":1,"b":2}'),
+    ("unevaluatedProperties_strict", {"type": "object", "properties": OBJ_AB, "unevaluatedProperties": False}, True,
+     '{"a":1}', '{"a":1,"c":1}'),
+    ("anyOf", {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, True, "1", '"a"'),
+    ("anyOf_with_covering_type", {"type": "integer", "anyOf": [{"type": "integer", "minimum": 5}]}, True, "5", "1"),
+    ("oneOf_disjoint_types", {"oneOf": [{"type": "string"}, {"type": "integer"}]}, True, "1", "1.5"),
+    ("oneOf_discriminated", {"oneOf": [
+        {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}, "required": ["k", "x"]},
+        {"type": "object", "properties": {"k": {"const": "b"}, "y": {"type": "integer"}}, "required": ["k", "y"]}]},
+     True, '{"k":"a","x":1}', '{"k":"c","x":1}'),
+    ("allOf_single", {"allOf": [{"type": "integer", "minimum": 2}]}, True, "2", "1"),
+    ("ref", {"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, True, "1", '"a"'),
+    ("propertyNames", {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
+                       "additionalProperties": {"type": "integer"}, "maxProperties": 1}, True, '{"ab":1}', '{"AB":1}'),
+]
+
+# (name, schema, strict, valid instance, violating instance, (pointer, keyword, status))
+NOT_MASKED_CASES = [
+    ("pattern_with_maxLength", {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}, True, '"abcde"',
+     '"abcdef"', ("/maxLength", "maxLength", CHECKED)),
+    ("pattern_with_minLength", {"type": "string", "pattern": "^[a-z]+$", "minLength": 3}, True, '"abc"', '"ab"',
+     ("/minLength", "minLength", CHECKED)),
+    ("format_with_maxLength", {"type": "string", "format": "email", "maxLength": 6}, True, '"a@b.co"',
+     '"ab@cd.ef"', ("/maxLength", "maxLength", CHECKED)),
+    ("multipleOf_number", {"type": "number", "multipleOf": 0.5}, True, "1.5", "1.3",
+     ("/multipleOf", "multipleOf", CHECKED)),
+    ("multipleOf_one_sided_range", {"type": "integer", "multipleOf": 5, "minimum": 5}, True, "10", "7",
+     ("/multipleOf", "multipleOf", CHECKED)),
+    ("uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, True, "[1,2]", "[1,1]",
+     ("/uniqueItems", "uniqueItems", CHECKED)),
+    ("contains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, True, "[5]", "[1]",
+     ("/contains", "contains", CHECKED)),
+    ("minContains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}, "minContains": 2},
+     True, "[5,5]", "[1,1]", ("/minContains", "minContains", CHECKED)),
+    ("maxContains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}, "maxContains": 1},
+     True, "[5]", "[5,5]", ("/maxContains", "maxContains", CHECKED)),
+    ("not", {"type": "integer", "not": {"const": 3}}, True, "1", "3", ("/not", "not", CHECKED)),
+    ("if_then", {"type": "object", "properties": OBJ_AB, "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+                 "then": {"required": ["b"]}}, True, '{"a":1,"b":1}', '{"a":1}', ("/if", "if", CHECKED)),
+    ("dependentRequired", {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}}, True,
+     '{"a":1,"b":1}', '{"a":1}', ("/dependentRequired", "dependentRequired", CHECKED)),
+    ("dependentSchemas", {"type": "object", "properties": OBJ_AB, "dependentSchemas": {"a": {"required": ["b"]}}},
+     True, '{"a":1,"b":1}', '{"a":1}', ("/dependentSchemas", "dependentSchemas", CHECKED)),
+    ("patternProperties", {"type": "object", "properties": {"a": {"type": "integer"}},
+                           "patternProperties": {"^x": {"type": "integer"}}}, False, '{"a":1,"x1":1}',
+     '{"a":1,"x1":"a"}', ("/patternProperties", "patternProperties", CHECKED)),
+    ("allOf_two_branches", {"allOf": [{"type": "integer"}, {"minimum": 2}]}, True, "2", "1",
+     ("/allOf", "allOf", CHECKED)),
+    ("oneOf_overlapping", {"oneOf": [{"type": "integer"}, {"type": "number"}]}, True, "1.5", "1",
+     ("/oneOf", "oneOf", CHECKED)),
+    ("type_beside_anyOf", {"type": "integer", "anyOf": [{"minimum": 2}, {"maximum": -2}]}, True, "3", '"a"',
+     ("/type", "type", CHECKED)),
+    ("minimum_beside_ref", {"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x", "minimum": 3}, True, "3", "1",
+     ("/minimum", "minimum", CHECKED)),
+    ("minimum_beside_allOf", {"type": "integer", "minimum": 0, "allOf": [{"maximum": 2}]}, True, "2", "-1",
+     ("/minimum", "minimum", CHECKED)),
+    ("type_beside_enum", {"type": "string", "enum": ["a", 1]}, True, '"a"', "1", ("/type", "type", CHECKED)),
+    ("required_undeclared", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, False,
+     '{"a":1,"b":1}', '{"a":1}', ("/required", "required", CHECKED)),
+    ("minLength_without_type", {"minLength": 2}, True, '"ab"', '"a"', ("/minLength", "minLength", CHECKED)),
+    ("minimum_without_type", {"minimum": 3}, True, "3", "2", ("/minimum", "minimum", CHECKED)),
+    ("unevaluatedProperties_not_strict", {"type": "object", "properties": OBJ_AB, "unevaluatedProperties": False},
+     False, '{"a":1}', '{"a":1,"c":1}', ("/unevaluatedProperties", "unevaluatedProperties", CHECKED)),
+    ("format_regex", {"type": "string", "format": "regex"}, True, '"a+"', '"("', ("/format", "format", CHECKED)),
+]
+
+
+def _not_masked(report) -> set[tuple[str, str, str]]:
+    return {(k.pointer, k.keyword, k.status) for k in report.not_masked}
+
+
+@pytest.mark.parametrize("name,schema,strict,valid,violating", ENFORCED_CASES, ids=[c[0] for c in ENFORCED_CASES])
+def test_enforced_keywords_are_masked(name, schema, strict, valid, violating):
+    report = schema_fidelity(schema, strict=strict)
+    assert _not_masked(report) == set() and report.guaranteed
+    assert schema_accepts(schema, valid) and grammar_accepts(schema, valid, strict)
+    assert not schema_accepts(schema, violating)
+    assert not grammar_accepts(schema, violating, strict)  # the mask refuses the violation
+
+
+@pytest.mark.parametrize("name,schema,strict,valid,violating,expected", NOT_MASKED_CASES,
+                         ids=[c[0] for c in NOT_MASKED_CASES])
+def test_keywords_reported_not_masked_are_really_not_masked(name, schema, strict, valid, violating, expected):
+    report = schema_fidelity(schema, strict=strict)
+    assert expected in _not_masked(report)
+    assert not report.guaranteed and expected[:2] in {(k.pointer, k.keyword) for k in report.refused_in_strict}
+    assert schema_accepts(schema, valid) and grammar_accepts(schema, valid, strict)
+    assert not schema_accepts(schema, violating)  # jsonschema detects it: "checked"
+    assert grammar_accepts(schema, violating, strict)  # ... but the mask lets it through
+
+
+def test_a_format_neither_masked_nor_checkable_is_unenforced():
+    schema = {"type": "string", "format": "phone"}
+    report = schema_fidelity(schema)
+    assert _not_masked(report) == {("/format", "format", UNENFORCED)}
+    assert grammar_accepts(schema, '"not a phone"') and schema_accepts(schema, '"not a phone"')
+
+
+def test_open_objects_report_the_duplicate_key_risk_the_grammar_really_has():
+    schema = {"type": "object", "additionalProperties": {"type": "integer"}}
+    report = schema_fidelity(schema)
+    assert _not_masked(report) == {("", DUPLICATE_KEYS, CHECKED)}
+    assert report.refused_in_strict == ()  # reported and detected, not refused (see grammar/fidelity.py)
+    assert grammar_accepts(schema, '{"b":1,"b":2}')
+    # declared names are never repeated, and strict mode closes objects that declare properties
+    declared = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert schema_fidelity(declared, strict=True).guaranteed
+    assert not grammar_accepts(declared, '{"a":1,"a":2}', strict=False)
+    assert ("", DUPLICATE_KEYS, CHECKED) in _not_masked(schema_fidelity(declared, strict=False))
+
+
+def test_pointers_are_nested_and_escaped():
+    schema = {"type": "object", "properties": {"a/b": {"type": "array", "items": {"type": "integer"},
+                                                       "uniqueItems": True}}, "required": ["a/b"]}
+    assert _not_masked(schema_fidelity(schema)) == {("/properties/a~1b/uniqueItems", "uniqueItems", CHECKED)}
+
+
+def test_tools_report_roots_each_tool_and_keeps_its_strictness():
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "x": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}}},
+        {"type": "function", "function": {"name": "g"}},  # no parameters: any object
+    ]
+    report = tools_fidelity(tools)
+    assert ("/0/function/parameters/properties/x/uniqueItems", "uniqueItems", CHECKED) in _not_masked(report)
+    assert ("/1/function/parameters", DUPLICATE_KEYS, CHECKED) in _not_masked(report)
+    assert report.as_dict()["guaranteed"] is False
+
+
+def test_annotations_are_not_classified():
+    schema = {"type": "string", "title": "t", "description": "d", "examples": ["x"], "default": "x",
+              "contentEncoding": "base64", "x-vendor": 1}
+    report = schema_fidelity(schema)
+    assert [k.keyword for k in report.keywords] == ["type"]
+    assert report.as_dict() == {"guaranteed": True, "counts": {ENFORCED: 1, CHECKED: 0, UNENFORCED: 0},
+                                "keywords": [{"pointer": "/type", "keyword": "type", "status": ENFORCED}]}
+
+
+# The corpus schemas the report says strict mode cannot guarantee, with the keywords why. The
+# constrained-decoding e2e test (test_grammar_e2e.py) derives its allowance from the report, so this
+# explicit list is what keeps that allowance from growing unnoticed.
+EXPECTED_CORPUS_REFUSALS = {
+    "allof_base_and_extension": {"allOf"},
+    "array_unique_items_integers": {"uniqueItems"},
+    "dependent_required_billing": {"dependentRequired"},
+    "if_then_else_country_postal": {"if", "then", "else"},
+    "numeric_bounds_sensor": {"multipleOf"},
+    "pattern_properties_env_vars": {"patternProperties"},
+    "survey_response": {"oneOf"},
+}
+
+
+def test_corpus_refusals_are_the_expected_ones():
+    refused = json.loads((DATA / "schema_corpus_refusals.json").read_text())
+    found = {}
+    for path in sorted((DATA / "schema_corpus").glob("*.json")):
+        if path.stem in refused:
+            continue
+        report = schema_fidelity(json.loads(path.read_text()))
+        if report.refused_in_strict:
+            found[path.stem] = {k.keyword for k in report.refused_in_strict}
+    assert found == EXPECTED_CORPUS_REFUSALS

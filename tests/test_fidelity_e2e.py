@@ -1,0 +1,86 @@
+"""Schema fidelity through a real `jumpgate serve` (SmolLM2-135M on CPU): the issue's schema (a
+string with `pattern` and `maxLength`, whose length xgrammar drops) is refused in strict mode with
+the keyword's pointer, and with best effort the model's real output comes back with a verdict
+that agrees with jsonschema's, on whole and streamed responses."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from bench.server_process import MODEL, JumpgateServer, parse_metrics
+
+pytestmark = pytest.mark.e2e
+
+WORD = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
+        "required": ["word"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Give me one very long English word, like 'extraordinary', as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    server = JumpgateServer(tmp_path_factory.mktemp("jumpgate-fidelity"), kv_pool_tokens=8192)
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=180) as client:
+            yield client
+    finally:
+        server.stop()
+
+
+def body(**fields):
+    out = {"model": MODEL, "messages": ASK, "temperature": 0, "max_tokens": 24,
+           "response_format": {"type": "json_schema", "json_schema": {"name": "word", "schema": WORD}}}
+    out.update(fields)
+    return out
+
+
+def jsonschema_verdict(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return jsonschema.Draft202012Validator(WORD).is_valid(value)
+
+
+def test_strict_refuses_the_length_beside_a_pattern(http):
+    resp = http.post("/v1/chat/completions", json=body())
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "schema_not_enforceable"
+    assert error["param"] == "response_format.json_schema.schema"
+    assert "'maxLength' at '/properties/word/maxLength'" in error["message"]
+    check = http.post("/v1/schemas/check", json={"schema": WORD}).json()
+    assert check["strict_accepted"] is False
+    assert "'maxLength' at '/properties/word/maxLength'" in check["strict_refusal"]
+
+
+def test_best_effort_output_carries_a_verdict_that_agrees_with_jsonschema(http):
+    resp = http.post("/v1/chat/completions", json=body(schema_mode="best_effort", n=2, temperature=1.0, seed=3))
+    assert resp.status_code == 200, resp.text
+    choices = resp.json()["choices"]
+    verdicts = []
+    for choice in choices:
+        content, verdict = choice["message"]["content"], choice["jumpgate"]
+        assert verdict["schema_mode"] == "best_effort"
+        assert verdict["schema_valid"] is jsonschema_verdict(content), (content, verdict)
+        assert verdict["schema_valid"] is (verdict["schema_errors"] == [])
+        verdicts.append(verdict["schema_valid"])
+    assert resp.headers["x-jumpgate-schema-valid"] == ("true" if all(verdicts) else "false")
+    if not all(verdicts):
+        metrics = parse_metrics(http.get("/metrics").text)
+        assert metrics.get('jumpgate_structured_output_invalid_total{mode="best_effort",reason="schema"}', 0) >= 1
+
+
+def test_streamed_best_effort_verdict_comes_with_the_final_chunk(http):
+    with http.stream("POST", "/v1/chat/completions", json=body(schema_mode="best_effort", stream=True)) as resp:
+        assert resp.status_code == 200
+        events = [json.loads(line[6:]) for line in resp.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    content = "".join(c["delta"].get("content", "") for e in events for c in e["choices"])
+    finals = [c for e in events for c in e["choices"] if c["finish_reason"]]
+    assert len(finals) == 1
+    assert finals[0]["jumpgate"]["schema_valid"] is jsonschema_verdict(content), (content, finals[0])
