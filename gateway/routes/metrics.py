@@ -18,7 +18,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4"  # Litestar appends the charset
 @get("/metrics", summary="Prometheus metrics", tags=["ops"], sync_to_thread=False)
 def metrics(services: NamedDependency[GatewayServices]) -> Response[str]:
     try:
-        engine_stats = services.engine.stats()
+        engine_stats = services.engine.stats().as_dict()
     except Exception:  # a scrape must not fail because of one source
         log.exception("engine.stats() failed")
         engine_stats = {}
