@@ -32,13 +32,14 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.explained: list[tuple[list[int], str]] = []
         self.pins: dict[tuple[str, str], int] = {}
+        self.vocab_size = len(tokenizer)
 
     @property
     def info(self) -> EngineInfo:
         return EngineInfo(
             model_name=self.model_name, device="cpu", dtype="float32", weights="fp32",
             weights_reason="fake", attention_backend="torch", kv_pool_tokens=self.kv_pool_tokens,
-            max_context=self.max_context, vocab_size=len(self.tokenizer), eos_token_ids=(2,),
+            max_context=self.max_context, vocab_size=self.vocab_size, eos_token_ids=(2,),
         )
 
     def submit(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:

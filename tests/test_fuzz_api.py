@@ -141,7 +141,7 @@ def tiny_engine(tiny_model_dir):
 @pytest.fixture(scope="module")
 def engine_grammar(tiny_engine):
     service = GrammarService(tiny_engine.tokenizer, tiny_engine.model_config.vocab_size, compile_timeout_s=20,
-                             stop_token_ids=sorted(tiny_engine.eos_ids))
+                             stop_token_ids=list(tiny_engine.info.eos_token_ids))
     yield service
     service.close()
 
