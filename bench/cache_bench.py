@@ -101,8 +101,8 @@ def run(quick: bool = False, argv=None) -> None:
         # Hit rate over the whole stream (cold request, warm request, then the batch), as an agent
         # fleet sees it: only the very first request of a family misses.
         _, stream_stats = _throughput(lpm, wl, flush=False)
-        cached = stream_stats.get("cached_prompt_tokens", 0)
-        prompt = stream_stats.get("prompt_tokens", 0)
+        cached = stream_stats.cached_prompt_tokens
+        prompt = stream_stats.prompt_tokens
         tput_lpm, stats = _throughput(lpm, wl)  # throughput from a cold cache, like the no-cache run
         results[name] = dict(cold=cold, warm=warm, tput=tput_lpm, stats=stats, hit_rate=cached / max(1, prompt))
     lpm.shutdown()
@@ -120,5 +120,5 @@ def run(quick: bool = False, argv=None) -> None:
             "cold_ttft_s": r["cold"], "warm_ttft_s": r["warm"], "ttft_speedup": r["cold"] / r["warm"],
             "throughput_req_s": r["tput"], "throughput_vs_nocache": r["tput"] / r["nocache"],
             "lpm_vs_fcfs": r["tput"] / r["fcfs"],
-            "tree_overhead_frac": s.get("tree_time_s", 0) / max(1e-9, s.get("engine_time_s", 0)),
+            "tree_overhead_frac": s.tree_seconds / max(1e-9, s.engine_seconds),
         })

@@ -56,7 +56,7 @@ def run_timed(engine, specs: list[GenerateRequest], timeout: float = 1800) -> li
 
     for s in specs:
         lines[s.rid] = Timeline(submitted=time.perf_counter())
-        engine._enqueue(s, make_emit(s.rid))
+        engine.enqueue(s, make_emit(s.rid))
     for _ in specs:
         if not done.acquire(timeout=timeout):
             raise TimeoutError("benchmark run timed out")

@@ -96,18 +96,11 @@ def run_batch(engine, ids_list, max_tokens: int):
 def make_engine(model_dir: Path, device: str, profile=None, **kw):
     from runtime.engine import Engine
 
-    cls = Engine
-    if profile is not None:  # cProfile of the engine thread (where the step loop runs)
-        class ProfiledEngine(Engine):
-            def _loop(self):
-                profile.enable()
-                try:
-                    super()._loop()
-                finally:
-                    profile.disable()
-        cls = ProfiledEngine
-    return cls(model=str(model_dir), device=device, kv_pool_tokens=kw.pop("kv_pool_tokens", 65536),
-                  max_running_requests=64, **kw).start()
+    engine = Engine(model=str(model_dir), device=device, kv_pool_tokens=kw.pop("kv_pool_tokens", 65536),
+                    max_running_requests=64, **kw).start()
+    if profile is not None:  # cProfile of the engine thread (enable() profiles the thread it runs on)
+        engine.call(profile.enable).result(timeout=60)
+    return engine
 
 
 def check_outputs(model_dir: Path, device: str, smoke: bool) -> bool:
@@ -119,9 +112,9 @@ def check_outputs(model_dir: Path, device: str, smoke: bool) -> bool:
         ids = prompts(eng.tokenizer, n, 40 if smoke else 300, 12)
         first, _ = run_batch(eng, ids[:1], max_tokens)  # the prefix enters the tree; the rest hit it
         rest, _ = run_batch(eng, ids[1:], max_tokens)
-        stats = eng.call(eng.stats).result(timeout=60)
+        stats = eng.stats()
         outs[backend] = dict(tokens=[r.token_ids for r in first + rest], cached=sum(r.cached_tokens for r in rest),
-                             graphs=eng.cuda_graphs is not None, leaked=stats["kv_slots_request_only"])
+                             graphs=eng.runner.cuda_graphs is not None, leaked=stats.kv_slots_request_only)
         eng.shutdown()
     a, b = outs["torch"]["tokens"], outs["triton"]["tokens"]
     same = sum(x == y for x, y in zip(a, b))
@@ -158,6 +151,8 @@ def bench_engine(model_dir: Path, device: str, smoke: bool) -> None:
         res, wall = run_batch(eng, ids[1:], max_tokens)
         toks = sum(r.completion_tokens for r in res)
         one, wall1 = run_batch(eng, [ids[0][:-3]], max_tokens)
+        if profile is not None:
+            eng.call(profile.disable).result(timeout=60)
         eng.shutdown()
         if profile is not None:  # where the engine thread's time goes (profiling slows it down)
             emit(section="engine_profile", config=name, wall_s=wall, top_by_own_time=_top_functions(profile))

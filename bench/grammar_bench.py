@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.common import emit, run_timed
 from bench.workloads import ROOT, chat
 from grammar import GrammarService, GrammarSpec
-from runtime.api import GenerateRequest
+from runtime.api import EngineStats, GenerateRequest
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
 
@@ -90,10 +90,10 @@ def _greedy(n: int, **kw) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0.0, **kw)
 
 
-def _delta(engine: Engine, before: dict) -> dict:
+def _delta(engine: Engine, before: EngineStats) -> dict:
     after = engine.stats()
-    return {k: after.get(k, 0) - before.get(k, 0)
-            for k in ("forward_passes", "generated_tokens", "engine_time_s", "jump_forward_tokens",
+    return {k: getattr(after, k) - getattr(before, k)
+            for k in ("forward_passes", "generated_tokens", "engine_seconds", "jump_forward_tokens",
                       "jump_forward_rejected")}
 
 
@@ -148,7 +148,7 @@ def mask_overhead(engine: Engine, svc: GrammarService, quick: bool) -> dict:
             _, free = _timed(engine, specs(False))
             _, masked = _timed(engine, specs(True))
         assert masked["generated_tokens"] == free["generated_tokens"] == batch * steps
-        pairs.append((masked["engine_time_s"] / masked["forward_passes"], free["engine_time_s"] / free["forward_passes"]))
+        pairs.append((masked["engine_seconds"] / masked["forward_passes"], free["engine_seconds"] / free["forward_passes"]))
         cpu_pairs.append((masked["cpu_s"], free["cpu_s"]))
     ratio = _median_ratio(pairs)
     return {"metric": "mask_overhead", "ratio": ratio, "ratio_cpu": _median_ratio(cpu_pairs), "batch": batch,
@@ -180,8 +180,8 @@ def jump_forward(engine: Engine, svc: GrammarService, quick: bool) -> dict:
             s = engine.stats()
             tokens = sum(tl.last.completion_tokens for tl in lines)
             cpu = time.process_time() - cpu0
-            runs[mode].append({"tok_s": s["generated_tokens"] / s["engine_time_s"],
-                               "tok_cpu_s": s["generated_tokens"] / cpu,
+            runs[mode].append({"tok_s": s.generated_tokens / s.engine_seconds,
+                               "tok_cpu_s": s.generated_tokens / cpu,
                                "ppt": sum(len(tl.events) for tl in lines) / tokens,
                                "batch_ppt": s["forward_passes"] / s["generated_tokens"],
                                "drafted": s.get("jump_forward_tokens", 0) + s.get("jump_forward_rejected", 0),
@@ -223,7 +223,7 @@ def _jump_forward_batch1(engine: Engine, handle, prompts: list, max_tokens: int)
             run_timed(engine, [GenerateRequest(p, _greedy(max_tokens), constraint=handle, jump_forward=mode,
                                                strict=True)])
             s = engine.stats()
-            tok_s[mode].append(s["generated_tokens"] / s["engine_time_s"])
+            tok_s[mode].append(s.generated_tokens / s.engine_seconds)
     return {"batch1_tok_s_off": statistics.median(tok_s["off"]),
             "batch1_tok_s_verify": statistics.median(tok_s["verify"]),
             "batch1_speedup_verify": statistics.median(v / o for v, o in zip(tok_s["verify"], tok_s["off"]))}
@@ -311,7 +311,7 @@ def completeness(engine: Engine, svc: GrammarService, quick: bool) -> dict:
             res_off, d_off = run(False)
             res_on, d_on = run(True)
         identical &= [r.token_ids for r in res_on] == [r.token_ids for r in res_off]
-        pairs.append((d_on["engine_time_s"] / d_on["forward_passes"], d_off["engine_time_s"] / d_off["forward_passes"]))
+        pairs.append((d_on["engine_seconds"] / d_on["forward_passes"], d_off["engine_seconds"] / d_off["forward_passes"]))
         cpu_pairs.append((d_on["cpu_s"], d_off["cpu_s"]))
     rec["step_overhead"] = _median_ratio(pairs)
     rec["step_overhead_cpu"] = _median_ratio(cpu_pairs)

@@ -179,8 +179,8 @@ def run(quick: bool = False, argv=None) -> None:
         "restart_warm_ttft_s": sum(warm_ttft) / len(warm_ttft), "restart_cold_ttft_s": sum(cold_ttft) / len(cold_ttft),
         "restart_cached_tokens": min(warm_cached),
         "restart_ttft_speedup": sum(cold_ttft) / sum(warm_ttft),
-        "loaded_host_tokens": hi_stats.get("hicache_loaded_host_tokens", 0),
-        "loaded_disk_tokens": hi_stats.get("hicache_loaded_disk_tokens", 0),
-        "restart_loaded_disk_tokens": restart_stats.get("hicache_loaded_disk_tokens", 0),
-        "disk_pages_written": hi_stats.get("disk_pages_written", 0),
+        "loaded_host_tokens": hi_stats.tier_counters.get("hicache_loaded_host_tokens", 0),
+        "loaded_disk_tokens": hi_stats.tier_counters.get("hicache_loaded_disk_tokens", 0),
+        "restart_loaded_disk_tokens": restart_stats.tier_counters.get("hicache_loaded_disk_tokens", 0),
+        "disk_pages_written": hi_stats.tier_counters.get("disk_pages_written", 0),
     })

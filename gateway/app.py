@@ -32,6 +32,7 @@ from gateway.routes.models import ModelsController
 from gateway.routes.schemas import SchemasController
 from gateway.services import GatewayServices
 from gateway.settings import Settings
+from runtime.api import EngineClient
 
 VERSION = "0.1.0"
 
@@ -41,7 +42,7 @@ def default_registry_dir() -> Path:
     return root / "registry"
 
 
-def build_services(engine: Any, grammar_service: Any, settings: Settings, tokenizer: Any = None) -> GatewayServices:
+def build_services(engine: EngineClient, grammar_service: Any, settings: Settings, tokenizer: Any = None) -> GatewayServices:
     settings.validate()
     return GatewayServices(
         engine=engine,
@@ -61,7 +62,7 @@ def provide_request_log(request: Request[Any, Any, Any]) -> RequestLog:
 
 
 def create_app(
-    engine: Any,
+    engine: EngineClient,
     grammar_service: Any,
     settings: Settings | None = None,
     *,

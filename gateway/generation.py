@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
 from gateway.metrics import GatewayMetrics
-from runtime.api import EngineError, GenerateRequest, StreamEvent
+from runtime.api import EngineClient, EngineError, GenerateRequest, StreamEvent
 
 T = TypeVar("T")
 
@@ -60,7 +60,7 @@ class Outcome:
 
 
 class EngineStream:
-    def __init__(self, engine: Any, request: GenerateRequest, metrics: GatewayMetrics | None):
+    def __init__(self, engine: EngineClient, request: GenerateRequest, metrics: GatewayMetrics | None):
         self.engine = engine
         self.request = request
         self.rid = request.rid
@@ -161,7 +161,7 @@ class EngineStream:
                 self._record_final()  # count what the aborted request used
 
 
-def open_streams(engine: Any, requests: list[GenerateRequest], metrics: GatewayMetrics | None,
+def open_streams(engine: EngineClient, requests: list[GenerateRequest], metrics: GatewayMetrics | None,
                  retry_after_s: int = 1) -> list[EngineStream]:
     """Submit all n requests; if one is refused, abort the ones already queued and raise."""
     streams: list[EngineStream] = []

@@ -24,7 +24,7 @@ from grammar import (
     kind_for,
 )
 from grammar import parse_tool_calls as parse_with_format
-from grammar.canonical import canonical_json, canonical_schema, canonical_tool
+from grammar.canonical import canonical_json, canonical_tool
 from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 

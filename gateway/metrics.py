@@ -8,8 +8,7 @@ requests finish. Engine and grammar-service series come from one snapshot of eac
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -156,29 +155,3 @@ def grammar_families(g: Any) -> Iterator[Metric]:
 
 def _metric_name(key: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in key).lower()
-
-
-# -- until the engine returns EngineStats (runtime/api.py), its stats() is a flat dict -------------
-
-_RENAMED = {"engine_time_s": "engine_seconds", "tree_time_s": "tree_seconds", "ttft_s_sum": "ttft_seconds_sum"}
-
-
-def engine_snapshot(value: EngineStats | Mapping[str, Any]) -> EngineStats:
-    """`engine.stats()` as an EngineStats (the dict form maps onto it by key; remove once the
-    engine returns EngineStats itself)."""
-    if isinstance(value, EngineStats):
-        return value
-    known = {f.name for f in dataclasses.fields(EngineStats)}
-    fields: dict[str, Any] = {"requests_finished": {}, "tier_counters": {}}
-    for key, v in value.items():
-        key = _RENAMED.get(key, key)
-        if key in known and not isinstance(v, Mapping):
-            fields[key] = v
-        elif key.startswith("requests_"):
-            fields["requests_finished"][key.removeprefix("requests_")] = v
-        elif key.startswith("hicache_") or (key.startswith("disk_") and key not in ("disk_pages", "disk_bytes")):
-            fields["tier_counters"][key] = v
-    fields["cached_tokens_by_tier"] = {"device": value.get("kv_slots_tree", 0)}
-    if "host_slots_tree" in value:
-        fields["cached_tokens_by_tier"]["host"] = value["host_slots_tree"]
-    return EngineStats(**fields)

@@ -3,7 +3,7 @@
 A pinned schema's prompt prefix (the system block: the given system prompt + the tools text or
 the schema instructions, exactly as `PromptRenderer` builds it for a chat request that uses the
 schema) is prefilled at upload and kept resident in the engine's device KV cache within the
-engine's pin budget (`Engine.pin_prefix`). The prefix ends where the first user turn starts, so
+engine's pin budget (`EngineClient.pin_prefix`). The prefix ends where the first user turn starts, so
 every chat request with that system prompt and schema shares it.
 """
 
@@ -16,7 +16,7 @@ import anyio
 from gateway.errors import bad_request
 from gateway.prompt import PromptRenderer, schema_instructions
 from gateway.protocol import SystemMessage, UserMessage
-from runtime.api import EngineError
+from runtime.api import EngineClient, EngineError
 from runtime.scheduler import common_prefix_len
 
 
@@ -48,22 +48,18 @@ def schema_prefix_ids(renderer: PromptRenderer, kind: str, payload: Any, system_
     return full[:common_prefix_len(full, renderer.encode(text[:cut]))]
 
 
-async def pin_schema(engine: Any, renderer: PromptRenderer, namespace: str, schema_id: str, kind: str,
+async def pin_schema(engine: EngineClient, renderer: PromptRenderer, namespace: str, schema_id: str, kind: str,
                      payload: Any, system_prompt: str | None) -> int:
     """Pin the schema's prefix; 400 when the engine cannot pin or the pin budget is exhausted."""
-    pin = getattr(engine, "pin_prefix", None)
-    if pin is None:
-        raise bad_request("This server's engine cannot pin prefixes.", "pin", code="pinning_unavailable")
     ids = await anyio.to_thread.run_sync(schema_prefix_ids, renderer, kind, payload, system_prompt)
     if not ids:
         raise bad_request("The schema renders no prompt prefix to pin.", "pin")
     try:
-        return await anyio.to_thread.run_sync(lambda: pin(ids, namespace=namespace, name=pin_name(schema_id)))
+        return await anyio.to_thread.run_sync(
+            lambda: engine.pin_prefix(ids, namespace=namespace, name=pin_name(schema_id)))
     except EngineError as exc:
         raise bad_request(exc.message, "pin", code=exc.code if exc.code != "invalid_request" else None) from exc
 
 
-async def unpin_schema(engine: Any, namespace: str, schema_id: str) -> None:
-    unpin = getattr(engine, "unpin_prefix", None)
-    if unpin is not None:
-        await anyio.to_thread.run_sync(lambda: unpin(namespace=namespace, name=pin_name(schema_id)))
+async def unpin_schema(engine: EngineClient, namespace: str, schema_id: str) -> None:
+    await anyio.to_thread.run_sync(lambda: engine.unpin_prefix(namespace=namespace, name=pin_name(schema_id)))

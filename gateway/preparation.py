@@ -21,7 +21,7 @@ from gateway.prompt import PromptRenderer
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.registry import SchemaRegistry
 from gateway.settings import Settings
-from runtime.api import GenerateRequest
+from runtime.api import EngineClient, GenerateRequest
 from runtime.sampling import SamplingParams
 
 _SAMPLING_PARAM_NAMES = {"max_new_tokens": "max_tokens"}
@@ -62,13 +62,13 @@ class Prepared:
         return requests
 
 
-def served_model_names(engine: Any, settings: Settings) -> list[str]:
-    names = [engine.model_name]
+def served_model_names(engine: EngineClient, settings: Settings) -> list[str]:
+    names = [engine.info.model_name]
     names += [n for n in settings.served_model_names if n not in names]
     return names
 
 
-def check_model(model: str, engine: Any, settings: Settings) -> str:
+def check_model(model: str, engine: EngineClient, settings: Settings) -> str:
     if model not in served_model_names(engine, settings):
         raise model_not_found(model)
     return model
@@ -101,19 +101,16 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
 
 
 def token_budget(
-    prompt_len: int, requested: int | None, requested_param: str, engine: Any, settings: Settings,
+    prompt_len: int, requested: int | None, requested_param: str, engine: EngineClient, settings: Settings,
     prompt_param: str = "messages",
 ) -> int:
     """max_new_tokens for a prompt of `prompt_len`: the request's value checked against the context,
     the KV pool and the server's limit, or the most that fits when the request gave none."""
-    max_context = int(engine.max_context)
-    pool = getattr(engine, "kv_pool_tokens", None)
-    room = max_context - prompt_len
-    if pool:
-        room = min(room, int(pool) - prompt_len)
+    max_context, pool = engine.info.max_context, engine.info.kv_pool_tokens
+    room = min(max_context, pool) - prompt_len
     if room < 1:
-        where = "context" if (not pool or max_context <= int(pool)) else "KV cache pool"
-        limit = max_context if where == "context" else int(pool)
+        where = "context" if max_context <= pool else "KV cache pool"
+        limit = min(max_context, pool)
         raise context_length_exceeded(
             f"This model's maximum {where} length is {limit} tokens. However, your messages resulted in "
             f"{prompt_len} tokens, leaving no room for the completion. Please reduce the length of the messages.",
@@ -178,7 +175,7 @@ def new_id(prefix: str) -> str:
 async def prepare_chat(
     req: ChatCompletionRequest,
     *,
-    engine: Any,
+    engine: EngineClient,
     grammar_service: Any,
     renderer: PromptRenderer,
     registry: SchemaRegistry,
@@ -250,7 +247,7 @@ async def prepare_completion(
     req: CompletionRequest,
     prompt: str | list[int],
     *,
-    engine: Any,
+    engine: EngineClient,
     grammar_service: Any,
     renderer: PromptRenderer,
     registry: SchemaRegistry,

@@ -11,11 +11,12 @@ from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.registry import SchemaRegistry
 from gateway.settings import Settings
+from runtime.api import EngineClient
 
 
 @dataclass
 class GatewayServices:
-    engine: Any  # runtime.api.EngineClient (+ .tokenizer, .kv_pool_tokens)
+    engine: EngineClient
     grammar: Any  # grammar.GrammarService, or None: structured output unavailable
     renderer: PromptRenderer
     registry: SchemaRegistry

@@ -101,6 +101,11 @@ class XGrammarMatcher:
 
     # -- strict completeness (see grammar/closing.py) ---------------------------------------
 
+    @property
+    def supports_strict(self) -> bool:
+        # The guard runs even without a closing vocabulary (it then never closes), as before.
+        return True
+
     def completion_bound(self) -> int | None:
         """Upper bound on the tokens needed to reach a complete value from here."""
         return completion_bound(self._matcher, self._closing, self._encode) if self._closing else None

@@ -2,7 +2,7 @@
 
 A grammar guarantees each token's form, not that the value ever ends. For strict requests the
 engine keeps a bound on how many tokens the grammar still needs to reach a complete value
-(`matcher.completion_bound()`, simulated on a forked matcher) and, once the remaining budget comes
+(the length of `matcher.completion_plan()`, simulated on a forked matcher) and, once the remaining budget comes
 within that bound, switches to *closing*: only tokens on a shortest completion path stay allowed,
 the model choosing among them. Separately, when the output degenerates into repetition (the same
 token pattern again and again, a number growing digit by digit), the current value is steered to
@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from runtime.constraint import TokenMatcher
 
 CLOSING_MARGIN = 3  # extra tokens kept in hand: the model's closing choices may differ from the simulation's
 RECHECK_EVERY = 16  # recompute the bound this often (tokens) while far from the budget
@@ -70,16 +72,12 @@ class CompletionGuard:
     plan_at: int = 0  # output length when `plan` was made
     _next: int | None = None  # closing: index in `plan` of the token being chosen
 
-    def _replan(self, matcher, produced: int) -> None:
-        planner = getattr(matcher, "completion_plan", None)
-        if planner is not None:
-            self.plan = planner()
-            self.bound = None if self.plan is None else len(self.plan)
-        else:
-            self.plan, self.bound = None, matcher.completion_bound()
+    def _replan(self, matcher: TokenMatcher, produced: int) -> None:
+        self.plan = matcher.completion_plan()
+        self.bound = None if self.plan is None else len(self.plan)
         self.plan_at = produced
 
-    def before_choice(self, matcher, produced: int, max_new: int) -> None:
+    def before_choice(self, matcher: TokenMatcher, produced: int, max_new: int) -> None:
         """Decide whether the next token must be on a shortest completion path."""
         remaining = max_new - produced
         self._next = None
@@ -104,7 +102,7 @@ class CompletionGuard:
         if idx < len(self.plan):
             self._next = idx
 
-    def allows(self, matcher, token_id: int, remaining: int) -> bool:
+    def allows(self, matcher: TokenMatcher, token_id: int, remaining: int) -> bool:
         """May the model's choice `token_id` be taken with `remaining` tokens of budget left
         (this one included)? Not if it commits the output to more than the rest of the budget can
         complete (a new array item of a large object, say): one token can raise the bound by more
@@ -116,14 +114,12 @@ class CompletionGuard:
                 return True
         elif remaining > 2 * self.bound + CHECK_SLACK:
             return True
-        else:
-            may_expand = getattr(matcher, "may_expand", None)
-            if may_expand is None or not may_expand(token_id):
-                return True
+        elif not matcher.may_expand(token_id):
+            return True
         after = matcher.completion_bound_after(token_id)
         return after is not None and after <= remaining - 1
 
-    def allows_unchosen(self, matcher, token_id: int, remaining: int) -> bool:
+    def allows_unchosen(self, matcher: TokenMatcher, token_id: int, remaining: int) -> bool:
         """May forced `token_id` go in without the model choosing it (direct jump-forward)? Call
         after `before_choice`. While closing, only the plan's own next token may: a forced span
         split into more tokens than the plan's would spend budget the plan counted on."""
@@ -131,11 +127,11 @@ class CompletionGuard:
             return self.plan is not None and self._next is not None and token_id == self.plan[self._next]
         return self.allows(matcher, token_id, remaining)
 
-    def fallback_token(self, matcher) -> int | None:
+    def fallback_token(self, matcher: TokenMatcher) -> int | None:
         """A token that is always allowed: the next one on a shortest completion path."""
         if self.closing and self._next is not None:
             return self.plan[self._next]
-        plan = matcher.completion_plan() if hasattr(matcher, "completion_plan") else None
+        plan = matcher.completion_plan()
         return plan[0] if plan else None
 
     def after_token(self, output_ids: list[int], text_tail: str, closed_value: bool) -> None:
@@ -150,9 +146,9 @@ class CompletionGuard:
                 self.close_value = True
                 self.loops_broken += 1
 
-    def fill_mask(self, matcher, mask: torch.Tensor, row: int) -> None:
+    def fill_mask(self, matcher: TokenMatcher, mask: torch.Tensor, row: int) -> None:
         if self.closing:
-            if self._next is not None and hasattr(matcher, "fill_plan_bitmask"):
+            if self._next is not None:
                 token = self.plan[self._next]
                 if self.tight:
                     matcher.fill_plan_bitmask(mask, row, token)

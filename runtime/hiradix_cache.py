@@ -292,13 +292,7 @@ class HiRadixCache(BasePrefixCache):
 
 def build_hiradix_cache(cfg: Any, kv: KVPool, model_dir: Any) -> HiRadixCache:
     """The tiered cache for an engine config (`host_pool_tokens > 0`)."""
-    page = cfg.hicache_page_tokens
-    if page < 1:
-        raise ValueError("hicache_page_tokens must be >= 1")
-    if page % cfg.page_size:
-        raise ValueError(f"hicache_page_tokens ({page}) must be a multiple of page_size ({cfg.page_size})")
-    if cfg.hicache_write_policy not in WRITE_POLICIES:
-        raise ValueError(f"hicache_write_policy: must be one of {', '.join(WRITE_POLICIES)}")
+    page = cfg.hicache_page_tokens  # EngineConfig checked it (>= 1, a multiple of page_size)
     host = HostKVPool.like(kv, cfg.host_pool_tokens)
     identity = model_identity(model_dir, kv.dtype, kv.num_layers, kv.kv_heads, kv.head_dim)
     disk = None

@@ -24,6 +24,10 @@ class SlotAllocator:
     def num_free(self) -> int:
         return self._num_free
 
+    def free_slots(self) -> list[int]:
+        """The free slots (a copy; for accounting checks)."""
+        return self._free[: self._num_free].tolist()
+
     def alloc(self, n: int) -> torch.Tensor | None:
         """Take `n` free slots, or None if fewer are free (the caller evicts and retries)."""
         if n > self._num_free:

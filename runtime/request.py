@@ -1,4 +1,9 @@
-"""A request's state inside the engine (the nano-vllm `Sequence`)."""
+"""A request's state inside the engine (the nano-vllm `Sequence`).
+
+Owned by the engine thread: only the engine's step and its inbox handlers read or write a `Req`.
+`token_ids` is one growing list (prompt, then output), so the prefix cache's keys and the pending
+tokens are slices of it rather than a new concatenation per call.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +29,9 @@ class Req:
     jump_forward: str = "off"
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # prompt then output (set in __post_init__)
     draft: list[int] = field(default_factory=list)  # verify mode: forced tokens awaiting verification
-    # KV state: positions [0, kv_len) of all_ids have KV in the slots of row `row`;
+    # KV state: positions [0, kv_len) of token_ids have KV in the slots of row `row`;
     # [0, cached_len) of those are the prefix cache's (locked via `node`), the rest are ours.
     row: int | None = None
     kv_len: int = 0
@@ -45,6 +51,13 @@ class Req:
     unsent_ids: list[int] = field(default_factory=list)
     pending_text: str = ""  # text of those tokens that is safe to emit
 
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.spec.prompt_ids) + self.output_ids
+
+    def append_token(self, token_id: int) -> None:
+        self.output_ids.append(token_id)
+        self.token_ids.append(token_id)
+
     @property
     def rid(self) -> str:
         return self.spec.rid
@@ -57,16 +70,19 @@ class Req:
     def namespace(self) -> str:
         return self.spec.namespace
 
-    def all_ids(self) -> list[int]:
-        return self.spec.prompt_ids + self.output_ids
-
     @property
     def seq_len(self) -> int:
-        return len(self.spec.prompt_ids) + len(self.output_ids)
+        return len(self.token_ids)
 
-    def pending_ids(self) -> list[int]:
+    @property
+    def num_pending(self) -> int:
         """Tokens to feed next: those without KV, then the unverified draft."""
-        return self.all_ids()[self.kv_len :] + self.draft
+        return len(self.token_ids) - self.kv_len + len(self.draft)
+
+    def pending_ids(self, n: int) -> list[int]:
+        """The first `n` of those tokens."""
+        real = self.token_ids[self.kv_len : self.kv_len + n]
+        return real + self.draft[: n - len(real)] if len(real) < n else real
 
     @property
     def in_prefill(self) -> bool:
@@ -75,3 +91,22 @@ class Req:
     @property
     def owned_slots(self) -> int:
         return self.kv_len - self.cached_len
+
+    def progress_event(self) -> StreamEvent | None:
+        """The tokens and text accepted since the last event (None if there are none)."""
+        if self.finished or not self.unsent_ids:
+            return None
+        ids, text = self.unsent_ids, self.pending_text
+        self.unsent_ids, self.pending_text = [], ""
+        return StreamEvent(rid=self.rid, text=text, token_ids=ids, prompt_tokens=len(self.prompt_ids),
+                           cached_tokens=self.prompt_cached_tokens or 0, completion_tokens=len(self.output_ids))
+
+    def final_event(self, error: str | None = None) -> StreamEvent:
+        """The last event: whatever was not sent yet, with the finish reason."""
+        text = self.pending_text + self.detok.flush()
+        ids, self.unsent_ids, self.pending_text = self.unsent_ids, [], ""
+        return StreamEvent(
+            rid=self.rid, text=text, token_ids=ids, finished=True, finish_reason=self.finish_reason,
+            prompt_tokens=len(self.prompt_ids), cached_tokens=self.prompt_cached_tokens or 0,
+            completion_tokens=len(self.output_ids), error=error,
+        )

@@ -85,9 +85,9 @@ def real_engine(smollm_dir):
 def engine_idle_check(real_engine):
     """After the test: nothing running and no slot held outside the prefix cache."""
     yield real_engine
-    stats = real_engine.call(real_engine.stats).result(timeout=60)
-    assert stats["running_requests"] == 0
-    assert stats["kv_slots_request_only"] == 0, stats
+    stats = real_engine.stats()
+    assert stats.running_requests == 0
+    assert stats.kv_slots_request_only == 0, stats
     real_engine.call(real_engine.check_invariant).result(timeout=60)
 
 
@@ -103,74 +103,8 @@ def write_json(path: Path, obj) -> Path:
 
 
 # ==== gateway unit tests: a scripted fake engine (owned by the gateway tests) =======================
-# Self-contained section: FakeEngine implements runtime.api.EngineClient with scripted replies, so the
-# HTTP layer can be tested without model compute. Only the tests/test_gateway_*.py modules use it.
-
-
-class FakeEngine:
-    """EngineClient with scripted output: `reply(req) -> str` is streamed in 3-character pieces."""
-
-    model_name = "SmolLM2-135M-Instruct"
-    is_running = True
-
-    def __init__(self, tokenizer, *, max_context=2048, kv_pool_tokens=4096, reply=None, delay=0.0,
-                 finish_reason="stop", cached_tokens=3):
-        self.tokenizer = tokenizer
-        self.max_context = max_context
-        self.kv_pool_tokens = kv_pool_tokens
-        self.reply = reply or (lambda req: "Hello there!")
-        self.delay = delay
-        self.finish_reason = finish_reason
-        self.cached_tokens = cached_tokens
-        self.refuse = None  # an EngineError to raise from submit
-        self.submitted: list = []
-        self.aborted: list[str] = []
-        self.explained: list = []
-
-    def submit(self, req):
-        from runtime.api import EngineError
-
-        if self.refuse is not None:
-            raise self.refuse
-        if len(req.prompt_ids) >= min(self.max_context, self.kv_pool_tokens):
-            raise EngineError("prompt too long", code="context_length_exceeded", param="messages")
-        self.submitted.append(req)
-        return self._events(req)
-
-    async def _events(self, req):
-        import asyncio
-
-        from runtime.api import StreamEvent
-
-        text = self.reply(req)
-        pieces = [text[i:i + 3] for i in range(0, len(text), 3)] or [""]
-        done = False
-        try:
-            for i, piece in enumerate(pieces):
-                if self.delay:
-                    await asyncio.sleep(self.delay)
-                done = i == len(pieces) - 1
-                yield StreamEvent(
-                    rid=req.rid, text=piece, token_ids=[7], finished=done,
-                    finish_reason=self.finish_reason if done else None, prompt_tokens=len(req.prompt_ids),
-                    cached_tokens=min(self.cached_tokens, len(req.prompt_ids)), completion_tokens=i + 1,
-                )
-        finally:
-            if not done:
-                self.abort(req.rid)
-
-    def abort(self, rid):
-        self.aborted.append(rid)
-
-    def stats(self):
-        return {"running_requests": 1, "waiting_requests": 2, "kv_slots_total": 4096, "kv_slots_free": 4000,
-                "kv_slots_tree": 90, "kv_slots_request_only": 6, "jump_forward_tokens": 5,
-                "jump_forward_rejected": 1, "prompt_tokens": 10.0}
-
-    def explain_prefix(self, prompt_ids, namespace=""):
-        self.explained.append((list(prompt_ids), namespace))
-        n = min(10, len(prompt_ids))
-        return {"prompt_tokens": len(prompt_ids), "cached_tokens": n, "tiers": {"device": n, "host": 0, "disk": 0}}
+# FakeEngine (tests/fake_engine.py) implements runtime.api.EngineClient with scripted replies, so the
+# HTTP layer can be tested without model compute.
 
 
 @pytest.fixture(scope="session")
@@ -185,6 +119,8 @@ def gateway_grammar(tokenizer):
 
 @pytest.fixture
 def fake_engine(tokenizer):
+    from tests.fake_engine import FakeEngine
+
     return FakeEngine(tokenizer)
 
 

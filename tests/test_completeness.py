@@ -266,8 +266,8 @@ def test_engine_wires_loop_breaking_and_strict_into_the_guard(tiny_model_dir, to
         engine = Engine(model=str(tiny_model_dir), kv_pool_tokens=2048, loop_breaking=flag)
         svc = GrammarService(engine.tokenizer, engine.model_config.vocab_size)
         handle = svc.compile(GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "string"}}}))
-        strict = engine._new_req(engine._validated(GenerateRequest([1, 2, 3], constraint=handle, strict=True)), print)
-        loose = engine._new_req(engine._validated(GenerateRequest([1, 2, 3], constraint=handle)), print)
+        strict = engine.new_request(engine.validate(GenerateRequest([1, 2, 3], constraint=handle, strict=True)), print)
+        loose = engine.new_request(engine.validate(GenerateRequest([1, 2, 3], constraint=handle)), print)
         assert strict.guard is not None and strict.guard.loop_breaking is flag
         assert loose.guard is None  # non-strict requests are never steered
         svc.close()
@@ -510,12 +510,12 @@ def test_budget_below_the_smallest_instance_is_refused_at_once(engine_idle_check
     need = handle.min_completion_tokens()
     assert need == len(handle.new_matcher().completion_plan()) and need > 20
     ids = chat_ids(tokenizer, LOOP_PRONE["extract_12_fields"], SYSTEM)
-    before = engine_idle_check.stats().get("forward_passes", 0)
+    before = engine_idle_check.stats().forward_passes
     with pytest.raises(EngineError) as e:
         engine_idle_check.generate_many([GenerateRequest(ids, greedy(need - 1), constraint=handle, strict=True)])
     assert f"needs {need} tokens" in e.value.message and f"at least {need}" in e.value.message
     assert e.value.param == "max_tokens"
-    assert engine_idle_check.stats().get("forward_passes", 0) == before  # refused before any work
+    assert engine_idle_check.stats().forward_passes == before  # refused before any work
     # exactly the minimum is accepted, and completes
     r = engine_idle_check.generate_many([GenerateRequest(ids, greedy(need), constraint=handle, strict=True)])[0]
     assert json.loads(r.text) is not None and r.finish_reason == "length"
@@ -559,4 +559,4 @@ def test_well_behaved_output_is_identical_with_and_without_strict(engine_idle_ch
 
 @pytest.mark.e2e
 def test_engine_is_idle_after_the_loop_prone_runs(loop_prone_runs, engine_idle_check):
-    assert engine_idle_check.stats()["running_requests"] == 0
+    assert engine_idle_check.stats().running_requests == 0

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from runtime.api import EngineError, GenerateRequest
+from runtime.api import EngineError, EngineStats, GenerateRequest
 from runtime.engine import Engine
 from runtime.model_config import ModelLoadError
 from runtime.sampling import SamplingParams
@@ -65,6 +65,21 @@ def test_stop_string_is_cut_and_not_included(engine_idle_check, tokenizer):
 def test_max_new_tokens_gives_length(engine_idle_check, tokenizer):
     r = engine_idle_check.generate(chat_ids(tokenizer, "Write a long story about a dragon."), greedy(5))
     assert r.finish_reason == "length" and r.completion_tokens == 5
+
+
+def test_stats_is_a_typed_snapshot_and_info_describes_the_engine(engine_idle_check, tokenizer):
+    engine = engine_idle_check
+    before = engine.stats()
+    from_engine_thread = engine.call(engine.stats).result(timeout=60)  # made there directly, no deadlock
+    r = engine.generate(chat_ids(tokenizer, "Name a fruit."), greedy(3))
+    after = engine.stats()
+    assert isinstance(before, EngineStats) and from_engine_thread.generated_tokens == before.generated_tokens
+    assert after.generated_tokens - before.generated_tokens == r.completion_tokens == 3
+    assert after.requests_finished.get("length", 0) == before.requests_finished.get("length", 0) + 1
+    assert after.as_dict()["requests_length"] == after.requests_finished["length"]
+    info = engine.info
+    assert (info.model_name, info.device, info.dtype) == ("SmolLM2-135M-Instruct", "cpu", "float32")
+    assert info.kv_pool_tokens == after.kv_slots_total and info.vocab_size == engine.model_config.vocab_size
 
 
 def test_prompt_too_long_is_refused_clearly(engine_idle_check):

@@ -8,7 +8,7 @@ import pytest
 from runtime.api import GenerateRequest
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
-from runtime.scheduler import POLICIES
+from runtime.schedule_policy import POLICIES
 from tests.conftest import chat_ids
 
 SYSTEM = "You are a helpful assistant for a travel agency. " * 6
@@ -44,9 +44,9 @@ def test_cache_on_equals_off_with_eviction_and_retraction(tiny_model_dir, refere
     ids, stats = _run(tiny_model_dir, prompts, radix_cache=True, schedule_policy=policy,
                       kv_pool_tokens=3 * longest, chunked_prefill_tokens=64)
     assert ids == expected
-    assert stats["cached_prompt_tokens"] > 0
-    assert stats["evicted_tokens"] > 0 or stats["retractions"] > 0
-    assert stats["kv_slots_request_only"] == 0
+    assert stats.cached_prompt_tokens > 0
+    assert stats.evicted_tokens > 0 or stats.retractions > 0
+    assert stats.kv_slots_request_only == 0
 
 
 def test_retraction_happens_and_outputs_hold(tiny_model_dir, reference):
@@ -54,13 +54,13 @@ def test_retraction_happens_and_outputs_hold(tiny_model_dir, reference):
     longest = max(len(p) for p in prompts) + 40
     ids, stats = _run(tiny_model_dir, prompts, radix_cache=True, kv_pool_tokens=longest + 60)
     assert ids == expected
-    assert stats["retractions"] > 0
+    assert stats.retractions > 0
 
 
 def test_page_size_4_equals_cache_off(tiny_model_dir, reference):
     prompts, expected = reference
     ids, stats = _run(tiny_model_dir, prompts, radix_cache=True, page_size=4, kv_pool_tokens=8192)
-    assert ids == expected and stats["cached_prompt_tokens"] > 0
+    assert ids == expected and stats.cached_prompt_tokens > 0
 
 
 def test_shared_prefix_is_prefilled_once(tiny_model_dir, tokenizer):
@@ -71,7 +71,7 @@ def test_shared_prefix_is_prefilled_once(tiny_model_dir, tokenizer):
         stats = e.stats()
     shared = len(chat_ids(tokenizer, "", system=SYSTEM)) - 8
     assert all(r.cached_tokens >= shared for r in out[1:]) or sum(r.cached_tokens for r in out) >= shared * (len(prompts) - 1)
-    assert stats["cached_prompt_tokens"] >= shared * (len(prompts) - 1)
+    assert stats.cached_prompt_tokens >= shared * (len(prompts) - 1)
 
 
 def test_namespaces_never_share_prefixes(tiny_model_dir, tokenizer):
@@ -81,8 +81,8 @@ def test_namespaces_never_share_prefixes(tiny_model_dir, tokenizer):
         a = e.generate_many([GenerateRequest(p, sp, namespace="tenant-a")])[0]
         b = e.generate_many([GenerateRequest(p, sp, namespace="tenant-b")])[0]
         a2 = e.generate_many([GenerateRequest(p, sp, namespace="tenant-a")])[0]
-        assert e.explain_prefix(p, "tenant-b")["cached_tokens"] > 0
-        assert e.explain_prefix(p, "tenant-c")["cached_tokens"] == 0
+        assert e.explain_prefix(p, "tenant-b").cached_tokens > 0
+        assert e.explain_prefix(p, "tenant-c").cached_tokens == 0
     assert a.cached_tokens == 0 and b.cached_tokens == 0
     assert a2.cached_tokens == len(p) - 1
     assert a.token_ids == b.token_ids == a2.token_ids

@@ -22,7 +22,8 @@ from grammar import GrammarService, GrammarSpec, GrammarSpecError
 from runtime.api import GenerateRequest
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
-from tests.conftest import FakeEngine, chat_ids
+from tests.conftest import chat_ids
+from tests.fake_engine import FakeEngine
 
 OPENAPI_PATH = "/docs/openapi.json"
 
@@ -140,7 +141,7 @@ def tiny_engine(tiny_model_dir):
 @pytest.fixture(scope="module")
 def engine_grammar(tiny_engine):
     service = GrammarService(tiny_engine.tokenizer, tiny_engine.model_config.vocab_size, compile_timeout_s=20,
-                             stop_token_ids=sorted(tiny_engine.eos_ids))
+                             stop_token_ids=list(tiny_engine.info.eos_token_ids))
     yield service
     service.close()
 
@@ -174,6 +175,6 @@ def test_generated_schemas_give_valid_output_or_a_clear_refusal(schema, tiny_eng
 
 
 def test_engine_is_idle_after_the_generated_schemas(tiny_engine):
-    stats = tiny_engine.call(tiny_engine.stats).result(timeout=30)
-    assert stats["running_requests"] == 0 and stats["kv_slots_request_only"] == 0, stats
+    stats = tiny_engine.stats()
+    assert stats.running_requests == 0 and stats.kv_slots_request_only == 0, stats
     tiny_engine.call(tiny_engine.check_invariant).result(timeout=30)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics, engine_snapshot
+from gateway.metrics import GatewayMetrics
 from grammar import GrammarServiceStats
 from runtime.api import EngineStats
 
@@ -110,19 +110,6 @@ def test_full_render_declares_each_family_once():
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert len(names) == len(set(names))
     families(text.encode())  # and Prometheus's own parser reads all of it
-
-
-def test_engine_dict_maps_onto_engine_stats():
-    """The engine's stats() is still a flat dict until it returns EngineStats."""
-    s = engine_snapshot({"running_requests": 1, "kv_slots_total": 10, "kv_slots_free": 4, "kv_slots_tree": 5,
-                         "prompt_tokens": 8.0, "cached_prompt_tokens": 2.0, "engine_time_s": 0.5, "requests_stop": 3.0,
-                         "hicache_demoted_tokens": 64, "disk_pages_read": 2, "disk_pages": 9, "host_slots_tree": 7,
-                         "host_slots_total": 100})
-    assert (s.running_requests, s.kv_slots_total, s.engine_seconds, s.prefix_hit_rate) == (1, 10, 0.5, 0.25)
-    assert s.requests_finished == {"stop": 3.0}
-    assert s.tier_counters == {"hicache_demoted_tokens": 64, "disk_pages_read": 2}
-    assert s.cached_tokens_by_tier == {"device": 5, "host": 7}
-    assert engine_snapshot(STATS) is STATS
 
 
 def test_scrape_reads_engine_stats_off_the_event_loop(gateway_client, fake_engine):

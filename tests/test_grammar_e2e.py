@@ -99,7 +99,7 @@ def runs(real_engine, corpus):
         after = real_engine.stats()
         out[mode] = {
             "results": {(kind, name): r for (kind, name, *_), r in zip(corpus, results)},
-            "passes": after.get("forward_passes", 0) - before.get("forward_passes", 0),
+            "passes": after.forward_passes - before.forward_passes,
             "seconds": time.perf_counter() - t0,
         }
     return out
@@ -155,7 +155,7 @@ def test_jump_forward_saves_forward_passes(runs):
 
 def test_engine_is_idle_after_the_corpus(runs, engine_idle_check):
     stats = engine_idle_check.stats()
-    assert stats["running_requests"] == 0 and stats["waiting_requests"] == 0
+    assert stats.running_requests == 0 and stats.waiting_requests == 0
 
 
 
@@ -176,7 +176,7 @@ def test_drafts_learn_the_models_split_and_keep_verify_exact(real_engine, tokeni
             results = real_engine.generate_many(specs, timeout=600)
             after = real_engine.stats()
             runs.append(([r.token_ids for r in results],
-                         after.get("jump_forward_rejected", 0) - before.get("jump_forward_rejected", 0)))
+                         after.jump_forward_rejected - before.jump_forward_rejected))
         (first, rejected_first), (second, rejected_second), (off, _) = runs
         assert len(svc.draft_splitter) > 0
         assert rejected_second < rejected_first, (rejected_first, rejected_second)
@@ -202,7 +202,7 @@ def test_sampled_requests_verify_drafts_and_stay_valid(real_engine, tokenizer, e
                                       jump_forward="verify", strict=True)]
             before = real_engine.stats()
             results = real_engine.generate_many(sampled + greedy, timeout=600)
-            drafted = real_engine.stats().get("jump_forward_tokens", 0) - before.get("jump_forward_tokens", 0)
+            drafted = real_engine.stats().jump_forward_tokens - before.jump_forward_tokens
             return results, drafted
 
         first, drafted = batch()

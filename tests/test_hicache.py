@@ -332,8 +332,8 @@ def test_tiers_give_the_cache_off_outputs(tiny_model_dir, tmp_path, expected, po
     assert [ids for ids, _ in got] == want * 2
     second = [cached for _, cached in got[len(prompts):]]
     assert all(c > 0 for c in second), second  # every revisit hits a lower tier
-    assert stats["hicache_demoted_tokens"] > 0 and stats["hicache_loaded_host_tokens"] > 0
-    assert stats["kv_slots_request_only"] == 0
+    assert stats.tier_counters["hicache_demoted_tokens"] > 0 and stats.tier_counters["hicache_loaded_host_tokens"] > 0
+    assert stats.kv_slots_request_only == 0
 
 
 def test_batched_requests_with_eviction_and_retraction(tiny_model_dir, tmp_path, tokenizer, expected):
@@ -354,11 +354,11 @@ def test_restart_reuses_the_disk_tier(tiny_model_dir, tmp_path, expected):
         info = e.explain_prefix(prompts[0])
         got = _serve(e, prompts[:2])
         stats = e.stats()
-    assert info["tiers"]["disk"] > 0 and info["cached_tokens"] == info["tiers"]["disk"]
+    assert info.by_tier["disk"] > 0 and info.cached_tokens == info.by_tier["disk"]
     assert [ids for ids, _ in got] == want[:2]
     assert all(cached > 0 for _, cached in got)
-    assert stats["hicache_loaded_disk_tokens"] > 0
-    assert stats["hicache_prefetched_pages"] > 0  # read ahead when the request was queued
+    assert stats.tier_counters["hicache_loaded_disk_tokens"] > 0
+    assert stats.tier_counters["hicache_prefetched_pages"] > 0  # read ahead when the request was queued
 
 
 def test_corrupt_pages_after_restart_are_recomputed(tiny_model_dir, tmp_path, expected, caplog):
@@ -390,7 +390,7 @@ def test_disk_full_still_serves(tiny_model_dir, tmp_path, expected, monkeypatch,
             got = _serve(e, prompts, rounds=2)
             stats = e.stats()
     assert [ids for ids, _ in got] == want * 2
-    assert stats["disk_write_errors"] > 0 and stats["disk_pages"] == 0
+    assert stats.tier_counters["disk_write_errors"] > 0 and stats.tier_counters["disk_pages"] == 0
     assert any("No space left" in r.message for r in caplog.records)
 
 
@@ -402,7 +402,7 @@ def test_pinned_prefix_stays_resident_and_budget_is_enforced(tiny_model_dir, tmp
         assert 0 < pinned <= len(prefix) and pinned > len(prefix) - 16
         assert e.pin_prefix(prefix, name="schema:a") == pinned  # idempotent
         _serve(e, prompts, rounds=2)  # eviction pressure: the pool holds about two prompts
-        assert e.explain_prefix(prefix)["tiers"]["device"] == pinned
+        assert e.explain_prefix(prefix).by_tier["device"] == pinned
         with pytest.raises(EngineError) as err:
             e.pin_prefix(prompts[0], name="schema:b")
         assert err.value.code == "pin_budget_exceeded" and "pin budget" in err.value.message
@@ -418,14 +418,14 @@ def test_pinning_works_without_tiers_and_is_off_by_default(tiny_model_dir, token
             e.pin_prefix(prefix)
     with Engine(model=str(tiny_model_dir), kv_pool_tokens=1024, pin_budget_tokens=500) as e:
         assert e.pin_prefix(prefix) == len(prefix)
-        assert e.stats()["kv_slots_evictable"] == 0
+        assert e.stats().kv_slots_evictable == 0
         assert e.unpin_prefix(prefix) == len(prefix)
 
 
 def test_tiers_off_by_default(tiny_model_dir):
     with Engine(model=str(tiny_model_dir), kv_pool_tokens=256) as e:
-        assert type(e.cache).__name__ == "RadixCache"
-        assert "host_slots_total" not in e.stats()
+        assert type(e.cache.prefix_cache).__name__ == "RadixCache"
+        assert "host_slots_total" not in e.stats().tier_counters
     with pytest.raises(ValueError, match="host_pool_tokens"):
         Engine(model=str(tiny_model_dir), kv_pool_tokens=256, disk_cache_dir="/tmp/x")
 

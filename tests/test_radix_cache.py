@@ -329,9 +329,7 @@ class Model:
 def check_slot_partition(c: RadixCache, model: Model, running: list) -> None:
     """Free list, tree slots and running-only slots partition the pool exactly."""
     a = c.allocator
-    held = a.alloc(a.num_free)  # the free list, put back unchanged
-    a.free(held)
-    free = held.tolist()
+    free = a.free_slots()
     tree = [s for d in model.cached.values() for page in d.values() for s in page]
     mine = [s for r in running for s in r["new"].tolist()]
     assert sorted(free + tree + mine) == list(range(a.num_slots))

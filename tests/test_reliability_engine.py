@@ -98,8 +98,8 @@ def wait_idle(engine: Engine, timeout_s: float = 20.0) -> dict:
     """Poll (on the engine thread) until nothing runs or waits; return the final stats."""
     deadline = time.monotonic() + timeout_s
     while True:
-        stats = engine.call(engine.stats).result(timeout=30)
-        idle = stats["running_requests"] == 0 and stats["waiting_requests"] == 0
+        stats = engine.stats()
+        idle = stats.running_requests == 0 and stats.waiting_requests == 0
         if idle or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
@@ -107,13 +107,13 @@ def wait_idle(engine: Engine, timeout_s: float = 20.0) -> dict:
 
 def assert_baseline(engine: Engine) -> dict:
     stats = wait_idle(engine)
-    assert stats["running_requests"] == 0, stats
-    assert stats["waiting_requests"] == 0, stats
-    assert stats["kv_slots_request_only"] == 0, stats
-    assert stats["kv_slots_free"] + stats["kv_slots_tree"] == stats["kv_slots_total"], stats
+    assert stats.running_requests == 0, stats
+    assert stats.waiting_requests == 0, stats
+    assert stats.kv_slots_request_only == 0, stats
+    assert stats.kv_slots_free + stats.kv_slots_tree == stats.kv_slots_total, stats
     engine.call(engine.check_invariant).result(timeout=30)
     # every request-table row is back (a leaked row would shrink the batch for good)
-    rows_free = engine.call(lambda: engine.req_table.num_free_rows).result(timeout=30)
+    rows_free = engine.call(lambda: engine.runner.req_table.num_free_rows).result(timeout=30)
     assert rows_free == engine.config.max_running_requests
     return stats
 
@@ -180,7 +180,7 @@ def test_mixed_completions_aborts_errors_and_evictions_return_to_baseline(engine
             assert "matcher" in (last.error or ""), last
 
     stats = assert_baseline(engine)
-    assert stats["evicted_tokens"] > 0, stats  # the pool was under pressure
+    assert stats.evicted_tokens > 0, stats  # the pool was under pressure
 
     # and the engine keeps serving afterwards
     again = engine.generate_many([GenerateRequest(prompt(100, True), greedy(8)) for _ in range(3)],
@@ -215,7 +215,7 @@ def test_a_failing_step_fails_what_is_in_flight_and_leaks_nothing(engine_factory
     (including the ones given to the failed pass) go back, and the next requests are served."""
     engine = engine_factory(kv_pool_tokens=4096)
     rng = random.Random(2)
-    real_forward = engine.model.forward
+    real_forward = engine.runner.model.forward
     calls = {"n": 0}
 
     def flaky_forward(*args, **kwargs):
@@ -224,7 +224,7 @@ def test_a_failing_step_fails_what_is_in_flight_and_leaks_nothing(engine_factory
             raise RuntimeError("simulated device error")
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(engine.model, "forward", flaky_forward)
+    monkeypatch.setattr(engine.runner.model, "forward", flaky_forward)
     engine.start()
 
     async def scenario():
@@ -274,8 +274,8 @@ def test_pool_far_smaller_than_the_working_set_queues_evicts_retracts_and_comple
         assert last.completion_tokens == spec.sampling.max_new_tokens
         assert sum(len(e.token_ids) for e in events) == spec.sampling.max_new_tokens
     stats = assert_baseline(engine)
-    assert stats["evicted_tokens"] > 0, stats
-    assert stats["retractions"] > 0, stats
+    assert stats.evicted_tokens > 0, stats
+    assert stats.retractions > 0, stats
     assert elapsed < TIMEOUT_S
 
 
@@ -302,8 +302,8 @@ def test_waiting_queue_is_bounded_and_refuses_at_once(engine_factory):
         engine.start()
         while not all(t.done() for t in burst):
             stats = engine.stats()
-            if stats["running_requests"] == 2:  # both rows taken: the rest waits, and no more than that
-                waiting_seen.append(stats["waiting_requests"])
+            if stats.running_requests == 2:  # both rows taken: the rest waits, and no more than that
+                waiting_seen.append(stats.waiting_requests)
             await asyncio.sleep(0.005)
         done = await asyncio.wait_for(asyncio.gather(*burst), timeout=TIMEOUT_S)
         # room again once the burst is through
@@ -355,7 +355,7 @@ def test_aborts_of_waiting_unknown_and_finished_requests_are_harmless(engine_fac
 
 def test_default_pool_size_on_cuda_comes_from_free_device_memory(monkeypatch):
     """Not from host memory: on a GPU the pool takes most of what the weights left free."""
-    from runtime import engine as engine_module
+    from runtime import model_runner as engine_module
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 << 30, 141 << 30))
     bpt = 23040  # SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 x 2 (K, V) x 2 bytes

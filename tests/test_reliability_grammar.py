@@ -260,7 +260,7 @@ def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, 
     compiles on a worker; meanwhile /health answers within 100 ms and a normal request completes."""
     from gateway.app import create_app
     from gateway.settings import Settings
-    from tests.conftest import FakeEngine
+    from tests.fake_engine import FakeEngine
 
     svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=60, workers=2)
     app = create_app(FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192), svc,
@@ -309,7 +309,7 @@ def test_gateway_stays_responsive_while_refusing_a_hostile_multi_megabyte_schema
 
     from gateway.app import create_app
     from gateway.settings import Settings
-    from tests.conftest import FakeEngine
+    from tests.fake_engine import FakeEngine
 
     svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=30)
     app = create_app(FakeEngine(tokenizer), svc, Settings(registry_dir=str(tmp_path / "registry")))

@@ -274,8 +274,8 @@ def test_engine_greedy_tokens_equal_torch_backend(kernels, tiny_model_dir):
     for backend in ("torch", "triton"):
         engine = Engine(model=str(tiny_model_dir), device=DEV.type, dtype="float32", attention_backend=backend,
                         kv_pool_tokens=512, chunked_prefill_tokens=16, max_running_requests=4, debug_invariants=True)
-        assert engine.attn.name == backend
-        assert (engine.cuda_graphs is not None) == (ON_GPU and backend == "triton")
+        assert engine.runner.attn.name == backend
+        assert (engine.runner.cuda_graphs is not None) == (ON_GPU and backend == "triton")
         try:
             first = engine.generate(prompts[0], SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True))
             greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
@@ -320,12 +320,12 @@ def test_engine_jump_forward_verify_equals_torch_backend(kernels, tiny_model_dir
                 greedy = SamplingParams(max_new_tokens=40, temperature=0.0)
                 res = engine.generate_many([GenerateRequest(p, greedy, constraint=handle, jump_forward=mode)
                                             for p in prompts])
-                stats = engine.call(engine.stats).result(timeout=60)
+                stats = engine.stats()
             finally:
                 engine.shutdown()
-            assert stats["kv_slots_request_only"] == 0
+            assert stats.kv_slots_request_only == 0
             outs[backend, mode] = [r.token_ids for r in res]
-            counters[backend, mode] = (stats.get("jump_forward_tokens", 0), stats.get("jump_forward_rejected", 0))
+            counters[backend, mode] = (stats.jump_forward_tokens, stats.jump_forward_rejected)
         service.close()
     assert outs["triton", "verify"] == outs["torch", "verify"] == outs["torch", "off"] == outs["triton", "off"]
     assert counters["triton", "verify"] == counters["torch", "verify"]

@@ -3,8 +3,6 @@ cached prefix ends. Same body as a chat completion; nothing is generated or queu
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 from litestar import Controller, post
 from litestar.di import NamedDependency
@@ -13,25 +11,12 @@ from litestar.params import JSONBody
 from gateway.preparation import prepare_chat
 from gateway.protocol import CacheBoundary, CachedTier, CacheExplainRequest, CacheExplanation
 from gateway.services import GatewayServices
+from runtime.api import PrefixExplanation
 
 
-def read_explanation(info: dict[str, Any], prompt_tokens: int) -> tuple[int, list[CachedTier]]:
-    """(cached tokens, by tier) from engine.explain_prefix's dict, tolerant of its exact keys."""
-    tiers_raw = info.get("by_tier", info.get("tiers", info.get("cached_by_tier", {})))
-    tiers: list[CachedTier] = []
-    if isinstance(tiers_raw, dict):
-        tiers = [CachedTier(tier=str(k), tokens=int(v)) for k, v in tiers_raw.items() if isinstance(v, (int, float))]
-    elif isinstance(tiers_raw, list):
-        for item in tiers_raw:
-            if isinstance(item, dict) and "tier" in item:
-                tiers.append(CachedTier(tier=str(item["tier"]), tokens=int(item.get("tokens", 0))))
-    cached = info.get("cached_tokens", info.get("matched_tokens", info.get("prefix_len")))
-    if cached is None:
-        cached = sum(t.tokens for t in tiers)
-    cached = max(0, min(int(cached), prompt_tokens))
-    if not tiers and cached:
-        tiers = [CachedTier(tier="device", tokens=cached)]
-    return cached, tiers
+def cached_tiers(info: PrefixExplanation) -> list[CachedTier]:
+    """Tokens of the prompt found in each tier, in the engine's order (device, host, disk)."""
+    return [CachedTier(tier=tier, tokens=tokens) for tier, tokens in info.by_tier.items()]
 
 
 class CacheController(Controller):
@@ -53,14 +38,13 @@ class CacheController(Controller):
         ids = prepared.prompt_ids
         # explain_prefix reads the radix tree; run it off the event loop in case it takes a lock
         info = await anyio.to_thread.run_sync(s.engine.explain_prefix, ids, prepared.namespace)
-        cached, tiers = read_explanation(info if isinstance(info, dict) else {}, len(ids))
-        index = int(info.get("prefix_end", cached)) if isinstance(info, dict) else cached
+        index = cached = min(info.cached_tokens, len(ids))  # the cached prefix ends where the cache does
         before, after = await anyio.to_thread.run_sync(s.renderer.boundary_context, ids, index)
         return CacheExplanation(
             model=prepared.model,
             prompt_tokens=len(ids),
             cached_tokens=cached,
-            cached_by_tier=tiers,
+            cached_by_tier=cached_tiers(info),
             boundary=CacheBoundary(token_index=index, text_before=before, text_after=after),
             namespace_salted=bool(data.cache_salt),
         )

@@ -8,11 +8,12 @@ from litestar.di import NamedDependency
 from gateway.errors import SERVER_ERROR, APIError, error_response
 from gateway.protocol import Health
 from gateway.services import GatewayServices
+from runtime.api import EngineClient
 
 
-def engine_stopped(engine: object) -> bool:
+def engine_stopped(engine: EngineClient) -> bool:
     """Read a flag only: no lock, no call into the engine thread."""
-    return not getattr(engine, "is_running", True)
+    return not engine.is_running
 
 
 @get("/health", summary="Liveness", tags=["ops"], sync_to_thread=False)
@@ -21,4 +22,4 @@ def health(services: NamedDependency[GatewayServices]) -> Response[Health]:
     if engine_stopped(engine):
         stopped = APIError(503, "The engine is stopped.", type=SERVER_ERROR, code="engine_stopped")
         return error_response(stopped)  # type: ignore[return-value]
-    return Response(Health(status="ok", model=engine.model_name))
+    return Response(Health(status="ok", model=engine.info.model_name))

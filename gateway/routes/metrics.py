@@ -9,7 +9,7 @@ import anyio
 from litestar import Response, get
 from litestar.di import NamedDependency
 
-from gateway.metrics import CONTENT_TYPE, engine_snapshot
+from gateway.metrics import CONTENT_TYPE
 from gateway.services import GatewayServices
 
 log = logging.getLogger("jumpgate.gateway")
@@ -26,7 +26,7 @@ def _snapshot(source: str, read: Any) -> Any:
 
 def scrape(services: GatewayServices) -> bytes:
     """Blocking: engine.stats() waits for the engine thread."""
-    engine = _snapshot("engine", lambda: engine_snapshot(services.engine.stats()))
+    engine = _snapshot("engine", services.engine.stats)
     grammar = services.grammar  # None: structured output unavailable, no grammar series
     grammar_stats = _snapshot("grammar", grammar.stats) if grammar is not None else None
     services.metrics.in_flight.set(services.limiter.in_flight)

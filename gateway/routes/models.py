@@ -14,7 +14,7 @@ from gateway.services import GatewayServices
 
 def _models(services: NamedDependency[GatewayServices]) -> list[Model]:
     return [
-        Model(id=name, created=services.started_at, max_model_len=int(services.engine.max_context))
+        Model(id=name, created=services.started_at, max_model_len=services.engine.info.max_context)
         for name in served_model_names(services.engine, services.settings)
     ]
 
