@@ -438,17 +438,17 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
                     ext = ta.extend_config(heads, kvh, dim, dtype, on_gpu=True)
                     types = dict(Q=p, K=p, V=p, O=p, QStart="*i32", ExtLen="*i32", SeqLen="*i32", Table="*i32",
                                  sm_scale="fp32")
-                    jobs.append((f"extend {tname[dtype]} d{dim} h{heads}/{kvh}", ta._extend_kernel, types, ext))
+                    jobs.append((f"extend {tname[dtype]} d{dim} h{heads}/{kvh}", ta.extend_kernel, types, ext))
                     _, split, merge = ta.decode_config(heads, kvh, dim, dtype, on_gpu=True)
                     types = dict(Q=p, K=p, V=p, MidO="*fp32", MidLse="*fp32", QRows="*i32", SeqLen="*i32",
                                  NumSplits="*i32", Table="*i32", sm_scale="fp32")
-                    jobs.append((f"decode {tname[dtype]} d{dim} h{heads}/{kvh}", ta._decode_split_kernel, types, split))
+                    jobs.append((f"decode {tname[dtype]} d{dim} h{heads}/{kvh}", ta.decode_split_kernel, types, split))
                     if heads == 32 and kvh == 8:
                         types = dict(MidO="*fp32", MidLse="*fp32", O=p, QRows="*i32", SeqLen="*i32", NumSplits="*i32")
-                        jobs.append((f"merge {tname[dtype]} d{dim}", ta._decode_merge_kernel, types, merge))
-            jobs.append((f"bitmask {tname[dtype]}", tb._bitmask_kernel,
+                        jobs.append((f"merge {tname[dtype]} d{dim}", ta.decode_merge_kernel, types, merge))
+            jobs.append((f"bitmask {tname[dtype]}", tb.bitmask_kernel,
                          dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=2048, WORDS=False, num_warps=4)))
-            jobs.append((f"bitmask words {tname[dtype]}", tb._bitmask_kernel,
+            jobs.append((f"bitmask words {tname[dtype]}", tb.bitmask_kernel,
                          dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=4096, WORDS=True, num_warps=8)))
         for name, kernel, types, cfg in jobs:
             try:

@@ -42,6 +42,10 @@ class DraftSplitter:
     def __len__(self) -> int:
         return len(self._learned)
 
+    def learned_keys(self) -> list[bytes]:
+        """The remaining-forced-text keys it holds, least recently used first (tests check their bound)."""
+        return list(self._learned)
+
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes[token_id] if 0 <= token_id < len(self._token_bytes) else b""
 

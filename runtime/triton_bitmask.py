@@ -23,7 +23,7 @@ DEFAULT_CONFIG = dict(block=2048, num_warps=4, words=False)
 
 
 @triton.jit
-def _bitmask_kernel(Logits, Mask, Rows, vocab, stride_l, stride_m, BLOCK: tl.constexpr, WORDS: tl.constexpr):
+def bitmask_kernel(Logits, Mask, Rows, vocab, stride_l, stride_m, BLOCK: tl.constexpr, WORDS: tl.constexpr):
     row = tl.load(Rows + tl.program_id(0)).to(tl.int64)
     start = tl.program_id(1) * BLOCK
     # Logits are only written, and only where a token is banned.
@@ -61,7 +61,7 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows
         raise ValueError("token bitmask: logits and bitmask rows must be contiguous")
     block = block or DEFAULT_CONFIG["block"]
     vocab = logits.shape[1]
-    _bitmask_kernel[(rows.numel(), triton.cdiv(vocab, block))](
+    bitmask_kernel[(rows.numel(), triton.cdiv(vocab, block))](
         logits, bitmask, rows, vocab, logits.stride(0), bitmask.stride(0), BLOCK=block,
         WORDS=DEFAULT_CONFIG["words"] if words is None else words,
         num_warps=num_warps or DEFAULT_CONFIG["num_warps"],

@@ -64,7 +64,7 @@ def test_keys_are_the_next_bytes_of_forced_text_only(splitter, tokenizer):
     quote = one(tokenizer, '"')
     splitter.learn(long_text.encode(), quote)
     assert splitter.split(long_text)[0] == quote  # found by its first KEY_BYTES bytes
-    assert all(len(k) <= KEY_BYTES for k in splitter._learned)
+    assert all(len(k) <= KEY_BYTES for k in splitter.learned_keys())
 
 
 def test_watch_teaches_each_choice_until_the_span_is_written(splitter, tokenizer):

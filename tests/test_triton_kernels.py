@@ -45,7 +45,7 @@ def kernels():
     from runtime import cuda_graphs, triton_bitmask
     from runtime.attention import triton_backend
 
-    interpreted = isinstance(triton_backend._extend_kernel, InterpretedFunction)
+    interpreted = isinstance(triton_backend.extend_kernel, InterpretedFunction)
     assert interpreted == (not ON_GPU), "kernel modules were imported before TRITON_INTERPRET was set"
     return SimpleNamespace(attn=triton_backend, bitmask=triton_bitmask, graphs=cuda_graphs)
 

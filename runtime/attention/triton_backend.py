@@ -45,7 +45,7 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _extend_kernel(
+def extend_kernel(
     Q, K, V, O, QStart, ExtLen, SeqLen, Table, sm_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_tb,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -108,7 +108,7 @@ def _extend_kernel(
 
 
 @triton.jit
-def _decode_split_kernel(
+def decode_split_kernel(
     Q, K, V, MidO, MidLse, QRows, SeqLen, NumSplits, Table, sm_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -169,7 +169,7 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_merge_kernel(
+def decode_merge_kernel(
     MidO, MidLse, O, QRows, SeqLen, NumSplits,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -275,7 +275,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _, heads, dim = q.shape
     cfg = extend_config(heads, k_cache.shape[1], dim, q.dtype, q.device.type == "cuda", block_m, block_n)
     grid = (batch, heads, triton.cdiv(meta.max_ext, cfg["BLOCK_M"]))
-    _extend_kernel[grid](
+    extend_kernel[grid](
         q, k_cache, v_cache, out, meta.q_start, meta.ext_lens, meta.seq_lens, meta.slot_table, 1.0 / math.sqrt(dim),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1), meta.slot_table.stride(0), **cfg,
@@ -295,14 +295,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     splits = meta.max_splits
     mid_o = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
-    _decode_split_kernel[(batch, head_blocks, splits)](
+    decode_split_kernel[(batch, head_blocks, splits)](
         q, k_cache, v_cache, mid_o, mid_lse, meta.q_rows, meta.seq_lens, meta.num_splits, meta.slot_table,
         1.0 / math.sqrt(dim),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         meta.slot_table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), **split_cfg,
     )
-    _decode_merge_kernel[(batch, heads)](
+    decode_merge_kernel[(batch, heads)](
         mid_o, mid_lse, out, meta.q_rows, meta.seq_lens, meta.num_splits,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), **merge_cfg,
