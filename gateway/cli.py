@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--max-tokens-limit", type=_positive_int, default=g.max_tokens_limit,
                       help="largest max_tokens a request may ask for")
     http.add_argument("--max-n", type=_positive_int, default=g.max_n)
+    http.add_argument("--responses-max-stored", type=_positive_int, default=g.responses_max_stored,
+                      help="stored /v1/responses per tenant (oldest dropped beyond it)")
+    http.add_argument("--responses-max-bytes", type=_positive_int, default=g.responses_max_bytes,
+                      help="bytes of stored /v1/responses per tenant (oldest dropped beyond it)")
     http.add_argument("--max-concurrent-requests", type=_positive_int, default=None,
                       help="in-flight generation requests in the gateway (default: running + waiting)")
     http.add_argument("--log-level", default=g.log_level, choices=["debug", "info", "warning", "error"])
@@ -125,6 +129,8 @@ def gateway_settings(args: argparse.Namespace, environ: dict[str, str] | None = 
         api_keys=keys,
         registry_dir=args.registry_dir,
         max_body_bytes=args.max_body_bytes,
+        responses_max_stored=args.responses_max_stored,
+        responses_max_bytes=args.responses_max_bytes,
         max_tokens_limit=args.max_tokens_limit,
         max_n=args.max_n,
         max_concurrent_requests=concurrency,

@@ -18,6 +18,9 @@ class Settings(Struct, kw_only=True):
     retry_after_s: int = 1  # Retry-After on 503 overloaded
     grammar_compile_timeout_s: float = 30.0
     log_level: str = "info"
+    # /v1/responses with store=true: per tenant, in a folder beside the registry (oldest dropped first)
+    responses_max_stored: int = 1000
+    responses_max_bytes: int = 64 * 1024 * 1024
     openapi: bool = True
 
     def validate(self) -> None:
@@ -29,3 +32,7 @@ class Settings(Struct, kw_only=True):
             raise ValueError("max_n: must be >= 1")
         if self.max_concurrent_requests < 1:
             raise ValueError("max_concurrent_requests: must be >= 1")
+        if self.responses_max_stored < 1:
+            raise ValueError("responses_max_stored: must be >= 1")
+        if self.responses_max_bytes < 1024:
+            raise ValueError("responses_max_bytes: must be >= 1024")
