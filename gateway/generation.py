@@ -179,17 +179,6 @@ def open_streams(engine: Any, requests: list[GenerateRequest], metrics: GatewayM
     return streams
 
 
-async def prime_all(streams: list[EngineStream], retry_after_s: int = 1) -> None:
-    try:
-        await asyncio.gather(*(s.prime() for s in streams))
-    except EngineError as exc:
-        close_all(streams)
-        raise from_engine_error(exc, retry_after_s) from exc
-    except BaseException:
-        close_all(streams)
-        raise
-
-
 def close_all(streams: list[EngineStream]) -> None:
     for s in streams:
         s.close()

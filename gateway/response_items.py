@@ -5,7 +5,8 @@ Tools with an output format: Responses clients (the OpenAI Agents SDK with an `o
 function tools *and* a JSON schema, meaning "call a tool or give the final answer in this shape". The
 tool-call grammar knows only calls and free text, so the final answer is offered to the model as one
 more tool, `final_answer`, whose arguments are the schema; tool_choice "auto" becomes "required" over
-the tools plus that one, and a call of it comes back as the output message's text.
+the tools plus that one, and a call of it comes back as the output message's text. With tool_choice
+"required" or a named tool the turn is a call, so the format waits for a later turn.
 """
 
 from __future__ import annotations
@@ -212,10 +213,13 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
             raise bad_request("With tools, text.format must describe a JSON object (it becomes the final answer's "
                               "arguments).", "text.format.schema")
         answer_tool = _answer_tool_name({t.function.name for t in tools})
-        tools.append(ToolDefinition(function=FunctionDefinition(
-            name=answer_tool, description="Give the final answer to the user in this shape.", parameters=schema,
-            strict=fmt.strict)))
+        # listed first: a small model leans towards the first tool, and answering is the usual end
+        tools.insert(0, ToolDefinition(function=FunctionDefinition(
+            name=answer_tool, description="Give the final answer to the user (once tool results are in).",
+            parameters=schema, strict=fmt.strict)))
         choice, parallel, response_format = "required", False, None
+    elif tools and choice != "none":
+        response_format = None  # "required" or a named tool: this turn is a call; the format is for later turns
 
     chat = ChatCompletionRequest(
         model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,

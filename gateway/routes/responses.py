@@ -11,7 +11,7 @@ from typing import Any
 
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 
 from gateway.errors import APIError, not_found
 from gateway.generation import Outcome, RequestLog
@@ -110,7 +110,7 @@ class ResponsesController(Controller):
         )
 
     @get("/{response_id:str}", summary="Retrieve a stored response")
-    async def retrieve(self, response_id: str, response_store: NamedDependency[ResponseStore],
+    async def retrieve(self, response_id: FromPath[str], response_store: NamedDependency[ResponseStore],
                        tenant: NamedDependency[str]) -> ResponseObject:
         record = response_store.get(tenant, response_id)
         if record is None:
@@ -118,7 +118,7 @@ class ResponsesController(Controller):
         return record.response
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response")
-    async def remove(self, response_id: str, response_store: NamedDependency[ResponseStore],
+    async def remove(self, response_id: FromPath[str], response_store: NamedDependency[ResponseStore],
                      tenant: NamedDependency[str]) -> ResponseDeleted:
         if not response_store.delete(tenant, response_id):
             raise response_not_found(response_id)
