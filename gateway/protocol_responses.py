@@ -69,8 +69,8 @@ InputItem = Union[MessageItem, FunctionCallItem, FunctionCallOutputItem]
 class FunctionTool(Struct, kw_only=True):
     """Responses' flat function tool (chat nests the same fields under `function`)."""
 
-    name: str
-    type: str = "function"  # other types (web_search, file_search, ...) are refused by name
+    name: str | None = None  # required for function tools (checked with the type, so that a built-in
+    type: str = "function"  # tool such as web_search, which has no name, is refused by its type)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

@@ -11,6 +11,7 @@ the tools plus that one, and a call of it comes back as the output message's tex
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import msgspec
 
 from gateway import grammar_adapter
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError, bad_request, describe_validation
 from gateway.generation import Outcome
 from gateway.protocol import (
     AssistantMessage,
@@ -87,6 +88,8 @@ def check_unsupported(req: ResponseRequest) -> None:
             raise bad_request(f"Tool type '{tool.type}' is not supported by this server; only 'function' tools "
                               "are (built-in tools such as web_search, file_search or computer_use are not).",
                               f"tools[{i}].type", code="unsupported_tool")
+        if tool.name is None:
+            raise bad_request(f"Missing required parameter: 'tools[{i}].name'.", f"tools[{i}].name")
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
         raise bad_request("'reasoning' is not supported by this server (the model does not reason).", "reasoning")
     if req.background:
@@ -135,9 +138,11 @@ def decode_item(raw: Any, index: int) -> InputItem:
     try:
         return msgspec.convert(raw, types[kind])
     except msgspec.ValidationError as exc:
-        where = str(exc).rpartition(" - at `$")[2].rstrip("`")
-        raise bad_request(f"Invalid value for 'input[{index}]': {str(exc).split(' - at ')[0]}",
-                          f"input[{index}]{where}") from exc
+        text = str(exc)
+        m = re.search(r" - at `\$(?P<path>[^`]*)`$", text)
+        where = m.group("path") if m else ""
+        message, param = describe_validation(text[: m.start()] if m else text, f"input[{index}]{where}")
+        raise bad_request(message, param) from exc
 
 
 def input_messages(input: str | list[dict[str, Any]]) -> list[Message]:
@@ -200,7 +205,7 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
     tools = None
     if req.tools is not None:
         tools = [ToolDefinition(function=FunctionDefinition(
-            name=t.name, description=t.description, parameters=t.parameters, strict=t.strict)) for t in req.tools]
+            name=t.name or "", description=t.description, parameters=t.parameters, strict=t.strict)) for t in req.tools]
     choice: Any = req.tool_choice
     if isinstance(choice, NamedFunctionChoice):
         choice = NamedToolChoice(function=NamedFunction(name=choice.name))
