@@ -203,7 +203,7 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
             name=fmt.name or "response", schema=fmt.schema, description=fmt.description, strict=fmt.strict))
 
     tools = None
-    if req.tools is not None:
+    if req.tools:  # Responses clients send [] for "no tools" (chat refuses an empty list)
         tools = [ToolDefinition(function=FunctionDefinition(
             name=t.name or "", description=t.description, parameters=t.parameters, strict=t.strict)) for t in req.tools]
     choice: Any = req.tool_choice

@@ -62,6 +62,13 @@ def test_response_shape_and_usage(gateway_client, fake_engine):
     assert "Be brief." in fake_engine.tokenizer.decode(req.prompt_ids)
 
 
+def test_empty_tools_list_means_no_tools(gateway_client, fake_engine):
+    """The Agents SDK sends `tools: []` for an agent without tools (chat would refuse an empty list)."""
+    resp = create(gateway_client(), tools=[])
+    assert resp.status_code == 200, resp.text
+    assert fake_engine.submitted[0].constraint is None
+
+
 def test_max_output_tokens_gives_incomplete(gateway_client, fake_engine):
     fake_engine.finish_reason = "length"
     body = create(gateway_client()).json()
