@@ -9,6 +9,11 @@ jiter<0.15, which the openai client this project uses (jiter>=0.16) cannot share
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import openai
 import pytest
@@ -19,6 +24,7 @@ from bench.server_process import MODEL, JumpgateServer
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 80
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 class City(BaseModel):
@@ -203,3 +209,20 @@ def test_langgraph_react_agent_one_turn(chat_openai):
     results = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert len(calls) == 1 and tool.calls and len(results) == len(tool.calls)
     assert results[0].content == f"Sunny, 21 C in {tool.calls[0]}."
+
+
+# --------------------------------------------------------------------------- the example
+
+
+def test_agents_sdk_example_runs(server):
+    """examples/agents_sdk.py: a structured output, then a chain in which every turn after the first
+    is served mostly from the cache (it extends the previous turn's exact tokens)."""
+    pytest.importorskip("agents")
+    env = {**os.environ, "JUMPGATE_BASE_URL": server.base_url, "JUMPGATE_API_KEY": "x"}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "agents_sdk.py"), "--turns", "3"], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=EXAMPLES.parent)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "structured output after" in proc.stdout
+    turns = [(int(a), int(b)) for a, b in re.findall(r"input_tokens=(\d+) cached_tokens=(\d+)", proc.stdout)]
+    assert len(turns) == 3, proc.stdout
+    assert all(cached >= 0.8 * total for total, cached in turns[1:]), proc.stdout
