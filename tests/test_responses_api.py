@@ -267,3 +267,17 @@ def test_render_continuation_extends_the_exact_ids(tokenizer):
     # different instructions change the earlier turns: a plain render, not a spliced one
     other = renderer.render_continuation(chained, None, "Use JSON.", turn)
     assert other.token_ids == renderer.render_chat(chained, None, "Use JSON.").token_ids
+
+
+def test_store_flags_reach_the_settings_and_the_store_folder(tmp_path):
+    from gateway.app import build_response_store
+    from gateway.cli import build_parser, gateway_settings
+
+    args = build_parser().parse_args(["serve", "--registry-dir", str(tmp_path / "registry"),
+                                      "--responses-max-stored", "7", "--responses-max-bytes", "4096"])
+    settings = gateway_settings(args, environ={})
+    assert (settings.responses_max_stored, settings.responses_max_bytes) == (7, 4096)
+    store = build_response_store(settings)
+    assert (store.root, store.max_count, store.max_bytes) == (tmp_path / "responses", 7, 4096)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--responses-max-stored", "0"])
