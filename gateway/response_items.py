@@ -282,7 +282,6 @@ def status_of(outcome: Outcome) -> tuple[str, IncompleteDetails | None]:
 
 def response_shell(req: ResponseRequest, response_id: str, created_at: int | None = None) -> ResponseObject:
     """The response object before any output (the form `response.created` carries)."""
-    tools = [t for t in req.tools or []]
     return ResponseObject(
         id=response_id, created_at=created_at or int(time.time()), model=req.model, status="in_progress",
         instructions=req.instructions, max_output_tokens=req.max_output_tokens, metadata=dict(req.metadata or {}),
@@ -290,7 +289,7 @@ def response_shell(req: ResponseRequest, response_id: str, created_at: int | Non
         previous_response_id=req.previous_response_id, store=req.store,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p, text=req.text or TextConfig(),
-        tool_choice=req.tool_choice or "auto", tools=tools, user=req.user,
+        tool_choice=req.tool_choice or "auto", tools=list(req.tools or []), user=req.user,
     )
 
 

@@ -281,3 +281,50 @@ def test_store_flags_reach_the_settings_and_the_store_folder(tmp_path):
     assert (store.root, store.max_count, store.max_bytes) == (tmp_path / "responses", 7, 4096)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--responses-max-stored", "0"])
+
+
+def test_stream_disconnect_aborts_the_engine_request_and_stores_nothing(fake_engine, gateway_grammar, tmp_path):
+    """A client that leaves mid-stream: its engine request is aborted, the permit released, the
+    request counted as cancelled, and no half response is stored."""
+    import asyncio
+
+    import msgspec
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    fake_engine.reply = lambda req: "x" * 300  # 100 events
+    fake_engine.delay = 0.01
+    app = create_app(fake_engine, gateway_grammar, Settings(registry_dir=str(tmp_path / "reg")))
+    body = msgspec.json.encode({"model": MODEL, "input": "hi", "stream": True})
+    sent: list[dict] = []
+
+    async def drive() -> None:
+        gone, body_sent = asyncio.Event(), False
+
+        async def receive():
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if len([m for m in sent if m["type"] == "http.response.body" and m.get("body")]) >= 5:
+                gone.set()  # the client leaves after five events
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "state": {}}
+        await asyncio.wait_for(app(scope, receive, send), timeout=20)
+
+    asyncio.run(drive())
+    rid = fake_engine.submitted[0].rid
+    assert rid in fake_engine.aborted
+    services = app.state.services
+    assert services.limiter.in_flight == 0
+    assert services.metrics.requests.value(route="responses", outcome="cancelled") == 1
+    assert not list((tmp_path / "responses").glob("*/resp_*.json"))
