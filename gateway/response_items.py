@@ -1,12 +1,8 @@
 """Responses API ↔ the chat path: a `ResponseRequest` becomes a `ChatCompletionRequest` (so it goes
 through the same planning, rendering and grammar as chat), and an engine outcome becomes output items.
 
-Tools with an output format: Responses clients (the OpenAI Agents SDK with an `output_type`) send
-function tools *and* a JSON schema, meaning "call a tool or give the final answer in this shape". The
-tool-call grammar knows only calls and free text, so the final answer is offered to the model as one
-more tool, `final_answer`, whose arguments are the schema; tool_choice "auto" becomes "required" over
-the tools plus that one, and a call of it comes back as the output message's text. With tool_choice
-"required" or a named tool the turn is a call, so the format waits for a later turn.
+Tools with an output format become a final-answer tool (`gateway.answer_tool`); a call of it comes
+back as the output message's text.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from typing import Any
 import msgspec
 
 from gateway import grammar_adapter
+from gateway.answer_tool import fold_format_into_tools
 from gateway.errors import APIError, bad_request, describe_validation
 from gateway.generation import Outcome
 from gateway.protocol import (
@@ -60,7 +57,6 @@ from gateway.protocol_responses import (
     TextConfig,
 )
 
-ANSWER_TOOL = "final_answer"
 SUPPORTED_INCLUDE: frozenset[str] = frozenset()
 
 # chat parameter names in errors raised by the shared chat path → the Responses names
@@ -181,13 +177,6 @@ class ChatPlan:
     answer_tool: str | None  # the synthetic tool whose call is the final answer (tools + format)
 
 
-def _answer_tool_name(names: set[str]) -> str:
-    name, n = ANSWER_TOOL, 1
-    while name in names:
-        name, n = f"{ANSWER_TOOL}_{n}", n + 1
-    return name
-
-
 def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
     new = input_messages(req.input)
     history = previous + new
@@ -211,27 +200,13 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
         choice = NamedToolChoice(function=NamedFunction(name=choice.name))
     parallel = req.parallel_tool_calls
 
-    answer_tool = None
-    if tools and response_format is not None and choice in (None, "auto"):
-        schema = fmt.schema if fmt.type == "json_schema" else {"type": "object"}
-        if (schema or {}).get("type") != "object":
-            raise bad_request("With tools, text.format must describe a JSON object (it becomes the final answer's "
-                              "arguments).", "text.format.schema")
-        answer_tool = _answer_tool_name({t.function.name for t in tools})
-        # listed first: a small model leans towards the first tool, and answering is the usual end
-        tools.insert(0, ToolDefinition(function=FunctionDefinition(
-            name=answer_tool, description="Give the final answer to the user (once tool results are in).",
-            parameters=schema, strict=fmt.strict)))
-        choice, parallel, response_format = "required", False, None
-    elif tools and choice != "none":
-        response_format = None  # "required" or a named tool: this turn is a call; the format is for later turns
-
     chat = ChatCompletionRequest(
         model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
         top_p=req.top_p, seed=req.seed, stop=req.stop, user=req.user, response_format=response_format,
         tools=tools, tool_choice=choice, parallel_tool_calls=parallel, jump_forward=req.jump_forward,
         cache_salt=req.cache_salt, top_k=req.top_k, min_p=req.min_p,
     )
+    answer_tool = fold_format_into_tools(chat, "text.format.schema")
     return ChatPlan(chat=chat, history=history, answer_tool=answer_tool)
 
 

@@ -32,9 +32,16 @@ def usage_of(outcomes: list[Outcome]) -> Usage:
     return make_usage(first.prompt_tokens, sum(o.completion_tokens for o in outcomes), first.cached_tokens)
 
 
-def chat_choice(index: int, outcome: Outcome, parse_tools: bool) -> ChatChoice:
+def chat_choice(index: int, outcome: Outcome, parse_tools: bool, answer_tool: str | None = None) -> ChatChoice:
     if parse_tools:
         content, calls = grammar_adapter.parse_tool_calls(outcome.text)
+        answers = [c.arguments for c in calls if c.name == answer_tool]  # the final answer, as content
+        if answers:
+            content = (content or "") + "".join(answers)
+            calls = [c for c in calls if c.name != answer_tool]
+            if not calls:
+                return ChatChoice(index=index, message=ChatMessage(content=content),
+                                  finish_reason=finish_reason(outcome.finish_reason))  # type: ignore[arg-type]
         if calls:
             tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
             return ChatChoice(
@@ -49,12 +56,13 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool) -> ChatChoice:
     )
 
 
-def chat_completion(prepared: Prepared, outcomes: list[Outcome]) -> ChatCompletion:
+def chat_completion(prepared: Prepared, outcomes: list[Outcome], answer_tool: str | None = None) -> ChatCompletion:
+    """`answer_tool`: the final-answer tool of a request with tools and a format (gateway.answer_tool)."""
     return ChatCompletion(
         id=prepared.request_id,
         created=prepared.created,
         model=prepared.model,
-        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls) for i, o in enumerate(outcomes)],
+        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, answer_tool) for i, o in enumerate(outcomes)],
         usage=usage_of(outcomes),
     )
 

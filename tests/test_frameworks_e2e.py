@@ -119,7 +119,8 @@ def test_agents_sdk_structured_output(agents_model, api):
     assert isinstance(result.final_output, City)
 
 
-def test_agents_sdk_tool_and_output_type_over_responses(agents_model):
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_agents_sdk_tool_and_output_type(agents_model, api):
     """Tools and an output type together (the Agents SDK sends both): the run ends with a parsed
     output, after any tool calls the model chose to make (each one executed by the SDK)."""
     from agents import Agent, ModelSettings, function_tool
@@ -127,7 +128,7 @@ def test_agents_sdk_tool_and_output_type_over_responses(agents_model):
     tool, get_weather = weather_function()
     result = run_agent(lambda: Agent(
         name="weather", instructions="You report the weather.", output_type=City, tools=[function_tool(get_weather)],
-        model=agents_model("responses"), model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
+        model=agents_model(api), model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
     ), "Which city is the capital of France?", max_turns=4)
     assert isinstance(result.final_output, City)
     assert all(isinstance(city, str) for city in tool.calls)

@@ -328,3 +328,48 @@ def test_stream_disconnect_aborts_the_engine_request_and_stores_nothing(fake_eng
     assert services.limiter.in_flight == 0
     assert services.metrics.requests.value(route="responses", outcome="cancelled") == 1
     assert not list((tmp_path / "responses").glob("*/resp_*.json"))
+
+
+# ------------------------------------------------------------------ tools + format on chat completions
+
+
+ANSWER_TEXT = '<tool_call>{"name":"final_answer","arguments":{"city":"Paris"}}</tool_call>'
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+CHAT_FORMAT = {"type": "json_schema", "json_schema": {k: v for k, v in CITY_FORMAT.items() if k != "type"}}
+
+
+def test_chat_tools_with_a_format_answer_as_content(gateway_client, fake_engine):
+    """OpenAIChatCompletionsModel with an output_type and tools sends both to chat completions."""
+    fake_engine.reply = lambda req: ANSWER_TEXT
+    client = gateway_client()
+    body = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL],
+        "response_format": CHAT_FORMAT}).json()
+    choice = body["choices"][0]
+    assert json.loads(choice["message"]["content"]) == {"city": "Paris"} and "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] == "stop"
+    fake_engine.reply = lambda req: CALL_TEXT  # a real tool call stays a tool call
+    body = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL],
+        "response_format": CHAT_FORMAT}).json()
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_chat_tools_with_a_format_stream_the_answer_as_content(gateway_client, fake_engine):
+    fake_engine.reply = lambda req: ANSWER_TEXT
+    resp = gateway_client().post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL],
+        "response_format": CHAT_FORMAT, "stream": True})
+    chunks = [json.loads(b[len("data: "):]) for b in resp.text.split("\n\n") if b.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not any("tool_calls" in d for d in deltas)
+    assert json.loads("".join(d.get("content", "") for d in deltas)) == {"city": "Paris"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tools_with_a_non_object_format_are_refused(gateway_client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+    resp = gateway_client().post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL], "response_format": fmt})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "response_format"
