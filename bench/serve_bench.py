@@ -10,6 +10,10 @@ max_tokens 160) at a fixed concurrency. One JSON line per workload:
 - `json-extract`: one shared document, a different record asked for each time, strict json_schema
   tests/data/schema_corpus/extract_12_fields.json; valid = parses and validates.
 - `cold-unique`: unrelated prompts (nothing to reuse).
+- `responses-chain`: a 4-turn `/v1/responses` conversation (the ~1.5k-token agent prompt as
+  `instructions`), each turn chained with `previous_response_id`; one JSON line per turn with
+  `cached_frac` = cached / input tokens (the chained prompt extends the previous turn's exact ids,
+  so from turn 2 on nearly all of it is a radix-cache hit).
 
 Fields: ttft_p50_s / ttft_p90_s (time to the first content or tool-call delta), output_tok_s and
 req_s (over the workload's wall time), cached_frac (cached / prompt tokens), complete_frac
@@ -318,6 +322,43 @@ async def run_http(url: str, workloads: list[Workload], warmup_body: dict) -> di
     return out
 
 
+# =========================================================================== responses chain
+
+
+RESPONSES_CHAIN_QUESTIONS = [
+    "Plan a two-day trip to Lisbon for a family of four.",
+    "Which of those places are free to visit?",
+    "Swap the second day's afternoon for something indoors.",
+    "Summarize the final plan in three lines.",
+]
+
+
+async def run_responses_chain(url: str, instructions: str, max_tokens: int) -> list[dict[str, Any]]:
+    """One line per turn: input/cached/output tokens and the turn's latency."""
+    lines = []
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800, connect=30)) as client:
+        previous = None
+        for turn, question in enumerate(RESPONSES_CHAIN_QUESTIONS, 1):
+            body = {"model": MODEL, "input": question, "instructions": instructions, "temperature": 0,
+                    "max_output_tokens": max_tokens, "previous_response_id": previous}
+            t0 = time.perf_counter()
+            resp = await client.post("/v1/responses", json=body)
+            latency = time.perf_counter() - t0
+            if resp.status_code != 200:
+                raise RuntimeError(f"responses-chain turn {turn} failed: {resp.status_code} {resp.text[:300]}")
+            data = resp.json()
+            usage = data["usage"]
+            cached = usage["input_tokens_details"]["cached_tokens"]
+            lines.append({
+                "bench": "serve", "workload": "responses-chain", "turn": turn,
+                "input_tokens": usage["input_tokens"], "cached_tokens": cached,
+                "cached_frac": cached / usage["input_tokens"], "output_tokens": usage["output_tokens"],
+                "latency_s": latency,
+            })
+            previous = data["id"]
+    return lines
+
+
 # =========================================================================== in-process agent-tools
 
 
@@ -411,7 +452,7 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--kv-pool-tokens", type=int, default=32768)
-    ap.add_argument("--workloads", default="agent-tools,multi-turn,json-extract,cold-unique",
+    ap.add_argument("--workloads", default="agent-tools,multi-turn,json-extract,cold-unique,responses-chain",
                     help="comma-separated subset")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process agent-tools comparison")
     return ap.parse_args(list(argv or []))
@@ -433,6 +474,9 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
         server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300)
         with server:
             results = asyncio.run(run_http(server.url, workloads, warmup_body))
+            chain = []
+            if "responses-chain" in wanted:
+                chain = asyncio.run(run_responses_chain(server.url, agent_system_prompt(tok, 1500), args.max_tokens))
             results_meta = {"server_rss_mb": server.rss_mb()}
     inprocess = None
     if "agent-tools" in results and not args.no_inprocess:
@@ -446,6 +490,8 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
             rec["inprocess_valid_frac"] = inprocess["valid_frac"]
             rec["http_vs_inprocess"] = rec["req_s"] / inprocess["req_s"] if inprocess["req_s"] else None
         rec["server_rss_mb"] = results_meta["server_rss_mb"]
+        emit(rec)
+    for rec in chain:
         emit(rec)
 
 

@@ -23,12 +23,14 @@ from gateway.generation import ConcurrencyLimiter, RequestLog
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.registry import SchemaRegistry
+from gateway.response_store import ResponseStore
 from gateway.routes.cache import CacheController
 from gateway.routes.chat import ChatController
 from gateway.routes.completions import CompletionsController
 from gateway.routes.health import health
 from gateway.routes.metrics import metrics
 from gateway.routes.models import ModelsController
+from gateway.routes.responses import ResponsesController
 from gateway.routes.schemas import SchemasController
 from gateway.services import GatewayServices
 from gateway.settings import Settings
@@ -40,6 +42,12 @@ VERSION = "0.1.0"
 def default_registry_dir() -> Path:
     root = Path(os.environ.get("JUMPGATE_CACHE_DIR", Path.home() / ".cache" / "jumpgate"))
     return root / "registry"
+
+
+def build_response_store(settings: Settings) -> ResponseStore:
+    """Stored responses live beside the schema registry: `<registry's parent>/responses`."""
+    registry = Path(settings.registry_dir) if settings.registry_dir else default_registry_dir()
+    return ResponseStore(registry.parent / "responses", settings.responses_max_stored, settings.responses_max_bytes)
 
 
 def build_services(engine: EngineClient, grammar_service: Any, settings: Settings, tokenizer: Any = None) -> GatewayServices:
@@ -72,19 +80,25 @@ def create_app(
     """The app around a started engine; `grammar_service` may be None (free text only)."""
     settings = settings or Settings()
     services = services or build_services(engine, grammar_service, settings, tokenizer)
+    response_store = build_response_store(services.settings)
 
     def provide_services() -> GatewayServices:
         return services  # type: ignore[return-value]
 
+    def provide_response_store() -> ResponseStore:
+        return response_store
+
     v1 = Router(
         path="/v1",
-        route_handlers=[ChatController, CompletionsController, ModelsController, SchemasController, CacheController],
+        route_handlers=[ChatController, CompletionsController, ResponsesController, ModelsController, SchemasController,
+                        CacheController],
         guards=[require_api_key],
     )
     return Litestar(
         route_handlers=[v1, health, metrics],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False, use_cache=True),
+            "response_store": Provide(provide_response_store, sync_to_thread=False, use_cache=True),
             "tenant": Provide(provide_tenant, sync_to_thread=False),
             "request_log": Provide(provide_request_log, sync_to_thread=False),
         },

@@ -57,6 +57,7 @@ class Outcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    token_ids: list[int] = field(default_factory=list)  # generated ids (a stop token included)
 
 
 class EngineStream:
@@ -111,6 +112,7 @@ class EngineStream:
                 self.metrics.itl.observe(now - self._last)
             self._last = now
         o.text += event.text
+        o.token_ids += event.token_ids
         if event.prompt_tokens:
             o.prompt_tokens = event.prompt_tokens
         if event.cached_tokens:
@@ -175,17 +177,6 @@ def open_streams(engine: EngineClient, requests: list[GenerateRequest], metrics:
         close_all(streams)
         raise
     return streams
-
-
-async def prime_all(streams: list[EngineStream], retry_after_s: int = 1) -> None:
-    try:
-        await asyncio.gather(*(s.prime() for s in streams))
-    except EngineError as exc:
-        close_all(streams)
-        raise from_engine_error(exc, retry_after_s) from exc
-    except BaseException:
-        close_all(streams)
-        raise
 
 
 def close_all(streams: list[EngineStream]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 
@@ -17,7 +17,7 @@ from gateway.auth import cache_namespace
 from gateway.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.errors import bad_request, context_length_exceeded, model_not_found
 from gateway.output_validation import OutputCheck, build_output_check
-from gateway.prompt import PromptRenderer
+from gateway.prompt import PromptRenderer, RenderedPrompt
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.registry import SchemaRegistry
 from gateway.settings import Settings
@@ -183,7 +183,10 @@ async def prepare_chat(
     tenant: str,
     compile: bool = True,
     metrics: Any = None,
+    render: Callable[..., RenderedPrompt] | None = None,
 ) -> Prepared:
+    """`render(messages, tools, instructions)` replaces `renderer.render_chat` (the Responses API
+    renders a chained turn so that it extends the previous turn's exact ids)."""
     check_model(req.model, engine, settings)
     if not req.messages:
         raise bad_request("'messages' must contain at least one message.", "messages")
@@ -197,7 +200,8 @@ async def prepare_chat(
 
     plan = plan_chat(req, registry, tenant)
     # template rendering (jinja) and tokenizing are CPU work: keep them off the event loop
-    rendered = await anyio.to_thread.run_sync(lambda: renderer.render_chat(req.messages, plan.tools, plan.instructions))
+    render = render or renderer.render_chat
+    rendered = await anyio.to_thread.run_sync(lambda: render(req.messages, plan.tools, plan.instructions))
     max_new = token_budget(len(rendered.token_ids), requested, requested_param, engine, settings)
     sampling = sampling_params(req, max_new, stop)
     constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s) if compile else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from gateway import grammar_adapter
 from gateway.errors import bad_request
@@ -35,6 +35,15 @@ def schema_instructions(kind: str, payload: Any) -> str | None:
     """Natural-language hint matching the grammar (the grammar enforces it; the hint helps a small
     model choose sensible values). Canonical JSON so that equal schemas give equal prefixes."""
     return grammar_adapter.prompt_instructions(kind, payload)  # each kind renders its own
+
+
+class PreviousTurn(Protocol):
+    """An earlier prompt and its generation (gateway.response_store.StoredTurn)."""
+
+    prompt_text: str
+    prompt_ids: list[int]
+    output_text: str
+    output_ids: list[int]
 
 
 @dataclass
@@ -131,6 +140,31 @@ class PromptRenderer:
         except Exception as exc:  # jinja raises for role orders a template refuses
             raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
         return RenderedPrompt(text=text, token_ids=self.encode(text), system_text=system)
+
+    def render_continuation(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        instructions: str | None,
+        previous: "PreviousTurn",
+    ) -> RenderedPrompt:
+        """`render_chat`, except that when the conversation extends `previous` (an earlier prompt
+        and what the model generated after it) the new ids start with exactly its prompt ids and
+        generated ids, which the radix cache holds; only the text after them is tokenized anew.
+        Re-tokenizing the whole text could split the earlier output differently and lose the hit."""
+        full = self.render_chat(messages, tools, instructions)
+        head_ids = list(previous.prompt_ids) + list(previous.output_ids)
+        generated = self.decode(previous.output_ids)
+        if generated != previous.output_text:  # a trailing stop token: its text follows the output
+            stop_text = self.decode(previous.output_ids[-1:]) if previous.output_ids else ""
+            if self.decode(previous.output_ids[:-1]) != previous.output_text:
+                return full  # a stop string cut the text: the ids say more than the text
+            generated = previous.output_text + stop_text
+        head_text = previous.prompt_text + generated
+        if not full.text.startswith(head_text):
+            return full  # tools, instructions or the template changed the earlier turns
+        ids = head_ids + self.encode(full.text[len(head_text):])
+        return RenderedPrompt(text=full.text, token_ids=ids, system_text=full.system_text)
 
     # ----------------------------------------------------------------- plain text
 

@@ -36,9 +36,20 @@ def usage_of(outcomes: list[Outcome]) -> Usage:
     return make_usage(first.prompt_tokens, sum(o.completion_tokens for o in outcomes), first.cached_tokens)
 
 
-def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCheck | None = None) -> ChatChoice:
+def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCheck | None = None,
+                answer_tool: str | None = None) -> ChatChoice:
     if parse_tools:
         content, calls = grammar_adapter.parse_tool_calls(outcome.text)
+        answers = [c for c in calls if c.name == answer_tool]  # the final answer, as content
+        if answers:
+            content = (content or "") + "".join(c.arguments for c in answers)
+            calls = [c for c in calls if c.name != answer_tool]
+            if not calls:
+                validity = check.check_tool_calls([(c.name, c.arguments) for c in answers], outcome.finish_reason) \
+                    if check is not None else None
+                return ChatChoice(index=index, message=ChatMessage(content=content),
+                                  finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
+                                  jumpgate=validity or UNSET)
         if calls:
             tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
             validity = check.check_tool_calls([(c.name, c.arguments) for c in calls], outcome.finish_reason) \
@@ -69,12 +80,13 @@ def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bo
     return check.check_text(outcome.text, outcome.finish_reason) if check.kind == "json_schema" else None
 
 
-def chat_completion(prepared: Prepared, outcomes: list[Outcome]) -> ChatCompletion:
+def chat_completion(prepared: Prepared, outcomes: list[Outcome], answer_tool: str | None = None) -> ChatCompletion:
+    """`answer_tool`: the final-answer tool of a request with tools and a format (gateway.answer_tool)."""
     return ChatCompletion(
         id=prepared.request_id,
         created=prepared.created,
         model=prepared.model,
-        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check)
+        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check, answer_tool)
                  for i, o in enumerate(outcomes)],
         usage=usage_of(outcomes),
     )

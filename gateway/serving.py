@@ -1,8 +1,9 @@
-"""The lifecycle every generating route shares (chat and text completions).
+"""The lifecycle every generating route shares (chat, text completions, responses).
 
 Take a concurrency permit, prepare the engine requests, open their streams, then either hand the
-streams to an SSE response (which releases everything when the stream ends or the client leaves)
-or wait for every choice and build one response. Whatever happens before the hand-over (a bad
+streams at once (before the first token: a queued stream still starts) to an SSE response, which
+releases everything when the stream ends or the client leaves, or wait for every choice and build
+one response. Whatever happens before the hand-over (a bad
 request, an engine refusal, a disconnect), the streams are closed, the permit released and the
 request accounted exactly once.
 """
@@ -14,7 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from litestar import Request, Response
 
-from gateway.generation import EngineStream, Outcome, RequestLog, close_all, open_streams, prime_all, until_disconnect
+from gateway.generation import EngineStream, Outcome, RequestLog, close_all, open_streams, until_disconnect
 from gateway.output_validation import validity_headers
 from gateway.services import GatewayServices, outcome_of
 from gateway.streaming import SSEResponse, once
@@ -44,8 +45,9 @@ async def serve_generation(
     try:
         streams = open_streams(s.engine, await prepare(), s.metrics, s.settings.retry_after_s)
         if stream:
-            await until_disconnect(request.receive, prime_all(streams, s.settings.retry_after_s))
-
+            # Headers and the first event go out now, while the request waits in the engine's queue:
+            # a queued client sees its stream start instead of a silent connection it may time out.
+            # The engine refuses synchronously in submit (a status above); later failures are events.
             @once
             def on_close(outcome: str) -> None:
                 close_all(streams)

@@ -49,6 +49,11 @@ class Settings:
     grammar_compile_timeout_s: float = setting(
         10.0 + GRAMMAR_TIMEOUT_MARGIN_S, "", above=0,
         derived=f"--grammar-compile-timeout + {GRAMMAR_TIMEOUT_MARGIN_S:g} s")
+    # /v1/responses with store=true: kept per tenant in a folder beside the registry, oldest dropped first
+    responses_max_stored: int = setting(1000, "stored /v1/responses per tenant (oldest dropped beyond it)",
+                                        flag="--responses-max-stored", min=1)
+    responses_max_bytes: int = setting(64 * 1024 * 1024, "bytes of stored /v1/responses per tenant (oldest "
+                                       "dropped beyond it)", flag="--responses-max-bytes", min=1024)
     log_level: str = setting("info", "log verbosity", flag="--log-level", choices=("debug", "info", "warning", "error"))
     openapi: bool = setting(True, "disable the OpenAPI docs at /docs", flag="--no-docs", negative=True)
 

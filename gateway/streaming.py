@@ -124,9 +124,12 @@ async def chat_events(
     include_usage: bool,
     on_close: Callable[[str], None],
     retry_after_s: int = 1,
+    answer_tool: str | None = None,
 ) -> AsyncIterator[bytes]:
+    """`answer_tool`: the final-answer tool (gateway.answer_tool); its arguments stream as content."""
     n = len(streams)
     parsers = [grammar_adapter.ToolCallStream() if prepared.plan.parse_tool_calls else None for _ in range(n)]
+    answer_index: list[int | None] = [None] * n  # which call of each choice is the final answer
     finished = [False] * n
     outcome = "cancelled"
 
@@ -138,6 +141,13 @@ async def chat_events(
         ))
 
     def pieces(index: int, content: str, calls: list) -> list[bytes]:
+        if answer_tool is not None:
+            for call_index, _, name, arguments in calls:
+                if name == answer_tool:
+                    answer_index[index] = call_index
+                if call_index == answer_index[index]:
+                    content += arguments or ""
+            calls = [c for c in calls if c[0] != answer_index[index]]
         out = []
         if content:
             out.append(chunk(index, ChoiceDelta(content=content)))
@@ -152,7 +162,7 @@ async def chat_events(
         if parser is not None:
             out += pieces(index, *parser.finish())
         streams[index].check_error()
-        has_calls = parser is not None and parser.num_calls > 0
+        has_calls = parser is not None and parser.num_calls > (answer_index[index] is not None)
         reason = streams[index].outcome.finish_reason
         # validated before the final chunk goes out, which carries the verdict
         validity = choice_validity(prepared.output_check, streams[index].outcome, parser is not None)

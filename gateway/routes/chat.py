@@ -8,6 +8,7 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from gateway.answer_tool import fold_format_into_tools
 from gateway.generation import RequestLog
 from gateway.preparation import Prepared, prepare_chat
 from gateway.protocol import ChatCompletion, ChatCompletionRequest
@@ -32,9 +33,11 @@ class ChatController(Controller):
     ) -> Response[ChatCompletion]:
         s = services
         prepared: Prepared | None = None
+        answer_tool: str | None = None
 
         async def prepare():
-            nonlocal prepared
+            nonlocal prepared, answer_tool
+            answer_tool = fold_format_into_tools(data)  # tools + a JSON format: answering is a tool too
             prepared = await prepare_chat(
                 data, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,
                 registry=s.registry, settings=s.settings, tenant=tenant, metrics=s.metrics,
@@ -46,6 +49,6 @@ class ChatController(Controller):
         return await serve_generation(
             "chat", request, s, request_log, prepare=prepare, stream=bool(data.stream),
             events=lambda streams, on_close: chat_events(prepared, streams, include_usage, on_close,
-                                                         s.settings.retry_after_s),
-            respond=lambda outcomes: chat_completion(prepared, outcomes),
+                                                         s.settings.retry_after_s, answer_tool),
+            respond=lambda outcomes: chat_completion(prepared, outcomes, answer_tool),
         )
