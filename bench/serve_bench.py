@@ -333,11 +333,11 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
     from gateway.prompt import PromptRenderer
     from gateway.protocol import ChatCompletionRequest
     from gateway.settings import Settings
+    from grammar.settings import GrammarSettings
     from runtime.engine import Engine
 
     engine = Engine(kv_pool_tokens=kv_pool_tokens).start()
-    grammar = build_grammar_service(engine, argparse.Namespace(
-        no_grammar_disk_cache=True, grammar_cache_dir=None, grammar_compile_timeout=10.0))
+    grammar = build_grammar_service(engine, GrammarSettings(disk_cache=False))
     try:
         renderer = PromptRenderer(engine.tokenizer)
         settings = Settings()

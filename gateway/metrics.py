@@ -1,258 +1,176 @@
-"""Prometheus text exposition (format 0.0.4) with a tiny counter/gauge/histogram helper.
+"""Prometheus metrics (prometheus_client), one registry per app.
 
-Gateway-side numbers (tokens, outcomes, latencies) are recorded here as requests finish; engine and
-grammar numbers are read from `engine.stats()` / the grammar service at scrape time. All updates
-happen on the event loop thread, so plain ints and floats suffice.
+Gateway-side series (requests by outcome, tokens, in-flight, latency histograms) are recorded as
+requests finish. Engine and grammar-service series come from one snapshot of each per scrape
+(`engine.stats()` -> `runtime.api.EngineStats`, `GrammarService.stats()`), exported by
+`SnapshotCollector`: counters as counters, gauges as gauges.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-from typing import Any, Iterable, Mapping
+import dataclasses
+from typing import Any, Iterator, Mapping
 
-PREFIX = "jumpgate_"
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from runtime.api import EngineStats
+
+# the *_created series double the output and no dashboard of ours reads them (vLLM drops them too)
+prometheus_client.disable_created_metrics()
+
+CONTENT_TYPE = "text/plain; version=0.0.4"  # the text format generate_latest writes
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-def _fmt(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(pairs: Iterable[tuple[str, str]]) -> str:
-    items = [f'{k}="{_escape(str(v))}"' for k, v in pairs]
-    return "{" + ",".join(items) + "}" if items else ""
-
-
-class Metric:
-    kind = "untyped"
-
-    def __init__(self, name: str, help: str, labelnames: tuple[str, ...] = ()):
-        self.name = PREFIX + name
-        self.help = help
-        self.labelnames = labelnames
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-    def _key(self, labels: Mapping[str, str]) -> tuple[str, ...]:
-        if set(labels) != set(self.labelnames):
-            raise ValueError(f"{self.name}: labels {sorted(labels)} != {sorted(self.labelnames)}")
-        return tuple(str(labels[n]) for n in self.labelnames)
-
-
-class Counter(Metric):
-    kind = "counter"
-
-    def __init__(self, name: str, help: str, labelnames: tuple[str, ...] = ()):
-        super().__init__(name, help, labelnames)
-        self._values: dict[tuple[str, ...], float] = {} if labelnames else {(): 0.0}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError("counters only go up")
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        for key, v in sorted(self._values.items()):
-            lines.append(f"{self.name}{_labels(zip(self.labelnames, key))} {_fmt(v)}")
-        return lines
-
-
-class Gauge(Metric):
-    kind = "gauge"
-
-    def __init__(self, name: str, help: str, labelnames: tuple[str, ...] = ()):
-        super().__init__(name, help, labelnames)
-        self._values: dict[tuple[str, ...], float] = {} if labelnames else {(): 0.0}
-
-    def set(self, value: float, **labels: str) -> None:
-        self._values[self._key(labels)] = float(value)
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
-
-    def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        for key, v in sorted(self._values.items()):
-            lines.append(f"{self.name}{_labels(zip(self.labelnames, key))} {_fmt(v)}")
-        return lines
-
-
-class Histogram(Metric):
-    kind = "histogram"
-
-    def __init__(self, name: str, help: str, buckets: Iterable[float]):
-        super().__init__(name, help)
-        self.bounds = tuple(sorted(float(b) for b in buckets))
-        self._counts = [0] * (len(self.bounds) + 1)  # last slot: above the largest bound
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self._counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        cumulative = 0
-        for bound, n in zip(self.bounds, self._counts):
-            cumulative += n
-            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {cumulative}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{self.name}_sum {_fmt(self.sum)}")
-        lines.append(f"{self.name}_count {self.count}")
-        return lines
-
-
-# Engine stats keys (first present wins) → exported gauge/counter; unknown numeric keys are exported
-# as jumpgate_engine_<key> so nothing the engine reports is lost.
-_ENGINE_FIELDS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    ("gauge", "running_requests", "Requests being decoded by the engine.",
-     ("running_requests", "num_running")),
-    ("gauge", "waiting_requests", "Requests queued in the engine.",
-     ("waiting_requests", "num_waiting")),
-    ("gauge", "kv_slots_used", "KV pool slots in use (running requests + radix tree).",
-     ("kv_slots_used", "kv_used")),
-    ("gauge", "kv_slots_free", "KV pool slots free.",
-     ("kv_slots_free", "kv_free")),
-    ("gauge", "kv_slots_tree_held", "KV pool slots held by the radix tree (cached prefixes).",
-     ("kv_slots_tree", "kv_slots_tree_held", "kv_tree_held")),
-    ("gauge", "kv_slots_request_only", "KV pool slots held only by running requests.",
-     ("kv_slots_request_only",)),
-    ("gauge", "kv_pool_slots", "KV pool size in slots.",
-     ("kv_slots_total", "kv_pool_tokens")),
-    ("counter", "jump_forward_tokens_total", "Tokens appended by jump-forward.",
-     ("jump_forward_tokens",)),
-    ("counter", "jump_forward_rejected_tokens_total", "Jump-forward draft tokens rolled back by verification.",
-     ("jump_forward_rejected", "jump_forward_rejected_tokens")),
-)
-_GRAMMAR_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("grammar_cache_hits_total", "Grammar cache hits in memory.", ("memory_hits", "hits")),
-    ("grammar_cache_disk_hits_total", "Grammar cache hits served from disk.", ("disk_hits",)),
-    ("grammar_cache_misses_total", "Grammar cache misses (compiled).", ("misses",)),
-    ("grammar_compile_errors_total", "Grammar specs refused.", ("compile_errors",)),
-    ("grammar_compile_timeouts_total", "Grammar compiles over the time limit.", ("compile_timeouts",)),
-)
-
-
 class GatewayMetrics:
+    """The gateway's own series, in a registry of their own (several apps may share a process)."""
+
     def __init__(self) -> None:
-        self.requests = Counter("requests_total", "Requests by route and outcome.", ("route", "outcome"))
-        self.prompt_tokens = Counter("prompt_tokens_total", "Prompt tokens processed.")
-        self.cached_prompt_tokens = Counter("cached_prompt_tokens_total", "Prompt tokens served from the prefix cache.")
-        self.generated_tokens = Counter("generation_tokens_total", "Tokens generated.")
-        self.in_flight = Gauge("gateway_in_flight_requests", "Generation requests in flight in the gateway.")
-        self.ttft = Histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
-        self.e2e = Histogram("e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS)
-        self.itl = Histogram("inter_token_latency_seconds", "Time between output increments.", ITL_BUCKETS)
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("jumpgate_requests", "Requests by route and outcome.", ("route", "outcome"), registry=r)
+        self.prompt_tokens = Counter("jumpgate_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "jumpgate_cached_prompt_tokens", "Prompt tokens served from the prefix cache.", registry=r)
+        self.generated_tokens = Counter("jumpgate_generation_tokens", "Tokens generated.", registry=r)
+        self.in_flight = Gauge("jumpgate_gateway_in_flight_requests", "Generation requests in flight in the gateway.",
+                               registry=r)
+        self.ttft = Histogram("jumpgate_time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS,
+                              registry=r)
+        self.e2e = Histogram("jumpgate_e2e_request_latency_seconds", "End-to-end request latency.", buckets=E2E_BUCKETS,
+                             registry=r)
+        self.itl = Histogram("jumpgate_inter_token_latency_seconds", "Time between output increments.",
+                             buckets=ITL_BUCKETS, registry=r)
 
-    def own(self) -> list[Metric]:
-        return [
-            self.requests, self.prompt_tokens, self.cached_prompt_tokens, self.generated_tokens, self.in_flight,
-            self.ttft, self.e2e, self.itl,
-        ]
+    def request_finished(self, route: str, outcome: str) -> None:
+        self.requests.labels(route=route, outcome=outcome).inc()
 
-    def render(
-        self, engine_stats: Mapping[str, Any] | None = None, grammar_stats: Mapping[str, Any] | None = None
-    ) -> str:
-        lines: list[str] = []
-        for metric in self.own():
-            lines.extend(metric.render())
-        lines.extend(render_engine_stats(engine_stats or {}))
-        lines.extend(render_grammar_stats(grammar_stats or {}))
-        return "\n".join(lines) + "\n"
+    def requests_counted(self, route: str, outcome: str) -> float:
+        return self.registry.get_sample_value("jumpgate_requests_total", {"route": route, "outcome": outcome}) or 0.0
 
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    return None
+    def render(self, engine: EngineStats | None = None, grammar: Any = None) -> bytes:
+        """The exposition text: our series, then one engine and one grammar snapshot."""
+        return generate_latest(self.registry) + generate_latest(SnapshotCollector(engine, grammar))
 
 
-def _flatten(stats: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    flat: dict[str, float] = {}
-    for key, value in stats.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, name + "_"))
-        else:
-            num = _number(value)
-            if num is not None:
-                flat[name] = num
-    return flat
+# (EngineStats field, metric name, help); counters get `_total` from prometheus_client
+ENGINE_GAUGES = (
+    ("running_requests", "jumpgate_running_requests", "Requests being decoded by the engine."),
+    ("waiting_requests", "jumpgate_waiting_requests", "Requests queued in the engine."),
+    ("kv_slots_total", "jumpgate_kv_pool_slots", "KV pool size in slots."),
+    ("kv_slots_free", "jumpgate_kv_slots_free", "KV pool slots free."),
+    ("kv_slots_tree", "jumpgate_kv_slots_tree_held", "KV pool slots held by the prefix cache."),
+    ("kv_slots_evictable", "jumpgate_kv_slots_evictable", "Prefix-cache slots no running request locks."),
+    ("kv_slots_request_only", "jumpgate_kv_slots_request_only", "KV pool slots held only by running requests."),
+)
+ENGINE_COUNTERS = (
+    ("prompt_tokens", "jumpgate_engine_prompt_tokens", "Prompt tokens admitted by the engine."),
+    ("cached_prompt_tokens", "jumpgate_engine_cached_prompt_tokens",
+     "Admitted prompt tokens served from the prefix cache."),
+    ("generated_tokens", "jumpgate_engine_generated_tokens", "Tokens sampled by the engine."),
+    ("forward_passes", "jumpgate_forward_passes", "Model forward passes."),
+    ("forward_tokens", "jumpgate_forward_tokens", "Tokens through the model's forward passes."),
+    ("jump_forward_tokens", "jumpgate_jump_forward_tokens", "Tokens appended by jump-forward."),
+    ("jump_forward_rejected", "jumpgate_jump_forward_rejected_tokens",
+     "Jump-forward draft tokens rolled back by verification."),
+    ("retractions", "jumpgate_retractions", "Running requests sent back to the queue for lack of KV slots."),
+    ("evicted_tokens", "jumpgate_evicted_tokens", "Tokens evicted from the device prefix cache."),
+    ("ttft_seconds_sum", "jumpgate_engine_first_token_seconds", "Arrival-to-first-token time summed over requests."),
+    ("engine_seconds", "jumpgate_engine_step_seconds", "Time spent inside engine steps."),
+    ("tree_seconds", "jumpgate_prefix_cache_seconds", "Time of engine steps spent on prefix-cache bookkeeping."),
+)
+# (GrammarServiceStats field, metric name, help)
+GRAMMAR_COUNTERS = (
+    ("memory_hits", "jumpgate_grammar_cache_hits", "Grammar cache hits in memory."),
+    ("disk_hits", "jumpgate_grammar_cache_disk_hits", "Grammar cache hits served from disk."),
+    ("misses", "jumpgate_grammar_cache_misses", "Grammar cache misses (compiled)."),
+    ("compile_errors", "jumpgate_grammar_compile_errors", "Grammar specs refused."),
+    ("compile_timeouts", "jumpgate_grammar_compile_timeouts", "Grammar compiles over the time limit."),
+    ("compile_seconds_total", "jumpgate_grammar_compile_seconds", "Time spent compiling grammars."),
+)
+GRAMMAR_GAUGES = (
+    ("compile_seconds_max", "jumpgate_grammar_compile_seconds_max", "Longest grammar compile so far."),
+    ("memory_entries", "jumpgate_grammar_memory_entries", "Compiled grammars held in memory."),
+    ("memory_bytes", "jumpgate_grammar_memory_bytes", "Bytes of compiled grammars held in memory."),
+    ("abandoned_compiles_running", "jumpgate_grammar_abandoned_compiles_running",
+     "Compiles past their time limit still occupying a worker."),
+)
+
+
+class SnapshotCollector:
+    """One engine snapshot and one grammar-service snapshot as metric families (a
+    prometheus_client Collector: `generate_latest(SnapshotCollector(...))`)."""
+
+    def __init__(self, engine: EngineStats | None, grammar: Any = None):
+        self.engine = engine
+        self.grammar = grammar  # grammar.GrammarServiceStats, or None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.engine is not None:
+            yield from engine_families(self.engine)
+        if self.grammar is not None:
+            yield from grammar_families(self.grammar)
+
+
+def engine_families(s: EngineStats) -> Iterator[Metric]:
+    for field, name, help in ENGINE_GAUGES:
+        yield GaugeMetricFamily(name, help, value=getattr(s, field))
+    yield GaugeMetricFamily("jumpgate_kv_slots_used", "KV pool slots in use (running requests + prefix cache).",
+                            value=s.kv_slots_total - s.kv_slots_free)
+    tiers = GaugeMetricFamily("jumpgate_cached_tokens", "Tokens the prefix cache holds, by tier.", labels=("tier",))
+    for tier, tokens in sorted(s.cached_tokens_by_tier.items()):
+        tiers.add_metric((tier,), tokens)
+    yield tiers
+    yield GaugeMetricFamily("jumpgate_prefix_cache_hit_rate",
+                            "Share of admitted prompt tokens served from the prefix cache.", value=s.prefix_hit_rate)
+    for field, name, help in ENGINE_COUNTERS:
+        yield CounterMetricFamily(name, help, value=getattr(s, field))
+    finished = CounterMetricFamily("jumpgate_requests_finished", "Requests the engine finished, by reason.",
+                                   labels=("reason",))
+    for reason, n in sorted(s.requests_finished.items()):
+        finished.add_metric((reason,), n)
+    yield finished
+    for key, n in sorted(s.tier_counters.items()):
+        yield CounterMetricFamily(f"jumpgate_{_metric_name(key)}", f"Hierarchical cache counter {key}.", value=n)
+
+
+def grammar_families(g: Any) -> Iterator[Metric]:
+    for field, name, help in GRAMMAR_COUNTERS:
+        yield CounterMetricFamily(name, help, value=getattr(g, field))
+    for field, name, help in GRAMMAR_GAUGES:
+        yield GaugeMetricFamily(name, help, value=getattr(g, field))
 
 
 def _metric_name(key: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in key).lower()
 
 
-def render_engine_stats(stats: Mapping[str, Any]) -> list[str]:
-    flat = _flatten(stats)
-    if "kv_slots_used" not in flat and "kv_slots_total" in flat and "kv_slots_free" in flat:
-        flat["kv_slots_used"] = flat["kv_slots_total"] - flat["kv_slots_free"]
-    used: set[str] = set()
-    lines: list[str] = []
-    for kind, name, help, keys in _ENGINE_FIELDS:
-        key = next((k for k in keys if k in flat), None)
-        if key is None:
-            continue
-        used.add(key)
-        metric = (Counter if kind == "counter" else Gauge)(name, help)
-        metric._values[()] = flat[key]
-        lines.extend(metric.render())
-    for key in sorted(flat):
-        if key in used:
-            continue
-        gauge = Gauge("engine_" + _metric_name(key), f"Engine stat {key!r}.")
-        gauge.set(flat[key])
-        lines.extend(gauge.render())
-    return lines
+# -- until the engine returns EngineStats (runtime/api.py), its stats() is a flat dict -------------
+
+_RENAMED = {"engine_time_s": "engine_seconds", "tree_time_s": "tree_seconds", "ttft_s_sum": "ttft_seconds_sum"}
 
 
-def render_grammar_stats(stats: Mapping[str, Any]) -> list[str]:
-    flat = _flatten(stats)
-    lines: list[str] = []
-    used: set[str] = set()
-    for name, help, keys in _GRAMMAR_FIELDS:
-        key = next((k for k in keys if k in flat), None)
-        if key is None:
-            continue
-        used.add(key)
-        counter = Counter(name, help)
-        counter._values[()] = flat[key]
-        lines.extend(counter.render())
-    for key in sorted(flat):
-        if key not in used:
-            gauge = Gauge("grammar_" + _metric_name(key), f"Grammar stat {key!r}.")
-            gauge.set(flat[key])
-            lines.extend(gauge.render())
-    return lines
+def engine_snapshot(value: EngineStats | Mapping[str, Any]) -> EngineStats:
+    """`engine.stats()` as an EngineStats (the dict form maps onto it by key; remove once the
+    engine returns EngineStats itself)."""
+    if isinstance(value, EngineStats):
+        return value
+    known = {f.name for f in dataclasses.fields(EngineStats)}
+    fields: dict[str, Any] = {"requests_finished": {}, "tier_counters": {}}
+    for key, v in value.items():
+        key = _RENAMED.get(key, key)
+        if key in known and not isinstance(v, Mapping):
+            fields[key] = v
+        elif key.startswith("requests_"):
+            fields["requests_finished"][key.removeprefix("requests_")] = v
+        elif key.startswith("hicache_") or (key.startswith("disk_") and key not in ("disk_pages", "disk_bytes")):
+            fields["tier_counters"][key] = v
+    fields["cached_tokens_by_tier"] = {"device": value.get("kv_slots_tree", 0)}
+    if "host_slots_tree" in value:
+        fields["cached_tokens_by_tier"]["host"] = value["host_slots_tree"]
+    return EngineStats(**fields)

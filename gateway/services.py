@@ -30,7 +30,7 @@ class GatewayServices:
         for s in streams:
             record.add(s.outcome)
         record.outcome = outcome
-        self.metrics.requests.inc(route=route, outcome=outcome)
+        self.metrics.request_finished(route, outcome)
 
 
 def outcome_of(exc: BaseException | None) -> str:

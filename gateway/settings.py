@@ -1,31 +1,60 @@
-"""Gateway settings (the HTTP side of the CLI flags; the engine side is `runtime.EngineConfig`)."""
+"""Gateway (HTTP) settings: each field declared once with its default, help and `jumpgate serve` flag.
+
+The engine's are `runtime.engine_config.EngineConfig`, the grammar service's
+`grammar.settings.GrammarSettings`; `gateway/cli.py` generates the parser from all three.
+"""
 
 from __future__ import annotations
 
-from msgspec import Struct, field
+from dataclasses import dataclass
+
+from runtime.engine_config import EngineConfig
+from runtime.settings_fields import check_settings, setting
+
+# the gateway's own compile limit sits above the grammar service's: it only guards against a stuck service
+GRAMMAR_TIMEOUT_MARGIN_S = 5.0
 
 
-class Settings(Struct, kw_only=True):
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_names: list[str] = field(default_factory=list)  # extra ids accepted besides engine.model_name
-    api_keys: list[str] = field(default_factory=list)  # empty: no authentication
-    registry_dir: str | None = None  # None: ~/.cache/jumpgate/registry
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
-    max_n: int = 8
-    max_concurrent_requests: int = 320  # gateway-side guard: in-flight generation requests
-    retry_after_s: int = 1  # Retry-After on 503 overloaded
-    grammar_compile_timeout_s: float = 30.0
-    log_level: str = "info"
-    openapi: bool = True
+def default_concurrency(engine: EngineConfig) -> int:
+    """In-flight generation requests the gateway admits: as many as the engine runs and queues."""
+    return engine.max_running_requests + engine.max_waiting_requests
+
+
+@dataclass
+class Settings:
+    CLI_GROUP = "HTTP gateway"
+
+    host: str = setting("127.0.0.1", "address to listen on", flag="--host", metavar="ADDRESS")
+    port: int = setting(8000, "port to listen on", flag="--port", min=0, max=65535)
+    served_model_names: list[str] = setting(
+        default_factory=list, help="extra model id accepted in requests besides the engine's (repeatable)",
+        flag="--served-model-name", metavar="NAME")
+    api_keys: list[str] = setting(
+        default_factory=list, help="accepted API key, one tenant each (repeatable; also $JUMPGATE_API_KEYS, "
+        "comma-separated)", flag="--api-key", metavar="KEY", env="JUMPGATE_API_KEYS",
+        default_text="none: no authentication")
+    registry_dir: str | None = setting(
+        None, "schema registry folder", flag="--registry-dir", optional=True, metavar="DIR",
+        default_text="$JUMPGATE_CACHE_DIR/registry, else ~/.cache/jumpgate/registry")
+    max_body_bytes: int = setting(4 * 1024 * 1024, "largest request body (413 beyond)", flag="--max-body-bytes",
+                                  min=1024)
+    max_tokens_limit: int = setting(4096, "largest max_tokens a request may ask for", flag="--max-tokens-limit", min=1)
+    max_n: int = setting(8, "most choices (n) per request", flag="--max-n", min=1)
+    max_concurrent_requests: int = setting(
+        default_concurrency(EngineConfig()), "in-flight generation requests in the gateway (beyond: 503)",
+        flag="--max-concurrent-requests", min=1,
+        default_text="--max-running-requests + --max-waiting-requests")
+    retry_after_s: int = setting(1, "Retry-After seconds on a 503 overloaded", flag="--retry-after", min=0,
+                                 metavar="SECONDS")
+    grammar_compile_timeout_s: float = setting(
+        10.0 + GRAMMAR_TIMEOUT_MARGIN_S, "", above=0,
+        derived=f"--grammar-compile-timeout + {GRAMMAR_TIMEOUT_MARGIN_S:g} s")
+    log_level: str = setting("info", "log verbosity", flag="--log-level", choices=("debug", "info", "warning", "error"))
+    openapi: bool = setting(True, "disable the OpenAPI docs at /docs", flag="--no-docs", negative=True)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     def validate(self) -> None:
-        if self.max_body_bytes < 1024:
-            raise ValueError("max_body_bytes: must be >= 1024")
-        if self.max_tokens_limit < 1:
-            raise ValueError("max_tokens_limit: must be >= 1")
-        if self.max_n < 1:
-            raise ValueError("max_n: must be >= 1")
-        if self.max_concurrent_requests < 1:
-            raise ValueError("max_concurrent_requests: must be >= 1")
+        """Checked on construction already; kept for callers that re-check after mutating a field."""
+        check_settings(self)

@@ -1,39 +1,97 @@
-"""Engine settings (the CLI's flags map onto these one to one)."""
+"""Engine settings: each field declared once with its default, help and `jumpgate serve` flag.
+
+Checked on construction (`__post_init__`), so an Engine never starts from a bad config; the CLI's
+"engine" flags are generated from these declarations (runtime/settings_fields.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.settings_fields import check_settings, flag_of, setting
+
+TIERS = "hierarchical KV cache (host and disk tiers, pinning)"
+
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # HF folder or GGUF file; None = the default SmolLM2-135M-Instruct
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
-    weights: str = "auto"  # linear-layer weight format: auto | fp32 | bf16 | q8 | q4 (GGUF-native int4)
-    attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton (CPU: TRITON_INTERPRET=1 only)
-    cuda_graphs: bool = True  # replay decode passes from CUDA graphs (CUDA + triton attention only)
-    kv_pool_tokens: int | None = None  # None = sized from available memory
-    max_running_requests: int = 64
-    # Requests that wait behind the running ones; once max_running + max_waiting are in the engine,
-    # submit raises EngineError(code="overloaded") at once.
-    max_waiting_requests: int = 256
-    max_context: int | None = None  # None = the model's max_position_embeddings
-    chunked_prefill_tokens: int = 512  # max prompt tokens extended per step
-    schedule_policy: str = "lpm"  # lpm | dfs-weight | fcfs | random
-    radix_cache: bool = True
-    page_size: int = 1
-    jump_forward: str = "verify"  # verify | direct | off
-    max_jump_forward_tokens: int = 64
-    loop_breaking: bool = True
-    num_threads: int | None = None  # torch intra-op threads; None = torch's default
-    seed: int = 0
-    debug_invariants: bool = False  # check slot accounting after every step (tests)
-    # Hierarchical KV cache (runtime/hiradix_cache.py). host_pool_tokens = 0: tiers off (L1 only).
-    host_pool_tokens: int = 0  # L2: host-memory KV pool size in tokens (pinned memory on CUDA)
-    disk_cache_dir: str | None = None  # L3: page files here survive restarts; None = off (needs L2)
-    disk_cache_bytes: int = 16 << 30  # L3 budget; least recently used pages are deleted beyond it
-    hicache_write_policy: str = "write_through"  # write_through | write_through_selective | write_back
-    hicache_page_tokens: int = 64  # tree and disk page size while tiers are on
-    hicache_min_load_tokens: int = 32  # shorter lower-tier hits are recomputed instead of loaded
-    pin_budget_tokens: int = 0  # most tokens Engine.pin_prefix may keep resident in L1; 0 = pinning off
+    CLI_GROUP = "model and engine"
+
+    model: str | None = setting(
+        None, "Hugging Face folder or GGUF file", flag="--model", optional=True, metavar="PATH",
+        default_text="SmolLM2-135M-Instruct")
+    device: str = setting("auto", "where the model runs", flag="--device", choices=("auto", "cpu", "cuda"))
+    dtype: str = setting(
+        "auto", "activation / KV dtype (auto: float32 on CPU, bfloat16 on CUDA)", flag="--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"))
+    weights: str = setting(
+        "auto", "linear-layer weight format (q4: GGUF-native int4)", flag="--weights",
+        choices=("auto", "fp32", "bf16", "q8", "q4"))
+    attention_backend: str = setting(
+        "auto", "auto: triton on CUDA, torch on CPU (triton on CPU needs TRITON_INTERPRET=1)",
+        flag="--attention-backend", choices=("auto", "torch", "triton"))
+    cuda_graphs: bool = setting(
+        True, "run decode passes eagerly on CUDA instead of replaying CUDA graphs (graphs: CUDA + triton only)",
+        flag="--no-cuda-graphs", negative=True)
+    kv_pool_tokens: int | None = setting(
+        None, "KV cache size in tokens", flag="--kv-pool-tokens", type=int, min=1, optional=True,
+        default_text="sized from free memory")
+    max_running_requests: int = setting(64, "requests decoded together", flag="--max-running-requests", min=1)
+    # once running + waiting requests are in the engine, submit raises EngineError(code="overloaded")
+    max_waiting_requests: int = setting(
+        256, "requests queued behind the running ones (beyond: 503 overloaded)", flag="--max-waiting-requests", min=1)
+    max_context: int | None = setting(
+        None, "longest prompt + output in tokens", flag="--max-context", type=int, min=1, optional=True,
+        default_text="the model's")
+    chunked_prefill_tokens: int = setting(
+        512, "prompt tokens extended per step, so long prompts do not stall decoding",
+        flag="--chunked-prefill-tokens", min=1)
+    schedule_policy: str = setting(
+        "lpm", "order of admission from the waiting queue", flag="--schedule-policy",
+        choices=("lpm", "dfs-weight", "fcfs", "random"))
+    radix_cache: bool = setting(True, "disable prefix reuse (RadixAttention)", flag="--no-radix-cache", negative=True)
+    page_size: int = setting(1, "prefix-cache page size in tokens", flag="--page-size", min=1)
+    jump_forward: str = setting(
+        "verify", "forced grammar text: verify (exact), direct (unverified), off", flag="--jump-forward",
+        choices=("verify", "direct", "off"))
+    max_jump_forward_tokens: int = setting(
+        64, "most tokens one jump-forward step appends", flag="--max-jump-forward-tokens", min=1)
+    loop_breaking: bool = setting(
+        True, "do not close a strict JSON value that repeats itself (loop breaking)",
+        flag="--no-loop-breaking", negative=True)
+    num_threads: int | None = setting(
+        None, "torch intra-op threads", flag="--num-threads", type=int, min=1, optional=True,
+        default_text="torch's")
+    seed: int = setting(0, "scheduler and sampling seed", flag="--seed")
+    debug_invariants: bool = setting(
+        False, "check KV slot accounting after every step (slow; for tests)", flag="--debug-invariants")
+    # Hierarchical KV cache (runtime/hiradix_cache.py). host_pool_tokens = 0: tiers off (device only).
+    host_pool_tokens: int = setting(
+        0, "host-memory KV tier size in tokens, pinned memory on CUDA (0 = tiers off)",
+        flag="--host-pool-tokens", min=0, group=TIERS)
+    disk_cache_dir: str | None = setting(
+        None, "disk KV tier folder, reused after a restart (needs --host-pool-tokens)", flag="--disk-cache-dir",
+        optional=True, metavar="DIR", default_text="off", group=TIERS)
+    disk_cache_bytes: int = setting(
+        16 << 30, "disk tier budget; least recently used pages are deleted beyond it", flag="--disk-cache-bytes",
+        min=1, group=TIERS)
+    hicache_write_policy: str = setting(
+        "write_through", "when device-tier KV is copied down to the host tier", flag="--hicache-write-policy",
+        choices=("write_through", "write_through_selective", "write_back"), group=TIERS)
+    hicache_page_tokens: int = setting(
+        64, "tree and disk page size while the tiers are on", flag="--hicache-page-tokens", min=1, group=TIERS)
+    hicache_min_load_tokens: int = setting(
+        32, "lower-tier hits shorter than this are recomputed instead of loaded", flag="--hicache-min-load-tokens",
+        min=0, group=TIERS)
+    pin_budget_tokens: int = setting(
+        0, "tokens of pinned schema prefixes kept in the device cache (0 = pinning off)",
+        flag="--pin-budget-tokens", min=0, group=TIERS)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.disk_cache_dir and not self.host_pool_tokens:
+            raise ValueError(f"{flag_of(self, 'disk_cache_dir')} needs the host tier: set "
+                             f"{flag_of(self, 'host_pool_tokens')} (host_pool_tokens) > 0")
+        if self.host_pool_tokens and self.hicache_page_tokens % self.page_size:
+            raise ValueError(f"{flag_of(self, 'hicache_page_tokens')}: must be a multiple of "
+                             f"{flag_of(self, 'page_size')} ({self.page_size}), not {self.hicache_page_tokens}")

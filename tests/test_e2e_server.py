@@ -20,6 +20,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from bench.server_process import MODEL, JumpgateServer
@@ -443,7 +444,7 @@ def test_metrics_text(server, client, http):
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     text = resp.text
     for name in (
-        'jumpgate_requests_total{route="chat",outcome="success"}', "jumpgate_prompt_tokens_total",
+        'jumpgate_requests_total{outcome="success",route="chat"}', "jumpgate_prompt_tokens_total",
         "jumpgate_cached_prompt_tokens_total", "jumpgate_generation_tokens_total",
         "jumpgate_time_to_first_token_seconds_count", "jumpgate_e2e_request_latency_seconds_bucket",
         "jumpgate_running_requests", "jumpgate_waiting_requests", "jumpgate_kv_slots_free",
@@ -451,8 +452,10 @@ def test_metrics_text(server, client, http):
         "jumpgate_gateway_in_flight_requests",
     ):
         assert name in text, name
+    for family in text_string_to_metric_families(text):  # Prometheus's own parser reads all of it
+        assert family.type in ("counter", "gauge", "histogram"), family.name
     m = server.metrics()
-    assert m['jumpgate_requests_total{route="chat",outcome="success"}'] >= 1
+    assert m['jumpgate_requests_total{outcome="success",route="chat"}'] >= 1
     assert m["jumpgate_generation_tokens_total"] >= 1
     assert m["jumpgate_kv_pool_slots"] == 16384
 
@@ -551,7 +554,7 @@ def test_max_tokens_below_strict_schema_minimum(http):
 
 
 def test_client_disconnect_mid_stream_frees_kv(server):
-    cancelled_before = server.metrics().get('jumpgate_requests_total{route="chat",outcome="cancelled"}', 0.0)
+    cancelled_before = server.metrics().get('jumpgate_requests_total{outcome="cancelled",route="chat"}', 0.0)
     body = chat_body(messages=[{"role": "user", "content": "Write a very long story about dragons."}],
                      max_tokens=400, stream=True)
     with httpx.Client(base_url=server.url, timeout=60) as c:
@@ -569,7 +572,7 @@ def test_client_disconnect_mid_stream_frees_kv(server):
     assert m["jumpgate_running_requests"] == 0, m
     assert m["jumpgate_kv_slots_request_only"] == 0, m
     assert m["jumpgate_gateway_in_flight_requests"] == 0, m
-    assert m['jumpgate_requests_total{route="chat",outcome="cancelled"}'] == cancelled_before + 1
+    assert m['jumpgate_requests_total{outcome="cancelled",route="chat"}'] == cancelled_before + 1
     # the server keeps serving
     assert httpx.get(server.url + "/health", timeout=5).status_code == 200
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import msgspec
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.settings import Settings
@@ -292,15 +293,17 @@ def test_health_and_metrics(gateway_client):
     chat(client)
     resp = client.get("/metrics")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
-    text = resp.text
-    assert 'jumpgate_requests_total{route="chat",outcome="success"} 1' in text
-    assert "jumpgate_generation_tokens_total 4" in text
-    assert "jumpgate_cached_prompt_tokens_total 3" in text
-    assert "jumpgate_kv_slots_used 96" in text and "jumpgate_kv_slots_tree_held 90" in text
-    assert "jumpgate_jump_forward_tokens_total 5" in text
-    assert "jumpgate_running_requests 1" in text and "jumpgate_waiting_requests 2" in text
-    assert "jumpgate_grammar_cache_misses_total" in text
-    assert "jumpgate_time_to_first_token_seconds_count 1" in text
+    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for family in text_string_to_metric_families(resp.text) for s in family.samples}
+    assert m[("jumpgate_requests_total", (("outcome", "success"), ("route", "chat")))] == 1
+    assert m[("jumpgate_generation_tokens_total", ())] == 4
+    assert m[("jumpgate_cached_prompt_tokens_total", ())] == 3
+    # the fake engine's snapshot
+    assert m[("jumpgate_kv_slots_used", ())] == 96 and m[("jumpgate_kv_slots_tree_held", ())] == 90
+    assert m[("jumpgate_jump_forward_tokens_total", ())] == 5
+    assert m[("jumpgate_running_requests", ())] == 1 and m[("jumpgate_waiting_requests", ())] == 2
+    assert ("jumpgate_grammar_cache_misses_total", ()) in m
+    assert m[("jumpgate_time_to_first_token_seconds_count", ())] == 1
 
 
 def test_openapi_docs(gateway_client):
@@ -363,7 +366,7 @@ def test_stream_disconnect_aborts_engine_request(fake_engine, gateway_grammar, t
     assert fake_engine.aborted.count(rid) >= 1
     services = app.state.services
     assert services.limiter.in_flight == 0
-    assert services.metrics.requests.value(route="chat", outcome="cancelled") == 1
+    assert services.metrics.requests_counted("chat", "cancelled") == 1
 
 
 def test_nonstream_disconnect_aborts_engine_request(fake_engine, gateway_grammar, tmp_path):
@@ -376,7 +379,7 @@ def test_nonstream_disconnect_aborts_engine_request(fake_engine, gateway_grammar
     assert len(rids) == 2 and all(r in fake_engine.aborted for r in rids)
     services = app.state.services
     assert services.limiter.in_flight == 0
-    assert services.metrics.requests.value(route="chat", outcome="cancelled") == 1
+    assert services.metrics.requests_counted("chat", "cancelled") == 1
 
 
 def test_finished_stream_does_not_abort(fake_engine, gateway_grammar, tmp_path):
@@ -394,4 +397,4 @@ def test_immediate_disconnect_releases_everything(fake_engine, gateway_grammar, 
     services = app.state.services
     assert all(r.rid in fake_engine.aborted for r in fake_engine.submitted)
     assert services.limiter.in_flight == 0
-    assert services.metrics.requests.value(route="chat", outcome="cancelled") == 1
+    assert services.metrics.requests_counted("chat", "cancelled") == 1

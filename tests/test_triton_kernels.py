@@ -159,11 +159,12 @@ def test_backend_selection(monkeypatch, kernels):
 
 
 def test_cli_flags_map_to_engine_config():
-    from gateway.cli import build_parser, engine_config
+    from gateway.cli import build_parser, serve_settings
 
-    cfg = engine_config(build_parser().parse_args(["serve"]))
+    cfg = serve_settings(build_parser().parse_args(["serve"]), environ={}).engine
     assert cfg.attention_backend == "auto" and cfg.cuda_graphs is True
-    cfg = engine_config(build_parser().parse_args(["serve", "--attention-backend", "triton", "--no-cuda-graphs"]))
+    argv = ["serve", "--attention-backend", "triton", "--no-cuda-graphs"]
+    cfg = serve_settings(build_parser().parse_args(argv), environ={}).engine
     assert cfg.attention_backend == "triton" and cfg.cuda_graphs is False
 
 

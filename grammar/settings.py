@@ -1,0 +1,44 @@
+"""Grammar-service settings: each field declared once with its default, help and `jumpgate serve` flag."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.settings_fields import check_settings, setting
+
+
+def cache_root() -> Path:
+    """Where Jumpgate keeps its caches ($JUMPGATE_CACHE_DIR, else ~/.cache/jumpgate)."""
+    return Path(os.environ.get("JUMPGATE_CACHE_DIR", Path.home() / ".cache" / "jumpgate"))
+
+
+@dataclass
+class GrammarSettings:
+    CLI_GROUP = "grammar service"
+
+    cache_dir: str | None = setting(
+        None, "compiled grammar disk cache, reused after a restart", flag="--grammar-cache-dir", optional=True,
+        metavar="DIR", default_text="$JUMPGATE_CACHE_DIR/grammars, else ~/.cache/jumpgate/grammars")
+    disk_cache: bool = setting(
+        True, "keep compiled grammars in memory only", flag="--no-grammar-disk-cache", negative=True)
+    memory_mb: int = setting(
+        512, "compiled grammars kept in memory, in MB (least recently used go first)",
+        flag="--grammar-cache-memory-mb", min=1)
+    compile_timeout_s: float = setting(
+        10.0, "seconds one grammar may take to compile", flag="--grammar-compile-timeout", above=0,
+        metavar="SECONDS")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+    def cache_path(self) -> Path | None:
+        """The disk cache folder, or None when the disk cache is off."""
+        if not self.disk_cache:
+            return None
+        return Path(self.cache_dir) if self.cache_dir else cache_root() / "grammars"
+
+    @property
+    def max_memory_bytes(self) -> int:
+        return self.memory_mb << 20
