@@ -13,11 +13,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is not installed")
 
-from gateway.app import create_app  # noqa: E402
 from gateway.cli import build_grammar_service  # noqa: E402
 from gateway.cluster.client import ClusterEngineClient  # noqa: E402
 from gateway.cluster.grammar_bridge import ClusterGrammarService  # noqa: E402
-from gateway.cluster.launch import start_replicas, stop_replicas  # noqa: E402
+from gateway.cluster.launch import create_cluster_app, start_replicas, stop_replicas  # noqa: E402
 from gateway.cluster.routing_log import ROUTING_LOG  # noqa: E402
 from gateway.cluster.settings import ClusterSettings  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
@@ -100,7 +99,7 @@ def test_gateway_serves_grammars_and_registry_through_the_cluster(cluster):
     from litestar.testing import TestClient
 
     client, grammar_service, shared = cluster
-    app = create_app(client, grammar_service, Settings(registry_dir=str(shared / "registry")))
+    app = create_cluster_app(client, grammar_service, Settings(registry_dir=str(shared / "registry")))
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
               "required": ["city"], "additionalProperties": False}
     with TestClient(app) as http:
@@ -115,8 +114,16 @@ def test_gateway_serves_grammars_and_registry_through_the_cluster(cluster):
                 "messages": [{"role": "user", "content": "Name a city."}], **constraint})
             assert r.status_code == 200, r.text
             assert set(json.loads(r.json()["choices"][0]["message"]["content"])) == {"city"}
-        metrics = http.get("/metrics")
-        assert metrics.status_code == 200
+        time.sleep(1.5)  # replicas report their stats every 0.5 s
+        metrics = http.get("/metrics").text
+        replicas = {line.split('replica="')[1].split('"')[0] for line in metrics.splitlines()
+                    if line.startswith("jumpgate_replica_prompt_tokens_total{")}
+        assert len(replicas) == 2  # one series per replica
+        assert any(line.startswith("jumpgate_router_decisions_total{") and 'reason="prefix"' in line
+                   for line in metrics.splitlines())
+        assert "jumpgate_replica_prefix_cache_hit_rate{" in metrics
+        total = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("jumpgate_engine_prompt")]
+        assert total and total[0] > 0  # the cluster-wide totals
 
 
 def test_a_killed_replica_fails_its_requests_and_the_survivor_serves(cluster):

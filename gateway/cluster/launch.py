@@ -18,6 +18,7 @@ from ray.serve.config import RequestRouterConfig
 
 from gateway.cluster.client import ClusterEngineClient
 from gateway.cluster.grammar_bridge import ClusterGrammarService
+from gateway.cluster.metrics import register_cluster_metrics
 from gateway.cluster.replica import EngineReplica
 ROUTER_CLASS = "gateway.cluster.router:PrefixAwareRouter"  # by name: Ray imports it where the handle routes
 from gateway.cluster.settings import ClusterSettings
@@ -65,11 +66,19 @@ def stop_replicas() -> None:
     serve.delete(APP_NAME)
 
 
+def create_cluster_app(client: ClusterEngineClient, grammar_service: Any, settings: Any) -> Any:
+    """The gateway's app over the replicas, with the per-replica and router series in /metrics."""
+    from gateway.app import build_services, create_app
+
+    services = build_services(client, grammar_service, settings)
+    register_cluster_metrics(services.metrics.registry)
+    return create_app(client, grammar_service, settings, services=services)
+
+
 def serve_cluster(config: Any, cluster: ClusterSettings) -> int:
     """`jumpgate serve --replicas N`: `config` is the CLI's ServeSettings."""
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.cli import banner, build_grammar_service
 
     settings = config.gateway
@@ -78,7 +87,7 @@ def serve_cluster(config: Any, cluster: ClusterSettings) -> int:
     try:
         engine = ClusterEngineClient(handle, config.engine, cluster.replicas or 1)
         grammar_service = ClusterGrammarService(build_grammar_service(engine, config.grammar))
-        app = create_app(engine, grammar_service, settings)
+        app = create_cluster_app(engine, grammar_service, settings)
         print(banner(engine, settings), flush=True)
         print(f"  replicas   {cluster.replicas} on Ray Serve, routing: {cluster.routing_policy}", flush=True)
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
