@@ -13,6 +13,7 @@ SUITES = {
     "grammar": "bench.grammar_bench",
     "serve": "bench.serve_bench",
     "soak": "bench.soak_bench",
+    "cluster": "bench.cluster_bench",
 }
 
 

@@ -44,8 +44,11 @@ def init_ray(cluster: ClusterSettings) -> None:
 
 
 def start_replicas(engine: EngineConfig, grammar: GrammarSettings, cluster: ClusterSettings,
-                   max_ongoing_requests: int | None = None) -> Any:
-    """Deploy `cluster.replicas` engines; returns the deployment handle once all are running."""
+                   max_ongoing_requests: int | None = None, app_name: str = APP_NAME) -> Any:
+    """Deploy `cluster.replicas` engines; returns the deployment handle once all are running.
+
+    A process keeps one router per deployment for its lifetime, so a redeployment with other
+    router settings needs another `app_name` (the bench deploys each policy under its own)."""
     init_ray(cluster)
     serve.start(proxy_location="Disabled")
     deployment = serve.deployment(EngineReplica, name="engine").options(
@@ -59,11 +62,11 @@ def start_replicas(engine: EngineConfig, grammar: GrammarSettings, cluster: Clus
             request_routing_stats_period_s=cluster.routing_stats_period_s,
         ),
     )
-    return serve.run(deployment.bind(engine, grammar), name=APP_NAME, route_prefix=None)
+    return serve.run(deployment.bind(engine, grammar), name=app_name, route_prefix=None)
 
 
-def stop_replicas() -> None:
-    serve.delete(APP_NAME)
+def stop_replicas(app_name: str = APP_NAME) -> None:
+    serve.delete(app_name)
 
 
 def create_cluster_app(client: ClusterEngineClient, grammar_service: Any, settings: Any) -> Any:
