@@ -107,3 +107,68 @@ def test_replica_failures_become_engine_errors():
     wrapped.cause = refused  # how Ray's RayTaskError carries the replica's exception
     assert engine_error_of(wrapped).code == "context_length_exceeded"
     assert engine_error_of(ActorDiedError()).code == "engine_stopped"
+
+
+class FakeReplica:
+    """What PrefixAwareRouter reads of a ray.serve.request_router.RunningReplica."""
+
+    def __init__(self, name, routing_stats=None):
+        self.replica_id = type("ReplicaID", (), {"unique_id": name})()
+        self.routing_stats = routing_stats or {}
+
+
+def pending(method, *args):
+    meta = type("Metadata", (), {"call_method": method})()
+    return type("PendingRequest", (), {"args": list(args), "kwargs": {}, "metadata": meta})()
+
+
+def make_router(**kwargs):
+    pytest.importorskip("ray")
+    from gateway.cluster.router import PrefixAwareRouter
+
+    router = PrefixAwareRouter.__new__(PrefixAwareRouter)  # the state alone; Ray's plumbing is not needed
+    router.initialize_state(**kwargs)
+    return router
+
+
+def choose(router, replicas, request):
+    import asyncio
+
+    ranks = asyncio.run(router.choose_replicas(replicas, request))
+    return ranks[0][0].replica_id.unique_id
+
+
+def test_router_sends_a_conversation_back_where_its_prefix_went():
+    from gateway.cluster.prefix_keys import prefix_keys
+    from runtime.api import GenerateRequest
+
+    router = make_router()
+    replicas = [FakeReplica("r0"), FakeReplica("r1")]
+    system = list(range(500, 628))
+    first = choose(router, replicas, pending("generate", GenerateRequest(prompt_ids=system + [1])))
+    router.on_request_routed(None, replicas[0 if first == "r0" else 1].replica_id, None)
+    turn_two = GenerateRequest(prompt_ids=system + [1, 2, 3] * 20)
+    assert choose(router, replicas, pending("generate", turn_two)) == first  # sticks though it is busier
+    assert choose(router, replicas, pending("unpin_prefix", system, "")) == first
+    other = GenerateRequest(prompt_ids=system + [1], namespace="tenant-b")
+    assert choose(router, replicas, pending("generate", other)) != first  # idler one: no shared prefix
+    # a replica's own report counts too (e.g. what another gateway's router sent it)
+    reported = FakeReplica("r2", {"prefix_keys": prefix_keys(list(range(900, 1028)))})
+    assert choose(router, [*replicas, reported], pending("generate", GenerateRequest(
+        prompt_ids=list(range(900, 1028))))) == "r2"
+
+
+def test_router_forgets_a_replica_that_is_gone_and_honours_its_policy():
+    from runtime.api import GenerateRequest
+
+    router = make_router()
+    system = GenerateRequest(prompt_ids=list(range(64)))
+    assert choose(router, [FakeReplica("r0")], pending("generate", system)) == "r0"
+    assert "r0" in router.sent
+    choose(router, [FakeReplica("r1")], pending("generate", system))
+    assert "r0" not in router.sent  # a restarted replica comes back empty, under another id
+    rr = make_router(policy="round_robin")
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    assert [choose(rr, replicas, pending("generate", system)) for _ in range(3)] == ["a", "b", "a"]
+    with pytest.raises(ValueError):
+        make_router(policy="sticky")

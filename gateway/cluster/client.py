@@ -77,8 +77,6 @@ class ClusterEngineClient:
         try:
             async for event in call:
                 yield event
-        except (StopAsyncIteration, GeneratorExit):
-            raise
         except Exception as exc:  # noqa: BLE001 -- every replica failure becomes an engine error
             raise engine_error_of(exc) from exc
         finally:

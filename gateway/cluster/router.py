@@ -24,7 +24,8 @@ from gateway.cluster.routing_policy import (
 )
 from runtime.api import GenerateRequest
 
-ROUTED_METHODS = {"generate": 0, "pin_prefix": 0, "explain_prefix": 0}  # method -> index of its prompt ids arg
+ROUTED_METHODS = {"generate", "pin_prefix", "explain_prefix", "unpin_prefix"}  # routed by their prompt's prefix
+RECORDED_METHODS = {"generate", "pin_prefix"}  # these leave the prefix cached on the chosen replica
 
 
 def replica_name(replica_id: ReplicaID) -> str:
@@ -57,7 +58,7 @@ class PrefixAwareRouter(RequestRouter):
         if keys is None:  # stats and other calls: least loaded first
             return [[by_name[least_loaded(views).replica_id]], list(candidate_replicas)]
         decision = self._decide(keys, views)
-        if pending_request is not None and pending_request.metadata.call_method != "explain_prefix":
+        if pending_request is not None and pending_request.metadata.call_method in RECORDED_METHODS:
             self.sent.setdefault(decision.replica_id, PrefixSummary(self.summary_blocks)).add(keys)
             routing_log.ROUTING_LOG.record(decision)
         chosen = by_name[decision.replica_id]
