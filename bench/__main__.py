@@ -14,6 +14,7 @@ SUITES = {
     "serve": "bench.serve_bench",
     "soak": "bench.soak_bench",
     "validation": "bench.validation_bench",
+    "cluster": "bench.cluster_bench",
 }
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from gateway.cluster.settings import ClusterSettings
 from gateway.settings import GRAMMAR_TIMEOUT_MARGIN_S, Settings, default_concurrency
 from grammar.settings import GrammarSettings
 from runtime.engine_config import EngineConfig
@@ -15,7 +16,7 @@ from runtime.settings_fields import add_flags, from_args
 
 log = logging.getLogger("jumpgate")
 
-LAYERS = (EngineConfig, GrammarSettings, Settings)  # the flag groups of `jumpgate serve`, in help order
+LAYERS = (EngineConfig, GrammarSettings, Settings, ClusterSettings)  # `jumpgate serve`'s flag groups, in help order
 
 
 class ServeSettings(NamedTuple):
@@ -80,7 +81,11 @@ def banner(engine: Any, settings: Settings) -> str:
     return "\n".join(lines)
 
 
-def serve(config: ServeSettings) -> int:
+def serve(config: ServeSettings, cluster: ClusterSettings | None = None) -> int:
+    if cluster is not None and cluster.replicas:  # only here is Ray imported
+        from gateway.cluster.launch import serve_cluster
+
+        return serve_cluster(config, cluster)
     import uvicorn
 
     from gateway.app import create_app
@@ -109,11 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         config = serve_settings(args)
+        cluster = from_args(ClusterSettings, args)
     except ValueError as e:  # a bad value: exit 2 with the flag named, as argparse does
         args.subparser.error(str(e))
     logging.basicConfig(level=config.gateway.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve(config)
+    return serve(config, cluster)
 
 
 if __name__ == "__main__":
