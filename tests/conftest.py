@@ -146,3 +146,18 @@ def gateway_client(fake_engine, gateway_grammar, tmp_path):
     for client in clients:
         client.__exit__(None, None, None)
 # ==== end of the gateway section ====================================================================
+
+
+@pytest.fixture(scope="session")
+def jumpgate_server(tmp_path_factory):
+    """One real `jumpgate serve` subprocess with the default model for every end-to-end test module
+    that needs only the default flags (the model loads once, not once per module)."""
+    from bench.server_process import JumpgateServer
+
+    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-e2e"), kv_pool_tokens=16384)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+

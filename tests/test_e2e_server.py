@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from bench.server_process import MODEL, JumpgateServer
+from bench.server_process import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -63,13 +63,8 @@ CITY_SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-e2e"), kv_pool_tokens=16384)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+def server(jumpgate_server):
+    return jumpgate_server  # the session's one server (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

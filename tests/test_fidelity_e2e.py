@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
-from bench.server_process import MODEL, JumpgateServer, parse_metrics
+from bench.server_process import MODEL, parse_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -21,14 +21,9 @@ ASK = [{"role": "user", "content": "Give me one very long English word, like 'ex
 
 
 @pytest.fixture(scope="module")
-def http(tmp_path_factory):
-    server = JumpgateServer(tmp_path_factory.mktemp("jumpgate-fidelity"), kv_pool_tokens=8192)
-    server.start()
-    try:
-        with httpx.Client(base_url=server.url, timeout=180) as client:
-            yield client
-    finally:
-        server.stop()
+def http(jumpgate_server):
+    with httpx.Client(base_url=jumpgate_server.url, timeout=180) as client:
+        yield client
 
 
 def body(**fields):

@@ -19,7 +19,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from bench.server_process import MODEL, JumpgateServer
+from bench.server_process import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -55,13 +55,8 @@ def weather_function():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-frameworks"), kv_pool_tokens=16384)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+def server(jumpgate_server):
+    return jumpgate_server  # the session's one server (tests/conftest.py)
 
 
 # --------------------------------------------------------------------------- OpenAI Agents SDK
