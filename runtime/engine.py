@@ -28,7 +28,7 @@ from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool, ReqToTokenTable
 from runtime.loader import load_tokenizer, read_config, resolve_model_dir
-from runtime.model import LlamaModel, load_weights
+from runtime.model import load_model
 from runtime.prefix_cache import BasePrefixCache, NoPrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Req
@@ -85,7 +85,7 @@ class Engine:
         self.model_config = mc = read_config(self.model_dir)
         self.model_name = _model_name(cfg.model, self.model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.model = LlamaModel(mc, load_weights(self.model_dir), self.device, self.dtype)
+        self.model = load_model(self.model_dir, mc, cfg.weights, self.device, self.dtype)
 
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, self.device)
