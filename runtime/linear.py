@@ -44,9 +44,10 @@ class Int8Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         w = weight.float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        # Scales are rounded to bf16 (the kernel's dtype) before quantizing, so codes fit the scale used.
+        self.scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(torch.bfloat16)
+        scale = self.scales.float()
         self.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scales = scale.to(torch.bfloat16)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -103,19 +103,21 @@ class LlamaModel:
         attn.prepare(batch)
         h = F.embedding(batch.input_ids, self.embed)
         t = h.shape[0]
+        cos, sin = self.rope.tables(batch.positions)  # once per pass, not per layer
+        rotate = self.rope.rotate
         for li, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(x)
             q = qkv[:, : self.q_size].view(t, cfg.num_heads, cfg.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim)
             v = qkv[:, self.q_size + self.kv_size :].view(t, cfg.num_kv_heads, cfg.head_dim)
-            q, k = self.rope.apply(q, k, batch.positions)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             kv.write(li, batch.out_slots, k, v)
             o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
-            h = h + layer.o_proj(o)
+            h += layer.o_proj(o)  # in place: no new residual tensor per layer
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h = h + layer.down(F.silu(gate) * up)
+            h += layer.down(F.silu(gate) * up)
         h = rms_norm(h[batch.logits_index], self.norm, cfg.rms_norm_eps)
         rows = h.shape[0]
         if h.device.type == "cpu" and 1 < rows < SMALL_GEMM_ROWS:
@@ -145,9 +147,19 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 def load_model(model_dir: Path, cfg: ModelConfig, weights: str, device: torch.device, dtype: torch.dtype
                ) -> LlamaModel:
     """The model in the requested weight format (`auto` chooses; `model.weights_reason` says why)."""
+    fmt, reason, int4 = _resolve(model_dir, weights, device, dtype)
+    return LlamaModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, int4 if fmt == "q4" else None)
+
+
+def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    """(format, reason) that `load_model` would use, without building the model."""
+    return _resolve(model_dir, weights, device, dtype)[:2]
+
+
+def _resolve(model_dir, weights, device, dtype):
     from runtime.loader import read_gguf_int4, source_gguf
 
     gguf = source_gguf(model_dir)
     int4 = read_gguf_int4(gguf) if gguf is not None and weights in ("auto", "q4") else {}
     fmt, reason = choose_format(weights, device, dtype, gguf_q4=bool(int4))
-    return LlamaModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, int4 if fmt == "q4" else None)
+    return fmt, reason, int4
