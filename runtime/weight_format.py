@@ -4,8 +4,9 @@
 CPU does bf16 natively (AVX512-BF16 or AMX). There: q4 when the model's linear weights are GGUF
 Q4_1 blocks (q4 then holds the file's own weights: nothing is re-quantized, only activations and
 block scales are rounded to bf16, and a decode step reads 1/8 of the fp32 bytes), else bf16.
-Without native bf16 (e.g. AVX2 only), fp32: there the bf16 paths measured no faster, and fp32 is
-the exact reference. On CUDA, `auto` keeps dense weights in the engine dtype.
+Without native bf16 (e.g. AVX2 only), fp32: there bf16 is converted in software (on the AVX2 dev
+box q4 decoded faster at batch 1 but prefilled slower, see `python -m bench engine`), and fp32 is
+the exact reference whose greedy output does not depend on batch composition. On CUDA, `auto` keeps dense weights in the engine dtype.
 The accuracy of each format against fp32 is measured by tests/test_weight_formats.py.
 """
 
@@ -60,7 +61,8 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
         fmt = DTYPE_FORMATS.get(dtype, str(dtype))
         return fmt, f"{device.type}: dense weights in the engine dtype"
     if not native_bf16():
-        return "fp32", f"cpu without native bf16: the bf16-activation kernels would not be faster ({cpu_summary()})"
+        return "fp32", (f"cpu without native bf16: the bf16-activation kernels convert in software and prefill "
+                        f"slower; fp32 is exact ({cpu_summary()})")
     if gguf_q4:
         return "q4", f"cpu with native bf16: the GGUF's own Q4_1 weights through the int4 kernel ({cpu_summary()})"
     return "bf16", f"cpu with native bf16, no GGUF 4-bit weights: bf16 matmul ({cpu_summary()})"
