@@ -1,18 +1,33 @@
-"""`python -m bench engine`: prefill and decode speed of our runtime vs transformers' generate."""
+"""`python -m bench engine [--formats fp32,auto,bf16,q8,q4] [--threads N]`: prefill and decode speed of
+our runtime per weight format, side by side in one run, with fp32 (eager) as the reference.
+
+One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens, the
+ratios to fp32 from the same run, and the split of a batch-1 decode step into linear layers,
+attention, the model's other ops, and the engine's share (sampling, scheduling, detokenizing).
+The split comes from torch.profiler fractions of one model pass, scaled to the unprofiled time.
+"""
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
 
 from bench.common import emit, run_timed
 from runtime.api import GenerateRequest
+from runtime.attention import TorchAttentionBackend
 from runtime.engine import Engine
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+from runtime.loader import resolve_model_dir
+from runtime.model import resolve_format
 from runtime.sampling import SamplingParams
 
 TOPICS = ["rivers", "volcanoes", "bridges", "owls", "comets", "glaciers", "deserts", "coral reefs",
           "lighthouses", "tides", "forests", "storms", "caves", "islands", "canyons", "auroras"]
+LINEAR_OPS = {"aten::linear", "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm"}
+ATTENTION_OPS = {"aten::scaled_dot_product_attention"}
 
 
 def _prompt(tok, topic: str) -> list[int]:
@@ -29,41 +44,82 @@ def _decode_rate(lines) -> float:
     return tokens / window
 
 
-def run(quick: bool = False, argv=None) -> None:
-    new_tokens = 32 if quick else 64
-    engine = Engine(kv_pool_tokens=16384, radix_cache=False).start()
-    tok = engine.tokenizer
-    greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-
-    # prefill: one ~1k-token prompt, cache off, first token only
-    long_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 100, add_special_tokens=False)[:1024]
-    run_timed(engine, [GenerateRequest(long_ids[:64], SamplingParams(max_new_tokens=1))])  # warm-up
+def _prefill_rate(engine, ids: list[int]) -> float:
     t0 = time.perf_counter()
-    run_timed(engine, [GenerateRequest(long_ids, SamplingParams(max_new_tokens=1, temperature=0.0))])
-    prefill_tok_s = len(long_ids) / (time.perf_counter() - t0)
+    run_timed(engine, [GenerateRequest(ids, SamplingParams(max_new_tokens=1, temperature=0.0))])
+    return len(ids) / (time.perf_counter() - t0)
 
-    p1 = _prompt(tok, TOPICS[0])
-    b1 = run_timed(engine, [GenerateRequest(p1, greedy)])
-    decode_b1 = (new_tokens - 1) / (b1[0].finished - b1[0].first_token)
-    b16 = run_timed(engine, [GenerateRequest(_prompt(tok, t), greedy) for t in TOPICS])
-    decode_b16 = _decode_rate(b16)
+
+def _forward_split(model, cfg, context: int, repeats: int) -> dict[str, float]:
+    """Seconds of one batch-1 decode pass at `context` tokens, and the profiler's shares of it."""
+    kv = KVPool(cfg.num_layers, context + 2, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
+    slots = torch.arange(context + 1, device=model.device)
+    batch = ForwardBatch(torch.tensor([42]), torch.tensor([context]), slots[context:], [1], [context + 1], [slots],
+                         torch.tensor([0]))
+    attn = TorchAttentionBackend()
+    model.forward(batch, kv, attn)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.forward(batch, kv, attn)
+        best = min(best, time.perf_counter() - t0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model.forward(batch, kv, attn)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    linear = sum(e.cpu_time_total for e in events if e.key in LINEAR_OPS)
+    attention = sum(e.cpu_time_total for e in events if e.key in ATTENTION_OPS)
+    return {"forward_s": best, "linear_frac": linear / total, "attention_frac": attention / total}
+
+
+def _measure(fmt: str, quick: bool, threads: int | None) -> dict:
+    new_tokens = 16 if quick else 64
+    engine = Engine(device="cpu", kv_pool_tokens=16384, radix_cache=False, weights=fmt, num_threads=threads,
+                    max_running_requests=64).start()
+    model, tok = engine.model, engine.tokenizer
+    greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)
+    run_timed(engine, [GenerateRequest(text_ids[:64], SamplingParams(max_new_tokens=2))])  # warm-up
+    out = {"bench": "engine", "weights": model.weights, "requested": fmt, "weights_reason": model.weights_reason,
+           "model": engine.model_name, "threads": torch.get_num_threads()}
+    for n in (1024,) if quick else (1024, 3072):
+        out[f"prefill_tok_s_{n // 1024}k"] = _prefill_rate(engine, text_ids[:n])
+    b1 = run_timed(engine, [GenerateRequest(_prompt(tok, TOPICS[0]), greedy)])
+    out["decode_tok_s_b1"] = (new_tokens - 1) / (b1[0].finished - b1[0].first_token)
+    for b in (16,) if quick else (16, 64):
+        prompts = [_prompt(tok, TOPICS[i % len(TOPICS)]) + [i] for i in range(b)]
+        out[f"decode_tok_s_b{b}"] = _decode_rate(run_timed(engine, [GenerateRequest(p, greedy) for p in prompts]))
     engine.shutdown()
 
-    from transformers import AutoModelForCausalLM
+    split = _forward_split(model, engine.model_config, len(b1[0].last.token_ids) + 40, 3 if quick else 10)
+    step = 1.0 / out["decode_tok_s_b1"]
+    fwd = min(split["forward_s"], step)
+    out["step_ms_b1"] = step * 1e3
+    out["step_linear_ms"] = fwd * split["linear_frac"] * 1e3
+    out["step_attention_ms"] = fwd * split["attention_frac"] * 1e3
+    out["step_other_model_ops_ms"] = fwd * (1 - split["linear_frac"] - split["attention_frac"]) * 1e3
+    out["step_engine_ms"] = (step - fwd) * 1e3  # sampling, grammar, scheduling, detokenizing
+    out["step_overhead_frac"] = (out["step_other_model_ops_ms"] + out["step_engine_ms"]) / out["step_ms_b1"]
+    return out
 
-    hf = AutoModelForCausalLM.from_pretrained(str(engine.model_dir), dtype=torch.float32).eval()
-    ids = torch.tensor([p1])
-    kw = dict(do_sample=False, pad_token_id=tok.eos_token_id)
-    hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
-    t0 = time.perf_counter()
-    hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-    t_prefill = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-    hf_b1 = (new_tokens - 1) / (time.perf_counter() - t0 - t_prefill)
 
-    emit({
-        "bench": "engine", "model": engine.model_name, "threads": torch.get_num_threads(),
-        "prefill_tok_s": prefill_tok_s, "decode_tok_s_b1": decode_b1, "decode_tok_s_b16": decode_b16,
-        "hf_decode_tok_s_b1": hf_b1, "batch_scaling": decode_b16 / decode_b1, "vs_hf_decode": decode_b1 / hf_b1,
-    })
+def run(quick: bool = False, argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench engine")
+    ap.add_argument("--formats", default="fp32,auto,bf16,q8,q4",  # CPU formats; the bench runs on CPU
+                    help="weight formats, the first the reference (default: fp32,auto,bf16,q8,q4)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = ap.parse_args(argv or [])
+    ref = None
+    done = set()
+    cpu = torch.device("cpu")
+    for fmt in args.formats.split(","):
+        resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32)
+        if resolved in done:  # auto chose a format measured already: report the choice only
+            emit({"bench": "engine", "requested": fmt, "weights": resolved, "weights_reason": reason})
+            continue
+        done.add(resolved)
+        res = _measure(fmt, quick, args.threads)
+        ref = ref or res
+        for key in [k for k in res if k.startswith(("prefill_tok_s", "decode_tok_s"))]:
+            res[f"{key}_vs_{ref['weights']}"] = res[key] / ref[key]
+        emit(res)

@@ -6,13 +6,16 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 from gateway.cluster.settings import ClusterSettings
 from gateway.settings import GRAMMAR_TIMEOUT_MARGIN_S, Settings, default_concurrency
 from grammar.settings import GrammarSettings
 from runtime.engine_config import EngineConfig
 from runtime.settings_fields import add_flags, from_args
+
+if TYPE_CHECKING:  # runtime.api imports torch; `jumpgate serve --help` should not wait for it
+    from runtime.api import EngineClient
 
 log = logging.getLogger("jumpgate")
 
@@ -46,16 +49,14 @@ def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
     return ServeSettings(engine, grammar, gateway)
 
 
-def build_grammar_service(engine: Any, settings: GrammarSettings) -> Any:
+def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> Any:
     from grammar.service import GrammarService
 
     cache_dir = settings.cache_path()
-    model_config = getattr(engine, "model_config", None)
-    vocab = int(getattr(model_config, "vocab_size", 0) or len(engine.tokenizer))
-    eos = getattr(engine, "eos_ids", None)
+    info = engine.info
     service = GrammarService(
-        engine.tokenizer, vocab, cache_dir, compile_timeout_s=settings.compile_timeout_s,
-        max_memory_bytes=settings.max_memory_bytes, stop_token_ids=sorted(eos) if eos else None,
+        engine.tokenizer, info.vocab_size, cache_dir, compile_timeout_s=settings.compile_timeout_s,
+        max_memory_bytes=settings.max_memory_bytes, stop_token_ids=sorted(info.eos_token_ids) or None,
     )
     try:
         loaded = service.warm_from_disk()
@@ -66,14 +67,15 @@ def build_grammar_service(engine: Any, settings: GrammarSettings) -> Any:
     return service
 
 
-def banner(engine: Any, settings: Settings) -> str:
-    device = getattr(engine, "device", "?")
+def banner(engine: EngineClient, settings: Settings) -> str:
+    info = engine.info
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key (open)"
     lines = [
         "Jumpgate: structured-output gateway",
-        f"  model      {engine.model_name}  ({device})",
-        f"  context    {engine.max_context} tokens",
-        f"  KV pool    {getattr(engine, 'kv_pool_tokens', '?')} tokens",
+        f"  model      {info.model_name}  ({info.device}, {info.dtype}, {info.attention_backend} attention)",
+        f"  weights    {info.weights}: {info.weights_reason}",
+        f"  context    {info.max_context} tokens",
+        f"  KV pool    {info.kv_pool_tokens} tokens",
         f"  listening  http://{settings.host}:{settings.port}/v1  ({auth})",
     ]
     if settings.openapi:

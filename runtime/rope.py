@@ -41,15 +41,22 @@ class RotaryEmbedding:
         freqs = torch.outer(t, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated): the sign is
+        # folded into the table once, so a rotation is one op fewer (negation is exact: same values).
+        half = emb.shape[-1] // 2
+        self.sin_signed = torch.cat([-emb[:, :half].sin(), emb[:, half:].sin()], dim=-1).to(device=device, dtype=dtype)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin rows for `positions` [T], shaped [T, 1, D]: gathered once per pass."""
+        return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, D] rotated by the tables of `tables` (Hugging Face half-split layout)."""
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin_signed
 
     def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
         """q: [T, H, D], k: [T, KVH, D], positions: [T] -> rotated (q, k)."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        cos, sin = self.tables(positions)
+        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)

@@ -153,7 +153,7 @@ def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
             return 0
 
     monkeypatch.setattr("grammar.service.GrammarService", RecordingService)
-    engine = SimpleNamespace(tokenizer=[0] * 10, model_config=SimpleNamespace(vocab_size=10), eos_ids={2})
+    engine = SimpleNamespace(tokenizer=[0] * 10, info=SimpleNamespace(vocab_size=10, eos_token_ids=(2,)))
     build_grammar_service(engine, load("--grammar-cache-dir", str(tmp_path)).grammar)
     assert made["max_memory_bytes"] == 512 << 20 and made["compile_timeout_s"] == 10.0
     assert str(made["cache_dir"]) == str(tmp_path)

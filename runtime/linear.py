@@ -1,0 +1,133 @@
+"""Linear-layer weights in one of the runtime's formats; each is a callable `y = x @ W.T`.
+
+- `DenseLinear`: fp32 / bf16 / fp16 weights through `F.linear` (oneDNN or BLAS on CPU, cuBLAS on CUDA).
+- `Int8Linear`: per-output-channel symmetric int8 (`aten._weight_int8pack_mm`, bf16 activations).
+- `Int4Linear`: group-wise asymmetric int4, w = (q - 8) * scale + zero, the layout of
+  `aten._weight_int4pack_mm_for_cpu` (bf16 activations). A GGUF Q4_1 block (w = d * q + m) is
+  exactly that with scale = d and zero = m + 8d, so a q4 model runs the GGUF's own 4-bit codes.
+
+Inputs and outputs keep the caller's dtype (the residual stream stays in the engine dtype); the
+quantized kernels compute in bf16, their fast CPU path (their fp32-activation path is ~20x slower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+INT4_GROUP = 32  # GGUF Q4_0/Q4_1 block size, and a group size the int4 kernel takes
+
+
+class DenseLinear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        self.weight = weight.to(dtype).contiguous()
+        self.bias = None if bias is None else bias.to(dtype)
+        self.dtype = dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.dtype:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x.to(self.dtype), self.weight, self.bias).to(x.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    def numel(self) -> int:
+        return self.weight.numel()
+
+
+class Int8Linear:
+    """Per-output-channel symmetric int8 quantization of a float weight (CPU kernel)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        w = weight.float()
+        # Scales are rounded to bf16 (the kernel's dtype) before quantizing, so codes fit the scale used.
+        self.scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(torch.bfloat16)
+        scale = self.scales.float()
+        self.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.bias = None if bias is None else bias.to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.nbytes + self.scales.nbytes
+
+    def numel(self) -> int:
+        return self.qweight.numel()
+
+
+@dataclass
+class Int4Codes:
+    """Group-wise asymmetric int4 before packing: codes [N, K] in 0..15, scales and zeros [N, K / group];
+    w = (codes - 8) * scale + zero."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group: int = INT4_GROUP
+
+    @classmethod
+    def from_q4_1(cls, d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor) -> "Int4Codes":
+        """GGUF Q4_1 blocks (w = d * q + m): the same codes, scale = d, zero = m + 8d."""
+        return cls(codes, d.float(), m.float() + 8 * d.float(), INT4_GROUP)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, group: int = INT4_GROUP) -> "Int4Codes":
+        """Min/max quantization per group of `group` inputs (Q4_1's rule), for float-only sources."""
+        n, k = weight.shape
+        w = weight.float().reshape(n, k // group, group)
+        lo, hi = w.amin(-1), w.amax(-1)
+        scale = ((hi - lo) / 15).clamp(min=1e-12)
+        codes = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).reshape(n, k)
+        return cls(codes, scale, lo + 8 * scale, group)
+
+    @staticmethod
+    def cat(parts: list["Int4Codes"]) -> "Int4Codes":
+        """Row-stacked weights with the same inputs (fused QKV, gate/up)."""
+        return Int4Codes(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
+                         torch.cat([p.zeros for p in parts]), parts[0].group)
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.codes.shape
+        w = (self.codes.float().reshape(n, k // self.group, self.group) - 8) * self.scales[..., None]
+        return (w + self.zeros[..., None]).reshape(n, k)
+
+
+class Int4Linear:
+    """`aten._weight_int4pack_mm_for_cpu` over packed codes and bf16 (scale, zero) pairs."""
+
+    def __init__(self, w: Int4Codes, bias: torch.Tensor | None):
+        n, k = w.codes.shape
+        if k % w.group or w.scales.shape != (n, k // w.group) or w.zeros.shape != w.scales.shape:
+            raise ValueError(f"int4 weight [{n}, {k}]: scales/zeros must be [{n}, {k // w.group}] (group {w.group})")
+        self.group = w.group
+        self.shape = (n, k)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32).contiguous(), 1)
+        # The kernel's layout: [K / group, N, 2] of (scale, zero).
+        self.scales_zeros = torch.stack([w.scales.t(), w.zeros.t()], dim=-1).to(torch.bfloat16).contiguous()
+        self.bias = None if bias is None else bias.to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group,
+                                                        self.scales_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_zeros.nbytes
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
