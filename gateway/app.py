@@ -21,7 +21,7 @@ from gateway.auth import Authenticator, provide_tenant, require_api_key
 from gateway.errors import exception_handlers
 from gateway.generation import ConcurrencyLimiter, RequestLog
 from gateway.metrics import GatewayMetrics
-from gateway.prompt import PromptRenderer
+from gateway.prompt import PromptRenderer, schema_budget_tokens
 from gateway.registry import SchemaRegistry
 from gateway.routes.cache import CacheController
 from gateway.routes.chat import ChatController
@@ -47,7 +47,8 @@ def build_services(engine: EngineClient, grammar_service: Any, settings: Setting
     return GatewayServices(
         engine=engine,
         grammar=grammar_service,
-        renderer=PromptRenderer(tokenizer if tokenizer is not None else engine.tokenizer),
+        renderer=PromptRenderer(tokenizer if tokenizer is not None else engine.tokenizer,
+                                schema_budget_tokens(settings.schema_prompt_budget, engine.info.max_context)),
         registry=SchemaRegistry(settings.registry_dir or default_registry_dir()),
         settings=settings,
         metrics=GatewayMetrics(),

@@ -49,6 +49,10 @@ class Settings:
     grammar_compile_timeout_s: float = setting(
         10.0 + GRAMMAR_TIMEOUT_MARGIN_S, "", above=0,
         derived=f"--grammar-compile-timeout + {GRAMMAR_TIMEOUT_MARGIN_S:g} s")
+    schema_prompt_budget: float = setting(
+        0.5, "tokens the tools/schema text may take in a prompt: up to 1 a fraction of the context, above 1 a "
+        "count; beyond it the text is compacted (the grammar still enforces the whole schema)",
+        flag="--schema-prompt-budget", above=0, metavar="FRACTION|TOKENS")
     log_level: str = setting("info", "log verbosity", flag="--log-level", choices=("debug", "info", "warning", "error"))
     openapi: bool = setting(True, "disable the OpenAPI docs at /docs", flag="--no-docs", negative=True)
 
