@@ -21,6 +21,7 @@ from gateway.auth import Authenticator, provide_tenant, require_api_key
 from gateway.errors import exception_handlers
 from gateway.generation import ConcurrencyLimiter, RequestLog
 from gateway.metrics import GatewayMetrics
+from gateway.pinning import restore_pins
 from gateway.prompt import PromptRenderer, schema_budget_tokens
 from gateway.registry import SchemaRegistry
 from gateway.routes.cache import CacheController
@@ -77,6 +78,11 @@ def create_app(
     def provide_services() -> GatewayServices:
         return services  # type: ignore[return-value]
 
+    async def reapply_pins() -> None:
+        """Pins recorded in the registry come back before the first request is served."""
+        assert services is not None
+        await restore_pins(services.engine, services.renderer, services.registry)
+
     v1 = Router(
         path="/v1",
         route_handlers=[ChatController, CompletionsController, ModelsController, SchemasController, CacheController],
@@ -91,6 +97,7 @@ def create_app(
         },
         exception_handlers=exception_handlers(settings.retry_after_s),
         middleware=[access_log_middleware],
+        on_startup=[reapply_pins],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="Jumpgate", version=VERSION, path="/docs",
