@@ -17,6 +17,7 @@ the result wrapped in the tool-result format (SmolLM2's template knows system/us
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -35,7 +36,7 @@ from gateway.protocol import (
 )
 
 BOUNDARY_CONTEXT_CHARS = 40
-TOKEN_COUNT_MEMO = 64  # texts whose token count is remembered: an agent sends the same tools every turn
+TEXT_MEMO_ENTRIES = 64  # token counts / compactions remembered: an agent sends the same tools every turn
 COMPACTABLE_KINDS = ("json_schema",)  # kinds whose instructions are a schema the ladder can shorten
 
 Schema = tuple[str, Any]  # (kind, payload) of the output constraint, to render its instructions again
@@ -52,6 +53,29 @@ def schema_instructions(kind: str, payload: Any) -> str | None:
     return grammar_adapter.prompt_instructions(kind, payload)  # each kind renders its own
 
 
+class BoundedMemo:
+    """A small thread-safe LRU map: prompts render on several worker threads at once."""
+
+    def __init__(self, max_entries: int = TEXT_MEMO_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+
 @dataclass
 class RenderedPrompt:
     text: str
@@ -64,7 +88,8 @@ class PromptRenderer:
     def __init__(self, tokenizer: Any, schema_budget_tokens: int | None = None):
         self.tokenizer = tokenizer
         self.schema_budget_tokens = schema_budget_tokens  # None: the full text, however long
-        self._token_counts: OrderedDict[str, int] = OrderedDict()
+        self._token_counts = BoundedMemo()  # text -> tokens
+        self._compacted = BoundedMemo()  # (full tools text, full instructions) -> what schema_texts returns
         template = getattr(tokenizer, "chat_template", None) or ""
         if not isinstance(template, str):  # some tokenizers keep a dict of named templates
             template = json.dumps(template)
@@ -77,17 +102,30 @@ class PromptRenderer:
     ) -> tuple[str | None, str | None, int]:
         """(tools text, instructions, level): the first compaction level whose text fits the budget
         (the last level when none does: the context check then decides)."""
+        tools_text = grammar_adapter.render_tools_prompt(list(tools)) if tools else None
+        if self.schema_budget_tokens is None or self._fits(tools_text, instructions):
+            return tools_text, instructions, FULL
+        # the full texts determine the result (canonical JSON): an agent's next turn is a lookup
+        key = (tools_text, instructions)
+        chosen = self._compacted.get(key)
+        if chosen is None:
+            chosen = self._compact(tools, instructions, schema)
+            self._compacted.put(key, chosen)
+        return chosen
+
+    def _compact(
+        self, tools: Sequence[dict[str, Any]] | None, instructions: str | None, schema: Schema | None,
+    ) -> tuple[str | None, str | None, int]:
         compactable = schema is not None and schema[0] in COMPACTABLE_KINDS
-        tools_text = instructions_text = None
-        for level in LEVELS:
-            if level != FULL and not tools and not compactable:
-                break  # nothing to shorten
+        if not tools and not compactable:  # nothing the ladder can shorten (a regex, an EBNF grammar)
+            return None, instructions, FULL
+        tools_text, instructions_text, level = None, instructions, FULL
+        for level in LEVELS[1:]:
             tools_text = grammar_adapter.render_tools_prompt(compact_tools(list(tools), level)) if tools else None
-            instructions_text = instructions
-            if compactable and level != FULL:
+            if compactable:
                 instructions_text = schema_instructions(schema[0], compact_schema(schema[1], level))  # type: ignore[index]
-            if self.schema_budget_tokens is None or self._fits(tools_text, instructions_text):
-                return tools_text, instructions_text, level
+            if self._fits(tools_text, instructions_text):
+                break
         return tools_text, instructions_text, level
 
     def _fits(self, *texts: str | None) -> bool:
@@ -98,11 +136,7 @@ class PromptRenderer:
         count = self._token_counts.get(text)
         if count is None:
             count = len(self.encode(text))
-            self._token_counts[text] = count
-            if len(self._token_counts) > TOKEN_COUNT_MEMO:
-                self._token_counts.popitem(last=False)
-        else:
-            self._token_counts.move_to_end(text)
+            self._token_counts.put(text, count)
         return count
 
     def system_block(

@@ -79,6 +79,17 @@ def test_compaction_is_deterministic_and_key_order_free(tokenizer):
     assert first.text == again.text and first.token_ids == again.token_ids
 
 
+def test_a_repeated_tool_set_gets_the_same_compaction(tokenizer):
+    renderer = PromptRenderer(tokenizer, schema_budget_tokens=4096)
+    first = renderer.schema_texts(many_tools(), None)
+    assert renderer.schema_texts(many_tools(), None) == first  # remembered, and identical
+
+
+def test_a_regex_hint_is_never_rewritten(tokenizer):
+    renderer = PromptRenderer(tokenizer, schema_budget_tokens=1)
+    assert renderer.schema_texts(None, "Answer yes or no.", ("regex", "(yes|no)")) == (None, "Answer yes or no.", 0)
+
+
 def test_text_within_the_budget_is_left_whole(tokenizer):
     tools = many_tools(count=2, params=3)
     budgeted = PromptRenderer(tokenizer, schema_budget_tokens=4096).render_chat(msgs(USER), tools=tools)
@@ -131,9 +142,10 @@ def test_128_tools_request_is_answered(gateway_client, long_context):
     assert len(long_context.submitted[0].prompt_ids) <= CONTEXT // 2 + 200
 
 
-def test_a_15kb_schema_is_not_a_context_length_error(gateway_client, long_context):
+def test_a_15kb_schema_is_not_a_context_length_error(gateway_client, long_context, tokenizer):
     schema = long_schema()
     assert len(json.dumps(schema)) >= 15_000
+    assert tokens(PromptRenderer(tokenizer), schema_instructions("json_schema", schema)) > 4096  # whole: no fit
     long_context.max_context = long_context.kv_pool_tokens = 4096  # the full text would not fit at all
     long_context.reply = lambda req: "{}"
     client = gateway_client()
