@@ -54,7 +54,8 @@ def build_grammar_service(engine: Any, settings: GrammarSettings) -> Any:
     eos = getattr(engine, "eos_ids", None)
     service = GrammarService(
         engine.tokenizer, vocab, cache_dir, compile_timeout_s=settings.compile_timeout_s,
-        max_memory_bytes=settings.max_memory_bytes, max_disk_bytes=settings.max_disk_bytes, stop_token_ids=sorted(eos) if eos else None,
+        max_memory_bytes=settings.max_memory_bytes, max_disk_bytes=settings.max_disk_bytes,
+        stop_token_ids=sorted(eos) if eos else None,
     )
     try:
         loaded = service.warm_from_disk()

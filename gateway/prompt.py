@@ -116,14 +116,15 @@ class PromptRenderer:
     def _compact(
         self, tools: Sequence[dict[str, Any]] | None, instructions: str | None, schema: Schema | None,
     ) -> tuple[str | None, str | None, int]:
-        compactable = schema is not None and schema[0] in COMPACTABLE_KINDS
+        kind, payload = schema if schema is not None else (None, None)
+        compactable = kind in COMPACTABLE_KINDS
         if not tools and not compactable:  # nothing the ladder can shorten (a regex, an EBNF grammar)
             return None, instructions, FULL
         tools_text, instructions_text, level = None, instructions, FULL
         for level in LEVELS[1:]:
             tools_text = grammar_adapter.render_tools_prompt(compact_tools(list(tools), level)) if tools else None
             if compactable:
-                instructions_text = schema_instructions(schema[0], compact_schema(schema[1], level))  # type: ignore[index]
+                instructions_text = schema_instructions(kind, compact_schema(payload, level))
             if self._fits(tools_text, instructions_text):
                 break
         return tools_text, instructions_text, level
