@@ -21,7 +21,8 @@ from gateway.auth import Authenticator, provide_tenant, require_api_key
 from gateway.errors import exception_handlers
 from gateway.generation import ConcurrencyLimiter, RequestLog
 from gateway.metrics import GatewayMetrics
-from gateway.prompt import PromptRenderer
+from gateway.pinning import restore_pins
+from gateway.prompt import PromptRenderer, schema_budget_tokens
 from gateway.registry import SchemaRegistry
 from gateway.response_store import ResponseStore
 from gateway.routes.cache import CacheController
@@ -55,7 +56,8 @@ def build_services(engine: EngineClient, grammar_service: Any, settings: Setting
     return GatewayServices(
         engine=engine,
         grammar=grammar_service,
-        renderer=PromptRenderer(tokenizer if tokenizer is not None else engine.tokenizer),
+        renderer=PromptRenderer(tokenizer if tokenizer is not None else engine.tokenizer,
+                                schema_budget_tokens(settings.schema_prompt_budget, engine.info.max_context)),
         registry=SchemaRegistry(settings.registry_dir or default_registry_dir()),
         settings=settings,
         metrics=GatewayMetrics(),
@@ -88,6 +90,11 @@ def create_app(
     def provide_response_store() -> ResponseStore:
         return response_store
 
+    async def reapply_pins() -> None:
+        """Pins recorded in the registry come back before the first request is served."""
+        assert services is not None
+        await restore_pins(services.engine, services.renderer, services.registry)
+
     v1 = Router(
         path="/v1",
         route_handlers=[ChatController, CompletionsController, ResponsesController, ModelsController, SchemasController,
@@ -104,6 +111,7 @@ def create_app(
         },
         exception_handlers=exception_handlers(settings.retry_after_s),
         middleware=[access_log_middleware],
+        on_startup=[reapply_pins],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="Jumpgate", version=VERSION, path="/docs",

@@ -56,7 +56,7 @@ def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> An
     info = engine.info
     service = GrammarService(
         engine.tokenizer, info.vocab_size, cache_dir, compile_timeout_s=settings.compile_timeout_s,
-        max_memory_bytes=settings.max_memory_bytes, stop_token_ids=sorted(info.eos_token_ids) or None,
+        max_memory_bytes=settings.max_memory_bytes, max_disk_bytes=settings.max_disk_bytes, stop_token_ids=sorted(info.eos_token_ids) or None,
     )
     try:
         loaded = service.warm_from_disk()

@@ -5,19 +5,28 @@ the schema instructions, exactly as `PromptRenderer` builds it for a chat reques
 schema) is prefilled at upload and kept resident in the engine's device KV cache within the
 engine's pin budget (`EngineClient.pin_prefix`). The prefix ends where the first user turn starts, so
 every chat request with that system prompt and schema shares it.
+
+The registry records each pin (`SchemaRegistry.set_pin`), and `restore_pins` re-applies them when
+the server starts, so a restart does not silently drop what an operator pinned.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
 
-from gateway.errors import bad_request
+from gateway.auth import cache_namespace
+from gateway.errors import APIError, bad_request
 from gateway.prompt import PromptRenderer, schema_instructions
 from gateway.protocol import SystemMessage, UserMessage
+from gateway.registry import SchemaRegistry
 from runtime.api import EngineClient, EngineError
 from runtime.scheduler import common_prefix_len
+
+
+log = logging.getLogger("jumpgate.gateway.pinning")
 
 
 def pin_name(schema_id: str) -> str:
@@ -32,7 +41,7 @@ def schema_prefix_ids(renderer: PromptRenderer, kind: str, payload: Any, system_
     template = renderer.tokenizer.apply_chat_template
 
     def render(user: str) -> tuple[str, list[dict[str, str]]]:
-        turns, _ = renderer.chat_turns([*head, UserMessage(content=user)], tools, instructions)
+        turns, _ = renderer.chat_turns([*head, UserMessage(content=user)], tools, instructions, (kind, payload))
         return template(turns, tokenize=False, add_generation_prompt=True), turns
 
     text, turns = render("")
@@ -63,3 +72,24 @@ async def pin_schema(engine: EngineClient, renderer: PromptRenderer, namespace: 
 
 async def unpin_schema(engine: EngineClient, namespace: str, schema_id: str) -> None:
     await anyio.to_thread.run_sync(lambda: engine.unpin_prefix(namespace=namespace, name=pin_name(schema_id)))
+
+
+async def restore_pins(engine: EngineClient, renderer: PromptRenderer, registry: SchemaRegistry) -> int:
+    """Re-apply every recorded pin, oldest first (at start, the engine running). A pin that no
+    longer fits (a smaller pin budget, a changed template) is logged and skipped: the server still
+    starts, and the record stays for a later start. Returns how many pins were applied."""
+    applied = 0
+    for pinned in registry.pinned():
+        entry = pinned.entry
+        try:
+            tokens = await pin_schema(engine, renderer, cache_namespace(pinned.tenant, None), entry.id, entry.kind,
+                                      entry.payload, pinned.system_prompt)
+        except APIError as exc:
+            log.warning("could not re-pin schema %s (tenant %r) at start: %s", entry.id, pinned.tenant, exc.message)
+            continue
+        except Exception:  # a broken record must not stop the server
+            log.exception("could not re-pin schema %s (tenant %r) at start", entry.id, pinned.tenant)
+            continue
+        applied += 1
+        log.info("re-pinned schema %s (tenant %r): %d tokens", entry.id, pinned.tenant, tokens)
+    return applied

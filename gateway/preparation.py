@@ -200,8 +200,9 @@ async def prepare_chat(
 
     plan = plan_chat(req, registry, tenant)
     # template rendering (jinja) and tokenizing are CPU work: keep them off the event loop
+    schema = (plan.kind, plan.payload) if plan.kind else None  # lets a long schema's text be compacted
     render = render or renderer.render_chat
-    rendered = await anyio.to_thread.run_sync(lambda: render(req.messages, plan.tools, plan.instructions))
+    rendered = await anyio.to_thread.run_sync(lambda: render(req.messages, plan.tools, plan.instructions, schema))
     max_new = token_budget(len(rendered.token_ids), requested, requested_param, engine, settings)
     sampling = sampling_params(req, max_new, stop)
     constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s) if compile else None

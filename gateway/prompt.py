@@ -5,6 +5,10 @@ the tools text (grammar's tool-call format) → schema instructions (canonical J
 differs between calls of one agent (the conversation) comes after it, so the same system prompt +
 the same tools render to the same leading tokens and share a radix-cache prefix.
 
+The tools text and schema instructions share a token budget (`--schema-prompt-budget`): beyond
+it they are rendered compacted (gateway/schema_compaction.py), deterministically, while the grammar
+still enforces the whole schema; so a long schema or a big tool set is never a context-length error.
+
 Assistant tool calls are rendered back in the tool-call format the model is asked to produce.
 Tool results become `tool` turns where the chat template knows that role, otherwise user turns with
 the result wrapped in the tool-result format (SmolLM2's template knows system/user/assistant).
@@ -13,11 +17,14 @@ the result wrapped in the tool-result format (SmolLM2's template knows system/us
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from gateway import grammar_adapter
 from gateway.errors import bad_request
+from gateway.schema_compaction import FULL, LEVEL_NAMES, LEVELS, compact_schema, compact_tools
 from gateway.protocol import (
     AssistantMessage,
     DeveloperMessage,
@@ -29,6 +36,15 @@ from gateway.protocol import (
 )
 
 BOUNDARY_CONTEXT_CHARS = 40
+TEXT_MEMO_ENTRIES = 64  # token counts / compactions remembered: an agent sends the same tools every turn
+COMPACTABLE_KINDS = ("json_schema",)  # kinds whose instructions are a schema the ladder can shorten
+
+Schema = tuple[str, Any]  # (kind, payload) of the output constraint, to render its instructions again
+
+
+def schema_budget_tokens(budget: float, max_context: int) -> int:
+    """`--schema-prompt-budget` in tokens: up to 1 it is a fraction of the context, above 1 a count."""
+    return max(1, int(budget * max_context)) if budget <= 1 else int(budget)
 
 
 def schema_instructions(kind: str, payload: Any) -> str | None:
@@ -46,16 +62,43 @@ class PreviousTurn(Protocol):
     output_ids: list[int]
 
 
+class BoundedMemo:
+    """A small thread-safe LRU map: prompts render on several worker threads at once."""
+
+    def __init__(self, max_entries: int = TEXT_MEMO_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+
 @dataclass
 class RenderedPrompt:
     text: str
     token_ids: list[int]
     system_text: str | None  # the system block as rendered (None: the template's default)
+    schema_text_level: str = "full"  # how compacted the tools/schema text is (schema_compaction levels)
 
 
 class PromptRenderer:
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, schema_budget_tokens: int | None = None):
         self.tokenizer = tokenizer
+        self.schema_budget_tokens = schema_budget_tokens  # None: the full text, however long
+        self._token_counts = BoundedMemo()  # text -> tokens
+        self._compacted = BoundedMemo()  # (full tools text, full instructions) -> what schema_texts returns
         template = getattr(tokenizer, "chat_template", None) or ""
         if not isinstance(template, str):  # some tokenizers keep a dict of named templates
             template = json.dumps(template)
@@ -63,24 +106,76 @@ class PromptRenderer:
 
     # ----------------------------------------------------------------- chat
 
+    def schema_texts(
+        self, tools: Sequence[dict[str, Any]] | None, instructions: str | None, schema: Schema | None = None,
+    ) -> tuple[str | None, str | None, int]:
+        """(tools text, instructions, level): the first compaction level whose text fits the budget
+        (the last level when none does: the context check then decides)."""
+        tools_text = grammar_adapter.render_tools_prompt(list(tools)) if tools else None
+        if self.schema_budget_tokens is None or self._fits(tools_text, instructions):
+            return tools_text, instructions, FULL
+        # the full texts determine the result (canonical JSON): an agent's next turn is a lookup
+        key = (tools_text, instructions)
+        chosen = self._compacted.get(key)
+        if chosen is None:
+            chosen = self._compact(tools, instructions, schema)
+            self._compacted.put(key, chosen)
+        return chosen
+
+    def _compact(
+        self, tools: Sequence[dict[str, Any]] | None, instructions: str | None, schema: Schema | None,
+    ) -> tuple[str | None, str | None, int]:
+        kind, payload = schema if schema is not None else (None, None)
+        compactable = kind in COMPACTABLE_KINDS
+        if not tools and not compactable:  # nothing the ladder can shorten (a regex, an EBNF grammar)
+            return None, instructions, FULL
+        tools_text, instructions_text, level = None, instructions, FULL
+        for level in LEVELS[1:]:
+            tools_text = grammar_adapter.render_tools_prompt(compact_tools(list(tools), level)) if tools else None
+            if compactable:
+                instructions_text = schema_instructions(kind, compact_schema(payload, level))
+            if self._fits(tools_text, instructions_text):
+                break
+        return tools_text, instructions_text, level
+
+    def _fits(self, *texts: str | None) -> bool:
+        assert self.schema_budget_tokens is not None
+        return sum(self._token_count(t) for t in texts if t) <= self.schema_budget_tokens
+
+    def _token_count(self, text: str) -> int:
+        count = self._token_counts.get(text)
+        if count is None:
+            count = len(self.encode(text))
+            self._token_counts.put(text, count)
+        return count
+
     def system_block(
-        self, system_text: str | None, tools: Sequence[dict[str, Any]] | None, instructions: str | None
-    ) -> str | None:
-        parts = [system_text or ""]
-        if tools:
-            parts.append(grammar_adapter.render_tools_prompt(list(tools)))
-        if instructions:
-            parts.append(instructions)
-        block = "\n\n".join(p for p in parts if p)
-        return block or None
+        self, system_text: str | None, tools: Sequence[dict[str, Any]] | None, instructions: str | None,
+        schema: Schema | None = None,
+    ) -> tuple[str | None, int]:
+        """The system block and the compaction level of its tools/schema text."""
+        tools_text, instructions_text, level = self.schema_texts(tools, instructions, schema)
+        block = "\n\n".join(p for p in (system_text, tools_text, instructions_text) if p)
+        return block or None, level
 
     def chat_turns(
         self,
         messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None = None,
         instructions: str | None = None,
+        schema: Schema | None = None,
     ) -> tuple[list[dict[str, str]], str | None]:
         """The role/content turns handed to the chat template, and the system block."""
+        turns, system, _ = self.chat_turns_with_level(messages, tools, instructions, schema)
+        return turns, system
+
+    def chat_turns_with_level(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        instructions: str | None = None,
+        schema: Schema | None = None,
+    ) -> tuple[list[dict[str, str]], str | None, int]:
         if not messages:
             raise bad_request("'messages' must contain at least one message.", "messages")
         leading: list[str] = []
@@ -88,7 +183,7 @@ class PromptRenderer:
         while i < len(messages) and isinstance(messages[i], (SystemMessage, DeveloperMessage)):
             leading.append(content_text(messages[i].content))
             i += 1
-        system = self.system_block("\n\n".join(leading) if leading else None, tools, instructions)
+        system, level = self.system_block("\n\n".join(leading) if leading else None, tools, instructions, schema)
         turns: list[dict[str, str]] = []
         if system is not None:
             turns.append({"role": "system", "content": system})
@@ -126,20 +221,23 @@ class PromptRenderer:
                     text = text + grammar_adapter.render_tool_calls(calls)
                 turns.append({"role": "assistant", "content": text})
         flush_results()
-        return turns, system
+        return turns, system, level
 
     def render_chat(
         self,
         messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None = None,
         instructions: str | None = None,
+        schema: Schema | None = None,
     ) -> RenderedPrompt:
-        turns, system = self.chat_turns(messages, tools, instructions)
+        """`schema` (kind, payload) lets a schema's instructions be compacted to the budget."""
+        turns, system, level = self.chat_turns_with_level(messages, tools, instructions, schema)
         try:
             text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # jinja raises for role orders a template refuses
             raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
-        return RenderedPrompt(text=text, token_ids=self.encode(text), system_text=system)
+        return RenderedPrompt(text=text, token_ids=self.encode(text), system_text=system,
+                              schema_text_level=LEVEL_NAMES[level])
 
     def render_continuation(
         self,
@@ -147,12 +245,13 @@ class PromptRenderer:
         tools: Sequence[dict[str, Any]] | None,
         instructions: str | None,
         previous: "PreviousTurn",
+        schema: tuple[str, Any] | None = None,
     ) -> RenderedPrompt:
         """`render_chat`, except that when the conversation extends `previous` (an earlier prompt
         and what the model generated after it) the new ids start with exactly its prompt ids and
         generated ids, which the radix cache holds; only the text after them is tokenized anew.
         Re-tokenizing the whole text could split the earlier output differently and lose the hit."""
-        full = self.render_chat(messages, tools, instructions)
+        full = self.render_chat(messages, tools, instructions, schema)
         head_ids = list(previous.prompt_ids) + list(previous.output_ids)
         generated = self.decode(previous.output_ids)
         if generated != previous.output_text:  # a trailing stop token: its text follows the output
@@ -164,7 +263,8 @@ class PromptRenderer:
         if not full.text.startswith(head_text):
             return full  # tools, instructions or the template changed the earlier turns
         ids = head_ids + self.encode(full.text[len(head_text):])
-        return RenderedPrompt(text=full.text, token_ids=ids, system_text=full.system_text)
+        return RenderedPrompt(text=full.text, token_ids=ids, system_text=full.system_text,
+                              schema_text_level=full.schema_text_level)
 
     # ----------------------------------------------------------------- plain text
 

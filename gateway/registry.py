@@ -5,6 +5,9 @@ Stored on disk, one JSON file per entry under `<root>/<tenant dir>/<id>.json`, w
 every entry. Ids are derived from the canonical JSON of (kind, payload), so uploading the same
 schema twice gives the same id. Ids and tenants are validated against strict patterns before they
 touch a path, so no id can escape the folder; another tenant's id is simply not found.
+
+A pinned entry (uploaded with `"pin": true`) also has `<id>.pin.json` beside it, holding the system
+prompt it was pinned with, so the server re-applies its pins at start (`pinned()`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,19 @@ log = logging.getLogger("jumpgate.gateway.registry")
 ID_RE = re.compile(r"^sch_[0-9a-f]{16,64}$")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DEFAULT_TENANT_DIR = "_default"
+_PIN_SUFFIX = ".pin.json"
+
+
+class PinRecord(msgspec.Struct, kw_only=True):
+    """What re-pinning an entry needs besides the entry: the system prompt its prefix starts with."""
+
+    system_prompt: str | None = None
+
+
+class PinnedEntry(msgspec.Struct, kw_only=True):
+    tenant: str
+    entry: SchemaEntry
+    system_prompt: str | None
 
 
 def schema_id(canonical_text: str) -> str:
@@ -64,6 +80,27 @@ class SchemaRegistry:
             return None
         return self._tenant_dir(tenant) / f"{entry_id}.json"
 
+    @staticmethod
+    def _pin_path(entry_path: Path) -> Path:
+        return entry_path.with_name(entry_path.stem + _PIN_SUFFIX)
+
+    @staticmethod
+    def _write_atomic(path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
     def put(
         self, tenant: str, kind: str, payload: Any, canonical_text: str, name: str | None = None,
         schema_mode: str | None = None,
@@ -80,21 +117,42 @@ class SchemaRegistry:
                 id=entry_id, kind=kind, payload=payload, created=int(time.time()), name=name,  # type: ignore[arg-type]
                 schema_mode=schema_mode,  # type: ignore[arg-type]
             )
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(msgspec.json.encode(entry))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                raise
+            self._write_atomic(path, msgspec.json.encode(entry))
             return entry, True
+
+    def set_pin(self, tenant: str, entry_id: str, system_prompt: str | None) -> bool:
+        """Record that the entry is pinned (with this system prompt; the latest pin replaces an
+        earlier one, as in the engine). False if there is no such entry."""
+        path = self._path(tenant, entry_id)
+        if path is None:
+            return False
+        with self._lock:
+            if not path.exists():
+                return False
+            self._write_atomic(self._pin_path(path), msgspec.json.encode(PinRecord(system_prompt=system_prompt)))
+            return True
+
+    def pinned(self) -> list[PinnedEntry]:
+        """Every pinned entry of every tenant, oldest pin first (the order they are re-applied in)."""
+        found = []
+        for pin_path in self.root.glob(f"*/sch_*{_PIN_SUFFIX}"):
+            tenant = "" if pin_path.parent.name == _DEFAULT_TENANT_DIR else pin_path.parent.name
+            entry_id = pin_path.name[: -len(_PIN_SUFFIX)]
+            if not valid_id(entry_id) or not (tenant == "" or _TENANT_RE.match(tenant)):
+                continue
+            try:
+                record = msgspec.json.decode(pin_path.read_bytes(), type=PinRecord)
+                when = pin_path.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            except (msgspec.DecodeError, msgspec.ValidationError, OSError) as e:
+                log.warning("schema registry: ignoring damaged pin record %s (%s)", pin_path, e)
+                continue
+            entry = self.get(tenant, entry_id)
+            if entry is not None:
+                found.append((when, entry_id, PinnedEntry(tenant=tenant, entry=entry,
+                                                          system_prompt=record.system_prompt)))
+        return [pinned for *_, pinned in sorted(found, key=lambda f: (f[0], f[1]))]
 
     def get(self, tenant: str, entry_id: str) -> SchemaEntry | None:
         path = self._path(tenant, entry_id)
@@ -105,6 +163,10 @@ class SchemaRegistry:
         if path is None:
             return False
         with self._lock:
+            try:
+                self._pin_path(path).unlink()
+            except FileNotFoundError:
+                pass
             try:
                 path.unlink()
                 return True

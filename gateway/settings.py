@@ -54,6 +54,10 @@ class Settings:
                                         flag="--responses-max-stored", min=1)
     responses_max_bytes: int = setting(64 * 1024 * 1024, "bytes of stored /v1/responses per tenant (oldest "
                                        "dropped beyond it)", flag="--responses-max-bytes", min=1024)
+    schema_prompt_budget: float = setting(
+        0.5, "tokens the tools/schema text may take in a prompt: up to 1 a fraction of the context, above 1 a "
+        "count; beyond it the text is compacted (the grammar still enforces the whole schema)",
+        flag="--schema-prompt-budget", above=0, metavar="FRACTION|TOKENS")
     log_level: str = setting("info", "log verbosity", flag="--log-level", choices=("debug", "info", "warning", "error"))
     openapi: bool = setting(True, "disable the OpenAPI docs at /docs", flag="--no-docs", negative=True)
 

@@ -3,7 +3,11 @@
 The disk copy makes a restart warm (deserializing takes about a millisecond, compiling can take
 seconds). Files are written atomically (temp file + os.replace), so a crash never leaves a half
 file under a real name; a file that is corrupt or from another xgrammar version is discarded
-with a warning and the grammar recompiled.
+with a warning and the grammar recompiled. The folder is bounded in bytes: a hit sets its file's
+mtime to now (atime is often off or relaxed), and after each write the files with the oldest mtime
+go until the rest fit. Several servers may share the folder: only finished files are ever evicted
+(temp files belong to their writer until the 10-minute stale rule), and a file evicted under a
+reader reads as a miss.
 """
 
 from __future__ import annotations
@@ -109,11 +113,15 @@ class DiskGrammarCache:
     SUFFIX = ".json"
     TEMP_PATTERN = ".*.tmp"
 
-    def __init__(self, directory: Path, tokenizer_info: xgr.TokenizerInfo) -> None:
+    def __init__(self, directory: Path, tokenizer_info: xgr.TokenizerInfo, max_bytes: int | None = None) -> None:
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._tokenizer_info = tokenizer_info
+        self.max_bytes = max_bytes
         remove_stale_temp_files(self.directory, self.TEMP_PATTERN)
+        self.evict_beyond_budget()  # the budget may have shrunk since the last run
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}{self.SUFFIX}"
@@ -129,10 +137,12 @@ class DiskGrammarCache:
             self._discard(path, e)
             return None
         try:
-            return xgr.CompiledGrammar.deserialize_json(text, self._tokenizer_info)
+            compiled = xgr.CompiledGrammar.deserialize_json(text, self._tokenizer_info)
         except (RuntimeError, ValueError, TypeError) as e:  # InvalidJSON / DeserializeFormat / DeserializeVersion
             self._discard(path, e)
             return None
+        self._touch(path)
+        return compiled
 
     def store(self, key: str, compiled: xgr.CompiledGrammar) -> None:
         """Write atomically; failures only cost a future recompile, so they are logged, not raised."""
@@ -153,17 +163,61 @@ class DiskGrammarCache:
                     os.unlink(tmp_name)
                 except OSError:
                     pass
+        self.evict_beyond_budget(keep=key)
+
+    def evict_beyond_budget(self, keep: str | None = None) -> int:
+        """Delete the least recently used files until the folder fits `max_bytes`; `keep` (the file
+        just written: a request is about to use it) always stays. Returns how many went."""
+        if self.max_bytes is None:
+            return 0
+        files = self._finished_files()
+        total = sum(size for _, size, _ in files)
+        removed = 0
+        for _, size, path in sorted(files):  # oldest mtime first
+            if total <= self.max_bytes:
+                break
+            if path.name == f"{keep}{self.SUFFIX}":
+                continue
+            try:
+                path.unlink()
+            except FileNotFoundError:  # another server evicted it first: the bytes are gone all the same
+                pass
+            except OSError as e:
+                log.warning("grammar cache: could not evict %s: %s", path, e)
+                continue
+            total -= size
+            removed += 1
+        if removed:
+            log.info("grammar cache: evicted %d least recently used file(s) from %s (budget %d bytes)",
+                     removed, self.directory, self.max_bytes)
+        return removed
+
+    def total_bytes(self) -> int:
+        return sum(size for _, size, _ in self._finished_files())
 
     def keys_newest_first(self) -> list[str]:
-        dated = []
+        return [path.name[: -len(self.SUFFIX)] for _, _, path in sorted(self._finished_files(), reverse=True)]
+
+    def _finished_files(self) -> list[tuple[int, int, Path]]:
+        """(mtime ns, size, path) of every complete entry; temp files of unfinished writes are not."""
+        found = []
         for path in self.directory.glob(f"*{self.SUFFIX}"):
             if path.name.startswith("."):  # a temp file of an unfinished write
                 continue
             try:
-                dated.append((path.stat().st_mtime, path.name[: -len(self.SUFFIX)]))
+                st = path.stat()
             except OSError:  # removed meanwhile
                 continue
-        return [key for _, key in sorted(dated, reverse=True)]
+            found.append((st.st_mtime_ns, st.st_size, path))
+        return found
+
+    @staticmethod
+    def _touch(path: Path) -> None:
+        """Mark a hit: the eviction order is by mtime."""
+        try:
+            os.utime(path)
+        except OSError:  # evicted meanwhile, or a read-only folder: the order is only a hint
+            pass
 
     @staticmethod
     def _discard(path: Path, error: BaseException) -> None:

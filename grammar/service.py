@@ -93,6 +93,7 @@ class GrammarService:
         *,
         stop_token_ids: list[int] | None = None,
         max_abandoned_compiles: int = 4,
+        max_disk_bytes: int | None = None,
     ) -> None:
         self.tokenizer_info = build_tokenizer_info(hf_tokenizer, vocab_size, stop_token_ids)
         self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
@@ -114,7 +115,8 @@ class GrammarService:
         # Bounded in bytes too: one 20k-value enum compiles to ~60 MB of token masks.
         self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(
             max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes)
-        self._disk = DiskGrammarCache(Path(cache_dir), self.tokenizer_info) if cache_dir is not None else None
+        self._disk = (DiskGrammarCache(Path(cache_dir), self.tokenizer_info, max_disk_bytes)
+                      if cache_dir is not None else None)
         self._pool = CompileWorkerPool(workers, max_abandoned=max_abandoned_compiles)
         self._inflight: dict[str, CompileJob] = {}
         self._lock = threading.Lock()

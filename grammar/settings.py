@@ -23,6 +23,9 @@ class GrammarSettings:
         metavar="DIR", default_text="$JUMPGATE_CACHE_DIR/grammars, else ~/.cache/jumpgate/grammars")
     disk_cache: bool = setting(
         True, "keep compiled grammars in memory only", flag="--no-grammar-disk-cache", negative=True)
+    disk_cache_mb: int = setting(
+        1024, "compiled grammars kept on disk, in MB (least recently used files go first)",
+        flag="--grammar-cache-disk-mb", min=1)
     memory_mb: int = setting(
         512, "compiled grammars kept in memory, in MB (least recently used go first)",
         flag="--grammar-cache-memory-mb", min=1)
@@ -42,3 +45,7 @@ class GrammarSettings:
     @property
     def max_memory_bytes(self) -> int:
         return self.memory_mb << 20
+
+    @property
+    def max_disk_bytes(self) -> int:
+        return self.disk_cache_mb << 20

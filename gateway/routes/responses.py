@@ -41,9 +41,9 @@ def response_not_found(response_id: str, param: str | None = None) -> APIError:
 
 
 
-def continue_turn(renderer, turn: StoredTurn, messages, tools, instructions):
+def continue_turn(renderer, turn: StoredTurn, messages, tools, instructions, schema=None):
     """`prepare_chat`'s render for a chained turn: the previous prompt + output ids, then the new text."""
-    return renderer.render_continuation(messages, tools, instructions, turn)
+    return renderer.render_continuation(messages, tools, instructions, turn, schema)
 
 class ResponsesController(Controller):
     path = "/responses"

@@ -81,6 +81,7 @@ class SchemasController(Controller):
                 if created:  # a refused pin registers nothing
                     services.registry.delete(tenant, entry.id)
                 raise
+            services.registry.set_pin(tenant, entry.id, data.system_prompt)  # re-applied at the next start
             entry = msgspec.structs.replace(entry, pinned_tokens=pinned)
         if check is not None:
             entry = msgspec.structs.replace(entry, fidelity=check.report.as_dict())
