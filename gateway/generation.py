@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
+from gateway.logprobs import TokenTexts, token_texts
 from gateway.metrics import GatewayMetrics
-from runtime.api import EngineClient, EngineError, GenerateRequest, StreamEvent
+from runtime.api import EngineClient, EngineError, GenerateRequest, StreamEvent, TokenLogprob
 
 T = TypeVar("T")
 
@@ -57,6 +58,9 @@ class Outcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    # requests that asked for logprobs: the records so far, and the tokenizer's texts to show them
+    logprobs: list[TokenLogprob] | None = None
+    token_texts: TokenTexts | None = None
 
 
 class EngineStream:
@@ -66,6 +70,8 @@ class EngineStream:
         self.rid = request.rid
         self.metrics = metrics
         self.outcome = Outcome(prompt_tokens=len(request.prompt_ids))
+        if request.sampling.logprobs is not None:
+            self.outcome.logprobs, self.outcome.token_texts = [], token_texts(engine.tokenizer)
         self.finished = False
         self._closed = False
         self._started = time.perf_counter()
@@ -111,6 +117,8 @@ class EngineStream:
                 self.metrics.itl.observe(now - self._last)
             self._last = now
         o.text += event.text
+        if o.logprobs is not None and event.logprobs:
+            o.logprobs.extend(event.logprobs)
         if event.prompt_tokens:
             o.prompt_tokens = event.prompt_tokens
         if event.cached_tokens:
