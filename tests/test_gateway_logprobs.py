@@ -133,3 +133,17 @@ def test_partial_utf8_token_reports_its_raw_bytes(tokenizer):
     assert b"".join(bytes(e.bytes) for e in entries).decode() == "日本"
     legacy = completion_logprobs([TokenLogprob(t, -1.0) for t in ids], texts)
     assert legacy.top_logprobs is None and legacy.token_logprobs == [-1.0] * len(ids)
+
+
+def test_tool_call_stream_keeps_every_tokens_logprob(gateway_client, fake_engine, tokenizer):
+    """The tool-call parser holds text back; the records still go out, on empty deltas if need be."""
+    call = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    fake_engine.reply = lambda req: call
+    chunks = sse_json(chat(gateway_client(), tools=[tool], stream=True, logprobs=True))
+    entries = [e for c in chunks for ch in c["choices"] if ch["logprobs"] for e in ch["logprobs"]["content"]]
+    assert "".join(e["token"] for e in entries) == call
+    whole = chat(gateway_client(), tools=[tool], logprobs=True).json()["choices"][0]
+    assert whole["finish_reason"] == "tool_calls"
+    assert "".join(e["token"] for e in whole["logprobs"]["content"]) == call
