@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
+from gateway.logprobs import TokenTexts, token_texts
 from gateway.metrics import GatewayMetrics
-from runtime.api import EngineClient, EngineError, GenerateRequest, StreamEvent
+from runtime.api import EngineClient, EngineError, GenerateRequest, StreamEvent, TokenLogprob
 
 T = TypeVar("T")
 
@@ -58,6 +59,9 @@ class Outcome:
     completion_tokens: int = 0
     error: str | None = None
     token_ids: list[int] = field(default_factory=list)  # generated ids (a stop token included)
+    # requests that asked for logprobs: the records so far, and the tokenizer's texts to show them
+    logprobs: list[TokenLogprob] | None = None
+    token_texts: TokenTexts | None = None
 
 
 class EngineStream:
@@ -67,6 +71,8 @@ class EngineStream:
         self.rid = request.rid
         self.metrics = metrics
         self.outcome = Outcome(prompt_tokens=len(request.prompt_ids))
+        if request.sampling.logprobs is not None:
+            self.outcome.logprobs, self.outcome.token_texts = [], token_texts(engine.tokenizer)
         self.finished = False
         self._closed = False
         self._started = time.perf_counter()
@@ -113,6 +119,8 @@ class EngineStream:
             self._last = now
         o.text += event.text
         o.token_ids += event.token_ids
+        if o.logprobs is not None and event.logprobs:
+            o.logprobs.extend(event.logprobs)
         if event.prompt_tokens:
             o.prompt_tokens = event.prompt_tokens
         if event.cached_tokens:

@@ -22,7 +22,7 @@ from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.registry import SchemaRegistry
 from gateway.settings import Settings
 from runtime.api import EngineClient, GenerateRequest
-from runtime.sampling import SamplingParams
+from runtime.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 _SAMPLING_PARAM_NAMES = {"max_new_tokens": "max_tokens"}
 
@@ -81,11 +81,29 @@ def check_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
             raise bad_request(f"'{name}' is not supported by this server (use 0 or leave it out).", name)
     if req.logit_bias:
         raise bad_request("'logit_bias' is not supported by this server.", "logit_bias")
-    logprobs = getattr(req, "logprobs", None)
-    if logprobs not in (None, False, 0):
-        raise bad_request("'logprobs' is not supported by this server.", "logprobs")
-    if getattr(req, "top_logprobs", None) not in (None, 0):
-        raise bad_request("'top_logprobs' is not supported by this server.", "top_logprobs")
+    logprob_count(req)
+
+
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy `logprobs` of text completions
+
+
+def logprob_count(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """The engine's `SamplingParams.logprobs`: None (not asked) or how many alternatives per token."""
+    if isinstance(req, CompletionRequest):
+        if req.logprobs is None:
+            return None
+        if not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}.", "logprobs")
+        if req.echo:
+            raise bad_request("'logprobs' with 'echo' is not supported: this server does not compute the "
+                              "prompt tokens' logprobs.", "echo")
+        return req.logprobs
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise bad_request("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.", "top_logprobs")
+    return (req.top_logprobs or 0) if req.logprobs else None
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
@@ -144,6 +162,7 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_new_toke
         seed=req.seed,
         stop=stop,
         ignore_eos=req.ignore_eos,
+        logprobs=logprob_count(req),
     )
     try:
         params.validate()

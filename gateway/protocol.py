@@ -181,7 +181,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = None  # 0..20, needs logprobs: true
 
 
 # msgspec allows one array-like type per union, so the four OpenAI prompt shapes (str, [str],
@@ -194,7 +194,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     max_tokens: PositiveInt | None = 16  # OpenAI's default for /v1/completions
     echo: bool = False
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = None  # 0..5: the chosen token's logprob and that many alternatives
     best_of: int | None = None
     response_format: ResponseFormat | None = None  # extension: structured text completions
 
@@ -243,6 +243,36 @@ class ChoiceValidity(Struct):
     schema_errors: list[SchemaViolation] = field(default_factory=list)
 
 
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+    forced: bool | UnsetType = UNSET  # Jumpgate: a direct jump-forward token (no model value; 0.0)
+
+
+class ChoiceLogprobs(Struct):
+    """A chat choice's (or chunk's) `logprobs`: what Jumpgate reports is in gateway/logprobs.py."""
+
+    content: list[ChatTokenLogprob] | None
+    refusal: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(Struct):
+    """The legacy text-completion shape (parallel lists, one entry per token)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class ChatMessage(Struct):
     content: str | None
     role: Literal["assistant"] = "assistant"
@@ -253,7 +283,7 @@ class ChatChoice(Struct):
     index: int
     message: ChatMessage
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     jumpgate: ChoiceValidity | UnsetType = UNSET
 
 
@@ -289,7 +319,7 @@ class ChunkChoice(Struct):
     index: int
     delta: ChoiceDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     jumpgate: ChoiceValidity | UnsetType = UNSET  # on the chunk that finishes the choice
 
 
@@ -306,7 +336,7 @@ class CompletionChoice(Struct):
     index: int
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     jumpgate: ChoiceValidity | UnsetType = UNSET
 
 

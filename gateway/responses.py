@@ -6,6 +6,7 @@ from msgspec import UNSET
 
 from gateway import grammar_adapter
 from gateway.generation import Outcome
+from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.output_validation import OutputCheck
 from gateway.preparation import Prepared
 from gateway.protocol import (
@@ -57,6 +58,7 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCh
             return ChatChoice(
                 index=index,
                 message=ChatMessage(content=content or None, tool_calls=tool_calls),
+                logprobs=chat_logprobs(outcome.logprobs, outcome.token_texts),
                 finish_reason="tool_calls" if outcome.finish_reason != "length" else "length",  # type: ignore[arg-type]
                 jumpgate=validity or UNSET,
             )
@@ -65,6 +67,7 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCh
     return ChatChoice(
         index=index,
         message=ChatMessage(content=outcome.text),
+        logprobs=chat_logprobs(outcome.logprobs, outcome.token_texts),
         finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
         jumpgate=validity or UNSET,
     )
@@ -105,6 +108,7 @@ def completion(
         choices.append(
             CompletionChoice(index=index, text=prefix + outcome.text,
                              finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
+                             logprobs=completion_logprobs(outcome.logprobs, outcome.token_texts, len(prefix)),
                              jumpgate=validity or UNSET)
         )
     prompt_tokens = sum(outcomes[p * n].prompt_tokens for p in range(len(outcomes) // n))

@@ -20,6 +20,7 @@ from msgspec import UNSET
 from gateway import grammar_adapter
 from gateway.errors import SERVER_ERROR, APIError, from_engine_error
 from gateway.generation import EngineStream, close_all, merge
+from gateway.logprobs import chat_logprobs, completion_logprobs, text_length
 from gateway.preparation import Prepared
 from gateway.protocol import (
     ChatCompletionChunk,
@@ -133,14 +134,16 @@ async def chat_events(
     finished = [False] * n
     outcome = "cancelled"
 
-    def chunk(index: int, delta: ChoiceDelta, reason: str | None = None, validity=None) -> bytes:
+    def chunk(index: int, delta: ChoiceDelta, reason: str | None = None, validity=None, logprobs=None) -> bytes:
         choice = ChunkChoice(index=index, delta=delta, finish_reason=reason,  # type: ignore[arg-type]
-                             jumpgate=validity or UNSET)
+                             logprobs=logprobs, jumpgate=validity or UNSET)
         return sse(ChatCompletionChunk(
             id=prepared.request_id, created=prepared.created, model=prepared.model, choices=[choice],
         ))
 
-    def pieces(index: int, content: str, calls: list) -> list[bytes]:
+    def pieces(index: int, content: str, calls: list, logprobs=None) -> list[bytes]:
+        """The chunks of one event; its logprobs ride on the first (on an empty delta if the
+        text is held back: part of a UTF-8 character, or a tool call still being parsed)."""
         if answer_tool is not None:
             for call_index, _, name, arguments in calls:
                 if name == answer_tool:
@@ -150,9 +153,13 @@ async def chat_events(
             calls = [c for c in calls if c[0] != answer_index[index]]
         out = []
         if content:
-            out.append(chunk(index, ChoiceDelta(content=content)))
+            out.append(chunk(index, ChoiceDelta(content=content), logprobs=logprobs))
+            logprobs = None
         if calls:
-            out.append(chunk(index, ChoiceDelta(tool_calls=_tool_deltas(calls))))
+            out.append(chunk(index, ChoiceDelta(tool_calls=_tool_deltas(calls)), logprobs=logprobs))
+            logprobs = None
+        if logprobs is not None:
+            out.append(chunk(index, ChoiceDelta(content=""), logprobs=logprobs))
         return out
 
     def final(index: int) -> list[bytes]:
@@ -175,13 +182,13 @@ async def chat_events(
             yield chunk(i, ChoiceDelta(role="assistant", content=""))
         async with aclosing(merge(streams)) as events:
             async for index, event in events:
-                if event.text:
+                logprobs = chat_logprobs(event.logprobs, streams[index].outcome.token_texts) \
+                    if event.logprobs else None
+                if event.text or logprobs is not None:
                     parser = parsers[index]
-                    if parser is None:
-                        yield chunk(index, ChoiceDelta(content=event.text))
-                    else:
-                        for piece in pieces(index, *parser.feed(event.text)):
-                            yield piece
+                    feed = (event.text, []) if parser is None else parser.feed(event.text)
+                    for piece in pieces(index, *feed, logprobs=logprobs):
+                        yield piece
                 if event.finished:
                     for piece in final(index):
                         yield piece
@@ -216,11 +223,12 @@ async def completion_events(
     check: OutputCheck | None = None,
 ) -> AsyncIterator[bytes]:
     finished = [False] * len(streams)
+    text_offsets = [0] * len(streams)  # where the next token's text starts in each choice (legacy logprobs)
     outcome = "cancelled"
 
-    def chunk(index: int, text: str, reason: str | None = None, validity=None) -> bytes:
+    def chunk(index: int, text: str, reason: str | None = None, validity=None, logprobs=None) -> bytes:
         choice = CompletionChoice(index=index, text=text, finish_reason=reason,  # type: ignore[arg-type]
-                                  jumpgate=validity or UNSET)
+                                  logprobs=logprobs, jumpgate=validity or UNSET)
         return sse(CompletionChunk(id=request_id, created=created, model=model, choices=[choice]))
 
     def final(index: int) -> bytes:
@@ -236,8 +244,13 @@ async def completion_events(
                 yield chunk(index, echo)
         async with aclosing(merge(streams)) as events:
             async for index, event in events:
-                if event.text:
-                    yield chunk(index, event.text)
+                logprobs = None
+                if event.logprobs:
+                    texts = streams[index].outcome.token_texts
+                    logprobs = completion_logprobs(event.logprobs, texts, text_offsets[index])
+                    text_offsets[index] += text_length(event.logprobs, texts)
+                if event.text or logprobs is not None:
+                    yield chunk(index, event.text, logprobs=logprobs)
                 if event.finished:
                     yield final(index)
         for index in range(len(streams)):

@@ -38,6 +38,21 @@ class GenerateRequest:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of one output token (see runtime/logprobs.py for which distribution).
+
+    `top` holds the most likely tokens of the same distribution, best first (as many as the
+    request's `logprobs` asked for; never a token the grammar masked out). `forced`: the token was
+    written by direct-mode jump-forward without a forward pass, so there is no distribution:
+    logprob 0.0 (the grammar allowed nothing else) and `top` is just the token itself."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    forced: bool = False
+
+
 @dataclass
 class StreamEvent:
     """One increment of a request's output. The last event has `finished=True`."""
@@ -51,6 +66,9 @@ class StreamEvent:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     completion_tokens: int = 0
     error: str | None = None
+    # One record per token of the new text (the final EOS / stop token has none, as it has no
+    # text); None unless the request's sampling asked for logprobs.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -62,6 +80,7 @@ class GenerateResult:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None  # as in StreamEvent, for the whole output
 
 
 @dataclass(frozen=True)

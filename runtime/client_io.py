@@ -72,5 +72,6 @@ def collect_results(enqueue: Enqueue, specs: list[GenerateRequest], timeout: flo
             rid=spec.rid, text="".join(e.text for e in evs), token_ids=[t for e in evs for t in e.token_ids],
             finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
             cached_tokens=last.cached_tokens, completion_tokens=last.completion_tokens,
+            logprobs=None if spec.sampling.logprobs is None else [x for e in evs for x in e.logprobs or ()],
         ))
     return results

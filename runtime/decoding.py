@@ -14,7 +14,9 @@ from typing import Callable
 
 import torch
 
+from runtime.api import TokenLogprob
 from runtime.counters import EngineCounters
+from runtime.logprobs import forced_logprob, masked_log_softmax, token_logprobs
 from runtime.request import Req
 from runtime.sampler import apply_token_bitmask, sample_token
 
@@ -33,6 +35,8 @@ class Decoder:
         self.max_jump_forward_tokens = max_jump_forward_tokens
         self.counters = counters
         self.free_positions = free_positions
+        # logprob records of the last `first_choices` call (requests that asked), by rid
+        self.first_logprobs: dict[str, TokenLogprob] = {}
 
     # ------------------------------------------------------------------ choosing
 
@@ -40,7 +44,8 @@ class Decoder:
                       failed: dict[str, Exception]) -> dict[str, int]:
         """Batched choice for greedy requests at their first logits row (the common decode path),
         on the device where the logits live. A request whose matcher raises is left out and its
-        error put in `failed`."""
+        error put in `failed`. Records of requests asking for logprobs go to `first_logprobs`."""
+        self.first_logprobs = {}
         greedy = [(r, row) for r, row in reqs if r.spec.sampling.greedy]
         if logits is None or not greedy:
             return {}
@@ -54,10 +59,17 @@ class Decoder:
                 except Exception as e:
                     failed[greedy[i][0].rid] = e
             apply_token_bitmask(sel, mask, torch.tensor(constrained))
+        asking = [i for i, (r, _) in enumerate(greedy) if r.spec.sampling.logprobs is not None]
+        # before vetting, which changes rows of `sel` in place
+        logp = masked_log_softmax(sel[torch.tensor(asking, device=sel.device)]) if asking else None
         choices = sel.argmax(dim=-1).tolist()
         for i, (r, _) in enumerate(greedy):
             if r.guard is not None and r.rid not in failed:
                 choices[i] = self.vetted(r, sel[i], int(choices[i]))
+        if logp is not None:
+            records = token_logprobs(logp, [int(choices[i]) for i in asking],
+                                     [greedy[i][0].spec.sampling.logprobs for i in asking])
+            self.first_logprobs = {greedy[i][0].rid: rec for i, rec in zip(asking, records)}
         return {r.rid: int(t) for (r, _), t in zip(greedy, choices) if r.rid not in failed}
 
     def vetted(self, r: Req, row: torch.Tensor, tok: int) -> int:
@@ -84,14 +96,19 @@ class Decoder:
         r.guard.before_choice(r.matcher, len(r.output_ids), r.spec.sampling.max_new_tokens)
         r.guard.fill_mask(r.matcher, mask, row)
 
-    def choose(self, r: Req, logits_row: torch.Tensor) -> int:
+    def choose(self, r: Req, logits_row: torch.Tensor) -> tuple[int, TokenLogprob | None]:
+        """The next token from one row, with its logprob record if the request asked for one."""
         row = logits_row.clone().unsqueeze(0)
         if r.matcher is not None:
             mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
             self.fill_mask(r, mask, 0)
             apply_token_bitmask(row, mask)
+        top_count = r.spec.sampling.logprobs
+        logp = masked_log_softmax(row) if top_count is not None else None
         tok = sample_token(row[0], r.spec.sampling, r.generator)
-        return tok if r.guard is None else self.vetted(r, row[0], tok)
+        if r.guard is not None:
+            tok = self.vetted(r, row[0], tok)
+        return tok, None if logp is None else token_logprobs(logp, [tok], [top_count])[0]
 
     # ------------------------------------------------------------------ accepting
 
@@ -114,8 +131,11 @@ class Decoder:
         accepted_draft = 0
         finish: Finish | None = None
         for i in range(len(draft) + 1):
-            tok = first_choice if i == 0 and first_choice is not None else self.choose(r, rows[i])
-            finish = self.accept_token(r, tok)
+            if i == 0 and first_choice is not None:
+                tok, record = first_choice, self.first_logprobs.get(r.rid)
+            else:  # a draft position's record is its verified logprob
+                tok, record = self.choose(r, rows[i])
+            finish = self.accept_token(r, tok, record)
             if i < len(draft) and tok == draft[i]:
                 accepted_draft += 1
                 if finish is None:
@@ -135,9 +155,10 @@ class Decoder:
             self.counters.ttft_seconds_sum += r.first_token_at - r.arrival
         return finish if finish is not None else self.plan_jump_forward(r)
 
-    def accept_token(self, r: Req, tok: int) -> Finish | None:
+    def accept_token(self, r: Req, tok: int, record: TokenLogprob | None = None) -> Finish | None:
         """Append one output token, advance the grammar, check finish conditions. Returns
-        (finish_reason, error) when the request is done; the caller finishes it."""
+        (finish_reason, error) when the request is done; the caller finishes it. `record` (the
+        token's logprob) is kept for tokens that have text: not for the final EOS / stop token."""
         if r.matcher is not None and not r.matcher.accept(tok):
             return "error", f"grammar rejected token {tok}"
         r.append_token(tok)
@@ -151,6 +172,8 @@ class Decoder:
         if r.matcher is not None and r.matcher.is_terminated():
             return done, None
         r.pending_text += r.detok.add([tok])
+        if record is not None:
+            r.unsent_logprobs.append(record)
         if r.guard is not None:
             r.guard.after_token(r.output_ids, r.detok.text[-32:], r.matcher.closes_value(tok))
         if r.detok.stopped:
@@ -183,7 +206,8 @@ class Decoder:
                     break
             self.counters.jump_forward_tokens += 1
             r.jump_forward_tokens += 1
-            finish = self.accept_token(r, tok)
+            top_count = r.spec.sampling.logprobs
+            finish = self.accept_token(r, tok, None if top_count is None else forced_logprob(tok, top_count))
             if finish is not None:
                 return finish
         return None

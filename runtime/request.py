@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from runtime.api import GenerateRequest, StreamEvent
+from runtime.api import GenerateRequest, StreamEvent, TokenLogprob
 from runtime.completeness import CompletionGuard
 from runtime.constraint import TokenMatcher
 from runtime.detokenizer import IncrementalDetokenizer
@@ -50,6 +50,14 @@ class Req:
     # Token ids accepted since the last emitted event (sent with the next event).
     unsent_ids: list[int] = field(default_factory=list)
     pending_text: str = ""  # text of those tokens that is safe to emit
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)  # requests asking for logprobs
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The unsent logprob records (None when the request did not ask for them)."""
+        if self.spec.sampling.logprobs is None:
+            return None
+        records, self.unsent_logprobs = self.unsent_logprobs, []
+        return records
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.spec.prompt_ids) + self.output_ids
@@ -99,7 +107,8 @@ class Req:
         ids, text = self.unsent_ids, self.pending_text
         self.unsent_ids, self.pending_text = [], ""
         return StreamEvent(rid=self.rid, text=text, token_ids=ids, prompt_tokens=len(self.prompt_ids),
-                           cached_tokens=self.prompt_cached_tokens or 0, completion_tokens=len(self.output_ids))
+                           cached_tokens=self.prompt_cached_tokens or 0, completion_tokens=len(self.output_ids),
+                           logprobs=self.take_logprobs())
 
     def final_event(self, error: str | None = None) -> StreamEvent:
         """The last event: whatever was not sent yet, with the finish reason."""
@@ -108,5 +117,5 @@ class Req:
         return StreamEvent(
             rid=self.rid, text=text, token_ids=ids, finished=True, finish_reason=self.finish_reason,
             prompt_tokens=len(self.prompt_ids), cached_tokens=self.prompt_cached_tokens or 0,
-            completion_tokens=len(self.output_ids), error=error,
+            completion_tokens=len(self.output_ids), error=error, logprobs=self.take_logprobs(),
         )

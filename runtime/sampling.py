@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
 
 @dataclass
 class SamplingParams:
@@ -16,6 +18,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings, never included in the text
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids besides the model's EOS
     ignore_eos: bool = False
+    # Log-probabilities of the chosen tokens: None = off (nothing computed), k = also the k most
+    # likely alternatives (0..MAX_TOP_LOGPROBS). See runtime/logprobs.py for what they are.
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -33,3 +38,5 @@ class SamplingParams:
             raise ValueError("top_k: must be -1 (off) or >= 1")
         if not 0 <= self.min_p <= 1:
             raise ValueError("min_p: must be in [0, 1]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs: must be in [0, {MAX_TOP_LOGPROBS}]")

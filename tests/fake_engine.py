@@ -1,6 +1,7 @@
 """A scripted `runtime.api.EngineClient` for gateway unit tests: no model, no engine thread.
 
-`reply(req) -> str` is streamed in 3-character pieces; `refuse` makes `submit` raise; the recorded
+`reply(req) -> str` is streamed in 3-character pieces (with scripted logprob records, one per
+token of the piece, when the request asks: see `fake_logprobs`); `refuse` makes `submit` raise; the recorded
 `submitted` / `aborted` / `explained` / `pins` let a test see what the gateway asked for.
 """
 
@@ -11,7 +12,18 @@ from typing import AsyncIterator
 
 from runtime.api import (
     EngineClient, EngineError, EngineInfo, EngineStats, GenerateRequest, PrefixExplanation, StreamEvent,
+    TokenLogprob,
 )
+
+
+def fake_logprobs(token_ids: list[int], top_count: int) -> list[TokenLogprob]:
+    """Token j of a piece scores -0.25 * (j + 1); its alternatives are the next ids, each 1.0 lower."""
+    records = []
+    for j, tok in enumerate(token_ids):
+        value = -0.25 * (j + 1)
+        top = tuple((tok + a, value - a) for a in range(top_count))
+        records.append(TokenLogprob(token_id=tok, logprob=value, top=top, forced=j == 2))
+    return records
 
 
 class FakeEngine:
@@ -59,7 +71,10 @@ class FakeEngine:
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 done = i == len(pieces) - 1
+                count = req.sampling.logprobs
                 yield StreamEvent(
+                    logprobs=None if count is None else fake_logprobs(
+                        self.tokenizer.encode(piece, add_special_tokens=False), count),
                     rid=req.rid, text=piece, token_ids=[7], finished=done,
                     finish_reason=self.finish_reason if done else None, prompt_tokens=len(req.prompt_ids),
                     cached_tokens=min(self.cached_tokens, len(req.prompt_ids)), completion_tokens=i + 1,

@@ -125,7 +125,7 @@ def test_max_tokens_over_limit_is_400(gateway_client):
 
 def test_unsupported_options_are_400(gateway_client):
     client = gateway_client()
-    assert_error(chat(client, logprobs=True), 400, "logprobs")
+    assert_error(chat(client, logit_bias={"7": 1.0}), 400, "logit_bias")
     assert_error(chat(client, frequency_penalty=0.5), 400, "frequency_penalty")
 
 
