@@ -67,7 +67,8 @@ def random_qkv(batch, heads, kv_heads, dim, slots=4096, seed=1):
 def test_groups_bucket_by_shared_slots_and_stop_at_first_mismatch():
     a, b = ("A", 40, True), ("B", 30, False)
     batch = make_batch([(a, 5, 1), (a, 9, 1), (b, 2, 1), (None, 50, 1), (b, 3, 3), (a, 0, 1)])
-    groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, max_extend=65, min_shared=8)
+    groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, max_extend=65,
+                                min_shared=8, min_saved=0)
     by_members = {tuple(gr.members): gr.shared_len for gr in groups}
     # the last A request has only the prefix: its last slot is its new token, so the group keeps 39
     assert by_members == {(0, 1, 5): 39, (2, 4): 30}
@@ -79,20 +80,31 @@ def test_a_request_sharing_only_the_first_slots_does_not_break_a_group():
     batch = make_batch([(a, 5, 1), (a, 9, 1), (a, 2, 1)])
     outlier = torch.cat([batch.slot_rows[0][:3], torch.arange(2000, 2050)])
     rows = [*batch.slot_rows, outlier]
-    groups = find_prefix_groups([1, 1, 1, 1], [r.numel() for r in rows], rows, 65, min_shared=8)
+    groups = find_prefix_groups([1, 1, 1, 1], [r.numel() for r in rows], rows, 65, min_shared=8, min_saved=0)
     assert [(gr.members, gr.shared_len) for gr in groups] == [([0, 1, 2], 40)]
 
 
 def test_groups_need_two_members_a_long_enough_prefix_and_short_extends():
     a = ("A", 40, True)
     batch = make_batch([(a, 5, 1), (None, 45, 1)])
-    assert find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65, min_shared=8) == []
+    assert find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65, min_shared=8, min_saved=0) == []
     batch = make_batch([(a, 5, 1), (a, 5, 1)])
-    assert find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65, min_shared=41) == []
+    assert find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65, min_shared=41, min_saved=0) == []
     # a prompt chunk (extend longer than max_extend) is attended on its own
     batch = make_batch([(a, 100, 100), (a, 5, 1), (a, 6, 2)])
-    groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65, min_shared=8)
+    groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65, min_shared=8, min_saved=0)
     assert [(gr.members, gr.shared_len) for gr in groups] == [([1, 2], 40)]
+
+
+def test_groups_form_only_where_they_save_more_prefix_reads_than_their_suffixes_cost():
+    a = ("A", 40, True)
+    batch = make_batch([(a, 5, 1), (a, 9, 1), (a, 2, 1)])  # saves 80 reads, suffixes hold 16
+    find = lambda **kw: find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65,
+                                           min_shared=8, **kw)
+    assert [gr.members for gr in find(min_saved=80)] == [[0, 1, 2]]
+    assert find(min_saved=81) == []
+    batch = make_batch([(a, 50, 1), (a, 40, 1)])  # saves 40 reads, suffixes hold 90
+    assert find(min_saved=0) == []
 
 
 def test_merge_by_lse_equals_attention_over_both_halves():
@@ -124,7 +136,7 @@ def test_cascade_equals_plain_attention_on_a_mixed_batch(heads, kv_heads, dim):
     q, k, v = random_qkv(batch, heads, kv_heads, dim)
     plain = run_backend(batch, q, k, v)
     batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
-                                             TorchAttentionBackend.max_short_extend, min_shared=16)
+                                             TorchAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
     assert sorted((tuple(gr.members), gr.shared_len) for gr in batch.prefix_groups) == [
         ((0, 1, 2), 70), ((5, 6, 7), 45)]
     torch.testing.assert_close(run_backend(batch, q, k, v), plain, atol=FP32_TOL, rtol=FP32_TOL)

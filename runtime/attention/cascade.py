@@ -17,18 +17,25 @@ import torch
 
 from runtime.forward_batch import PrefixGroup
 
-# A shared prefix shorter than this is attended per request: grouping costs one extra matmul and
-# a merge per group and layer, which only pays when it replaces reading many prefix tokens.
-MIN_SHARED_TOKENS = 256
+# When grouping pays (measured with `python -m bench cascade --attention-only`, torch backend, CPU):
+# a group costs one extra matmul and a merge per layer, and its suffixes go through a matmul
+# attention that is slower than SDPA on long rows; it saves reading the prefix (members - 1)
+# times. So a group must save at least MIN_SAVED_TOKENS prefix reads and at least as many as its
+# members' suffixes hold.
+MIN_SHARED_TOKENS = 64
+MIN_SAVED_TOKENS = 1024
 
 
 def find_prefix_groups(extend_lens: list[int], seq_lens: list[int], slot_rows: list[torch.Tensor],
-                       max_extend: int, min_shared: int = MIN_SHARED_TOKENS) -> list[PrefixGroup]:
+                       max_extend: int, min_shared: int = MIN_SHARED_TOKENS,
+                       min_saved: int = MIN_SAVED_TOKENS) -> list[PrefixGroup]:
     """Groups of >= 2 requests with <= `max_extend` new tokens whose rows start with the same
-    `min_shared` or more slots. In the radix cache a slot holds one token after one prefix, so rows
-    with the same slot at position min_shared - 1 share all positions up to it: bucketing by that
-    slot (not the first one) keeps a request that shares only a chat template's first tokens with
-    a group out of it. A bucket's shared length is the longest common prefix of its rows (checked,
+    `min_shared` or more slots, where grouping saves reading `min_saved` prefix tokens or more and
+    no fewer than the members' suffixes hold (see MIN_SAVED_TOKENS).
+
+    In the radix cache a slot holds one token after one prefix, so rows with the same slot at
+    position min_shared - 1 share all positions up to it: bucketing by that slot (not the first
+    one) keeps a request that shares only a chat template's first tokens with a group out of it. A bucket's shared length is the longest common prefix of its rows (checked,
     not assumed), capped so it holds only cached positions (every member's new tokens see it all)."""
     buckets: dict[int, list[int]] = {}
     for i, (ext, seq, row) in enumerate(zip(extend_lens, seq_lens, slot_rows)):
@@ -42,7 +49,9 @@ def find_prefix_groups(extend_lens: list[int], seq_lens: list[int], slot_rows: l
         rows = torch.stack([slot_rows[i][:cap] for i in members])
         same = (rows == rows[0]).all(dim=0)
         shared = cap if bool(same.all()) else int(same.to(torch.int8).argmin())  # first mismatch
-        if shared >= min_shared:
+        saved = (len(members) - 1) * shared
+        suffixes = sum(seq_lens[i] for i in members) - len(members) * shared
+        if shared >= min_shared and saved >= max(min_saved, suffixes):
             groups.append(PrefixGroup(shared, members))
     return groups
 
