@@ -6,6 +6,7 @@
 - the torch backend with prefix groups equals it without them (fp32, tight tolerance) on mixed
   batches: shared and private decodes, several groups, jump-forward drafts, a chunked prefill next
   to the decodes, contiguous (read in place) and scattered shared slots, GQA 1/3/4;
+- `--no-cascade-attention` turns it off;
 - the real model gives identical greedy tokens with cascade attention on and off for a batch that
   shares a long cached system prompt (and groups were really formed).
 """
@@ -150,6 +151,14 @@ def test_cascade_with_a_group_shorter_than_the_common_prefix_and_only_groups():
     plain = run_backend(batch, q, k, v)
     batch.prefix_groups = [PrefixGroup(50, [0, 1]), PrefixGroup(45, [2, 3])]
     torch.testing.assert_close(run_backend(batch, q, k, v), plain, atol=FP32_TOL, rtol=FP32_TOL)
+
+
+def test_cli_flag_turns_cascade_off():
+    from gateway.cli import build_parser, serve_settings
+
+    assert serve_settings(build_parser().parse_args(["serve"]), environ={}).engine.cascade_attention is True
+    argv = ["serve", "--no-cascade-attention"]
+    assert serve_settings(build_parser().parse_args(argv), environ={}).engine.cascade_attention is False
 
 
 # ------------------------------------------------------------------------------- the real model
