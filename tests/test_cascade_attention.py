@@ -143,6 +143,16 @@ def test_cascade_equals_plain_attention_on_a_mixed_batch(heads, kv_heads, dim):
     torch.testing.assert_close(run_backend(batch, q, k, v), plain, atol=FP32_TOL, rtol=FP32_TOL)
 
 
+def test_cascade_in_bfloat16_stays_within_bfloat16_rounding_of_plain_attention():
+    batch = make_batch(MIXED)
+    q, k, v = (x.to(torch.bfloat16) for x in random_qkv(batch, 9, 3, 64))
+    plain = run_backend(batch, q, k, v)
+    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
+                                             TorchAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    assert batch.prefix_groups
+    torch.testing.assert_close(run_backend(batch, q, k, v), plain, atol=3e-2, rtol=3e-2)
+
+
 def test_cascade_with_a_group_shorter_than_the_common_prefix_and_only_groups():
     """Groups given by hand (any shared_len within the cached part is valid), every short row in
     a group: no plain padded call at all."""
