@@ -9,6 +9,7 @@ import sys
 SUITES = {
     "engine": "bench.engine_bench",
     "cache": "bench.cache_bench",
+    "cascade": "bench.cascade_bench",
     "hicache": "bench.hicache_bench",
     "grammar": "bench.grammar_bench",
     "serve": "bench.serve_bench",

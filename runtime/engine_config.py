@@ -33,6 +33,10 @@ class EngineConfig:
     cuda_graphs: bool = setting(
         True, "run decode passes eagerly on CUDA instead of replaying CUDA graphs (graphs: CUDA + triton only)",
         flag="--no-cuda-graphs", negative=True)
+    cascade_attention: bool = setting(
+        True, "attend to every request's whole context separately, also where requests share a cached prefix "
+        "(cascade: the shared prefix is read once per layer for all of them; torch backend only)",
+        flag="--no-cascade-attention", negative=True)
     kv_pool_tokens: int | None = setting(
         None, "KV cache size in tokens", flag="--kv-pool-tokens", type=int, min=1, optional=True,
         default_text="sized from free memory")

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass
+class PrefixGroup:
+    """Requests of a pass whose slot rows start with the same `shared_len` slots (a prefix they
+    share in the radix cache). Cascade attention reads those slots once for all `members` (indices
+    into the batch's requests) and each member's own suffix separately."""
+
+    shared_len: int
+    members: list[int]
 
 
 @dataclass
@@ -16,6 +26,9 @@ class ForwardBatch:
     seq_lens: list[int]  # total tokens per request after this pass (cached prefix + new)
     slot_rows: list[torch.Tensor]  # per request: slots of all its seq_lens positions
     logits_index: torch.Tensor  # [N] rows of the T new tokens whose logits are wanted
+    # Shared-prefix groups (cascade attention); empty: every request attends over its own row.
+    # Backends without cascade support ignore them (slot_rows stay complete).
+    prefix_groups: list[PrefixGroup] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

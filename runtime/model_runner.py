@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from runtime.attention import make_attention_backend
+from runtime.attention.cascade import find_prefix_groups
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool, ReqToTokenTable
@@ -83,6 +84,8 @@ class ModelRunner:
         self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device)
         self.req_table = ReqToTokenTable(cfg.max_running_requests, max_context + cfg.max_jump_forward_tokens + 2)
         self.attn = make_attention_backend(cfg.attention_backend, device)
+        # shared-prefix groups are built only for a backend that reads them
+        self.cascade = cfg.cascade_attention and self.attn.supports_prefix_groups
         self.cuda_graphs = None  # decode passes replayed from CUDA graphs (CUDA + triton only)
         if cfg.cuda_graphs and device.type == "cuda" and self.attn.name == "triton":
             from runtime.cuda_graphs import DecodeCudaGraphs
@@ -123,6 +126,8 @@ class ModelRunner:
             seq_lens=seq_lens, slot_rows=slot_rows,
             logits_index=torch.tensor(logits_index, dtype=torch.int64, device=self.device),
         )
+        if self.cascade and len(plan) > 1:
+            batch.prefix_groups = find_prefix_groups(ext_lens, seq_lens, slot_rows, self.attn.max_short_extend)
         # Always run the pass, even when no row's logits are wanted (a pass of only mid-prompt
         # prefill chunks): the forward is what writes this pass's K/V into the pool.
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):

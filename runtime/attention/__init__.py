@@ -2,6 +2,7 @@
 
 - base.py:           AttentionBackend, the contract every backend implements
 - torch_backend.py:  TorchAttentionBackend (SDPA; CPU and CUDA)
+- cascade.py:        shared-prefix (cascade) attention: prefix groups, attention with LSE, the merge
 - triton_backend.py: TritonAttentionBackend and its kernels (CUDA; CPU under TRITON_INTERPRET=1)
 
 The Triton backend is imported only when asked for: importing triton is slow, and the

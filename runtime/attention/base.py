@@ -20,6 +20,8 @@ from runtime.forward_batch import ForwardBatch
 
 class AttentionBackend(ABC):
     name = "abstract"
+    # True: `prepare` honours ForwardBatch.prefix_groups (shared-prefix / cascade attention)
+    supports_prefix_groups = False
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
