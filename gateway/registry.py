@@ -16,7 +16,6 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,13 +24,12 @@ from typing import Any
 import msgspec
 
 from gateway.protocol import SchemaEntry
+from gateway.tenant_files import TEMP_PATTERN, tenant_dir, tenant_of, write_atomic
 from grammar.cache import remove_stale_temp_files
 
 log = logging.getLogger("jumpgate.gateway.registry")
 
 ID_RE = re.compile(r"^sch_[0-9a-f]{16,64}$")
-_TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_DEFAULT_TENANT_DIR = "_default"
 _PIN_SUFFIX = ".pin.json"
 
 
@@ -58,7 +56,7 @@ def valid_id(entry_id: str) -> bool:
 
 
 class SchemaRegistry:
-    TEMP_PATTERN = "*/.tmp-*.json"  # what `put` writes before its rename
+    TEMP_PATTERN = TEMP_PATTERN  # what `put` writes before its rename
 
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
@@ -67,13 +65,7 @@ class SchemaRegistry:
         remove_stale_temp_files(self.root, self.TEMP_PATTERN)
 
     def _tenant_dir(self, tenant: str) -> Path:
-        if tenant == "":
-            name = _DEFAULT_TENANT_DIR
-        elif _TENANT_RE.match(tenant) and tenant != _DEFAULT_TENANT_DIR:
-            name = tenant
-        else:
-            raise ValueError(f"invalid tenant id {tenant!r}")
-        return self.root / name
+        return tenant_dir(self.root, tenant)
 
     def _path(self, tenant: str, entry_id: str) -> Path | None:
         if not valid_id(entry_id):
@@ -86,20 +78,7 @@ class SchemaRegistry:
 
     @staticmethod
     def _write_atomic(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        write_atomic(path, data)
 
     def put(
         self, tenant: str, kind: str, payload: Any, canonical_text: str, name: str | None = None,
@@ -136,9 +115,9 @@ class SchemaRegistry:
         """Every pinned entry of every tenant, oldest pin first (the order they are re-applied in)."""
         found = []
         for pin_path in self.root.glob(f"*/sch_*{_PIN_SUFFIX}"):
-            tenant = "" if pin_path.parent.name == _DEFAULT_TENANT_DIR else pin_path.parent.name
+            tenant = tenant_of(pin_path.parent)
             entry_id = pin_path.name[: -len(_PIN_SUFFIX)]
-            if not valid_id(entry_id) or not (tenant == "" or _TENANT_RE.match(tenant)):
+            if not valid_id(entry_id) or tenant is None:
                 continue
             try:
                 record = msgspec.json.decode(pin_path.read_bytes(), type=PinRecord)

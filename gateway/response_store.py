@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 import threading
 import uuid
 from collections import OrderedDict
@@ -26,13 +25,12 @@ from msgspec import Struct
 
 from gateway.protocol import Message
 from gateway.protocol_responses import ResponseObject
+from gateway.tenant_files import TEMP_PATTERN, tenant_dir, write_atomic
 from grammar.cache import remove_stale_temp_files
 
 log = logging.getLogger("jumpgate.gateway.responses")
 
 ID_RE = re.compile(r"^resp_[0-9a-f]{32}$")
-_TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_DEFAULT_TENANT_DIR = "_default"
 
 
 def new_response_id() -> str:
@@ -55,7 +53,7 @@ class StoredResponse(Struct, kw_only=True):
 
 
 class ResponseStore:
-    TEMP_PATTERN = "*/.tmp-*.json"
+    TEMP_PATTERN = TEMP_PATTERN
 
     def __init__(self, root: str | os.PathLike[str], max_count: int, max_bytes: int):
         self.root = Path(root)
@@ -67,13 +65,7 @@ class ResponseStore:
         remove_stale_temp_files(self.root, self.TEMP_PATTERN)
 
     def _tenant_dir(self, tenant: str) -> Path:
-        if tenant == "":
-            name = _DEFAULT_TENANT_DIR
-        elif _TENANT_RE.match(tenant) and tenant != _DEFAULT_TENANT_DIR:
-            name = tenant
-        else:
-            raise ValueError(f"invalid tenant id {tenant!r}")
-        return self.root / name
+        return tenant_dir(self.root, tenant)
 
     def _tenant_index(self, folder: Path) -> OrderedDict[str, int]:
         """The tenant's records, oldest first (read from disk once per process)."""
@@ -97,17 +89,7 @@ class ResponseStore:
         with self._lock:
             folder.mkdir(parents=True, exist_ok=True)
             index = self._tenant_index(folder)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, folder / f"{rid}.json")
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                raise
+            write_atomic(folder / f"{rid}.json", data, durable=False)
             index[rid] = len(data)
             index.move_to_end(rid)
             self._evict(folder, index)
