@@ -43,6 +43,7 @@ OPERATIONS = [
     ("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"),
     ("GET", "/v1/schemas"), ("POST", "/v1/schemas"), ("GET", "/v1/schemas/{schema_id}"),
     ("DELETE", "/v1/schemas/{schema_id}"), ("POST", "/v1/schemas/check"), ("GET", "/health"), ("GET", "/metrics"),
+    ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
 ]
 POSITIVE, NEGATIVE = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
 # valid input for every operation; invalid bodies where there is a body (a string path parameter
