@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from runtime.completeness import TEXT_TAIL
 from runtime.counters import EngineCounters
 from runtime.request import Req
 from runtime.sampler import apply_token_bitmask, sample_token
@@ -152,7 +153,7 @@ class Decoder:
             return done, None
         r.pending_text += r.detok.add([tok])
         if r.guard is not None:
-            r.guard.after_token(r.output_ids, r.detok.text[-32:], r.matcher.closes_value(tok))
+            r.guard.after_token(r.output_ids, r.detok.text[-TEXT_TAIL:], r.matcher.closes_value(tok))
         if r.detok.stopped:
             return "stop", None
         if len(r.output_ids) >= p.max_new_tokens:
