@@ -144,6 +144,16 @@ def test_json_object_and_regex_plans(service, tokenizer):
     assert re.fullmatch(pattern, "Items: apple, pear, plum" + tokenizer.decode(m.completion_plan()))
 
 
+@pytest.mark.parametrize("field", [{"response_format": {"type": "json_object"}}, {"regex": "[a-z]+"},
+                                   {"ebnf": 'root ::= "a"+'}], ids=["json_object", "regex", "ebnf"])
+def test_gateway_sends_json_object_regex_and_ebnf_as_strict(gateway_client, fake_engine, field):
+    """The gateway asks the engine for the guard on every kind (it used to send them unguarded)."""
+    resp = gateway_client().post("/v1/chat/completions", json={
+        "model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], **field})
+    assert resp.status_code == 200, resp.text
+    assert fake_engine.submitted[-1].strict is True
+
+
 # ==== the real SmolLM2 ============================================================================
 
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
