@@ -80,7 +80,8 @@ def _format_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tupl
     sources: list[tuple[str, str, Any, str, bool]] = []
     rf = req.response_format
     if isinstance(rf, ResponseFormatJsonObject):
-        sources.append(("response_format", "json_object", None, "response_format", False))
+        sources.append(("response_format", "json_object", None, "response_format",
+                        grammar_adapter.strict_closing("json_object")))
     elif isinstance(rf, ResponseFormatJsonSchema):
         js = rf.json_schema
         if js.schema is None:
@@ -91,11 +92,11 @@ def _format_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tupl
     if req.regex is not None:
         if not req.regex:
             raise bad_request("'regex' must not be empty.", "regex")
-        sources.append(("regex", "regex", req.regex, "regex", False))
+        sources.append(("regex", "regex", req.regex, "regex", grammar_adapter.strict_closing("regex")))
     if req.ebnf is not None:
         if not req.ebnf.strip():
             raise bad_request("'ebnf' must not be empty.", "ebnf")
-        sources.append(("ebnf", "ebnf", req.ebnf, "EBNF grammar", False))
+        sources.append(("ebnf", "ebnf", req.ebnf, "EBNF grammar", grammar_adapter.strict_closing("ebnf")))
     return sources
 
 

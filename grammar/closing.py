@@ -8,6 +8,8 @@ The plan is greedy over token classes, tried in order at each state:
 4. closers that also carry a comma (a number ends; the next array item or property begins);
 5. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
 6. any single-character token the grammar allows (a pattern, an enum, a minLength).
+In free text outside a JSON string (a regex, an EBNF rule) a single character that completes the
+match is taken first.
 Inside text (a string, a regex: where plain letters are allowed) `]`, `}`, `,` and `0` are just
 characters, so there the order is string closers, single characters (newline and space first),
 then the rest. A candidate is taken only if it makes progress: a `"` that may be followed by
@@ -31,7 +33,9 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-MAX_PLAN_TOKENS = 256
+# Plans longer than this are not made (no closing): a schema with dozens of required properties
+# needs several hundred tokens (44 properties at three levels: 253), so the cap sits well above that.
+MAX_PLAN_TOKENS = 1024
 MAX_TRIES = 64  # candidates per step that make no progress, before falling back
 MAX_CLASS_TESTS = 16  # closing mask: class members checked for progress
 _FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
@@ -146,6 +150,18 @@ def _progress(vocab: ClosingVocab, ids: torch.Tensor, tok: int, here: _State, af
     return after_sig not in seen
 
 
+def _completing_single(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask_row: torch.Tensor) -> int | None:
+    """Accept and return a single-character token after which the match is complete, if any: in
+    free text (`[a-z]+(, [a-z]+)*\\.`) the other characters make "progress" too, and a separator
+    followed by forced text would start item after item."""
+    for tok in allowed_subset(mask_row, vocab.singles).tolist():
+        if m.accept_token(tok):
+            if m.is_completed():
+                return tok
+            m.rollback(1)
+    return None
+
+
 def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after: torch.Tensor,
           seen: set[bytes], taken: dict[bytes, set[int]]) -> int | None:
     """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
@@ -154,6 +170,13 @@ def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after:
     here = _State(mask[0], m, vocab)
     seen.add(here.sig)
     done = taken.setdefault(here.sig, set())
+    if here.in_text and not allowed_subset(mask[0], vocab.quoted).numel():
+        # free text of a regex or EBNF: end it if one character can
+        tok = _completing_single(m, vocab, mask[0])
+        if tok is not None:
+            done.add(tok)
+            m.fill_next_token_bitmask(after, 0)
+            return tok
     fallback = first = None
     tries = 0
     for ids in vocab.text_classes if here.in_text else vocab.classes:

@@ -6,8 +6,9 @@ engine keeps a bound on how many tokens the grammar still needs to reach a compl
 within that bound, switches to *closing*: only tokens on a shortest completion path stay allowed,
 the model choosing among them. Separately, when the output degenerates into repetition (the same
 token pattern again and again, a number growing digit by digit), the current value is steered to
-close at the next point the grammar allows. Neither fires on well-behaved output, so such output is
-identical to plain constrained decoding.
+close at the next point the grammar allows; inside a string, repetition is also judged on its
+characters (a URL or a path that keeps re-growing), and a run without whitespace has a length cap.
+Neither fires on well-behaved output, so such output is identical to plain constrained decoding.
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ MIN_REPEATS = 3
 MIN_SPAN = 12
 MAX_PERIOD = 16
 MAX_DIGITS = 16  # a number longer than this is a runaway
+
+# Repetition inside a string, judged on characters (token splits of a repeated URL or path vary
+# from copy to copy): within the last TEXT_WINDOW characters of the current text run, a span
+# that is exactly periodic, or whose 8-grams are mostly repeats ("https://a.b/1/https://a.b/2/").
+TEXT_TAIL = 256  # characters of output the engine hands the guard after each token
+TEXT_WINDOW = 160
+MIN_TEXT_SPAN = 48  # shorter runs are never judged repetitive
+MAX_TEXT_PERIOD = 64
+GRAM = 8
+MAX_DISTINCT_GRAMS = 0.55  # share of distinct 8-grams at or below which a run repeats itself
+MAX_RUN = 200  # a run without whitespace or quote (a URL, a path) longer than this is a runaway
 
 
 def has_periodic_suffix(ids: list[int], min_repeats: int = MIN_REPEATS, min_span: int = MIN_SPAN,
@@ -50,6 +62,34 @@ def runaway_number(text_tail: str) -> bool:
             break
         digits += 1
     return digits > MAX_DIGITS
+
+
+def current_run(text_tail: str) -> str:
+    """The text since the last quote: the current string's content (or a number, a literal)."""
+    return text_tail.rpartition('"')[2]
+
+
+def repetitive_text(text_tail: str) -> bool:
+    """Does the current run end in repeated text: a period of <= MAX_TEXT_PERIOD characters seen
+    >= MIN_REPEATS times, or a window made mostly of repeated 8-grams (near-copies)?"""
+    run = current_run(text_tail)[-TEXT_WINDOW:]
+    if len(run) < MIN_TEXT_SPAN:
+        return False
+    for period in range(1, MAX_TEXT_PERIOD + 1):
+        span = max(MIN_TEXT_SPAN, period * MIN_REPEATS)
+        if span > len(run):
+            break
+        tail = run[-span:]
+        if tail[period:] == tail[:-period]:
+            return True
+    grams = [run[i : i + GRAM] for i in range(len(run) - GRAM + 1)]
+    return len(set(grams)) <= MAX_DISTINCT_GRAMS * len(grams)
+
+
+def runaway_run(text_tail: str) -> bool:
+    """A string that grew past MAX_RUN characters without a space: a URL or path gone on too long."""
+    run = current_run(text_tail)
+    return len(run) > MAX_RUN and not any(c.isspace() for c in run[-MAX_RUN - 1 :])
 
 
 @dataclass
@@ -142,7 +182,8 @@ class CompletionGuard:
         if self.close_value and closed_value:
             self.close_value = False
         if self.loop_breaking and not self.closing and not self.close_value:
-            if has_periodic_suffix(output_ids) or runaway_number(text_tail):
+            if (has_periodic_suffix(output_ids) or runaway_number(text_tail) or repetitive_text(text_tail)
+                    or runaway_run(text_tail)):
                 self.close_value = True
                 self.loops_broken += 1
 

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from runtime.api import TokenLogprob
+from runtime.completeness import TEXT_TAIL
 from runtime.counters import EngineCounters
 from runtime.logprobs import forced_logprob, masked_log_softmax, token_logprobs
 from runtime.request import Req
@@ -175,7 +176,7 @@ class Decoder:
         if record is not None:
             r.unsent_logprobs.append(record)
         if r.guard is not None:
-            r.guard.after_token(r.output_ids, r.detok.text[-32:], r.matcher.closes_value(tok))
+            r.guard.after_token(r.output_ids, r.detok.text[-TEXT_TAIL:], r.matcher.closes_value(tok))
         if r.detok.stopped:
             return "stop", None
         if len(r.output_ids) >= p.max_new_tokens:

@@ -90,9 +90,11 @@ def test_strict_changes_the_key_only_where_the_kind_uses_it():
     assert GrammarSpec.of("regex", "a+", False).key("fp") == GrammarSpec.of("regex", "a+").key("fp")
 
 
-def test_only_json_kinds_run_under_the_strict_completion_guard():
-    assert {n for n, k in KINDS.items() if k.strict_closing} == {"json_schema", "tool_calls"}
-    assert grammar_adapter.strict_closing("json_schema") and not grammar_adapter.strict_closing("regex")
+def test_every_kind_runs_under_the_strict_completion_guard():
+    # issue #16: json_object, regex and EBNF outputs are closed within the budget too
+    assert {n for n, k in KINDS.items() if k.strict_closing} == set(KINDS)
+    assert grammar_adapter.strict_closing("json_schema") and grammar_adapter.strict_closing("regex")
+    assert not grammar_adapter.strict_closing("no_such_kind")
 
 
 def test_prompt_instructions_come_from_the_kind():

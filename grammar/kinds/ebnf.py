@@ -13,6 +13,8 @@ class EbnfKind(ConstraintKind):
     param = "ebnf"
     what = "EBNF grammar"
     error_code = "invalid_grammar"
+    # as for regex: closing where the plan finds a completion from the matcher's state
+    strict_closing = True
 
     def validate(self, spec: SpecLike) -> None:
         # xgrammar checks the grammar itself when compiling (its message names the bad rule)

@@ -16,6 +16,8 @@ class JsonObjectKind(ConstraintKind):
     param = "response_format"
     what = "JSON object grammar"
     error_code = "invalid_schema"
+    # `{}` is always near: closing and loop breaking keep a strict object complete
+    strict_closing = True
 
     def spec_fields(self, payload: Any, strict: bool) -> tuple[Any, bool]:
         return None, True

@@ -13,6 +13,9 @@ class RegexKind(ConstraintKind):
     param = "regex"
     what = "regex"
     error_code = "invalid_regex"
+    # closing follows the shortest completion the plan finds from the matcher's state (none found
+    # within the plan's cap: the guard never closes, as without it)
+    strict_closing = True
 
     def validate(self, spec: SpecLike) -> None:
         validate_regex(spec.payload, param=spec.param)
