@@ -98,25 +98,27 @@ class LLGuidanceMatcher:
 
     def accept(self, token_id: int) -> bool:
         # consume_token puts a refusing matcher in a permanent error state: check first
-        # (validate_tokens does not count a stop token, which is allowed exactly when accepting)
         token_id = int(token_id)
         if self._terminated:
             return False
         if token_id in self._stop_ids:
-            if not self._matcher.is_accepting():
-                return False
-        elif self._matcher.validate_tokens([token_id]) != 1:
+            # The stop token is kept here, not given to llguidance: it is allowed exactly when the
+            # value is complete, and llguidance 1.9 cannot roll back over a consumed EOS (it drops
+            # the token before it too and then refuses everything).
+            self._terminated = self._matcher.is_accepting()
+            return self._terminated
+        if self._matcher.validate_tokens([token_id]) != 1:
             return False
-        if not self._matcher.consume_token(token_id):
-            return False
-        if token_id in self._stop_ids:
-            self._terminated = True
-        return True
+        return self._matcher.consume_token(token_id)
 
     def rollback(self, num_tokens: int) -> None:
-        if num_tokens > 0:
+        if num_tokens <= 0:
+            return
+        if self._terminated:  # the stop token is always the last one accepted
+            self._terminated = False
+            num_tokens -= 1
+        if num_tokens:
             self._matcher.rollback(num_tokens)
-            self._terminated = False  # a stop token is always the last one accepted
 
     def is_terminated(self) -> bool:
         return self._terminated
