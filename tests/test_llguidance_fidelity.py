@@ -4,6 +4,9 @@ and refuses a violating one; the report, the cache key and the routing say which
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from grammar import GrammarSpec
@@ -20,6 +23,7 @@ EXPECTED_LLGUIDANCE = {
     "required_undeclared", "minLength_without_type", "minimum_without_type",
 }
 TAKEN = [c for c in NOT_MASKED_CASES if c[0] in EXPECTED_LLGUIDANCE]
+DATA = Path(__file__).parent / "data"
 
 
 def writes(handle, tokenizer, text: str) -> bool:
@@ -90,3 +94,19 @@ def test_schemas_xgrammar_masks_fully_stay_with_xgrammar():
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}, "required": ["n"]}
     assert routed_schema_fidelity(schema) == schema_fidelity(schema)
     assert "engine" not in routed_schema_fidelity(schema).as_dict()
+
+
+def test_strict_closes_an_all_of_as_a_whole(service, tokenizer):
+    # each branch declares some of the names; closing the branches one by one would refuse them all
+    schema = json.loads((DATA / "schema_corpus" / "allof_base_and_extension.json").read_text())
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert isinstance(handle, LLGuidanceHandle) and handle.fidelity.refused_in_strict == ()
+    assert writes(handle, tokenizer, '{"id":1,"name":"a"}')
+    assert not writes(handle, tokenizer, '{"id":1}')  # both branches' required hold
+    assert not writes(handle, tokenizer, '{"id":1,"name":"a","x":2}')  # closed over the branches' names
+    beside = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "allOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    handle = service.compile(GrammarSpec("json_schema", beside, True))
+    assert writes(handle, tokenizer, '{"a":1,"b":2}')
+    assert not writes(handle, tokenizer, '{"a":1}')
+    assert not writes(handle, tokenizer, '{"a":1,"b":2,"c":3}')
