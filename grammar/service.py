@@ -137,20 +137,6 @@ class GrammarService:
             return base
         return hashlib.sha256(f"{base}|engine={LLGUIDANCE}".encode()).hexdigest()
 
-    def _engine_for(self, base_key: str, spec: GrammarSpec) -> str:
-        engine = self._engines.get(base_key)
-        if engine is None:
-            engine = XGRAMMAR
-            if spec.kind == "json_schema":
-                try:
-                    engine = spec_fidelity(spec.kind, spec.payload, spec.strict).engine
-                except Exception:  # not validated yet: xgrammar's path then refuses it with its message
-                    engine = XGRAMMAR
-            if len(self._engines) >= 4096:
-                self._engines.clear()
-            self._engines[base_key] = engine
-        return engine
-
     def compile(self, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Blocking lookup/compile under the time limit (don't call it on an event loop)."""
         key = self._checked_key(spec)
@@ -209,6 +195,20 @@ class GrammarService:
         self._pool.shutdown()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _engine_for(self, base_key: str, spec: GrammarSpec) -> str:
+        engine = self._engines.get(base_key)
+        if engine is None:
+            engine = XGRAMMAR
+            if spec.kind == "json_schema":
+                try:
+                    engine = spec_fidelity(spec.kind, spec.payload, spec.strict).engine
+                except Exception:  # not validated yet: xgrammar's path then refuses it with its message
+                    engine = XGRAMMAR
+            if len(self._engines) >= 4096:
+                self._engines.clear()
+            self._engines[base_key] = engine
+        return engine
 
     def _checked_key(self, spec: GrammarSpec) -> str:
         try:

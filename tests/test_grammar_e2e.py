@@ -37,8 +37,8 @@ MAX_NEW = 96  # strict closing guarantees completion, so a small budget is enoug
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
 
 # Keywords the compiling engine (xgrammar 0.2.x; llguidance where it is exact) does not enforce, as
-# the fidelity report (grammar/fidelity.py) classifies them (strict mode refuses these schemas at the gateway): for these
-# schemas a validation error is accepted only where its schema path passes through one of them.
+# the fidelity report (grammar/fidelity.py) classifies them (strict mode refuses these schemas at
+# the gateway): for these schemas a validation error is accepted only where its schema path passes through one of them.
 # Everything else (types, required, enums, consts, patterns, bounds, additionalProperties, ...)
 # must hold. tests/test_fidelity_classifier.py pins the list this produces.
 KNOWN_UNENFORCED = {
