@@ -12,6 +12,7 @@ SUITES = {
     "cascade": "bench.cascade_bench",
     "hicache": "bench.hicache_bench",
     "grammar": "bench.grammar_bench",
+    "grammar_engines": "bench.grammar_engines_bench",
     "serve": "bench.serve_bench",
     "soak": "bench.soak_bench",
     "validation": "bench.validation_bench",

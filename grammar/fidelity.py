@@ -18,6 +18,14 @@ GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them hones
   property are not masked;
 - names of additional properties may repeat (the grammar has no memory of names written).
 
+Where every keyword xgrammar would not mask is one llguidance enforces exactly (marked as such
+below: minLength/maxLength beside `pattern`, `multipleOf` on numbers, keywords beside anyOf/allOf/
+$ref, allOf with several branches, scalar keywords without a declared type, `required` naming an
+undeclared property) and llguidance compiles the schema without error or warning, the
+schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
+`enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
+matcher). Reports without an `engine` are xgrammar's.
+
 Strict mode promises that every output fits, so it accepts only `enforced`: `checked` guarantees
 detection, not validity (a later stage may add check-and-rollback). Only the duplicate-key risk is
 let through in strict mode, reported and counted, because refusing it would refuse every open
@@ -27,7 +35,7 @@ object (`{"type": "object"}`), which tools use widely.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import jsonschema
@@ -35,6 +43,7 @@ import jsonschema
 from grammar.errors import join_pointer
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
+XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
 DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
 
 # Formats whose shape xgrammar 0.2.9 masks (a malformed value is refused by the grammar).
@@ -82,17 +91,23 @@ class KeywordFidelity:
     keyword: str
     status: str  # ENFORCED, CHECKED or UNENFORCED
     reason: str = ""
+    engine: str = XGRAMMAR  # whose mask the status is about
+    # xgrammar approximates this keyword where llguidance enforces it exactly
+    exact_in_llguidance: bool = field(default=False, compare=False)
 
     def as_dict(self) -> dict[str, str]:
         out = {"pointer": self.pointer, "keyword": self.keyword, "status": self.status}
         if self.reason:
             out["reason"] = self.reason
+        if self.engine != XGRAMMAR:
+            out["engine"] = self.engine
         return out
 
 
 @dataclass(frozen=True)
 class FidelityReport:
     keywords: tuple[KeywordFidelity, ...] = ()
+    engine: str = XGRAMMAR  # the engine that compiles the schema
 
     @property
     def not_masked(self) -> tuple[KeywordFidelity, ...]:
@@ -110,12 +125,36 @@ class FidelityReport:
 
     def as_dict(self) -> dict[str, Any]:
         counts = {status: sum(k.status == status for k in self.keywords) for status in (ENFORCED, CHECKED, UNENFORCED)}
-        return {"guaranteed": self.guaranteed, "counts": counts, "keywords": [k.as_dict() for k in self.keywords]}
+        out = {"guaranteed": self.guaranteed, "counts": counts, "keywords": [k.as_dict() for k in self.keywords]}
+        if self.engine != XGRAMMAR:
+            out["engine"] = self.engine
+        return out
 
 
 def schema_fidelity(schema: Any, *, strict: bool = True, pointer: str = "") -> FidelityReport:
     """Classify every validation keyword of `schema` (already validated; pointers under `pointer`)."""
     return FidelityReport(tuple(_walk(schema, pointer, strict)))
+
+
+def routed_schema_fidelity(schema: Any, *, strict: bool = True) -> FidelityReport:
+    """The report of the engine that compiles `schema`: xgrammar's, unless llguidance enforces
+    exactly every keyword xgrammar would not mask and compiles the schema cleanly."""
+    report = schema_fidelity(schema, strict=strict)
+    refused = report.refused_in_strict
+    if not refused or not all(k.exact_in_llguidance for k in refused):
+        return report
+    from grammar.llg_schema import llguidance_refusal  # only schemas that need it load llguidance
+
+    if llguidance_refusal(schema, strict=strict) is not None:
+        return report
+    return FidelityReport(tuple(_under_llguidance(k) for k in report.keywords), engine=LLGUIDANCE)
+
+
+def _under_llguidance(entry: KeywordFidelity) -> KeywordFidelity:
+    if entry.exact_in_llguidance:
+        return replace(entry, status=ENFORCED, engine=LLGUIDANCE,
+                       reason=f"enforced by llguidance (xgrammar would not: {entry.reason})")
+    return replace(entry, engine=LLGUIDANCE) if entry.status == ENFORCED else entry
 
 
 def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
@@ -139,7 +178,7 @@ def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
 def spec_fidelity(kind: str, payload: Any, strict: bool = True) -> FidelityReport | None:
     """The report for a grammar spec's kind and payload; None for kinds without a schema."""
     if kind == "json_schema":
-        return schema_fidelity(payload, strict=strict)
+        return routed_schema_fidelity(payload, strict=strict)
     if kind == "tool_calls" and isinstance(payload, dict):
         return tools_fidelity(payload.get("tools") or [])
     return None
@@ -169,10 +208,11 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None):
         if isinstance(node.get(name), dict):
             children += [(v, join_pointer(here, name, k), None) for k, v in node[name].items()]
 
-    def mark(keyword: str, status: str, reason: str = "") -> None:
+    def mark(keyword: str, status: str, reason: str = "", exact_in_llguidance: bool = False) -> None:
         if status != ENFORCED and status != UNENFORCED:
             status = _checked_or_unenforced(node, keyword)
-        entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, status, reason))
+        entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, status, reason,
+                                       exact_in_llguidance=exact_in_llguidance))
 
     combinator = next((k for k in COMBINATORS if k in node), None)
     if combinator is not None:
@@ -199,7 +239,7 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None):
             if undeclared:
                 names = ", ".join(map(str, undeclared))
                 mark(keyword, CHECKED, f"required names properties not declared in properties ({names}), "
-                                       "which xgrammar does not force")
+                                       "which xgrammar does not force", exact_in_llguidance=True)
             else:
                 mark(keyword, ENFORCED)
         elif keyword == "unevaluatedProperties":
@@ -223,7 +263,7 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
     value = node[combinator]
     siblings = [k for k in present if k != combinator]
     if combinator == "allOf" and isinstance(value, list) and len(value) > 1:
-        mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value")
+        mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
     elif combinator == "oneOf" and not _provably_disjoint(value):
         mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
     else:
@@ -236,7 +276,8 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         if keyword in ("then", "else") and "if" not in node:
             continue
         mark(keyword, CHECKED, f"keywords beside {combinator} are ignored by xgrammar (only {combinator} is compiled); "
-                               f"move {keyword} into the {combinator} branches")
+                               f"move {keyword} into the {combinator} branches",
+             exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref"))
     return entries, children
 
 
@@ -263,13 +304,14 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
         return  # the keyword cannot apply to any allowed type (JSON Schema ignores it too)
     if types is None:
         mark(keyword, CHECKED, f"{keyword} is masked only under a declared type ({' or '.join(applies_to)}); "
-                               "add one beside it")
+                               "add one beside it", exact_in_llguidance=True)
     elif keyword in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
         mark(keyword, CHECKED, f"{keyword} is ignored beside {'pattern' if 'pattern' in node else 'format'}; "
-                               "write the length into the pattern (e.g. ^[a-z]{1,5}$)")
+                               "write the length into the pattern (e.g. ^[a-z]{1,5}$)",
+             exact_in_llguidance="pattern" in node and "format" not in node)
     elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node)):
         mark(keyword, CHECKED, "multipleOf is masked only for type integer, and not beside a one-sided range "
-                               "(give both a lower and an upper bound, or neither)")
+                               "(give both a lower and an upper bound, or neither)", exact_in_llguidance=True)
     elif keyword == "format" and node["format"] not in MASKED_FORMATS:
         fmt = node["format"]
         if fmt in CHECKABLE_FORMATS:

@@ -4,6 +4,11 @@ Lookups go memory -> disk -> compile. Everything slower than a dict lookup (vali
 read, compile) runs on the compile workers under a time limit, so neither the HTTP event loop
 nor other requests wait on a slow schema. Identical specs compiling at the same time share one
 compile (single flight).
+
+Two engines compile: xgrammar (the default, with the disk cache) and llguidance, for JSON schemas
+whose keywords xgrammar would only approximate and llguidance enforces exactly (the fidelity
+report decides: grammar/fidelity.py). An llguidance grammar's cache key is the spec's key with the
+engine appended; llguidance grammars live in memory only (llguidance compiles lazily, in ms).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from grammar.closing import ClosingVocab
 from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.draft_split import DraftSplitter
 from grammar.errors import GrammarCompileTimeout, GrammarSpecError
-from grammar.fidelity import FidelityReport, spec_fidelity
+from grammar.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity
+from grammar.llg_matcher import LLGuidanceHandle, LLGuidanceTokenizer, compile_llguidance
+from grammar.llg_schema import llguidance_grammar
 from grammar.matcher import XGrammarMatcher
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
@@ -121,11 +128,16 @@ class GrammarService:
         self._inflight: dict[str, CompileJob] = {}
         self._lock = threading.Lock()
         self._stats = GrammarServiceStats()
+        self._llg_tokenizer = LLGuidanceTokenizer(hf_tokenizer, vocab_size, self.stop_token_ids)
+        self._engines: dict[str, str] = {}  # spec key -> engine (bounded; the choice walks the schema)
 
     # -- public ----------------------------------------------------------------------------
 
     def key(self, spec: GrammarSpec) -> str:
-        return spec.key(self.fingerprint)
+        base = spec.key(self.fingerprint)
+        if self._engine_for(base, spec) == XGRAMMAR:
+            return base
+        return hashlib.sha256(f"{base}|engine={LLGUIDANCE}".encode()).hexdigest()
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Blocking lookup/compile under the time limit (don't call it on an event loop)."""
@@ -185,6 +197,20 @@ class GrammarService:
         self._pool.shutdown()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _engine_for(self, base_key: str, spec: GrammarSpec) -> str:
+        engine = self._engines.get(base_key)
+        if engine is None:
+            engine = XGRAMMAR
+            if spec.kind == "json_schema":
+                try:
+                    engine = spec_fidelity(spec.kind, spec.payload, spec.strict).engine
+                except Exception:  # not validated yet: xgrammar's path then refuses it with its message
+                    engine = XGRAMMAR
+            if len(self._engines) >= 4096:
+                self._engines.clear()
+            self._engines[base_key] = engine
+        return engine
 
     def _checked_key(self, spec: GrammarSpec) -> str:
         try:
@@ -247,24 +273,40 @@ class GrammarService:
         started = time.perf_counter()
         try:
             validate_spec(spec)
+            fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict)
+            if fidelity is not None and fidelity.engine == LLGUIDANCE:
+                return self._compile_llguidance(key, spec, fidelity, started)
             compiled = compile_spec(self._compiler, spec)
         except GrammarSpecError:
             with self._lock:
                 self._stats.compile_errors += 1
             raise
-        elapsed = time.perf_counter() - started
-        with self._lock:
-            self._stats.compile_seconds_total += elapsed
-            self._stats.compile_seconds_max = max(self._stats.compile_seconds_max, elapsed)
-        handle = self._handle(key, spec.kind, compiled, spec)
+        self._count_compile(started)
+        handle = self._handle(key, spec.kind, compiled, spec, fidelity)
         self._memory.put(key, handle)
         if self._disk is not None:
             self._disk.store(key, compiled)
         return handle
 
+    def _compile_llguidance(self, key: str, spec: GrammarSpec, fidelity: FidelityReport,
+                            started: float) -> LLGuidanceHandle:
+        grammar = llguidance_grammar(spec.payload, strict=spec.strict)
+        start = compile_llguidance(self._llg_tokenizer.get(), grammar, "JSON schema", spec.param)
+        self._count_compile(started)
+        handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity)
+        self._memory.put(key, handle)
+        return handle
+
+    def _count_compile(self, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._stats.compile_seconds_total += elapsed
+            self._stats.compile_seconds_max = max(self._stats.compile_seconds_max, elapsed)
+
     def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar,
-                spec: GrammarSpec | None = None) -> CompiledGrammarHandle:
-        fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict) if spec is not None else None
+                spec: GrammarSpec | None = None, fidelity: FidelityReport | None = None) -> CompiledGrammarHandle:
+        if fidelity is None and spec is not None:
+            fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict)
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
                                      _splitter=self.draft_splitter, fidelity=fidelity)
 

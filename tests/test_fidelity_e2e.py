@@ -1,6 +1,7 @@
-"""Schema fidelity through a real `jumpgate serve` (SmolLM2-135M on CPU): the issue's schema (a
-string with `pattern` and `maxLength`, whose length xgrammar drops) is refused in strict mode with
-the keyword's pointer, and with best effort the model's real output comes back with a verdict
+"""Schema fidelity through a real `jumpgate serve` (SmolLM2-135M on CPU): a schema no engine masks
+(`uniqueItems`) is refused in strict mode with the keyword's pointer (the issue's schema, a string
+with `pattern` and `maxLength`, is now compiled by llguidance: tests/test_llguidance_e2e.py), and
+with best effort the model's real output comes back with a verdict
 that agrees with jsonschema's, on whole and streamed responses."""
 
 from __future__ import annotations
@@ -41,16 +42,19 @@ def jsonschema_verdict(text: str) -> bool:
     return jsonschema.Draft202012Validator(WORD).is_valid(value)
 
 
-def test_strict_refuses_the_length_beside_a_pattern(http):
-    resp = http.post("/v1/chat/completions", json=body())
+def test_strict_refuses_a_keyword_no_engine_masks(http):
+    schema = {"type": "object", "properties": {"words": {"type": "array", "items": WORD["properties"]["word"],
+                                                         "uniqueItems": True}}, "required": ["words"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "words", "schema": schema}}
+    resp = http.post("/v1/chat/completions", json=body(response_format=rf))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["code"] == "schema_not_enforceable"
     assert error["param"] == "response_format.json_schema.schema"
-    assert "'maxLength' at '/properties/word/maxLength'" in error["message"]
-    check = http.post("/v1/schemas/check", json={"schema": WORD}).json()
+    assert "'uniqueItems' at '/properties/words/uniqueItems'" in error["message"]
+    check = http.post("/v1/schemas/check", json={"schema": schema}).json()
     assert check["strict_accepted"] is False
-    assert "'maxLength' at '/properties/word/maxLength'" in check["strict_refusal"]
+    assert "'uniqueItems' at '/properties/words/uniqueItems'" in check["strict_refusal"]
 
 
 def test_best_effort_output_carries_a_verdict_that_agrees_with_jsonschema(http):

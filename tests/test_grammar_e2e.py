@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from grammar import GrammarService, GrammarSpec, GrammarSpecError
-from grammar.fidelity import schema_fidelity
+from grammar.fidelity import routed_schema_fidelity
 from runtime.api import GenerateRequest
 from runtime.sampling import SamplingParams
 from tests.conftest import chat_ids
@@ -36,15 +36,15 @@ MODES = ("verify", "direct", "off")
 MAX_NEW = 96  # strict closing guarantees completion, so a small budget is enough
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
 
-# Keywords xgrammar (0.2.x) compiles but does not enforce, as the fidelity report
-# (grammar/fidelity.py) classifies them (strict mode refuses these schemas at the gateway): for these
-# schemas a validation error is accepted only where its schema path passes through one of them.
+# Keywords the compiling engine (xgrammar 0.2.x; llguidance where it is exact) does not enforce, as
+# the fidelity report (grammar/fidelity.py) classifies them (strict mode refuses these schemas at
+# the gateway): for these schemas a validation error is accepted only where its schema path passes through one of them.
 # Everything else (types, required, enums, consts, patterns, bounds, additionalProperties, ...)
 # must hold. tests/test_fidelity_classifier.py pins the list this produces.
 KNOWN_UNENFORCED = {
     name: {k.keyword for k in report.refused_in_strict}
     for name in COMPILED_NAMES
-    if (report := schema_fidelity(SCHEMAS[name])).refused_in_strict
+    if (report := routed_schema_fidelity(SCHEMAS[name])).refused_in_strict
 }
 
 

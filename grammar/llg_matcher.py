@@ -1,0 +1,164 @@
+"""Per-request llguidance state for the engine (implements runtime.constraint.TokenMatcher).
+
+`LLGuidanceGrammar` is the compiled constraint: one matcher at the start state, validated once,
+whose deep copies are the requests' matchers (a copy shares the compiled grammar and costs
+microseconds). Jump-forward uses llguidance's own forced tokens.
+
+Strict completeness (budget-aware closing, loop breaking) needs a completion planner, which
+exists only for xgrammar (grammar/closing.py): `supports_strict` is False, so a strict request on
+this engine keeps the exact mask but decodes without the closing guard (a value cut by
+max_tokens is reported as truncated, never passed off as valid).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+
+from grammar.errors import GrammarSpecError
+
+
+class LLGuidanceTokenizer:
+    """The llguidance view of the model's tokenizer, built on first use (about 1.5 s)."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        self._args = (hf_tokenizer, vocab_size, list(stop_token_ids))
+        self._built: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._built is None:
+                hf_tokenizer, vocab_size, stop_ids = self._args
+                self._built = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=stop_ids)
+            return self._built
+
+
+def compile_llguidance(tokenizer: llguidance.LLTokenizer, grammar: str, what: str, param: str | None):
+    """The start-state matcher of `grammar`; GrammarSpecError when llguidance refuses it."""
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if failed:
+        raise GrammarSpecError(f"{what} cannot be compiled by llguidance: {'; '.join(messages)}", "", param)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise GrammarSpecError(f"{what} cannot be compiled by llguidance: {matcher.get_error()}", "", param)
+    return matcher
+
+
+@dataclass(frozen=True, eq=False)
+class LLGuidanceHandle:
+    """A grammar compiled by llguidance, shared by every request with the same spec (a
+    CompiledConstraint, like grammar.service.CompiledGrammarHandle)."""
+
+    key: str
+    kind: str
+    grammar: str  # llguidance's grammar text (what the size estimate is based on)
+    start: Any = field(repr=False)  # llguidance.LLMatcher at the start state
+    stop_ids: frozenset[int] = field(repr=False)
+    fidelity: Any = None  # grammar.fidelity.FidelityReport
+    engine: str = "llguidance"
+
+    def new_matcher(self) -> "LLGuidanceMatcher":
+        return LLGuidanceMatcher(self.start, self.stop_ids)
+
+    def min_completion_tokens(self) -> int | None:
+        return None  # no completion planner for this engine
+
+    @property
+    def memory_size_bytes(self) -> int:
+        # llguidance builds its lexer lazily and does not report its size; the grammar text
+        # times a generous factor keeps the LRU's byte bound meaningful
+        return 64 * 1024 + 16 * len(self.grammar)
+
+
+class LLGuidanceMatcher:
+    __slots__ = ("_matcher", "_stop_ids", "_terminated")
+
+    def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int]) -> None:
+        self._matcher = start.deep_copy()
+        self._stop_ids = stop_ids
+        # llguidance reports "stopped" as soon as only EOS may follow; terminated (as xgrammar
+        # means it) is the stop token having been accepted.
+        self._terminated = False
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout)."""
+        if self._terminated:
+            bitmask[row] = 0
+            for token_id in self._stop_ids:
+                word, bit = divmod(token_id, 32)
+                bitmask[row, word] |= -(1 << 31) if bit == 31 else (1 << bit)
+            return
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        # consume_token puts a refusing matcher in a permanent error state: check first
+        token_id = int(token_id)
+        if self._terminated:
+            return False
+        if token_id in self._stop_ids:
+            # The stop token is kept here, not given to llguidance: it is allowed exactly when the
+            # value is complete, and llguidance 1.9 cannot roll back over a consumed EOS (it drops
+            # the token before it too and then refuses everything).
+            self._terminated = self._matcher.is_accepting()
+            return self._terminated
+        if self._matcher.validate_tokens([token_id]) != 1:
+            return False
+        return self._matcher.consume_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        if self._terminated:  # the stop token is always the last one accepted
+            self._terminated = False
+            num_tokens -= 1
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def is_completed(self) -> bool:
+        return self._terminated or self._matcher.is_accepting()
+
+    def jump_forward_tokens(self, learn: bool = True) -> list[int]:
+        """Tokens llguidance forces from here (its canonical tokenization), not accepted."""
+        if self._terminated or self._matcher.is_stopped():
+            return []
+        forced = [t for t in self._matcher.compute_ff_tokens()]
+        kept = self._matcher.validate_tokens(forced) if forced else 0
+        draft = forced[:kept]
+        cut = next((i for i, t in enumerate(draft) if t in self._stop_ids), len(draft))
+        return draft[:cut]
+
+    # -- strict completeness: not implemented for this engine (see the module docstring) -----
+
+    @property
+    def supports_strict(self) -> bool:
+        return False
+
+    def completion_plan(self) -> list[int] | None:
+        return None
+
+    def completion_bound_after(self, token_id: int) -> int | None:
+        return None
+
+    def may_expand(self, token_id: int) -> bool:
+        return False
+
+    def closes_value(self, token_id: int) -> bool:
+        return False
+
+    def fill_plan_bitmask(self, bitmask, row: int, token_id: int) -> None:
+        self.fill_bitmask(bitmask, row)
+
+    def fill_closing_bitmask(self, bitmask, row: int, tight: bool = False, plan_token: int | None = None) -> None:
+        self.fill_bitmask(bitmask, row)
+
+    def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
+        return False

@@ -1,0 +1,105 @@
+"""JSON schemas as llguidance grammars: the exact engine for what xgrammar would approximate.
+
+llguidance intersects `pattern` with minLength/maxLength, enforces `multipleOf` on numbers and the
+keywords beside anyOf/allOf (and allOf with several branches), and errors on what it does not
+implement instead of approximating. The JSON it writes is compact, as with xgrammar
+(grammar/compact_json.py): no free whitespace, separators "," and ":".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llguidance
+
+from grammar.canonical import canonical_schema
+
+ENGINE = "llguidance"
+_COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+def llguidance_grammar(schema: Any, *, strict: bool) -> str:
+    """The llguidance grammar text of compact JSON matching `schema` (not yet validated)."""
+    schema = canonical_schema(schema)
+    if strict:
+        schema = _closed(schema, schema, open_here=False, open_refs=_all_of_refs(schema))
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)
+
+
+def llguidance_refusal(schema: Any, *, strict: bool) -> str | None:
+    """Why llguidance would not compile `schema` exactly (None: it would).
+
+    Warnings count as refusals: llguidance warns where it would drop or loosen a keyword, and
+    this engine is only used where it is exact.
+    """
+    try:
+        grammar = llguidance_grammar(schema, strict=strict)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return "; ".join(messages) if failed or messages else None
+
+
+def _closed(node: Any, root: dict, *, open_here: bool, open_refs: set[str], where: str = "#") -> Any:
+    """Strict mode: no properties beyond the declared ones where an object declares them (as
+    xgrammar's strict_mode does). An allOf is closed as a whole, over the names its branches
+    declare; the branches themselves (and the definitions they reference) stay open, since closing
+    each would refuse the properties the others declare."""
+    if isinstance(node, list):
+        return [_closed(v, root, open_here=open_here, open_refs=open_refs) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas") and isinstance(
+                value, dict):
+            out[key] = {name: _closed(sub, root, open_here=f"{where}/{key}/{name}" in open_refs,
+                                      open_refs=open_refs, where=f"{where}/{key}/{name}")
+                        for name, sub in value.items()}
+        elif key in ("const", "enum", "default", "examples"):
+            out[key] = value  # data, not schemas
+        else:
+            out[key] = _closed(value, root, open_here=key == "allOf", open_refs=open_refs)
+    if open_here or "additionalProperties" in out or "unevaluatedProperties" in out:
+        return out
+    # names in the order they are declared (llguidance writes properties in that order)
+    names = dict(out["properties"]) if isinstance(out.get("properties"), dict) else {}
+    if isinstance(node.get("allOf"), list):
+        for branch in node["allOf"]:
+            branch = _resolve(branch, root)
+            if isinstance(branch, dict) and isinstance(branch.get("properties"), dict):
+                names.update({name: {} for name in branch["properties"] if name not in names})
+        if names:
+            out["properties"] = names
+    if names:
+        out["additionalProperties"] = False
+    # keywords in canonical (sorted) order: llguidance 1.9 reads `additionalProperties` written
+    # after `allOf` as closing the branches too, and then refuses their properties
+    return {key: out[key] for key in sorted(out)}
+
+
+def _all_of_refs(schema: Any) -> set[str]:
+    """The local references used as allOf branches (their definitions stay open)."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for branch in node.get("allOf") or [] if isinstance(node.get("allOf"), list) else []:
+                if isinstance(branch, dict) and isinstance(branch.get("$ref"), str):
+                    found.add(branch["$ref"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+def _resolve(branch: Any, root: dict) -> Any:
+    """A branch with a local `$ref` ("#/$defs/name") is read as the definition it names."""
+    ref = branch.get("$ref") if isinstance(branch, dict) else None
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return branch
+    node: Any = root
+    for part in ref[2:].split("/"):
+        node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
+    return node

@@ -1,0 +1,112 @@
+"""llguidance's claims, checked on its real matcher: for every keyword the fidelity report hands
+over to llguidance (xgrammar would only approximate it), the compiled grammar accepts a valid value
+and refuses a violating one; the report, the cache key and the routing say which engine compiled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grammar import GrammarSpec
+from grammar.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
+from grammar.llg_matcher import LLGuidanceHandle
+from grammar.llg_schema import llguidance_refusal
+from tests.test_fidelity_classifier import NOT_MASKED_CASES
+
+# The cases of the classifier's table that llguidance takes over (explicit, so it cannot grow or
+# shrink unnoticed); every other case stays with xgrammar and strict mode still refuses it.
+EXPECTED_LLGUIDANCE = {
+    "pattern_with_maxLength", "pattern_with_minLength", "multipleOf_number", "multipleOf_one_sided_range",
+    "allOf_two_branches", "type_beside_anyOf", "minimum_beside_ref", "minimum_beside_allOf",
+    "required_undeclared", "minLength_without_type", "minimum_without_type",
+}
+TAKEN = [c for c in NOT_MASKED_CASES if c[0] in EXPECTED_LLGUIDANCE]
+DATA = Path(__file__).parent / "data"
+
+
+def writes(handle, tokenizer, text: str) -> bool:
+    """Whether the grammar lets the model write exactly `text` and then stop."""
+    matcher = handle.new_matcher()
+    for token_id in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.accept(token_id):
+            return False
+    return matcher.accept(tokenizer.eos_token_id) and matcher.is_terminated()
+
+
+def test_the_cases_llguidance_takes_over_are_the_expected_ones():
+    taken = {c[0] for c in NOT_MASKED_CASES if routed_schema_fidelity(c[1], strict=c[2]).engine == LLGUIDANCE}
+    assert taken == EXPECTED_LLGUIDANCE
+
+
+@pytest.mark.parametrize("name,schema,strict,valid,violating,expected", TAKEN, ids=[c[0] for c in TAKEN])
+def test_llguidance_refuses_what_xgrammar_would_let_through(service, tokenizer, name, schema, strict, valid,
+                                                            violating, expected):
+    pointer, keyword, _ = expected
+    handle = service.compile(GrammarSpec("json_schema", schema, strict))
+    assert isinstance(handle, LLGuidanceHandle)
+    verdict = {(k.pointer, k.keyword): k for k in handle.fidelity.keywords}[(pointer, keyword)]
+    assert (verdict.status, verdict.engine) == (ENFORCED, LLGUIDANCE)
+    assert "enforced by llguidance" in verdict.reason
+    assert handle.fidelity.refused_in_strict == ()
+    assert writes(handle, tokenizer, valid)
+    assert not writes(handle, tokenizer, violating)
+
+
+def test_the_issue_schema_refuses_a_sixth_letter(service, tokenizer):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
+              "required": ["name"]}
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert writes(handle, tokenizer, '{"name":"abcde"}')
+    assert not writes(handle, tokenizer, '{"name":"abcdef"}')
+    assert not writes(handle, tokenizer, '{"name":""}')  # the pattern's + still holds
+    assert not writes(handle, tokenizer, '{"name":"abc","x":1}')  # strict closes the object
+
+
+def test_the_cache_key_names_the_engine(service):
+    routed = GrammarSpec("json_schema", {"type": "number", "multipleOf": 0.5}, True)
+    plain = GrammarSpec("json_schema", {"type": "number"}, True)
+    assert service.key(routed) != routed.key(service.fingerprint)  # llguidance's key has the engine
+    assert service.key(plain) == plain.key(service.fingerprint)  # xgrammar's keys are unchanged
+    first = service.compile(routed)
+    assert service.compile(routed) is first  # a memory hit under the engine's key
+    assert service.get_cached(routed) is first
+    assert not isinstance(service.compile(plain), LLGuidanceHandle)
+
+
+def test_keywords_llguidance_does_not_implement_stay_with_xgrammar_and_refused():
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+              "uniqueItems": True}
+    assert "uniqueItems" in llguidance_refusal(schema, strict=True)
+    report = routed_schema_fidelity(schema, strict=True)
+    assert report.engine == XGRAMMAR
+    assert {k.keyword for k in report.refused_in_strict} == {"uniqueItems", "maxLength"}
+
+
+def test_lookahead_patterns_are_refused_by_llguidance_too():
+    # llguidance's regex dialect (Rust regex + derivre) has no look-around either: such patterns
+    # stay refused at validation, with xgrammar's message
+    assert "look-around" in llguidance_refusal({"type": "string", "pattern": "^(?=a)[a-z]+$"}, strict=True)
+
+
+def test_schemas_xgrammar_masks_fully_stay_with_xgrammar():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}, "required": ["n"]}
+    assert routed_schema_fidelity(schema) == schema_fidelity(schema)
+    assert "engine" not in routed_schema_fidelity(schema).as_dict()
+
+
+def test_strict_closes_an_all_of_as_a_whole(service, tokenizer):
+    # each branch declares some of the names; closing the branches one by one would refuse them all
+    schema = json.loads((DATA / "schema_corpus" / "allof_base_and_extension.json").read_text())
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert isinstance(handle, LLGuidanceHandle) and handle.fidelity.refused_in_strict == ()
+    assert writes(handle, tokenizer, '{"id":1,"name":"a"}')
+    assert not writes(handle, tokenizer, '{"id":1}')  # both branches' required hold
+    assert not writes(handle, tokenizer, '{"id":1,"name":"a","x":2}')  # closed over the branches' names
+    beside = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "allOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    handle = service.compile(GrammarSpec("json_schema", beside, True))
+    assert writes(handle, tokenizer, '{"a":1,"b":2}')
+    assert not writes(handle, tokenizer, '{"a":1}')
+    assert not writes(handle, tokenizer, '{"a":1,"b":2,"c":3}')
