@@ -27,7 +27,9 @@ def expected_logprobs(tokenizer, text: str, top: int) -> list[dict]:
 
 
 def test_include_reports_logprobs_on_the_output_text(gateway_client, fake_engine):
-    body = create(gateway_client(), include=INCLUDE, top_logprobs=2).json()
+    client = gateway_client()
+    body = create(client, include=INCLUDE, top_logprobs=2).json()
+    assert client.get(f"/v1/responses/{body['id']}").json() == body  # the stored response keeps them
     [part] = body["output"][0]["content"]
     assert part["logprobs"] == expected_logprobs(fake_engine.tokenizer, "Hello there!", 2)
     assert "".join(lp["token"] for lp in part["logprobs"]) == part["text"] == "Hello there!"
