@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
-from gateway.protocol import JumpForward, MinP, Temperature, TopP
+from gateway.protocol import ChatTokenLogprob, JumpForward, MinP, Temperature, TopP
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 
@@ -26,6 +26,8 @@ class InputText(Struct, tag="input_text", tag_field="type"):
 class OutputText(Struct, tag="output_text", tag_field="type"):
     text: str
     annotations: list[Any] = field(default_factory=list)
+    # filled only with include: ["message.output_text.logprobs"] (the chat logprob shape)
+    logprobs: list[ChatTokenLogprob] = field(default_factory=list)
 
 
 class Refusal(Struct, tag="refusal", tag_field="type"):
@@ -118,14 +120,14 @@ class ResponseRequest(Struct, kw_only=True):
     tool_choice: ResponseToolChoice | None = None
     parallel_tool_calls: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    top_logprobs: int | None = None  # alternatives per token, reported only with the logprobs include
     # Accepted only at their neutral values (refused by name otherwise)
     reasoning: dict[str, Any] | None = None
     background: bool | None = None
-    include: list[str] | None = None
+    include: list[str] | None = None  # only "message.output_text.logprobs"
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: int | None = None
-    top_logprobs: int | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -205,6 +207,7 @@ class ResponseObject(Struct, kw_only=True):
     tool_choice: ResponseToolChoice = "auto"
     tools: list[FunctionTool] = field(default_factory=list)
     truncation: str = "disabled"
+    top_logprobs: int | None = None
     user: str | None = None
     background: bool = False
     reasoning: dict[str, Any] = field(default_factory=lambda: {"effort": None, "summary": None})
@@ -235,4 +238,4 @@ class ResponseEvent(Struct, kw_only=True):
     text: str | UnsetType = UNSET
     arguments: str | UnsetType = UNSET
     name: str | UnsetType = UNSET
-    logprobs: list[Any] | UnsetType = UNSET
+    logprobs: list[ChatTokenLogprob] | UnsetType = UNSET

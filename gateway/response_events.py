@@ -22,6 +22,8 @@ import msgspec
 from gateway import grammar_adapter
 from gateway.errors import SERVER_ERROR, APIError, from_engine_error
 from gateway.generation import EngineStream, Outcome, close_all
+from gateway.logprobs import chat_token_logprobs
+from gateway.protocol import ChatTokenLogprob
 from gateway.protocol_responses import (
     OutputFunctionCall,
     OutputItem,
@@ -49,6 +51,7 @@ class ResponseStreamWriter:
         self.call: OutputFunctionCall | None = None  # the open function_call item
         self.call_index: int | None = None  # the open call's index in the tool-call stream
         self.answer_index: int | None = None  # the final-answer call's index (its arguments are text)
+        self.pending_logprobs: list[ChatTokenLogprob] = []  # tokens whose text has not been sent yet
 
     def event(self, type: str, **fields: Any) -> bytes:
         body = msgspec.json.encode(ResponseEvent(type=type, sequence_number=self.seq, **fields))
@@ -73,15 +76,20 @@ class ResponseStreamWriter:
         self.message.content.append(OutputText(text=""))
         return out
 
-    def text(self, piece: str) -> list[bytes]:
+    def text(self, piece: str, logprobs: list[ChatTokenLogprob] | None = None) -> list[bytes]:
+        """A text delta; `logprobs` (of the tokens behind it) ride on the next delta that has text."""
+        self.pending_logprobs += logprobs or []
         if not piece:
             return []
         out = self.open_message() if self.message is None else []
         assert self.message is not None
-        self.message.content[0].text += piece
+        part = self.message.content[0]
+        part.text += piece
+        sent, self.pending_logprobs = self.pending_logprobs, []
+        part.logprobs += sent
         out.append(self.event("response.output_text.delta", item_id=self.message.id,
                               output_index=self.items.index(self.message), content_index=0, delta=piece,
-                              logprobs=[]))
+                              logprobs=sent))
         return out
 
     def tool(self, index: int, call_id: str | None, name: str | None, arguments: str | None) -> list[bytes]:
@@ -109,12 +117,18 @@ class ResponseStreamWriter:
         m = self.message
         if m is None:
             return []
-        self.message = None
         index = self.items.index(m)
+        out = []
+        if self.pending_logprobs:  # tokens with no text of their own (held back, then dropped): still reported
+            out.append(self.event("response.output_text.delta", item_id=m.id, output_index=index, content_index=0,
+                                  delta="", logprobs=self.pending_logprobs))
+            m.content[0].logprobs += self.pending_logprobs
+            self.pending_logprobs = []
+        self.message = None
         m.status = "completed"
-        return [
+        return out + [
             self.event("response.output_text.done", item_id=m.id, output_index=index, content_index=0,
-                       text=m.content[0].text, logprobs=[]),
+                       text=m.content[0].text, logprobs=m.content[0].logprobs),
             self.event("response.content_part.done", item_id=m.id, output_index=index, content_index=0,
                        part=m.content[0]),
             self.event("response.output_item.done", output_index=index, item=m),
@@ -179,8 +193,13 @@ async def response_events(
         for event in writer.start():
             yield event
         async for event in stream:
-            if event.text:
-                for piece in pieces(event.text, []) if parser is None else pieces(*parser.feed(event.text)):
+            if parser is None:  # plain text (logprobs are never asked together with tools)
+                texts = stream.outcome.token_texts
+                logprobs = chat_token_logprobs(event.logprobs, texts) if event.logprobs and texts else None
+                for piece in writer.text(event.text, logprobs):
+                    yield piece
+            elif event.text:
+                for piece in pieces(*parser.feed(event.text)):
                     yield piece
         if parser is not None:
             for piece in pieces(*parser.finish()):

@@ -22,6 +22,7 @@ from gateway.generation import Outcome
 from gateway.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
+    ChatTokenLogprob,
     DeveloperMessage,
     FunctionCall,
     FunctionDefinition,
@@ -56,8 +57,10 @@ from gateway.protocol_responses import (
     ResponseUsage,
     TextConfig,
 )
+from runtime.sampling import MAX_TOP_LOGPROBS
 
-SUPPORTED_INCLUDE: frozenset[str] = frozenset()
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+SUPPORTED_INCLUDE: frozenset[str] = frozenset({LOGPROBS_INCLUDE})
 
 # chat parameter names in errors raised by the shared chat path → the Responses names
 _PARAM_NAMES = {
@@ -75,6 +78,11 @@ def responses_param(param: str | None) -> str | None:
     if param.startswith("tools[") and ".function." in param:
         return param.replace(".function.", ".")
     return _PARAM_NAMES.get(param, param)
+
+
+def wants_logprobs(req: ResponseRequest) -> bool:
+    """Logprobs are reported only when `include` asks (OpenAI: `top_logprobs` alone reports none)."""
+    return LOGPROBS_INCLUDE in (req.include or [])
 
 
 def check_unsupported(req: ResponseRequest) -> None:
@@ -98,8 +106,11 @@ def check_unsupported(req: ResponseRequest) -> None:
                           "'previous_response_id'.", "conversation")
     if req.prompt is not None:
         raise bad_request("'prompt' (stored prompt templates) is not supported by this server.", "prompt")
-    if req.top_logprobs not in (None, 0):
-        raise bad_request("'top_logprobs' is not supported by this server.", "top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.", "top_logprobs")
+    if wants_logprobs(req) and req.tools:
+        raise bad_request(f"'include' value '{LOGPROBS_INCLUDE}' is not supported together with 'tools' by this "
+                          "server (the message text would not line up with the generated tokens).", "include")
     if req.truncation == "auto":
         raise bad_request("'truncation' 'auto' is not supported by this server (use 'disabled').", "truncation")
     if req.max_tool_calls is not None:
@@ -205,6 +216,8 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
         top_p=req.top_p, seed=req.seed, stop=req.stop, user=req.user, response_format=response_format,
         tools=tools, tool_choice=choice, parallel_tool_calls=parallel, jump_forward=req.jump_forward,
         cache_salt=req.cache_salt, top_k=req.top_k, min_p=req.min_p,
+        logprobs=True if wants_logprobs(req) else None,
+        top_logprobs=(req.top_logprobs or 0) if wants_logprobs(req) else None,
     )
     answer_tool = fold_format_into_tools(chat, "text.format.schema")
     return ChatPlan(chat=chat, history=history, answer_tool=answer_tool)
@@ -226,13 +239,15 @@ def item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def output_items(text: str, parse_tool_calls: bool, answer_tool: str | None, status: str) -> list[OutputItem]:
+def output_items(text: str, parse_tool_calls: bool, answer_tool: str | None, status: str,
+                 logprobs: list[ChatTokenLogprob] | None = None) -> list[OutputItem]:
+    """`logprobs` (all generated tokens) go on the message text; requests with tools never have them."""
     content, calls = (grammar_adapter.parse_tool_calls(text) if parse_tool_calls else (text, []))
     items: list[OutputItem] = []
     answers = [c.arguments for c in calls if c.name == answer_tool]
     message_text = (content or "") + "".join(answers)
     if message_text or not calls:
-        items.append(OutputMessage(id=item_id("msg"), content=[OutputText(text=message_text)],
+        items.append(OutputMessage(id=item_id("msg"), content=[OutputText(text=message_text, logprobs=logprobs or [])],
                                    status=status))  # type: ignore[arg-type]
     for c in calls:
         if c.name != answer_tool:
@@ -265,6 +280,7 @@ def response_shell(req: ResponseRequest, response_id: str, created_at: int | Non
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p, text=req.text or TextConfig(),
         tool_choice=req.tool_choice or "auto", tools=list(req.tools or []), user=req.user,
+        top_logprobs=req.top_logprobs,
     )
 
 

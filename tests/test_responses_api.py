@@ -52,7 +52,8 @@ def test_response_shape_and_usage(gateway_client, fake_engine):
     body = resp.json()
     assert body["object"] == "response" and body["id"].startswith("resp_") and body["status"] == "completed"
     assert body["output"][0]["type"] == "message" and body["output"][0]["role"] == "assistant"
-    assert body["output"][0]["content"] == [{"type": "output_text", "text": "Hello there!", "annotations": []}]
+    assert body["output"][0]["content"] == [{"type": "output_text", "text": "Hello there!", "annotations": [],
+                                          "logprobs": []}]
     assert body["metadata"] == {"k": "v"} and body["instructions"] == "Be brief."
     req = fake_engine.submitted[0]
     assert body["usage"] == {"input_tokens": len(req.prompt_ids), "output_tokens": 4,

@@ -130,3 +130,24 @@ def test_refusals(server, client):
         assert resp.status_code == 404 and resp.json()["error"]["param"] == "previous_response_id"
         resp = http.post("/v1/responses", json={"model": "nope", "input": "hi"})
         assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+
+
+def test_logprobs_whole_and_streamed(client):
+    kwargs = dict(model=MODEL, input="Name a colour.", max_output_tokens=12, temperature=0,
+                  include=["message.output_text.logprobs"], top_logprobs=2)
+    whole = client.responses.create(**kwargs)
+    [part] = whole.output[0].content
+    assert part.logprobs and "".join(lp.token for lp in part.logprobs) == whole.output_text
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
+    streamed = []
+    for event in client.responses.create(stream=True, **kwargs):
+        if event.type == "response.output_text.delta":
+            streamed += event.logprobs
+    # the same tokens and alternatives; values equal up to float noise (the second request reads the
+    # prompt from the radix cache, so its forward pass has a different shape)
+    assert [(lp.token, lp.bytes) for lp in streamed] == [(lp.token, lp.bytes) for lp in part.logprobs]
+    assert [[t.token for t in lp.top_logprobs] for lp in streamed] == [[t.token for t in lp.top_logprobs]
+                                                                      for lp in part.logprobs]
+    assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in part.logprobs], abs=1e-3)
+    final = event.response.output[0].content[0].logprobs  # (the client types it apart from a delta's)
+    assert [lp.model_dump() for lp in final] == [lp.model_dump() for lp in streamed]

@@ -17,6 +17,7 @@ from litestar.params import FromPath, JSONBody
 
 from gateway.errors import APIError, not_found
 from gateway.generation import Outcome, RequestLog
+from gateway.logprobs import chat_token_logprobs
 from gateway.preparation import Prepared, prepare_chat
 from gateway.protocol import AssistantMessage, Message
 from gateway.protocol_responses import ResponseDeleted, ResponseObject, ResponseRequest
@@ -102,7 +103,10 @@ class ResponsesController(Controller):
             assert prepared is not None and plan is not None
             outcome = outcomes[0]
             status, _ = status_of(outcome)
-            items = output_items(outcome.text, prepared.plan.parse_tool_calls, plan.answer_tool, status)
+            logprobs = None
+            if outcome.logprobs is not None and outcome.token_texts is not None:
+                logprobs = chat_token_logprobs(outcome.logprobs, outcome.token_texts)
+            items = output_items(outcome.text, prepared.plan.parse_tool_calls, plan.answer_tool, status, logprobs)
             response = finished_response(shell, outcome, items)
             save(response, outcome)
             return response
