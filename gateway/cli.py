@@ -6,16 +6,14 @@ import argparse
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from gateway.cluster.settings import ClusterSettings
 from gateway.settings import GRAMMAR_TIMEOUT_MARGIN_S, Settings, default_concurrency
+from gateway.startup import banner, build_grammar_service
 from grammar.settings import GrammarSettings
 from runtime.engine_config import EngineConfig
 from runtime.settings_fields import add_flags, from_args
-
-if TYPE_CHECKING:  # runtime.api imports torch; `jumpgate serve --help` should not wait for it
-    from runtime.api import EngineClient
 
 log = logging.getLogger("jumpgate")
 
@@ -47,40 +45,6 @@ def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
     gateway = from_args(Settings, args, environ, max_concurrent_requests=default_concurrency(engine),
                         grammar_compile_timeout_s=grammar.compile_timeout_s + GRAMMAR_TIMEOUT_MARGIN_S)
     return ServeSettings(engine, grammar, gateway)
-
-
-def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> Any:
-    from grammar.service import GrammarService
-
-    cache_dir = settings.cache_path()
-    info = engine.info
-    service = GrammarService(
-        engine.tokenizer, info.vocab_size, cache_dir, compile_timeout_s=settings.compile_timeout_s,
-        max_memory_bytes=settings.max_memory_bytes, max_disk_bytes=settings.max_disk_bytes, stop_token_ids=sorted(info.eos_token_ids) or None,
-    )
-    try:
-        loaded = service.warm_from_disk()
-        if loaded:
-            log.info("grammar cache: %d compiled grammars loaded from %s", loaded, cache_dir)
-    except Exception:  # a damaged cache must not stop the server
-        log.exception("grammar cache warm-up failed")
-    return service
-
-
-def banner(engine: EngineClient, settings: Settings) -> str:
-    info = engine.info
-    auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key (open)"
-    lines = [
-        "Jumpgate: structured-output gateway",
-        f"  model      {info.model_name}  ({info.device}, {info.dtype}, {info.attention_backend} attention)",
-        f"  weights    {info.weights}: {info.weights_reason}",
-        f"  context    {info.max_context} tokens",
-        f"  KV pool    {info.kv_pool_tokens} tokens",
-        f"  listening  http://{settings.host}:{settings.port}/v1  ({auth})",
-    ]
-    if settings.openapi:
-        lines.append(f"  docs       http://{settings.host}:{settings.port}/docs")
-    return "\n".join(lines)
 
 
 def serve(config: ServeSettings, cluster: ClusterSettings | None = None) -> int:

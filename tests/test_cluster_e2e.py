@@ -13,7 +13,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is not installed")
 
-from gateway.cli import build_grammar_service  # noqa: E402
+from gateway.startup import build_grammar_service  # noqa: E402
 from gateway.cluster.client import ClusterEngineClient  # noqa: E402
 from gateway.cluster.grammar_bridge import ClusterGrammarService  # noqa: E402
 from gateway.cluster.launch import create_cluster_app, start_replicas, stop_replicas  # noqa: E402

@@ -82,7 +82,7 @@ def serve_cluster(config: Any, cluster: ClusterSettings) -> int:
     """`jumpgate serve --replicas N`: `config` is the CLI's ServeSettings."""
     import uvicorn
 
-    from gateway.cli import banner, build_grammar_service
+    from gateway.startup import banner, build_grammar_service
 
     settings = config.gateway
     handle = start_replicas(config.engine, config.grammar, cluster)

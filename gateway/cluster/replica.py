@@ -19,7 +19,7 @@ from runtime.engine_config import EngineConfig
 
 class EngineReplica:
     def __init__(self, engine_config: EngineConfig, grammar_settings: GrammarSettings):
-        from gateway.cli import build_grammar_service
+        from gateway.startup import build_grammar_service
         from runtime.engine import Engine
 
         self.engine = Engine(engine_config).start()
