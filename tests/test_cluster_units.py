@@ -89,9 +89,10 @@ def test_stats_add_up_and_the_hit_rate_is_recomputed():
     pytest.importorskip("ray")
     from gateway.cluster.client import sum_stats
 
-    total = sum_stats([{"prompt_tokens": 100, "cached_prompt_tokens": 90, "prefix_hit_rate": 0.9, "x": "a"},
-                       {"prompt_tokens": 100, "cached_prompt_tokens": 10, "prefix_hit_rate": 0.1}])
-    assert total == {"prompt_tokens": 200, "cached_prompt_tokens": 100, "prefix_hit_rate": 0.5}
+    total = sum_stats([{"prompt_tokens": 100, "cached_prompt_tokens": 90, "requests_finished": {"stop": 2}, "x": "a"},
+                       {"prompt_tokens": 100, "cached_prompt_tokens": 10, "requests_finished": {"stop": 1, "length": 4}}])
+    assert (total.prompt_tokens, total.cached_prompt_tokens, total.prefix_hit_rate) == (200, 100, 0.5)
+    assert total.requests_finished == {"stop": 3, "length": 4}
 
 
 def test_replica_failures_become_engine_errors():

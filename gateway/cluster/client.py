@@ -8,13 +8,14 @@ mid-request ends its streams with EngineError(code="engine_stopped"): a 503, or 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, AsyncIterator
 
 from ray import exceptions as ray_errors
 
 from gateway.cluster.routing_log import ROUTING_LOG
-from runtime.api import EngineError, EngineInfo, GenerateRequest, StreamEvent
+from runtime.api import EngineError, EngineInfo, EngineStats, GenerateRequest, StreamEvent
 from runtime.engine_config import EngineConfig
 from runtime.loader import load_tokenizer, read_config, resolve_model_dir
 
@@ -35,17 +36,22 @@ def engine_error_of(exc: BaseException) -> EngineError:
     return EngineError(f"The engine replica failed: {type(exc).__name__}: {exc}", "engine_stopped")
 
 
-def sum_stats(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
-    """Cluster totals of the replicas' flat stats dicts (numbers add; the hit rate is recomputed)."""
+def sum_stats(snapshots: list[dict[str, Any]]) -> EngineStats:
+    """Cluster totals of the replicas' EngineStats (sent as `dataclasses.asdict` dicts): numbers add,
+    per-key maps (requests by finish reason, cached tokens by tier, tier counters) add key by key."""
+    fields = {f.name for f in dataclasses.fields(EngineStats)}
     total: dict[str, Any] = {}
     for snap in snapshots:
         for key, value in snap.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key not in fields:
+                continue
+            if isinstance(value, dict):
+                into = total.setdefault(key, {})
+                for k, v in value.items():
+                    into[k] = into.get(k, 0) + v
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 total[key] = total.get(key, 0) + value
-    if "prompt_tokens" in total:
-        total["prefix_hit_rate"] = total.get("cached_prompt_tokens", 0) / total["prompt_tokens"] if total[
-            "prompt_tokens"] else 0.0
-    return total
+    return EngineStats(**total)
 
 
 class ClusterEngineClient:
@@ -87,7 +93,7 @@ class ClusterEngineClient:
         if call is not None:
             call.cancel()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         _, replica_stats = ROUTING_LOG.snapshot()
         return sum_stats([s.get("engine", {}) for s in replica_stats.values()])
 

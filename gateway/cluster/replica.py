@@ -8,6 +8,7 @@ its model gets no requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, AsyncIterator
 
 from gateway.cluster.grammar_bridge import use_replica_grammar
@@ -66,7 +67,8 @@ class EngineReplica:
     async def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Ray Serve for the router: the prefixes held, and the engine's counters (the
         gateway's /metrics shows them per replica)."""
-        return {"prefix_keys": self.served.snapshot(), "engine": await asyncio.to_thread(self.engine.stats)}
+        stats = await asyncio.to_thread(self.engine.stats)
+        return {"prefix_keys": self.served.snapshot(), "engine": dataclasses.asdict(stats)}
 
     def check_health(self) -> None:
         if not self.engine.is_running:
