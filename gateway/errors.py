@@ -98,6 +98,18 @@ _PATH_RE = re.compile(r" - at `\$(?:\.data)?(?P<path>[^`]*)`$")
 _MISSING_RE = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
 
 
+def stream_error(exc: BaseException, retry_after_s: int = 1) -> APIError:
+    """The error a stream ends with once its headers are out: engine refusals mapped as for a whole
+    response, anything unexpected logged and reported as a 500-type error."""
+    if isinstance(exc, EngineError):
+        return from_engine_error(exc, retry_after_s)
+    if isinstance(exc, APIError):
+        return exc
+    log.exception("error while streaming", exc_info=exc)
+    return APIError(500, "The server had an error while streaming the response.", type=SERVER_ERROR,
+                    code="internal_error")
+
+
 def param_from_path(path: str) -> str | None:
     """`$.messages[0].role` / `messages[0].role` / `data.messages[0].role` → `messages[0].role`."""
     path = path.strip()

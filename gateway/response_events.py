@@ -14,13 +14,12 @@ calls `on_close(outcome)`; `SSEResponse` covers a disconnect while it is parked 
 
 from __future__ import annotations
 
-import logging
 from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
 from gateway import grammar_adapter
-from gateway.errors import SERVER_ERROR, APIError, from_engine_error
+from gateway.errors import stream_error
 from gateway.generation import EngineStream, Outcome, close_all
 from gateway.logprobs import chat_token_logprobs
 from gateway.protocol import ChatTokenLogprob
@@ -34,9 +33,7 @@ from gateway.protocol_responses import (
     ResponseObject,
 )
 from gateway.response_items import finished_response, item_id
-from runtime.api import EngineError
 
-log = logging.getLogger("jumpgate.gateway")
 
 
 class ResponseStreamWriter:
@@ -157,12 +154,7 @@ class ResponseStreamWriter:
         return out, response
 
     def failed(self, exc: BaseException, retry_after_s: int) -> bytes:
-        if isinstance(exc, EngineError):
-            exc = from_engine_error(exc, retry_after_s)
-        if not isinstance(exc, APIError):
-            log.exception("error while streaming a response", exc_info=exc)
-            exc = APIError(500, "The server had an error while streaming the response.", type=SERVER_ERROR,
-                           code="internal_error")
+        exc = stream_error(exc, retry_after_s)
         response = msgspec.structs.replace(self.shell, status="failed", output=self.items,
                                            error=ResponseError(code=exc.code or exc.type, message=exc.message))
         return self.event("response.failed", response=response)

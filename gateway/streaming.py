@@ -18,7 +18,7 @@ from litestar.response import Stream
 from msgspec import UNSET
 
 from gateway import grammar_adapter
-from gateway.errors import SERVER_ERROR, APIError, from_engine_error
+from gateway.errors import stream_error
 from gateway.generation import EngineStream, close_all, merge
 from gateway.logprobs import chat_logprobs, completion_logprobs, text_length
 from gateway.preparation import Prepared
@@ -33,7 +33,6 @@ from gateway.protocol import (
 )
 from gateway.output_validation import OutputCheck
 from gateway.responses import choice_validity, finish_reason, usage_of
-from runtime.api import EngineError
 
 log = logging.getLogger("jumpgate.gateway")
 
@@ -88,13 +87,7 @@ def sse(obj: object) -> bytes:
 
 
 def _error_event(exc: BaseException, retry_after_s: int) -> bytes:
-    if isinstance(exc, EngineError):
-        exc = from_engine_error(exc, retry_after_s)
-    if not isinstance(exc, APIError):
-        log.exception("error while streaming", exc_info=exc)
-        exc = APIError(500, "The server had an error while streaming the response.", type=SERVER_ERROR,
-                       code="internal_error")
-    return sse(exc.body())
+    return sse(stream_error(exc, retry_after_s).body())
 
 
 def _set(value):  # None → left out of the JSON
