@@ -35,7 +35,6 @@ from gateway.protocol_responses import (
 from gateway.response_items import finished_response, item_id
 
 
-
 class ResponseStreamWriter:
     """Builds the event sequence (and the output items) from content pieces and tool-call deltas."""
 
