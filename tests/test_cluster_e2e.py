@@ -110,7 +110,7 @@ def test_gateway_serves_grammars_and_registry_through_the_cluster(cluster):
                                                                                         "schema": schema}}},
                            {"schema_id": schema_id}):
             r = http.post("/v1/chat/completions", json={
-                "model": client.model_name, "max_tokens": 40, "temperature": 0,
+                "model": client.info.model_name, "max_tokens": 40, "temperature": 0,
                 "messages": [{"role": "user", "content": "Name a city."}], **constraint})
             assert r.status_code == 200, r.text
             assert set(json.loads(r.json()["choices"][0]["message"]["content"])) == {"city"}

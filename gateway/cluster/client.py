@@ -17,7 +17,7 @@ from ray import exceptions as ray_errors
 from gateway.cluster.routing_log import ROUTING_LOG
 from runtime.api import EngineError, EngineInfo, EngineStats, GenerateRequest, StreamEvent
 from runtime.engine_config import EngineConfig
-from runtime.loader import load_tokenizer, read_config, resolve_model_dir
+from runtime.loader import load_tokenizer, resolve_model_dir
 
 log = logging.getLogger("jumpgate.cluster")
 
@@ -60,14 +60,7 @@ class ClusterEngineClient:
         self.handle = handle
         self.replicas = replicas
         self.tokenizer = load_tokenizer(model_dir)
-        self.model_config = read_config(model_dir)
-        info: EngineInfo = handle.info.remote().result()
-        self.info = info
-        self.model_name = info.model_name
-        self.device = f"{replicas} x {info.device}"
-        self.max_context = info.max_context
-        self.kv_pool_tokens = info.kv_pool_tokens
-        self.eos_ids = set(info.eos_token_ids)
+        self.info: EngineInfo = handle.info.remote().result()  # every replica serves the same engine
         self._calls: dict[str, Any] = {}  # rid -> the streaming call, for abort
 
     @property

@@ -27,15 +27,10 @@ class EngineReplica:
         self.grammar = build_grammar_service(self.engine, grammar_settings)
         use_replica_grammar(self.grammar)
         # forgets about when the KV pool would: the pool holds kv_pool_tokens / BLOCK_TOKENS blocks
-        self.served = PrefixSummary(self.engine.kv_pool_tokens // BLOCK_TOKENS)
+        self.served = PrefixSummary(self.engine.info.kv_pool_tokens // BLOCK_TOKENS)
 
     async def info(self) -> EngineInfo:
-        e = self.engine
-        return EngineInfo(
-            model_name=e.model_name, device=str(e.device), dtype=str(e.dtype).removeprefix("torch."),
-            weights=str(getattr(e, "weights", e.config.weights)), weights_reason="",
-            attention_backend=e.config.attention_backend, kv_pool_tokens=e.kv_pool_tokens,
-            max_context=e.max_context, vocab_size=e.model_config.vocab_size, eos_token_ids=tuple(sorted(e.eos_ids)))
+        return self.engine.info  # built once by the engine: model, device, weight format and why, limits
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         """The engine's event stream. A cancelled call (client gone, gateway abort) aborts the
