@@ -92,7 +92,6 @@ class Engine:
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.eos_ids = eos  # also info.eos_token_ids; gateway/cli.py reads this name
         self.decoder = Decoder(eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions)
         self.info = EngineInfo(
             model_name=self.model_name, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
