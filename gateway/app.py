@@ -24,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pinning import restore_pins
 from gateway.prompt import PromptRenderer, schema_budget_tokens
 from gateway.registry import SchemaRegistry
+from gateway.request_body import JumpgateRequest
 from gateway.response_store import ResponseStore
 from gateway.routes.cache import CacheController
 from gateway.routes.chat import ChatController
@@ -113,6 +114,7 @@ def create_app(
         middleware=[access_log_middleware],
         on_startup=[reapply_pins],
         request_max_body_size=settings.max_body_bytes,
+        request_class=JumpgateRequest,
         openapi_config=OpenAPIConfig(
             title="Jumpgate", version=VERSION, path="/docs",
             description="OpenAI-compatible structured-output gateway",

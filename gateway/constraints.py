@@ -173,10 +173,12 @@ def _plan_from_sources(sources: list[tuple[str, str, Any, str, bool]]) -> Constr
     if not sources:
         return ConstraintPlan()
     param, kind, payload, label, strict = sources[0]
-    return ConstraintPlan(
-        kind=kind, payload=payload, param=param, label=label,
-        instructions=grammar_adapter.prompt_instructions(kind, payload), strict=strict,
-    )
+    plan = ConstraintPlan(kind=kind, payload=payload, param=param, label=label, strict=strict)
+    try:
+        plan.instructions = grammar_adapter.prompt_instructions(kind, payload, param)
+    except grammar_adapter.GrammarSpecError as exc:
+        raise spec_error(plan, exc) from exc
+    return plan
 
 
 async def compile_plan(plan: ConstraintPlan, service: Any, timeout_s: float) -> Any:

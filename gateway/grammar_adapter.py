@@ -25,6 +25,7 @@ from grammar import (
 )
 from grammar import parse_tool_calls as parse_with_format
 from grammar.canonical import canonical_json, canonical_tool
+from grammar.limits import check_json_limits
 from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 
@@ -95,10 +96,17 @@ def strict_closing(kind: str) -> bool:
     return known is not None and known.strict_closing
 
 
-def prompt_instructions(kind: str, payload: Any) -> str | None:
-    """The system-block text that tells the model what to write for `kind` (None: none)."""
+def prompt_instructions(kind: str, payload: Any, param: str | None = None) -> str | None:
+    """The system-block text that tells the model what to write for `kind` (None: none).
+
+    Rendering walks the whole spec (canonical form, then JSON text) on the caller's thread, which
+    for a request is the event loop; the size limits are checked first, and they stop early, so a
+    hostile multi-megabyte spec is refused (GrammarSpecError) instead of holding the loop."""
     known = KINDS.get(kind)
-    return None if known is None else known.prompt_instructions(payload)
+    if known is None:
+        return None
+    check_json_limits(payload, param=param)
+    return known.prompt_instructions(payload)
 
 
 async def compile_spec(service: Any, spec: GrammarSpec) -> Any:
