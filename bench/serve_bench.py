@@ -19,6 +19,9 @@ Fields: ttft_p50_s / ttft_p90_s (time to the first content or tool-call delta), 
 req_s (over the workload's wall time), cached_frac (cached / prompt tokens), complete_frac
 (finish_reason stop or tool_calls, not length), valid_frac (valid among the complete ones).
 
+`--weights fp32,auto` serves the workloads once per weight format, each on a fresh server, in
+one run; the later formats' lines carry `req_s_vs_fp32`, `output_tok_s_vs_fp32`, `ttft_p50_s_vs_fp32`.
+
 The agent-tools workload also runs in-process, after the server is stopped: the same prompts
 prepared by the gateway's own code (same rendering, same tool-call grammar), submitted straight to
 `runtime.engine.Engine` at the same concurrency; `http_vs_inprocess` = HTTP req_s / in-process
@@ -363,7 +366,7 @@ async def run_responses_chain(url: str, instructions: str, max_tokens: int) -> l
 
 
 async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool_tokens: int,
-                              warmup_messages: list[dict]) -> dict[str, Any]:
+                              warmup_messages: list[dict], weights: str = "auto") -> dict[str, Any]:
     """The agent-tools workload straight into the engine: requests prepared by the gateway's own
     `prepare_chat` (same template rendering, same tool-call grammar and sampling), no HTTP."""
     import msgspec
@@ -377,7 +380,7 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
     from grammar.settings import GrammarSettings
     from runtime.engine import Engine
 
-    engine = Engine(kv_pool_tokens=kv_pool_tokens).start()
+    engine = Engine(kv_pool_tokens=kv_pool_tokens, weights=weights).start()
     grammar = build_grammar_service(engine, GrammarSettings(disk_cache=False))
     try:
         renderer = PromptRenderer(engine.tokenizer)
@@ -455,6 +458,9 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workloads", default="agent-tools,multi-turn,json-extract,cold-unique,responses-chain",
                     help="comma-separated subset")
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process agent-tools comparison")
+    ap.add_argument("--weights", default="auto",
+                    help="comma-separated weight formats, each served in turn (e.g. fp32,auto: the first is the "
+                         "reference; later ones get *_vs_<first> ratios of req_s, output_tok_s and ttft_p50_s)")
     return ap.parse_args(list(argv or []))
 
 
@@ -470,18 +476,26 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     warmup_body = {"model": MODEL, "messages": warmup_messages, "tools": agent_tools(), "tool_choice": "required",
                    "temperature": 0, "max_tokens": args.max_tokens}
 
-    with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-") as tmp:
-        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300)
-        with server:
-            results = asyncio.run(run_http(server.url, workloads, warmup_body))
-            chain = []
-            if "responses-chain" in wanted:
-                chain = asyncio.run(run_responses_chain(server.url, agent_system_prompt(tok, 1500), args.max_tokens))
-            results_meta = {"server_rss_mb": server.rss_mb()}
+    formats = [w.strip() for w in args.weights.split(",") if w.strip()]
+    reference: dict[str, dict] = {}
+    for fmt in formats:
+        results, chain, rss = serve_once(args, fmt, workloads, warmup_body, wanted, tok)
+        for name, rec in results.items():
+            rec["weights"] = fmt
+            rec["server_rss_mb"] = rss
+            ref = reference.setdefault(name, rec)
+            if ref is not rec:
+                for key in ("req_s", "output_tok_s", "ttft_p50_s"):
+                    if rec.get(key) and ref.get(key):
+                        rec[f"{key}_vs_{ref['weights']}"] = rec[key] / ref[key]
+        if fmt != formats[-1]:
+            for rec in list(results.values()) + chain:
+                emit(rec)
+    # the in-process comparison runs once, for the last format (the engine's default config)
     inprocess = None
     if "agent-tools" in results and not args.no_inprocess:
         inprocess = asyncio.run(run_inprocess_agent(args.requests, args.concurrency, args.max_tokens,
-                                                    args.kv_pool_tokens, warmup_messages))
+                                                    args.kv_pool_tokens, warmup_messages, formats[-1]))
     for name, rec in results.items():
         if name == "agent-tools" and inprocess is not None:
             rec["inprocess_req_s"] = inprocess["req_s"]
@@ -489,10 +503,24 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
             rec["inprocess_complete_frac"] = inprocess["complete_frac"]
             rec["inprocess_valid_frac"] = inprocess["valid_frac"]
             rec["http_vs_inprocess"] = rec["req_s"] / inprocess["req_s"] if inprocess["req_s"] else None
-        rec["server_rss_mb"] = results_meta["server_rss_mb"]
         emit(rec)
     for rec in chain:
         emit(rec)
+
+
+def serve_once(args, weights: str, workloads, warmup_body, wanted, tok) -> tuple[dict, list, float]:
+    """The HTTP workloads against one fresh `jumpgate serve --weights WEIGHTS`."""
+    with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-") as tmp:
+        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300,
+                                extra_args=["--weights", weights])
+        with server:
+            results = asyncio.run(run_http(server.url, workloads, warmup_body))
+            chain = []
+            if "responses-chain" in wanted:
+                chain = asyncio.run(run_responses_chain(server.url, agent_system_prompt(tok, 1500), args.max_tokens))
+                for rec in chain:
+                    rec["weights"] = weights
+            return results, chain, server.rss_mb()
 
 
 if __name__ == "__main__":

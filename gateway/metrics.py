@@ -89,6 +89,7 @@ ENGINE_COUNTERS = (
     ("evicted_tokens", "jumpgate_evicted_tokens", "Tokens evicted from the device prefix cache."),
     ("ttft_seconds_sum", "jumpgate_engine_first_token_seconds", "Arrival-to-first-token time summed over requests."),
     ("engine_seconds", "jumpgate_engine_step_seconds", "Time spent inside engine steps."),
+    ("forward_seconds", "jumpgate_engine_forward_seconds", "Of the engine step time, the model runner's forward passes."),
     ("tree_seconds", "jumpgate_prefix_cache_seconds", "Time of engine steps spent on prefix-cache bookkeeping."),
 )
 # (GrammarServiceStats field, metric name, help)

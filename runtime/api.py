@@ -129,6 +129,7 @@ class EngineStats:
     requests_finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     ttft_seconds_sum: float = 0.0
     engine_seconds: float = 0.0  # time inside step()
+    forward_seconds: float = 0.0  # of which the model runner's pass (the rest: scheduling, decoding, output)
     tree_seconds: float = 0.0  # of which: prefix-cache bookkeeping
     tier_counters: dict[str, int] = field(default_factory=dict)  # host/disk tier counters (hicache_*, disk_*)
 

@@ -23,6 +23,7 @@ class EngineCounters:
     requests_finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     ttft_seconds_sum: float = 0.0
     engine_seconds: float = 0.0
+    forward_seconds: float = 0.0  # the model runner's share of engine_seconds
     tree_seconds: float = 0.0
 
     def count_finished(self, reason: str) -> None:

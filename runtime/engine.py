@@ -314,7 +314,9 @@ class Engine:
             self._finish(schedule.unservable, "error", error="request does not fit the KV pool")
         if not schedule.plan:
             return
+        t_run = time.perf_counter()
         out = self.runner.run(schedule.plan)
+        self.counters.forward_seconds += time.perf_counter() - t_run
         self.counters.forward_passes += 1
         self.counters.forward_tokens += sum(n for _, n in schedule.plan)
         self._process(out)
