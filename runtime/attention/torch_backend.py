@@ -22,6 +22,8 @@ class PaddedRows:
     dst: torch.Tensor  # token rows of q the results go to ...
     src: torch.Tensor  # ... from these rows of the flattened [B * Q] output
     mask: torch.Tensor | None  # [B, 1, Q, L]; None when every row is one token over equal lengths
+    one_each: bool = False  # every row is one new token, in q's order: no q gather, no scatter
+    first_row: int = 0  # with one_each: the token row of q that padded row 0 is
 
 
 @dataclass
@@ -55,8 +57,10 @@ def pad_rows(rows: list[tuple[int, int, torch.Tensor]], device: torch.device) ->
         src.extend(range(i * max_q, i * max_q + ext))
     # one token each over equal lengths needs no mask (the common steady decode batch)
     uniform = max_q == 1 and all(s.numel() == max_len for _, _, s in rows)
+    one_each = max_q == 1 and dst == list(range(rows[0][0], rows[0][0] + b))
     return PaddedRows(table.to(device), q_index.to(device), torch.tensor(dst, dtype=torch.int64, device=device),
-                      torch.tensor(src, dtype=torch.int64, device=device), None if uniform else mask.to(device))
+                      torch.tensor(src, dtype=torch.int64, device=device), None if uniform else mask.to(device),
+                      one_each, rows[0][0])
 
 
 def in_place(slots: torch.Tensor) -> torch.Tensor | slice:
@@ -130,16 +134,26 @@ class TorchAttentionBackend(AttentionBackend):
             p = self.short
             qs, k, v = self.gather(p, q, k_cache, v_cache)
             o = F.scaled_dot_product_attention(qs, k, v, attn_mask=p.mask, enable_gqa=True)
-            out[p.dst] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])[p.src]
+            if p.one_each:  # a decode batch: row i of the output is token row first_row + i
+                out[p.first_row : p.first_row + o.shape[0]] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
+            else:
+                out[p.dst] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])[p.src]
         if self.suffix is not None:
             self.cascade(q, k_cache, v_cache, out)
         return out
 
     @staticmethod
     def gather(p: PaddedRows, q, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qs = q[p.q_index].transpose(1, 2)  # [B, H, Q, D]
-        k = k_cache[p.table].transpose(1, 2)  # [B, KVH, L, D]
-        v = v_cache[p.table].transpose(1, 2)
+        # index_select on a flat index: a row copy, several times cheaper per call than advanced
+        # indexing with the [B, L] table (which a decode step pays twice per layer)
+        b, length = p.table.shape
+        flat = p.table.view(-1)
+        if p.one_each:
+            qs = q[p.first_row : p.first_row + b].unsqueeze(1).transpose(1, 2)  # [B, H, 1, D], a view
+        else:
+            qs = q[p.q_index].transpose(1, 2)  # [B, H, Q, D]
+        k = k_cache.index_select(0, flat).view(b, length, *k_cache.shape[1:]).transpose(1, 2)  # [B, KVH, L, D]
+        v = v_cache.index_select(0, flat).view(b, length, *v_cache.shape[1:]).transpose(1, 2)
         return qs, k, v
 
     def cascade(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor) -> None:
