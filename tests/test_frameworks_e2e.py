@@ -2,18 +2,21 @@
 
 Each test checks that the framework got what it asked for: a parsed object of its output type, or a
 tool call it executed. The model is tiny; the grammar makes its answers parse, prompts and schemas
-are kept small (content quality is not the point). instructor is not here: every release pins
-jiter<0.15, which the openai client this project uses (jiter>=0.16) cannot share an environment with.
+are kept small (content quality is not the point). instructor is installed by `make setup` outside
+the extras (its jiter pin; see the Makefile).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
 import sys
+from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 import openai
 import pytest
@@ -205,6 +208,85 @@ def test_langgraph_react_agent_one_turn(chat_openai):
     results = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert len(calls) == 1 and tool.calls and len(results) == len(tool.calls)
     assert results[0].content == f"Sunny, 21 C in {tool.calls[0]}."
+
+
+# --------------------------------------------------------------------------- instructor
+
+
+class Category(str, Enum):
+    billing = "billing"
+    bug = "bug"
+    other = "other"
+
+
+class Ticket(BaseModel):
+    """A support ticket: an int with bounds and an enum, so the parsed types are checkable."""
+
+    priority: int = Field(ge=1, le=5)
+    category: Category
+    summary: str = Field(max_length=40)
+
+
+class StreamedTicket(BaseModel):
+    """Ticket with a Literal for the category: instructor's stream parser validates jiter's dict in
+    strict mode, where pydantic takes no str for an Enum field (an instructor limitation)."""
+
+    priority: int = Field(ge=1, le=5)
+    category: Literal["billing", "bug", "other"]
+    summary: str = Field(max_length=40)
+
+
+@pytest.fixture
+def instructor_client(server):
+    """`(make, sent)`: `make(mode)` is the official openai client patched by instructor; `sent` gets
+    each request body, to check that the mode used the API feature it is meant to."""
+    instructor = pytest.importorskip("instructor")
+    import httpx
+
+    sent: list[dict] = []
+    http = httpx.Client(timeout=180, event_hooks={"request": [lambda r: sent.append(json.loads(r.content))]})
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, http_client=http)
+    yield (lambda mode: instructor.from_openai(client, mode=getattr(instructor.Mode, mode))), sent
+    http.close()
+
+
+@pytest.mark.parametrize("mode", ["JSON_SCHEMA", "TOOLS"])
+def test_instructor_response_model(instructor_client, mode):
+    """JSON_SCHEMA sends response_format json_schema; TOOLS sends the model as the one forced tool.
+    One attempt only (max_retries=0): a reply that does not validate fails the test, not a retry."""
+    make, sent = instructor_client
+    ticket = make(mode).chat.completions.create(
+        model=MODEL, response_model=Ticket, max_retries=0, temperature=0, max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": "File a ticket: I was charged twice this month."}],
+    )
+    assert isinstance(ticket, Ticket)  # instructor returns its own subclass of the model
+    assert type(ticket.priority) is int and 1 <= ticket.priority <= 5
+    assert isinstance(ticket.category, Category)
+    assert isinstance(ticket.summary, str) and len(ticket.summary) <= 40
+    [body] = sent
+    if mode == "JSON_SCHEMA":
+        assert body["response_format"]["type"] == "json_schema" and "tools" not in body
+    else:
+        [tool] = body["tools"]
+        assert body["tool_choice"] == {"type": "function", "function": {"name": tool["function"]["name"]}}
+
+
+@pytest.mark.parametrize("mode", ["JSON_SCHEMA", "TOOLS"])
+def test_instructor_streams_partial_objects(instructor_client, mode):
+    """create_partial over a stream: instructor parses each prefix with jiter's partial mode (the
+    code its jiter<0.15 pin is about), so the objects fill in as tokens arrive."""
+    make, sent = instructor_client
+    partials = list(make(mode).chat.completions.create_partial(
+        model=MODEL, response_model=StreamedTicket, max_retries=0, temperature=0, max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": "File a ticket: the app crashes on start."}],
+    ))
+    [body] = sent  # one attempt, streamed
+    assert body["stream"] is True and len(partials) > 1
+    assert any(p.summary is None for p in partials[:-1])  # earlier objects were still incomplete
+    last = partials[-1]
+    assert type(last.priority) is int and last.category in ("billing", "bug", "other")
+    assert isinstance(last.summary, str)
+    assert StreamedTicket.model_validate(last.model_dump())  # the final object is complete and valid
 
 
 # --------------------------------------------------------------------------- the example
