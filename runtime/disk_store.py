@@ -7,11 +7,20 @@ KV of exactly one token prefix of one model, and a new process finds a prompt's 
 the prompt page by page and checking which files exist: no index has to survive a restart (the
 in-memory index is rebuilt by scanning the folder).
 
+Several processes may share the folder (engine replicas, `docs/cluster.md`). A page missing from
+this process's index is looked up in the folder by its name (`contains` stats the file), so a
+replica finds the pages another one wrote since; every `SYNC_S` seconds of writing the writer
+re-reads the folder, so the byte budget covers the whole folder and pages deleted by other
+processes leave the index. Temp files are never shared or deleted while their writer may still
+rename them (`runtime/shared_folder.py`); a page deleted by another process between lookup and
+read is a miss. Reads touch the file's mtime, so the folder's LRU order is every process's use.
+
 File layout: a 64-byte header (magic, version, token count, payload size, CRC-32 of the payload,
 the page hash) and the payload, the `[2, layers, page_tokens, kv_heads, head_dim]` KV tensor as
 raw bytes. Writes go to a temp file and `os.replace` it, so a reader never sees half a file; a
-file that is torn or corrupt anyway (checksum, size or header mismatch) is a miss: it is deleted
-and the prefix recomputed. A failed write (disk full, ENOSPC) is a logged warning and a miss.
+file that is torn or corrupt anyway (checksum, size or header mismatch) is a miss, counted: it is
+deleted (unless another writer replaced it meanwhile) and the prefix recomputed. A failed write
+(disk full, ENOSPC) is a logged warning and a miss.
 
 Threads: writes run on one writer thread (the engine only queues a copy of the data), reads on a
 small pool (`read_async`, used to prefetch a queued request's pages). The index is guarded by a lock.
@@ -25,6 +34,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from array import array
 from collections import OrderedDict
@@ -34,6 +44,8 @@ from typing import Sequence
 
 import torch
 
+from runtime.shared_folder import remove_abandoned_temps, write_atomically
+
 log = logging.getLogger("jumpgate.hicache")
 
 MAGIC = b"JGKV"
@@ -41,10 +53,13 @@ VERSION = 1
 _HEADER = struct.Struct("<4sHHIQI32s8x")  # magic, version, reserved, tokens, payload bytes, crc32, hash
 assert _HEADER.size == 64  # a multiple of every element size: the payload can be viewed in place
 _SUFFIX = ".kv"
+SYNC_S = 5.0  # how often a writing process re-reads a (shared) folder
 
 
 class CorruptPage(Exception):
-    pass
+    def __init__(self, why: str, inode: int):
+        super().__init__(why)
+        self.inode = inode  # the file that was read: a newer one under the same name is kept
 
 
 # ------------------------------------------------------------------------------ hashing
@@ -86,7 +101,7 @@ def chain_hash(prev: bytes, tokens: Sequence[int]) -> bytes:
 class DiskStore:
     def __init__(self, root: str | Path, identity: str, page_tokens: int, num_layers: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, max_bytes: int, read_workers: int = 2,
-                 max_pending_bytes: int = 1 << 30):
+                 max_pending_bytes: int = 1 << 30, sync_s: float = SYNC_S):
         self.identity = identity
         self.page_tokens = page_tokens
         self.shape = (2, num_layers, page_tokens, kv_heads, head_dim)
@@ -94,6 +109,7 @@ class DiskStore:
         self.page_bytes = 2 * num_layers * page_tokens * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
         self.max_bytes = max_bytes
         self.max_pending_bytes = max_pending_bytes
+        self.sync_s = sync_s
         self.dir = Path(root).expanduser() / identity[:32]
         self.dir.mkdir(parents=True, exist_ok=True)
         self._describe()
@@ -102,11 +118,15 @@ class DiskStore:
         self._used = 0
         self._pending: dict[bytes, torch.Tensor] = {}  # queued writes: readable before they land
         self._pending_bytes = 0
+        # disk_pages_adopted: pages this process did not know of (another process wrote them) found
+        # by a lookup; disk_temps_removed: abandoned temp files of dead writers deleted
         self.stats = {"disk_pages_written": 0, "disk_pages_read": 0, "disk_write_errors": 0,
-                      "disk_writes_dropped": 0, "disk_corrupt_pages": 0, "disk_pages_evicted": 0}
+                      "disk_writes_dropped": 0, "disk_corrupt_pages": 0, "disk_pages_evicted": 0,
+                      "disk_pages_adopted": 0, "disk_temps_removed": 0}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="jumpgate-kv-write")
         self._readers = ThreadPoolExecutor(read_workers, thread_name_prefix="jumpgate-kv-read")
-        self._scan()
+        self._synced_at = 0.0
+        self.sync()
 
     # -- index ------------------------------------------------------------------------------
 
@@ -114,26 +134,32 @@ class DiskStore:
         try:
             info = {"identity": self.identity, "page_tokens": self.page_tokens, "shape": list(self.shape),
                     "dtype": str(self.dtype), "format": f"{MAGIC.decode()} v{VERSION}"}
-            (self.dir / "identity.json").write_text(json.dumps(info, indent=1))
+            write_atomically(self.dir / "identity.json", json.dumps(info, indent=1).encode())
         except OSError:
             pass  # informational only
 
-    def _scan(self) -> None:
-        """Rebuild the index from the folder (oldest first); remove temp files of a crashed writer."""
+    def sync(self) -> None:
+        """Rebuild the index from the folder, least recently used (oldest mtime) first, and remove
+        abandoned temp files. Runs at start and on the writer thread (so never during one of this
+        store's own writes)."""
+        now = time.time()
+        removed = remove_abandoned_temps(self.dir, now)
         found = []
         for entry in os.scandir(self.dir):
             name = entry.name
-            try:
-                if name.endswith(".tmp"):
-                    os.unlink(entry.path)
-                elif name.endswith(_SUFFIX) and len(name) == 64 + len(_SUFFIX):
-                    st = entry.stat()
-                    found.append((st.st_mtime, bytes.fromhex(name[:64]), st.st_size))
-            except (OSError, ValueError):
+            if not (name.endswith(_SUFFIX) and len(name) == 64 + len(_SUFFIX)):
                 continue
-        for _, h, size in sorted(found):
-            self._index[h] = size
-            self._used += size
+            try:
+                st = entry.stat()
+                found.append((st.st_mtime, bytes.fromhex(name[:64]), st.st_size))
+            except (OSError, ValueError):
+                continue  # deleted meanwhile
+        found.sort()
+        with self._lock:
+            self._index = OrderedDict((h, size) for _, h, size in found)
+            self._used = sum(size for _, _, size in found)
+            self.stats["disk_temps_removed"] += removed
+        self._synced_at = time.monotonic()
 
     def _path(self, h: bytes) -> Path:
         return self.dir / (h.hex() + _SUFFIX)
@@ -147,7 +173,20 @@ class DiskStore:
         return self._used
 
     def contains(self, h: bytes) -> bool:
-        return h in self._index or h in self._pending
+        """Whether page `h` is on disk (or queued): the index, else the folder itself, where another
+        process sharing it may have written the page since the last sync."""
+        if h in self._index or h in self._pending:
+            return True
+        try:
+            size = os.stat(self._path(h)).st_size
+        except OSError:
+            return False
+        with self._lock:
+            if h not in self._index:
+                self._index[h] = size
+                self._used += size
+                self.stats["disk_pages_adopted"] += 1
+        return True
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -163,7 +202,7 @@ class DiskStore:
             self._forget(h)
             return None
         except CorruptPage as e:
-            self._discard(h, str(e))
+            self._discard(h, str(e), e.inode)
             return None
         except OSError as e:
             log.warning("disk KV cache: reading page %s failed (%s); treated as a miss", h.hex()[:12], e)
@@ -172,6 +211,10 @@ class DiskStore:
             if h in self._index:
                 self._index.move_to_end(h)
             self.stats["disk_pages_read"] += 1
+        try:
+            os.utime(self._path(h))  # recently used, for every process's next sync
+        except OSError:
+            pass
         return data
 
     def read_async(self, h: bytes) -> Future:
@@ -179,20 +222,21 @@ class DiskStore:
 
     def _read_file(self, h: bytes) -> torch.Tensor:
         with open(self._path(h), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            size, inode = st.st_size, st.st_ino
             buf = bytearray(size)
             got = f.readinto(buf)
         if got != size or size < _HEADER.size:
-            raise CorruptPage(f"truncated file ({got} bytes)")
+            raise CorruptPage(f"truncated file ({got} bytes)", inode)
         magic, version, _, tokens, nbytes, crc, key = _HEADER.unpack_from(buf)
         if magic != MAGIC or version != VERSION:
-            raise CorruptPage("bad header")
+            raise CorruptPage("bad header", inode)
         if key != h or tokens != self.page_tokens or nbytes != self.page_bytes:
-            raise CorruptPage("header does not match the page")
+            raise CorruptPage("header does not match the page", inode)
         if size != _HEADER.size + nbytes:
-            raise CorruptPage(f"size {size}, expected {_HEADER.size + nbytes} (torn write?)")
+            raise CorruptPage(f"size {size}, expected {_HEADER.size + nbytes} (torn write?)", inode)
         if zlib.crc32(memoryview(buf)[_HEADER.size:]) != crc:
-            raise CorruptPage("checksum mismatch")
+            raise CorruptPage("checksum mismatch", inode)
         flat = torch.frombuffer(buf, dtype=torch.uint8, offset=_HEADER.size, count=nbytes)
         return flat.view(self.dtype).view(self.shape)
 
@@ -202,14 +246,15 @@ class DiskStore:
             if size is not None:
                 self._used -= size
 
-    def _discard(self, h: bytes, why: str) -> None:
+    def _discard(self, h: bytes, why: str, inode: int) -> None:
         log.warning("disk KV cache: page file %s is corrupt (%s); deleted, the prefix will be recomputed",
                     self._path(h).name, why)
         self._forget(h)
         with self._lock:
             self.stats["disk_corrupt_pages"] += 1
-        try:
-            os.unlink(self._path(h))
+        try:  # only the file that was read: another process may have renamed a good copy over it
+            if os.stat(self._path(h)).st_ino == inode:
+                os.unlink(self._path(h))
         except OSError:
             pass
 
@@ -238,6 +283,8 @@ class DiskStore:
         try:
             if self.page_bytes > self.max_bytes:
                 return
+            if time.monotonic() - self._synced_at >= self.sync_s:
+                self.sync()  # other processes' pages count against the budget, and may be gone
             self._make_room(self.page_bytes)
             size = self.write_page_file(h, data)
         except OSError as e:  # disk full, read-only folder, ...: a miss, never a crash
@@ -250,8 +297,10 @@ class DiskStore:
                 self.stats["disk_write_errors"] += 1
         else:
             with self._lock:
+                if h not in self._index:  # a lookup may have adopted another process's copy
+                    self._used += size
                 self._index[h] = size
-                self._used += size
+                self._index.move_to_end(h)
                 self.stats["disk_pages_written"] += 1
         finally:
             with self._lock:
@@ -264,34 +313,23 @@ class DiskStore:
         payload = data.to(self.dtype).contiguous().view(-1).view(torch.uint8).numpy()
         body = memoryview(payload)
         header = _HEADER.pack(MAGIC, VERSION, 0, self.page_tokens, len(body), zlib.crc32(body), h)
-        final = self._path(h)
-        tmp = self.dir / f".{h.hex()[:16]}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(header)
-                f.write(body)
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return _HEADER.size + len(body)
+        return write_atomically(self._path(h), header, body)
 
     def _make_room(self, size: int) -> None:
-        """Delete least recently used pages until `size` more bytes fit the budget."""
+        """Delete least recently used pages until `size` more bytes fit the budget. A file another
+        process deleted already just leaves the index."""
         while True:
             with self._lock:
                 if self._used + size <= self.max_bytes or not self._index:
                     return
                 h, old = self._index.popitem(last=False)
                 self._used -= old
-                self.stats["disk_pages_evicted"] += 1
             try:
                 os.unlink(self._path(h))
             except OSError:
-                pass
+                continue
+            with self._lock:
+                self.stats["disk_pages_evicted"] += 1
 
     def flush(self) -> None:
         """Wait until every queued write has landed (or failed)."""

@@ -3,6 +3,7 @@ imports Ray), grammars travelling as their spec, stats aggregation, replica erro
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from gateway.cli import build_parser
 from gateway.cluster import grammar_bridge
-from gateway.cluster.settings import ClusterSettings
+from gateway.cluster.settings import ClusterSettings, with_shared_folders
 from runtime.settings_fields import from_args
 
 
@@ -36,6 +37,24 @@ def test_cluster_flags_map_through():
     assert c.router_kwargs() == {"policy": "power_of_two", "cache_threshold": 0.3, "balance_abs_threshold": 8,
                                  "balance_rel_threshold": 2.0}
     assert from_args(ClusterSettings, build_parser().parse_args(["serve"])).replicas is None
+
+
+def test_replicas_get_the_shared_folders_as_absolute_paths(tmp_path, monkeypatch):
+    """A replica runs in another working directory: a relative --disk-cache-dir must still name
+    the one folder every replica shares (and the gateway's grammar folder likewise)."""
+    from gateway.cli import serve_settings
+
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["serve", "--replicas", "2", "--host-pool-tokens", "1024",
+                                      "--disk-cache-dir", "shared/kv", "--grammar-cache-dir", "shared/grammars"])
+    config = serve_settings(args, environ={})
+    engine, grammar = with_shared_folders(config.engine, config.grammar)
+    assert engine.disk_cache_dir == str(tmp_path / "shared" / "kv")
+    assert grammar.cache_dir == str(tmp_path / "shared" / "grammars")
+    assert engine.host_pool_tokens == 1024 and config.engine.disk_cache_dir == "shared/kv"  # a copy
+    untouched, _ = with_shared_folders(from_args(type(config.engine), build_parser().parse_args(["serve"])),
+                                       config.grammar)
+    assert untouched.disk_cache_dir is None
 
 
 @pytest.mark.parametrize("bad", [["--replicas", "0"], ["--routing-policy", "random"],

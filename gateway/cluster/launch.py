@@ -21,7 +21,7 @@ from gateway.cluster.grammar_bridge import ClusterGrammarService
 from gateway.cluster.metrics import register_cluster_metrics
 from gateway.cluster.replica import EngineReplica
 ROUTER_CLASS = "gateway.cluster.router:PrefixAwareRouter"  # by name: Ray imports it where the handle routes
-from gateway.cluster.settings import ClusterSettings
+from gateway.cluster.settings import ClusterSettings, with_shared_folders
 from grammar.settings import GrammarSettings
 from runtime.engine_config import EngineConfig
 
@@ -50,6 +50,7 @@ def start_replicas(engine: EngineConfig, grammar: GrammarSettings, cluster: Clus
     A process keeps one router per deployment for its lifetime, so a redeployment with other
     router settings needs another `app_name` (the bench deploys each policy under its own)."""
     init_ray(cluster)
+    engine, grammar = with_shared_folders(engine, grammar)
     serve.start(proxy_location="Disabled")
     deployment = serve.deployment(EngineReplica, name="engine").options(
         num_replicas=cluster.replicas or 1,

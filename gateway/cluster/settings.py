@@ -3,6 +3,8 @@ objects; pure Python, so building the CLI never imports Ray."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 
 from gateway.cluster.routing_policy import POLICIES
@@ -43,3 +45,14 @@ class ClusterSettings:
         return {"policy": self.routing_policy, "cache_threshold": self.cache_threshold,
                 "balance_abs_threshold": self.balance_abs_threshold,
                 "balance_rel_threshold": self.balance_rel_threshold}
+
+
+def with_shared_folders(engine, grammar):
+    """The engine and grammar settings every replica gets, with the disk KV tier folder
+    (`--disk-cache-dir`) and the compiled-grammar folder made absolute: a replica runs in another
+    working directory, and all of them must open the same folders (docs/cluster.md)."""
+    def absolute(path: str | None) -> str | None:
+        return os.path.abspath(os.path.expanduser(path)) if path else path
+
+    return (dataclasses.replace(engine, disk_cache_dir=absolute(engine.disk_cache_dir)),
+            dataclasses.replace(grammar, cache_dir=absolute(grammar.cache_dir)))
