@@ -1,0 +1,366 @@
+"""Jumpgate's value check: JSON output never repeats an object's name or a unique array's item.
+
+A grammar's token mask has no memory of the names or items already written, so under
+`additionalProperties` a model can write the same name twice, and under `uniqueItems` the same
+item. This check follows the accepted text byte by byte (strings, escapes, nesting: a token may
+span several structural characters) and keeps, per open object, the names written and, per open
+array under `uniqueItems`, the canonical form of its items (grammar/value_rules.py says which
+arrays and which values are equal). When the mask is filled it simulates, from the current state,
+each allowed token that could complete something here, and clears the bit of every token that
+would:
+
+- close a name already written in the same object;
+- complete an item equal to an earlier one of a unique array (strings at their closing quote,
+  numbers and literals at the character after them, objects and arrays at their closing bracket);
+- in an array whose items can take only listed values, write an item text that can no longer spell
+  an unused value, or a `,` once every value is used (so the array can still close);
+- in an integer array, write `0` again (it cannot grow into another number).
+
+This is check-and-roll-back done at the mask: the token that would complete a violating value is
+never sampled, so there is nothing to roll back. Only tokens that can complete something are
+simulated (per vocabulary: those holding `"` inside a string; those holding `"`, `,`, `]` or `}`
+between values; every allowed one inside a unique array's item, where the mask is narrow), and
+only while an open object holds a name or a unique array an item. Should the check ever leave no
+token at all (a schema where no new value can be written), the grammar's mask is kept and the
+repeat is reported by validation after generation; the fidelity report claims the check only
+where that cannot happen.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import NamedTuple
+
+import numpy as np
+
+from grammar.value_rules import ItemRule, SchemaNavigator, canonical
+
+STRUCT, STRING, SCALAR = 0, 1, 2  # where the scan is: between values, in a string, in a number/literal
+KEY, VALUE, ITEM = 0, 1, 2  # what the current string or scalar is
+_QUOTE, _BACKSLASH, _COMMA = 0x22, 0x5C, 0x2C
+_WHITESPACE = frozenset(b" \t\n\r")
+_SCALAR = frozenset(b"0123456789+-.eEtrufalsn")  # what numbers, true, false and null are made of
+_FILLERS = ("x", "q", "z", "k", "1", "2", "3", "5", "7", "9")  # grow a repeated name or item in a plan
+
+
+class _Obj(NamedTuple):
+    keys: frozenset  # names written so far (decoded)
+    nodes: tuple | None  # the schema nodes of this object (None: no schema rules)
+    key: str | None  # the name whose value is being written
+    want_key: bool  # the next string is a name
+    start: int  # offset of its `{` when it is an item of a unique array, else -1
+
+
+class _Arr(NamedTuple):
+    items: frozenset  # canonical forms of the items so far (unique arrays only)
+    count: int  # items started
+    nodes: tuple | None
+    rule: ItemRule | None  # None: items may repeat
+    start: int
+
+
+class ValueCheckVocab:
+    """Token texts and the tokens that can complete a name or an item, computed once per vocabulary."""
+
+    def __init__(self, decoded_vocab: list[bytes], special_ids: frozenset[int]) -> None:
+        self.texts = [b"" if i in special_ids else bytes(t) for i, t in enumerate(decoded_vocab)]
+        self.vocab_size = len(self.texts)
+        self.quote_ids = np.array([i for i, t in enumerate(self.texts) if b'"' in t], dtype=np.int64)
+        self.struct_ids = np.array([i for i, t in enumerate(self.texts) if any(c in t for c in b'",]}')],
+                                   dtype=np.int64)
+        # only a token with two quotes can both open and close a name
+        self.two_quote_ids = np.array([i for i, t in enumerate(self.texts) if t.count(b'"') >= 2], dtype=np.int64)
+        # Inside a name or a unique item: a token with one quote, no backslash and no bracket after the
+        # quote completes exactly the text before its quote, so the tokens to ban are looked up by that
+        # text; the others (`":"`, `\"`, `"]`) are simulated.
+        self.closing_by_text: dict[bytes, list[int]] = {}
+        complex_ids = []
+        for i in self.quote_ids.tolist():
+            before, _, after = self.texts[i].partition(b'"')
+            if b'"' in after or b"\\" in before or any(c in after for c in b"]}"):
+                complex_ids.append(i)
+            else:
+                self.closing_by_text.setdefault(before, []).append(i)
+        self.complex_quote_ids = np.array(complex_ids, dtype=np.int64)
+        by_text = {t: i for i, t in enumerate(self.texts) if t}
+        self.filler_ids = [by_text[f.encode()] for f in _FILLERS if f.encode() in by_text]
+
+
+class ValueCheck:
+    """The check's state for one output (one per request, beside its grammar matcher)."""
+
+    __slots__ = ("_vocab", "_nav", "_stack", "_mode", "_role", "_buf", "_esc", "_text", "_history",
+                 "banned", "dead_ends")
+
+    def __init__(self, vocab: ValueCheckVocab, navigator: SchemaNavigator | None = None) -> None:
+        self._vocab = vocab
+        self._nav = navigator
+        self._stack: tuple = ()
+        self._mode = STRUCT
+        self._role = VALUE
+        self._buf = b""  # the current name or unique item's text (not kept for other strings)
+        self._esc = 0  # inside a string: -1 after a backslash, n > 0 hex digits of a \u still to come
+        self._text = bytearray()  # the accepted text (a unique array's object items are read back from it)
+        self._history: list[tuple] = []  # the state before each accepted token
+        self.banned = 0  # tokens masked out so far
+        self.dead_ends = 0  # masks left as the grammar gave them because the check allowed nothing
+
+    # -- following the output ------------------------------------------------------------
+
+    def accept(self, token_id: int) -> None:
+        self._history.append(self._state())
+        self._scan(self._vocab.texts[token_id], False)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            state = self._history[-num_tokens]
+            del self._history[-num_tokens:]
+            self._restore(state)
+
+    def first_violation(self, token_ids: list[int]) -> int | None:
+        """Index of the first of `token_ids` (written in turn from here) that the check forbids."""
+        state = self._state()
+        try:
+            for k, token_id in enumerate(token_ids):
+                if self._scan(self._vocab.texts[token_id], True):
+                    return k
+            return None
+        finally:
+            self._restore(state)
+
+    def ban_after(self, token_ids: list[int], bitmask, row: int) -> list[int]:
+        """`ban` as it would be after `token_ids` (state unchanged); returns the tokens the row
+        then allows, single characters that grow a name or an item first, then shortest first."""
+        state = self._state()
+        try:
+            for token_id in token_ids:
+                self._scan(self._vocab.texts[token_id], False)
+            self.ban(bitmask, row)
+        finally:
+            self._restore(state)
+        words = bitmask[row].numpy().view(np.uint32)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self._vocab.vocab_size]
+        allowed = np.flatnonzero(bits).tolist()
+        fillers = [t for t in self._vocab.filler_ids if bits[t]]
+        texts = self._vocab.texts
+        return fillers + sorted((t for t in allowed if t not in fillers and texts[t]), key=lambda t: len(texts[t]))
+
+    def violates(self, token_id: int) -> bool:
+        return self.first_violation([token_id]) == 0
+
+    # -- the mask ------------------------------------------------------------------------
+
+    def ban(self, bitmask, row: int) -> int:
+        """Clear in `bitmask[row]` the allowed tokens that would repeat a name or an item; returns
+        how many. A mask the check would leave empty is restored (see the module docstring)."""
+        if not self._may_ban():
+            return 0
+        words = bitmask[row].numpy().view(np.uint32)
+        banned = self._closing_a_repeat(words)
+        if banned is None:
+            candidates = self._candidates()
+            if candidates is None:
+                bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self._vocab.vocab_size]
+                allowed = np.flatnonzero(bits)
+            else:
+                allowed = _allowed(words, candidates)
+            banned = [int(t) for t in allowed if self.violates(int(t))]
+        if not banned:
+            return 0
+        ids = np.array(banned, dtype=np.int64)
+        kept = words.copy()
+        np.bitwise_and.at(words, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
+        if not words.any():
+            words[:] = kept
+            self.dead_ends += 1
+            return 0
+        self.banned += len(banned)
+        return len(banned)
+
+    def _may_ban(self) -> bool:
+        return any(f.keys if type(f) is _Obj else (f.rule is not None and f.items) for f in self._stack)
+
+    def _candidates(self) -> np.ndarray | None:
+        """The tokens worth simulating here (None: every allowed one)."""
+        top = self._stack[-1] if self._stack else None
+        in_unique = type(top) is _Arr and top.rule is not None
+        # with no unique array open, only a name can repeat, and only a two-quote token writes one whole
+        items = any(f.start >= 0 or (type(f) is _Arr and f.rule is not None) for f in self._stack)
+        if self._mode == STRING:
+            if self._role == ITEM and top.rule.finite is not None:
+                return None
+            return self._vocab.quote_ids if items or self._role != VALUE else self._vocab.two_quote_ids
+        if in_unique and (self._mode == STRUCT or self._role == ITEM):
+            return None  # an item starts or grows: the mask is narrow
+        return self._vocab.struct_ids if items else self._vocab.two_quote_ids
+
+    def _closing_a_repeat(self, words: np.ndarray) -> list[int] | None:
+        """Inside a name or a free unique string item: the allowed tokens whose quote would close a
+        repeat, found by lookup (None: the state needs the general simulation)."""
+        if self._mode != STRING or self._role == VALUE or self._esc or b"\\" in self._buf:
+            return None
+        top = self._stack[-1]
+        if self._role == KEY:
+            done = top.keys
+        elif top.rule.finite is None:
+            done = [json.loads(c) for c in top.items if c.startswith('"')]
+        else:
+            return None
+        found: list[int] = []
+        for text in done:
+            raw = text.encode()
+            if not raw.startswith(self._buf):
+                continue
+            rest = raw[len(self._buf):]
+            if any(c in rest for c in b'"\\') or any(c < 0x20 for c in rest):
+                return None  # spelled with escapes: simulate
+            found += self._vocab.closing_by_text.get(rest, ())
+        found = _allowed(words, np.array(found, dtype=np.int64)).tolist() if found else []
+        complex_ids = _allowed(words, self._vocab.complex_quote_ids)
+        return found + [int(t) for t in complex_ids if self.violates(int(t))]
+
+    # -- the scan ------------------------------------------------------------------------
+
+    def _state(self) -> tuple:
+        return self._stack, self._mode, self._role, self._buf, self._esc, len(self._text)
+
+    def _restore(self, state: tuple) -> None:
+        self._stack, self._mode, self._role, self._buf, self._esc, length = state
+        del self._text[length:]
+
+    def _scan(self, data: bytes, check: bool) -> bool:
+        """Advance over `data`; True at the first violation when `check` (state then undefined)."""
+        base = len(self._text)
+        for i, c in enumerate(data):
+            if self._mode == STRING:
+                if self._esc or c != _QUOTE:
+                    if self._esc == -1:
+                        self._esc = 4 if c == 0x75 else 0  # \uXXXX
+                    elif self._esc:
+                        self._esc -= 1
+                    elif c == _BACKSLASH:
+                        self._esc = -1
+                    if self._grow(c) and check:
+                        return True
+                elif self._close_string() and check:
+                    return True
+                continue
+            if self._mode == SCALAR:
+                if c in _SCALAR:
+                    if self._grow(c) and check:
+                        return True
+                    continue
+                if self._end_scalar() and check:
+                    return True
+            if self._between(c, data, base, i) and check:
+                return True
+        self._text += data
+        return False
+
+    def _grow(self, c: int) -> bool:
+        if self._role == VALUE:
+            return False
+        self._buf += bytes((c,))
+        return self._role == ITEM and self._bad_item_prefix()
+
+    def _bad_item_prefix(self) -> bool:
+        arr = self._stack[-1]
+        rule = arr.rule
+        raw = b'"' + self._buf if self._mode == STRING else self._buf
+        if rule.finite is not None:
+            return not any(s.startswith(raw) for s in rule.unused_spellings(arr.items))
+        # an integer `0` cannot grow into another integer
+        return rule.integer_only and raw in (b"0", b"-0") and canonical(0) in arr.items
+
+    def _close_string(self) -> bool:
+        self._mode = STRUCT
+        if self._role == KEY:
+            name = _decode_string(self._buf)
+            obj = self._stack[-1]
+            self._stack = self._stack[:-1] + (obj._replace(keys=obj.keys | {name}, key=name, want_key=False),)
+            return name in obj.keys
+        if self._role == ITEM:
+            return self._item_done(canonical(_decode_string(self._buf)))
+        return False
+
+    def _end_scalar(self) -> bool:
+        self._mode = STRUCT
+        if self._role != ITEM:
+            return False
+        try:
+            value = json.loads(self._buf)
+        except ValueError:
+            value = self._buf.decode("latin-1")  # not JSON (the grammar's business): compare as text
+        return self._item_done(canonical(value))
+
+    def _item_done(self, canon: str) -> bool:
+        arr = self._stack[-1]
+        self._stack = self._stack[:-1] + (arr._replace(items=arr.items | {canon}),)
+        return canon in arr.items
+
+    def _between(self, c: int, data: bytes, base: int, i: int) -> bool:
+        if c in _WHITESPACE:
+            return False
+        top = self._stack[-1] if self._stack else None
+        if c == _COMMA:
+            if type(top) is _Obj:
+                self._stack = self._stack[:-1] + (top._replace(want_key=True),)
+            elif type(top) is _Arr and top.rule is not None:
+                return top.rule.exhausted(top.items)  # no unused value left: the array must close
+            return False
+        if c in b"}]":
+            if top is None:
+                return False
+            self._stack = self._stack[:-1]
+            if top.start < 0:
+                return False
+            raw = bytes(data[top.start - base : i + 1]) if top.start >= base else bytes(self._text[top.start:]) + data[: i + 1]
+            try:
+                return self._item_done(canonical(json.loads(raw)))
+            except ValueError:
+                return False
+        if c == _QUOTE and type(top) is _Obj and top.want_key:
+            self._mode, self._role, self._buf, self._esc = STRING, KEY, b"", 0
+            return False
+        if top is None and c not in b'{["':
+            return False  # outside any JSON value (or a top-level scalar: nothing to keep unique)
+        if c not in b'{["' and c not in _SCALAR:
+            return False  # `:` and anything the grammar allows between values
+        return self._value_starts(c, top, base + i)
+
+    def _value_starts(self, c: int, top, offset: int) -> bool:
+        nav = self._nav
+        item = False
+        if top is None:
+            nodes = nav.root_nodes() if nav is not None else None
+        elif type(top) is _Obj:
+            nodes = nav.value_nodes(top.nodes, top.key or "") if nav is not None and top.nodes is not None else None
+        else:
+            self._stack = self._stack[:-1] + (top._replace(count=top.count + 1),)
+            nodes = nav.item_nodes(top.nodes, top.count) if nav is not None and top.nodes is not None else None
+            item = top.rule is not None
+        start = offset if item else -1
+        if c == 0x7B:  # {
+            self._stack += (_Obj(frozenset(), nodes, None, True, start),)
+            return False
+        if c == 0x5B:  # [
+            rule = nav.item_rule(nodes) if nav is not None and nodes else None
+            self._stack += (_Arr(frozenset(), 0, nodes, rule, start),)
+            return False
+        self._mode = STRING if c == _QUOTE else SCALAR
+        self._role, self._esc = (ITEM if item else VALUE), 0
+        self._buf = b"" if c == _QUOTE else bytes((c,))
+        return item and self._bad_item_prefix()
+
+
+def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The ids among `ids` whose bit is set in the mask row `words` (uint32)."""
+    return ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 != 0]
+
+
+def _decode_string(raw: bytes) -> str:
+    """A JSON string's value from the bytes between its quotes (its raw text if malformed)."""
+    try:
+        return json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return raw.decode("utf-8", "replace")
