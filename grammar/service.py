@@ -310,7 +310,7 @@ class GrammarService:
         start = compile_llguidance(self._llg_tokenizer.get(), grammar, "JSON schema", spec.param)
         self._count_compile(started)
         handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity,
-                                  values=self._value_vocab, navigator=navigator_for(spec.kind, spec.payload))
+                                  values=self._value_vocab, navigator=navigator_for(spec.kind, spec.payload, spec.strict))
         self._memory.put(key, handle)
         return handle
 
@@ -328,7 +328,7 @@ class GrammarService:
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
                                      _splitter=self.draft_splitter, fidelity=fidelity,
                                      _values=self._value_vocab if json_kind else None,
-                                     _navigator=navigator_for(kind, spec.payload) if json_kind and spec else None)
+                                     _navigator=navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None)
 
 
 def _make_encoder(hf_tokenizer: Any):

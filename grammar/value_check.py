@@ -28,6 +28,7 @@ where that cannot happen.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import NamedTuple
 
@@ -44,11 +45,12 @@ _FILLERS = ("x", "q", "z", "k", "1", "2", "3", "5", "7", "9")  # grow a repeated
 
 
 class _Obj(NamedTuple):
-    keys: frozenset  # names written so far (decoded)
+    keys: frozenset  # names written so far (decoded; kept only where the grammar may repeat one)
     nodes: tuple | None  # the schema nodes of this object (None: no schema rules)
     key: str | None  # the name whose value is being written
     want_key: bool  # the next string is a name
     start: int  # offset of its `{` when it is an item of a unique array, else -1
+    free: bool  # the grammar may write a name twice here (it does not close the object's names)
 
 
 class _Arr(NamedTuple):
@@ -74,6 +76,13 @@ class ValueCheckVocab:
         # quote completes exactly the text before its quote, so the tokens to ban are looked up by that
         # text; the others (`":"`, `\"`, `"]`) are simulated.
         self.closing_by_text: dict[bytes, list[int]] = {}
+        # between a unique array's items: what can complete one (a whole string, a delimiter) or
+        # write a second integer 0
+        delimiting = [i for i, t in enumerate(self.texts) if any(c in t for c in b",]}")]
+        zero = [i for i, t in enumerate(self.texts) if t.startswith((b"0", b"-0"))]
+        self.item_start_ids = np.unique(np.array(self.two_quote_ids.tolist() + delimiting + zero, dtype=np.int64))
+        # inside a number or literal only a token with another character can end it
+        self.scalar_only = np.array([bool(t) and all(c in _SCALAR for c in t) for t in self.texts], dtype=bool)
         complex_ids = []
         for i in self.quote_ids.tolist():
             before, _, after = self.texts[i].partition(b'"')
@@ -138,10 +147,8 @@ class ValueCheck:
             self.ban(bitmask, row)
         finally:
             self._restore(state)
-        words = bitmask[row].numpy().view(np.uint32)
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self._vocab.vocab_size]
-        allowed = np.flatnonzero(bits).tolist()
-        fillers = [t for t in self._vocab.filler_ids if bits[t]]
+        allowed = _all_allowed(bitmask[row].numpy().view(np.uint32)).tolist()
+        fillers = [t for t in self._vocab.filler_ids if t in allowed]
         texts = self._vocab.texts
         return fillers + sorted((t for t in allowed if t not in fillers and texts[t]), key=lambda t: len(texts[t]))
 
@@ -160,8 +167,10 @@ class ValueCheck:
         if banned is None:
             candidates = self._candidates()
             if candidates is None:
-                bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self._vocab.vocab_size]
-                allowed = np.flatnonzero(bits)
+                allowed = _all_allowed(words)
+                rule = self._stack[-1].rule if self._mode == SCALAR else None
+                if rule is not None and not rule.finite and not (rule.integer_only and self._buf == b"-"):
+                    allowed = allowed[~self._vocab.scalar_only[allowed]]  # digits only grow the number
             else:
                 allowed = _allowed(words, candidates)
             banned = [int(t) for t in allowed if self.violates(int(t))]
@@ -190,8 +199,10 @@ class ValueCheck:
             if self._role == ITEM and top.rule.finite is not None:
                 return None
             return self._vocab.quote_ids if items or self._role != VALUE else self._vocab.two_quote_ids
-        if in_unique and (self._mode == STRUCT or self._role == ITEM):
-            return None  # an item starts or grows: the mask is narrow
+        if in_unique and self._mode == SCALAR and self._role == ITEM:
+            return None  # a number grows: the mask is narrow (digits are then left out)
+        if in_unique and self._mode == STRUCT:
+            return None if top.rule.finite is not None else self._vocab.item_start_ids
         return self._vocab.struct_ids if items else self._vocab.two_quote_ids
 
     def _closing_a_repeat(self, words: np.ndarray) -> list[int] | None:
@@ -201,20 +212,17 @@ class ValueCheck:
             return None
         top = self._stack[-1]
         if self._role == KEY:
-            done = top.keys
+            done = [_plain(name) for name in top.keys]
         elif top.rule.finite is None:
-            done = [json.loads(c) for c in top.items if c.startswith('"')]
+            done = [_plain_item(c) for c in top.items if c.startswith('"')]
         else:
             return None
         found: list[int] = []
-        for text in done:
-            raw = text.encode()
-            if not raw.startswith(self._buf):
-                continue
-            rest = raw[len(self._buf):]
-            if any(c in rest for c in b'"\\') or any(c < 0x20 for c in rest):
+        for raw in done:
+            if raw is None:
                 return None  # spelled with escapes: simulate
-            found += self._vocab.closing_by_text.get(rest, ())
+            if raw.startswith(self._buf):
+                found += self._vocab.closing_by_text.get(raw[len(self._buf):], ())
         found = _allowed(words, np.array(found, dtype=np.int64)).tolist() if found else []
         complex_ids = _allowed(words, self._vocab.complex_quote_ids)
         return found + [int(t) for t in complex_ids if self.violates(int(t))]
@@ -277,7 +285,8 @@ class ValueCheck:
         if self._role == KEY:
             name = _decode_string(self._buf)
             obj = self._stack[-1]
-            self._stack = self._stack[:-1] + (obj._replace(keys=obj.keys | {name}, key=name, want_key=False),)
+            keys = obj.keys | {name} if obj.free else obj.keys
+            self._stack = self._stack[:-1] + (obj._replace(keys=keys, key=name, want_key=False),)
             return name in obj.keys
         if self._role == ITEM:
             return self._item_done(canonical(_decode_string(self._buf)))
@@ -341,7 +350,8 @@ class ValueCheck:
             item = top.rule is not None
         start = offset if item else -1
         if c == 0x7B:  # {
-            self._stack += (_Obj(frozenset(), nodes, None, True, start),)
+            free = nav is None or nodes is None or nav.names_may_repeat(nodes)
+            self._stack += (_Obj(frozenset(), nodes, None, True, start, free),)
             return False
         if c == 0x5B:  # [
             rule = nav.item_rule(nodes) if nav is not None and nodes else None
@@ -356,6 +366,26 @@ class ValueCheck:
 def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The ids among `ids` whose bit is set in the mask row `words` (uint32)."""
     return ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 != 0]
+
+
+def _all_allowed(words: np.ndarray) -> np.ndarray:
+    """Every id allowed by the mask row `words` (uint32); unpacks only the words that allow any."""
+    nonzero = np.flatnonzero(words)
+    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    rows, cols = np.nonzero(bits)
+    return nonzero[rows] * 32 + cols
+
+
+@functools.lru_cache(maxsize=8192)
+def _plain(text: str) -> bytes | None:
+    """How a JSON string spells `text` without escapes (None: it needs one)."""
+    raw = text.encode()
+    return None if any(c in raw for c in b'"\\') or any(c < 0x20 for c in raw) else raw
+
+
+@functools.lru_cache(maxsize=8192)
+def _plain_item(canon: str) -> bytes | None:
+    return _plain(json.loads(canon))
 
 
 def _decode_string(raw: bytes) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 MAX_FINITE = 256  # beyond this many listed values, items are treated as unbounded (prefix checks cost)
 _MAX_EXPAND = 256  # nodes listed for one place (a schema of many refs stays cheap)
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_OBJECT_SHAPES = ("properties", "additionalProperties", "patternProperties", "unevaluatedProperties")
 _STRING_SHAPES = ("pattern", "format", "maxLength", "enum", "const")
 
 
@@ -61,8 +62,9 @@ class ItemRule:
 class SchemaNavigator:
     """Schema nodes for each place in a JSON value being written (nodes are dicts; `{}` is any)."""
 
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: Any, strict: bool = True) -> None:
         self._root = root
+        self._strict = strict  # strict grammars close every object that declares properties
         self._memo: dict[int, tuple[dict, ...]] = {}
         self._rules: dict[tuple[int, ...], ItemRule | None] = {}
 
@@ -140,6 +142,18 @@ class SchemaNavigator:
             elif isinstance(items, (dict, bool)):
                 out += self.expand(items)
         return tuple(out)
+
+    def names_may_repeat(self, object_nodes: tuple[dict, ...]) -> bool:
+        """Can the grammar write a name twice in an object described by `object_nodes`? Not where
+        every object schema among them closes its names (then the check skips the object)."""
+        objects = [n for n in object_nodes if n.get("type") == "object" or any(k in n for k in _OBJECT_SHAPES)]
+        return not objects or any(not self._closed(n) for n in objects)
+
+    def _closed(self, node: dict) -> bool:
+        most = node.get("maxProperties")
+        return (node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False
+                or (self._strict and "properties" in node and "patternProperties" not in node)
+                or (isinstance(most, int) and most <= 1))
 
     def item_rule(self, array_nodes: tuple[dict, ...]) -> ItemRule | None:
         """The uniqueness rule of an array described by `array_nodes` (None: items may repeat)."""
@@ -235,21 +249,6 @@ def _search(pattern: str, name: str) -> bool:
 VALUE_CHECK_KINDS = frozenset({"json_schema", "json_object"})  # kinds whose whole output is one JSON value
 
 
-def navigator_for(kind: str, payload: Any) -> SchemaNavigator | None:
-    """The navigator the value check needs for uniqueItems (None: names alone are kept unique)."""
-    if kind == "json_schema" and _mentions_unique_items(payload):
-        return SchemaNavigator(payload)
-    return None
-
-
-def _mentions_unique_items(node: Any) -> bool:
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("uniqueItems") is True:
-                return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
+def navigator_for(kind: str, payload: Any, strict: bool) -> SchemaNavigator | None:
+    """The schema side of the value check (None: no schema, every object's names are kept unique)."""
+    return SchemaNavigator(payload, strict) if kind == "json_schema" else None
