@@ -185,6 +185,9 @@ class XGrammarMatcher:
         if self._closing is None or self._matcher.is_terminated():
             self.fill_bitmask(bitmask, row)
             return
+        if plan_token is None and self.values is not None:
+            plan = self.completion_plan()  # closing's own planner does not know the check: repaired plan
+            plan_token = plan[0] if plan else None
         fill_closing_bitmask(self._matcher, self._closing, self._encode, bitmask, row, tight, plan_token)
         self._ban(bitmask, row)
 
@@ -194,7 +197,9 @@ class XGrammarMatcher:
             return False
         if not fill_value_closing_bitmask(self._matcher, self._closing, bitmask, row):
             return False
-        self._ban(bitmask, row)
+        if self.values is not None and self.values.ban(bitmask, row) < 0:
+            self.fill_bitmask(bitmask, row)  # every closer would repeat an item: the value goes on
+            return False
         return True
 
     def closes_value(self, token_id: int) -> bool:

@@ -159,7 +159,8 @@ class ValueCheck:
 
     def ban(self, bitmask, row: int) -> int:
         """Clear in `bitmask[row]` the allowed tokens that would repeat a name or an item; returns
-        how many. A mask the check would leave empty is restored (see the module docstring)."""
+        how many, or -1 when the check would leave the mask empty (it is then restored: see the
+        module docstring)."""
         if not self._may_ban():
             return 0
         words = bitmask[row].numpy().view(np.uint32)
@@ -182,7 +183,7 @@ class ValueCheck:
         if not words.any():
             words[:] = kept
             self.dead_ends += 1
-            return 0
+            return -1
         self.banned += len(banned)
         return len(banned)
 
