@@ -2,7 +2,8 @@
 
 - `enforced`: xgrammar's token mask admits no output that breaks it (or, with engine
   "value_check", Jumpgate's value check does: grammar/value_check.py masks out every token that
-  would complete a repeated object name or a repeated item of a `uniqueItems` array);
+  would complete a repeated object name or a repeated item of a `uniqueItems` array, or close an
+  object whose `dependentRequired` names are missing);
 - `checked`: the mask may let a violation through, but validation after generation (jsonschema
   with its format checker, plus Jumpgate's duplicate-key check) detects it;
 - `unenforced`: neither (a `format` that xgrammar does not mask and jsonschema cannot check).
@@ -32,9 +33,11 @@ The value check is the exact, cheaper form of check-and-roll-back for these keyw
 that would complete the repeat is never sampled. It runs for the json_schema and json_object
 kinds (not for tool calls, whose free text it cannot follow), so only there are names of
 additional properties `enforced` (unless `propertyNames` limits the names: a name that cannot grow
-may leave no way on) and `uniqueItems` `enforced` where the items are free strings, unbounded
+may leave no way on), `uniqueItems` `enforced` where the items are free strings, unbounded
 numbers or listed values that `minItems` does not exhaust (grammar/value_rules.py,
-`unique_items_exact`); elsewhere they stay `checked`.
+`unique_items_exact`), and `dependentRequired` where the object's names are closed and declared
+and every dependent is required or declared after its trigger (`dependent_required_exact`);
+elsewhere they stay `checked`.
 
 Strict mode promises that every output fits, so it accepts only `enforced`: `checked` guarantees
 detection, not validity. Only the duplicate-key risk is let through in strict mode, reported and
@@ -51,7 +54,7 @@ from typing import Any, Iterable
 import jsonschema
 
 from grammar.errors import join_pointer
-from grammar.value_rules import SchemaNavigator, unique_items_exact
+from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
@@ -90,8 +93,12 @@ NEVER_MASKED = {
 }
 NAMES_CHECKED = ("enforced by Jumpgate's value check: a token that would close a name already written in "
                  "the same object is masked out")
-UNIQUE_ITEMS_CHECKED = ("enforced by Jumpgate's value check: a token that would complete an item equal to an "
-                        "earlier one is masked out")
+VALUE_CHECKED = {
+    "uniqueItems": "enforced by Jumpgate's value check: a token that would complete an item equal to an earlier "
+                   "one is masked out",
+    "dependentRequired": "enforced by Jumpgate's value check: the object cannot close, nor skip past a missing "
+                         "dependent name, while a written name's dependents are missing",
+}
 # Validation keywords (2020-12 plus drafts 4-7); any other keyword is an annotation or unknown and
 # does not change which values are valid.
 VALIDATION_KEYWORDS = frozenset(
@@ -252,13 +259,14 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                 continue  # uniqueItems: false asks nothing
             if keyword in ("then", "else") and "if" not in node:
                 continue  # ignored by JSON Schema without `if`
-            if keyword == "uniqueItems" and navigator is not None:
-                why_not = unique_items_exact(node, navigator)
+            if keyword in VALUE_CHECKED and navigator is not None:
+                why_not = (unique_items_exact(node, navigator) if keyword == "uniqueItems"
+                           else dependent_required_exact(node, strict))
                 if why_not is None:
-                    entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, ENFORCED, UNIQUE_ITEMS_CHECKED,
-                                                   engine=VALUE_CHECK))
-                    continue
-                mark(keyword, CHECKED, why_not)
+                    entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, ENFORCED,
+                                                   VALUE_CHECKED[keyword], engine=VALUE_CHECK))
+                else:
+                    mark(keyword, CHECKED, why_not)
                 continue
             mark(keyword, CHECKED, NEVER_MASKED[keyword])
         elif keyword == "required":

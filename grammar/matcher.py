@@ -185,11 +185,12 @@ class XGrammarMatcher:
         if self._closing is None or self._matcher.is_terminated():
             self.fill_bitmask(bitmask, row)
             return
-        if plan_token is None and self.values is not None:
-            plan = self.completion_plan()  # closing's own planner does not know the check: repaired plan
-            plan_token = plan[0] if plan else None
         fill_closing_bitmask(self._matcher, self._closing, self._encode, bitmask, row, tight, plan_token)
-        self._ban(bitmask, row)
+        if self.values is not None and self.values.ban(bitmask, row) < 0 and plan_token is None:
+            # closing's own one-step planner does not know the check: take the repaired plan's token
+            plan = self.completion_plan()
+            if plan:
+                fill_plan_bitmask(bitmask, row, plan[0])
 
     def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
         """Loop breaking: only tokens that end the current value; False when none is allowed now."""

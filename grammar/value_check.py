@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from grammar.value_rules import ItemRule, SchemaNavigator, canonical
+from grammar.value_rules import DependentNames, ItemRule, SchemaNavigator, canonical
 
 STRUCT, STRING, SCALAR = 0, 1, 2  # where the scan is: between values, in a string, in a number/literal
 KEY, VALUE, ITEM = 0, 1, 2  # what the current string or scalar is
@@ -51,6 +51,7 @@ class _Obj(NamedTuple):
     want_key: bool  # the next string is a name
     start: int  # offset of its `{` when it is an item of a unique array, else -1
     free: bool  # the grammar may write a name twice here (it does not close the object's names)
+    deps: DependentNames | None  # dependentRequired here (None: none)
 
 
 class _Arr(NamedTuple):
@@ -188,14 +189,17 @@ class ValueCheck:
         return len(banned)
 
     def _may_ban(self) -> bool:
-        return any(f.keys if type(f) is _Obj else (f.rule is not None and f.items) for f in self._stack)
+        return any((f.keys and f.free) or _pending(f) if type(f) is _Obj else (f.rule is not None and f.items)
+                   for f in self._stack)
 
     def _candidates(self) -> np.ndarray | None:
         """The tokens worth simulating here (None: every allowed one)."""
         top = self._stack[-1] if self._stack else None
         in_unique = type(top) is _Arr and top.rule is not None
         # with no unique array open, only a name can repeat, and only a two-quote token writes one whole
-        items = any(f.start >= 0 or (type(f) is _Arr and f.rule is not None) for f in self._stack)
+        items = any(f.start >= 0 or (f.rule is not None if type(f) is _Arr else _pending(f)) for f in self._stack)
+        if self._mode == STRING and self._role == KEY and _pending(top):
+            return None  # a name is written while a dependent is missing: the grammar's names are few
         if self._mode == STRING:
             if self._role == ITEM and top.rule.finite is not None:
                 return None
@@ -212,6 +216,8 @@ class ValueCheck:
         if self._mode != STRING or self._role == VALUE or self._esc or b"\\" in self._buf:
             return None
         top = self._stack[-1]
+        if _pending(top):
+            return None
         if self._role == KEY:
             done = [_plain(name) for name in top.keys]
         elif top.rule.finite is None:
@@ -270,7 +276,15 @@ class ValueCheck:
         if self._role == VALUE:
             return False
         self._buf += bytes((c,))
-        return self._role == ITEM and self._bad_item_prefix()
+        if self._role == KEY:
+            return _pending(self._stack[-1]) and self._skips_a_dependent(self._buf, False)
+        return self._bad_item_prefix()
+
+    def _skips_a_dependent(self, raw: bytes, whole: bool) -> bool:
+        """Would the name spelled `raw` (so far, or `whole`) pass a missing dependent by?"""
+        obj = self._stack[-1]
+        writable = obj.deps.writable(obj.keys)
+        return not any(s == raw if whole else s.startswith(raw) for s in writable)
 
     def _bad_item_prefix(self) -> bool:
         arr = self._stack[-1]
@@ -286,9 +300,11 @@ class ValueCheck:
         if self._role == KEY:
             name = _decode_string(self._buf)
             obj = self._stack[-1]
-            keys = obj.keys | {name} if obj.free else obj.keys
+            skips = _pending(obj) and name not in obj.deps.missing(obj.keys) and self._skips_a_dependent(
+                _plain(name) or b"", True)
+            keys = obj.keys | {name} if obj.free or obj.deps is not None else obj.keys
             self._stack = self._stack[:-1] + (obj._replace(keys=keys, key=name, want_key=False),)
-            return name in obj.keys
+            return name in obj.keys or skips
         if self._role == ITEM:
             return self._item_done(canonical(_decode_string(self._buf)))
         return False
@@ -321,14 +337,15 @@ class ValueCheck:
         if c in b"}]":
             if top is None:
                 return False
+            missing = _pending(top)  # a written name requires another, not written yet
             self._stack = self._stack[:-1]
             if top.start < 0:
-                return False
+                return missing
             raw = bytes(data[top.start - base : i + 1]) if top.start >= base else bytes(self._text[top.start:]) + data[: i + 1]
             try:
-                return self._item_done(canonical(json.loads(raw)))
+                return self._item_done(canonical(json.loads(raw))) or missing
             except ValueError:
-                return False
+                return missing
         if c == _QUOTE and type(top) is _Obj and top.want_key:
             self._mode, self._role, self._buf, self._esc = STRING, KEY, b"", 0
             return False
@@ -352,7 +369,8 @@ class ValueCheck:
         start = offset if item else -1
         if c == 0x7B:  # {
             free = nav is None or nodes is None or nav.names_may_repeat(nodes)
-            self._stack += (_Obj(frozenset(), nodes, None, True, start, free),)
+            deps = nav.dependent_names(nodes) if nav is not None and nodes else None
+            self._stack += (_Obj(frozenset(), nodes, None, True, start, free, deps),)
             return False
         if c == 0x5B:  # [
             rule = nav.item_rule(nodes) if nav is not None and nodes else None
@@ -362,6 +380,11 @@ class ValueCheck:
         self._role, self._esc = (ITEM if item else VALUE), 0
         self._buf = b"" if c == _QUOTE else bytes((c,))
         return item and self._bad_item_prefix()
+
+
+def _pending(frame) -> bool:
+    """Is `frame` an object holding a name whose dependentRequired names are not all written?"""
+    return type(frame) is _Obj and frame.deps is not None and bool(frame.deps.missing(frame.keys))
 
 
 def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:

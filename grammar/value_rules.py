@@ -46,6 +46,28 @@ def _normal(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class DependentNames:
+    """dependentRequired of one object: which names a written name requires, and the order in
+    which the grammar writes declared names (a name after a missing dependent would skip it)."""
+
+    requires: dict[str, tuple[str, ...]]
+    order: dict[str, int]
+    spellings: dict[str, tuple[bytes, ...]]  # how each declared name is written between its quotes
+
+    def missing(self, written: frozenset) -> list[str]:
+        return [d for t in written for d in self.requires.get(t, ()) if d not in written]
+
+    def writable(self, written: frozenset) -> list[bytes]:
+        """Spellings of the names that may still be written without skipping a missing dependent."""
+        missing = self.missing(written)
+        if not missing:
+            return []
+        last = min(self.order.get(d, len(self.order)) for d in missing)
+        return [raw for n, raws in self.spellings.items() if n not in written and self.order[n] <= last
+                for raw in raws]
+
+
+@dataclass(frozen=True)
 class ItemRule:
     """What keeps the items of one array unique."""
 
@@ -155,6 +177,24 @@ class SchemaNavigator:
                 or (self._strict and "properties" in node and "patternProperties" not in node)
                 or (isinstance(most, int) and most <= 1))
 
+    def dependent_names(self, object_nodes: tuple[dict, ...]) -> DependentNames | None:
+        """The dependentRequired rule of an object described by `object_nodes` (None: none)."""
+        requires: dict[str, tuple[str, ...]] = {}
+        order: dict[str, int] = {}
+        for node in object_nodes:
+            deps = node.get("dependentRequired")
+            if isinstance(deps, dict) and deps:
+                for trigger, names in deps.items():
+                    if isinstance(names, list):
+                        requires[trigger] = requires.get(trigger, ()) + tuple(str(n) for n in names)
+                props = node.get("properties")
+                for name in props if isinstance(props, dict) else ():
+                    order.setdefault(name, len(order))
+        if not requires:
+            return None
+        spellings = {n: tuple(raw[1:-1] for raw in _spellings(n)) for n in order}
+        return DependentNames(requires, order, spellings)
+
     def item_rule(self, array_nodes: tuple[dict, ...]) -> ItemRule | None:
         """The uniqueness rule of an array described by `array_nodes` (None: items may repeat)."""
         key = tuple(id(n) for n in array_nodes)
@@ -218,6 +258,27 @@ def unique_items_exact(schema: dict, navigator: SchemaNavigator) -> str | None:
     if not typed or any(not _growable(n) for n in typed):
         return ("uniqueItems is kept by the mask only for free strings, unbounded numbers and listed values "
                 "(enum, const, boolean); other items are checked after generation")
+    return None
+
+
+def dependent_required_exact(node: dict, strict: bool) -> str | None:
+    """None when masking keeps `node`'s dependentRequired exactly (the object's names are closed
+    and declared, and each dependent is required or comes after its trigger, so banning the close
+    and any name past a missing dependent always leaves that dependent to write); else why not."""
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    closed = node.get("additionalProperties") is False or (strict and bool(props))
+    if not closed or "patternProperties" in node or "maxProperties" in node:
+        return ("dependentRequired is kept by the mask only in objects whose names are all declared "
+                "(strict mode or additionalProperties: false), without patternProperties or maxProperties")
+    required = set(node.get("required") or ()) if isinstance(node.get("required"), list) else set()
+    order = {name: i for i, name in enumerate(props)}
+    for trigger, names in (node.get("dependentRequired") or {}).items():
+        for name in names if isinstance(names, list) else ():
+            if name not in order or trigger not in order:
+                return f"dependentRequired names {name!r}, which is not a declared property"
+            if name not in required and order[name] < order[trigger]:
+                return (f"dependentRequired: {name!r} is declared before {trigger!r}, and the grammar writes "
+                        "properties in declaration order; declare it after")
     return None
 
 

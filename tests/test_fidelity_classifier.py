@@ -113,8 +113,13 @@ NOT_MASKED_CASES = [
     ("not", {"type": "integer", "not": {"const": 3}}, True, "1", "3", ("/not", "not", CHECKED)),
     ("if_then", {"type": "object", "properties": OBJ_AB, "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
                  "then": {"required": ["b"]}}, True, '{"a":1,"b":1}', '{"a":1}', ("/if", "if", CHECKED)),
-    ("dependentRequired", {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}}, True,
-     '{"a":1,"b":1}', '{"a":1}', ("/dependentRequired", "dependentRequired", CHECKED)),
+    # the dependent is declared before its trigger: once "a" is written, the grammar cannot go back for "b"
+    ("dependentRequired_dependent_first", {"type": "object", "properties": {"b": {"type": "integer"},
+                                                                           "a": {"type": "integer"}},
+                                           "dependentRequired": {"a": ["b"]}}, True,
+     '{"b":1,"a":1}', '{"a":1}', ("/dependentRequired", "dependentRequired", CHECKED)),
+    ("dependentRequired_open_object", {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}},
+     False, '{"a":1,"b":1}', '{"a":1}', ("/dependentRequired", "dependentRequired", CHECKED)),
     ("dependentSchemas", {"type": "object", "properties": OBJ_AB, "dependentSchemas": {"a": {"required": ["b"]}}},
      True, '{"a":1,"b":1}', '{"a":1}', ("/dependentSchemas", "dependentSchemas", CHECKED)),
     ("patternProperties", {"type": "object", "properties": {"a": {"type": "integer"}},
@@ -210,6 +215,16 @@ def test_unique_items_the_value_check_keeps_exactly_are_enforced_in_strict_mode(
     assert report.refused_in_strict == ()
 
 
+def test_dependent_required_the_value_check_keeps_is_enforced_in_strict_mode():
+    schema = {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}}
+    report = routed_schema_fidelity(schema)
+    entry = next(k for k in report.keywords if k.keyword == "dependentRequired")
+    assert (entry.status, entry.engine) == (ENFORCED, VALUE_CHECK) and report.refused_in_strict == ()
+    assert grammar_accepts(schema, '{"a":1}')  # the grammar alone would close without "b"
+    # outside strict mode the object is open: names beyond the declared ones make it inexact
+    assert [k.keyword for k in schema_fidelity(schema, strict=False).refused_in_strict] == ["dependentRequired"]
+
+
 def test_unique_items_that_min_items_exhausts_stay_refused():
     # no instance is valid; the mask would have to write a repeat or stop short of minItems
     schema = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 3, "uniqueItems": True}
@@ -257,7 +272,6 @@ def test_annotations_are_not_classified():
 # explicit list is what keeps that allowance from growing unnoticed.
 EXPECTED_CORPUS_REFUSALS = {
     "allof_base_and_extension": {"allOf"},
-    "dependent_required_billing": {"dependentRequired"},
     "if_then_else_country_postal": {"if", "then", "else"},
     "numeric_bounds_sensor": {"multipleOf"},
     "pattern_properties_env_vars": {"patternProperties"},

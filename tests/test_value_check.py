@@ -16,7 +16,7 @@ from grammar.value_rules import SchemaNavigator, canonical
 PIECES = [
     "{", "}", "[", "]", ",", ":", '"', "a", "b", "c", "ab", 'b"', 'c"', '":', '"a', '"ab"', ',"ab":', '1,"ab":',
     "1", "0", "2", "1.0", ".0", "-", '"a"', '","', '",', "\\", "u0061", "\\u0061", "x", "y", '"]', '"}', "},",
-    "true", "false", "e", 'a"', '"b"', "1]", "0,", "t", "f",
+    "true", "false", "e", 'a"', '"b"', "1]", "0,", "t", "f", "d", 'd"', '"c"', '"d"', "1}",
 ]
 VOCAB = ValueCheckVocab([p.encode() for p in PIECES], frozenset())
 ID = {p: i for i, p in enumerate(PIECES)}
@@ -184,3 +184,26 @@ def test_accepting_a_repeat_anyway_keeps_following(pieces):
     check = check_after(pieces, STRINGS if '"ab"' in pieces else NUMBERS)
     check.rollback(len(pieces))
     assert banned(check) == set()
+
+
+# -- dependentRequired -----------------------------------------------------------------------
+
+DEPENDENT = {"type": "object", "properties": {"a": {}, "b": {}, "c": {}, "d": {}}, "dependentRequired": {"a": ["c"]}}
+
+
+def test_an_object_cannot_close_while_a_dependent_is_missing():
+    check = check_after(["{", '"a"', ":"], DEPENDENT)
+    assert {"1}"} <= banned(check) and "1" not in banned(check)
+    check = check_after(["{", '"a"', ":", "1"], DEPENDENT)
+    assert "}" in banned(check) and "," not in banned(check)
+    check = check_after(["{", '"a"', ":", "1", ",", '"c"', ":", "1"], DEPENDENT)
+    assert banned(check) == set()  # the dependent is there
+    assert banned(check_after(["{", '"b"', ":", "1"], DEPENDENT)) == set()  # no trigger written
+
+
+def test_no_name_past_a_missing_dependent_is_written():
+    check = check_after(["{", '"a"', ":", "1", ",", '"'], DEPENDENT)
+    out = banned(check)
+    assert {"d", 'd"'} <= out  # "d" comes after "c" in the grammar's order: "c" could not follow
+    assert not {"b", 'b"', "c", 'c"'} & out
+    assert '"d"' in banned(check_after(["{", '"a"', ":", "1", ","], DEPENDENT))

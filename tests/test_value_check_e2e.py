@@ -1,8 +1,8 @@
 """The value check end to end with the real SmolLM2 (greedy, strict): prompts that make the model
-repeat an object name (under additionalProperties) or an array item (under uniqueItems). Each case
-runs twice in one batch: without the value check (the control: the model really does repeat, so
-the test can fail) and with it (the output parses, has no repeated name at any level, and
-validates with jsonschema)."""
+repeat an object name (under additionalProperties), repeat an array item (under uniqueItems) or
+leave out a dependent property (dependentRequired). Each case runs twice in one batch: without
+the value check (the control: the model really does break the schema, so the test can fail) and
+with it (the output parses, has no repeated name at any level, and validates with jsonschema)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ CASES = {
     "unique_integers": (unique_array("numbers", {"type": "integer"}), "The numbers are 3, 3, 3 and 3."),
     "unique_enum": (unique_array("colors", {"enum": ["red", "green", "blue"]}, minItems=3),
                     "Write red, red, red as a list of colors."),
+    "dependent_required": ({"type": "object", "required": ["name"],
+                            "properties": {"name": {"type": "string"}, "credit_card": {"type": "string"},
+                                           "billing_address": {"type": "string"}},
+                            "dependentRequired": {"credit_card": ["billing_address"]}},
+                           "Alice pays with credit card 4111 1111 1111 1111."),
 }
 
 
@@ -84,10 +89,11 @@ def test_the_strict_report_accepts_the_case(name):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_without_the_check_the_model_repeats(runs, name):
+def test_without_the_check_the_model_breaks_the_schema(runs, name):
     control, _ = runs[name]
     value = json.loads(control.text)
-    assert repeated_names(control.text) or repeated_items(value), control.text
+    valid = jsonschema.Draft202012Validator(CASES[name][0]).is_valid(value)
+    assert repeated_names(control.text) or not valid, control.text
 
 
 @pytest.mark.parametrize("name", list(CASES))
