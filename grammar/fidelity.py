@@ -31,9 +31,9 @@ matcher). Reports without an `engine` are xgrammar's.
 
 The value check is the exact, cheaper form of check-and-roll-back for these keywords: the token
 that would complete the repeat is never sampled. It runs for the json_schema and json_object
-kinds (not for tool calls, whose free text it cannot follow), so only there are names of
-additional properties `enforced` (unless `propertyNames` limits the names: a name that cannot grow
-may leave no way on), `uniqueItems` `enforced` where the items are free strings, unbounded
+kinds and, for names only (it has no schema there), in tool-call arguments. So names of additional
+properties are `enforced` (unless `propertyNames` limits the names: a name that cannot grow may
+leave no way on); for json_schema also `uniqueItems` `enforced` where the items are free strings, unbounded
 numbers or listed values that `minItems` does not exhaust (grammar/value_rules.py,
 `unique_items_exact`), and `dependentRequired` where the object's names are closed and declared
 and every dependent is required or declared after its trigger (`dependent_required_exact`);
@@ -197,7 +197,8 @@ def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
         if isinstance(params, dict) and "type" not in params:
             params = {"type": "object", **params}  # as the grammar compiles it
         strict = function.get("strict") is not False
-        found += _walk(params, join_pointer("", i, "function", "parameters"), strict, value_check=False)
+        found += _walk(params, join_pointer("", i, "function", "parameters"), strict, value_check=False,
+                       names_checked=True)
     return FidelityReport(tuple(found))
 
 
@@ -213,7 +214,10 @@ def spec_fidelity(kind: str, payload: Any, strict: bool = True) -> FidelityRepor
 # -- the walk --------------------------------------------------------------------------------
 
 
-def _walk(schema: Any, pointer: str, strict: bool, value_check: bool) -> list[KeywordFidelity]:
+def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_checked: bool = False
+          ) -> list[KeywordFidelity]:
+    """`value_check`: the whole value check follows this schema; `names_checked`: only its names
+    (tool arguments: the check has no schema there)."""
     found: list[KeywordFidelity] = []
     stack: list[tuple[Any, str, str | None]] = [(schema, pointer, None)]  # (node, pointer, implied type)
     navigator = SchemaNavigator(schema) if value_check else None
@@ -221,13 +225,14 @@ def _walk(schema: Any, pointer: str, strict: bool, value_check: bool) -> list[Ke
         node, here, implied = stack.pop()
         if not isinstance(node, dict):
             continue  # boolean schemas are exact
-        entries, children = _classify_node(node, here, strict, implied, navigator)
+        entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked)
         found += entries
         stack.extend(reversed(children))
     return found
 
 
-def _classify_node(node: dict, here: str, strict: bool, implied: str | None, navigator: SchemaNavigator | None):
+def _classify_node(node: dict, here: str, strict: bool, implied: str | None, navigator: SchemaNavigator | None,
+                   names_checked: bool):
     entries: list[KeywordFidelity] = []
     children: list[tuple[Any, str, str | None]] = []
     present = [k for k in node if k in VALIDATION_KEYWORDS]
@@ -289,7 +294,7 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
             mark(keyword, ENFORCED)
             children += _subschemas(node, keyword, here)
     if _allows_additional_names(node, types, strict):
-        if navigator is not None and "propertyNames" not in node:
+        if names_checked and "propertyNames" not in node:
             entries.append(KeywordFidelity(here, DUPLICATE_KEYS, ENFORCED, NAMES_CHECKED, engine=VALUE_CHECK))
         else:
             entries.append(KeywordFidelity(here, DUPLICATE_KEYS, CHECKED,

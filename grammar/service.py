@@ -37,7 +37,7 @@ from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
 from grammar.validate import validate_spec
 from grammar.value_check import ValueCheck, ValueCheckVocab
-from grammar.value_rules import VALUE_CHECK_KINDS, SchemaNavigator, navigator_for
+from grammar.value_rules import VALUE_CHECK_KINDS, SchemaNavigator, navigator_for, value_check_begin
 from grammar.worker_pool import CompileJob, CompileWorkerPool
 
 log = logging.getLogger("jumpgate.grammar")
@@ -60,9 +60,10 @@ class CompiledGrammarHandle:
     # the value check (repeated names and items masked out) for JSON kinds; None for others
     _values: ValueCheckVocab | None = field(default=None, repr=False)
     _navigator: SchemaNavigator | None = field(default=None, repr=False)
+    _values_begin: bytes | None = field(default=None, repr=False)  # tool calls: where each call's JSON starts
 
     def new_matcher(self) -> XGrammarMatcher:
-        values = ValueCheck(self._values, self._navigator) if self._values is not None else None
+        values = ValueCheck(self._values, self._navigator, self._values_begin) if self._values is not None else None
         return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values)
 
     def min_completion_tokens(self) -> int | None:
@@ -328,7 +329,8 @@ class GrammarService:
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
                                      _splitter=self.draft_splitter, fidelity=fidelity,
                                      _values=self._value_vocab if json_kind else None,
-                                     _navigator=navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None)
+                                     _navigator=navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None,
+                                     _values_begin=value_check_begin(kind, spec.payload) if spec else None)
 
 
 def _make_encoder(hf_tokenizer: Any):

@@ -99,12 +99,17 @@ class ValueCheckVocab:
 class ValueCheck:
     """The check's state for one output (one per request, beside its grammar matcher)."""
 
-    __slots__ = ("_vocab", "_nav", "_stack", "_mode", "_role", "_buf", "_esc", "_text", "_history",
-                 "banned", "dead_ends")
+    __slots__ = ("_vocab", "_nav", "_begin", "_armed", "_stack", "_mode", "_role", "_buf", "_esc", "_text",
+                 "_history", "banned", "dead_ends")
 
-    def __init__(self, vocab: ValueCheckVocab, navigator: SchemaNavigator | None = None) -> None:
+    def __init__(self, vocab: ValueCheckVocab, navigator: SchemaNavigator | None = None,
+                 begin: bytes | None = None) -> None:
         self._vocab = vocab
         self._nav = navigator
+        # Tool calls: JSON follows each `begin` marker (free text elsewhere is not followed); the
+        # check arms at the marker and disarms when the call's object closes.
+        self._begin = begin
+        self._armed: bool | bytes = True if begin is None else b""  # True, or the text since the last call
         self._stack: tuple = ()
         self._mode = STRUCT
         self._role = VALUE
@@ -237,16 +242,20 @@ class ValueCheck:
     # -- the scan ------------------------------------------------------------------------
 
     def _state(self) -> tuple:
-        return self._stack, self._mode, self._role, self._buf, self._esc, len(self._text)
+        return self._stack, self._mode, self._role, self._buf, self._esc, len(self._text), self._armed
 
     def _restore(self, state: tuple) -> None:
-        self._stack, self._mode, self._role, self._buf, self._esc, length = state
+        self._stack, self._mode, self._role, self._buf, self._esc, length, self._armed = state
         del self._text[length:]
 
     def _scan(self, data: bytes, check: bool) -> bool:
         """Advance over `data`; True at the first violation when `check` (state then undefined)."""
         base = len(self._text)
         for i, c in enumerate(data):
+            if self._armed is not True:  # waiting for a tool call's marker
+                seen = (self._armed + bytes((c,)))[-len(self._begin):]
+                self._armed = True if seen == self._begin else seen
+                continue
             if self._mode == STRING:
                 if self._esc or c != _QUOTE:
                     if self._esc == -1:
@@ -339,6 +348,8 @@ class ValueCheck:
                 return False
             missing = _pending(top)  # a written name requires another, not written yet
             self._stack = self._stack[:-1]
+            if not self._stack and self._begin is not None:
+                self._armed = b""  # the call's object is complete: free text (or the next call) follows
             if top.start < 0:
                 return missing
             raw = bytes(data[top.start - base : i + 1]) if top.start >= base else bytes(self._text[top.start:]) + data[: i + 1]

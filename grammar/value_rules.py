@@ -307,7 +307,17 @@ def _search(pattern: str, name: str) -> bool:
         return False
 
 
-VALUE_CHECK_KINDS = frozenset({"json_schema", "json_object"})  # kinds whose whole output is one JSON value
+VALUE_CHECK_KINDS = frozenset({"json_schema", "json_object", "tool_calls"})  # kinds whose output holds JSON
+
+
+def value_check_begin(kind: str, payload: Any) -> bytes | None:
+    """For tool calls, the marker after which a call's JSON starts (None: the whole output is JSON)."""
+    if kind != "tool_calls":
+        return None
+    from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
+
+    name = payload.get("format", HERMES_TOOL_CALL_FORMAT.name) if isinstance(payload, dict) else None
+    return get_tool_call_format(name or HERMES_TOOL_CALL_FORMAT.name).call_begin.encode()
 
 
 def navigator_for(kind: str, payload: Any, strict: bool) -> SchemaNavigator | None:

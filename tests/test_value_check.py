@@ -16,14 +16,14 @@ from grammar.value_rules import SchemaNavigator, canonical
 PIECES = [
     "{", "}", "[", "]", ",", ":", '"', "a", "b", "c", "ab", 'b"', 'c"', '":', '"a', '"ab"', ',"ab":', '1,"ab":',
     "1", "0", "2", "1.0", ".0", "-", '"a"', '","', '",', "\\", "u0061", "\\u0061", "x", "y", '"]', '"}', "},",
-    "true", "false", "e", 'a"', '"b"', "1]", "0,", "t", "f", "d", 'd"', '"c"', '"d"', "1}",
+    "true", "false", "e", 'a"', '"b"', "1]", "0,", "t", "f", "d", 'd"', '"c"', '"d"', "1}", "<c>", "<", "c>",
 ]
 VOCAB = ValueCheckVocab([p.encode() for p in PIECES], frozenset())
 ID = {p: i for i, p in enumerate(PIECES)}
 
 
-def check_after(text_tokens: list[str], schema=None) -> ValueCheck:
-    check = ValueCheck(VOCAB, SchemaNavigator(schema) if schema is not None else None)
+def check_after(text_tokens: list[str], schema=None, begin: bytes | None = None) -> ValueCheck:
+    check = ValueCheck(VOCAB, SchemaNavigator(schema) if schema is not None else None, begin)
     for piece in text_tokens:
         check.accept(ID[piece])
     return check
@@ -207,3 +207,18 @@ def test_no_name_past_a_missing_dependent_is_written():
     assert {"d", 'd"'} <= out  # "d" comes after "c" in the grammar's order: "c" could not follow
     assert not {"b", 'b"', "c", 'c"'} & out
     assert '"d"' in banned(check_after(["{", '"a"', ":", "1", ","], DEPENDENT))
+
+
+# -- tool calls ------------------------------------------------------------------------------
+
+
+def test_tool_calls_are_followed_from_their_marker_to_the_end_of_the_call():
+    prose = ["{", '"ab"', ":", "1", ",", '"a']
+    assert banned(check_after(prose, begin=b"<c>")) == set()  # free text before a call is not JSON
+    call = ["x", "<", "c>", "{", '"ab"', ":", "1", ","]  # the marker split across tokens
+    assert '"ab"' in banned(check_after(call, begin=b"<c>"))
+    after = call + ['"b"', ":", "1", "}"] + prose
+    assert banned(check_after(after, begin=b"<c>")) == set()  # the call ended: text again
+    again = call + ['"b"', ":", "1", "}", "<c>", "{", '"b"', ":", "1", ","]
+    out = banned(check_after(again, begin=b"<c>"))
+    assert '"b"' in out and '"ab"' not in out  # a new call has its own names

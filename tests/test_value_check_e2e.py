@@ -14,6 +14,7 @@ import pytest
 
 from grammar import GrammarSpec
 from grammar.fidelity import routed_schema_fidelity
+from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT
 from runtime.api import GenerateRequest
 from runtime.sampling import SamplingParams
 from tests.conftest import chat_ids
@@ -104,3 +105,23 @@ def test_with_the_check_nothing_repeats_and_the_output_validates(runs, name):
     assert repeated_names(result.text) == [], result.text
     assert not repeated_items(value), result.text
     jsonschema.Draft202012Validator(schema).validate(value)
+
+
+def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, service, tokenizer):
+    tools = [{"type": "function", "function": {"name": "add_items", "description": "Add items to a basket",
+                                               "parameters": {"type": "object",
+                                                              "additionalProperties": {"type": "string"}}}}]
+    handle = service.compile(GrammarSpec.tool_calls(tools, "required"))
+    ids = chat_ids(tokenizer, "Call add_items with item=apple, item=pear, item=plum.",
+                   HERMES_TOOL_CALL_FORMAT.render_tools_prompt(tools))
+    control, checked = real_engine.generate_many(
+        [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,
+                         jump_forward="verify", strict=True)
+         for h in (dataclasses.replace(handle, _values=None), handle)], timeout=900)
+
+    def calls(text: str) -> list[str]:
+        return [part.split(HERMES_TOOL_CALL_FORMAT.call_end)[0]
+                for part in text.split(HERMES_TOOL_CALL_FORMAT.call_begin)[1:]]
+
+    assert any(repeated_names(call) for call in calls(control.text)), control.text
+    assert calls(checked.text) and not any(repeated_names(call) for call in calls(checked.text)), checked.text

@@ -114,3 +114,12 @@ def test_a_grammar_warmed_from_disk_gets_its_check_back(tokenizer, vocab_size, t
         assert '"' not in allowed_texts(matcher, vocab_size, tokenizer)
     finally:
         second.close()
+
+
+def test_tool_call_arguments_never_repeat_a_name(service, tokenizer, vocab_size):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "additionalProperties": {"type": "integer"}}}}]
+    handle = service.compile(GrammarSpec.tool_calls(tools, "required"))
+    matcher = walk(handle.new_matcher(), tokenizer, '<tool_call>{"name":"f","arguments":{"apple":1,"apple')
+    allowed = allowed_texts(matcher, vocab_size, tokenizer)
+    assert '"' not in allowed and '":' not in allowed and "s" in allowed
