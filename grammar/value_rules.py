@@ -178,7 +178,10 @@ class SchemaNavigator:
                 or (isinstance(most, int) and most <= 1))
 
     def dependent_names(self, object_nodes: tuple[dict, ...]) -> DependentNames | None:
-        """The dependentRequired rule of an object described by `object_nodes` (None: none)."""
+        """The dependentRequired rule of an object described by `object_nodes` (None: none, or the
+        object's names are open: masking could not keep it exactly, and names are many to check)."""
+        if self.names_may_repeat(object_nodes):
+            return None
         requires: dict[str, tuple[str, ...]] = {}
         order: dict[str, int] = {}
         for node in object_nodes:
