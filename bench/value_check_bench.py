@@ -5,7 +5,7 @@ with the value check and without it (the same compiled grammar). At each positio
 filled into an int32 [1, ceil(vocab/32)] row, then the token is accepted (both timed: the check
 costs in both). Cases: open
 objects with many names (where every name written makes later names worth checking), arrays under
-uniqueItems (strings, integers, listed values), and every corpus schema with a valid example
+uniqueItems (strings, integers, listed values), an object under dependentRequired, and every corpus schema with a valid example
 (tests/data/schema_corpus). One JSON line per case (median µs per token over the repetitions),
 then a summary line (median and worst extra µs per token).
 
@@ -37,6 +37,8 @@ def synthetic_cases() -> list[tuple[str, GrammarSpec, object]]:
     words = [f"{w}{i}" for i, w in enumerate(words)]
     unique = lambda items: {"type": "object", "required": ["xs"],  # noqa: E731
                             "properties": {"xs": {"type": "array", "items": items, "uniqueItems": True}}}
+    dependent = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
+                 "dependentRequired": {"p0": ["p3", "p5"], "p1": ["p4"]}}
     colors = ["red", "green", "blue", "cyan", "magenta", "yellow", "black", "white"]
     return [
         ("open_object_40_names", GrammarSpec.json_schema(OPEN), names),
@@ -44,6 +46,7 @@ def synthetic_cases() -> list[tuple[str, GrammarSpec, object]]:
         ("unique_strings_20", GrammarSpec.json_schema(unique({"type": "string"})), {"xs": words}),
         ("unique_integers_30", GrammarSpec.json_schema(unique({"type": "integer"})), {"xs": list(range(100, 130))}),
         ("unique_enum_8", GrammarSpec.json_schema(unique({"enum": colors})), {"xs": colors}),
+        ("dependent_required_6", GrammarSpec.json_schema(dependent), {f"p{i}": f"value {i}" for i in range(6)}),
     ]
 
 
