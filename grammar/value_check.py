@@ -14,13 +14,17 @@ would:
   numbers and literals at the character after them, objects and arrays at their closing bracket);
 - in an array whose items can take only listed values, write an item text that can no longer spell
   an unused value, or a `,` once every value is used (so the array can still close);
-- in an integer array, write `0` again (it cannot grow into another number).
+- in an integer array, write `0` again (it cannot grow into another number);
+- close an object while a written name's `dependentRequired` names are missing, or write a name
+  the grammar orders after such a missing one (it writes declared names in order: it could not
+  come back for it).
 
 This is check-and-roll-back done at the mask: the token that would complete a violating value is
 never sampled, so there is nothing to roll back. Only tokens that can complete something are
 simulated (per vocabulary: those holding `"` inside a string; those holding `"`, `,`, `]` or `}`
-between values; every allowed one inside a unique array's item, where the mask is narrow), and
-only while an open object holds a name or a unique array an item. Should the check ever leave no
+between values; every allowed one inside a unique array's item or a name with a dependent
+missing, where the mask is narrow), and only while an open object holds a name (or misses a
+dependent) or a unique array an item. Should the check ever leave no
 token at all (a schema where no new value can be written), the grammar's mask is kept and the
 repeat is reported by validation after generation; the fidelity report claims the check only
 where that cannot happen.
@@ -164,7 +168,7 @@ class ValueCheck:
     # -- the mask ------------------------------------------------------------------------
 
     def ban(self, bitmask, row: int) -> int:
-        """Clear in `bitmask[row]` the allowed tokens that would repeat a name or an item; returns
+        """Clear in `bitmask[row]` the allowed tokens the check forbids (see the module docstring); returns
         how many, or -1 when the check would leave the mask empty (it is then restored: see the
         module docstring)."""
         if not self._may_ban():
