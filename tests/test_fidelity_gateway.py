@@ -71,6 +71,8 @@ def test_strict_refuses_each_keyword_the_mask_does_not_enforce(gateway_client, f
     ({"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
       "required": ["ids"]}, '{"ids":[1,2]}'),
     (OPEN_MAP, '{"a":1,"b":2}'),
+    ({"type": "object", "properties": {"card": {"type": "string"}, "address": {"type": "string"}},
+      "dependentRequired": {"card": ["address"]}}, '{"card":"1","address":"x"}'),
 ])
 def test_strict_accepts_what_the_value_check_enforces(gateway_client, fake_engine, schema, reply):
     fake_engine.reply = lambda req: reply
