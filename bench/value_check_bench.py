@@ -15,7 +15,6 @@ then a summary line (median and worst extra µs per token).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -99,9 +98,9 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
     try:
         for name, spec, value in cases:
             handle = service.compile(spec)
-            if getattr(handle, "_values", None) is None:
-                continue  # an engine without the check (llguidance-compiled): nothing to compare here
-            bare = dataclasses.replace(handle, _values=None, _navigator=None)
+            if handle.value_check is None:
+                continue
+            bare = handle.without_value_check()
             text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
             tokens = tokenizer.encode(text, add_special_tokens=False)
             with_us = time_walk(handle, tokens, words, args.reps)

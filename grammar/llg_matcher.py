@@ -16,7 +16,7 @@ does on xgrammar's matcher.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import llguidance
@@ -66,12 +66,16 @@ class LLGuidanceHandle:
     stop_ids: frozenset[int] = field(repr=False)
     fidelity: Any = None  # grammar.fidelity.FidelityReport
     engine: str = "llguidance"
-    values: Any = field(default=None, repr=False)  # grammar.value_check.ValueCheckVocab (JSON kinds)
-    navigator: Any = field(default=None, repr=False)  # grammar.value_rules.SchemaNavigator, for uniqueItems
+    value_check: Any = field(default=None, repr=False)  # grammar.value_check.ValueCheckVocab (JSON kinds)
+    navigator: Any = field(default=None, repr=False)  # grammar.value_rules.SchemaNavigator
 
     def new_matcher(self) -> "LLGuidanceMatcher":
-        values = ValueCheck(self.values, self.navigator) if self.values is not None else None
+        values = ValueCheck(self.value_check, self.navigator) if self.value_check is not None else None
         return LLGuidanceMatcher(self.start, self.stop_ids, values)
+
+    def without_value_check(self) -> "LLGuidanceHandle":
+        """The same grammar with its matchers not followed by the value check (for comparisons)."""
+        return replace(self, value_check=None, navigator=None)
 
     def min_completion_tokens(self) -> int | None:
         return None  # no completion planner for this engine

@@ -18,7 +18,7 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +57,19 @@ class CompiledGrammarHandle:
     _splitter: DraftSplitter | None = field(default=None, repr=False)
     # which schema keywords the mask enforces (grammar/fidelity.py); None when the spec is unknown
     fidelity: FidelityReport | None = None
-    # the value check (repeated names and items masked out) for JSON kinds; None for others
-    _values: ValueCheckVocab | None = field(default=None, repr=False)
-    _navigator: SchemaNavigator | None = field(default=None, repr=False)
-    _values_begin: bytes | None = field(default=None, repr=False)  # tool calls: where each call's JSON starts
+    # the value check (grammar/value_check.py) for JSON kinds and tool calls; None for others
+    value_check: ValueCheckVocab | None = field(default=None, repr=False)
+    navigator: SchemaNavigator | None = field(default=None, repr=False)
+    value_check_begin: bytes | None = field(default=None, repr=False)  # tool calls: where each call's JSON starts
 
     def new_matcher(self) -> XGrammarMatcher:
-        values = ValueCheck(self._values, self._navigator, self._values_begin) if self._values is not None else None
+        values = (ValueCheck(self.value_check, self.navigator, self.value_check_begin)
+                  if self.value_check is not None else None)
         return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values)
+
+    def without_value_check(self) -> "CompiledGrammarHandle":
+        """The same grammar with its matchers not followed by the value check (for comparisons)."""
+        return replace(self, value_check=None, navigator=None, _memo={})
 
     def min_completion_tokens(self) -> int | None:
         """Tokens of the smallest output the grammar allows (computed once per grammar)."""
@@ -311,7 +316,8 @@ class GrammarService:
         start = compile_llguidance(self._llg_tokenizer.get(), grammar, "JSON schema", spec.param)
         self._count_compile(started)
         handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity,
-                                  values=self._value_vocab, navigator=navigator_for(spec.kind, spec.payload, spec.strict))
+                                  value_check=self._value_vocab,
+                                  navigator=navigator_for(spec.kind, spec.payload, spec.strict))
         self._memory.put(key, handle)
         return handle
 
@@ -328,9 +334,9 @@ class GrammarService:
         json_kind = kind in VALUE_CHECK_KINDS
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
                                      _splitter=self.draft_splitter, fidelity=fidelity,
-                                     _values=self._value_vocab if json_kind else None,
-                                     _navigator=navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None,
-                                     _values_begin=value_check_begin(kind, spec.payload) if spec else None)
+                                     value_check=self._value_vocab if json_kind else None,
+                                     navigator=navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None,
+                                     value_check_begin=value_check_begin(kind, spec.payload) if spec else None)
 
 
 def _make_encoder(hf_tokenizer: Any):

@@ -6,7 +6,6 @@ with it (the output parses, has no repeated name at any level, and validates wit
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import jsonschema
@@ -75,8 +74,8 @@ def runs(real_engine, service, tokenizer):
     requests = []
     for schema, prompt in CASES.values():
         handle = service.compile(GrammarSpec.json_schema(schema))
-        assert handle._values is not None
-        control = dataclasses.replace(handle, _values=None, _navigator=None)
+        assert handle.value_check is not None
+        control = handle.without_value_check()
         ids = chat_ids(tokenizer, prompt, SYSTEM)
         requests += [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,
                                      jump_forward="verify", strict=True) for h in (control, handle)]
@@ -117,7 +116,7 @@ def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, s
     control, checked = real_engine.generate_many(
         [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,
                          jump_forward="verify", strict=True)
-         for h in (dataclasses.replace(handle, _values=None), handle)], timeout=900)
+         for h in (handle.without_value_check(), handle)], timeout=900)
 
     def calls(text: str) -> list[str]:
         return [part.split(HERMES_TOOL_CALL_FORMAT.call_end)[0]
