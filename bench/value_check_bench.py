@@ -3,11 +3,11 @@
 Each case walks one valid JSON text token by token through a real GrammarService matcher, twice:
 with the value check and without it (the same compiled grammar). At each position the mask is
 filled into an int32 [1, ceil(vocab/32)] row, then the token is accepted (both timed: the check
-costs in both). Cases: open
-objects with many names (where every name written makes later names worth checking), arrays under
-uniqueItems (strings, integers, listed values), an object under dependentRequired, and every corpus schema with a valid example
-(tests/data/schema_corpus). One JSON line per case (median µs per token over the repetitions),
-then a summary line (median and worst extra µs per token).
+costs in both). Cases: open objects with many names (where every name written makes later names
+worth checking), arrays under uniqueItems (strings, integers, listed values), an object under
+dependentRequired, and every corpus schema with a valid example (tests/data/schema_corpus). One
+JSON line per case (median µs per token over the repetitions), then a summary line (median and
+worst extra µs per token).
 
   python -m bench value_check [--quick] [--reps N]
 """

@@ -335,7 +335,8 @@ class GrammarService:
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
                                      _splitter=self.draft_splitter, fidelity=fidelity,
                                      value_check=self._value_vocab if json_kind else None,
-                                     navigator=navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None,
+                                     navigator=(navigator_for(kind, spec.payload, spec.strict)
+                                                if json_kind and spec else None),
                                      value_check_begin=value_check_begin(kind, spec.payload) if spec else None)
 
 

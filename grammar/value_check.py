@@ -356,7 +356,10 @@ class ValueCheck:
                 self._armed = b""  # the call's object is complete: free text (or the next call) follows
             if top.start < 0:
                 return missing
-            raw = bytes(data[top.start - base : i + 1]) if top.start >= base else bytes(self._text[top.start:]) + data[: i + 1]
+            if top.start >= base:  # the item began within this token
+                raw = bytes(data[top.start - base : i + 1])
+            else:
+                raw = bytes(self._text[top.start:]) + data[: i + 1]
             try:
                 return self._item_done(canonical(json.loads(raw))) or missing
             except ValueError:

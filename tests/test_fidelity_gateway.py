@@ -25,7 +25,8 @@ OPEN_MAP = {"type": "object", "additionalProperties": {"type": "integer"}}
 
 
 # every case whose keyword is not masked under strict mode too (unevaluatedProperties is, in strict
-# mode; dependentRequired is kept by the value check once strict mode closes the object), by the engine that compiles it (llguidance takes over some: tests/test_llguidance_fidelity.py)
+# mode; dependentRequired is kept by the value check once strict mode closes the object), by the
+# engine that compiles it (llguidance takes over some: tests/test_llguidance_fidelity.py)
 STRICT_CASES = [c for c in NOT_MASKED_CASES
                 if c[5][:2] in {(k.pointer, k.keyword)
                                 for k in routed_schema_fidelity(c[1], strict=True).refused_in_strict}]
