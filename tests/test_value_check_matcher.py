@@ -123,3 +123,16 @@ def test_tool_call_arguments_never_repeat_a_name(service, tokenizer, vocab_size)
     matcher = walk(handle.new_matcher(), tokenizer, '<tool_call>{"name":"f","arguments":{"apple":1,"apple')
     allowed = allowed_texts(matcher, vocab_size, tokenizer)
     assert '"' not in allowed and '":' not in allowed and "s" in allowed
+
+
+def test_unique_items_hold_on_llguidance_which_leaves_them_to_the_check(service, tokenizer, vocab_size):
+    schema = {"type": "object", "required": ["code", "tags"], "properties": {
+        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    handle = service.compile(GrammarSpec.json_schema(schema))
+    assert handle.engine == "llguidance"
+    matcher = walk(handle.new_matcher(), tokenizer, '{"code":"ab","tags":["x","x')
+    allowed = allowed_texts(matcher, vocab_size, tokenizer)
+    assert '"' not in allowed and '",' not in allowed and '"]' not in allowed and "y" in allowed
+    bare = walk(handle.without_value_check().new_matcher(), tokenizer, '{"code":"ab","tags":["x","x')
+    assert '"' in allowed_texts(bare, vocab_size, tokenizer)  # llguidance alone would repeat the item
