@@ -34,11 +34,14 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from typing import NamedTuple
 
 import numpy as np
 
 from grammar.value_rules import DependentNames, ItemRule, SchemaNavigator, canonical
+
+log = logging.getLogger("jumpgate.grammar")
 
 STRUCT, STRING, SCALAR = 0, 1, 2  # where the scan is: between values, in a string, in a number/literal
 KEY, VALUE, ITEM = 0, 1, 2  # what the current string or scalar is
@@ -64,6 +67,24 @@ class _Arr(NamedTuple):
     nodes: tuple | None
     rule: ItemRule | None  # None: items may repeat
     start: int
+
+
+def _fail_open(default):
+    """A bug in the check must not stop the engine's step: log it once, and from then on let this
+    output go unchecked (validation after generation still reports any repeat)."""
+    def wrap(method):
+        @functools.wraps(method)
+        def guarded(self, *args):
+            if self.broken:
+                return default
+            try:
+                return method(self, *args)
+            except Exception:
+                log.exception("value check failed; this output continues unchecked")
+                self.broken = True
+                return default
+        return guarded
+    return wrap
 
 
 class ValueCheckVocab:
@@ -104,7 +125,7 @@ class ValueCheck:
     """The check's state for one output (one per request, beside its grammar matcher)."""
 
     __slots__ = ("_vocab", "_nav", "_begin", "_armed", "_stack", "_mode", "_role", "_buf", "_esc", "_text",
-                 "_history", "banned", "dead_ends")
+                 "_history", "banned", "dead_ends", "broken")
 
     def __init__(self, vocab: ValueCheckVocab, navigator: SchemaNavigator | None = None,
                  begin: bytes | None = None) -> None:
@@ -123,19 +144,23 @@ class ValueCheck:
         self._history: list[tuple] = []  # the state before each accepted token
         self.banned = 0  # tokens masked out so far
         self.dead_ends = 0  # masks left as the grammar gave them because the check allowed nothing
+        self.broken = False  # set by an internal error: the check then stands aside (see _fail_open)
 
     # -- following the output ------------------------------------------------------------
 
+    @_fail_open(None)
     def accept(self, token_id: int) -> None:
         self._history.append(self._state())
         self._scan(self._vocab.texts[token_id], False)
 
+    @_fail_open(None)
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
             state = self._history[-num_tokens]
             del self._history[-num_tokens:]
             self._restore(state)
 
+    @_fail_open(None)
     def first_violation(self, token_ids: list[int]) -> int | None:
         """Index of the first of `token_ids` (written in turn from here) that the check forbids."""
         state = self._state()
@@ -147,6 +172,7 @@ class ValueCheck:
         finally:
             self._restore(state)
 
+    @_fail_open([])
     def ban_after(self, token_ids: list[int], bitmask, row: int) -> list[int]:
         """`ban` as it would be after `token_ids` (state unchanged); returns the tokens the row
         then allows, single characters that grow a name or an item first, then shortest first."""
@@ -167,6 +193,7 @@ class ValueCheck:
 
     # -- the mask ------------------------------------------------------------------------
 
+    @_fail_open(0)
     def ban(self, bitmask, row: int) -> int:
         """Clear in `bitmask[row]` the allowed tokens the check forbids (see the module docstring); returns
         how many, or -1 when the check would leave the mask empty (it is then restored: see the

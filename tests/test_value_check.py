@@ -223,3 +223,12 @@ def test_tool_calls_are_followed_from_their_marker_to_the_end_of_the_call():
     again = call + ['"b"', ":", "1", "}", "<c>", "{", '"b"', ":", "1", ","]
     out = banned(check_after(again, begin=b"<c>"))
     assert '"b"' in out and '"ab"' not in out  # a new call has its own names
+
+
+def test_an_internal_error_lets_the_output_go_on_unchecked(caplog):
+    check = check_after(["{", '"ab"', ":", "1", ",", '"a'])
+    with caplog.at_level("ERROR", logger="jumpgate.grammar"):
+        assert check.ban([[0]], 0) == 0  # not a tensor: fails inside the check
+    assert check.broken and "value check failed" in caplog.text
+    check.accept(ID["b"])  # and stays out of the way
+    assert check.first_violation([ID['b"']]) is None
