@@ -7,10 +7,11 @@ nothing was seen yet), cut to the longest prefix the grammar accepts so the draf
 grammar-valid (the engine then verifies it against the model). While a drafted span is being
 written, each accepted token teaches the shared splitter how the model splits that text.
 
-For JSON kinds a value check (grammar/value_check.py) rides along: every mask it fills (plain,
-closing, loop breaking) has the tokens that would repeat an object's name or a unique array's item
-cleared, drafts stop before such a token, and a completion plan that would write one is grown
-past it (a filler character before the closing quote) or dropped.
+For JSON kinds and tool calls a value check (grammar/value_check.py) rides along: every mask it
+fills (plain, closing, loop breaking) has the tokens the check forbids cleared (a repeated name or
+unique item, an object closed before its dependentRequired names), drafts stop before such a
+token, and a completion plan that would write one has that token replaced by another the check
+allows (a character that grows the name first) and is re-planned from there, or is dropped.
 """
 
 from __future__ import annotations
