@@ -12,7 +12,9 @@ import json
 
 import httpx
 import jsonschema
+import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from bench.server_process import MODEL, parse_metrics
 
@@ -71,6 +73,23 @@ def test_strict_answers_unique_items_the_value_check_enforces(http):
     fruits = json.loads(choice["message"]["content"])["fruits"]
     assert len(set(fruits)) == len(fruits), fruits  # the model repeats "apple" without the check
     assert choice["jumpgate"]["schema_valid"] is True
+
+
+class Basket(BaseModel):
+    fruits: set[str] = Field(min_length=2)  # JSON schema: an array with uniqueItems and minItems
+
+
+def test_pydantic_sets_parse_in_strict_mode(jumpgate_server):
+    client = openai.OpenAI(base_url=jumpgate_server.base_url, api_key="x", max_retries=0, timeout=180)
+    completion = client.chat.completions.parse(
+        model=MODEL, response_format=Basket, temperature=0, max_tokens=64,
+        messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+                  {"role": "user", "content": "Put an apple, a pear and a plum in the basket."}])
+    basket = completion.choices[0].message.parsed  # before the value check: a 400 (uniqueItems)
+    assert isinstance(basket, Basket) and len(basket.fruits) >= 2
+    text = completion.choices[0].message.content
+    fruits = json.loads(text)["fruits"]
+    assert len(set(fruits)) == len(fruits), text  # a set would hide a repeat: check the JSON itself
 
 
 def test_best_effort_output_carries_a_verdict_that_agrees_with_jsonschema(http):
