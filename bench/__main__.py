@@ -13,6 +13,7 @@ SUITES = {
     "hicache": "bench.hicache_bench",
     "grammar": "bench.grammar_bench",
     "grammar_engines": "bench.grammar_engines_bench",
+    "value_check": "bench.value_check_bench",
     "serve": "bench.serve_bench",
     "soak": "bench.soak_bench",
     "validation": "bench.validation_bench",

@@ -1,6 +1,9 @@
 """How faithfully a compiled JSON schema is kept: each keyword, at its JSON pointer, is
 
-- `enforced`: xgrammar's token mask admits no output that breaks it;
+- `enforced`: xgrammar's token mask admits no output that breaks it (or, with engine
+  "value_check", Jumpgate's value check does: grammar/value_check.py masks out every token that
+  would complete a repeated object name or a repeated item of a `uniqueItems` array, or close an
+  object whose `dependentRequired` names are missing);
 - `checked`: the mask may let a violation through, but validation after generation (jsonschema
   with its format checker, plus Jumpgate's duplicate-key check) detects it;
 - `unenforced`: neither (a `format` that xgrammar does not mask and jsonschema cannot check).
@@ -26,10 +29,20 @@ schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywo
 `enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
 matcher). Reports without an `engine` are xgrammar's.
 
+The value check is the exact, cheaper form of check-and-roll-back for these keywords: the token
+that would complete the repeat is never sampled. It runs for the json_schema and json_object
+kinds and, for names only (it has no schema there), in tool-call arguments. So names of additional
+properties are `enforced` (unless `propertyNames` limits the names: a name that cannot grow may
+leave no way on); for json_schema also `uniqueItems` `enforced` where the items are free strings, unbounded
+numbers or listed values that `minItems` does not exhaust (grammar/value_rules.py,
+`unique_items_exact`), and `dependentRequired` where the object's names are closed and declared
+and every dependent is required or declared after its trigger (`dependent_required_exact`);
+elsewhere they stay `checked`.
+
 Strict mode promises that every output fits, so it accepts only `enforced`: `checked` guarantees
-detection, not validity (a later stage may add check-and-rollback). Only the duplicate-key risk is
-let through in strict mode, reported and counted, because refusing it would refuse every open
-object (`{"type": "object"}`), which tools use widely.
+detection, not validity. Only the duplicate-key risk is let through in strict mode, reported and
+counted, because refusing it would refuse every open object of a tool (`{"type": "object"}`),
+which tools use widely.
 """
 
 from __future__ import annotations
@@ -41,9 +54,11 @@ from typing import Any, Iterable
 import jsonschema
 
 from grammar.errors import join_pointer
+from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
+VALUE_CHECK = "value_check"  # Jumpgate's own mask over repeated names and items (grammar/value_check.py)
 DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
 
 # Formats whose shape xgrammar 0.2.9 masks (a malformed value is refused by the grammar).
@@ -75,6 +90,14 @@ NEVER_MASKED = {
     "dependentSchemas": "dependentSchemas is not masked",
     "dependencies": "dependencies is not masked",
     "patternProperties": "patternProperties is not masked (xgrammar mis-handles names matching the patterns)",
+}
+NAMES_CHECKED = ("enforced by Jumpgate's value check: a token that would close a name already written in "
+                 "the same object is masked out")
+VALUE_CHECKED = {
+    "uniqueItems": "enforced by Jumpgate's value check: a token that would complete an item equal to an earlier "
+                   "one is masked out",
+    "dependentRequired": "enforced by Jumpgate's value check: the object cannot close, nor skip past a missing "
+                         "dependent name, while a written name's dependents are missing",
 }
 # Validation keywords (2020-12 plus drafts 4-7); any other keyword is an annotation or unknown and
 # does not change which values are valid.
@@ -131,9 +154,10 @@ class FidelityReport:
         return out
 
 
-def schema_fidelity(schema: Any, *, strict: bool = True, pointer: str = "") -> FidelityReport:
-    """Classify every validation keyword of `schema` (already validated; pointers under `pointer`)."""
-    return FidelityReport(tuple(_walk(schema, pointer, strict)))
+def schema_fidelity(schema: Any, *, strict: bool = True, pointer: str = "", value_check: bool = True) -> FidelityReport:
+    """Classify every validation keyword of `schema` (already validated; pointers under `pointer`);
+    `value_check`: the output is followed by Jumpgate's value check (json_schema, json_object)."""
+    return FidelityReport(tuple(_walk(schema, pointer, strict, value_check)))
 
 
 def routed_schema_fidelity(schema: Any, *, strict: bool = True) -> FidelityReport:
@@ -154,6 +178,8 @@ def _under_llguidance(entry: KeywordFidelity) -> KeywordFidelity:
     if entry.exact_in_llguidance:
         return replace(entry, status=ENFORCED, engine=LLGUIDANCE,
                        reason=f"enforced by llguidance (xgrammar would not: {entry.reason})")
+    if entry.engine == VALUE_CHECK:
+        return entry  # the value check rides on either engine's matcher
     return replace(entry, engine=LLGUIDANCE) if entry.status == ENFORCED else entry
 
 
@@ -171,7 +197,8 @@ def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
         if isinstance(params, dict) and "type" not in params:
             params = {"type": "object", **params}  # as the grammar compiles it
         strict = function.get("strict") is not False
-        found += _walk(params, join_pointer("", i, "function", "parameters"), strict)
+        found += _walk(params, join_pointer("", i, "function", "parameters"), strict, value_check=False,
+                       names_checked=True)
     return FidelityReport(tuple(found))
 
 
@@ -187,20 +214,25 @@ def spec_fidelity(kind: str, payload: Any, strict: bool = True) -> FidelityRepor
 # -- the walk --------------------------------------------------------------------------------
 
 
-def _walk(schema: Any, pointer: str, strict: bool) -> list[KeywordFidelity]:
+def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_checked: bool = False
+          ) -> list[KeywordFidelity]:
+    """`value_check`: the whole value check follows this schema; `names_checked`: only its names
+    (tool arguments: the check has no schema there)."""
     found: list[KeywordFidelity] = []
     stack: list[tuple[Any, str, str | None]] = [(schema, pointer, None)]  # (node, pointer, implied type)
+    navigator = SchemaNavigator(schema) if value_check else None
     while stack:
         node, here, implied = stack.pop()
         if not isinstance(node, dict):
             continue  # boolean schemas are exact
-        entries, children = _classify_node(node, here, strict, implied)
+        entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked)
         found += entries
         stack.extend(reversed(children))
     return found
 
 
-def _classify_node(node: dict, here: str, strict: bool, implied: str | None):
+def _classify_node(node: dict, here: str, strict: bool, implied: str | None, navigator: SchemaNavigator | None,
+                   names_checked: bool):
     entries: list[KeywordFidelity] = []
     children: list[tuple[Any, str, str | None]] = []
     present = [k for k in node if k in VALIDATION_KEYWORDS]
@@ -232,6 +264,15 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None):
                 continue  # uniqueItems: false asks nothing
             if keyword in ("then", "else") and "if" not in node:
                 continue  # ignored by JSON Schema without `if`
+            if keyword in VALUE_CHECKED and navigator is not None:
+                why_not = (unique_items_exact(node, navigator) if keyword == "uniqueItems"
+                           else dependent_required_exact(node, strict))
+                if why_not is None:
+                    entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, ENFORCED,
+                                                   VALUE_CHECKED[keyword], engine=VALUE_CHECK))
+                else:
+                    mark(keyword, CHECKED, why_not)
+                continue
             mark(keyword, CHECKED, NEVER_MASKED[keyword])
         elif keyword == "required":
             declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
@@ -253,9 +294,12 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None):
             mark(keyword, ENFORCED)
             children += _subschemas(node, keyword, here)
     if _allows_additional_names(node, types, strict):
-        entries.append(KeywordFidelity(here, DUPLICATE_KEYS, CHECKED,
-                                       "names of additional properties are not kept unique by the grammar; "
-                                       "a repeated name is detected after generation"))
+        if names_checked and "propertyNames" not in node:
+            entries.append(KeywordFidelity(here, DUPLICATE_KEYS, ENFORCED, NAMES_CHECKED, engine=VALUE_CHECK))
+        else:
+            entries.append(KeywordFidelity(here, DUPLICATE_KEYS, CHECKED,
+                                           "names of additional properties are not kept unique by the grammar; "
+                                           "a repeated name is detected after generation"))
     return entries, children
 
 

@@ -8,12 +8,15 @@ Strict completeness (budget-aware closing, loop breaking) needs a completion pla
 exists only for xgrammar (grammar/closing.py): `supports_strict` is False, so a strict request on
 this engine keeps the exact mask but decodes without the closing guard (a value cut by
 max_tokens is reported as truncated, never passed off as valid).
+
+The value check (grammar/value_check.py: no repeated names or unique items) rides along as it
+does on xgrammar's matcher.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import llguidance
@@ -21,6 +24,7 @@ import llguidance.hf
 import llguidance.torch
 
 from grammar.errors import GrammarSpecError
+from grammar.value_check import ValueCheck
 
 
 class LLGuidanceTokenizer:
@@ -62,9 +66,16 @@ class LLGuidanceHandle:
     stop_ids: frozenset[int] = field(repr=False)
     fidelity: Any = None  # grammar.fidelity.FidelityReport
     engine: str = "llguidance"
+    value_check: Any = field(default=None, repr=False)  # grammar.value_check.ValueCheckVocab (JSON kinds)
+    navigator: Any = field(default=None, repr=False)  # grammar.value_rules.SchemaNavigator
 
     def new_matcher(self) -> "LLGuidanceMatcher":
-        return LLGuidanceMatcher(self.start, self.stop_ids)
+        values = ValueCheck(self.value_check, self.navigator) if self.value_check is not None else None
+        return LLGuidanceMatcher(self.start, self.stop_ids, values)
+
+    def without_value_check(self) -> "LLGuidanceHandle":
+        """The same grammar with its matchers not followed by the value check (for comparisons)."""
+        return replace(self, value_check=None, navigator=None)
 
     def min_completion_tokens(self) -> int | None:
         return None  # no completion planner for this engine
@@ -77,11 +88,12 @@ class LLGuidanceHandle:
 
 
 class LLGuidanceMatcher:
-    __slots__ = ("_matcher", "_stop_ids", "_terminated")
+    __slots__ = ("_matcher", "_stop_ids", "_terminated", "values")
 
-    def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int]) -> None:
+    def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int], values: ValueCheck | None = None) -> None:
         self._matcher = start.deep_copy()
         self._stop_ids = stop_ids
+        self.values = values
         # llguidance reports "stopped" as soon as only EOS may follow; terminated (as xgrammar
         # means it) is the stop token having been accepted.
         self._terminated = False
@@ -95,8 +107,16 @@ class LLGuidanceMatcher:
                 bitmask[row, word] |= -(1 << 31) if bit == 31 else (1 << bit)
             return
         llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+        if self.values is not None:
+            self.values.ban(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
+        ok = self._accept(token_id)
+        if ok and self.values is not None:
+            self.values.accept(int(token_id))
+        return ok
+
+    def _accept(self, token_id: int) -> bool:
         # consume_token puts a refusing matcher in a permanent error state: check first
         token_id = int(token_id)
         if self._terminated:
@@ -114,6 +134,8 @@ class LLGuidanceMatcher:
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return
+        if self.values is not None:
+            self.values.rollback(num_tokens)
         if self._terminated:  # the stop token is always the last one accepted
             self._terminated = False
             num_tokens -= 1
@@ -134,6 +156,9 @@ class LLGuidanceMatcher:
         kept = self._matcher.validate_tokens(forced) if forced else 0
         draft = forced[:kept]
         cut = next((i for i, t in enumerate(draft) if t in self._stop_ids), len(draft))
+        if self.values is not None and cut:
+            repeat = self.values.first_violation(draft[:cut])  # never draft a repeated name or item
+            cut = cut if repeat is None else repeat
         return draft[:cut]
 
     # -- strict completeness: not implemented for this engine (see the module docstring) -----

@@ -4,6 +4,11 @@ llguidance intersects `pattern` with minLength/maxLength, enforces `multipleOf` 
 keywords beside anyOf/allOf (and allOf with several branches), and errors on what it does not
 implement instead of approximating. The JSON it writes is compact, as with xgrammar
 (grammar/compact_json.py): no free whitespace, separators "," and ":".
+
+`uniqueItems` and `dependentRequired` are left out of the grammar: llguidance does not implement
+them, and where they are enforced at all it is by Jumpgate's value check beside the matcher
+(grammar/value_check.py). A schema is routed here only when the fidelity report says every
+keyword is then enforced (grammar/fidelity.py), so leaving them out never loosens a promise.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ import llguidance
 from grammar.canonical import canonical_schema
 
 ENGINE = "llguidance"
+VALUE_CHECKED_KEYWORDS = frozenset({"uniqueItems", "dependentRequired"})  # see the module docstring
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_DATA = ("const", "enum", "default", "examples")
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
 def llguidance_grammar(schema: Any, *, strict: bool) -> str:
     """The llguidance grammar text of compact JSON matching `schema` (not yet validated)."""
-    schema = canonical_schema(schema)
+    schema = _without(canonical_schema(schema), VALUE_CHECKED_KEYWORDS)
     if strict:
         schema = _closed(schema, schema, open_here=False, open_refs=_all_of_refs(schema))
     return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)
@@ -76,6 +84,25 @@ def _closed(node: Any, root: dict, *, open_here: bool, open_refs: set[str], wher
     # keywords in canonical (sorted) order: llguidance 1.9 reads `additionalProperties` written
     # after `allOf` as closing the branches too, and then refuses their properties
     return {key: out[key] for key in sorted(out)}
+
+
+def _without(node: Any, keywords: frozenset[str]) -> Any:
+    """`node` with `keywords` removed from every schema in it (names and data are kept as they are)."""
+    if isinstance(node, list):
+        return [_without(v, keywords) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in keywords:
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _without(sub, keywords) for name, sub in value.items()}
+        elif key in _DATA:
+            out[key] = value
+        else:
+            out[key] = _without(value, keywords)
+    return out
 
 
 def _all_of_refs(schema: Any) -> set[str]:

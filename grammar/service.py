@@ -18,7 +18,7 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ from grammar.matcher import XGrammarMatcher
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
 from grammar.validate import validate_spec
+from grammar.value_check import ValueCheck, ValueCheckVocab
+from grammar.value_rules import VALUE_CHECK_KINDS, SchemaNavigator, navigator_for, value_check_begin
 from grammar.worker_pool import CompileJob, CompileWorkerPool
 
 log = logging.getLogger("jumpgate.grammar")
@@ -55,9 +57,19 @@ class CompiledGrammarHandle:
     _splitter: DraftSplitter | None = field(default=None, repr=False)
     # which schema keywords the mask enforces (grammar/fidelity.py); None when the spec is unknown
     fidelity: FidelityReport | None = None
+    # the value check (grammar/value_check.py) for JSON kinds and tool calls; None for others
+    value_check: ValueCheckVocab | None = field(default=None, repr=False)
+    navigator: SchemaNavigator | None = field(default=None, repr=False)
+    value_check_begin: bytes | None = field(default=None, repr=False)  # tool calls: where each call's JSON starts
 
     def new_matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter)
+        values = (ValueCheck(self.value_check, self.navigator, self.value_check_begin)
+                  if self.value_check is not None else None)
+        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values)
+
+    def without_value_check(self) -> "CompiledGrammarHandle":
+        """The same grammar with its matchers not followed by the value check (for comparisons)."""
+        return replace(self, value_check=None, navigator=None, _memo={})
 
     def min_completion_tokens(self) -> int | None:
         """Tokens of the smallest output the grammar allows (computed once per grammar)."""
@@ -119,6 +131,8 @@ class GrammarService:
         # How the model splits forced text, learned while it writes (grammar/draft_split.py);
         # shared by every grammar: the preference is the model's.
         self.draft_splitter = DraftSplitter(self._encode, self.tokenizer_info.decoded_vocab)
+        # Token texts for the value check (grammar/value_check.py), shared by every JSON grammar.
+        self._value_vocab = ValueCheckVocab(self.tokenizer_info.decoded_vocab, self._special_ids)
         # Bounded in bytes too: one 20k-value enum compiles to ~60 MB of token masks.
         self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(
             max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes)
@@ -142,7 +156,7 @@ class GrammarService:
     def compile(self, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Blocking lookup/compile under the time limit (don't call it on an event loop)."""
         key = self._checked_key(spec)
-        handle = self._memory_hit(key)
+        handle = self._memory_hit(key, spec)
         if handle is not None:
             return handle
         deadline = time.monotonic() + self.compile_timeout_s
@@ -156,7 +170,7 @@ class GrammarService:
         """Like `compile`, awaiting the worker instead of blocking the event loop."""
         # canonicalizing walks the whole payload (seconds for a hostile body of a few MB): off the loop
         key = await asyncio.to_thread(self._checked_key, spec)
-        handle = self._memory_hit(key)
+        handle = self._memory_hit(key, spec)
         if handle is not None:
             return handle
         deadline = time.monotonic() + self.compile_timeout_s
@@ -170,7 +184,8 @@ class GrammarService:
 
     def get_cached(self, spec: GrammarSpec) -> CompiledGrammarHandle | None:
         """Memory-only lookup (no disk, no compile)."""
-        return self._memory.get(self.key(spec))
+        key = self.key(spec)
+        return self._with_spec(key, self._memory.get(key), spec)
 
     def warm_from_disk(self, max_entries: int | None = None) -> int:
         """Load the newest disk entries into memory (e.g. at start-up); returns how many."""
@@ -220,11 +235,18 @@ class GrammarService:
                 self._stats.compile_errors += 1
             raise
 
-    def _memory_hit(self, key: str) -> CompiledGrammarHandle | None:
+    def _memory_hit(self, key: str, spec: GrammarSpec) -> CompiledGrammarHandle | None:
         handle = self._memory.get(key)
         if handle is not None:
             with self._lock:
                 self._stats.memory_hits += 1
+        return self._with_spec(key, handle, spec)
+
+    def _with_spec(self, key: str, handle, spec: GrammarSpec):
+        """A handle warmed from disk lacks what its spec gives (fidelity, value check): add it."""
+        if handle is not None and handle.kind == "unknown":
+            handle = self._handle(key, spec.kind, handle.compiled, spec)
+            self._memory.put(key, handle)
         return handle
 
     def _submit(self, key: str, spec: GrammarSpec, deadline: float) -> CompileJob:
@@ -257,7 +279,7 @@ class GrammarService:
 
     def _load_or_compile(self, key: str, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Runs on a compile worker: memory again (a racing job may have filled it), disk, compile."""
-        handle = self._memory.get(key)
+        handle = self._with_spec(key, self._memory.get(key), spec)
         if handle is not None:
             return handle
         if self._disk is not None:
@@ -293,7 +315,9 @@ class GrammarService:
         grammar = llguidance_grammar(spec.payload, strict=spec.strict)
         start = compile_llguidance(self._llg_tokenizer.get(), grammar, "JSON schema", spec.param)
         self._count_compile(started)
-        handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity)
+        handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity,
+                                  value_check=self._value_vocab,
+                                  navigator=navigator_for(spec.kind, spec.payload, spec.strict))
         self._memory.put(key, handle)
         return handle
 
@@ -307,8 +331,13 @@ class GrammarService:
                 spec: GrammarSpec | None = None, fidelity: FidelityReport | None = None) -> CompiledGrammarHandle:
         if fidelity is None and spec is not None:
             fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict)
+        json_kind = kind in VALUE_CHECK_KINDS
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
-                                     _splitter=self.draft_splitter, fidelity=fidelity)
+                                     _splitter=self.draft_splitter, fidelity=fidelity,
+                                     value_check=self._value_vocab if json_kind else None,
+                                     navigator=(navigator_for(kind, spec.payload, spec.strict)
+                                                if json_kind and spec else None),
+                                     value_check_begin=value_check_begin(kind, spec.payload) if spec else None)
 
 
 def _make_encoder(hf_tokenizer: Any):

@@ -38,8 +38,7 @@ SCHEMAS = {p.stem: json.loads(p.read_text()) for p in sorted((DATA / "schema_cor
 REGEXES = {r["name"]: r["pattern"] for r in json.loads((DATA / "regex_corpus.json").read_text())}
 # see tests/test_grammar_e2e.py: keywords xgrammar compiles without enforcing them
 UNENFORCED = {"allof_base_and_extension": {"allOf"}, "if_then_else_country_postal": {"if", "then", "else"},
-              "array_unique_items_integers": {"uniqueItems"}, "numeric_bounds_sensor": {"multipleOf"},
-              "dependent_required_billing": {"dependentRequired"}}
+              "numeric_bounds_sensor": {"multipleOf"}}
 
 
 def errors_of(name: str, schema: dict, value) -> list[str]:

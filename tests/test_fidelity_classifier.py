@@ -13,7 +13,16 @@ import pytest
 import xgrammar as xgr
 
 from grammar.compact_json import compact_json_schema_ebnf
-from grammar.fidelity import CHECKED, DUPLICATE_KEYS, ENFORCED, UNENFORCED, schema_fidelity, tools_fidelity
+from grammar.fidelity import (
+    CHECKED,
+    DUPLICATE_KEYS,
+    ENFORCED,
+    UNENFORCED,
+    VALUE_CHECK,
+    routed_schema_fidelity,
+    schema_fidelity,
+    tools_fidelity,
+)
 
 DATA = Path(__file__).parent / "data"
 _COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)  # strings only, no vocabulary
@@ -89,7 +98,11 @@ NOT_MASKED_CASES = [
      ("/multipleOf", "multipleOf", CHECKED)),
     ("multipleOf_one_sided_range", {"type": "integer", "multipleOf": 5, "minimum": 5}, True, "10", "7",
      ("/multipleOf", "multipleOf", CHECKED)),
-    ("uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, True, "[1,2]", "[1,1]",
+    ("uniqueItems_bounded_strings", {"type": "array", "items": {"type": "string", "maxLength": 1},
+                                     "uniqueItems": True}, True, '["a","b"]', '["a","a"]',
+     ("/uniqueItems", "uniqueItems", CHECKED)),
+    ("uniqueItems_object_items", {"type": "array", "items": {"type": "object", "properties": OBJ_AB},
+                                  "uniqueItems": True}, True, '[{"a":1},{"a":2}]', '[{"a":1},{"a":1}]',
      ("/uniqueItems", "uniqueItems", CHECKED)),
     ("contains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, True, "[5]", "[1]",
      ("/contains", "contains", CHECKED)),
@@ -100,8 +113,13 @@ NOT_MASKED_CASES = [
     ("not", {"type": "integer", "not": {"const": 3}}, True, "1", "3", ("/not", "not", CHECKED)),
     ("if_then", {"type": "object", "properties": OBJ_AB, "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
                  "then": {"required": ["b"]}}, True, '{"a":1,"b":1}', '{"a":1}', ("/if", "if", CHECKED)),
-    ("dependentRequired", {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}}, True,
-     '{"a":1,"b":1}', '{"a":1}', ("/dependentRequired", "dependentRequired", CHECKED)),
+    # the dependent is declared before its trigger: once "a" is written, the grammar cannot go back for "b"
+    ("dependentRequired_dependent_first", {"type": "object", "properties": {"b": {"type": "integer"},
+                                                                           "a": {"type": "integer"}},
+                                           "dependentRequired": {"a": ["b"]}}, True,
+     '{"b":1,"a":1}', '{"a":1}', ("/dependentRequired", "dependentRequired", CHECKED)),
+    ("dependentRequired_open_object", {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}},
+     False, '{"a":1,"b":1}', '{"a":1}', ("/dependentRequired", "dependentRequired", CHECKED)),
     ("dependentSchemas", {"type": "object", "properties": OBJ_AB, "dependentSchemas": {"a": {"required": ["b"]}}},
      True, '{"a":1,"b":1}', '{"a":1}', ("/dependentSchemas", "dependentSchemas", CHECKED)),
     ("patternProperties", {"type": "object", "properties": {"a": {"type": "integer"}},
@@ -161,21 +179,71 @@ def test_a_format_neither_masked_nor_checkable_is_unenforced():
 
 def test_open_objects_report_the_duplicate_key_risk_the_grammar_really_has():
     schema = {"type": "object", "additionalProperties": {"type": "integer"}}
-    report = schema_fidelity(schema)
-    assert _not_masked(report) == {("", DUPLICATE_KEYS, CHECKED)}
-    assert report.refused_in_strict == ()  # reported and detected, not refused (see grammar/fidelity.py)
+    # the grammar alone repeats names; the value check (tests/test_value_check.py) masks them out
     assert grammar_accepts(schema, '{"b":1,"b":2}')
+    assert _not_masked(schema_fidelity(schema, value_check=False)) == {("", DUPLICATE_KEYS, CHECKED)}
+    report = schema_fidelity(schema)
+    assert report.guaranteed and report.refused_in_strict == ()
+    names = next(k for k in report.keywords if k.keyword == DUPLICATE_KEYS)
+    assert (names.status, names.engine) == (ENFORCED, VALUE_CHECK)
+    assert names.as_dict()["engine"] == VALUE_CHECK and "value check" in names.reason
+    # names limited by propertyNames may have no way on once used: only checked
+    limited = {"type": "object", "propertyNames": {"enum": ["a", "b"]}}
+    assert ("", DUPLICATE_KEYS, CHECKED) in _not_masked(schema_fidelity(limited))
     # declared names are never repeated, and strict mode closes objects that declare properties
     declared = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert schema_fidelity(declared, strict=True).guaranteed
     assert not grammar_accepts(declared, '{"a":1,"a":2}', strict=False)
-    assert ("", DUPLICATE_KEYS, CHECKED) in _not_masked(schema_fidelity(declared, strict=False))
+    assert ("", DUPLICATE_KEYS, CHECKED) in _not_masked(schema_fidelity(declared, strict=False, value_check=False))
+
+
+@pytest.mark.parametrize("items", [
+    {"type": "integer"},
+    {"type": "number"},
+    {"type": "string", "minLength": 1},
+    {"enum": ["a", "b", "c"]},
+    {"type": "boolean"},
+    {"anyOf": [{"const": 1}, {"const": 2}]},
+    {"$ref": "#/$defs/word"},
+])
+def test_unique_items_the_value_check_keeps_exactly_are_enforced_in_strict_mode(items):
+    schema = {"$defs": {"word": {"type": "string"}}, "type": "object", "required": ["xs"],
+              "properties": {"xs": {"type": "array", "items": items, "uniqueItems": True, "minItems": 2}}}
+    report = routed_schema_fidelity(schema)
+    entry = next(k for k in report.keywords if k.keyword == "uniqueItems")
+    assert (entry.pointer, entry.status, entry.engine) == ("/properties/xs/uniqueItems", ENFORCED, VALUE_CHECK)
+    assert report.refused_in_strict == ()
+
+
+def test_dependent_required_the_value_check_keeps_is_enforced_in_strict_mode():
+    schema = {"type": "object", "properties": OBJ_AB, "dependentRequired": {"a": ["b"]}}
+    report = routed_schema_fidelity(schema)
+    entry = next(k for k in report.keywords if k.keyword == "dependentRequired")
+    assert (entry.status, entry.engine) == (ENFORCED, VALUE_CHECK) and report.refused_in_strict == ()
+    assert grammar_accepts(schema, '{"a":1}')  # the grammar alone would close without "b"
+    # outside strict mode the object is open: names beyond the declared ones make it inexact
+    assert [k.keyword for k in schema_fidelity(schema, strict=False).refused_in_strict] == ["dependentRequired"]
+
+
+def test_unique_items_that_min_items_exhausts_stay_refused():
+    # no instance is valid; the mask would have to write a repeat or stop short of minItems
+    schema = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 3, "uniqueItems": True}
+    report = schema_fidelity(schema)
+    assert [(k.keyword, k.status) for k in report.refused_in_strict] == [("uniqueItems", CHECKED)]
+    assert "minItems 3" in report.refused_in_strict[0].reason
+
+
+def test_tool_arguments_are_not_followed_by_the_value_check():
+    params = {"type": "object", "properties": {"x": {"type": "array", "items": {"type": "integer"},
+                                                     "uniqueItems": True}}}
+    report = tools_fidelity([{"type": "function", "function": {"name": "f", "parameters": params}}])
+    assert ("/0/function/parameters/properties/x/uniqueItems", "uniqueItems", CHECKED) in _not_masked(report)
 
 
 def test_pointers_are_nested_and_escaped():
     schema = {"type": "object", "properties": {"a/b": {"type": "array", "items": {"type": "integer"},
-                                                       "uniqueItems": True}}, "required": ["a/b"]}
-    assert _not_masked(schema_fidelity(schema)) == {("/properties/a~1b/uniqueItems", "uniqueItems", CHECKED)}
+                                                       "contains": {"const": 1}}}, "required": ["a/b"]}
+    assert _not_masked(schema_fidelity(schema)) == {("/properties/a~1b/contains", "contains", CHECKED)}
 
 
 def test_tools_report_roots_each_tool_and_keeps_its_strictness():
@@ -186,7 +254,8 @@ def test_tools_report_roots_each_tool_and_keeps_its_strictness():
     ]
     report = tools_fidelity(tools)
     assert ("/0/function/parameters/properties/x/uniqueItems", "uniqueItems", CHECKED) in _not_masked(report)
-    assert ("/1/function/parameters", DUPLICATE_KEYS, CHECKED) in _not_masked(report)
+    names = next(k for k in report.keywords if k.keyword == DUPLICATE_KEYS)  # the value check follows tool calls
+    assert (names.pointer, names.status, names.engine) == ("/1/function/parameters", ENFORCED, VALUE_CHECK)
     assert report.as_dict()["guaranteed"] is False
 
 
@@ -204,8 +273,6 @@ def test_annotations_are_not_classified():
 # explicit list is what keeps that allowance from growing unnoticed.
 EXPECTED_CORPUS_REFUSALS = {
     "allof_base_and_extension": {"allOf"},
-    "array_unique_items_integers": {"uniqueItems"},
-    "dependent_required_billing": {"dependentRequired"},
     "if_then_else_country_postal": {"if", "then", "else"},
     "numeric_bounds_sensor": {"multipleOf"},
     "pattern_properties_env_vars": {"patternProperties"},

@@ -1,5 +1,7 @@
-"""Schema fidelity through a real `jumpgate serve` (SmolLM2-135M on CPU): a schema no engine masks
-(`uniqueItems`) is refused in strict mode with the keyword's pointer (the issue's schema, a string
+"""Schema fidelity through a real `jumpgate serve` (SmolLM2-135M on CPU): a keyword nothing enforces
+(`uniqueItems` over pattern-bound strings, which a repeat could not grow out of) is refused in
+strict mode with the keyword's pointer, while `uniqueItems` over free strings is answered, unique
+(Jumpgate's value check) (the issue's schema, a string
 with `pattern` and `maxLength`, is now compiled by llguidance: tests/test_llguidance_e2e.py), and
 with best effort the model's real output comes back with a verdict
 that agrees with jsonschema's, on whole and streamed responses."""
@@ -10,7 +12,9 @@ import json
 
 import httpx
 import jsonschema
+import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from bench.server_process import MODEL, parse_metrics
 
@@ -55,6 +59,37 @@ def test_strict_refuses_a_keyword_no_engine_masks(http):
     check = http.post("/v1/schemas/check", json={"schema": schema}).json()
     assert check["strict_accepted"] is False
     assert "'uniqueItems' at '/properties/words/uniqueItems'" in check["strict_refusal"]
+
+
+def test_strict_answers_unique_items_the_value_check_enforces(http):
+    schema = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"},
+                                                          "uniqueItems": True}}, "required": ["fruits"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "fruits", "schema": schema}}
+    ask = [{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+           {"role": "user", "content": "List the word apple three times: apple, apple, apple."}]
+    resp = http.post("/v1/chat/completions", json=body(response_format=rf, messages=ask, max_tokens=64))
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    fruits = json.loads(choice["message"]["content"])["fruits"]
+    assert len(set(fruits)) == len(fruits), fruits  # the model repeats "apple" without the check
+    assert choice["jumpgate"]["schema_valid"] is True
+
+
+class Basket(BaseModel):
+    fruits: set[str] = Field(min_length=2)  # JSON schema: an array with uniqueItems and minItems
+
+
+def test_pydantic_sets_parse_in_strict_mode(jumpgate_server):
+    client = openai.OpenAI(base_url=jumpgate_server.base_url, api_key="x", max_retries=0, timeout=180)
+    completion = client.chat.completions.parse(
+        model=MODEL, response_format=Basket, temperature=0, max_tokens=64,
+        messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+                  {"role": "user", "content": "Put an apple, a pear and a plum in the basket."}])
+    basket = completion.choices[0].message.parsed  # before the value check: a 400 (uniqueItems)
+    assert isinstance(basket, Basket) and len(basket.fruits) >= 2
+    text = completion.choices[0].message.content
+    fruits = json.loads(text)["fruits"]
+    assert len(set(fruits)) == len(fruits), text  # a set would hide a repeat: check the JSON itself
 
 
 def test_best_effort_output_carries_a_verdict_that_agrees_with_jsonschema(http):

@@ -15,7 +15,9 @@ from tests.test_fidelity_classifier import NOT_MASKED_CASES
 from tests.test_gateway_routes import CALL_TEXT, MODEL, USER, WEATHER_TOOL, chat, sse_events
 
 RF_PARAM = "response_format.json_schema.schema"
-UNIQUE = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"},
+# bounded items: a repeated item may have no way to grow into a new one, so the value check does
+# not claim uniqueItems here (grammar/value_rules.py) and strict mode refuses it
+UNIQUE = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer", "maximum": 100},
                                                    "uniqueItems": True}}, "required": ["ids"]}
 CLOSED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}, "required": ["n"],
           "additionalProperties": False}
@@ -23,7 +25,8 @@ OPEN_MAP = {"type": "object", "additionalProperties": {"type": "integer"}}
 
 
 # every case whose keyword is not masked under strict mode too (unevaluatedProperties is, in strict
-# mode), by the engine that compiles it (llguidance takes over some: tests/test_llguidance_fidelity.py)
+# mode; dependentRequired is kept by the value check once strict mode closes the object), by the
+# engine that compiles it (llguidance takes over some: tests/test_llguidance_fidelity.py)
 STRICT_CASES = [c for c in NOT_MASKED_CASES
                 if c[5][:2] in {(k.pointer, k.keyword)
                                 for k in routed_schema_fidelity(c[1], strict=True).refused_in_strict}]
@@ -45,7 +48,7 @@ def invalid_metric(client, mode: str, reason: str) -> float:
 
 def test_every_not_masked_case_is_refused_in_strict_mode_unless_llguidance_enforces_it():
     assert ({c[0] for c in NOT_MASKED_CASES} - {c[0] for c in STRICT_CASES}
-            == {"unevaluatedProperties_not_strict"} | LLGUIDANCE_CASES)
+            == {"unevaluatedProperties_not_strict", "dependentRequired_open_object"} | LLGUIDANCE_CASES)
 
 
 @pytest.mark.parametrize("name,schema,strict,valid,violating,expected", STRICT_CASES,
@@ -63,10 +66,26 @@ def test_strict_refuses_each_keyword_the_mask_does_not_enforce(gateway_client, f
     assert fake_engine.submitted == []  # nothing was generated
 
 
+@pytest.mark.parametrize("schema,reply", [
+    ({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+      "required": ["tags"]}, '{"tags":["a","b"]}'),
+    ({"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+      "required": ["ids"]}, '{"ids":[1,2]}'),
+    (OPEN_MAP, '{"a":1,"b":2}'),
+    ({"type": "object", "properties": {"card": {"type": "string"}, "address": {"type": "string"}},
+      "dependentRequired": {"card": ["address"]}}, '{"card":"1","address":"x"}'),
+])
+def test_strict_accepts_what_the_value_check_enforces(gateway_client, fake_engine, schema, reply):
+    fake_engine.reply = lambda req: reply
+    resp = chat(gateway_client(), response_format=json_schema(schema, strict=True))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["jumpgate"]["schema_valid"] is True
+
+
 def test_strict_refusal_names_every_keyword_and_unenforced_formats(gateway_client):
     schema = {"type": "object", "properties": {
         "phone": {"type": "string", "format": "phone"},
-        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}}}
     error = chat(gateway_client(), response_format=json_schema(schema)).json()["error"]
     assert "'format' at '/properties/phone/format'" in error["message"]
     assert "'uniqueItems' at '/properties/tags/uniqueItems'" in error["message"]
@@ -220,8 +239,9 @@ def test_registry_refuses_strict_and_stores_best_effort_with_its_report(gateway_
     entry = created.json()
     assert entry["schema_mode"] == "best_effort"
     assert entry["fidelity"]["guaranteed"] is False
-    assert {"pointer": "/properties/ids/uniqueItems", "keyword": "uniqueItems", "status": "checked",
-            "reason": "uniqueItems is not masked: an array may repeat an item"} in entry["fidelity"]["keywords"]
+    unique = next(k for k in entry["fidelity"]["keywords"] if k["keyword"] == "uniqueItems")
+    assert (unique["pointer"], unique["status"]) == ("/properties/ids/uniqueItems", "checked")
+    assert unique["reason"].startswith("uniqueItems is kept by the mask only for free strings")
 
     fake_engine.reply = lambda req: '{"ids":[1,1]}'
     verdict = chat(client, schema_id=entry["id"]).json()["choices"][0]["jumpgate"]  # the entry's mode applies
@@ -245,8 +265,8 @@ def test_schema_check_reports_without_storing(gateway_client):
     body = resp.json()
     assert body["object"] == "schema.check" and body["strict_accepted"] is False
     assert "'uniqueItems' at '/properties/ids/uniqueItems'" in body["strict_refusal"]
-    # enforced: type, properties, required; ids: type, items; items: type
-    assert body["fidelity"]["counts"] == {"enforced": 6, "checked": 1, "unenforced": 0}
+    # enforced: type, properties, required; ids: type, items; items: type, maximum
+    assert body["fidelity"]["counts"] == {"enforced": 7, "checked": 1, "unenforced": 0}
     ok = client.post("/v1/schemas/check", json={"schema": CLOSED}).json()
     assert ok["strict_accepted"] is True and ok["strict_refusal"] is None and ok["fidelity"]["guaranteed"]
     tools = client.post("/v1/schemas/check", json={"tools": [WEATHER_TOOL]}).json()

@@ -12,7 +12,7 @@ import pytest
 from grammar import GrammarSpec
 from grammar.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
 from grammar.llg_matcher import LLGuidanceHandle
-from grammar.llg_schema import llguidance_refusal
+from grammar.llg_schema import llguidance_grammar, llguidance_refusal
 from tests.test_fidelity_classifier import NOT_MASKED_CASES
 
 # The cases of the classifier's table that llguidance takes over (explicit, so it cannot grow or
@@ -75,13 +75,25 @@ def test_the_cache_key_names_the_engine(service):
     assert not isinstance(service.compile(plain), LLGuidanceHandle)
 
 
-def test_keywords_llguidance_does_not_implement_stay_with_xgrammar_and_refused():
+def test_keywords_neither_engine_nor_the_value_check_enforce_stay_with_xgrammar_and_refused():
+    # uniqueItems over pattern-bound items: llguidance does not implement it and the value check
+    # does not claim it (a repeat could not grow into a new item), so nothing is routed
     schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
               "uniqueItems": True}
-    assert "uniqueItems" in llguidance_refusal(schema, strict=True)
     report = routed_schema_fidelity(schema, strict=True)
     assert report.engine == XGRAMMAR
     assert {k.keyword for k in report.refused_in_strict} == {"uniqueItems", "maxLength"}
+
+
+def test_keywords_the_value_check_enforces_do_not_keep_a_schema_from_llguidance():
+    schema = {"type": "object", "required": ["code", "tags"], "properties": {
+        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "uniqueItems": {"type": "string", "enum": ["a name, not the keyword"]}}}
+    assert llguidance_refusal(schema, strict=True) is None  # uniqueItems is the value check's job
+    report = routed_schema_fidelity(schema, strict=True)
+    assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
+    assert '"uniqueItems"' in llguidance_grammar(schema, strict=True)  # the property keeps its name
 
 
 def test_lookahead_patterns_are_refused_by_llguidance_too():

@@ -1,0 +1,328 @@
+"""Which JSON values must differ: the schema side of Jumpgate's value check (grammar/value_check.py).
+
+The token mask of a grammar has no memory of what was written, so it cannot keep object names or
+array items unique. The value check can: it follows the output and masks out tokens that would
+complete a repeated name or item. This module answers the schema questions it asks while doing so:
+which schema nodes describe the value being written (following `properties`, `patternProperties`,
+`additionalProperties`, `items`, `prefixItems`, local `$ref`s and, as a union, the branches of
+`anyOf`/`oneOf`/`allOf`), whether an array there has `uniqueItems`, and, where its items can take
+only a few values (`enum`, `const`, booleans), which ones; plus the canonical form under which
+JSON Schema calls two values equal (1 and 1.0 are, true and 1 are not).
+
+`unique_items_exact` says when masking the completing token is exact: the writer can always turn
+a repeated item into a new one (a free string grows, an unbounded number gains a digit), or the
+items are finite and each is refused as soon as its text can only spell a used value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MAX_FINITE = 256  # beyond this many listed values, items are treated as unbounded (prefix checks cost)
+_MAX_EXPAND = 256  # nodes listed for one place (a schema of many refs stays cheap)
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_OBJECT_SHAPES = ("properties", "additionalProperties", "patternProperties", "unevaluatedProperties")
+_STRING_SHAPES = ("pattern", "format", "maxLength", "enum", "const")
+
+
+def canonical(value: Any) -> str:
+    """Equal under JSON Schema's equality exactly when equal as strings."""
+    return json.dumps(_normal(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class DependentNames:
+    """dependentRequired of one object: which names a written name requires, and the order in
+    which the grammar writes declared names (a name after a missing dependent would skip it)."""
+
+    requires: dict[str, tuple[str, ...]]
+    order: dict[str, int]
+    spellings: dict[str, tuple[bytes, ...]]  # how each declared name is written between its quotes
+
+    def missing(self, written: frozenset) -> list[str]:
+        return [d for t in written for d in self.requires.get(t, ()) if d not in written]
+
+    def writable(self, written: frozenset) -> list[bytes]:
+        """Spellings of the names that may still be written without skipping a missing dependent."""
+        missing = self.missing(written)
+        if not missing:
+            return []
+        last = min(self.order.get(d, len(self.order)) for d in missing)
+        return [raw for n, raws in self.spellings.items() if n not in written and self.order[n] <= last
+                for raw in raws]
+
+
+@dataclass(frozen=True)
+class ItemRule:
+    """What keeps the items of one array unique."""
+
+    finite: tuple[tuple[str, tuple[bytes, ...]], ...] | None  # (canonical, raw spellings) of every allowed item
+    integer_only: bool  # items are integers: `0` cannot grow into another number
+
+    def unused_spellings(self, used: frozenset[str]) -> list[bytes]:
+        return [raw for canon, raws in self.finite if canon not in used for raw in raws]
+
+    def exhausted(self, used: frozenset[str]) -> bool:
+        return self.finite is not None and all(canon in used for canon, _ in self.finite)
+
+
+class SchemaNavigator:
+    """Schema nodes for each place in a JSON value being written (nodes are dicts; `{}` is any)."""
+
+    def __init__(self, root: Any, strict: bool = True) -> None:
+        self._root = root
+        self._strict = strict  # strict grammars close every object that declares properties
+        self._memo: dict[int, tuple[dict, ...]] = {}
+        self._rules: dict[tuple[int, ...], ItemRule | None] = {}
+
+    def root_nodes(self) -> tuple[dict, ...]:
+        return self.expand(self._root)
+
+    def expand(self, node: Any) -> tuple[dict, ...]:
+        """`node` with its references resolved and its combinator branches listed beside it."""
+        if node is True or node is None:
+            return ({},)
+        if not isinstance(node, dict):
+            return ()
+        found = self._memo.get(id(node))
+        if found is None:
+            out: list[dict] = []
+            self._collect(node, out, set())
+            found = self._memo[id(node)] = tuple(out)
+        return found
+
+    def _collect(self, node: Any, out: list[dict], seen: set[int]) -> None:
+        if node is True:
+            node = {}
+        if not isinstance(node, dict) or id(node) in seen or len(seen) > _MAX_EXPAND:
+            return
+        seen.add(id(node))
+        out.append(node)
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            self._collect(self._resolve(ref), out, seen)
+        for name in ("anyOf", "oneOf", "allOf"):
+            branches = node.get(name)
+            for branch in branches if isinstance(branches, list) else ():
+                self._collect(branch, out, seen)
+
+    def _resolve(self, ref: str) -> Any:
+        if not ref.startswith("#"):
+            return None  # remote references are refused before compiling
+        node: Any = self._root
+        for part in ref[1:].split("/")[1:] if ref != "#" else ():
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    def value_nodes(self, object_nodes: tuple[dict, ...], name: str) -> tuple[dict, ...]:
+        out: list[dict] = []
+        for node in object_nodes:
+            props = node.get("properties")
+            if isinstance(props, dict) and name in props:
+                out += self.expand(props[name])
+                continue
+            matched = [s for p, s in (node.get("patternProperties") or {}).items() if _search(p, name)]
+            if matched:
+                for sub in matched:
+                    out += self.expand(sub)
+                continue
+            extra = node.get("additionalProperties", node.get("unevaluatedProperties"))
+            if isinstance(extra, dict):
+                out += self.expand(extra)
+        return tuple(out)
+
+    def item_nodes(self, array_nodes: tuple[dict, ...], index: int) -> tuple[dict, ...]:
+        out: list[dict] = []
+        for node in array_nodes:
+            prefix = node.get("prefixItems")
+            items = node.get("items")
+            if isinstance(items, list):  # draft 4-2019 tuple form
+                prefix, items = items, node.get("additionalItems")
+            if isinstance(prefix, list) and index < len(prefix):
+                out += self.expand(prefix[index])
+            elif isinstance(items, (dict, bool)):
+                out += self.expand(items)
+        return tuple(out)
+
+    def names_may_repeat(self, object_nodes: tuple[dict, ...]) -> bool:
+        """Can the grammar write a name twice in an object described by `object_nodes`? Not where
+        every object schema among them closes its names (then the check skips the object)."""
+        objects = [n for n in object_nodes if n.get("type") == "object" or any(k in n for k in _OBJECT_SHAPES)]
+        return not objects or any(not self._closed(n) for n in objects)
+
+    def _closed(self, node: dict) -> bool:
+        most = node.get("maxProperties")
+        return (node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False
+                or (self._strict and "properties" in node and "patternProperties" not in node)
+                or (isinstance(most, int) and most <= 1))
+
+    def dependent_names(self, object_nodes: tuple[dict, ...]) -> DependentNames | None:
+        """The dependentRequired rule of an object described by `object_nodes` (None: none, or the
+        object's names are open: masking could not keep it exactly, and names are many to check)."""
+        if self.names_may_repeat(object_nodes):
+            return None
+        requires: dict[str, tuple[str, ...]] = {}
+        order: dict[str, int] = {}
+        for node in object_nodes:
+            deps = node.get("dependentRequired")
+            if isinstance(deps, dict) and deps:
+                for trigger, names in deps.items():
+                    if isinstance(names, list):
+                        requires[trigger] = requires.get(trigger, ()) + tuple(str(n) for n in names)
+                props = node.get("properties")
+                for name in props if isinstance(props, dict) else ():
+                    order.setdefault(name, len(order))
+        if not requires:
+            return None
+        spellings = {n: tuple(raw[1:-1] for raw in _spellings(n)) for n in order}
+        return DependentNames(requires, order, spellings)
+
+    def item_rule(self, array_nodes: tuple[dict, ...]) -> ItemRule | None:
+        """The uniqueness rule of an array described by `array_nodes` (None: items may repeat)."""
+        key = tuple(id(n) for n in array_nodes)
+        if key not in self._rules:
+            self._rules[key] = self._item_rule(array_nodes)
+        return self._rules[key]
+
+    def _item_rule(self, array_nodes: tuple[dict, ...]) -> ItemRule | None:
+        if not any(n.get("uniqueItems") is True for n in array_nodes):
+            return None
+        items = tuple(n for n in self.item_nodes(array_nodes, 1 << 30))
+        return ItemRule(finite_values(items), bool(items) and all(_integer_only(n) for n in items if _typed(n)))
+
+
+def finite_values(nodes: tuple[dict, ...]) -> tuple[tuple[str, tuple[bytes, ...]], ...] | None:
+    """Every value the nodes allow, when they list them (enum, const, boolean, null); else None."""
+    values: dict[str, Any] = {}
+    listed = False
+    for node in nodes:
+        if "const" in node:
+            got = [node["const"]]
+        elif isinstance(node.get("enum"), list):
+            got = list(node["enum"])
+        elif node.get("type") == "boolean":
+            got = [True, False]
+        elif node.get("type") == "null":
+            got = [None]
+        elif _typed(node) or any(k in node for k in ("properties", "items", "minLength")):
+            return None  # an open value of some type
+        else:
+            continue  # a wrapper (anyOf/$ref holder) whose branches are listed beside it
+        listed = True
+        for v in got:
+            values.setdefault(canonical(v), v)
+    if not listed or len(values) > MAX_FINITE:
+        return None
+    return tuple((c, _spellings(v)) for c, v in values.items())
+
+
+def _spellings(value: Any) -> tuple[bytes, ...]:
+    compact = (",", ":")
+    forms = {json.dumps(value, separators=compact, ensure_ascii=False).encode(),
+             json.dumps(value, separators=compact).encode()}
+    return tuple(sorted(forms))
+
+
+def unique_items_exact(schema: dict, navigator: SchemaNavigator) -> str | None:
+    """None when masking the completing token keeps this array's items unique without ever leaving
+    the writer stuck; else why not."""
+    nodes = navigator.expand(schema)
+    items = navigator.item_nodes(nodes, 1 << 30)
+    if any(isinstance(n.get("prefixItems"), list) or isinstance(n.get("items"), list) for n in nodes):
+        return "uniqueItems beside prefixItems is checked only after generation"
+    finite = finite_values(items)
+    if finite is not None:
+        least = max((n.get("minItems", 0) for n in nodes if isinstance(n.get("minItems"), int)), default=0)
+        if least > len(finite):
+            return f"minItems {least} exceeds the {len(finite)} distinct values the items allow"
+        return None
+    typed = [n for n in items if _typed(n)]
+    if not typed or any(not _growable(n) for n in typed):
+        return ("uniqueItems is kept by the mask only for free strings, unbounded numbers and listed values "
+                "(enum, const, boolean); other items are checked after generation")
+    return None
+
+
+def dependent_required_exact(node: dict, strict: bool) -> str | None:
+    """None when masking keeps `node`'s dependentRequired exactly (the object's names are closed
+    and declared, and each dependent is required or comes after its trigger, so banning the close
+    and any name past a missing dependent always leaves that dependent to write); else why not."""
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    closed = node.get("additionalProperties") is False or (strict and bool(props))
+    if not closed or "patternProperties" in node or "maxProperties" in node:
+        return ("dependentRequired is kept by the mask only in objects whose names are all declared "
+                "(strict mode or additionalProperties: false), without patternProperties or maxProperties")
+    required = set(node.get("required") or ()) if isinstance(node.get("required"), list) else set()
+    order = {name: i for i, name in enumerate(props)}
+    for trigger, names in (node.get("dependentRequired") or {}).items():
+        for name in names if isinstance(names, list) else ():
+            if name not in order or trigger not in order:
+                return f"dependentRequired names {name!r}, which is not a declared property"
+            if name not in required and order[name] < order[trigger]:
+                return (f"dependentRequired: {name!r} is declared before {trigger!r}, and the grammar writes "
+                        "properties in declaration order; declare it after")
+    return None
+
+
+def _typed(node: dict) -> bool:
+    return isinstance(node.get("type"), (str, list))
+
+
+def _integer_only(node: dict) -> bool:
+    return node.get("type") == "integer"
+
+
+def _growable(node: dict) -> bool:
+    """Can a repeated item of this schema always be written on into a different one?"""
+    kind = node.get("type")
+    if kind == "string":
+        return not any(k in node for k in _STRING_SHAPES)
+    if kind in ("integer", "number"):
+        return not any(k in node for k in _BOUNDS + ("enum", "const"))
+    return False
+
+
+def _search(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False
+
+
+VALUE_CHECK_KINDS = frozenset({"json_schema", "json_object", "tool_calls"})  # kinds whose output holds JSON
+
+
+def value_check_begin(kind: str, payload: Any) -> bytes | None:
+    """For tool calls, the marker after which a call's JSON starts (None: the whole output is JSON)."""
+    if kind != "tool_calls":
+        return None
+    from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
+
+    name = payload.get("format", HERMES_TOOL_CALL_FORMAT.name) if isinstance(payload, dict) else None
+    return get_tool_call_format(name or HERMES_TOOL_CALL_FORMAT.name).call_begin.encode()
+
+
+def navigator_for(kind: str, payload: Any, strict: bool) -> SchemaNavigator | None:
+    """The schema side of the value check (None: no schema, every object's names are kept unique)."""
+    return SchemaNavigator(payload, strict) if kind == "json_schema" else None

@@ -1,0 +1,126 @@
+"""The value check end to end with the real SmolLM2 (greedy, strict): prompts that make the model
+repeat an object name (under additionalProperties), repeat an array item (under uniqueItems) or
+leave out a dependent property (dependentRequired). Each case runs twice in one batch: without
+the value check (the control: the model really does break the schema, so the test can fail) and
+with it (the output parses, has no repeated name at any level, and validates with jsonschema)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from grammar import GrammarSpec
+from grammar.fidelity import routed_schema_fidelity
+from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT
+from runtime.api import GenerateRequest
+from runtime.sampling import SamplingParams
+from tests.conftest import chat_ids
+
+pytestmark = pytest.mark.e2e
+
+SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
+ITEMS = "Make a JSON object: item=apple, item=pear, item=plum."
+
+
+def unique_array(name: str, items: dict, **more) -> dict:
+    array = {"type": "array", "items": items, "uniqueItems": True, **more}
+    return {"type": "object", "properties": {name: array}, "required": [name]}
+
+
+# name -> (schema, prompt)
+CASES = {
+    "names_of_strings": ({"type": "object", "additionalProperties": {"type": "string"}}, ITEMS),
+    "names_of_anything": ({"type": "object", "additionalProperties": True}, ITEMS),
+    "unique_strings": (unique_array("fruits", {"type": "string"}),
+                       "List the word apple three times: apple, apple, apple."),
+    "unique_integers": (unique_array("numbers", {"type": "integer"}), "The numbers are 3, 3, 3 and 3."),
+    "unique_enum": (unique_array("colors", {"enum": ["red", "green", "blue"]}, minItems=3),
+                    "Write red, red, red as a list of colors."),
+    "dependent_required": ({"type": "object", "required": ["name"],
+                            "properties": {"name": {"type": "string"}, "credit_card": {"type": "string"},
+                                           "billing_address": {"type": "string"}},
+                            "dependentRequired": {"credit_card": ["billing_address"]}},
+                           "Alice pays with credit card 4111 1111 1111 1111."),
+}
+
+
+def repeated_names(text: str) -> list[str]:
+    found: list[str] = []
+
+    def hook(pairs):
+        names = [k for k, _ in pairs]
+        found.extend(n for i, n in enumerate(names) if n in names[:i])
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=hook)
+    return found
+
+
+def repeated_items(value) -> bool:
+    """Does any array in `value` hold two equal items?"""
+    if isinstance(value, dict):
+        return any(repeated_items(v) for v in value.values())
+    if isinstance(value, list):
+        seen = {json.dumps(v, sort_keys=True) for v in value}
+        return len(seen) < len(value) or any(repeated_items(v) for v in value)
+    return False
+
+
+@pytest.fixture(scope="module")
+def runs(real_engine, service, tokenizer):
+    """name -> (output without the value check, output with it), all in one batch."""
+    requests = []
+    for schema, prompt in CASES.values():
+        handle = service.compile(GrammarSpec.json_schema(schema))
+        assert handle.value_check is not None
+        control = handle.without_value_check()
+        ids = chat_ids(tokenizer, prompt, SYSTEM)
+        requests += [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,
+                                     jump_forward="verify", strict=True) for h in (control, handle)]
+    results = real_engine.generate_many(requests, timeout=900)
+    return {name: (results[2 * i], results[2 * i + 1]) for i, name in enumerate(CASES)}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_strict_report_accepts_the_case(name):
+    assert routed_schema_fidelity(CASES[name][0]).refused_in_strict == ()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_without_the_check_the_model_breaks_the_schema(runs, name):
+    control, _ = runs[name]
+    value = json.loads(control.text)
+    valid = jsonschema.Draft202012Validator(CASES[name][0]).is_valid(value)
+    assert repeated_names(control.text) or not valid, control.text
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_with_the_check_nothing_repeats_and_the_output_validates(runs, name):
+    _, result = runs[name]
+    schema = CASES[name][0]
+    value = json.loads(result.text)  # complete JSON: strict closing still holds
+    assert repeated_names(result.text) == [], result.text
+    assert not repeated_items(value), result.text
+    jsonschema.Draft202012Validator(schema).validate(value)
+
+
+def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, service, tokenizer):
+    tools = [{"type": "function", "function": {"name": "add_items", "description": "Add items to a basket",
+                                               "parameters": {"type": "object",
+                                                              "additionalProperties": {"type": "string"}}}}]
+    handle = service.compile(GrammarSpec.tool_calls(tools, "required"))
+    ids = chat_ids(tokenizer, "Call add_items with item=apple, item=pear, item=plum.",
+                   HERMES_TOOL_CALL_FORMAT.render_tools_prompt(tools))
+    control, checked = real_engine.generate_many(
+        [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,
+                         jump_forward="verify", strict=True)
+         for h in (handle.without_value_check(), handle)], timeout=900)
+
+    def calls(text: str) -> list[str]:
+        return [part.split(HERMES_TOOL_CALL_FORMAT.call_end)[0]
+                for part in text.split(HERMES_TOOL_CALL_FORMAT.call_begin)[1:]]
+
+    assert any(repeated_names(call) for call in calls(control.text)), control.text
+    assert calls(checked.text) and not any(repeated_names(call) for call in calls(checked.text)), checked.text

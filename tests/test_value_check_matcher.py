@@ -1,0 +1,138 @@
+"""The value check inside the real matchers (grammar/matcher.py, grammar/llg_matcher.py) with the
+real SmolLM2 tokenizer: masks, drafts and completion plans never write a repeated name or item,
+on xgrammar and on llguidance, and a grammar loaded back from the disk cache keeps the check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grammar import GrammarService, GrammarSpec
+
+
+@pytest.fixture(scope="module")
+def vocab_size(smollm_dir):
+    from runtime.loader import read_config
+
+    return read_config(smollm_dir).vocab_size
+
+
+def encode(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def allowed_texts(matcher, vocab_size, tokenizer, fill=None) -> set[str]:
+    bitmask = torch.zeros((1, math.ceil(vocab_size / 32)), dtype=torch.int32)
+    (fill or matcher.fill_bitmask)(bitmask, 0)
+    words = bitmask[0].tolist()
+    return {tokenizer.decode([i]) for i in range(vocab_size) if (words[i // 32] >> (i % 32)) & 1}
+
+
+def walk(matcher, tokenizer, text):
+    for token in encode(tokenizer, text):
+        assert matcher.accept(token), text
+    return matcher
+
+
+OPEN = {"type": "object", "additionalProperties": {"type": "string"}}
+
+
+@pytest.mark.parametrize("spec", [GrammarSpec.json_schema(OPEN), GrammarSpec.of("json_object", None)],
+                         ids=["json_schema", "json_object"])
+def test_a_name_already_written_cannot_be_closed_again(service, tokenizer, vocab_size, spec):
+    matcher = walk(service.compile(spec).new_matcher(), tokenizer, '{"apple":"1","apple')
+    allowed = allowed_texts(matcher, vocab_size, tokenizer)
+    assert '"' not in allowed and '":' not in allowed and '":"' not in allowed
+    assert "s" in allowed  # "apples" is a new name
+    other = walk(service.compile(spec).new_matcher(), tokenizer, '{"apple":"1","pear')
+    assert '"' in allowed_texts(other, vocab_size, tokenizer)
+
+
+def test_rollback_after_a_rejected_draft_forgets_the_names(service, tokenizer, vocab_size):
+    matcher = service.compile(GrammarSpec.json_schema(OPEN)).new_matcher()
+    walk(matcher, tokenizer, '{"apple":"1",')
+    n = len(encode(tokenizer, '"pear":"2",'))
+    walk(matcher, tokenizer, '"pear":"2",')
+    matcher.rollback(n)
+    walk(matcher, tokenizer, '"pear')
+    assert '"' in allowed_texts(matcher, vocab_size, tokenizer)
+
+
+def test_a_forced_span_that_would_repeat_a_name_is_not_drafted(service, tokenizer):
+    # only two names exist, so after a name's first letter the grammar forces the rest of it
+    schema = {"type": "object", "propertyNames": {"enum": ["alpha", "beta"]},
+              "additionalProperties": {"type": "integer"}}
+    matcher = walk(service.compile(GrammarSpec.json_schema(schema, strict=False)).new_matcher(), tokenizer,
+                   '{"alpha":1,"al')
+    forced = matcher.jump_forward_string()
+    assert forced.startswith('pha"')  # the grammar alone would draft the repeat ...
+    assert '"' not in tokenizer.decode(matcher.jump_forward_tokens())  # ... the check stops before its quote
+
+
+def test_completion_plans_and_closing_masks_avoid_repeats(service, tokenizer, vocab_size):
+    schema = {"type": "object", "required": ["colors"], "properties": {
+        "colors": {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True, "minItems": 2}}}
+    matcher = walk(service.compile(GrammarSpec.json_schema(schema)).new_matcher(), tokenizer, '{"colors":["red",')
+    plan = matcher.completion_plan()
+    assert tokenizer.decode(plan) == '"green"]}'
+    assert '"red' not in allowed_texts(matcher, vocab_size, tokenizer, matcher.fill_bitmask)
+    closing = allowed_texts(matcher, vocab_size, tokenizer,
+                            lambda b, r: matcher.fill_closing_bitmask(b, r, False))
+    assert closing and not any(t.startswith('"r') for t in closing)
+    # a free name being written equal to an earlier one: the plan grows it instead of closing it
+    matcher = walk(service.compile(GrammarSpec.json_schema(OPEN)).new_matcher(), tokenizer, '{"a":"1","a')
+    text = tokenizer.decode(matcher.completion_plan())
+    assert not text.startswith('"') and text.endswith("}")
+
+
+def test_llguidance_matchers_carry_the_check(service, tokenizer, vocab_size):
+    # llguidance compiles this schema (pattern beside maxLength); it refuses uniqueItems itself
+    schema = {"type": "object", "required": ["code"], "additionalProperties": {"type": "string"},
+              "properties": {"code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}}}
+    handle = service.compile(GrammarSpec.json_schema(schema, strict=False))
+    assert handle.engine == "llguidance"
+    matcher = walk(handle.new_matcher(), tokenizer, '{"code":"ab","x":"1","x')
+    allowed = allowed_texts(matcher, vocab_size, tokenizer)
+    assert '"' not in allowed and '":' not in allowed
+    assert "y" in allowed
+
+
+def test_a_grammar_warmed_from_disk_gets_its_check_back(tokenizer, vocab_size, tmp_path):
+    spec = GrammarSpec.json_schema({"type": "object", "required": ["xs"], "properties": {
+        "xs": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}})
+    first = GrammarService(tokenizer, vocab_size, cache_dir=tmp_path)
+    first.compile(spec)
+    first.close()
+    second = GrammarService(tokenizer, vocab_size, cache_dir=tmp_path)
+    try:
+        assert second.warm_from_disk() == 1
+        handle = second.compile(spec)
+        assert handle.kind == "json_schema" and handle.fidelity is not None
+        matcher = walk(handle.new_matcher(), tokenizer, '{"xs":["a","a')
+        assert '"' not in allowed_texts(matcher, vocab_size, tokenizer)
+    finally:
+        second.close()
+
+
+def test_tool_call_arguments_never_repeat_a_name(service, tokenizer, vocab_size):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "additionalProperties": {"type": "integer"}}}}]
+    handle = service.compile(GrammarSpec.tool_calls(tools, "required"))
+    matcher = walk(handle.new_matcher(), tokenizer, '<tool_call>{"name":"f","arguments":{"apple":1,"apple')
+    allowed = allowed_texts(matcher, vocab_size, tokenizer)
+    assert '"' not in allowed and '":' not in allowed and "s" in allowed
+
+
+def test_unique_items_hold_on_llguidance_which_leaves_them_to_the_check(service, tokenizer, vocab_size):
+    schema = {"type": "object", "required": ["code", "tags"], "properties": {
+        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    handle = service.compile(GrammarSpec.json_schema(schema))
+    assert handle.engine == "llguidance"
+    matcher = walk(handle.new_matcher(), tokenizer, '{"code":"ab","tags":["x","x')
+    allowed = allowed_texts(matcher, vocab_size, tokenizer)
+    assert '"' not in allowed and '",' not in allowed and '"]' not in allowed and "y" in allowed
+    bare = walk(handle.without_value_check().new_matcher(), tokenizer, '{"code":"ab","tags":["x","x')
+    assert '"' in allowed_texts(bare, vocab_size, tokenizer)  # llguidance alone would repeat the item
