@@ -97,9 +97,11 @@ def _measure(fmt: str, quick: bool, threads: int | None) -> dict:
     for b in (16,) if quick else (16, 64):
         prompts = [_prompt(tok, TOPICS[i % len(TOPICS)]) + [i] for i in range(b)]
         out[f"decode_tok_s_b{b}"] = _decode_rate(run_timed(engine, [GenerateRequest(p, greedy) for p in prompts]))
+    # on the engine's own thread: a pass on this one would start a second OpenMP team, which slows
+    # the next format's engine (runtime/torch_thread.py)
+    context = len(b1[0].last.token_ids) + 40
+    split = engine.call(lambda: _forward_split(model, engine.model_config, context, 3 if quick else 10)).result()
     engine.shutdown()
-
-    split = _forward_split(model, engine.model_config, len(b1[0].last.token_ids) + 40, 3 if quick else 10)
     step = 1.0 / out["decode_tok_s_b1"]
     fwd = min(forward_b1, step)  # the profiled pass gives the shares of the forward, the run its length
     out["step_ms_b1"] = step * 1e3

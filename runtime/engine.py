@@ -42,6 +42,7 @@ from runtime.request import Req
 from runtime.sampling import SamplingParams
 from runtime.schedule_policy import SchedulePolicy
 from runtime.scheduler import RequestCounts, Scheduler
+from runtime.torch_thread import TorchThread
 
 log = logging.getLogger("jumpgate.engine")
 
@@ -71,8 +72,9 @@ class Engine:
         cfg = replace(config or EngineConfig(), **overrides)
         # Values and cross-field rules were checked once, by EngineConfig itself (runtime/engine_config.py).
         self.config = cfg
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        # Loads the model and later runs the loop: one OpenMP team (runtime/torch_thread.py).
+        self._torch = TorchThread("jumpgate-engine")
+        self._loop_future: concurrent.futures.Future | None = None
         self.device = pick_device(cfg.device)
         self.dtype = pick_dtype(cfg.dtype, self.device)
         self.model_dir = resolve_model_dir(cfg.model)
@@ -80,7 +82,11 @@ class Engine:
         self.model_name = _model_name(cfg.model, self.model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.max_context = min(cfg.max_context or mc.max_position_embeddings, mc.max_position_embeddings)
-        self.runner = ModelRunner(cfg, self.model_dir, mc, self.device, self.dtype, self.max_context)
+        try:
+            self.runner = self._torch.run(self._build_runner)
+        except BaseException:
+            self._torch.close()
+            raise
         self.kv_pool_tokens = self.runner.kv_pool_tokens
         self.limits = Limits(self.max_context, self.kv_pool_tokens, mc.vocab_size)
 
@@ -103,7 +109,12 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+
+    def _build_runner(self) -> ModelRunner:
+        cfg = self.config
+        if cfg.num_threads:  # OpenMP's thread count is per calling thread: set it on this one
+            torch.set_num_threads(cfg.num_threads)
+        return ModelRunner(cfg, self.model_dir, self.model_config, self.device, self.dtype, self.max_context)
 
     def _build_prefix_cache(self) -> BasePrefixCache:
         cfg, allocator = self.config, self.runner.kv.allocator
@@ -118,21 +129,24 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> "Engine":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="jumpgate-engine", daemon=True)
-            self._thread.start()
+        if self._loop_future is None:
+            self._loop_future = self._torch.submit(self._loop)
         return self
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+        return self._loop_future is not None and not self._loop_future.done() and not self._stop.is_set()
 
     def shutdown(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        if self._loop_future is not None:
+            try:
+                self._loop_future.result(timeout=30)
+            except concurrent.futures.TimeoutError:
+                log.error("engine loop did not stop within 30 s")
+            self._loop_future = None
+        self._torch.close()
         self.cache.close()
 
     def __enter__(self) -> "Engine":
@@ -185,7 +199,7 @@ class Engine:
         """Run `fn` on the engine thread between steps (or here, if the engine is not running or
         this is the engine thread)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        if self._thread is None or threading.current_thread() is self._thread:
+        if self._loop_future is None or threading.current_thread() is self._torch.thread:
             try:
                 fut.set_result(fn())
             except Exception as e:

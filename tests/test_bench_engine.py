@@ -15,17 +15,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.e2e
 def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
-    out = subprocess.run([sys.executable, "-m", "bench", "--quick", "engine", "--formats", "fp32,auto"],
+    out = subprocess.run([sys.executable, "-m", "bench", "--quick", "engine", "--formats", "fp32,q4,auto"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    ref, chosen = lines[0], lines[1]
-    assert ref["weights"] == "fp32" and chosen["requested"] == "auto" and chosen["weights"] != "fp32"
-    assert chosen["weights_reason"]
+    ref, chosen, auto = lines
+    assert ref["weights"] == "fp32" and chosen["weights"] == "q4" and chosen["weights_reason"]
+    assert auto == {"bench": "engine", "requested": "auto", "weights": "fp32", "weights_reason": auto["weights_reason"]}
     for key in ("prefill_tok_s_1k", "decode_tok_s_b1", "decode_tok_s_b16"):
         assert ref[key] > 0 and chosen[key] > 0
-        assert chosen[f"{key}_vs_fp32"] == pytest.approx(chosen[key] / ref[key])
+        assert chosen[f"{key}_vs_fp32"] == pytest.approx(chosen[key] / ref[key], rel=1e-3)  # emit rounds
     parts = ("step_linear_ms", "step_attention_ms", "step_other_model_ops_ms", "step_engine_ms")
     assert all(chosen[p] >= 0 for p in parts)
-    assert sum(chosen[p] for p in parts) == pytest.approx(chosen["step_ms_b1"], rel=1e-6)
+    assert sum(chosen[p] for p in parts) == pytest.approx(chosen["step_ms_b1"], rel=1e-3)
     assert 0 <= chosen["step_overhead_frac"] <= 1
