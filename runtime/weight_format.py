@@ -1,12 +1,22 @@
 """Which linear-layer weight format a model runs in, and why (EngineConfig.weights: auto | fp32 | bf16 | q8 | q4).
 
-`auto` on CPU: the q4/q8/bf16 kernels all multiply bf16 activations, which pays only where the
-CPU does bf16 natively (AVX512-BF16 or AMX). There: q4 when the model's linear weights are GGUF
-Q4_1 blocks (q4 then holds the file's own weights: nothing is re-quantized, only activations and
-block scales are rounded to bf16, and a decode step reads 1/8 of the fp32 bytes), else bf16.
-Without native bf16 (e.g. AVX2 only), fp32: there bf16 is converted in software (on the AVX2 dev
-box q4 decoded faster at batch 1 but prefilled slower, see `python -m bench engine`), and fp32 is
-the exact reference whose greedy output does not depend on batch composition. On CUDA, `auto` keeps dense weights in the engine dtype.
+`auto` on CPU: fp32, the only format that meets the whole accuracy bar: besides agreeing with
+itself it keeps Jumpgate's equalities (jump-forward `verify` equals `off` token for token, a batch
+equals each request alone, a prefix-cache hit equals a recompute, a stream equals the whole
+response). The q4/q8/bf16 kernels multiply bf16 activations: fp32 attention differs in its last
+bits between those cases (MKL's GEMMs are not invariant in the row count), a bf16 rounding of an
+activation flips now and then, and at near-ties so does a token (on the dev box, with q4, 8 of 35
+grammar cases differed between verify and off, and a streamed answer from its cached rerun).
+`--weights q4` is the fast choice where that is acceptable: the GGUF's own Q4_1 weights through the
+int4 kernel (nothing re-quantized; a decode step reads 1/8 of the fp32 bytes), `python -m bench
+engine` measures it against fp32. What would make it the default: attention whose rows do not
+depend on the rest of the pass (a batch-invariant kernel), and logits in fp32.
+A q4 model runs every row through the int4 kernel: a bf16 copy of the same weights would prefill
+~2x faster (the 120 layer linears at 512 rows: 136 ms bf16 against 303 ms int4 on the dev box,
+/tmp microbenchmark, 2 threads), but it rounds each weight to bf16, so prompt tokens and generated
+tokens would see slightly different weights; tried, it changed answers of the test prompts
+("What is the capital of France?" no longer said Paris), so it was not kept.
+On CUDA, `auto` keeps dense weights in the engine dtype.
 The accuracy of each format against fp32 is measured by tests/test_weight_formats.py.
 """
 
@@ -37,11 +47,6 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def native_bf16() -> bool:
-    """Whether oneDNN has a bf16 matmul path on this CPU (without one, bf16 is converted and slow)."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
 def cpu_summary() -> str:
     flags = cpu_flags()
     have = [f for f in ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni", "avx512f", "avx2") if f in flags]
@@ -60,9 +65,6 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
     if device.type != "cpu":
         fmt = DTYPE_FORMATS.get(dtype, str(dtype))
         return fmt, f"{device.type}: dense weights in the engine dtype"
-    if not native_bf16():
-        return "fp32", (f"cpu without native bf16: the bf16-activation kernels convert in software and prefill "
-                        f"slower; fp32 is exact ({cpu_summary()})")
-    if gguf_q4:
-        return "q4", f"cpu with native bf16: the GGUF's own Q4_1 weights through the int4 kernel ({cpu_summary()})"
-    return "bf16", f"cpu with native bf16, no GGUF 4-bit weights: bf16 matmul ({cpu_summary()})"
+    source = "; the GGUF's Q4_1 blocks are there for --weights q4" if gguf_q4 else ""
+    return "fp32", (f"cpu: the exact reference, the only format whose greedy output does not change with "
+                    f"batching, drafts or cache hits; --weights q4/bf16 are faster{source} ({cpu_summary()})")

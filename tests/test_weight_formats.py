@@ -2,13 +2,15 @@
 layouts say, q4 holds the GGUF's own weights, and each format's drift from the dequantized fp32
 reference on the real SmolLM2 stays within its documented bound.
 
-Measured drift (this file's 4 chat prompts, each teacher-forced along a fixed 64-token answer;
-printed by `pytest -s -k drift tests/test_weight_formats.py`, 256 positions):
-  format  top-1 agreement with fp32   logits max-abs vs fp32
-  fp32    100%                        0 (the same code path as the reference)
-  bf16    98.0%                       0.48
-  q8      96.1%                       1.88  (per-channel int8 re-quantized from the fp32 copy)
-  q4      98.0%                       0.82  (the GGUF's own Q4_1 codes; bf16 activations/scales)
+Measured drift (this file's 4 chat prompts, each teacher-forced along a fixed 64-token answer, 256
+positions; "prefill" runs each case in one pass, "decode" feeds the answer one token per pass,
+which is what generation does; printed by `pytest -s -k drift tests/test_weight_formats.py`):
+  format  top-1 agreement with fp32 (prefill / decode)   logits max-abs vs fp32 (prefill / decode)
+  fp32    100% / 100%                                    0 / 0.0001 (another reduction order)
+  bf16    98.4% / 99.2%                                  0.43 / 0.50
+  q8      95.7% / 96.5%                                  1.74 / 1.91  (per-channel int8 re-quantized from fp32)
+  q4      98.4% / 98.8%                                  0.61 / 0.66  (the GGUF's own Q4_1 codes, int4 kernel;
+                                                         bf16 activations and logits layer)
 The bounds below leave some room for other prompts' near-ties.
 """
 
@@ -81,13 +83,11 @@ def test_int8_and_dense_linears_keep_the_callers_dtype():
 def test_format_choice_and_its_reason(monkeypatch):
     import runtime.weight_format as wf
 
-    monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
-    fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True)
-    assert fmt == "q4" and "Q4_1" in reason and "avx512_bf16" in reason
-    assert choose_format("auto", CPU, torch.float32, gguf_q4=False)[0] == "bf16"
-    monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset({"avx2"}))
-    fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True)
-    assert fmt == "fp32" and "without native bf16" in reason
+    for flags in ({"avx2", "avx512_bf16"}, {"avx2"}):  # the exact reference either way
+        monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset(flags))
+        fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True)
+        assert fmt == "fp32" and "--weights q4" in reason and "avx2" in reason
+        assert choose_format("auto", CPU, torch.float32, gguf_q4=False)[0] == "fp32"
     assert choose_format("q8", CPU, torch.float32, gguf_q4=True) == ("q8", "requested")
     assert choose_format("auto", torch.device("cuda"), torch.bfloat16, gguf_q4=True)[0] == "bf16"
     assert choose_format("fp32", torch.device("cuda"), torch.bfloat16, gguf_q4=True)[0] == "fp32"
@@ -102,7 +102,7 @@ def test_a_float_source_is_quantized_when_q4_is_requested(tiny_model_dir, tokeni
     assert source_gguf(tiny_model_dir) is None
     model = load_model(tiny_model_dir, cfg, "q4", CPU, torch.float32)
     assert (model.weights, model.weights_reason) == ("q4", "requested")
-    assert load_model(tiny_model_dir, cfg, "auto", CPU, torch.float32).weights in ("bf16", "fp32")
+    assert load_model(tiny_model_dir, cfg, "auto", CPU, torch.float32).weights == "fp32"
     ids = chat_ids(tokenizer, "hello")
     ref = LlamaModel(cfg, load_weights(tiny_model_dir), CPU, torch.float32)
     assert (_prefill(model, cfg, ids) - _prefill(ref, cfg, ids)).abs().max() < 1.0
@@ -132,7 +132,7 @@ CASES = [
 CONTINUATION = 64
 # format -> least top-1 agreement with fp32, and largest logits difference (see the module docstring)
 MIN_AGREEMENT = {"fp32": 1.0, "bf16": 0.97, "q8": 0.95, "q4": 0.97}
-MAX_LOGIT_DIFF = {"fp32": 0.0, "bf16": 1.0, "q8": 2.5, "q4": 1.5}
+MAX_LOGIT_DIFF = {"fp32": 1e-3, "bf16": 1.0, "q8": 2.5, "q4": 1.5}
 
 
 def _prefill(model, cfg, ids):
@@ -141,6 +141,24 @@ def _prefill(model, cfg, ids):
     s = kv.allocator.alloc(n)
     return model.forward(ForwardBatch(torch.tensor(ids), torch.arange(n), s, [n], [n], [s], torch.arange(n)),
                          kv, TorchAttentionBackend())
+
+
+def _decode_steps(model, cfg, ids, n_prompt):
+    """Logits at positions n_prompt-1 .. len(ids)-2 as a decode computes them: the prompt in one
+    pass, then one token (one row) per pass, as generation does. Kernels may round differently for
+    one row than for many (fp32 BLAS does; the bf16 logits layer rounds rows alike), so both paths
+    are measured."""
+    n = len(ids)
+    kv = KVPool(cfg.num_layers, n + 8, cfg.num_kv_heads, cfg.head_dim)
+    slots = kv.allocator.alloc(n)
+    attn = TorchAttentionBackend()
+    p = slots[:n_prompt]
+    rows = [model.forward(ForwardBatch(torch.tensor(ids[:n_prompt]), torch.arange(n_prompt), p, [n_prompt],
+                                       [n_prompt], [p], torch.tensor([n_prompt - 1])), kv, attn)]
+    for pos in range(n_prompt, n - 1):
+        rows.append(model.forward(ForwardBatch(torch.tensor([ids[pos]]), torch.tensor([pos]), slots[pos:pos + 1],
+                                               [1], [pos + 1], [slots[:pos + 1]], torch.tensor([0])), kv, attn))
+    return torch.cat(rows)
 
 
 @pytest.fixture(scope="module")
@@ -176,22 +194,23 @@ def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
     cfg, refs = reference
     model = load_model(smollm_dir, cfg, fmt, CPU, torch.float32)
     assert model.weights == fmt
-    agree = total = 0
-    worst = 0.0
-    for ids, n_prompt, ref_logits in refs:
-        logits = _prefill(model, cfg, ids)[n_prompt - 1:-1]
-        agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
-        total += len(ref_logits)
-        worst = max(worst, (logits - ref_logits).abs().max().item())
-    print(f"{fmt}: top-1 agreement {agree / total:.4f}, logits max-abs {worst:.4f}")
-    assert agree / total >= MIN_AGREEMENT[fmt]
-    assert worst <= MAX_LOGIT_DIFF[fmt]
+    for path, logits_of in (("prefill", lambda ids, n: _prefill(model, cfg, ids)[n - 1:-1]),
+                            ("decode", lambda ids, n: _decode_steps(model, cfg, ids, n))):
+        agree = total = 0
+        worst = 0.0
+        for ids, n_prompt, ref_logits in refs:
+            logits = logits_of(ids, n_prompt)
+            assert logits.shape == ref_logits.shape
+            agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
+            total += len(ref_logits)
+            worst = max(worst, (logits - ref_logits).abs().max().item())
+        print(f"{fmt} {path}: top-1 agreement {agree / total:.4f}, logits max-abs {worst:.4f}")
+        assert agree / total >= MIN_AGREEMENT[fmt], path
+        assert worst <= MAX_LOGIT_DIFF[fmt], path
 
 
 @pytest.mark.e2e
-def test_auto_on_this_cpu_follows_its_bf16_support_and_says_why(smollm_dir):
-    from runtime.weight_format import native_bf16
-
+def test_auto_runs_the_exact_reference_and_says_why(smollm_dir):
     model = load_model(smollm_dir, read_config(smollm_dir), "auto", CPU, torch.float32)
-    assert model.weights == ("q4" if native_bf16() else "fp32")
-    assert "cpu capability" in model.weights_reason
+    assert model.weights == "fp32"
+    assert "cpu capability" in model.weights_reason and "--weights q4" in model.weights_reason
