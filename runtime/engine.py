@@ -13,12 +13,14 @@ that must read engine state (`stats`, `explain_prefix`, pins) runs as a `Call` b
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import hashlib
 import logging
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -75,6 +77,8 @@ class Engine:
         # Loads the model and later runs the loop: one OpenMP team (runtime/torch_thread.py).
         self._torch = TorchThread("jumpgate-engine")
         self._loop_future: concurrent.futures.Future | None = None
+        self._closed = False
+        _LIVE.add(self)
         self.device = pick_device(cfg.device)
         self.dtype = pick_dtype(cfg.dtype, self.device)
         self.model_dir = resolve_model_dir(cfg.model)
@@ -138,6 +142,12 @@ class Engine:
         return self._loop_future is not None and not self._loop_future.done() and not self._stop.is_set()
 
     def shutdown(self) -> None:
+        """Stop the loop (requests in flight end with an error), its thread, and the cache tiers.
+        Idempotent; engines still open at interpreter exit are shut down then (see _LIVE)."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
         self._stop.set()
         self._wake.set()
         if self._loop_future is not None:
@@ -389,6 +399,21 @@ class Engine:
             log.exception("releasing KV of %s failed", r.rid)
         self.counters.count_finished(reason)
         r.emit(r.final_event(error))
+
+
+# Engines not shut down by their owner are shut down at interpreter exit, before Python finalizes:
+# a daemon thread still polling then is stopped by force in the middle of a C++ call (torch), which
+# aborts the process ("terminate called without an active exception") after everything passed.
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for engine in list(_LIVE):
+        try:
+            engine.shutdown()
+        except Exception:  # exiting anyway; one engine must not keep the others running
+            log.exception("shutting down an engine at exit failed")
 
 
 def _ids_name(ids: list[int]) -> str:

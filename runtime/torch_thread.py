@@ -50,3 +50,4 @@ class TorchThread:
                 fut.set_result(fn())
             except BaseException as e:  # delivered to the submitter
                 fut.set_exception(e)
+            del task, fn, fut  # hold nothing (an engine, its model) while waiting for the next task
