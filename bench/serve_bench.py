@@ -21,6 +21,8 @@ req_s (over the workload's wall time), cached_frac (cached / prompt tokens), com
 
 `--weights fp32,auto` serves the workloads once per weight format, each on a fresh server, in
 one run; the later formats' lines carry `req_s_vs_fp32`, `output_tok_s_vs_fp32`, `ttft_p50_s_vs_fp32`.
+`--baseline DIR` serves an earlier commit's checkout first (`git worktree add DIR COMMIT`; its
+server with its own defaults, the chat workloads only), so every later line carries `*_vs_baseline`.
 
 The agent-tools workload also runs in-process, after the server is stopped: the same prompts
 prepared by the gateway's own code (same rendering, same tool-call grammar), submitted straight to
@@ -35,6 +37,7 @@ import asyncio
 import json
 import math
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -461,6 +464,9 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--weights", default="auto",
                     help="comma-separated weight formats, each served in turn (e.g. fp32,auto: the first is the "
                          "reference; later ones get *_vs_<first> ratios of req_s, output_tok_s and ttft_p50_s)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="a checkout of an earlier commit (git worktree) served first, as the reference of every ratio, "
+                         "with its own defaults (no --weights flag) and the chat workloads only")
     return ap.parse_args(list(argv or []))
 
 
@@ -477,18 +483,24 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                    "temperature": 0, "max_tokens": args.max_tokens}
 
     formats = [w.strip() for w in args.weights.split(",") if w.strip()]
+    runs = [(fmt, None) for fmt in formats]
+    if args.baseline:
+        runs.insert(0, ("baseline", Path(args.baseline)))
     reference: dict[str, dict] = {}
-    for fmt in formats:
-        results, chain, rss = serve_once(args, fmt, workloads, warmup_body, wanted, tok)
+    for fmt, checkout in runs:
+        results, chain, rss = serve_once(args, fmt, workloads, warmup_body, wanted, tok, checkout)
         for name, rec in results.items():
             rec["weights"] = fmt
+            if checkout is not None:
+                rec["commit"] = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                                               capture_output=True, text=True).stdout.strip()
             rec["server_rss_mb"] = rss
             ref = reference.setdefault(name, rec)
             if ref is not rec:
                 for key in ("req_s", "output_tok_s", "ttft_p50_s"):
                     if rec.get(key) and ref.get(key):
                         rec[f"{key}_vs_{ref['weights']}"] = rec[key] / ref[key]
-        if fmt != formats[-1]:
+        if (fmt, checkout) != runs[-1]:
             for rec in list(results.values()) + chain:
                 emit(rec)
     # the in-process comparison runs once, for the last format (the engine's default config)
@@ -508,15 +520,17 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
         emit(rec)
 
 
-def serve_once(args, weights: str, workloads, warmup_body, wanted, tok) -> tuple[dict, list, float]:
-    """The HTTP workloads against one fresh `jumpgate serve --weights WEIGHTS`."""
+def serve_once(args, weights: str, workloads, warmup_body, wanted, tok,
+               checkout: Path | None = None) -> tuple[dict, list, float]:
+    """The HTTP workloads against one fresh `jumpgate serve --weights WEIGHTS`, or against an earlier
+    checkout's server with its own defaults (which may predate /v1/responses: no chain there)."""
     with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-") as tmp:
         server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300,
-                                extra_args=["--weights", weights])
+                                extra_args=[] if checkout else ["--weights", weights], checkout=checkout)
         with server:
             results = asyncio.run(run_http(server.url, workloads, warmup_body))
             chain = []
-            if "responses-chain" in wanted:
+            if "responses-chain" in wanted and checkout is None:
                 chain = asyncio.run(run_responses_chain(server.url, agent_system_prompt(tok, 1500), args.max_tokens))
                 for rec in chain:
                     rec["weights"] = weights

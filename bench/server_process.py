@@ -51,8 +51,11 @@ class ServerFailed(RuntimeError):
 
 class JumpgateServer:
     def __init__(self, workdir: Path, *, kv_pool_tokens: int = 16384, extra_args: Sequence[str] = (),
-                 port: int | None = None, startup_timeout_s: float = 180.0):
+                 port: int | None = None, startup_timeout_s: float = 180.0, checkout: Path | None = None):
+        """`checkout`: serve another checkout's code (e.g. an earlier commit, for a side-by-side bench)
+        through this interpreter: `python -m gateway serve` run in that folder with it first on the path."""
         self.workdir = Path(workdir)
+        self.checkout = Path(checkout).resolve() if checkout else None
         self.registry_dir = self.workdir / "registry"
         self.grammar_cache_dir = self.workdir / "grammars"
         self.kv_pool_tokens = kv_pool_tokens
@@ -90,7 +93,8 @@ class JumpgateServer:
     # ------------------------------------------------------------------ lifecycle
 
     def command(self) -> list[str]:
-        return serve_command() + [
+        serve = [sys.executable, "-m", "gateway", "serve"] if self.checkout else serve_command()
+        return serve + [
             "--host", "127.0.0.1", "--port", str(self.port),
             "--kv-pool-tokens", str(self.kv_pool_tokens),
             "--registry-dir", str(self.registry_dir),
@@ -105,8 +109,13 @@ class JumpgateServer:
             self.workdir.mkdir(parents=True, exist_ok=True)
             log = open(self.log_path, "wb")
             try:
+                env = None
+                if self.checkout:
+                    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                        p for p in (str(self.checkout), os.environ.get("PYTHONPATH", "")) if p)}
                 self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                                             stdin=subprocess.DEVNULL, start_new_session=True,
+                                             cwd=self.checkout, env=env)
             finally:
                 log.close()
             if self.starts == 1:
