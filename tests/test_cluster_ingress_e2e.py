@@ -11,6 +11,7 @@ import time
 import pytest
 
 pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is not installed")
+import httpx  # noqa: E402
 import openai  # noqa: E402
 
 from bench.server_process import MODEL, JumpgateServer  # noqa: E402
@@ -82,3 +83,25 @@ def test_metrics_show_the_ingress_routers_decisions(server, client):
     decisions = [line for line in text.splitlines() if line.startswith("jumpgate_router_decisions_total{")]
     assert sum(float(line.split()[-1]) for line in decisions) >= 4, text  # every request above was routed here
     assert len(replicas) == 2, text
+
+
+def test_a_client_gone_mid_stream_aborts_the_engine_request(server):
+    """The proxy sees the disconnect, Serve cancels the ingress request, the gateway cancels its
+    handle call, and the replica aborts the engine request (400 tokens would take a minute)."""
+    cancelled = 'jumpgate_requests_total{outcome="cancelled",route="chat"}'
+    before = server.metrics().get(cancelled, 0.0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 400,
+            "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            for _ in range(3):
+                while not next(lines).startswith("data: "):
+                    pass
+        # leaving the block closes the connection mid-stream
+    m = server.wait_metrics(lambda m: m.get("jumpgate_running_requests") == 0 and m.get(cancelled, 0) == before + 1
+                            and m.get("jumpgate_gateway_in_flight_requests") == 0, timeout_s=20, interval_s=0.5)
+    assert m["jumpgate_running_requests"] == 0, m
+    assert m["jumpgate_gateway_in_flight_requests"] == 0, m
+    assert m[cancelled] == before + 1, m

@@ -33,10 +33,10 @@ class GatewayIngress:
         info = await engine_handle.info.remote()  # a sync .result() may not run on the replica's loop
         self.engine = ClusterEngineClient(engine_handle, engine_config, replicas, info=info)
         self.grammar = ClusterGrammarService(build_grammar_service(self.engine, grammar_settings))
-        self.app = create_cluster_app(self.engine, self.grammar, settings)
+        self.gateway_app = create_cluster_app(self.engine, self.grammar, settings)  # `app` is Serve's
 
     def __serve_build_asgi_app__(self) -> Any:
-        return self.app
+        return self.gateway_app
 
     def __del__(self) -> None:
         grammar = getattr(self, "grammar", None)
