@@ -122,11 +122,11 @@ def serve_cluster(config: Any, cluster: ClusterSettings) -> int:
             signal.signal(sig, signal.SIG_IGN)  # the tear-down below must not be interrupted
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
     settings = config.gateway
     try:
         init_ray(cluster)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, whose own SIGTERM handler aborts the process
+            signal.signal(sig, on_signal)
         serve.start(proxy_location="HeadOnly", http_options={"host": settings.host, "port": settings.port})
         serve.run(gateway_application(config, cluster), name=APP_NAME, route_prefix="/")
         info = serve.get_deployment_handle("engine", app_name=APP_NAME).info.remote().result()
