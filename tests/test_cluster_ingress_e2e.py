@@ -27,10 +27,12 @@ def server(tmp_path_factory):
     srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-ingress"), kv_pool_tokens=3072,
                          extra_args=CLUSTER_ARGS, startup_timeout_s=420)
     srv.start()
+    proc = srv.proc
     try:
         yield srv
     finally:
         srv.stop(timeout_s=60)  # SIGTERM: the driver shuts its local Ray instance down
+    assert proc.returncode == 0, srv.log_tail()  # a clean tear-down, not Ray's abort on SIGTERM
 
 
 @pytest.fixture(scope="module")
