@@ -164,10 +164,12 @@ class JumpgateServer:
 
     # ------------------------------------------------------------------ introspection
 
+    def metrics_text(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=10.0).text
+
     def metrics(self) -> dict[str, float]:
         """Unlabelled samples of /metrics as {name: value} (labelled ones keep their labels)."""
-        text = httpx.get(self.url + "/metrics", timeout=10.0).text
-        return parse_metrics(text)
+        return parse_metrics(self.metrics_text())
 
     def wait_metrics(self, ok: Callable[[dict[str, float]], bool] = is_idle, timeout_s: float = 60.0,
                      interval_s: float = 0.1) -> dict[str, float]:

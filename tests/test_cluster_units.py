@@ -30,13 +30,16 @@ def test_cluster_flags_map_through():
                                       "--replica-cpus", "0.5", "--replica-gpus", "1", "--routing-policy",
                                       "power_of_two", "--router-cache-threshold", "0.3",
                                       "--router-balance-abs-threshold", "8", "--router-balance-rel-threshold", "2",
-                                      "--router-stats-period", "0.25"])
+                                      "--router-stats-period", "0.25", "--gateway-replicas", "2",
+                                      "--gateway-cpus", "0.5"])
     c = from_args(ClusterSettings, args)
     assert (c.replicas, c.ray_address, c.replica_cpus, c.replica_gpus, c.routing_stats_period_s) == (
         3, "ray://h:10001", 0.5, 1.0, 0.25)
+    assert (c.gateway_replicas, c.gateway_cpus) == (2, 0.5)
     assert c.router_kwargs() == {"policy": "power_of_two", "cache_threshold": 0.3, "balance_abs_threshold": 8,
                                  "balance_rel_threshold": 2.0}
-    assert from_args(ClusterSettings, build_parser().parse_args(["serve"])).replicas is None
+    default = from_args(ClusterSettings, build_parser().parse_args(["serve"]))
+    assert default.replicas is None and (default.gateway_replicas, default.gateway_cpus) == (1, 0.0)
 
 
 def test_replicas_get_the_shared_folders_as_absolute_paths(tmp_path, monkeypatch):
@@ -58,7 +61,7 @@ def test_replicas_get_the_shared_folders_as_absolute_paths(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("bad", [["--replicas", "0"], ["--routing-policy", "random"],
-                                 ["--router-cache-threshold", "1.5"]])
+                                 ["--router-cache-threshold", "1.5"], ["--gateway-replicas", "0"]])
 def test_bad_cluster_flags_are_refused(bad, capsys):
     from gateway.cli import main
 

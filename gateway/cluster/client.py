@@ -55,12 +55,14 @@ def sum_stats(snapshots: list[dict[str, Any]]) -> EngineStats:
 
 
 class ClusterEngineClient:
-    def __init__(self, handle: Any, engine_config: EngineConfig, replicas: int):
+    def __init__(self, handle: Any, engine_config: EngineConfig, replicas: int, info: EngineInfo | None = None):
+        """`info` is fetched from a replica unless given (inside an event loop, await it first)."""
         model_dir = resolve_model_dir(engine_config.model)
         self.handle = handle
         self.replicas = replicas
         self.tokenizer = load_tokenizer(model_dir)
-        self.info: EngineInfo = handle.info.remote().result()  # every replica serves the same engine
+        # every replica serves the same engine
+        self.info: EngineInfo = info if info is not None else handle.info.remote().result()
         self._calls: dict[str, Any] = {}  # rid -> the streaming call, for abort
 
     @property

@@ -3,7 +3,8 @@
 Ray Serve runs a deployment handle's router in the handle's process (here: the gateway), so the
 router keeps, per replica, the prefix keys of what it sent there (immediately: the replica's own
 report arrives only every `request_routing_stats_period_s`), merged with what the replica reports,
-plus the requests in flight to it. `routing_log.ROUTING_LOG` records decisions for /metrics and benches.
+plus the requests in flight to it. `routing_log.ROUTING_LOG` records decisions and the replicas' latest
+reports for /metrics and benches.
 
 Ray Serve ships this module to the handle's process by value (cloudpickle), so shared state lives in
 `routing_log`, which is referenced as a module (by name) and so is the process's own.
@@ -63,6 +64,19 @@ class PrefixAwareRouter(RequestRouter):
             routing_log.ROUTING_LOG.record(decision)
         chosen = by_name[decision.replica_id]
         return [[chosen], [r for r in candidate_replicas if r is not chosen]]
+
+    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+        """Ray Serve calls this with every new set of replica infos, which it rebroadcasts whenever a
+        replica's routing stats change: /metrics then shows each replica's latest report even when
+        nothing has been routed since (a finished or aborted request leaves the running count)."""
+        super().update_replicas(replicas)
+        live = set()
+        for replica in replicas:
+            name = replica_name(replica.replica_id)
+            live.add(name)
+            if replica.routing_stats:
+                routing_log.ROUTING_LOG.report(name, replica.routing_stats)
+        routing_log.ROUTING_LOG.forget(live)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         self.load[replica_name(replica_id)] += 1

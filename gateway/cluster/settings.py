@@ -23,6 +23,12 @@ class ClusterSettings:
         default_text="start a local Ray instance")
     replica_cpus: float = setting(1.0, "CPUs Ray reserves per replica", flag="--replica-cpus", min=0.0)
     replica_gpus: float = setting(0.0, "GPUs Ray reserves per replica", flag="--replica-gpus", min=0.0)
+    gateway_replicas: int = setting(
+        1, "gateway (ingress) replicas behind Ray Serve's HTTP proxy; each runs its own router",
+        flag="--gateway-replicas", type=int, min=1)
+    gateway_cpus: float = setting(
+        0.0, "CPUs Ray reserves per gateway replica (0: it shares the node with the engines)",
+        flag="--gateway-cpus", min=0.0)
     routing_policy: str = setting("prefix", "how a replica is chosen (prefix: cache-aware)", flag="--routing-policy",
                                   choices=POLICIES)
     cache_threshold: float = setting(

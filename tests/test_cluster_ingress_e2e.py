@@ -1,0 +1,109 @@
+"""`jumpgate serve --replicas 2` as a real process: the gateway is Ray Serve's ingress deployment,
+served by Serve's HTTP proxy, driven by the official `openai` client (plain, strict json_schema,
+streamed) and scraped for the router's decisions, which the ingress replica's own router made.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is not installed")
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+from bench.server_process import MODEL, JumpgateServer  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+CLUSTER_ARGS = ["--replicas", "2", "--replica-cpus", "0.5", "--router-stats-period", "0.5",
+                "--num-threads", "1", "--max-running-requests", "4", "--max-waiting-requests", "16"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-ingress"), kv_pool_tokens=3072,
+                         extra_args=CLUSTER_ARGS, startup_timeout_s=420)
+    srv.start()
+    proc = srv.proc
+    try:
+        yield srv
+    finally:
+        srv.stop(timeout_s=60)  # SIGTERM: the driver shuts its local Ray instance down
+    assert proc.returncode == 0, srv.log_tail()  # a clean tear-down, not Ray's abort on SIGTERM
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+
+
+def test_plain_chat_completion(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name three colors."}],
+                                       temperature=0, max_tokens=8)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+
+
+def test_strict_json_schema_answer_parses(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a city."}], temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}})
+    assert r.choices[0].finish_reason == "stop"
+    assert set(json.loads(r.choices[0].message.content)) == {"city"}
+
+
+def test_stream_arrives_through_the_proxy_as_it_is_generated(client):
+    arrivals, text = [], []
+    with client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to twenty."}],
+                                        temperature=0, max_tokens=24, stream=True) as stream:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.monotonic())
+                text.append(chunk.choices[0].delta.content)
+    assert len(text) >= 10 and "".join(text).strip()
+    # a buffered response would arrive in one read; 24 decode steps on half a core take far longer
+    assert arrivals[-1] - arrivals[0] > 0.1, arrivals
+
+
+def test_metrics_show_the_ingress_routers_decisions(server, client):
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                   temperature=0, max_tokens=2)
+    deadline = time.monotonic() + 30
+    while True:  # replicas report their stats every 0.5 s
+        text = server.metrics_text()
+        replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+                    if line.startswith("jumpgate_replica_prompt_tokens_total{")}
+        if len(replicas) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    decisions = [line for line in text.splitlines() if line.startswith("jumpgate_router_decisions_total{")]
+    assert sum(float(line.split()[-1]) for line in decisions) >= 4, text  # every request above was routed here
+    assert len(replicas) == 2, text
+
+
+def test_a_client_gone_mid_stream_aborts_the_engine_request(server):
+    """The proxy sees the disconnect, Serve cancels the ingress request, the gateway cancels its
+    handle call, and the replica aborts the engine request (400 tokens would take a minute)."""
+    cancelled = 'jumpgate_requests_total{outcome="cancelled",route="chat"}'
+    before = server.metrics().get(cancelled, 0.0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 400,
+            "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            for _ in range(3):
+                while not next(lines).startswith("data: "):
+                    pass
+        # leaving the block closes the connection mid-stream
+    m = server.wait_metrics(lambda m: m.get("jumpgate_running_requests") == 0 and m.get(cancelled, 0) == before + 1
+                            and m.get("jumpgate_gateway_in_flight_requests") == 0, timeout_s=20, interval_s=0.5)
+    assert m["jumpgate_running_requests"] == 0, m
+    assert m["jumpgate_gateway_in_flight_requests"] == 0, m
+    assert m[cancelled] == before + 1, m
