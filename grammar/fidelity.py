@@ -24,7 +24,7 @@ GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them hones
 Where every keyword xgrammar would not mask is one llguidance enforces exactly (marked as such
 below: minLength/maxLength beside `pattern`, `multipleOf` on numbers, keywords beside anyOf/allOf/
 $ref, allOf with several branches, scalar keywords without a declared type, `required` naming an
-undeclared property) and llguidance compiles the schema without error or warning, the
+undeclared property, `if`/`then`/`else` on a discriminator: grammar/conditionals.py) and llguidance compiles the schema without error or warning, the
 schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
 `enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
 matcher). Reports without an `engine` are xgrammar's.
@@ -53,6 +53,7 @@ from typing import Any, Iterable
 
 import jsonschema
 
+from grammar.conditionals import discriminator
 from grammar.errors import join_pointer
 from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
 
@@ -264,6 +265,12 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                 continue  # uniqueItems: false asks nothing
             if keyword in ("then", "else") and "if" not in node:
                 continue  # ignored by JSON Schema without `if`
+            if keyword in ("if", "then", "else") and discriminator(node) is not None:
+                mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; on a discriminator llguidance "
+                                       "enforces it as anyOf branches", exact_in_llguidance=True)
+                if keyword != "if":
+                    children.append((value, join_pointer(here, keyword), None))
+                continue
             if keyword in VALUE_CHECKED and navigator is not None:
                 why_not = (unique_items_exact(node, navigator) if keyword == "uniqueItems"
                            else dependent_required_exact(node, strict))
