@@ -145,6 +145,26 @@ def gateway_client(fake_engine, gateway_grammar, tmp_path):
     yield make
     for client in clients:
         client.__exit__(None, None, None)
+# What the gateway tests send: the fake engine's model, a one-line chat, a tool.
+MODEL = "SmolLM2-135M-Instruct"
+USER = [{"role": "user", "content": "hi"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def chat(client, **body):
+    """POST a chat completion (MODEL and USER unless given)."""
+    body.setdefault("model", MODEL)
+    body.setdefault("messages", USER)
+    return client.post("/v1/chat/completions", json=body)
+
+
 # ==== end of the gateway section ====================================================================
 
 
