@@ -97,6 +97,14 @@ def chat_ids(tokenizer, user: str, system: str | None = None) -> list[int]:
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+def openai_client(server):
+    """The official client for a test server (bench.server_process.JumpgateServer): no retries, so
+    a failure shows at once, and a timeout a CPU's slowest answer fits in."""
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+
+
 def write_json(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj))
     return path
