@@ -12,17 +12,14 @@ import json
 import statistics
 import time
 
-from transformers import AutoTokenizer
-
+from bench.common import default_tokenizer
 from grammar import GrammarService, GrammarSpec
-from runtime.loader import read_config, resolve_model_dir
 from tests.test_completeness_large import large_schema
 
 
 def main() -> None:
-    model_dir = resolve_model_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    service = GrammarService(tokenizer, read_config(model_dir).vocab_size)
+    tokenizer, vocab = default_tokenizer()
+    service = GrammarService(tokenizer, vocab)
     handle = service.compile(GrammarSpec.json_schema(large_schema()))
     matcher = handle.new_matcher()
     plan = matcher.completion_plan()

@@ -1,8 +1,10 @@
-"""Helpers shared by the benchmarks: JSON-line output and timed engine runs."""
+"""Helpers shared by the benchmarks: JSON-line output, the default tokenizer, timed mask walks and
+timed engine runs."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import threading
 import time
@@ -14,6 +16,38 @@ from runtime.api import GenerateRequest, StreamEvent
 def emit(record: dict) -> None:
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}), flush=True)
     sys.stdout.flush()
+
+
+def default_tokenizer():
+    """The default model's tokenizer and its vocabulary size (config.json's: the logits' width)."""
+    from runtime.loader import load_tokenizer, read_config, resolve_model_dir
+
+    model_dir = resolve_model_dir()
+    return load_tokenizer(model_dir), read_config(model_dir).vocab_size
+
+
+def mask_walk_us(new_matcher, tokens: list[int], words: int, reps: int, timed_accept: bool = False) -> float | None:
+    """Median µs per token to fill the mask into an int32 [1, words] row along `tokens`
+    (`timed_accept`: and to accept the token), each repetition on a fresh `new_matcher()` after one
+    untimed warm-up pass (it warms lazy caches); None if the matcher refuses a token."""
+    import torch
+
+    bitmask = torch.zeros((1, words), dtype=torch.int32)
+    per_rep = []
+    for rep in range(reps + 1):
+        matcher = new_matcher()
+        spent = 0.0
+        for token_id in tokens:
+            started = time.perf_counter()
+            matcher.fill_bitmask(bitmask, 0)
+            filled = time.perf_counter()
+            ok = matcher.accept(token_id)
+            spent += (time.perf_counter() if timed_accept else filled) - started
+            if not ok:
+                return None
+        if rep:
+            per_rep.append(spent / len(tokens) * 1e6)
+    return statistics.median(per_rep)
 
 
 @dataclass

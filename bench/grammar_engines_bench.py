@@ -15,65 +15,29 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
-import jsonschema
-import torch
 import xgrammar as xgr
 
-from bench.common import emit
-from bench.workloads import ROOT
+from bench.common import default_tokenizer, emit, mask_walk_us
+from bench.workloads import corpus_examples
 from grammar.compact_json import compact_json_grammar
 from grammar.llg_matcher import LLGuidanceMatcher, LLGuidanceTokenizer, compile_llguidance
 from grammar.llg_schema import llguidance_grammar, llguidance_refusal
 from grammar.matcher import XGrammarMatcher
 from grammar.tokenizer_info import build_tokenizer_info
 
-DATA = ROOT / "tests" / "data"
-
-
 def load_cases(quick: bool) -> list[tuple[str, dict, str]]:
     """(name, schema, compact JSON of a valid example) for the corpus schemas both engines take."""
-    examples = json.loads((DATA / "schema_corpus_examples.json").read_text())
-    cases = []
-    for path in sorted((DATA / "schema_corpus").glob("*.json")):
-        schema = json.loads(path.read_text())
-        valid = [v for v in examples.get(path.stem) or [] if jsonschema.Draft202012Validator(schema).is_valid(v)]
-        if not valid or llguidance_refusal(schema, strict=True) is not None:
-            continue
-        cases.append((path.stem, schema, json.dumps(valid[0], separators=(",", ":"), ensure_ascii=False)))
+    cases = [(name, schema, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+             for name, schema, value in corpus_examples() if llguidance_refusal(schema, strict=True) is None]
     return cases[:8] if quick else cases
 
 
-def time_walk(new_matcher, tokens: list[int], words: int, reps: int) -> float | None:
-    """Median µs per token to fill the mask along `tokens` (None: the engine refuses the walk)."""
-    bitmask = torch.zeros((1, words), dtype=torch.int32)
-    per_rep = []
-    for rep in range(reps + 1):  # the first pass warms lazy caches and is not counted
-        matcher = new_matcher()
-        spent = 0.0
-        for token_id in tokens:
-            started = time.perf_counter()
-            matcher.fill_bitmask(bitmask, 0)
-            spent += time.perf_counter() - started
-            if not matcher.accept(token_id):
-                return None
-        if rep:
-            per_rep.append(spent / len(tokens) * 1e6)
-    return statistics.median(per_rep)
-
-
 def run(quick: bool = False, argv: list[str] | None = None) -> None:
-    from transformers import AutoTokenizer
-
-    from runtime.loader import read_config, resolve_model_dir
-
     ap = argparse.ArgumentParser(prog="python -m bench grammar_engines")
     ap.add_argument("--reps", type=int, default=3 if quick else 7)
     args = ap.parse_args(argv or [])
-    model_dir = resolve_model_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    vocab = read_config(model_dir).vocab_size
+    tokenizer, vocab = default_tokenizer()
     stop_ids = [tokenizer.eos_token_id]
     xgr_compiler = xgr.GrammarCompiler(build_tokenizer_info(tokenizer, vocab, stop_ids), cache_enabled=False)
     llg_tokenizer = LLGuidanceTokenizer(tokenizer, vocab, stop_ids).get()
@@ -84,8 +48,8 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
         tokens = encode(text) + stop_ids
         compiled = xgr_compiler.compile_grammar(compact_json_grammar(schema, strict=True))
         start = compile_llguidance(llg_tokenizer, llguidance_grammar(schema, strict=True), "JSON schema", None)
-        xgr_us = time_walk(lambda: XGrammarMatcher(compiled, encode, frozenset()), tokens, words, args.reps)
-        llg_us = time_walk(lambda: LLGuidanceMatcher(start, frozenset(stop_ids)), tokens, words, args.reps)
+        xgr_us = mask_walk_us(lambda: XGrammarMatcher(compiled, encode, frozenset()), tokens, words, args.reps)
+        llg_us = mask_walk_us(lambda: LLGuidanceMatcher(start, frozenset(stop_ids)), tokens, words, args.reps)
         record = {"metric": "mask_us_per_token", "schema": name, "tokens": len(tokens),
                   "xgrammar_us": xgr_us, "llguidance_us": llg_us}
         if xgr_us and llg_us:

@@ -376,7 +376,7 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
 
     from gateway import grammar_adapter
     from gateway.cli import build_grammar_service
-    from gateway.preparation import prepare_chat
+    from gateway.preparation import PreparationServices, prepare_chat
     from gateway.prompt import PromptRenderer
     from gateway.protocol import ChatCompletionRequest
     from gateway.settings import Settings
@@ -386,8 +386,8 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
     engine = Engine(kv_pool_tokens=kv_pool_tokens, weights=weights).start()
     grammar = build_grammar_service(engine, GrammarSettings(disk_cache=False))
     try:
-        renderer = PromptRenderer(engine.tokenizer)
-        settings = Settings()
+        services = PreparationServices(engine=engine, grammar=grammar, renderer=PromptRenderer(engine.tokenizer),
+                                       registry=None, settings=Settings())
         tools = agent_tools()
         tool_params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
         system = agent_system_prompt(engine.tokenizer, 1500)
@@ -396,8 +396,7 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
             body = {"model": MODEL, "messages": messages, "tools": tools, "tool_choice": "required",
                     "temperature": 0, "max_tokens": max_tokens}
             req = msgspec.json.decode(json.dumps(body), type=ChatCompletionRequest)
-            p = await prepare_chat(req, engine=engine, grammar_service=grammar, renderer=renderer, registry=None,
-                                   settings=settings, tenant="")
+            p = await prepare_chat(req, services, "")
             return p.engine_requests(1, None)[0]
 
         async def one(spec) -> tuple[Result, bool]:

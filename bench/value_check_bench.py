@@ -17,16 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
-import jsonschema
-import torch
-
-from bench.common import emit
-from bench.workloads import ROOT
+from bench.common import default_tokenizer, emit, mask_walk_us
+from bench.workloads import CORPUS_DATA, corpus_examples
 from grammar import GrammarService, GrammarSpec
 
-DATA = ROOT / "tests" / "data"
 OPEN = {"type": "object", "additionalProperties": {"type": "string"}}
 
 
@@ -50,47 +45,24 @@ def synthetic_cases() -> list[tuple[str, GrammarSpec, object]]:
 
 
 def corpus_cases() -> list[tuple[str, GrammarSpec, object]]:
-    examples = json.loads((DATA / "schema_corpus_examples.json").read_text())
-    refused = json.loads((DATA / "schema_corpus_refusals.json").read_text())
-    cases = []
-    for path in sorted((DATA / "schema_corpus").glob("*.json")):
-        schema = json.loads(path.read_text())
-        valid = [v for v in examples.get(path.stem) or [] if jsonschema.Draft202012Validator(schema).is_valid(v)]
-        if valid and path.stem not in refused:
-            cases.append((path.stem, GrammarSpec.json_schema(schema), valid[0]))
-    return cases
+    refused = json.loads((CORPUS_DATA / "schema_corpus_refusals.json").read_text())
+    return [(name, GrammarSpec.json_schema(schema), value)
+            for name, schema, value in corpus_examples() if name not in refused]
 
 
 def time_walk(handle, tokens: list[int], words: int, reps: int) -> float:
     """Median µs per token to fill the mask and accept the token along `tokens`."""
-    bitmask = torch.zeros((1, words), dtype=torch.int32)
-    per_rep = []
-    for rep in range(reps + 1):  # the first pass warms lazy caches and is not counted
-        matcher = handle.new_matcher()
-        spent = 0.0
-        for token_id in tokens:
-            started = time.perf_counter()
-            matcher.fill_bitmask(bitmask, 0)
-            ok = matcher.accept(token_id)
-            spent += time.perf_counter() - started
-            if not ok:
-                raise AssertionError(f"token {token_id} refused")
-        if rep:
-            per_rep.append(spent / len(tokens) * 1e6)
-    return statistics.median(per_rep)
+    us = mask_walk_us(handle.new_matcher, tokens, words, reps, timed_accept=True)
+    if us is None:
+        raise AssertionError("a token of the valid example was refused")
+    return us
 
 
 def run(quick: bool = False, argv: list[str] | None = None) -> None:
-    from transformers import AutoTokenizer
-
-    from runtime.loader import read_config, resolve_model_dir
-
     ap = argparse.ArgumentParser(prog="python -m bench value_check")
     ap.add_argument("--reps", type=int, default=3 if quick else 7)
     args = ap.parse_args(argv or [])
-    model_dir = resolve_model_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    vocab = read_config(model_dir).vocab_size
+    tokenizer, vocab = default_tokenizer()
     service = GrammarService(tokenizer, vocab)
     words = (vocab + 31) // 32
     extras = []

@@ -1,4 +1,5 @@
-"""Prompt workloads shared by the cache, serve and soak benchmarks (deterministic, no downloads)."""
+"""Workloads shared by the benchmarks (deterministic, no downloads): prompts for the cache, serve
+and soak benchmarks, the schema corpus with its example instances for the grammar benchmarks."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CORPUS_DATA = ROOT / "tests" / "data"
 
 _POLICY_LINES = [
     "Always confirm the user's goal before acting, and restate it in one sentence.",
@@ -58,6 +60,21 @@ FEW_SHOT = "".join(
 )
 FEW_SHOT_QUESTIONS = ["Norway", "Chile", "India", "Ghana", "Poland", "Cuba", "Nepal", "Chad", "Iran", "Fiji",
                       "Mali", "Laos", "Oman", "Togo", "Peru", "Iraq", "Cyprus"]
+
+
+def corpus_examples() -> list[tuple[str, dict, object]]:
+    """(name, schema, its first valid example) for each corpus schema (tests/data/schema_corpus)
+    with a valid instance in schema_corpus_examples.json, in name order."""
+    import jsonschema
+
+    examples = json.loads((CORPUS_DATA / "schema_corpus_examples.json").read_text())
+    out = []
+    for path in sorted((CORPUS_DATA / "schema_corpus").glob("*.json")):
+        schema = json.loads(path.read_text())
+        valid = [v for v in examples.get(path.stem) or [] if jsonschema.Draft202012Validator(schema).is_valid(v)]
+        if valid:
+            out.append((path.stem, schema, valid[0]))
+    return out
 
 
 def chat(tokenizer, messages: list[dict]) -> list[int]:

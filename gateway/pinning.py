@@ -41,7 +41,7 @@ def schema_prefix_ids(renderer: PromptRenderer, kind: str, payload: Any, system_
     template = renderer.tokenizer.apply_chat_template
 
     def render(user: str) -> tuple[str, list[dict[str, str]]]:
-        turns, _ = renderer.chat_turns([*head, UserMessage(content=user)], tools, instructions, (kind, payload))
+        turns, _, _ = renderer.chat_turns([*head, UserMessage(content=user)], tools, instructions, (kind, payload))
         return template(turns, tokenize=False, add_generation_prompt=True), turns
 
     text, turns = render("")

@@ -27,6 +27,18 @@ from runtime.sampling import MAX_TOP_LOGPROBS, SamplingParams
 _SAMPLING_PARAM_NAMES = {"max_new_tokens": "max_tokens"}
 
 
+@dataclass(kw_only=True)
+class PreparationServices:
+    """What preparing a request reads (`GatewayServices` is one; a bench passes just these)."""
+
+    engine: EngineClient  # its limits (context, KV pool) and model name
+    grammar: Any  # grammar.GrammarService, or None: structured output unavailable
+    renderer: PromptRenderer
+    registry: SchemaRegistry | None  # the tenants' uploaded schemas (None: no schema_id resolves)
+    settings: Settings
+    metrics: Any = None  # GatewayMetrics: the output check counts what strict mode refuses
+
+
 @dataclass
 class Prepared:
     request_id: str
@@ -193,19 +205,15 @@ def new_id(prefix: str) -> str:
 
 async def prepare_chat(
     req: ChatCompletionRequest,
-    *,
-    engine: EngineClient,
-    grammar_service: Any,
-    renderer: PromptRenderer,
-    registry: SchemaRegistry,
-    settings: Settings,
+    services: PreparationServices,
     tenant: str,
+    *,
     compile: bool = True,
-    metrics: Any = None,
     render: Callable[..., RenderedPrompt] | None = None,
 ) -> Prepared:
     """`render(messages, tools, instructions)` replaces `renderer.render_chat` (the Responses API
     renders a chained turn so that it extends the previous turn's exact ids)."""
+    engine, renderer, registry, settings = services.engine, services.renderer, services.registry, services.settings
     check_model(req.model, engine, settings)
     if not req.messages:
         raise bad_request("'messages' must contain at least one message.", "messages")
@@ -224,11 +232,11 @@ async def prepare_chat(
     rendered = await anyio.to_thread.run_sync(lambda: render(req.messages, plan.tools, plan.instructions, schema))
     max_new = token_budget(len(rendered.token_ids), requested, requested_param, engine, settings)
     sampling = sampling_params(req, max_new, stop)
-    constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s) if compile else None
+    constraint = await compile_plan(plan, services.grammar, settings.grammar_compile_timeout_s) if compile else None
     # strict mode refuses a schema the mask cannot guarantee (a 400 naming each keyword)
     check = None
     if compile:
-        check = build_output_check(plan, constraint, schema_mode_of(req, registry, tenant), metrics=metrics)
+        check = build_output_check(plan, constraint, schema_mode_of(req, registry, tenant), metrics=services.metrics)
     return Prepared(
         request_id=new_id("chatcmpl"),
         created=int(time.time()),
@@ -270,28 +278,25 @@ def completion_prompts(prompt: str | list[Any], vocab_size: int) -> list[str | l
 async def prepare_completion(
     req: CompletionRequest,
     prompt: str | list[int],
-    *,
-    engine: EngineClient,
-    grammar_service: Any,
-    renderer: PromptRenderer,
-    registry: SchemaRegistry,
-    settings: Settings,
+    services: PreparationServices,
     tenant: str,
+    *,
     plan: ConstraintPlan | None = None,
     constraint: Any = None,
 ) -> Prepared:
     """One prompt of a completion request (the plan/constraint are shared between prompts)."""
     if plan is None:
-        plan = plan_completion(req, registry, tenant)
-        constraint = await compile_plan(plan, grammar_service, settings.grammar_compile_timeout_s)
+        plan = plan_completion(req, services.registry, tenant)
+        constraint = await compile_plan(plan, services.grammar, services.settings.grammar_compile_timeout_s)
     if isinstance(prompt, str):
-        ids = await anyio.to_thread.run_sync(renderer.encode_completion_prompt, prompt)
+        ids = await anyio.to_thread.run_sync(services.renderer.encode_completion_prompt, prompt)
         text: str | None = prompt
     else:
         ids, text = list(prompt), None
     if not ids:
         raise bad_request("'prompt' must not be empty.", "prompt")
-    max_new = token_budget(len(ids), req.max_tokens, "max_tokens", engine, settings, prompt_param="prompt")
+    max_new = token_budget(len(ids), req.max_tokens, "max_tokens", services.engine, services.settings,
+                           prompt_param="prompt")
     return Prepared(
         request_id=new_id("cmpl"),
         created=int(time.time()),

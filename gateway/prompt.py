@@ -164,18 +164,9 @@ class PromptRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
         instructions: str | None = None,
         schema: Schema | None = None,
-    ) -> tuple[list[dict[str, str]], str | None]:
-        """The role/content turns handed to the chat template, and the system block."""
-        turns, system, _ = self.chat_turns_with_level(messages, tools, instructions, schema)
-        return turns, system
-
-    def chat_turns_with_level(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[dict[str, Any]] | None = None,
-        instructions: str | None = None,
-        schema: Schema | None = None,
     ) -> tuple[list[dict[str, str]], str | None, int]:
+        """The role/content turns handed to the chat template, the system block, and the
+        compaction level of its tools/schema text."""
         if not messages:
             raise bad_request("'messages' must contain at least one message.", "messages")
         leading: list[str] = []
@@ -231,7 +222,7 @@ class PromptRenderer:
         schema: Schema | None = None,
     ) -> RenderedPrompt:
         """`schema` (kind, payload) lets a schema's instructions be compacted to the budget."""
-        turns, system, level = self.chat_turns_with_level(messages, tools, instructions, schema)
+        turns, system, level = self.chat_turns(messages, tools, instructions, schema)
         try:
             text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # jinja raises for role orders a template refuses

@@ -8,19 +8,20 @@
     response.output_item.done, then response.completed (response.incomplete at max_output_tokens),
     or response.failed on an error. Every event carries a growing `sequence_number`.
 
-Like `streaming.chat_events`, the generator owns the engine stream: its `finally` closes it and
-calls `on_close(outcome)`; `SSEResponse` covers a disconnect while it is parked at a `yield`.
+As for chat completions (`streaming.owning`), the event stream owns the engine stream: its
+`finally` closes it and calls `on_close(outcome)`; `SSEResponse` covers a disconnect while it is
+parked at a `yield`.
 """
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, Callable
 
 import msgspec
 
 from gateway import grammar_adapter
 from gateway.errors import stream_error
-from gateway.generation import EngineStream, Outcome, close_all
+from gateway.generation import EngineStream, Outcome
 from gateway.logprobs import chat_token_logprobs
 from gateway.protocol import ChatTokenLogprob
 from gateway.protocol_responses import (
@@ -33,6 +34,7 @@ from gateway.protocol_responses import (
     ResponseObject,
 )
 from gateway.response_items import finished_response, item_id
+from gateway.streaming import owning
 
 
 class ResponseStreamWriter:
@@ -159,7 +161,7 @@ class ResponseStreamWriter:
         return self.event("response.failed", response=response)
 
 
-async def response_events(
+def response_events(
     shell: ResponseObject,
     streams: list[EngineStream],
     parse_tool_calls: bool,
@@ -167,12 +169,11 @@ async def response_events(
     on_close: Callable[[str], None],
     on_done: Callable[[ResponseObject, Outcome], None],
     retry_after_s: int = 1,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The event stream of one response (one engine stream); `on_done` gets the finished response."""
     writer = ResponseStreamWriter(shell, answer_tool)
     parser = grammar_adapter.ToolCallStream() if parse_tool_calls else None
     stream = streams[0]
-    outcome = "cancelled"
 
     def pieces(content: str, calls: list) -> list[bytes]:
         out = writer.text(content)
@@ -180,7 +181,7 @@ async def response_events(
             out += writer.tool(*call)
         return out
 
-    try:
+    async def body() -> AsyncGenerator[bytes, None]:
         for event in writer.start():
             yield event
         async for event in stream:
@@ -200,10 +201,5 @@ async def response_events(
         on_done(response, stream.outcome)
         for piece in events:
             yield piece
-        outcome = "success"
-    except Exception as exc:
-        outcome = "error"
-        yield writer.failed(exc, retry_after_s)
-    finally:
-        close_all(streams)
-        on_close(outcome)
+
+    return owning(body(), streams, on_close, lambda exc: writer.failed(exc, retry_after_s))

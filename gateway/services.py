@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.auth import Authenticator
 from gateway.generation import ConcurrencyLimiter, EngineStream, RequestLog
 from gateway.metrics import GatewayMetrics
-from gateway.prompt import PromptRenderer
+from gateway.preparation import PreparationServices
 from gateway.registry import SchemaRegistry
-from gateway.settings import Settings
-from runtime.api import EngineClient
 
 
-@dataclass
-class GatewayServices:
-    engine: EngineClient
-    grammar: Any  # grammar.GrammarService, or None: structured output unavailable
-    renderer: PromptRenderer
+@dataclass(kw_only=True)
+class GatewayServices(PreparationServices):
+    """What preparation reads, with the registry and metrics always there, plus the request
+    limiter and the authenticator."""
+
     registry: SchemaRegistry
-    settings: Settings
     metrics: GatewayMetrics
     limiter: ConcurrencyLimiter
     authenticator: Authenticator

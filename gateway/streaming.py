@@ -1,8 +1,9 @@
 """Server-sent events for chat and text completions, as OpenAI sends them.
 
-Each generator owns its engine streams: its `finally` closes them (aborting unfinished engine
-requests) and calls `on_close(outcome)`. On a client disconnect Litestar cancels the task that
-iterates the generator, which runs that `finally` only if the generator was inside an `await`;
+Each event stream owns its engine streams (`owning`, which `/v1/responses` uses too): its
+`finally` closes them (aborting unfinished engine requests) and calls `on_close(outcome)`. On a
+client disconnect Litestar cancels the task that iterates the generator, which runs that
+`finally` only if the generator was inside an `await`;
 `SSEResponse` therefore also finishes the job itself once the response is over, however it ended
 (parked at a `yield`, never started, or failed): `on_close` runs exactly once in every case.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from typing import Any, AsyncGenerator, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, Callable
 
 import msgspec
 from litestar.response import Stream
@@ -86,6 +87,34 @@ def sse(obj: object) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
+async def owning(
+    events: AsyncGenerator[bytes, None],
+    streams: list[EngineStream],
+    on_close: Callable[[str], None],
+    failed: Callable[[Exception], bytes],
+    done: bytes | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """The body of an event stream: `events`, then `done`; on an error, `failed(exc)` then `done`.
+    It owns the engine streams: however it ends (finished, failed, or closed at a `yield`), its
+    `finally` closes them and calls `on_close(outcome)`."""
+    outcome = "cancelled"
+    try:
+        async with aclosing(events):
+            async for piece in events:
+                yield piece
+        if done is not None:
+            yield done
+        outcome = "success"
+    except Exception as exc:
+        outcome = "error"
+        yield failed(exc)
+        if done is not None:
+            yield done
+    finally:
+        close_all(streams)
+        on_close(outcome)
+
+
 def _error_event(exc: BaseException, retry_after_s: int) -> bytes:
     return sse(stream_error(exc, retry_after_s).body())
 
@@ -112,20 +141,19 @@ def _tool_deltas(pieces: list[tuple[int, str | None, str | None, str | None]]) -
     return deltas
 
 
-async def chat_events(
+def chat_events(
     prepared: Prepared,
     streams: list[EngineStream],
     include_usage: bool,
     on_close: Callable[[str], None],
     retry_after_s: int = 1,
     answer_tool: str | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """`answer_tool`: the final-answer tool (gateway.answer_tool); its arguments stream as content."""
     n = len(streams)
     parsers = [grammar_adapter.ToolCallStream() if prepared.plan.parse_tool_calls else None for _ in range(n)]
     answer_index: list[int | None] = [None] * n  # which call of each choice is the final answer
     finished = [False] * n
-    outcome = "cancelled"
 
     def chunk(index: int, delta: ChoiceDelta, reason: str | None = None, validity=None, logprobs=None) -> bytes:
         choice = ChunkChoice(index=index, delta=delta, finish_reason=reason,  # type: ignore[arg-type]
@@ -170,7 +198,7 @@ async def chat_events(
                          validity))
         return out
 
-    try:
+    async def body() -> AsyncGenerator[bytes, None]:
         for i in range(n):
             yield chunk(i, ChoiceDelta(role="assistant", content=""))
         async with aclosing(merge(streams)) as events:
@@ -192,18 +220,11 @@ async def chat_events(
         if include_usage:
             yield sse(ChatCompletionChunk(id=prepared.request_id, created=prepared.created, model=prepared.model,
                                           choices=[], usage=usage_of([s.outcome for s in streams])))
-        yield DONE
-        outcome = "success"
-    except Exception as exc:
-        outcome = "error"
-        yield _error_event(exc, retry_after_s)
-        yield DONE
-    finally:
-        close_all(streams)
-        on_close(outcome)
+
+    return owning(body(), streams, on_close, lambda exc: _error_event(exc, retry_after_s), DONE)
 
 
-async def completion_events(
+def completion_events(
     request_id: str,
     created: int,
     model: str,
@@ -214,10 +235,9 @@ async def completion_events(
     on_close: Callable[[str], None],
     retry_after_s: int = 1,
     check: OutputCheck | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     finished = [False] * len(streams)
     text_offsets = [0] * len(streams)  # where the next token's text starts in each choice (legacy logprobs)
-    outcome = "cancelled"
 
     def chunk(index: int, text: str, reason: str | None = None, validity=None, logprobs=None) -> bytes:
         choice = CompletionChoice(index=index, text=text, finish_reason=reason,  # type: ignore[arg-type]
@@ -230,7 +250,7 @@ async def completion_events(
         done = streams[index].outcome
         return chunk(index, "", finish_reason(done.finish_reason), choice_validity(check, done, False))
 
-    try:
+    async def body() -> AsyncGenerator[bytes, None]:
         for index in range(len(streams)):
             echo = echo_texts[index // n]
             if echo:
@@ -257,12 +277,5 @@ async def completion_events(
             usage.prompt_tokens_details.cached_tokens = sum(outcomes[p * n].cached_tokens for p in prompts)
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield sse(CompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage))
-        yield DONE
-        outcome = "success"
-    except Exception as exc:
-        outcome = "error"
-        yield _error_event(exc, retry_after_s)
-        yield DONE
-    finally:
-        close_all(streams)
-        on_close(outcome)
+
+    return owning(body(), streams, on_close, lambda exc: _error_event(exc, retry_after_s), DONE)

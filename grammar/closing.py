@@ -29,9 +29,10 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-import numpy as np
 import torch
 import xgrammar as xgr
+
+from grammar.token_mask import allow_only
 
 # Plans longer than this are not made (no closing): a schema with dozens of required properties
 # needs several hundred tokens (44 properties at three levels: 253), so the cap sits well above that.
@@ -98,14 +99,6 @@ def allowed_subset(mask_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return ids
     bits = (mask_row[ids >> 5] >> (ids & 31).to(torch.int32)) & 1
     return ids[bits.bool()]
-
-
-def _restrict(bitmask: torch.Tensor, row: int, ids) -> None:
-    """Set `bitmask[row]` to allow exactly `ids`."""
-    words = np.zeros(bitmask.shape[-1], dtype=np.uint32)
-    idx = np.asarray(ids.tolist() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64)
-    np.bitwise_or.at(words, idx >> 5, np.left_shift(np.uint32(1), (idx & 31).astype(np.uint32)))
-    bitmask[row] = torch.from_numpy(words.view(np.int32))
 
 
 _POSITIONS = re.compile(r"rule_start_pos=-?\d+")
@@ -294,14 +287,14 @@ def fill_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encod
     tokenization; else the plan's next token (`plan_token`, or planned here) and, unless `tight`,
     the other tokens of its class that also make progress (the model chooses among those)."""
     if matcher.is_completed():
-        _restrict(bitmask, row, vocab.stop_ids)
+        allow_only(bitmask, row, vocab.stop_ids)
         return
     matcher.fill_next_token_bitmask(bitmask, row)
     forced = matcher.find_jump_forward_string()
     if forced:
         first = [plan_token] if plan_token is not None else encode(forced)[:1]
         if first and first[0] not in vocab.special_ids and _bit(bitmask[row], first[0]):
-            _restrict(bitmask, row, first)
+            allow_only(bitmask, row, first)
             return
     mask = bitmask[row : row + 1].clone()
     tok = plan_token
@@ -315,12 +308,12 @@ def fill_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encod
         if cls is not None:
             here = _State(mask[0], matcher, vocab)
             keep += [t for t in _progress_members(matcher, vocab, mask[0], here, [cls]) if t != tok]
-    _restrict(bitmask, row, keep)
+    allow_only(bitmask, row, keep)
 
 
 def fill_plan_bitmask(bitmask: torch.Tensor, row: int, token_id: int) -> None:
     """Allow exactly `token_id` (the next token of a stored plan)."""
-    _restrict(bitmask, row, [token_id])
+    allow_only(bitmask, row, [token_id])
 
 
 def fill_value_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, bitmask: torch.Tensor,
@@ -332,6 +325,6 @@ def fill_value_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab,
     keep = _progress_members(matcher, vocab, bitmask[row], here,
                              [vocab.structural, vocab.quoted, vocab.comma_closers], limit=64)
     if keep:
-        _restrict(bitmask, row, keep)
+        allow_only(bitmask, row, keep)
         return True
     return False

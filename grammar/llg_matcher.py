@@ -24,7 +24,8 @@ import llguidance.hf
 import llguidance.torch
 
 from grammar.errors import GrammarSpecError
-from grammar.value_check import ValueCheck
+from grammar.token_mask import allow_only
+from grammar.value_check import ValueCheck, without_repeats
 
 
 class LLGuidanceTokenizer:
@@ -101,10 +102,7 @@ class LLGuidanceMatcher:
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout)."""
         if self._terminated:
-            bitmask[row] = 0
-            for token_id in self._stop_ids:
-                word, bit = divmod(token_id, 32)
-                bitmask[row, word] |= -(1 << 31) if bit == 31 else (1 << bit)
+            allow_only(bitmask, row, self._stop_ids)
             return
         llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
         if self.values is not None:
@@ -156,10 +154,7 @@ class LLGuidanceMatcher:
         kept = self._matcher.validate_tokens(forced) if forced else 0
         draft = forced[:kept]
         cut = next((i for i, t in enumerate(draft) if t in self._stop_ids), len(draft))
-        if self.values is not None and cut:
-            repeat = self.values.first_violation(draft[:cut])  # never draft a repeated name or item
-            cut = cut if repeat is None else repeat
-        return draft[:cut]
+        return without_repeats(self.values, draft[:cut])
 
     # -- strict completeness: not implemented for this engine (see the module docstring) -----
 

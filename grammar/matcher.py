@@ -28,7 +28,8 @@ from grammar.closing import (
     fill_value_closing_bitmask,
 )
 from grammar.draft_split import DraftSplitter, Encode, ForcedSpanWatch
-from grammar.value_check import ValueCheck
+from grammar.token_mask import allow_only
+from grammar.value_check import ValueCheck, without_repeats
 
 MAX_PLAN_REPAIRS = 4  # repeats replaced in one completion plan before it is given up
 MAX_REPAIR_CHOICES = 8  # other tokens tried in place of one that would write a repeat
@@ -57,10 +58,7 @@ class XGrammarMatcher:
         that still holds a finished request needs no special case.
         """
         if self._matcher.is_terminated():
-            bitmask[row] = 0
-            for token_id in self._matcher.stop_token_ids:
-                word, bit = divmod(token_id, 32)
-                bitmask[row, word] |= -(1 << 31) if bit == 31 else (1 << bit)
+            allow_only(bitmask, row, self._matcher.stop_token_ids)
             return
         self._matcher.fill_next_token_bitmask(bitmask, row)
         self._ban(bitmask, row)
@@ -118,10 +116,7 @@ class XGrammarMatcher:
             accepted += 1
         if accepted:
             self._matcher.rollback(accepted)
-        if self.values is not None and accepted:
-            cut = self.values.first_violation(draft[:accepted])  # never draft a repeated name or item
-            accepted = accepted if cut is None else cut
-        return draft[:accepted]
+        return without_repeats(self.values, draft[:accepted])
 
     # -- strict completeness (see grammar/closing.py) ---------------------------------------
 

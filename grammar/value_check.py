@@ -432,6 +432,13 @@ def _pending(frame) -> bool:
     return type(frame) is _Obj and frame.deps is not None and bool(frame.deps.missing(frame.keys))
 
 
+def without_repeats(values: ValueCheck | None, draft: list[int]) -> list[int]:
+    """`draft` cut before its first token the check forbids (a jump-forward draft never writes a
+    repeated name or item); all of it without a check."""
+    cut = values.first_violation(draft) if values is not None and draft else None
+    return draft if cut is None else draft[:cut]
+
+
 def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The ids among `ids` whose bit is set in the mask row `words` (uint32)."""
     return ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 != 0]

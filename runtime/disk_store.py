@@ -202,7 +202,7 @@ class DiskStore:
             self._forget(h)
             return None
         except CorruptPage as e:
-            self._discard(h, str(e), e.inode)
+            self.discard_corrupt(h, str(e), e.inode)
             return None
         except OSError as e:
             log.warning("disk KV cache: reading page %s failed (%s); treated as a miss", h.hex()[:12], e)
@@ -246,7 +246,9 @@ class DiskStore:
             if size is not None:
                 self._used -= size
 
-    def _discard(self, h: bytes, why: str, inode: int) -> None:
+    def discard_corrupt(self, h: bytes, why: str, inode: int) -> None:
+        """Drop page `h`, found corrupt in the file with `inode`: out of the index, counted, and that
+        file deleted unless another process has renamed a good copy over it meanwhile."""
         log.warning("disk KV cache: page file %s is corrupt (%s); deleted, the prefix will be recomputed",
                     self._path(h).name, why)
         self._forget(h)
@@ -285,7 +287,7 @@ class DiskStore:
                 return
             if time.monotonic() - self._synced_at >= self.sync_s:
                 self.sync()  # other processes' pages count against the budget, and may be gone
-            self._make_room(self.page_bytes)
+            self.make_room(self.page_bytes)
             size = self.write_page_file(h, data)
         except OSError as e:  # disk full, read-only folder, ...: a miss, never a crash
             log.warning("disk KV cache: writing page %s failed (%s); the page stays uncached", h.hex()[:12], e)
@@ -315,7 +317,7 @@ class DiskStore:
         header = _HEADER.pack(MAGIC, VERSION, 0, self.page_tokens, len(body), zlib.crc32(body), h)
         return write_atomically(self._path(h), header, body)
 
-    def _make_room(self, size: int) -> None:
+    def make_room(self, size: int) -> None:
         """Delete least recently used pages until `size` more bytes fit the budget. A file another
         process deleted already just leaves the index."""
         while True:

@@ -97,6 +97,14 @@ def chat_ids(tokenizer, user: str, system: str | None = None) -> list[int]:
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+def openai_client(server):
+    """The official client for a test server (bench.server_process.JumpgateServer): no retries, so
+    a failure shows at once, and a timeout a CPU's slowest answer fits in."""
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+
+
 def write_json(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj))
     return path
@@ -145,6 +153,26 @@ def gateway_client(fake_engine, gateway_grammar, tmp_path):
     yield make
     for client in clients:
         client.__exit__(None, None, None)
+# What the gateway tests send: the fake engine's model, a one-line chat, a tool.
+MODEL = "SmolLM2-135M-Instruct"
+USER = [{"role": "user", "content": "hi"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def chat(client, **body):
+    """POST a chat completion (MODEL and USER unless given)."""
+    body.setdefault("model", MODEL)
+    body.setdefault("messages", USER)
+    return client.post("/v1/chat/completions", json=body)
+
+
 # ==== end of the gateway section ====================================================================
 
 

@@ -93,18 +93,21 @@ class FakeGrammarService:
         return "stats"
 
 
-def test_a_constraint_travels_as_its_spec_and_is_rebuilt_by_the_replicas_service(monkeypatch):
+def test_a_constraint_travels_as_its_spec_and_is_rebuilt_by_the_replicas_service():
     gateway_side = grammar_bridge.ClusterGrammarService(FakeGrammarService())
     constraint = gateway_side.compile("spec-1")
     assert constraint.new_matcher() == "matcher of spec-1" and constraint.min_completion_tokens() == 3
     assert gateway_side.stats() == "stats" and gateway_side.compile_async is None
     replica_side = FakeGrammarService()
-    monkeypatch.setattr(grammar_bridge, "_replica_grammar", None)
-    with pytest.raises(RuntimeError):
-        pickle.loads(pickle.dumps(constraint))
-    grammar_bridge.use_replica_grammar(replica_side)
-    rebuilt = pickle.loads(pickle.dumps(constraint))
-    assert isinstance(rebuilt, FakeHandle) and replica_side.compiled == ["spec-1"]
+    try:
+        grammar_bridge.use_replica_grammar(None)  # a process that is not a replica
+        with pytest.raises(RuntimeError):
+            pickle.loads(pickle.dumps(constraint))
+        grammar_bridge.use_replica_grammar(replica_side)
+        rebuilt = pickle.loads(pickle.dumps(constraint))
+        assert isinstance(rebuilt, FakeHandle) and replica_side.compiled == ["spec-1"]
+    finally:
+        grammar_bridge.use_replica_grammar(None)
 
 
 def test_stats_add_up_and_the_hit_rate_is_recomputed():

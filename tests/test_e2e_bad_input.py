@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from bench.server_process import MODEL
+from tests.conftest import openai_client
 from tests.test_e2e_server import CORPUS, TOOLS, WEATHER_Q, assert_openai_error, chat_body
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +25,7 @@ def http(jumpgate_server):
 
 @pytest.fixture(scope="module")
 def client(jumpgate_server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=jumpgate_server.base_url, api_key="x", max_retries=0, timeout=180)
+    return openai_client(jumpgate_server)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from bench.server_process import MODEL
+from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +70,7 @@ def server(jumpgate_server):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,27 @@
-"""Schema fidelity through a real `jumpgate serve` (SmolLM2-135M on CPU): a keyword nothing enforces
-(`uniqueItems` over pattern-bound strings, which a repeat could not grow out of) is refused in
-strict mode with the keyword's pointer, while `uniqueItems` over free strings is answered, unique
-(Jumpgate's value check) (the issue's schema, a string
-with `pattern` and `maxLength`, is now compiled by llguidance: tests/test_llguidance_e2e.py), and
-with best effort the model's real output comes back with a verdict
-that agrees with jsonschema's, on whole and streamed responses."""
+"""Schema fidelity through a real `jumpgate serve` (SmolLM2-135M on CPU, the session's server):
+
+- a string with `pattern` and `maxLength` (xgrammar drops the length) is compiled by llguidance, so
+  strict mode answers it, and every value the model writes respects both keywords even when asked
+  for a long word;
+- a keyword nothing enforces (`uniqueItems` over pattern-bound strings, which a repeat could not
+  grow out of) is refused in strict mode with the keyword's pointer, while `uniqueItems` over free
+  strings is answered, unique (Jumpgate's value check);
+- with best effort the model's real output comes back with a verdict that agrees with jsonschema's,
+  on whole and streamed responses.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
-import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from bench.server_process import MODEL, parse_metrics
+from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +49,24 @@ def jsonschema_verdict(text: str) -> bool:
     except ValueError:
         return False
     return jsonschema.Draft202012Validator(WORD).is_valid(value)
+
+
+def test_strict_pattern_with_max_length_answers_within_the_length(http):
+    rf = {"type": "json_schema", "json_schema": {"name": "word", "schema": WORD, "strict": True}}
+    resp = http.post("/v1/chat/completions", json=body(response_format=rf, n=3, temperature=1.0, seed=7))
+    assert resp.status_code == 200, resp.text
+    for choice in resp.json()["choices"]:
+        word = json.loads(choice["message"]["content"])["word"]
+        assert re.fullmatch(r"[a-z]{1,5}", word), word
+        assert choice["jumpgate"] == {**choice["jumpgate"], "schema_mode": "strict", "schema_valid": True}
+
+
+def test_schema_check_says_llguidance_enforces_the_length(http):
+    check = http.post("/v1/schemas/check", json={"schema": WORD}).json()
+    assert check["strict_accepted"] is True
+    assert check["fidelity"]["engine"] == "llguidance"
+    length = [k for k in check["fidelity"]["keywords"] if k["pointer"] == "/properties/word/maxLength"]
+    assert [(k["status"], k["engine"]) for k in length] == [("enforced", "llguidance")]
 
 
 def test_strict_refuses_a_keyword_no_engine_masks(http):
@@ -80,7 +103,7 @@ class Basket(BaseModel):
 
 
 def test_pydantic_sets_parse_in_strict_mode(jumpgate_server):
-    client = openai.OpenAI(base_url=jumpgate_server.base_url, api_key="x", max_retries=0, timeout=180)
+    client = openai_client(jumpgate_server)
     completion = client.chat.completions.parse(
         # room for the model's own end: with fp32 weights it lists on (unique, as the check makes it)
         # until ~100 tokens, and a value closed by the budget guard is finish_reason length, which

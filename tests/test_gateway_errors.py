@@ -5,16 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.api import EngineError
-
-MODEL = "SmolLM2-135M-Instruct"
-USER = [{"role": "user", "content": "hi"}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+from tests.conftest import MODEL, USER, WEATHER_TOOL, chat
 
 
 def assert_error(resp, status: int, param: str | None = None, code: str | None = None) -> dict:
@@ -30,12 +21,6 @@ def assert_error(resp, status: int, param: str | None = None, code: str | None =
     if code is not None:
         assert err["code"] == code, err
     return err
-
-
-def chat(client, **body):
-    body.setdefault("model", MODEL)
-    body.setdefault("messages", USER)
-    return client.post("/v1/chat/completions", json=body)
 
 
 # ------------------------------------------------------------------ body parsing

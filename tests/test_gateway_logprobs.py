@@ -10,17 +10,10 @@ import pytest
 from gateway.logprobs import TokenTexts, chat_token_logprobs, completion_logprobs
 from runtime.api import TokenLogprob
 from tests.fake_engine import fake_logprobs
+from tests.conftest import MODEL, chat
 from tests.test_gateway_errors import assert_error
 
-MODEL = "SmolLM2-135M-Instruct"
-USER = [{"role": "user", "content": "hi"}]
 REPLY = "Hello there!"
-
-
-def chat(client, **body):
-    body.setdefault("model", MODEL)
-    body.setdefault("messages", USER)
-    return client.post("/v1/chat/completions", json=body)
 
 
 def complete(client, **body):

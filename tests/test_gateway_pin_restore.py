@@ -44,58 +44,45 @@ def test_deleting_an_entry_drops_its_pin_and_unknown_ids_are_not_pinned(tmp_path
 
 
 def serve(engine: FakeEngine, grammar, registry_dir) -> TestClient:
-    client = TestClient(create_app(engine, grammar, Settings(registry_dir=str(registry_dir))))
-    client.__enter__()  # runs the start-up hooks
-    return client
+    """A server over `registry_dir`; `with` it to run its start-up hooks (the pins' restore)."""
+    return TestClient(create_app(engine, grammar, Settings(registry_dir=str(registry_dir))))
+
+
+def upload(client: TestClient, pin: bool = True) -> dict:
+    resp = client.post("/v1/schemas", json={"schema": SCHEMA, "pin": pin, "system_prompt": SYSTEM})
+    assert resp.status_code == 201, resp.text
+    return resp.json()
 
 
 def test_pins_come_back_after_a_restart(tokenizer, gateway_grammar, tmp_path):
     first_engine = FakeEngine(tokenizer, pin_budget=4096)
-    client = serve(first_engine, gateway_grammar, tmp_path)
-    try:
-        resp = client.post("/v1/schemas", json={"schema": SCHEMA, "pin": True, "system_prompt": SYSTEM})
-        assert resp.status_code == 201, resp.text
-        schema_id, pinned_tokens = resp.json()["id"], resp.json()["pinned_tokens"]
+    with serve(first_engine, gateway_grammar, tmp_path) as client:
+        uploaded = upload(client)
+        schema_id, pinned_tokens = uploaded["id"], uploaded["pinned_tokens"]
         unpinned = client.post("/v1/schemas", json={"schema": {"type": "string"}})
         assert unpinned.status_code == 201, unpinned.text
-    finally:
-        client.__exit__(None, None, None)
 
     restarted_engine = FakeEngine(tokenizer, pin_budget=4096)  # a new process: nothing pinned yet
-    client = serve(restarted_engine, gateway_grammar, tmp_path)
-    try:
+    with serve(restarted_engine, gateway_grammar, tmp_path):
         assert restarted_engine.pins == {("", pin_name(schema_id)): pinned_tokens}
         assert restarted_engine.pins == first_engine.pins  # same prefix: same system prompt and schema text
-    finally:
-        client.__exit__(None, None, None)
 
 
 def test_a_pin_that_no_longer_fits_is_logged_and_the_server_starts(tokenizer, gateway_grammar, tmp_path, caplog):
-    client = serve(FakeEngine(tokenizer, pin_budget=4096), gateway_grammar, tmp_path)
-    try:
-        resp = client.post("/v1/schemas", json={"schema": SCHEMA, "pin": True, "system_prompt": SYSTEM})
-        assert resp.status_code == 201, resp.text
-    finally:
-        client.__exit__(None, None, None)
+    with serve(FakeEngine(tokenizer, pin_budget=4096), gateway_grammar, tmp_path) as client:
+        uploaded = upload(client)
 
     small = FakeEngine(tokenizer, pin_budget=1)
-    with caplog.at_level(logging.WARNING, logger="jumpgate.gateway.pinning"):
-        client = serve(small, gateway_grammar, tmp_path)
-    try:
+    with caplog.at_level(logging.WARNING, logger="jumpgate.gateway.pinning"), \
+            serve(small, gateway_grammar, tmp_path) as client:
         assert small.pins == {}
         assert any("could not re-pin" in r.getMessage() for r in caplog.records)
         assert client.get("/health").status_code == 200
-        assert client.get(f"/v1/schemas/{resp.json()['id']}").status_code == 200  # the entry itself stays
-    finally:
-        client.__exit__(None, None, None)
+        assert client.get(f"/v1/schemas/{uploaded['id']}").status_code == 200  # the entry itself stays
 
 
 @pytest.mark.parametrize("pin", [False, True])
 def test_only_pinned_uploads_are_recorded(tokenizer, gateway_grammar, tmp_path, pin):
-    client = serve(FakeEngine(tokenizer, pin_budget=4096), gateway_grammar, tmp_path)
-    try:
-        resp = client.post("/v1/schemas", json={"schema": SCHEMA, "pin": pin, "system_prompt": SYSTEM})
-        assert resp.status_code == 201, resp.text
-    finally:
-        client.__exit__(None, None, None)
-    assert [p.entry.id for p in SchemaRegistry(tmp_path).pinned()] == ([resp.json()["id"]] if pin else [])
+    with serve(FakeEngine(tokenizer, pin_budget=4096), gateway_grammar, tmp_path) as client:
+        uploaded = upload(client, pin)
+    assert [p.entry.id for p in SchemaRegistry(tmp_path).pinned()] == ([uploaded["id"]] if pin else [])

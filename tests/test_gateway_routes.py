@@ -11,24 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.settings import Settings
+from tests.conftest import MODEL, USER, WEATHER_TOOL, chat
 
-MODEL = "SmolLM2-135M-Instruct"
-USER = [{"role": "user", "content": "hi"}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CALL_TEXT = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
-
-
-def chat(client, **body):
-    body.setdefault("model", MODEL)
-    body.setdefault("messages", USER)
-    return client.post("/v1/chat/completions", json=body)
 
 
 def sse_events(resp) -> list:

@@ -73,6 +73,13 @@ def compute(cache: HiRadixCache, key, namespace: str = "") -> int:
     return m.length
 
 
+def on_disk(tmp_path, key) -> None:
+    """`key` computed by a cache over `tmp_path` that is then closed: its pages are on disk only."""
+    c = make_cache(tmp_path)
+    compute(c, key)
+    c.close()
+
+
 def test_demote_then_promote_gives_identical_kv():
     c = make_cache(device_slots=16, host_slots=32, policy="write_back")
     a, b = list(range(100, 112)), list(range(200, 212))
@@ -151,10 +158,8 @@ def test_loads_below_threshold_are_recomputed():
 
 
 def test_restart_rebuilds_the_disk_index(tmp_path):
-    c = make_cache(tmp_path)
     key = list(range(40, 52))
-    compute(c, key)
-    c.close()
+    on_disk(tmp_path, key)
     c2 = make_cache(tmp_path)
     assert c2.tier_lengths(key + [7]) == {"device": 0, "host": 0, "disk": 12}
     assert compute(c2, key + [7]) == 12
@@ -164,10 +169,8 @@ def test_restart_rebuilds_the_disk_index(tmp_path):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "header"])
 def test_corrupt_page_is_a_miss_and_deleted(tmp_path, caplog, damage):
-    c = make_cache(tmp_path)
     key = list(range(60, 72))
-    compute(c, key)
-    c.close()
+    on_disk(tmp_path, key)
     files = sorted((tmp_path / "kv").rglob("*.kv"))
     assert len(files) == 3
     victim = files[0]
@@ -218,10 +221,8 @@ def test_disk_budget_evicts_oldest_pages(tmp_path):
 
 
 def test_prefetch_reads_ahead(tmp_path):
-    c = make_cache(tmp_path)
     key = list(range(80, 96))
-    compute(c, key)
-    c.close()
+    on_disk(tmp_path, key)
     c2 = make_cache(tmp_path)
     c2.prefetch(key)
     assert c2.tier_counters["hicache_prefetched_pages"] == 4

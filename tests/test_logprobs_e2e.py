@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from bench.server_process import MODEL, JumpgateServer
+from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +25,7 @@ def client(tmp_path_factory):
     srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-logprobs"), kv_pool_tokens=8192)
     srv.start()
     try:
-        yield openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=180)
+        yield openai_client(srv)
     finally:
         srv.stop()
 

@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from bench.server_process import MODEL
+from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e
 
@@ -25,13 +26,8 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(jumpgate_server):
-    return jumpgate_server  # the session's one server (tests/conftest.py)
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+def client(jumpgate_server) -> openai.OpenAI:
+    return openai_client(jumpgate_server)  # the session's one server (tests/conftest.py)
 
 
 def test_text_response_store_and_delete(client):
@@ -122,8 +118,8 @@ def test_streamed_tool_call(client):
     assert "".join(pieces) == call.arguments and json.loads(call.arguments)["city"]
 
 
-def test_refusals(server, client):
-    with httpx.Client(base_url=server.url, timeout=60) as http:
+def test_refusals(jumpgate_server, client):
+    with httpx.Client(base_url=jumpgate_server.url, timeout=60) as http:
         resp = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools[0].type"
         resp = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "previous_response_id": "resp_" + "0" * 32})

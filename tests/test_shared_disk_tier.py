@@ -149,8 +149,8 @@ def test_a_page_deleted_by_another_process_is_a_miss_and_leaves_the_index(tmp_pa
     assert b.contains(page_hash(1)) and b.num_pages == 1
     page_files(root)[0].unlink()  # another replica evicted it
     assert b.read(page_hash(1)) is None and b.num_pages == 0 and b.used_bytes == 0
-    b._make_room(1 << 40)  # evicting past a file that is gone: no error
-    a._make_room(1 << 40)
+    b.make_room(1 << 40)  # evicting past a file that is gone: no error
+    a.make_room(1 << 40)
     assert a.num_pages == 0 and a.stats["disk_pages_evicted"] == 0
 
 
@@ -183,7 +183,7 @@ def test_a_good_copy_renamed_over_a_corrupt_page_is_kept(tmp_path):
     path.write_bytes(path.read_bytes()[:100])  # torn (same inode)
     fixed = a.write_page_file(page_hash(1), page_data(1))  # another writer's copy lands: a new inode
     assert fixed and path.stat().st_ino != old_inode
-    a._discard(page_hash(1), "torn", old_inode)  # the reader that saw the torn file
+    a.discard_corrupt(page_hash(1), "torn", old_inode)  # the reader that saw the torn file
     assert path.exists() and torch.equal(open_store(root).read(page_hash(1)), page_data(1))
 
 

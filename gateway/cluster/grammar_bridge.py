@@ -14,6 +14,7 @@ _replica_grammar: Any = None  # this process's GrammarService, in a replica
 
 
 def use_replica_grammar(service: Any) -> None:
+    """Register this process's GrammarService (a replica's; None: none, as in the gateway)."""
     global _replica_grammar
     _replica_grammar = service
 

@@ -31,10 +31,7 @@ class CacheController(Controller):
         tenant: NamedDependency[str],
     ) -> CacheExplanation:
         s = services
-        prepared = await prepare_chat(
-            data, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,
-            registry=s.registry, settings=s.settings, tenant=tenant, compile=False,
-        )
+        prepared = await prepare_chat(data, s, tenant, compile=False)
         ids = prepared.prompt_ids
         # explain_prefix reads the radix tree; run it off the event loop in case it takes a lock
         info = await anyio.to_thread.run_sync(s.engine.explain_prefix, ids, prepared.namespace)

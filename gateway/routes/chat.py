@@ -38,10 +38,7 @@ class ChatController(Controller):
         async def prepare():
             nonlocal prepared, answer_tool
             answer_tool = fold_format_into_tools(data)  # tools + a JSON format: answering is a tool too
-            prepared = await prepare_chat(
-                data, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,
-                registry=s.registry, settings=s.settings, tenant=tenant, metrics=s.metrics,
-            )
+            prepared = await prepare_chat(data, s, tenant)
             request_log.request_id = prepared.request_id
             return prepared.engine_requests(data.n, data.jump_forward)
 

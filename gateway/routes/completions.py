@@ -60,10 +60,7 @@ class CompletionsController(Controller):
             request_log.request_id = request_id
             requests = []
             for p, prompt in enumerate(prompts):
-                prepared = await prepare_completion(
-                    data, prompt, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,
-                    registry=s.registry, settings=s.settings, tenant=tenant, plan=plan, constraint=constraint,
-                )
+                prepared = await prepare_completion(data, prompt, s, tenant, plan=plan, constraint=constraint)
                 requests += prepared.engine_requests(data.n, data.jump_forward, rid_prefix=f"{request_id}-{p}")
                 echo = None
                 if data.echo:

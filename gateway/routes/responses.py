@@ -80,10 +80,7 @@ class ResponsesController(Controller):
             if previous is not None:  # extend the previous turn's exact ids, which the radix cache holds
                 render = partial(continue_turn, s.renderer, previous)
             try:
-                prepared = await prepare_chat(
-                    plan.chat, engine=s.engine, grammar_service=s.grammar, renderer=s.renderer,
-                    registry=s.registry, settings=s.settings, tenant=tenant, render=render, metrics=s.metrics,
-                )
+                prepared = await prepare_chat(plan.chat, s, tenant, render=render)
             except APIError as exc:
                 raise renamed(exc) from exc
             prepared.request_id = response_id

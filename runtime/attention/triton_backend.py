@@ -45,6 +45,34 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh,
+               UPCAST: tl.constexpr):
+    """The slots of key positions `offs_n` of request `req`, and their keys as a [D, N] tile."""
+    slot = tl.load(Table + req * stride_tb + offs_n, mask=mask_n, other=0).to(tl.int64)
+    k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+    return slot, k
+
+
+@triton.jit
+def _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt, stride_vh,
+                UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """One online-softmax step over a key tile: rescale the running sums to the new row maxima
+    `m_new`, then add the tile's exp(scores) and their weighted values (a [N, D] tile)."""
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return acc, l_i
+
+
+@triton.jit
 def extend_kernel(
     Q, K, V, O, QStart, ExtLen, SeqLen, Table, sm_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_tb,
@@ -80,31 +108,20 @@ def extend_kernel(
         for start_n in range(0, kv_end, BLOCK_N):
             offs_n = start_n + offs_n0
             mask_n = offs_n < kv_end
-            slot = tl.load(Table + req * stride_tb + offs_n, mask=mask_n, other=0).to(tl.int64)
-            k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-                        mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
-            if UPCAST:
-                k = k.to(tl.float32)
+            slot, k = _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt,
+                                 stride_kh, UPCAST)
             s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
             keep = (q_pos[:, None] >= offs_n[None, :]) & mask_n[None, :]
             s = tl.where(keep, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # Padded query rows see only -inf: keep them finite so no NaN is ever produced.
             m_new = tl.where(mask_m, m_new, 0.0)
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+            acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
+                                   stride_vh, UPCAST, IEEE)
             m_i = m_new
         out = acc / tl.where(mask_m, l_i, 1.0)[:, None]
         tl.store(O + (q_start + offs_m[:, None]) * stride_ot + head * stride_oh + offs_d[None, :],
                  out, mask=mask_m[:, None] & mask_d[None, :])
-
-
 
 
 @triton.jit
@@ -145,22 +162,13 @@ def decode_split_kernel(
         for start_n in range(start, end, BLOCK_N):
             offs_n = start_n + offs_n0
             mask_n = offs_n < end
-            slot = tl.load(Table + req * stride_tb + offs_n, mask=mask_n, other=0).to(tl.int64)
-            k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-                        mask=mask_n[None, :] & mask_d[:, None], other=0.0)  # [D, N]
-            if UPCAST:
-                k = k.to(tl.float32)
+            slot, k = _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt,
+                                 stride_kh, UPCAST)
             s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
             s = tl.where(mask_n[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+            acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
+                                   stride_vh, UPCAST, IEEE)
             m_i = m_new
         mid = req * stride_mb + heads * stride_mh + split * stride_ms
         tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None],
