@@ -16,6 +16,7 @@ from grammar import GrammarSpec
 from grammar.conditionals import discriminator, lower_conditionals
 from grammar.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity
 from grammar.llg_matcher import LLGuidanceHandle
+from tests.test_llguidance_fidelity import writes
 
 PAYMENT = {
     "type": "object",
@@ -83,14 +84,6 @@ def test_an_unbounded_condition_is_still_refused_in_strict_mode():
     report = routed_schema_fidelity(schema, strict=True)
     assert report.engine == XGRAMMAR
     assert {k.pointer for k in report.refused_in_strict} >= {"/if", "/then", "/else"}
-
-
-def writes(handle, tokenizer, text: str) -> bool:
-    matcher = handle.new_matcher()
-    for token_id in tokenizer.encode(text, add_special_tokens=False):
-        if not matcher.accept(token_id):
-            return False
-    return matcher.accept(tokenizer.eos_token_id) and matcher.is_terminated()
 
 
 def test_the_llguidance_grammar_refuses_what_the_branch_forbids(service, tokenizer):
