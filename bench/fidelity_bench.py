@@ -174,9 +174,12 @@ async def check_all(client: httpx.AsyncClient, entries: list[Entry]) -> list[Che
 
 
 def request_text(entry: Entry) -> str:
-    what = {"kubernetes": f"a Kubernetes {entry.name} object", "schemastore": f"a {entry.name} configuration file",
-            "bfcl": f"the arguments of a call to the function {entry.name.split(':', 1)[-1].split('#')[0]}"}
-    return f"Write one realistic example of {what.get(entry.source, 'a ' + entry.name.replace('_', ' '))}, as JSON."
+    name = entry.name.split(":", 1)[-1].split("#")[0]  # BFCL's "category:function", a repeat's "#2"
+    what = {"kubernetes": f"a Kubernetes {name} object", "schemastore": f"{name} configuration file",
+            "bfcl": f"the arguments of a call to the function {name}"}.get(entry.source, name.replace("_", " "))
+    if not what.startswith(("a ", "the ")):
+        what = ("an " if what[:1].lower() in "aeiou" else "a ") + what
+    return f"Write one realistic example of {what}, as JSON."
 
 
 def chat_body(entry: Entry, max_tokens: int) -> dict[str, Any]:
