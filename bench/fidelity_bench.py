@@ -16,6 +16,11 @@ package is not installed is left out and said so). The bench starts its own `jum
    `invalid`, `cut_off` (finish_reason "length" and not valid), `refused` (HTTP 4xx; a
    `context_length_exceeded` one is also a prompt-length refusal) or `error` (5xx, transport).
    `duplicate_keys` counts answers whose raw text repeats an object's name.
+
+The server runs under a memory limit (`--server-memory-mb`, bench/fidelity_client.py's
+ServerGuard): past it, it is stopped and started again (at most `--max-restarts` times). A check
+that took it there is `check_refused: server_memory` and its schema is not asked; a request that
+lost the server is sent once more; `server_kills` / `server_restarts` on the total line count them.
 3. **mask**, after the server has stopped: on up to `--mask-sample` valid answers per source, µs
    per token to fill the token mask along the answer's own text with the engine that compiled the
    schema (bench/grammar_engines_bench.py's MaskTimer, median of `--mask-reps`).
@@ -26,63 +31,33 @@ verdict the server reported differently), to investigate.
 
   python -m bench fidelity [--quick] [--sources a,b] [--per-source N] [--limit N]
                            [--max-tokens 384] [--concurrency 4] [--mask-sample 8]
+                           [--server-memory-mb 8000] [--max-restarts 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import httpx
 
 from bench.common import emit
+from bench.fidelity_client import SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all, short
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus
 from bench.serve_bench import exit_on_sigterm, percentile
-from bench.server_process import MODEL, JumpgateServer, parse_metrics
+from bench.server_process import JumpgateServer
 from gateway.grammar_adapter import FidelityReport
 from gateway.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
-from grammar.fidelity import DUPLICATE_KEYS, ENFORCED, LLGUIDANCE, XGRAMMAR
+from grammar.fidelity import LLGUIDANCE, XGRAMMAR
 
-COMPILE_SECONDS = "jumpgate_grammar_compile_seconds_total"
 PROMPT_TOO_LONG = "context_length_exceeded"
 NOT_VALID = ("invalid", "cut_off", "refused", "error")
-_MESSAGE = 300
-
-
-@dataclass
-class Check:
-    """What POST /v1/schemas/check said about one schema."""
-
-    status: int
-    engine: str | None = None  # xgrammar / llguidance (None: the check itself was refused)
-    strict_accepted: bool = False
-    keywords: list[str] = field(default_factory=list)  # what strict mode refuses
-    code: str | None = None
-    message: str | None = None
-    compile_ms: float | None = None
-    check_ms: float = 0.0
-
-
-@dataclass
-class Answer:
-    """One chat completion's outcome as the client saw it."""
-
-    status: int
-    content: str | None = None
-    finish_reason: str | None = None
-    code: str | None = None
-    message: str | None = None
-    server_valid: bool | None = None  # the choice's jumpgate.schema_valid
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    elapsed: float = 0.0
 
 
 @dataclass
@@ -91,29 +66,6 @@ class Verdict:
     duplicate_keys: bool = False
     prompt_length: bool = False
     message: str | None = None
-
-
-def _short(text: Any) -> str | None:
-    return None if text is None else str(text)[:_MESSAGE]
-
-
-def _error(data: Any) -> tuple[str | None, str | None]:
-    error = data.get("error") if isinstance(data, dict) else None
-    return (error.get("code"), error.get("message")) if isinstance(error, dict) else (None, None)
-
-
-def read_check(status: int, data: Any, compile_ms: float | None, check_ms: float) -> Check:
-    """A check from the route's answer (200: its SchemaCheck; else its error object)."""
-    if status != 200 or not isinstance(data, dict) or "fidelity" not in data:
-        code, message = _error(data)
-        return Check(status, code=code, message=_short(message), compile_ms=compile_ms, check_ms=check_ms)
-    fidelity = data["fidelity"]
-    keywords = [k["keyword"] for k in fidelity.get("keywords", [])
-                if k.get("status") != ENFORCED and k.get("keyword") != DUPLICATE_KEYS]
-    accepted = bool(data.get("strict_accepted"))
-    return Check(status, engine=fidelity.get("engine", XGRAMMAR), strict_accepted=accepted,
-                 keywords=[] if accepted else sorted(set(keywords)), message=_short(data.get("strict_refusal")),
-                 compile_ms=compile_ms, check_ms=check_ms)
 
 
 class _Reasons:
@@ -130,9 +82,9 @@ def classify(schema: Any, answer: Answer, name: str = "schema") -> Verdict:
     """One answer's verdict, validated as the gateway validates (gateway/output_validation.py)."""
     if 400 <= answer.status < 500:
         return Verdict("refused", prompt_length=answer.code == PROMPT_TOO_LONG,
-                       message=_short(f"{answer.code}: {answer.message}"))
+                       message=short(f"{answer.code}: {answer.message}"))
     if answer.status != 200 or answer.content is None:
-        return Verdict("error", message=_short(f"HTTP {answer.status}: {answer.message}"))
+        return Verdict("error", message=short(f"HTTP {answer.status}: {answer.message}"))
     reasons = _Reasons()
     check = OutputCheck("json_schema", name, BEST_EFFORT, FidelityReport(), schema=schema, metrics=reasons)
     validity = check.check_text(answer.content, answer.finish_reason)
@@ -140,84 +92,9 @@ def classify(schema: Any, answer: Answer, name: str = "schema") -> Verdict:
     if validity.schema_valid:
         return Verdict("valid")
     first = validity.schema_errors[0] if validity.schema_errors else None
-    message = _short(f"{first.pointer or '/'}: {first.message}") if first else None
+    message = short(f"{first.pointer or '/'}: {first.message}") if first else None
     outcome = "cut_off" if answer.finish_reason == "length" else "invalid"
     return Verdict(outcome, duplicate_keys=duplicate, message=message)
-
-
-# =========================================================================== talking to the server
-
-
-def _json(resp: httpx.Response) -> Any:
-    try:
-        return resp.json()
-    except ValueError:
-        return {"error": {"message": resp.text[:_MESSAGE]}}
-
-
-async def check_all(client: httpx.AsyncClient, entries: list[Entry]) -> list[Check]:
-    """One check at a time, so each compile-time rise in /metrics is that schema's."""
-    out = []
-    before = parse_metrics((await client.get("/metrics")).text).get(COMPILE_SECONDS, 0.0)
-    for entry in entries:
-        t0 = time.perf_counter()
-        try:
-            resp = await client.post("/v1/schemas/check", json={"schema": entry.schema, "strict": True})
-            status, data = resp.status_code, _json(resp)
-        except httpx.HTTPError as exc:
-            status, data = 0, {"error": {"message": f"{type(exc).__name__}: {exc}"}}
-        check_ms = (time.perf_counter() - t0) * 1e3
-        after = parse_metrics((await client.get("/metrics")).text).get(COMPILE_SECONDS, before)
-        out.append(read_check(status, data, (after - before) * 1e3 if after > before else None, check_ms))
-        before = after
-    return out
-
-
-def request_text(entry: Entry) -> str:
-    name = entry.name.split(":", 1)[-1].split("#")[0]  # BFCL's "category:function", a repeat's "#2"
-    what = {"kubernetes": f"a Kubernetes {name} object", "schemastore": f"{name} configuration file",
-            "bfcl": f"the arguments of a call to the function {name}"}.get(entry.source, name.replace("_", " "))
-    if not what.startswith(("a ", "the ")):
-        what = ("an " if what[:1].lower() in "aeiou" else "a ") + what
-    return f"Write one realistic example of {what}, as JSON."
-
-
-def chat_body(entry: Entry, max_tokens: int) -> dict[str, Any]:
-    name = re.sub(r"[^A-Za-z0-9_-]+", "_", entry.name)[:64] or "schema"
-    return {"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": request_text(entry)}],
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": name, "strict": True, "schema": entry.schema}}}
-
-
-async def answer_one(client: httpx.AsyncClient, entry: Entry, max_tokens: int) -> Answer:
-    t0 = time.perf_counter()
-    try:
-        resp = await client.post("/v1/chat/completions", json=chat_body(entry, max_tokens))
-    except httpx.HTTPError as exc:
-        return Answer(0, message=f"{type(exc).__name__}: {exc}", elapsed=time.perf_counter() - t0)
-    elapsed = time.perf_counter() - t0
-    data = _json(resp)
-    if resp.status_code != 200:
-        code, message = _error(data)
-        return Answer(resp.status_code, code=code, message=message, elapsed=elapsed)
-    choice = data["choices"][0]
-    usage = data.get("usage") or {}
-    return Answer(200, content=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
-                  server_valid=(choice.get("jumpgate") or {}).get("schema_valid"),
-                  prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
-                  elapsed=elapsed)
-
-
-async def answer_all(client: httpx.AsyncClient, entries: list[Entry], max_tokens: int,
-                     concurrency: int) -> list[Answer]:
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(entry: Entry) -> Answer:
-        async with sem:
-            return await answer_one(client, entry, max_tokens)
-
-    return list(await asyncio.gather(*(one(e) for e in entries)))
 
 
 # =========================================================================== rows and summaries
@@ -277,6 +154,8 @@ def detail(row: Row) -> dict[str, Any] | None:
            "completion_tokens": a.completion_tokens, "message": v.message}
     if row.check.keywords:
         out["refused_keywords"] = row.check.keywords
+    if row.check.engine is None:  # the check was refused too: its reason may differ from the answer's
+        out["check"] = short(f"{row.check.code}: {row.check.message}")
     if v.duplicate_keys:
         out["duplicate_keys"] = True
     if row.verdict_disagrees:
@@ -329,17 +208,21 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
                     help="valid answers per source whose mask time is measured (0: none)")
     ap.add_argument("--mask-reps", type=int, default=3)
     ap.add_argument("--kv-pool-tokens", type=int, default=32768)
+    ap.add_argument("--server-memory-mb", type=float, default=8000,
+                    help="stop and restart the server past this RSS (it serves the model in about 3 GB)")
+    ap.add_argument("--max-restarts", type=int, default=5)
     return ap.parse_args(list(argv or []))
 
 
-async def drive(url: str, entries: list[Entry], args: argparse.Namespace) -> tuple[list[Check], list[Answer], dict]:
+async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespace) -> tuple[list, list, dict]:
     timings = {}
-    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800, connect=30)) as client:
+    async with httpx.AsyncClient(base_url=guard.server.url, timeout=httpx.Timeout(1800, connect=30)) as client:
         t0 = time.perf_counter()
-        checks = await check_all(client, entries)
+        checks = await check_all(client, entries, guard)
         timings["check_wall_s"] = time.perf_counter() - t0
+        skip = frozenset((e.source, e.name) for e, c in zip(entries, checks) if c.code == SERVER_MEMORY)
         t0 = time.perf_counter()
-        answers = await answer_all(client, entries, args.max_tokens, args.concurrency)
+        answers = await answer_all(client, entries, args.max_tokens, args.concurrency, guard, skip)
         timings["answer_wall_s"] = time.perf_counter() - t0
     return checks, answers, timings
 
@@ -358,8 +241,10 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     if not entries:
         return
     with tempfile.TemporaryDirectory(prefix="jumpgate-fidelity-") as tmp:
-        with JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300) as server:
-            checks, answers, timings = asyncio.run(drive(server.url, entries, args))
+        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300)
+        with ServerGuard(server, args.server_memory_mb, args.max_restarts) as guard:
+            checks, answers, timings = asyncio.run(drive(guard, entries, args))
+        timings.update(server_kills=guard.kills, server_restarts=guard.restarts)
     rows = [Row(e, c, a, classify(e.schema, a, e.name)) for e, c, a in zip(entries, checks, answers)]
     if args.mask_sample > 0:
         time_masks(rows, args.mask_sample, args.mask_reps)

@@ -10,19 +10,8 @@ import json
 
 import pytest
 
-from bench.fidelity_bench import (
-    Answer,
-    Check,
-    Row,
-    answer_all,
-    chat_body,
-    check_all,
-    classify,
-    detail,
-    read_check,
-    select,
-    summarize,
-)
+from bench.fidelity_bench import Row, classify, detail, select, summarize
+from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
 from bench.fidelity_corpus import Entry
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "mail": {"type": "string",
@@ -174,3 +163,133 @@ def test_client_side_against_the_gateway(fake_engine, gateway_grammar, tmp_path)
     # the server's verdict (jumpgate.schema_valid) agrees with the bench's
     assert [a.server_valid for a in answers[:3]] == [True, False, False]
     assert all(not Row(e, c, a, v).verdict_disagrees for e, c, a, v in zip(corpus, checks, answers, verdicts))
+
+
+# ------------------------------------------------------------------ the memory guard, on a fake server
+
+
+class FakeProc:
+    def poll(self):
+        return None
+
+
+class FakeServer:
+    """What ServerGuard uses of JumpgateServer: proc, rss_mb, start, stop, restart."""
+
+    url = "http://fake"
+
+    def __init__(self):
+        self.proc, self.rss, self.starts, self.stops = FakeProc(), 100.0, 0, []
+
+    def rss_mb(self):
+        return self.rss
+
+    def start(self):
+        self.proc, self.rss = FakeProc(), 100.0
+        self.starts += 1
+        return self
+
+    def stop(self, timeout_s=15.0):
+        self.stops.append(timeout_s)
+        self.proc = None
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+
+def wait_for(condition, timeout_s=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_guard_stops_the_server_past_its_memory_and_restarts_it_a_bounded_number_of_times():
+    from bench.fidelity_client import ServerGuard
+
+    server = FakeServer()
+    with ServerGuard(server, limit_mb=1000, max_restarts=1) as guard:
+        assert server.starts == 1 and guard.up
+        server.rss = 5000.0
+        assert wait_for(lambda: guard.kills == 1)
+        assert not guard.up and server.stops == [1.0]  # SIGKILL a second after SIGTERM
+        assert guard.ensure_up() and guard.up and guard.restarts == 1
+        assert guard.ensure_up() and guard.restarts == 1  # up already: nothing to do
+        server.rss = 5000.0
+        assert wait_for(lambda: guard.kills == 2)
+        assert not guard.ensure_up()  # out of restarts
+
+
+def mock_client(handler):
+    import httpx
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://fake")
+
+
+def test_a_check_that_takes_the_server_past_its_memory_is_its_schema_s():
+    import httpx
+
+    from bench.fidelity_client import SERVER_MEMORY, ServerGuard
+
+    server = FakeServer()
+    state = {"compile_s": 0.0, "abandoned": 0}
+    ok_check = {"fidelity": {"keywords": []}, "strict_accepted": True, "strict_refusal": None}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            if server.proc is None:
+                raise httpx.ConnectError("gone")
+            abandoned = state["abandoned"] if server.starts == 1 else 0  # a new process runs none
+            return httpx.Response(200, text=f"jumpgate_grammar_compile_seconds_total {state['compile_s']}\n"
+                                            f"jumpgate_grammar_abandoned_compiles_running {abandoned}\n")
+        if json.loads(request.content)["schema"].get("title") == "boom":  # runs past the limit, then eats memory
+            state["abandoned"], server.rss = 1, 9999.0
+            return httpx.Response(400, json={"error": {"code": "invalid_schema", "message": "took longer than 10 s"}})
+        state["compile_s"] += 0.004
+        return httpx.Response(200, json=ok_check)
+
+    corpus = [Entry("t", "a", {"type": "string"}), Entry("t", "boom", {"title": "boom"}),
+              Entry("t", "b", {"type": "integer"})]
+
+    async def go():
+        async with mock_client(handler) as client:
+            with ServerGuard(server, limit_mb=1000) as guard:
+                return await check_all(client, corpus, guard), guard
+
+    checks, guard = asyncio.run(go())
+    assert [c.code for c in checks] == [None, SERVER_MEMORY, None]
+    assert guard.kills == 1 and guard.restarts == 1 and server.starts == 2
+    assert checks[0].compile_ms == pytest.approx(4.0) and checks[2].compile_ms == pytest.approx(4.0)
+
+
+def test_a_request_that_lost_the_server_is_sent_once_more_and_skipped_schemas_are_not_asked():
+    import httpx
+
+    from bench.fidelity_client import NOT_ASKED, ServerGuard
+
+    server = FakeServer()
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) == 1:
+            server.proc = None  # the server died under this request
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, json={"choices": [{"message": {"content": '{"n": 1}'}, "finish_reason": "stop",
+                                                      "jumpgate": {"schema_valid": True}}],
+                                         "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+
+    corpus = [Entry("t", "a", SCHEMA), Entry("t", "skip-me", SCHEMA)]
+
+    async def go():
+        async with mock_client(handler) as client:
+            with ServerGuard(server, limit_mb=1000) as guard:
+                return await answer_all(client, corpus, 16, 1, guard, frozenset({("t", "skip-me")})), guard
+
+    answers, guard = asyncio.run(go())
+    assert guard.restarts == 1 and calls == ["/v1/chat/completions"] * 2
+    assert answers[0].status == 200 and classify(SCHEMA, answers[0]).outcome == "valid"
+    assert answers[1].code == NOT_ASKED and classify(SCHEMA, answers[1]).outcome == "error"
