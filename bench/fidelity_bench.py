@@ -51,7 +51,7 @@ from bench.common import emit
 from bench.fidelity_client import SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all, short
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus
 from bench.serve_bench import exit_on_sigterm, percentile
-from bench.server_process import JumpgateServer
+from bench.server_process import MODEL, JumpgateServer
 from gateway.grammar_adapter import FidelityReport
 from gateway.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR
@@ -221,6 +221,12 @@ async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespa
         checks = await check_all(client, entries, guard)
         timings["check_wall_s"] = time.perf_counter() - t0
         skip = frozenset((e.source, e.name) for e, c in zip(entries, checks) if c.code == SERVER_MEMORY)
+        # the first forward passes of a fresh process are slow: not on a measured request
+        try:
+            await client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 8, "temperature": 0,
+                                                            "messages": [{"role": "user", "content": "Warm up."}]})
+        except httpx.HTTPError:
+            pass  # a server that is gone is answer_all's to bring back
         t0 = time.perf_counter()
         answers = await answer_all(client, entries, args.max_tokens, args.concurrency, guard, skip)
         timings["answer_wall_s"] = time.perf_counter() - t0
