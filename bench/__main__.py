@@ -17,6 +17,7 @@ SUITES = {
     "serve": "bench.serve_bench",
     "soak": "bench.soak_bench",
     "validation": "bench.validation_bench",
+    "fidelity": "bench.fidelity_bench",
     "cluster": "bench.cluster_bench",
 }
 

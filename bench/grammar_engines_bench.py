@@ -33,24 +33,44 @@ def load_cases(quick: bool) -> list[tuple[str, dict, str]]:
     return cases[:8] if quick else cases
 
 
+class MaskTimer:
+    """Both engines' compilers for the default model's tokenizer, to time their masks along a text
+    (also used by bench/fidelity_bench.py on the model's own answers)."""
+
+    def __init__(self):
+        self.tokenizer, vocab = default_tokenizer()
+        self.stop_ids = [self.tokenizer.eos_token_id]
+        self.xgr_compiler = xgr.GrammarCompiler(build_tokenizer_info(self.tokenizer, vocab, self.stop_ids),
+                                                cache_enabled=False)
+        self.llg_tokenizer = LLGuidanceTokenizer(self.tokenizer, vocab, self.stop_ids).get()
+        self.words = (vocab + 31) // 32
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def xgrammar_us(self, schema: dict, text: str, reps: int) -> float | None:
+        """Median µs per token of XGrammar's mask for `schema` (strict) along `text` + the stop token."""
+        compiled = self.xgr_compiler.compile_grammar(compact_json_grammar(schema, strict=True))
+        return mask_walk_us(lambda: XGrammarMatcher(compiled, self.encode, frozenset()),
+                         self.encode(text) + self.stop_ids, self.words, reps)
+
+    def llguidance_us(self, schema: dict, text: str, reps: int) -> float | None:
+        """The same with llguidance's matcher."""
+        start = compile_llguidance(self.llg_tokenizer, llguidance_grammar(schema, strict=True), "JSON schema", None)
+        return mask_walk_us(lambda: LLGuidanceMatcher(start, frozenset(self.stop_ids)),
+                         self.encode(text) + self.stop_ids, self.words, reps)
+
+
 def run(quick: bool = False, argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench grammar_engines")
     ap.add_argument("--reps", type=int, default=3 if quick else 7)
     args = ap.parse_args(argv or [])
-    tokenizer, vocab = default_tokenizer()
-    stop_ids = [tokenizer.eos_token_id]
-    xgr_compiler = xgr.GrammarCompiler(build_tokenizer_info(tokenizer, vocab, stop_ids), cache_enabled=False)
-    llg_tokenizer = LLGuidanceTokenizer(tokenizer, vocab, stop_ids).get()
-    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    words = (vocab + 31) // 32
+    timer = MaskTimer()
     ratios = []
     for name, schema, text in load_cases(quick):
-        tokens = encode(text) + stop_ids
-        compiled = xgr_compiler.compile_grammar(compact_json_grammar(schema, strict=True))
-        start = compile_llguidance(llg_tokenizer, llguidance_grammar(schema, strict=True), "JSON schema", None)
-        xgr_us = mask_walk_us(lambda: XGrammarMatcher(compiled, encode, frozenset()), tokens, words, args.reps)
-        llg_us = mask_walk_us(lambda: LLGuidanceMatcher(start, frozenset(stop_ids)), tokens, words, args.reps)
-        record = {"metric": "mask_us_per_token", "schema": name, "tokens": len(tokens),
+        xgr_us = timer.xgrammar_us(schema, text, args.reps)
+        llg_us = timer.llguidance_us(schema, text, args.reps)
+        record = {"metric": "mask_us_per_token", "schema": name, "tokens": len(timer.encode(text)) + 1,
                   "xgrammar_us": xgr_us, "llguidance_us": llg_us}
         if xgr_us and llg_us:
             record["llguidance_over_xgrammar"] = llg_us / xgr_us

@@ -1,0 +1,295 @@
+"""bench/fidelity_bench.py without the real model: each answer's verdict (valid, invalid, cut off,
+refused, duplicate keys) on hand-made responses, the check report's reading, the corpus sample,
+the summary and detail lines; then the client side against the real gateway app over the scripted
+fake engine (real grammar service), so check and answer parsing meet the routes' real answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bench.fidelity_bench import Row, classify, detail, select, summarize
+from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
+from bench.fidelity_corpus import Entry
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "mail": {"type": "string",
+                                                                                       "format": "email"}},
+          "required": ["n"], "additionalProperties": False}
+
+
+def ok(content: str, finish_reason: str = "stop") -> Answer:
+    return Answer(200, content=content, finish_reason=finish_reason)
+
+
+@pytest.mark.parametrize("answer,outcome,duplicate", [
+    (ok('{"n": 1}'), "valid", False),
+    (ok('{"n":1,"mail":"a@b.co"}'), "valid", False),
+    (ok('{"n": -1}'), "invalid", False),  # minimum
+    (ok('{"n": 1, "mail": "not an address"}'), "invalid", False),  # format, checked as the gateway does
+    (ok('{"n": 1, "extra": 2}'), "invalid", False),
+    (ok('{"n": 1, "n": 2}'), "invalid", True),  # valid once parsed: only the raw text shows it
+    (ok('{"n": 1, "n": 1, "x": 0}'), "invalid", True),
+    (ok('{"n": 1'), "invalid", False),  # not JSON, and not cut off
+    (ok('{"n": 12', "length"), "cut_off", False),
+    (ok('{"n": 1}', "length"), "valid", False),  # closed in time: the value counts
+    (ok('{"n": 1, "n": 2', "length"), "cut_off", False),  # unparsed: no duplicate check
+])
+def test_answer_verdicts(answer, outcome, duplicate):
+    verdict = classify(SCHEMA, answer)
+    assert (verdict.outcome, verdict.duplicate_keys) == (outcome, duplicate)
+    assert (verdict.message is None) == (outcome == "valid")
+
+
+def test_nested_duplicate_keys_are_found():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object"}}}}
+    assert classify(schema, ok('{"a": [{}, {"k": 1, "k": 1}]}')).duplicate_keys
+
+
+def test_refusals_and_errors():
+    too_long = classify(SCHEMA, Answer(400, code="context_length_exceeded", message="prompt too long"))
+    assert too_long.outcome == "refused" and too_long.prompt_length
+    assert "context_length_exceeded" in too_long.message
+    strict = classify(SCHEMA, Answer(400, code="schema_not_enforceable", message="not masked: 'not'"))
+    assert strict.outcome == "refused" and not strict.prompt_length
+    assert classify(SCHEMA, Answer(503, message="overloaded")).outcome == "error"
+    assert classify(SCHEMA, Answer(0, message="ConnectError")).outcome == "error"
+
+
+def test_check_report_reading():
+    report = {"fidelity": {"guaranteed": False, "engine": "llguidance", "keywords": [
+        {"pointer": "", "keyword": "type", "status": "enforced"},
+        {"pointer": "", "keyword": "duplicate keys", "status": "checked"}]}, "strict_accepted": True}
+    c = read_check(200, report, 1.5, 3.0)
+    assert (c.engine, c.strict_accepted, c.keywords, c.compile_ms) == ("llguidance", True, [], 1.5)
+    refused = {"fidelity": {"keywords": [
+        {"pointer": "/a", "keyword": "not", "status": "unenforced"},
+        {"pointer": "/b", "keyword": "not", "status": "unenforced"},
+        {"pointer": "", "keyword": "if", "status": "checked"},
+        {"pointer": "", "keyword": "duplicate keys", "status": "checked"}]},
+        "strict_accepted": False, "strict_refusal": "Invalid schema: ..."}
+    c = read_check(200, refused, None, 2.0)
+    assert (c.engine, c.strict_accepted, c.keywords) == ("xgrammar", False, ["if", "not"])
+    bad = read_check(400, {"error": {"code": "invalid_schema", "message": "bad type"}}, None, 1.0)
+    assert (bad.engine, bad.code, bad.message) == (None, "invalid_schema", "bad type")
+
+
+def entries(source: str, n: int) -> list[Entry]:
+    return [Entry(source, f"{source}{i}", {"type": "integer", "minimum": i}) for i in range(n)]
+
+
+def test_select_spreads_each_source_then_limits():
+    corpus = entries("a", 10) + entries("b", 2)
+    assert [e.name for e in select(corpus, ["a", "b"], 3, None)] == ["a0", "a3", "a6", "b0", "b1"]
+    assert [e.name for e in select(corpus, ["b"], None, None)] == ["b0", "b1"]
+    assert len(select(corpus, ["a", "b"], None, 4)) == 4
+
+
+def test_chat_body_is_strict_greedy_and_named_safely():
+    body = chat_body(Entry("bfcl", "live_multiple:weather.get#2", SCHEMA), 384)
+    rf = body["response_format"]["json_schema"]
+    assert rf == {"name": "live_multiple_weather_get_2", "strict": True, "schema": SCHEMA}
+    assert body["temperature"] == 0 and body["max_tokens"] == 384
+    assert "weather.get" in body["messages"][0]["content"]
+
+
+def test_summary_and_details():
+    xgr = Check(200, engine="xgrammar", strict_accepted=True, compile_ms=4.0, check_ms=5.0)
+    llg = Check(200, engine="llguidance", strict_accepted=True, compile_ms=8.0, check_ms=9.0)
+    no = Check(200, engine="xgrammar", strict_accepted=False, keywords=["not"], check_ms=1.0)
+    bad = Check(400, code="invalid_schema", check_ms=1.0)
+    cases = [(xgr, ok('{"n": 1}')), (llg, ok('{"n": 1, "n": 1}')), (xgr, ok('{"n": 3', "length")),
+             (no, Answer(400, code="schema_not_enforceable", message="no")),
+             (bad, Answer(400, code="invalid_schema", message="bad")),
+             (xgr, Answer(400, code="context_length_exceeded", message="long"))]
+    rows = [Row(Entry("s", f"e{i}", SCHEMA), c, a, classify(SCHEMA, a)) for i, (c, a) in enumerate(cases)]
+    rows[0].mask_us = 10.0
+    s = summarize(rows)
+    assert (s["n"], s["by_xgrammar"], s["by_llguidance"], s["strict_refused"]) == (6, 3, 1, 1)
+    assert s["check_refused"] == {"invalid_schema": 1} and s["top_refused_keywords"] == [("not", 1)]
+    assert (s["valid"], s["invalid"], s["cut_off"], s["refused"], s["error"]) == (1, 1, 1, 3, 0)
+    assert s["refused_by_code"] == {"context_length_exceeded": 1, "invalid_schema": 1, "schema_not_enforceable": 1}
+    assert (s["prompt_length_refusals"], s["duplicate_keys"]) == (1, 1)
+    assert s["compile_ms_p50"] == 4.0 and s["mask_us_per_token_p50"] == 10.0 and s["mask_samples"] == 1
+    assert s["answered_validly_frac"] == pytest.approx(1 / 6)
+    json.dumps(s)
+    lines = [detail(r) for r in rows]
+    assert lines[0] is None
+    assert lines[1]["outcome"] == "invalid" and lines[1]["duplicate_keys"] is True
+    assert lines[2]["outcome"] == "cut_off" and lines[3]["refused_keywords"] == ["not"]
+    assert all(line["kind"] == "detail" and line["name"] for line in lines[1:])
+
+
+# ------------------------------------------------------------------ against the gateway app
+
+
+def test_client_side_against_the_gateway(fake_engine, gateway_grammar, tmp_path):
+    from litestar.testing import AsyncTestClient
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    def schema(tag: str, **extra) -> dict:  # a description no other test compiled: a real compile
+        return {"type": "object", "description": f"fidelity bench test {tag}", "properties": {
+            "n": {"type": "integer", "minimum": 0}}, "required": ["n"], "additionalProperties": False, **extra}
+
+    corpus = [
+        Entry("t", "ok", schema("ok")),
+        Entry("t", "dup", schema("dup")),
+        Entry("t", "low", schema("low")),
+        Entry("t", "unique", {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True}),
+        Entry("t", "bad", {"type": "nope"}),
+    ]
+    replies = {"dup": '{"n":1,"n":1}', "low": '{"n":-1}'}
+    fake_engine.reply = lambda req: next((text for name, text in replies.items()
+                                          if f"of a {name}," in fake_engine.tokenizer.decode(req.prompt_ids)),
+                                         '{"n":1}')
+
+    async def drive():
+        app = create_app(fake_engine, gateway_grammar, Settings(registry_dir=str(tmp_path / "registry")))
+        async with AsyncTestClient(app) as client:
+            return await check_all(client, corpus), await answer_all(client, corpus, 64, 2)
+
+    checks, answers = asyncio.run(drive())
+    assert [c.engine for c in checks] == ["xgrammar", "xgrammar", "xgrammar", "xgrammar", None]
+    assert [c.strict_accepted for c in checks[:4]] == [True, True, True, False]
+    assert checks[0].compile_ms is not None and checks[0].compile_ms > 0  # the server's own compile time
+    assert checks[3].keywords == ["uniqueItems"] and checks[4].code == "invalid_schema"
+    verdicts = [classify(e.schema, a, e.name) for e, a in zip(corpus, answers)]
+    assert [v.outcome for v in verdicts] == ["valid", "invalid", "invalid", "refused", "refused"]
+    assert [v.duplicate_keys for v in verdicts] == [False, True, False, False, False]
+    assert answers[3].code == "schema_not_enforceable"
+    # the server's verdict (jumpgate.schema_valid) agrees with the bench's
+    assert [a.server_valid for a in answers[:3]] == [True, False, False]
+    assert all(not Row(e, c, a, v).verdict_disagrees for e, c, a, v in zip(corpus, checks, answers, verdicts))
+
+
+# ------------------------------------------------------------------ the memory guard, on a fake server
+
+
+class FakeProc:
+    def poll(self):
+        return None
+
+
+class FakeServer:
+    """What ServerGuard uses of JumpgateServer: proc, rss_mb, start, stop, restart."""
+
+    url = "http://fake"
+
+    def __init__(self):
+        self.proc, self.rss, self.starts, self.stops = FakeProc(), 100.0, 0, []
+
+    def rss_mb(self):
+        return self.rss
+
+    def start(self):
+        self.proc, self.rss = FakeProc(), 100.0
+        self.starts += 1
+        return self
+
+    def stop(self, timeout_s=15.0):
+        self.stops.append(timeout_s)
+        self.proc = None
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+
+def wait_for(condition, timeout_s=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_guard_stops_the_server_past_its_memory_and_restarts_it_a_bounded_number_of_times():
+    from bench.fidelity_client import ServerGuard
+
+    server = FakeServer()
+    with ServerGuard(server, limit_mb=1000, max_restarts=1) as guard:
+        assert server.starts == 1 and guard.up
+        server.rss = 5000.0
+        assert wait_for(lambda: guard.kills == 1)
+        assert not guard.up and server.stops == [1.0]  # SIGKILL a second after SIGTERM
+        assert guard.ensure_up() and guard.up and guard.restarts == 1
+        assert guard.ensure_up() and guard.restarts == 1  # up already: nothing to do
+        server.rss = 5000.0
+        assert wait_for(lambda: guard.kills == 2)
+        assert not guard.ensure_up()  # out of restarts
+
+
+def mock_client(handler):
+    import httpx
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://fake")
+
+
+def test_a_check_that_takes_the_server_past_its_memory_is_its_schema_s():
+    import httpx
+
+    from bench.fidelity_client import SERVER_MEMORY, ServerGuard
+
+    server = FakeServer()
+    state = {"compile_s": 0.0, "abandoned": 0}
+    ok_check = {"fidelity": {"keywords": []}, "strict_accepted": True, "strict_refusal": None}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            if server.proc is None:
+                raise httpx.ConnectError("gone")
+            abandoned = state["abandoned"] if server.starts == 1 else 0  # a new process runs none
+            return httpx.Response(200, text=f"jumpgate_grammar_compile_seconds_total {state['compile_s']}\n"
+                                            f"jumpgate_grammar_abandoned_compiles_running {abandoned}\n")
+        if json.loads(request.content)["schema"].get("title") == "boom":  # runs past the limit, then eats memory
+            state["abandoned"], server.rss = 1, 9999.0
+            return httpx.Response(400, json={"error": {"code": "invalid_schema", "message": "took longer than 10 s"}})
+        state["compile_s"] += 0.004
+        return httpx.Response(200, json=ok_check)
+
+    corpus = [Entry("t", "a", {"type": "string"}), Entry("t", "boom", {"title": "boom"}),
+              Entry("t", "b", {"type": "integer"})]
+
+    async def go():
+        async with mock_client(handler) as client:
+            with ServerGuard(server, limit_mb=1000) as guard:
+                return await check_all(client, corpus, guard), guard
+
+    checks, guard = asyncio.run(go())
+    assert [c.code for c in checks] == [None, SERVER_MEMORY, None]
+    assert guard.kills == 1 and guard.restarts == 1 and server.starts == 2
+    assert checks[0].compile_ms == pytest.approx(4.0) and checks[2].compile_ms == pytest.approx(4.0)
+
+
+def test_a_request_that_lost_the_server_is_sent_once_more_and_skipped_schemas_are_not_asked():
+    import httpx
+
+    from bench.fidelity_client import NOT_ASKED, ServerGuard
+
+    server = FakeServer()
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) == 1:
+            server.proc = None  # the server died under this request
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, json={"choices": [{"message": {"content": '{"n": 1}'}, "finish_reason": "stop",
+                                                      "jumpgate": {"schema_valid": True}}],
+                                         "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+
+    corpus = [Entry("t", "a", SCHEMA), Entry("t", "skip-me", SCHEMA)]
+
+    async def go():
+        async with mock_client(handler) as client:
+            with ServerGuard(server, limit_mb=1000) as guard:
+                return await answer_all(client, corpus, 16, 1, guard, frozenset({("t", "skip-me")})), guard
+
+    answers, guard = asyncio.run(go())
+    assert guard.restarts == 1 and calls == ["/v1/chat/completions"] * 2
+    assert answers[0].status == 200 and classify(SCHEMA, answers[0]).outcome == "valid"
+    assert answers[1].code == NOT_ASKED and classify(SCHEMA, answers[1]).outcome == "error"
