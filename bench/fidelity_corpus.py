@@ -204,16 +204,17 @@ def read_kubernetes(stats: SourceStats) -> Iterator[tuple[str, Any]]:
 # =========================================================================== schemastore
 
 
-def _refs(node: Any) -> Iterator[str]:
+def schema_refs(node: Any) -> Iterator[str]:
+    """Every `$ref` in a schema (not a property that happens to be named `$ref`)."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key == "$ref" and isinstance(value, str):
                 yield value
             else:
-                yield from _refs(value)
+                yield from schema_refs(value)
     elif isinstance(node, list):
         for value in node:
-            yield from _refs(value)
+            yield from schema_refs(value)
 
 
 def read_schemastore(stats: SourceStats) -> Iterator[tuple[str, Any]]:
@@ -226,7 +227,7 @@ def read_schemastore(stats: SourceStats) -> Iterator[tuple[str, Any]]:
     for path in sorted(folder.glob("*.json")):
         schema = _load(path)
         stats.read += 1
-        if any(not ref.startswith("#") for ref in _refs(schema)):
+        if any(not ref.startswith("#") for ref in schema_refs(schema)):
             stats.skipped["non_local_ref"] += 1
             continue
         yield path.stem, schema

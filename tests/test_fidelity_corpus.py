@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from bench import fidelity_corpus as fc
-from bench.fidelity_corpus import K8sDefinitions, Skip, build_corpus, canonical, normalise_bfcl
+from bench.fidelity_corpus import K8sDefinitions, Skip, build_corpus, canonical, normalise_bfcl, schema_refs
 
 
 def test_handmade_source_is_every_corpus_file_in_name_order():
@@ -101,18 +101,6 @@ def test_kubernetes_kind_gets_the_closure_of_its_definitions():
         defs.inline({"properties": {"x": {"$ref": "#/$defs/missing"}}})
 
 
-def _refs(node):
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "$ref" and isinstance(value, str):  # JSONSchemaProps has a *property* named $ref
-                yield value
-            else:
-                yield from _refs(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _refs(value)
-
-
 def _installed(source: str) -> None:
     module, dist = fc.PACKAGES[source]
     if fc.package_dir(module) is None:
@@ -127,7 +115,7 @@ def test_kubernetes_source_is_self_contained():
     names = {e.name for e in entries}
     assert "pod-v1" in names and "deployment-apps-v1" in names
     for e in entries:
-        for ref in _refs(e.schema):
+        for ref in schema_refs(e.schema):
             assert ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in e.schema["$defs"], (e.name, ref)
     pod = next(e for e in entries if e.name == "pod-v1").schema
     v = jsonschema.Draft202012Validator(pod)
@@ -140,7 +128,7 @@ def test_schemastore_source_has_only_local_refs():
     _installed("schemastore")
     entries, stats = build_corpus(["schemastore"])
     assert len(entries) >= 20 and "github-workflows" in {e.name for e in entries}
-    assert all(ref.startswith("#") for e in entries for ref in _refs(e.schema))
+    assert all(ref.startswith("#") for e in entries for ref in schema_refs(e.schema))
     assert stats["schemastore"].skipped.get("non_local_ref", 0) == stats["schemastore"].read - len(entries)
 
 
