@@ -84,7 +84,7 @@ def _measure(fmt: str, quick: bool, threads: int | None) -> dict:
     text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)
     run_timed(engine, [GenerateRequest(text_ids[:64], SamplingParams(max_new_tokens=2))])  # warm-up
     out = {"bench": "engine", "weights": model.weights, "requested": fmt, "weights_reason": model.weights_reason,
-           "model": engine.model_name, "threads": torch.get_num_threads()}
+           "attention": engine.info.attention_backend, "model": engine.model_name, "threads": torch.get_num_threads()}
     for n in (1024,) if quick else (1024, 3072):
         out[f"prefill_tok_s_{n // 1024}k"] = _prefill_rate(engine, text_ids[:n])
     before = engine.stats()
@@ -123,8 +123,9 @@ def run(quick: bool = False, argv=None) -> None:
     ref = None
     done = set()
     cpu = torch.device("cpu")
+    invariant = make_attention_backend("auto", cpu).batch_invariant  # what the engines will use
     for fmt in args.formats.split(","):
-        resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32)
+        resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32, invariant)
         if resolved in done:  # auto chose a format measured already: report the choice only
             emit({"bench": "engine", "requested": fmt, "weights": resolved, "weights_reason": reason})
             continue

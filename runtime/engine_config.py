@@ -25,7 +25,8 @@ class EngineConfig:
         "auto", "activation / KV dtype (auto: float32 on CPU, bfloat16 on CUDA)", flag="--dtype",
         choices=("auto", "float32", "bfloat16", "float16"))
     weights: str = setting(
-        "auto", "linear-layer weight format (q4: GGUF-native int4)", flag="--weights",
+        "auto", "linear-layer weight format (q4: GGUF-native int4; auto: q4 on a CPU with native bf16 under the "
+        "cpu attention backend, fp32 elsewhere on CPU)", flag="--weights",
         choices=("auto", "fp32", "bf16", "q8", "q4"))
     attention_backend: str = setting(
         "auto", "auto: triton on CUDA; on CPU cpu, a batch-invariant C++ kernel built on first use (torch "

@@ -22,7 +22,7 @@ float32 only: other dtypes (e.g. --dtype bfloat16 on CPU) go through the torch b
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -34,8 +34,9 @@ from runtime.forward_batch import ForwardBatch
 class CpuPagedAttentionBackend(AttentionBackend):
     name = "cpu"
     supports_prefix_groups = False
+    batch_invariant = True  # for float32 passes; other dtypes go through torch
 
-    def __init__(self, ext: ModuleType):
+    def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/attention/cpu_ext.py)
         self.ext = ext
         self.batch: ForwardBatch | None = None
         self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes
