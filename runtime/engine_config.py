@@ -37,7 +37,7 @@ class EngineConfig:
         flag="--no-cuda-graphs", negative=True)
     cascade_attention: bool = setting(
         True, "attend to every request's whole context separately, also where requests share a cached prefix "
-        "(cascade: the shared prefix is read once per layer for all of them; torch backend only, the cpu backend reads it per request)",
+        "(cascade: the shared prefix is read once per layer for all of them; torch and cpu backends)",
         flag="--no-cascade-attention", negative=True)
     kv_pool_tokens: int | None = setting(
         None, "KV cache size in tokens", flag="--kv-pool-tokens", type=int, min=1, optional=True,

@@ -5,6 +5,7 @@
   prefixes, scattered slots;
 - batch invariance, bitwise: a row's output is the same alone, in a batch with other rows, as a
   decode or inside a longer extend, with 1 or 2 threads, and for any placement of the row in q;
+- prefix groups: tiles that read a shared prefix once for several requests change no bit;
 - the factory: `auto` on CPU picks it, a failed build falls back to torch with one log line,
   non-fp32 passes go through the torch backend;
 - the engine gives the same greedy tokens with it as with torch (tiny model).
@@ -140,6 +141,27 @@ def test_the_thread_count_changes_nothing(ext):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+A, B = ("A", 70, True), ("B", 45, False)
+GROUPED = [(A, 12, 1), (A, 3, 1), (A, 20, 5), (None, 30, 1), (B, 7, 1), (B, 15, 1), (B, 1, 1),
+           (A, 90, 65), (None, 100, 100), (A, 0, 1)] + [(A, i, 1) for i in range(40)]  # A: more than one tile
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 24)])
+def test_prefix_groups_change_no_bit(ext, heads, kv_heads, dim):
+    from runtime.attention.cascade import find_prefix_groups
+    from tests.test_cascade_attention import make_batch as make_shared_batch
+
+    batch = make_shared_batch(GROUPED)
+    q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
+    plain = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
+                                             CpuPagedAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    assert sorted(len(g.members) for g in batch.prefix_groups) == [3, 45]  # A: a 65-token extend too
+    grouped = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    assert torch.equal(grouped, plain)
+    assert (grouped - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
+
+
 def test_checks_its_inputs(ext):
     batch = make_batch([(2, 10)])
     q, k, v = random_qkv(2, 4, 2, 16)
@@ -150,6 +172,9 @@ def test_checks_its_inputs(ext):
     big = torch.zeros(2, 2, 272)
     with pytest.raises(RuntimeError, match="head_dim"):
         backend.forward(big, torch.zeros(4096, 2, 272), torch.zeros(4096, 2, 272))
+    backend.meta[0, 4:] = torch.tensor([0, 9])  # a "shared" prefix that is not all cached
+    with pytest.raises(RuntimeError, match="must be cached"):
+        backend.forward(q, k, v)
     backend.meta[0, 2] = 5000  # a row past the slot table
     with pytest.raises(RuntimeError, match="out of range"):
         backend.forward(q, k, v)

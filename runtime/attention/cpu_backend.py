@@ -11,12 +11,15 @@ layer's bf16 rounding turns that into flipped tokens at near-ties.
 
 The kernel (cpu_paged.cpp) is built on first use (runtime/attention/cpu_ext.py). Per pass,
 `prepare` makes two small tensors: all requests' slot rows concatenated, and one
-(first q row, new tokens, seq len, slot offset) line per request. Rows of one request are tiled
-16 at a time so each K/V block is loaded once per tile; the work items are (tile, KV head), with
-the query heads of one KV head together (GQA), handed to threads one by one.
+(first q row, new tokens, seq len, slot offset, prefix group, shared length) line per request.
+Rows of one request are tiled 16 at a time so each K/V block is loaded once per tile; the work
+items are (tile, KV head), with the query heads of one KV head together (GQA), handed to threads
+one by one.
 
-supports_prefix_groups is False: requests sharing a cached prefix each read it (the kernel's
-block order would allow reading a shared block once for a group, bitwise identically; not done).
+Prefix groups (ForwardBatch.prefix_groups, requests holding the same cached prefix slots): up to
+32 rows of a group's members form one tile, whose blocks inside the shared prefix are loaded once
+for all of them. Every row still folds the same absolute blocks in the same order, so grouping
+changes no bit of the output (unlike the torch backend's cascade, which merges two softmaxes).
 float32 only: other dtypes (e.g. --dtype bfloat16 on CPU) go through the torch backend.
 """
 
@@ -33,7 +36,8 @@ from runtime.forward_batch import ForwardBatch
 
 class CpuPagedAttentionBackend(AttentionBackend):
     name = "cpu"
-    supports_prefix_groups = False
+    supports_prefix_groups = True
+    max_short_extend = TorchAttentionBackend.max_short_extend  # longest extend that joins a group
     batch_invariant = True  # for float32 passes; other dtypes go through torch
 
     def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/attention/cpu_ext.py)
@@ -47,7 +51,12 @@ class CpuPagedAttentionBackend(AttentionBackend):
         self.slots = (rows[0] if len(rows) == 1 else torch.cat(rows)).to(torch.int64).contiguous()
         ext = torch.tensor(batch.extend_lens, dtype=torch.int64)
         seq = torch.tensor(batch.seq_lens, dtype=torch.int64)
-        self.meta = torch.stack([ext.cumsum(0) - ext, ext, seq, seq.cumsum(0) - seq], dim=1)
+        group = torch.full_like(ext, -1)
+        shared = torch.zeros_like(ext)
+        for gi, g in enumerate(batch.prefix_groups):
+            group[g.members] = gi
+            shared[g.members] = g.shared_len
+        self.meta = torch.stack([ext.cumsum(0) - ext, ext, seq, seq.cumsum(0) - seq, group, shared], dim=1)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         if q.dtype != torch.float32 or k_cache.dtype != torch.float32:
