@@ -18,7 +18,7 @@ import torch
 
 from bench.common import emit, run_timed
 from runtime.api import GenerateRequest
-from runtime.attention import TorchAttentionBackend
+from runtime.attention import make_attention_backend
 from runtime.engine import Engine
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
@@ -29,7 +29,7 @@ from runtime.sampling import SamplingParams
 TOPICS = ["rivers", "volcanoes", "bridges", "owls", "comets", "glaciers", "deserts", "coral reefs",
           "lighthouses", "tides", "forests", "storms", "caves", "islands", "canyons", "auroras"]
 LINEAR_OPS = {"aten::linear", "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm"}
-ATTENTION_OPS = {"aten::scaled_dot_product_attention"}
+ATTENTION_OPS = {"aten::scaled_dot_product_attention", "jumpgate_cpu::paged_attention"}
 
 
 def _prompt(tok, topic: str) -> list[int]:
@@ -52,13 +52,13 @@ def _prefill_rate(engine, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t0)
 
 
-def _forward_split(model, cfg, context: int, repeats: int) -> dict[str, float]:
-    """Seconds of one batch-1 decode pass at `context` tokens, and the profiler's shares of it."""
+def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, float]:
+    """Seconds of one batch-1 decode pass at `context` tokens through the engine's attention
+    backend, and the profiler's shares of it."""
     kv = KVPool(cfg.num_layers, context + 2, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
     slots = torch.arange(context + 1, device=model.device)
     batch = ForwardBatch(torch.tensor([42]), torch.tensor([context]), slots[context:], [1], [context + 1], [slots],
                          torch.tensor([0]))
-    attn = TorchAttentionBackend()
     model.forward(batch, kv, attn)
     best = float("inf")
     for _ in range(repeats):
@@ -84,7 +84,7 @@ def _measure(fmt: str, quick: bool, threads: int | None) -> dict:
     text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)
     run_timed(engine, [GenerateRequest(text_ids[:64], SamplingParams(max_new_tokens=2))])  # warm-up
     out = {"bench": "engine", "weights": model.weights, "requested": fmt, "weights_reason": model.weights_reason,
-           "model": engine.model_name, "threads": torch.get_num_threads()}
+           "attention": engine.info.attention_backend, "model": engine.model_name, "threads": torch.get_num_threads()}
     for n in (1024,) if quick else (1024, 3072):
         out[f"prefill_tok_s_{n // 1024}k"] = _prefill_rate(engine, text_ids[:n])
     before = engine.stats()
@@ -100,7 +100,8 @@ def _measure(fmt: str, quick: bool, threads: int | None) -> dict:
     # on the engine's own thread: a pass on this one would start a second OpenMP team, which slows
     # the next format's engine (runtime/torch_thread.py)
     context = len(b1[0].last.token_ids) + 40
-    split = engine.call(lambda: _forward_split(model, engine.model_config, context, 3 if quick else 10)).result()
+    attn = engine.runner.attn
+    split = engine.call(lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10)).result()
     engine.shutdown()
     step = 1.0 / out["decode_tok_s_b1"]
     fwd = min(forward_b1, step)  # the profiled pass gives the shares of the forward, the run its length
@@ -122,8 +123,9 @@ def run(quick: bool = False, argv=None) -> None:
     ref = None
     done = set()
     cpu = torch.device("cpu")
+    invariant = make_attention_backend("auto", cpu).batch_invariant  # what the engines will use
     for fmt in args.formats.split(","):
-        resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32)
+        resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32, invariant)
         if resolved in done:  # auto chose a format measured already: report the choice only
             emit({"bench": "engine", "requested": fmt, "weights": resolved, "weights_reason": reason})
             continue

@@ -92,7 +92,7 @@ class EngineInfo:
     dtype: str  # activation / KV dtype, e.g. "float32"
     weights: str  # linear-layer weight format actually used: fp32 | bf16 | q8 | q4
     weights_reason: str  # why that format (auto's choice, or "requested")
-    attention_backend: str  # torch | triton
+    attention_backend: str  # torch | triton | cpu
     kv_pool_tokens: int
     max_context: int
     vocab_size: int

@@ -25,17 +25,19 @@ class EngineConfig:
         "auto", "activation / KV dtype (auto: float32 on CPU, bfloat16 on CUDA)", flag="--dtype",
         choices=("auto", "float32", "bfloat16", "float16"))
     weights: str = setting(
-        "auto", "linear-layer weight format (q4: GGUF-native int4)", flag="--weights",
+        "auto", "linear-layer weight format (q4: GGUF-native int4; auto: q4 on a CPU with native bf16 under the "
+        "cpu attention backend, fp32 elsewhere on CPU)", flag="--weights",
         choices=("auto", "fp32", "bf16", "q8", "q4"))
     attention_backend: str = setting(
-        "auto", "auto: triton on CUDA, torch on CPU (triton on CPU needs TRITON_INTERPRET=1)",
-        flag="--attention-backend", choices=("auto", "torch", "triton"))
+        "auto", "auto: triton on CUDA; on CPU cpu, a batch-invariant C++ kernel built on first use (torch "
+        "where it cannot be built); torch: SDPA (triton on CPU needs TRITON_INTERPRET=1)",
+        flag="--attention-backend", choices=("auto", "torch", "triton", "cpu"))
     cuda_graphs: bool = setting(
         True, "run decode passes eagerly on CUDA instead of replaying CUDA graphs (graphs: CUDA + triton only)",
         flag="--no-cuda-graphs", negative=True)
     cascade_attention: bool = setting(
         True, "attend to every request's whole context separately, also where requests share a cached prefix "
-        "(cascade: the shared prefix is read once per layer for all of them; torch backend only)",
+        "(cascade: the shared prefix is read once per layer for all of them; torch and cpu backends)",
         flag="--no-cascade-attention", negative=True)
     kv_pool_tokens: int | None = setting(
         None, "KV cache size in tokens", flag="--kv-pool-tokens", type=int, min=1, optional=True,

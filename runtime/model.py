@@ -147,22 +147,24 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def load_model(model_dir: Path, cfg: ModelConfig, weights: str, device: torch.device, dtype: torch.dtype
-               ) -> LlamaModel:
-    """The model in the requested weight format (`auto` chooses; `model.weights_reason` says why)."""
-    fmt, reason, int4 = _resolve(model_dir, weights, device, dtype)
+def load_model(model_dir: Path, cfg: ModelConfig, weights: str, device: torch.device, dtype: torch.dtype,
+               invariant_attention: bool = False) -> LlamaModel:
+    """The model in the requested weight format (`auto` chooses, knowing whether the attention
+    backend is batch-invariant; `model.weights_reason` says why)."""
+    fmt, reason, int4 = _resolve(model_dir, weights, device, dtype, invariant_attention)
     return LlamaModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, int4 if fmt == "q4" else None)
 
 
-def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype,
+                   invariant_attention: bool = False) -> tuple[str, str]:
     """(format, reason) that `load_model` would use, without building the model."""
-    return _resolve(model_dir, weights, device, dtype)[:2]
+    return _resolve(model_dir, weights, device, dtype, invariant_attention)[:2]
 
 
-def _resolve(model_dir, weights, device, dtype):
+def _resolve(model_dir, weights, device, dtype, invariant_attention):
     from runtime.loader import read_gguf_int4, source_gguf
 
     gguf = source_gguf(model_dir)
     int4 = read_gguf_int4(gguf) if gguf is not None and weights in ("auto", "q4") else {}
-    fmt, reason = choose_format(weights, device, dtype, gguf_q4=bool(int4))
+    fmt, reason = choose_format(weights, device, dtype, gguf_q4=bool(int4), invariant_attention=invariant_attention)
     return fmt, reason, int4

@@ -78,12 +78,14 @@ class ModelRunner:
     def __init__(self, cfg: EngineConfig, model_dir: Path, mc: ModelConfig, device: torch.device,
                  dtype: torch.dtype, max_context: int):
         self.device, self.dtype = device, dtype
-        self.model = load_model(model_dir, mc, cfg.weights, device, dtype)  # .weights / .weights_reason say which format
+        # before the model: `auto` weights are q4 only under batch-invariant attention (runtime/weight_format.py)
+        self.attn = make_attention_backend(cfg.attention_backend, device)
+        self.model = load_model(model_dir, mc, cfg.weights, device, dtype,  # .weights / .weights_reason: which, why
+                                invariant_attention=self.attn.batch_invariant)
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, device)
         self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device)
         self.req_table = ReqToTokenTable(cfg.max_running_requests, max_context + cfg.max_jump_forward_tokens + 2)
-        self.attn = make_attention_backend(cfg.attention_backend, device)
         # shared-prefix groups are built only for a backend that reads them
         self.cascade = cfg.cascade_attention and self.attn.supports_prefix_groups
         self.cuda_graphs = None  # decode passes replayed from CUDA graphs (CUDA + triton only)

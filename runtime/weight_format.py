@@ -1,23 +1,29 @@
 """Which linear-layer weight format a model runs in, and why (EngineConfig.weights: auto | fp32 | bf16 | q8 | q4).
 
-`auto` on CPU: fp32, the only format that meets the whole accuracy bar: besides agreeing with
-itself it keeps Jumpgate's equalities (jump-forward `verify` equals `off` token for token, a batch
-equals each request alone, a prefix-cache hit equals a recompute, a stream equals the whole
-response). The q4/q8/bf16 kernels multiply bf16 activations: fp32 attention differs in its last
-bits between those cases (MKL's GEMMs are not invariant in the row count), a bf16 rounding of an
-activation flips now and then, and at near-ties so does a token (on the dev box, with q4, 8 of 35
-grammar cases differed between verify and off, and a streamed answer from its cached rerun).
-`--weights q4` is the fast choice where that is acceptable: the GGUF's own Q4_1 weights through the
-int4 kernel (nothing re-quantized; a decode step reads 1/8 of the fp32 bytes), `python -m bench
-engine` measures it against fp32. What would make it the default: attention whose rows do not
-depend on the rest of the pass (a batch-invariant kernel), and logits in fp32.
+`auto` on CPU: q4 where the CPU has native bf16 (avx512_bf16 or amx_bf16, where the int4 and bf16
+kernels are fast), the source is a GGUF with Q4_1 blocks, the engine dtype is float32 and the
+attention backend is batch-invariant (the cpu backend, runtime/attention/cpu_backend.py); fp32
+elsewhere. q4 is the GGUF's own Q4_1 weights through the int4 kernel (nothing re-quantized; a
+decode step reads 1/8 of the fp32 bytes) with a bf16 logits layer; `python -m bench engine`
+measures it against fp32, tests/test_weight_formats.py bounds its drift from fp32 (greedy top-1
+agreement >= 97%).
+Why the attention condition: the q4/q8/bf16 kernels multiply bf16 activations, so a last-bit
+difference in an fp32 input is now and then rounded to another bf16 value, and at near-ties that
+flips a token. Jumpgate's equalities (jump-forward `verify` equals `off` token for token, a batch
+equals each request alone, a prefix-cache hit equals a recompute, logprobs equal a recompute)
+need every row computed with the same bits whatever else is in the pass. The int4 kernel and the
+bf16 F.linear are row-count invariant; SDPA over gathered, padded or cascade-merged K/V is not
+(with the torch backend, 8 of 35 grammar cases differed between verify and off on the dev box),
+the cpu backend's kernel is. fp32 keeps the equalities under either backend: its differences stay
+in the last bits (fp32 BLAS is not row-count invariant, but nothing rounds them up to a token).
+`--weights fp32` is the unquantized reference; `--weights q4` forces q4 (also under the torch
+backend or without native bf16, where the equalities or the speed may not hold).
 A q4 model runs every row through the int4 kernel: a bf16 copy of the same weights would prefill
 ~2x faster (the 120 layer linears at 512 rows: 136 ms bf16 against 303 ms int4 on the dev box,
 /tmp microbenchmark, 2 threads), but it rounds each weight to bf16, so prompt tokens and generated
 tokens would see slightly different weights; tried, it changed answers of the test prompts
 ("What is the capital of France?" no longer said Paris), so it was not kept.
 On CUDA, `auto` keeps dense weights in the engine dtype.
-The accuracy of each format against fp32 is measured by tests/test_weight_formats.py.
 """
 
 from __future__ import annotations
@@ -53,8 +59,13 @@ def cpu_summary() -> str:
     return f"torch cpu capability {torch.backends.cpu.get_cpu_capability()}, flags: {' '.join(have) or 'none'}"
 
 
-def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf_q4: bool) -> tuple[str, str]:
-    """(format, reason). `gguf_q4`: the source has GGUF Q4_1 blocks for the linear layers."""
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")  # CPU flags under which the bf16/int4 kernels are fast
+
+
+def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf_q4: bool,
+                  invariant_attention: bool = False) -> tuple[str, str]:
+    """(format, reason). `gguf_q4`: the source has GGUF Q4_1 blocks for the linear layers.
+    `invariant_attention`: the attention backend's rows do not depend on the rest of the pass."""
     if requested not in WEIGHT_FORMATS:
         raise ModelLoadError(f"weights: unknown format {requested!r} (one of: {', '.join(WEIGHT_FORMATS)})")
     if requested != "auto":
@@ -65,6 +76,14 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
     if device.type != "cpu":
         fmt = DTYPE_FORMATS.get(dtype, str(dtype))
         return fmt, f"{device.type}: dense weights in the engine dtype"
-    source = "; the GGUF's Q4_1 blocks are there for --weights q4" if gguf_q4 else ""
-    return "fp32", (f"cpu: the exact reference, the only format whose greedy output does not change with "
-                    f"batching, drafts or cache hits; --weights q4/bf16 are faster{source} ({cpu_summary()})")
+    native = any(f in cpu_flags() for f in NATIVE_BF16)
+    if gguf_q4 and native and invariant_attention and dtype == torch.float32:
+        return "q4", ("cpu with native bf16: the GGUF's own Q4_1 blocks through the int4 kernel, with "
+                      "batch-invariant attention, so batching, drafts and cache hits do not change the output; "
+                      f"--weights fp32 is the unquantized reference ({cpu_summary()})")
+    why = ("the source has no Q4_1 blocks" if not gguf_q4 else
+           "no native bf16 on this CPU" if not native else
+           "the attention backend is not batch-invariant" if not invariant_attention else
+           f"the engine dtype is {dtype}, not float32")
+    return "fp32", (f"cpu: the exact reference, whose greedy output does not change with batching, drafts or "
+                    f"cache hits; not q4: {why} ({cpu_summary()})")

@@ -111,7 +111,8 @@ def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, s
                                                "parameters": {"type": "object",
                                                               "additionalProperties": {"type": "string"}}}}]
     handle = service.compile(GrammarSpec.tool_calls(tools, "required"))
-    ids = chat_ids(tokenizer, "Call add_items with item=apple, item=pear, item=plum.",
+    # a prompt that leads the unchecked model to repeat a name under fp32 and q4 weights alike
+    ids = chat_ids(tokenizer, "Call add_items with fruit=apple, fruit=pear, fruit=plum.",
                    HERMES_TOOL_CALL_FORMAT.render_tools_prompt(tools))
     control, checked = real_engine.generate_many(
         [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,

@@ -4,13 +4,16 @@ reference on the real SmolLM2 stays within its documented bound.
 
 Measured drift (this file's 4 chat prompts, each teacher-forced along a fixed 64-token answer, 256
 positions; "prefill" runs each case in one pass, "decode" feeds the answer one token per pass,
-which is what generation does; printed by `pytest -s -k drift tests/test_weight_formats.py`):
+which is what generation does; attention through the cpu backend; printed by
+`pytest -s -k drift tests/test_weight_formats.py`):
   format  top-1 agreement with fp32 (prefill / decode)   logits max-abs vs fp32 (prefill / decode)
   fp32    100% / 100%                                    0 / 0.0001 (another reduction order)
-  bf16    98.4% / 99.2%                                  0.43 / 0.50
-  q8      95.7% / 96.5%                                  1.74 / 1.91  (per-channel int8 re-quantized from fp32)
-  q4      98.4% / 98.8%                                  0.61 / 0.66  (the GGUF's own Q4_1 codes, int4 kernel;
+  bf16    99.2% / 98.4%                                  0.49 / 0.55
+  q8      96.5% / 96.5%                                  2.01 / 2.01  (per-channel int8 re-quantized from fp32)
+  q4      99.2% / 99.2%                                  0.61 / 0.61  (the GGUF's own Q4_1 codes, int4 kernel;
                                                          bf16 activations and logits layer)
+q8 and q4 give the same logits on both paths: their kernels and the cpu attention backend compute a
+row with the same bits for any number of rows.
 The bounds below leave some room for other prompts' near-ties.
 """
 
@@ -20,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.attention import TorchAttentionBackend
+from runtime.attention import make_attention_backend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Linear
@@ -83,13 +86,22 @@ def test_int8_and_dense_linears_keep_the_callers_dtype():
 def test_format_choice_and_its_reason(monkeypatch):
     import runtime.weight_format as wf
 
-    for flags in ({"avx2", "avx512_bf16"}, {"avx2"}):  # the exact reference either way
+    for flags in ({"avx2", "avx512_bf16"}, {"avx2", "amx_bf16"}):  # native bf16: q4 under invariant attention
         monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset(flags))
-        fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True)
-        assert fmt == "fp32" and "--weights q4" in reason and "avx2" in reason
-        assert choose_format("auto", CPU, torch.float32, gguf_q4=False)[0] == "fp32"
+        fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)
+        assert fmt == "q4" and "batch-invariant" in reason and "--weights fp32" in reason and "avx2" in reason
+    for flags, gguf_q4, invariant, dtype, why in (
+            ({"avx2"}, True, True, torch.float32, "no native bf16"),
+            ({"avx512_bf16"}, False, True, torch.float32, "no Q4_1 blocks"),
+            ({"avx512_bf16"}, True, False, torch.float32, "not batch-invariant"),
+            ({"avx512_bf16"}, True, True, torch.bfloat16, "engine dtype")):
+        monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset(flags))
+        fmt, reason = choose_format("auto", CPU, dtype, gguf_q4=gguf_q4, invariant_attention=invariant)
+        assert fmt == "fp32" and why in reason, reason
+    assert choose_format("auto", CPU, torch.float32, gguf_q4=True)[0] == "fp32"  # invariance is not assumed
     assert choose_format("q8", CPU, torch.float32, gguf_q4=True) == ("q8", "requested")
-    assert choose_format("auto", torch.device("cuda"), torch.bfloat16, gguf_q4=True)[0] == "bf16"
+    assert choose_format("auto", torch.device("cuda"), torch.bfloat16, gguf_q4=True, invariant_attention=True)[0] \
+        == "bf16"
     assert choose_format("fp32", torch.device("cuda"), torch.bfloat16, gguf_q4=True)[0] == "fp32"
     with pytest.raises(ModelLoadError, match="CPU kernels only"):
         choose_format("q4", torch.device("cuda"), torch.bfloat16, gguf_q4=True)
@@ -102,7 +114,7 @@ def test_a_float_source_is_quantized_when_q4_is_requested(tiny_model_dir, tokeni
     assert source_gguf(tiny_model_dir) is None
     model = load_model(tiny_model_dir, cfg, "q4", CPU, torch.float32)
     assert (model.weights, model.weights_reason) == ("q4", "requested")
-    assert load_model(tiny_model_dir, cfg, "auto", CPU, torch.float32).weights == "fp32"
+    assert load_model(tiny_model_dir, cfg, "auto", CPU, torch.float32, invariant_attention=True).weights == "fp32"
     ids = chat_ids(tokenizer, "hello")
     ref = LlamaModel(cfg, load_weights(tiny_model_dir), CPU, torch.float32)
     assert (_prefill(model, cfg, ids) - _prefill(ref, cfg, ids)).abs().max() < 1.0
@@ -140,18 +152,18 @@ def _prefill(model, cfg, ids):
     kv = KVPool(cfg.num_layers, n + 8, cfg.num_kv_heads, cfg.head_dim)
     s = kv.allocator.alloc(n)
     return model.forward(ForwardBatch(torch.tensor(ids), torch.arange(n), s, [n], [n], [s], torch.arange(n)),
-                         kv, TorchAttentionBackend())
+                         kv, make_attention_backend("auto", CPU))
 
 
 def _decode_steps(model, cfg, ids, n_prompt):
     """Logits at positions n_prompt-1 .. len(ids)-2 as a decode computes them: the prompt in one
     pass, then one token (one row) per pass, as generation does. Kernels may round differently for
     one row than for many (fp32 BLAS does; the bf16 logits layer rounds rows alike), so both paths
-    are measured."""
+    are measured. Attention is the engine's default backend (cpu where it builds)."""
     n = len(ids)
     kv = KVPool(cfg.num_layers, n + 8, cfg.num_kv_heads, cfg.head_dim)
     slots = kv.allocator.alloc(n)
-    attn = TorchAttentionBackend()
+    attn = make_attention_backend("auto", CPU)
     p = slots[:n_prompt]
     rows = [model.forward(ForwardBatch(torch.tensor(ids[:n_prompt]), torch.arange(n_prompt), p, [n_prompt],
                                        [n_prompt], [p], torch.tensor([n_prompt - 1])), kv, attn)]
@@ -210,7 +222,14 @@ def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
 
 
 @pytest.mark.e2e
-def test_auto_runs_the_exact_reference_and_says_why(smollm_dir):
-    model = load_model(smollm_dir, read_config(smollm_dir), "auto", CPU, torch.float32)
-    assert model.weights == "fp32"
-    assert "cpu capability" in model.weights_reason and "--weights q4" in model.weights_reason
+def test_auto_picks_q4_where_bf16_is_native_and_says_why(smollm_dir):
+    from runtime.weight_format import NATIVE_BF16, cpu_flags
+
+    native = any(f in cpu_flags() for f in NATIVE_BF16)
+    cfg = read_config(smollm_dir)
+    model = load_model(smollm_dir, cfg, "auto", CPU, torch.float32, invariant_attention=True)
+    assert model.weights == ("q4" if native else "fp32")
+    assert "cpu capability" in model.weights_reason
+    assert ("batch-invariant attention" if native else "no native bf16") in model.weights_reason
+    model = load_model(smollm_dir, cfg, "auto", CPU, torch.float32, invariant_attention=False)
+    assert model.weights == "fp32" and ("not batch-invariant" if native else "no native bf16") in model.weights_reason

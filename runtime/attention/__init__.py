@@ -2,6 +2,8 @@
 
 - base.py:           AttentionBackend, the contract every backend implements
 - torch_backend.py:  TorchAttentionBackend (SDPA; CPU and CUDA)
+- cpu_backend.py:    CpuPagedAttentionBackend (a batch-invariant C++ kernel; CPU, float32)
+- cpu_ext.py:        builds that kernel (cpu_paged.cpp) on first use, cached per machine
 - cascade.py:        shared-prefix (cascade) attention: prefix groups, attention with LSE, the merge
 - triton_backend.py: TritonAttentionBackend and its kernels (CUDA; CPU under TRITON_INTERPRET=1)
 
@@ -19,7 +21,7 @@ import torch
 from runtime.attention.base import AttentionBackend
 from runtime.attention.torch_backend import TorchAttentionBackend
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -35,12 +37,24 @@ def triton_interpreter_enabled() -> bool:
 
 
 def make_attention_backend(name: str, device: torch.device) -> AttentionBackend:
-    """`auto`: Triton on CUDA (when triton is installed), torch elsewhere. `triton` off CUDA runs
-    only under the Triton interpreter (`TRITON_INTERPRET=1`, for tests)."""
+    """`auto`: Triton on CUDA (when triton is installed), the cpu kernel on CPU (torch where it
+    cannot be built), torch elsewhere. `cpu` falls back to torch the same way (one log line).
+    `triton` off CUDA runs only under the Triton interpreter (`TRITON_INTERPRET=1`, for tests)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend: must be one of {', '.join(ATTENTION_BACKENDS)}, not {name!r}")
     if name == "auto":
-        name = "triton" if device.type == "cuda" and importlib.util.find_spec("triton") is not None else "torch"
+        if device.type == "cuda":
+            name = "triton" if importlib.util.find_spec("triton") is not None else "torch"
+        else:
+            name = "cpu" if device.type == "cpu" else "torch"  # batch invariant: see cpu_backend.py
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"attention_backend=cpu runs on CPU only, not {device.type}")
+        from runtime.attention.cpu_backend import CpuPagedAttentionBackend
+        from runtime.attention.cpu_ext import load_cpu_attention
+
+        ext = load_cpu_attention()
+        return CpuPagedAttentionBackend(ext) if ext is not None else TorchAttentionBackend()
     if name == "torch":
         return TorchAttentionBackend()
     if device.type != "cuda" and not triton_interpreter_enabled():

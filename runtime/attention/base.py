@@ -22,6 +22,9 @@ class AttentionBackend(ABC):
     name = "abstract"
     # True: `prepare` honours ForwardBatch.prefix_groups (shared-prefix / cascade attention)
     supports_prefix_groups = False
+    # True: a row's output is bitwise the same whatever else is in the pass (alone, batched, as a
+    # decode or inside an extend); weight formats that round activations rely on it
+    batch_invariant = False
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:

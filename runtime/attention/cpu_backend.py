@@ -1,0 +1,67 @@
+"""The CPU attention backend: a batch-invariant C++ kernel over the KV pool, read in place.
+
+Each query row's output is a function of its own q, its request's slots and its visible length n
+(prefix + index of the token + 1) only: keys are folded in blocks of 32 aligned to absolute
+position 0, each block reduced in one fixed order (a 16-lane dot product over head_dim, block
+max, exp, sums in key order), blocks combined by the online-softmax rescale. So a row is bitwise
+the same alone or in any batch, as a decode or inside a longer extend, with any thread count.
+That is what lets bf16-activation weight formats (q4) keep Jumpgate's equalities: SDPA over
+gathered, padded or cascade-merged K/V differs in its last bits between those cases, and the next
+layer's bf16 rounding turns that into flipped tokens at near-ties.
+
+The kernel (cpu_paged.cpp) is built on first use (runtime/attention/cpu_ext.py). Per pass,
+`prepare` makes two small tensors: all requests' slot rows concatenated, and one
+(first q row, new tokens, seq len, slot offset, prefix group, shared length) line per request.
+Rows of one request are tiled 16 at a time so each K/V block is loaded once per tile; the work
+items are (tile, KV head), with the query heads of one KV head together (GQA), handed to threads
+one by one.
+
+Prefix groups (ForwardBatch.prefix_groups, requests holding the same cached prefix slots): up to
+32 rows of a group's members form one tile, whose blocks inside the shared prefix are loaded once
+for all of them. Every row still folds the same absolute blocks in the same order, so grouping
+changes no bit of the output (unlike the torch backend's cascade, which merges two softmaxes).
+float32 only: other dtypes (e.g. --dtype bfloat16 on CPU) go through the torch backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runtime.attention.base import AttentionBackend
+from runtime.attention.torch_backend import TorchAttentionBackend
+from runtime.forward_batch import ForwardBatch
+
+
+class CpuPagedAttentionBackend(AttentionBackend):
+    name = "cpu"
+    supports_prefix_groups = True
+    max_short_extend = TorchAttentionBackend.max_short_extend  # longest extend that joins a group
+    batch_invariant = True  # for float32 passes; other dtypes go through torch
+
+    def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/attention/cpu_ext.py)
+        self.ext = ext
+        self.batch: ForwardBatch | None = None
+        self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self.batch, self.fallback = batch, None
+        rows = batch.slot_rows
+        self.slots = (rows[0] if len(rows) == 1 else torch.cat(rows)).to(torch.int64).contiguous()
+        ext = torch.tensor(batch.extend_lens, dtype=torch.int64)
+        seq = torch.tensor(batch.seq_lens, dtype=torch.int64)
+        group = torch.full_like(ext, -1)
+        shared = torch.zeros_like(ext)
+        for gi, g in enumerate(batch.prefix_groups):
+            group[g.members] = gi
+            shared[g.members] = g.shared_len
+        self.meta = torch.stack([ext.cumsum(0) - ext, ext, seq, seq.cumsum(0) - seq, group, shared], dim=1)
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        if q.dtype != torch.float32 or k_cache.dtype != torch.float32:
+            if self.fallback is None:
+                self.fallback = TorchAttentionBackend()
+                self.fallback.prepare(self.batch)
+            return self.fallback.forward(q, k_cache, v_cache)
+        return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta)

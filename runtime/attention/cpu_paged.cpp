@@ -1,0 +1,272 @@
+// Batch-invariant paged attention for CPU (the contract is in cpu_backend.py's docstring).
+//
+// A query row's result depends only on its own q, its request's slot list and its visible length
+// n: keys are folded in blocks of BLK aligned to absolute position 0, each block reduced in one
+// fixed order, blocks combined by the online-softmax rescale. Tiling rows of one request, the
+// batch, the work split and the thread count only change which thread runs a row, never the
+// arithmetic. Plain GCC vector types (no fast-math) keep every operation's order as written.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int BLK = 32;       // keys per block
+constexpr int W = 16;         // lanes of the dot product and of the V accumulation
+constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V block
+constexpr int GROUP_ROWS = 32;  // rows of a prefix group that share each loaded shared block
+constexpr int MAX_CHUNKS = 16;  // head_dim <= 256
+
+typedef float vf __attribute__((vector_size(W * sizeof(float))));
+typedef int vi __attribute__((vector_size(W * sizeof(int))));
+typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
+
+inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline vf load_part(const float* p, int n) { vf v = {}; std::memcpy(&v, p, n * sizeof(float)); return v; }
+inline void store_part(float* p, vf v, int n) { std::memcpy(p, &v, n * sizeof(float)); }
+inline vf splat(float x) { vf v = {}; return v + x; }
+
+// Fixed tree: 16 -> 8 -> 4 -> 2 -> 1.
+inline float hsum(vf v) {
+  vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+          __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// Cephes expf (~1 ulp), lane-wise; x <= -87.4 gives exactly 0 (no libm call, so it vectorises).
+inline vf exp_v(vf x) {
+  const vf hi = splat(88.3762626647949f), lo = splat(-88.3762626647949f);
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  vf fx = x * 1.44269504088896341f + 0.5f;
+  vf t = __builtin_convertvector(__builtin_convertvector(fx, vi), vf);
+  fx = t + __builtin_convertvector(t > fx, vf);  // floor: the mask is -1 where t rounded up
+  x = x - fx * 0.693359375f;
+  x = x - fx * -2.12194440e-4f;
+  vf z = x * x;
+  vf y = splat(1.9875691500e-4f);
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.0f;
+  vi e = (__builtin_convertvector(fx, vi) + 127) << 23;
+  vf pow2;
+  std::memcpy(&pow2, &e, sizeof pow2);
+  return y * pow2;
+}
+
+struct Args {
+  const float* q;
+  int64_t q_row, q_head;  // strides of q (head_dim is contiguous)
+  const float* k;
+  const float* v;
+  const int64_t* slots;
+  float* out;
+  int64_t kv_heads, heads, group, dim;
+  float scale;
+};
+
+// A run of consecutive query rows of one request: row i sees n0 + i keys.
+struct Seg {
+  int64_t row0, rows, n0, slot_off;
+};
+
+// A work unit: segments (one request's rows, or the rows of several requests that share their
+// first `shared_blocks` key blocks), one KV head.
+struct Tile {
+  int64_t first_seg, num_segs, shared_blocks, cost;
+};
+
+// Folds every row of `tile` over its keys, block by block; the query heads of KV head `kvh`
+// together. Shared blocks are addressed through the first segment's slots and read once for all
+// rows; each row's arithmetic is the same as on its own. NC: W-lane chunks per head.
+template <int NC, bool FULL>
+void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
+  const int64_t G = a.group, D = a.dim;
+  const int tail = FULL ? W : static_cast<int>(D - (NC - 1) * W);  // lanes of the last chunk
+  auto ld = [tail](const float* ptr, int c) {
+    return FULL || c < NC - 1 ? load(ptr + c * W) : load_part(ptr + c * W, tail);
+  };
+  segs += t.first_seg;
+  int64_t rows = 0, n_max = 0;
+  for (int64_t sg = 0; sg < t.num_segs; ++sg) {
+    rows += segs[sg].rows;
+    n_max = std::max(n_max, segs[sg].n0 + segs[sg].rows - 1);
+  }
+  const int64_t states = rows * G;
+  std::vector<vf> qb(states * NC), acc(states * NC, splat(0.f));
+  std::vector<float> m(states, -std::numeric_limits<float>::infinity()), l(states, 0.f);
+  for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
+    for (int64_t i = 0; i < segs[sg].rows; ++i)
+      for (int64_t g = 0; g < G; ++g, ++st) {
+        const float* src = a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head;
+        for (int c = 0; c < NC; ++c) qb[st * NC + c] = ld(src, c);
+      }
+  const float* kp[BLK];
+  const float* vp[BLK];
+  alignas(64) float s[BLK];
+  alignas(64) float p[BLK];
+  auto address = [&](const Seg& sg, int64_t base, int64_t end) {
+    const int kc = static_cast<int>(std::min<int64_t>(BLK, end - base));
+    for (int j = 0; j < kc; ++j) {
+      const int64_t off = (a.slots[sg.slot_off + base + j] * a.kv_heads + kvh) * D;
+      kp[j] = a.k + off;
+      vp[j] = a.v + off;
+    }
+  };
+  // One block for the rows of one segment: state index of its first row, keys base.. it sees.
+  auto fold = [&](const Seg& sg, int64_t st0, int64_t base) {
+    for (int64_t i = std::max<int64_t>(0, base - sg.n0 + 1); i < sg.rows; ++i) {
+      const int valid = static_cast<int>(std::min<int64_t>(BLK, sg.n0 + i - base));
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t st = st0 + i * G + g;
+        const vf* qv = &qb[st * NC];
+        float mb = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j < valid; ++j) {
+          vf d = qv[0] * ld(kp[j], 0);
+          for (int c = 1; c < NC; ++c) d = d + qv[c] * ld(kp[j], c);
+          s[j] = hsum(d) * a.scale;
+          mb = std::max(mb, s[j]);
+        }
+        for (int j = valid; j < BLK; ++j) s[j] = 0.f;
+        const float m_old = m[st], m_new = std::max(m_old, mb);
+        const float alpha = std::isinf(m_old) ? 0.f : std::exp(m_old - m_new);
+        for (int j = 0; j < BLK; j += W) store(p + j, exp_v(load(s + j) - m_new));
+        float ps = 0.f;  // keys past n contribute nothing: they are not summed
+        for (int j = 0; j < valid; ++j) ps += p[j];
+        l[st] = l[st] * alpha + ps;
+        vf av[NC];
+        for (int c = 0; c < NC; ++c) av[c] = alpha == 1.f ? acc[st * NC + c] : acc[st * NC + c] * alpha;
+        for (int j = 0; j < valid; ++j) {
+          const float pj = p[j];
+          for (int c = 0; c < NC; ++c) av[c] = av[c] + pj * ld(vp[j], c);
+        }
+        for (int c = 0; c < NC; ++c) acc[st * NC + c] = av[c];
+        m[st] = m_new;
+      }
+    }
+  };
+  for (int64_t b = 0, base = 0; base < n_max; ++b, base += BLK) {
+    if (b < t.shared_blocks) address(segs[0], base, base + BLK);  // every row sees all of it
+    for (int64_t sg = 0, st0 = 0; sg < t.num_segs; st0 += segs[sg].rows * G, ++sg) {
+      const int64_t end = segs[sg].n0 + segs[sg].rows - 1;
+      if (end <= base) continue;
+      if (b >= t.shared_blocks) address(segs[sg], base, end);
+      fold(segs[sg], st0, base);
+    }
+  }
+  for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
+    for (int64_t i = 0; i < segs[sg].rows; ++i)
+      for (int64_t g = 0; g < G; ++g, ++st) {
+        float* dst = a.out + ((segs[sg].row0 + i) * a.heads + kvh * G + g) * D;
+        for (int c = 0; c < NC; ++c) {
+          vf o = acc[st * NC + c] / l[st];
+          if (FULL || c < NC - 1) store(dst + c * W, o); else store_part(dst + c * W, o, tail);
+        }
+      }
+}
+
+using TileFn = void (*)(const Args&, const Seg*, const Tile&, int64_t);
+
+template <int NC>
+TileFn pick(int nc, bool full) {
+  if constexpr (NC > MAX_CHUNKS) {
+    return nullptr;
+  } else {
+    if (nc == NC) return full ? &run_tile<NC, true> : &run_tile<NC, false>;
+    return pick<NC + 1>(nc, full);
+  }
+}
+
+}  // namespace
+
+// q [T, H, D] float32 (head_dim contiguous); k_cache, v_cache [S, KVH, D] float32 contiguous;
+// slots: int64, all requests' slot rows one after another; meta [B, 6] int64 per request:
+// (first row of q, new tokens, visible length of its last row, offset of its row in `slots`,
+// prefix group or -1, the group's shared length). A group's members must hold the same first
+// `shared length` slots, all cached (runtime/attention/cascade.py finds such groups).
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                              torch::Tensor slots, torch::Tensor meta) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_attention: shapes");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+              v_cache.scalar_type() == at::kFloat, "paged_attention: float32 only");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_attention: contiguous caches");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && meta.scalar_type() == at::kLong, "paged_attention: int64 tables");
+  TORCH_CHECK(meta.dim() == 2 && meta.size(1) == 6, "paged_attention: meta is [B, 6]");
+  if (q.stride(2) != 1) q = q.contiguous();
+  slots = slots.contiguous();
+  meta = meta.contiguous();
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1), B = meta.size(0);
+  TORCH_CHECK(k_cache.size(2) == D && H % KVH == 0, "paged_attention: head_dim / GQA mismatch");
+  const int nc = static_cast<int>((D + W - 1) / W);
+  TileFn fn = pick<1>(nc, D % W == 0);
+  TORCH_CHECK(fn != nullptr, "paged_attention: head_dim above ", MAX_CHUNKS * W);
+  auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+         slots.data_ptr<int64_t>(), out.data_ptr<float>(), KVH, H, H / KVH, D,
+         static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  const int64_t* mt = meta.data_ptr<int64_t>();
+  std::vector<Seg> segs;
+  std::vector<Tile> tiles;
+  std::vector<int64_t> grouped;  // requests in a group, by group then batch order
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* r = mt + 6 * b;
+    TORCH_CHECK(r[0] >= 0 && r[0] + r[1] <= T && r[1] <= r[2] && r[3] >= 0 && r[3] + r[2] <= slots.numel(),
+                "paged_attention: meta row ", b, " out of range");
+    TORCH_CHECK(r[4] < 0 || (r[5] >= 0 && r[5] <= r[2] - r[1]), "paged_attention: meta row ", b,
+                ": the shared prefix must be cached");
+    if (r[4] >= 0) { grouped.push_back(b); continue; }
+    for (int64_t i = 0; i < r[1]; i += MAX_TILE) {
+      const int64_t rows = std::min<int64_t>(MAX_TILE, r[1] - i), n0 = r[2] - r[1] + i + 1;
+      tiles.push_back({static_cast<int64_t>(segs.size()), 1, 0, rows * (n0 + rows)});
+      segs.push_back({r[0] + i, rows, n0, r[3]});
+    }
+  }
+  std::stable_sort(grouped.begin(), grouped.end(),
+                   [mt](int64_t x, int64_t y) { return mt[6 * x + 4] < mt[6 * y + 4]; });
+  int64_t tile_rows = 0;
+  for (size_t k = 0; k < grouped.size(); ++k) {
+    const int64_t* r = mt + 6 * grouped[k];
+    bool new_group = k == 0 || mt[6 * grouped[k - 1] + 4] != r[4];
+    for (int64_t i = 0; i < r[1]; i += MAX_TILE) {
+      const int64_t rows = std::min<int64_t>(MAX_TILE, r[1] - i), n0 = r[2] - r[1] + i + 1;
+      if (new_group || tile_rows + rows > GROUP_ROWS) {
+        // segment 0 of each tile addresses the shared blocks (any member's slots would do)
+        tiles.push_back({static_cast<int64_t>(segs.size()), 0, r[5] / BLK, 0});
+        tile_rows = 0;
+        new_group = false;
+      }
+      ++tiles.back().num_segs;
+      tiles.back().cost += rows * (n0 + rows);
+      tile_rows += rows;
+      segs.push_back({r[0] + i, rows, n0, r[3]});
+    }
+  }
+  // Longest first, handed out one by one: balances threads without changing any row's arithmetic.
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& x, const Tile& y) { return x.cost > y.cost; });
+  const int64_t items = static_cast<int64_t>(tiles.size()) * KVH;
+  std::atomic<int64_t> next{0};
+  auto work = [&](int64_t, int64_t) {
+    for (int64_t it; (it = next.fetch_add(1)) < items;) fn(a, segs.data(), tiles[it / KVH], it % KVH);
+  };
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
+  if (workers <= 1) work(0, 1); else at::parallel_for(0, workers, 1, work);
+  return out;
+}
+
+// A dispatcher op (not a pybind function), so torch.profiler sees it by name.
+TORCH_LIBRARY(jumpgate_cpu, m) {
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta) -> Tensor",
+        &paged_attention);
+}

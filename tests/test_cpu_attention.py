@@ -1,0 +1,233 @@
+"""The CPU attention backend (runtime/attention/cpu_backend.py) and its kernel.
+
+- accuracy: equals fp32 SDPA (per request, and the torch backend) within 1e-5 on mixed batches:
+  GQA 1/3/4, head_dim not a multiple of 16, unequal lengths, drafts and prompt chunks after cached
+  prefixes, scattered slots;
+- batch invariance, bitwise: a row's output is the same alone, in a batch with other rows, as a
+  decode or inside a longer extend, with 1 or 2 threads, and for any placement of the row in q;
+- prefix groups: tiles that read a shared prefix once for several requests change no bit;
+- the factory: `auto` on CPU picks it, a failed build falls back to torch with one log line,
+  non-fp32 passes go through the torch backend;
+- the engine gives the same greedy tokens with it as with torch (tiny model).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime.attention import TorchAttentionBackend, make_attention_backend
+from runtime.attention.cpu_backend import CpuPagedAttentionBackend
+from runtime.attention.cpu_ext import load_cpu_attention
+from runtime.forward_batch import ForwardBatch
+
+CPU = torch.device("cpu")
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ext():
+    module = load_cpu_attention()
+    if module is None:
+        pytest.skip("the CPU attention kernel cannot be built here")
+    return module
+
+
+def make_batch(specs, num_slots=4096, seed=0, contiguous=False):
+    """specs: (new tokens, seq len) per request; slots scattered over the pool unless `contiguous`."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.arange(num_slots) if contiguous else torch.randperm(num_slots, generator=g)
+    rows, used = [], 0
+    for _ext, seq in specs:
+        rows.append(perm[used : used + seq].clone())
+        used += seq
+    return pass_of([e for e, _ in specs], [s for _, s in specs], rows)
+
+
+def pass_of(extend_lens, seq_lens, slot_rows):
+    zeros = torch.zeros(sum(extend_lens), dtype=torch.int64)
+    return ForwardBatch(zeros, zeros, zeros, extend_lens, seq_lens, slot_rows, torch.zeros(0, dtype=torch.int64))
+
+
+def random_qkv(t, heads, kv_heads, dim, num_slots=4096, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(t, heads, dim, generator=g) * 2, torch.randn(num_slots, kv_heads, dim, generator=g),
+            torch.randn(num_slots, kv_heads, dim, generator=g))
+
+
+def run(backend, batch, q, k, v):
+    backend.prepare(batch)
+    return backend.forward(q, k, v)
+
+
+def sdpa_reference(batch, q, k, v):
+    """Each request alone: float64 SDPA with a bottom-right causal mask."""
+    out, start = torch.empty_like(q), 0
+    for ext, seq, slots in zip(batch.extend_lens, batch.seq_lens, batch.slot_rows):
+        qe = q[start : start + ext].transpose(0, 1).unsqueeze(0).double()
+        ke, ve = (c[slots].transpose(0, 1).unsqueeze(0).double() for c in (k, v))
+        mask = torch.arange(seq).unsqueeze(0) <= torch.arange(seq - ext, seq).unsqueeze(1)
+        o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, enable_gqa=True)
+        out[start : start + ext] = o[0].transpose(0, 1).float()
+        start += ext
+    return out
+
+
+MIXED = [(1, 1), (1, 37), (5, 40), (1, 300), (17, 17), (80, 200), (3, 64), (1, 65), (33, 33), (65, 129)]
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (8, 2, 24), (6, 2, 128), (4, 1, 40)])
+def test_equals_sdpa_on_a_mixed_batch(ext, heads, kv_heads, dim):
+    batch = make_batch(MIXED)
+    q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
+    out = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
+    assert (out - run(TorchAttentionBackend(), batch, q, k, v)).abs().max().item() <= TOL
+
+
+def test_reads_the_pool_in_place_and_takes_a_strided_q(ext):
+    """q as the model makes it (a view into the fused QKV output); contiguous slots."""
+    batch = make_batch([(4, 50), (1, 9)], contiguous=True)
+    _, k, v = random_qkv(0, 9, 3, 64)
+    qkv = torch.randn(batch.num_tokens, (9 + 6) * 64)
+    q = qkv[:, : 9 * 64].view(-1, 9, 64)
+    out = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
+
+
+def rows_of(out, batch, request):
+    start = sum(batch.extend_lens[:request])
+    return out[start : start + batch.extend_lens[request]]
+
+
+def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(ext):
+    heads, kv_heads, dim = 9, 3, 64
+    _, k, v = random_qkv(0, heads, kv_heads, dim)
+    g = torch.Generator().manual_seed(7)
+    slots = torch.randperm(4096, generator=g)[:150]
+    q_all = torch.randn(150, heads, dim, generator=g)
+    backend = CpuPagedAttentionBackend(ext)
+    # the whole sequence as one prefill: row i sees i + 1 keys
+    full = run(backend, pass_of([150], [150], [slots]), q_all, k, v)
+    others = make_batch([(1, 500), (40, 90), (3, 3)], seed=3)
+    for prefix, ext_len in [(149, 1), (100, 50), (0, 150), (120, 5), (31, 2), (63, 65)]:
+        rows = slots[: prefix + ext_len]
+        alone = pass_of([ext_len], [prefix + ext_len], [rows])
+        q = q_all[prefix : prefix + ext_len]
+        out_alone = run(backend, alone, q, k, v)
+        assert torch.equal(out_alone, full[prefix : prefix + ext_len]), (prefix, ext_len)
+        # the same rows among others, in the middle of q
+        mixed = pass_of([others.extend_lens[0], ext_len, *others.extend_lens[1:]],
+                        [others.seq_lens[0], prefix + ext_len, *others.seq_lens[1:]],
+                        [others.slot_rows[0], rows, *others.slot_rows[1:]])
+        q_mixed = torch.cat([torch.randn(1, heads, dim), q, torch.randn(others.num_tokens - 1, heads, dim)])
+        assert torch.equal(rows_of(run(backend, mixed, q_mixed, k, v), mixed, 1), out_alone), (prefix, ext_len)
+
+
+def test_the_thread_count_changes_nothing(ext):
+    batch = make_batch(MIXED)
+    q, k, v = random_qkv(batch.num_tokens, 9, 3, 64)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, before):
+            torch.set_num_threads(threads)
+            outs.append(run(CpuPagedAttentionBackend(ext), batch, q, k, v))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+A, B = ("A", 70, True), ("B", 45, False)
+GROUPED = [(A, 12, 1), (A, 3, 1), (A, 20, 5), (None, 30, 1), (B, 7, 1), (B, 15, 1), (B, 1, 1),
+           (A, 90, 65), (None, 100, 100), (A, 0, 1)] + [(A, i, 1) for i in range(40)]  # A: more than one tile
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 24)])
+def test_prefix_groups_change_no_bit(ext, heads, kv_heads, dim):
+    from runtime.attention.cascade import find_prefix_groups
+    from tests.test_cascade_attention import make_batch as make_shared_batch
+
+    batch = make_shared_batch(GROUPED)
+    q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
+    plain = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
+                                             CpuPagedAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    assert sorted(len(g.members) for g in batch.prefix_groups) == [3, 45]  # A: a 65-token extend too
+    grouped = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    assert torch.equal(grouped, plain)
+    assert (grouped - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
+
+
+def test_checks_its_inputs(ext):
+    batch = make_batch([(2, 10)])
+    q, k, v = random_qkv(2, 4, 2, 16)
+    backend = CpuPagedAttentionBackend(ext)
+    backend.prepare(batch)
+    with pytest.raises(RuntimeError, match="GQA"):
+        backend.forward(q[:, :3], k, v)
+    big = torch.zeros(2, 2, 272)
+    with pytest.raises(RuntimeError, match="head_dim"):
+        backend.forward(big, torch.zeros(4096, 2, 272), torch.zeros(4096, 2, 272))
+    backend.meta[0, 4:] = torch.tensor([0, 9])  # a "shared" prefix that is not all cached
+    with pytest.raises(RuntimeError, match="must be cached"):
+        backend.forward(q, k, v)
+    backend.meta[0, 2] = 5000  # a row past the slot table
+    with pytest.raises(RuntimeError, match="out of range"):
+        backend.forward(q, k, v)
+
+
+def test_non_float32_passes_go_through_torch(ext):
+    batch = make_batch([(3, 20), (1, 7)])
+    q, k, v = random_qkv(batch.num_tokens, 4, 2, 16)
+    out = run(CpuPagedAttentionBackend(ext), batch, q.bfloat16(), k.bfloat16(), v.bfloat16())
+    torch.testing.assert_close(out, run(TorchAttentionBackend(), batch, q.bfloat16(), k.bfloat16(), v.bfloat16()))
+
+
+def test_auto_picks_it_on_cpu_and_falls_back_to_torch(ext, monkeypatch, caplog):
+    assert make_attention_backend("auto", CPU).name == "cpu"
+    assert make_attention_backend("cpu", CPU).name == "cpu"
+    assert make_attention_backend("torch", CPU).name == "torch"
+    with pytest.raises(ValueError, match="CPU only"):
+        make_attention_backend("cpu", torch.device("cuda"))
+    from runtime.attention import cpu_ext
+    from torch.utils import cpp_extension
+
+    def broken(**_kw):
+        raise RuntimeError("Error building extension 'x'\nmore lines")
+
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    monkeypatch.setattr(cpu_ext, "_loaded", {})
+    with caplog.at_level(logging.WARNING, logger="jumpgate.attention"):
+        assert make_attention_backend("auto", CPU).name == "torch"
+        assert make_attention_backend("cpu", CPU).name == "torch"
+    assert len(caplog.records) == 1 and "using the torch backend" in caplog.records[0].getMessage()
+
+
+def test_engine_greedy_tokens_equal_torch_backend(ext, tiny_model_dir):
+    """Chunked prefill after a cached prefix, jump-free batched decode; same tokens as torch."""
+    from runtime.api import GenerateRequest
+    from runtime.engine import Engine
+    from runtime.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randint(100, 40000, (24,), generator=g).tolist()
+    prompts = [shared + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (14, 3)]
+    prompts.append(torch.randint(100, 40000, (9,), generator=g).tolist())
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "cpu"):
+        engine = Engine(model=str(tiny_model_dir), device="cpu", dtype="float32", attention_backend=backend,
+                        kv_pool_tokens=512, chunked_prefill_tokens=16, max_running_requests=4, debug_invariants=True)
+        assert engine.runner.attn.name == backend and engine.info.attention_backend == backend
+        try:
+            first = engine.generate(prompts[0], greedy)
+            rest = engine.generate_many([GenerateRequest(p, greedy) for p in prompts[1:]])
+        finally:
+            engine.shutdown()
+        assert rest[0].cached_tokens >= len(shared)
+        outs[backend] = [first.token_ids] + [r.token_ids for r in rest]
+    assert outs["cpu"] == outs["torch"]
