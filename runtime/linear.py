@@ -6,8 +6,10 @@
   `aten._weight_int4pack_mm_for_cpu` (bf16 activations). A GGUF Q4_1 block (w = d * q + m) is
   exactly that with scale = d and zero = m + 8d, so a q4 model runs the GGUF's own 4-bit codes.
 
-Inputs and outputs keep the caller's dtype (the residual stream stays in the engine dtype); the
+Calling a layer keeps the caller's dtype (the residual stream stays in the engine dtype); the
 quantized kernels compute in bf16, their fast CPU path (their fp32-activation path is ~20x slower).
+`native(x)` skips both casts: x already in `act_dtype`, y returned in it (runtime/model.py's fused
+CPU path feeds it the bf16 outputs of runtime/cpu_kernels/layer_ops.cpp).
 """
 
 from __future__ import annotations
@@ -26,10 +28,17 @@ class DenseLinear:
         self.bias = None if bias is None else bias.to(dtype)
         self.dtype = dtype
 
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.dtype:
-            return F.linear(x, self.weight, self.bias)
-        return F.linear(x.to(self.dtype), self.weight, self.bias).to(x.dtype)
+            return self.native(x)
+        return self.native(x.to(self.dtype)).to(x.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -50,11 +59,14 @@ class Int8Linear:
         self.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.bias = None if bias is None else bias.to(torch.bfloat16)
 
+    act_dtype = torch.bfloat16
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+        return y if self.bias is None else y + self.bias
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scales)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return self.native(x.to(torch.bfloat16)).to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
@@ -118,12 +130,14 @@ class Int4Linear:
         self.scales_zeros = torch.stack([w.scales.t(), w.zeros.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.bias = None if bias is None else bias.to(torch.bfloat16)
 
+    act_dtype = torch.bfloat16
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
+        return y if self.bias is None else y + self.bias
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group,
-                                                        self.scales_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return self.native(x.to(torch.bfloat16)).to(x.dtype)
 
     @property
     def nbytes(self) -> int:

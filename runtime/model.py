@@ -4,6 +4,14 @@ Weights use Hugging Face names on disk; at load time Q/K/V and gate/up are fused
 each, which halves the number of matmul calls per layer (decode on CPU is call- and memory-bound).
 Linear layers run in one weight format (runtime/linear.py, chosen by runtime/weight_format.py);
 norms, embedding, rope and the residual stream stay in the engine dtype.
+
+Where the linear layers take bf16 activations on CPU under a float32 engine (q4, q8, bf16), the
+small ops between the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp): the norm writes the
+matmul's bf16 input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
+op, and the residual adds take the bf16 outputs as they are. That is 11 dispatcher ops a layer
+instead of ~40, whose dispatch was a third of a batch-1 step. Each fused op computes a row alone,
+in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
+the bit-for-bit reference.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.attention import AttentionBackend
+from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Linear
@@ -23,6 +32,7 @@ from runtime.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
 
 
 SMALL_GEMM_ROWS = 4
+FUSED_FORMATS = frozenset({"q4", "q8", "bf16"})  # linear layers with bf16 activations
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,6 +107,8 @@ class LlamaModel:
         self.rope = RotaryEmbedding(cfg, cfg.max_position_embeddings, device, dtype)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        fusable = device.type == "cpu" and dtype == torch.float32 and self.weights in FUSED_FORMATS
+        self.fused_ops = load_cpu_kernels() if fusable else None  # None: plain torch (or no compiler)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend) -> torch.Tensor:
@@ -105,30 +117,45 @@ class LlamaModel:
         cfg = self.cfg
         attn.prepare(batch)
         h = F.embedding(batch.input_ids, self.embed)
-        t = h.shape[0]
         cos, sin = self.rope.tables(batch.positions)  # once per pass, not per layer
-        rotate = self.rope.rotate
+        layer_pass = self._fused_layer if self.fused_ops is not None else self._torch_layer
         for li, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            qkv = layer.qkv(x)
-            q = qkv[:, : self.q_size].view(t, cfg.num_heads, cfg.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim)
-            v = qkv[:, self.q_size + self.kv_size :].view(t, cfg.num_kv_heads, cfg.head_dim)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            kv.write(li, batch.out_slots, k, v)
-            o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
-            h += layer.o_proj(o)  # in place: no new residual tensor per layer
-            x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h += layer.down(F.silu(gate) * up)
-        h = rms_norm(h[batch.logits_index], self.norm, cfg.rms_norm_eps)
+            layer_pass(li, layer, h, cos, sin, batch, kv, attn)
+        h = h[batch.logits_index]
         rows = h.shape[0]
         if h.device.type == "cpu" and 1 < rows < SMALL_GEMM_ROWS:
             # CPU BLAS takes a slow path for 2-3 rows (the 49k-row lm_head: 24/36 ms for 2/3 rows
             # against 19 ms for 4 on the dev machine); a draft being verified at batch 1 is that.
             h = torch.cat([h, h.new_zeros(SMALL_GEMM_ROWS - rows, h.shape[1])])
-            return self.lm_head(h)[:rows].float()
-        return self.lm_head(h).float()
+        if self.fused_ops is not None and self.lm_head.act_dtype == torch.bfloat16:
+            logits = self.lm_head.native(self.fused_ops.rms_norm_bf16(h, self.norm, cfg.rms_norm_eps))
+        else:
+            logits = self.lm_head(rms_norm(h, self.norm, cfg.rms_norm_eps))
+        return logits[:rows].float()
+
+    def _torch_layer(self, li, layer, h, cos, sin, batch, kv, attn) -> None:
+        cfg, t = self.cfg, h.shape[0]
+        x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+        qkv = layer.qkv(x)
+        q = qkv[:, : self.q_size].view(t, cfg.num_heads, cfg.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
+        kv.write(li, batch.out_slots, k, v)
+        o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
+        h += layer.o_proj(o)  # in place: no new residual tensor per layer
+        x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
+        gate, up = layer.gate_up(x).chunk(2, dim=-1)
+        h += layer.down(F.silu(gate) * up)
+
+    def _fused_layer(self, li, layer, h, cos, sin, batch, kv, attn) -> None:
+        ops, cfg, t = self.fused_ops, self.cfg, h.shape[0]
+        x = ops.rms_norm_bf16(h, layer.input_norm, cfg.rms_norm_eps)
+        q = ops.rope_store(layer.qkv.native(x), cos, sin, batch.out_slots, kv.k[li], kv.v[li], cfg.num_heads)
+        o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
+        h += layer.o_proj.native(o.to(torch.bfloat16))  # bf16 into the float32 stream: exact widening
+        x = ops.rms_norm_bf16(h, layer.post_norm, cfg.rms_norm_eps)
+        h += layer.down.native(ops.silu_mul_bf16(layer.gate_up.native(x)))
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from runtime.attention import TorchAttentionBackend, make_attention_backend
 from runtime.attention.cpu_backend import CpuPagedAttentionBackend
-from runtime.attention.cpu_ext import load_cpu_attention
+from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 
 CPU = torch.device("cpu")
@@ -30,7 +30,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def ext():
-    module = load_cpu_attention()
+    module = load_cpu_kernels()
     if module is None:
         pytest.skip("the CPU attention kernel cannot be built here")
     return module
@@ -193,14 +193,14 @@ def test_auto_picks_it_on_cpu_and_falls_back_to_torch(ext, monkeypatch, caplog):
     assert make_attention_backend("torch", CPU).name == "torch"
     with pytest.raises(ValueError, match="CPU only"):
         make_attention_backend("cpu", torch.device("cuda"))
-    from runtime.attention import cpu_ext
+    import runtime.cpu_kernels as cpu_kernels
     from torch.utils import cpp_extension
 
     def broken(**_kw):
         raise RuntimeError("Error building extension 'x'\nmore lines")
 
     monkeypatch.setattr(cpp_extension, "load", broken)
-    monkeypatch.setattr(cpu_ext, "_loaded", {})
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
     with caplog.at_level(logging.WARNING, logger="jumpgate.attention"):
         assert make_attention_backend("auto", CPU).name == "torch"
         assert make_attention_backend("cpu", CPU).name == "torch"

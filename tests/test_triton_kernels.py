@@ -144,9 +144,9 @@ def test_apply_token_bitmask_on_cpu_uses_torch_and_only_the_given_rows():
 
 
 def test_backend_selection(monkeypatch, kernels):
-    from runtime.attention.cpu_ext import load_cpu_attention
+    from runtime.cpu_kernels import load_cpu_kernels
 
-    assert make_attention_backend("auto", CPU).name == ("cpu" if load_cpu_attention() else "torch")
+    assert make_attention_backend("auto", CPU).name == ("cpu" if load_cpu_kernels() else "torch")
     assert make_attention_backend("torch", CPU).name == "torch"
     assert make_attention_backend("auto", torch.device("cuda")).name == "triton"  # builds nothing on CUDA yet
     with pytest.raises(ValueError, match="attention_backend"):

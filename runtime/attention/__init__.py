@@ -3,7 +3,7 @@
 - base.py:           AttentionBackend, the contract every backend implements
 - torch_backend.py:  TorchAttentionBackend (SDPA; CPU and CUDA)
 - cpu_backend.py:    CpuPagedAttentionBackend (a batch-invariant C++ kernel; CPU, float32)
-- cpu_ext.py:        builds that kernel (cpu_paged.cpp) on first use, cached per machine
+  (its kernel, runtime/cpu_kernels/paged_attention.cpp, is built on first use, cached per machine)
 - cascade.py:        shared-prefix (cascade) attention: prefix groups, attention with LSE, the merge
 - triton_backend.py: TritonAttentionBackend and its kernels (CUDA; CPU under TRITON_INTERPRET=1)
 
@@ -51,9 +51,9 @@ def make_attention_backend(name: str, device: torch.device) -> AttentionBackend:
         if device.type != "cpu":
             raise ValueError(f"attention_backend=cpu runs on CPU only, not {device.type}")
         from runtime.attention.cpu_backend import CpuPagedAttentionBackend
-        from runtime.attention.cpu_ext import load_cpu_attention
+        from runtime.cpu_kernels import load_cpu_kernels
 
-        ext = load_cpu_attention()
+        ext = load_cpu_kernels()
         return CpuPagedAttentionBackend(ext) if ext is not None else TorchAttentionBackend()
     if name == "torch":
         return TorchAttentionBackend()

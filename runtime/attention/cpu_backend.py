@@ -9,7 +9,7 @@ That is what lets bf16-activation weight formats (q4) keep Jumpgate's equalities
 gathered, padded or cascade-merged K/V differs in its last bits between those cases, and the next
 layer's bf16 rounding turns that into flipped tokens at near-ties.
 
-The kernel (cpu_paged.cpp) is built on first use (runtime/attention/cpu_ext.py). Per pass,
+The kernel (runtime/cpu_kernels/paged_attention.cpp) is built on first use (runtime/cpu_kernels/). Per pass,
 `prepare` makes two small tensors: all requests' slot rows concatenated, and one
 (first q row, new tokens, seq len, slot offset, prefix group, shared length) line per request.
 Rows of one request are tiled 16 at a time so each K/V block is loaded once per tile; the work
@@ -40,7 +40,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
     max_short_extend = TorchAttentionBackend.max_short_extend  # longest extend that joins a group
     batch_invariant = True  # for float32 passes; other dtypes go through torch
 
-    def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/attention/cpu_ext.py)
+    def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext
         self.batch: ForwardBatch | None = None
         self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes

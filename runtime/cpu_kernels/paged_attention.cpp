@@ -1,4 +1,4 @@
-// Batch-invariant paged attention for CPU (the contract is in cpu_backend.py's docstring).
+// Batch-invariant paged attention for CPU (the contract is in runtime/attention/cpu_backend.py's docstring).
 //
 // A query row's result depends only on its own q, its request's slot list and its visible length
 // n: keys are folded in blocks of BLK aligned to absolute position 0, each block reduced in one
@@ -15,56 +15,16 @@
 #include <limits>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
 
+using namespace jumpgate;  // W = 16 lanes for the dot product and the V accumulation
+
 constexpr int BLK = 32;       // keys per block
-constexpr int W = 16;         // lanes of the dot product and of the V accumulation
 constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V block
 constexpr int GROUP_ROWS = 32;  // rows of a prefix group that share each loaded shared block
 constexpr int MAX_CHUNKS = 16;  // head_dim <= 256
-
-typedef float vf __attribute__((vector_size(W * sizeof(float))));
-typedef int vi __attribute__((vector_size(W * sizeof(int))));
-typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
-
-inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-inline vf load_part(const float* p, int n) { vf v = {}; std::memcpy(&v, p, n * sizeof(float)); return v; }
-inline void store_part(float* p, vf v, int n) { std::memcpy(p, &v, n * sizeof(float)); }
-inline vf splat(float x) { vf v = {}; return v + x; }
-
-// Fixed tree: 16 -> 8 -> 4 -> 2 -> 1.
-inline float hsum(vf v) {
-  vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-          __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-// Cephes expf (~1 ulp), lane-wise; x <= -87.4 gives exactly 0 (no libm call, so it vectorises).
-inline vf exp_v(vf x) {
-  const vf hi = splat(88.3762626647949f), lo = splat(-88.3762626647949f);
-  x = x < hi ? x : hi;
-  x = x > lo ? x : lo;
-  vf fx = x * 1.44269504088896341f + 0.5f;
-  vf t = __builtin_convertvector(__builtin_convertvector(fx, vi), vf);
-  fx = t + __builtin_convertvector(t > fx, vf);  // floor: the mask is -1 where t rounded up
-  x = x - fx * 0.693359375f;
-  x = x - fx * -2.12194440e-4f;
-  vf z = x * x;
-  vf y = splat(1.9875691500e-4f);
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * z + x + 1.0f;
-  vi e = (__builtin_convertvector(fx, vi) + 127) << 23;
-  vf pow2;
-  std::memcpy(&pow2, &e, sizeof pow2);
-  return y * pow2;
-}
 
 struct Args {
   const float* q;

@@ -1,0 +1,83 @@
+"""Builds and loads Jumpgate's C++ CPU kernels once per machine: `torch.ops.jumpgate_cpu`.
+
+- paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py);
+- layer_ops.cpp: a decoder layer's small ops fused for the bf16-activation formats (runtime/layer_glue.py);
+- vec.h: the 16-lane vector helpers both use.
+
+The extension is compiled on first use with `-O3 -march=native -fopenmp` into
+$JUMPGATE_CACHE_DIR/ext/ (default ~/.cache/jumpgate/ext/), in a folder keyed by the sources' hash,
+the torch version, the CPU's flags and the compiler flags, so an upgrade or another CPU gets its
+own build and a later process only loads it. Without a compiler, or when the build fails,
+`load_cpu_kernels` returns None after one log line; callers then use plain torch ops. The kernels
+are dispatcher ops (`torch.ops.jumpgate_cpu.paged_attention`, ...), so the profiler reports them
+by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.weight_format import cpu_flags
+
+log = logging.getLogger("jumpgate.attention")
+
+FOLDER = Path(__file__).parent
+SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp")
+HEADERS = (FOLDER / "vec.h",)
+# -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
+# the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
+# cpp_extension.load appends to the lists it is given, so it gets copies (the key hashes these).
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+
+_lock = threading.Lock()
+_loaded: dict[str, Any] = {}
+OP_NAME = "jumpgate_cpu::paged_attention"
+
+
+def build_key() -> str:
+    h = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        h.update(path.read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(" ".join(sorted(cpu_flags())).encode())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode())
+    return h.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    from runtime.loader import cache_root
+
+    return cache_root() / "ext" / f"cpu_kernels-{build_key()}"
+
+
+def load_cpu_kernels() -> Any:
+    """The op namespace `torch.ops.jumpgate_cpu`, or None where it cannot be built (logged once per process)."""
+    key = build_key()
+    with _lock:
+        if key not in _loaded:
+            _loaded[key] = _build(key)
+        return _loaded[key]
+
+
+def _build(key: str) -> Any:
+    folder = build_dir()
+    try:
+        from torch.utils import cpp_extension
+
+        folder.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(name=f"jumpgate_cpu_{key}", sources=[str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                           extra_ldflags=list(LDFLAGS), extra_include_paths=[str(FOLDER)],
+                           build_directory=str(folder), verbose=False, is_python_module=False)
+        return torch.ops.jumpgate_cpu
+    except Exception as e:  # no compiler, no ninja, a failed build: the torch ops still work
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        log.warning("cpu kernels unavailable (%s: %s); using the torch backend and plain torch ops",
+                    type(e).__name__, first)
+        return None

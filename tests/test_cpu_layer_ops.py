@@ -1,0 +1,155 @@
+"""The fused layer ops (runtime/cpu_kernels/layer_ops.cpp) and the model's fused CPU path.
+
+- each op equals its plain-torch form (rms_norm then a bf16 cast; silu(gate) * up in float32 then
+  a bf16 cast: within one bf16 rounding step; rope: exactly, and K/V land in their slots only);
+- a row's output is bitwise the same alone, in a batch, and with 1 or 2 threads;
+- bad inputs raise instead of writing out of bounds;
+- a q4 model through the fused path gives the logits of its plain-torch path within bf16 noise,
+  with the same greedy tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime.cpu_kernels import load_cpu_kernels
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+from runtime.model import rms_norm
+from runtime.rope import RotaryEmbedding
+
+BF16_STEP = 2.0 ** -7  # relative spacing of bf16 values: one rounding differs by at most this
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module = load_cpu_kernels()
+    if module is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    return module
+
+
+def close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - want.float()).abs()
+    assert (err <= want.float().abs() * BF16_STEP + 1e-30).all(), f"max err {err.max().item()}"
+
+
+@pytest.mark.parametrize("dim", [576, 64, 40])  # 40: a partial last vector
+def test_rms_norm_bf16_equals_the_torch_form(ops, dim):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(33, dim, generator=g) * 3, torch.randn(dim, generator=g)
+    close_in_bf16(ops.rms_norm_bf16(x, w, 1e-5), rms_norm(x, w, 1e-5))
+
+
+def test_silu_mul_bf16_equals_the_torch_form(ops):
+    g = torch.Generator().manual_seed(1)
+    gate_up = (torch.randn(17, 2 * 1536, generator=g) * 4).bfloat16()
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = ops.silu_mul_bf16(gate_up)
+    # the kernel's expf is within ~1 ulp of torch's: allow that on top of the bf16 rounding
+    err = (got.float() - want).abs()
+    assert (err <= want.abs() * (BF16_STEP + 1e-6) + 1e-6).all(), f"max err {err.max().item()}"
+
+
+def rope_inputs(t, heads=9, kv_heads=3, dim=64, num_slots=512, seed=2):
+    from runtime.model_config import ModelConfig
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = ModelConfig(vocab_size=10, hidden_size=heads * dim, intermediate_size=8, num_layers=1, num_heads=heads,
+                      num_kv_heads=kv_heads, head_dim=dim, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      max_position_embeddings=4096)
+    rope = RotaryEmbedding(cfg, 4096, torch.device("cpu"), torch.float32)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * dim, generator=g).bfloat16()
+    positions = torch.randint(0, 4096, (t,), generator=g)
+    slots = torch.randperm(num_slots, generator=g)[:t]
+    caches = [torch.zeros(num_slots, kv_heads, dim) for _ in range(2)]
+    return rope, qkv, positions, slots, caches
+
+
+def test_rope_store_rotates_like_torch_and_writes_only_its_slots(ops):
+    heads, kv_heads, dim, t = 9, 3, 64, 21
+    rope, qkv, positions, slots, (kc, vc) = rope_inputs(t, heads, kv_heads, dim)
+    cos, sin = rope.tables(positions)
+    q = ops.rope_store(qkv, cos, sin, slots, kc, vc, heads)
+    x = qkv.float()
+    q_ref = rope.rotate(x[:, : heads * dim].view(t, heads, dim), cos, sin)
+    k_ref = rope.rotate(x[:, heads * dim : (heads + kv_heads) * dim].view(t, kv_heads, dim), cos, sin)
+    v_ref = x[:, (heads + kv_heads) * dim :].view(t, kv_heads, dim)
+    torch.testing.assert_close(q, q_ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(kc[slots], k_ref, rtol=0, atol=1e-6)
+    assert torch.equal(vc[slots], v_ref)
+    untouched = torch.ones(kc.shape[0], dtype=torch.bool)
+    untouched[slots] = False
+    assert not kc[untouched].any() and not vc[untouched].any()
+
+
+def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_with_any_thread_count(ops):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(40, 576, generator=g), torch.randn(576, generator=g)
+    gate_up = torch.randn(40, 3072, generator=g).bfloat16()
+    rope, qkv, positions, slots, (kc, vc) = rope_inputs(40)
+    cos, sin = rope.tables(positions)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append((ops.rms_norm_bf16(x, w, 1e-5), ops.silu_mul_bf16(gate_up),
+                            ops.rope_store(qkv, cos, sin, slots, kc, vc, 9)))
+        alone = (ops.rms_norm_bf16(x[7:8], w, 1e-5), ops.silu_mul_bf16(gate_up[7:8]),
+                 ops.rope_store(qkv[7:8], cos[7:8], sin[7:8], slots[7:8], kc, vc, 9))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    for a, b in zip(alone, results[0]):
+        assert torch.equal(a[0], b[7])
+
+
+def test_bad_inputs_raise_instead_of_writing_out_of_bounds(ops):
+    rope, qkv, positions, slots, (kc, vc) = rope_inputs(4)
+    cos, sin = rope.tables(positions)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        ops.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, kc.shape[0]]), kc, vc, 9)
+    with pytest.raises(RuntimeError, match="qkv width"):
+        ops.rope_store(qkv, cos, sin, slots, kc, vc, 8)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.rope_store(qkv.float(), cos, sin, slots, kc, vc, 9)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.rms_norm_bf16(torch.zeros(2, 8).bfloat16(), torch.zeros(8), 1e-5)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.silu_mul_bf16(torch.zeros(2, 8))
+
+
+def test_q4_model_fused_path_matches_its_torch_path(ops, smollm_dir, tokenizer):
+    from runtime.attention import make_attention_backend
+    from runtime.loader import read_config
+    from runtime.model import load_model
+    from tests.conftest import chat_ids
+
+    cfg = read_config(smollm_dir)
+    model = load_model(smollm_dir, cfg, "q4", torch.device("cpu"), torch.float32)
+    assert model.fused_ops is not None
+    attn = make_attention_backend("auto", torch.device("cpu"))
+    ids = chat_ids(tokenizer, "Name three rivers in Europe and say which is longest.")
+    t = len(ids)
+    slots = torch.arange(t)
+    batch = ForwardBatch(torch.tensor(ids), torch.arange(t), slots, [t], [t], [slots], torch.arange(t))
+    logits = {}
+    for path in ("fused", "torch"):
+        kept = model.fused_ops
+        if path == "torch":
+            model.fused_ops = None
+        try:
+            kv = KVPool(cfg.num_layers, t + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
+            logits[path] = model.forward(batch, kv, attn)
+        finally:
+            model.fused_ops = kept
+    diff = (logits["fused"] - logits["torch"]).abs().max().item()
+    agree = (logits["fused"].argmax(-1) == logits["torch"].argmax(-1)).float().mean().item()
+    assert diff < 1.5, diff  # bf16 noise: the formats' drift vs fp32 is ~0.6 (test_weight_formats.py)
+    assert agree >= 0.95, agree
