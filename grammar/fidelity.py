@@ -11,7 +11,10 @@
 The rules below were established against xgrammar 0.2.9 itself (a violating instance fed to a
 GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them honest):
 - siblings beside `$ref`, `anyOf`, `oneOf` or `allOf` are dropped; `allOf` with more than one
-  branch compiles as "any JSON value"; `oneOf` is exact only for provably disjoint branches;
+  branch compiles as "any JSON value"; `oneOf` is compiled as `anyOf`, so it is exact only where
+  grammar/one_of.py proves it equal to the `anyOf` of exclusive branches (which both engines then
+  compile): distinct consts, a const discriminator, or JSON types (a type several unconstrained
+  branches share is taken out of them: Kubernetes' `[string|null, integer|null]` is `string|integer`);
 - beside `enum`/`const`, only the listed values are generated (other keywords are ignored);
 - string keywords (minLength, pattern, format, ...) and number keywords act only under a declared
   `type`; minLength/maxLength are dropped beside `pattern` or `format`; `multipleOf` only for
@@ -47,7 +50,6 @@ which tools use widely.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
@@ -55,6 +57,7 @@ import jsonschema
 
 from grammar.conditionals import discriminator
 from grammar.errors import join_pointer
+from grammar.one_of import exclusive_branches
 from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
@@ -313,22 +316,25 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
 def _classify_combinator(node, here, strict, combinator, present, mark, entries, children):
     value = node[combinator]
     siblings = [k for k in present if k != combinator]
+    # a oneOf is compiled as the anyOf of its exclusive branches (grammar/one_of.py), where known
+    exclusive = exclusive_branches(value) if combinator == "oneOf" else None
     if combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
-    elif combinator == "oneOf" and not _provably_disjoint(value):
+    elif combinator == "oneOf" and exclusive is None:
         mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
     else:
         mark(combinator, ENFORCED)
         children += _subschemas(node, combinator, here)
     for keyword in siblings:
-        if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(value, node["type"]):
+        if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(
+                value if exclusive is None else exclusive, node["type"]):
             mark(keyword, ENFORCED)  # every branch already has one of these types
             continue
         if keyword in ("then", "else") and "if" not in node:
             continue
         mark(keyword, CHECKED, f"keywords beside {combinator} are ignored by xgrammar (only {combinator} is compiled); "
                                f"move {keyword} into the {combinator} branches",
-             exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref"))
+             exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref") or exclusive is not None)
     return entries, children
 
 
@@ -422,41 +428,6 @@ def _allows_additional_names(node: dict, types: set[str] | None, strict: bool) -
     return not (isinstance(most, int) and most <= 1)  # one name cannot repeat
 
 
-def _provably_disjoint(branches: Any) -> bool:
-    """True when no value can match two branches (then xgrammar compiles oneOf exactly): distinct
-    single types, distinct consts, or objects told apart by a required property's distinct consts."""
-    if not isinstance(branches, list) or not all(isinstance(b, dict) for b in branches):
-        return False
-    for tell in (_const_of, _type_of, _discriminator_of(branches)):
-        if tell is None:
-            continue
-        tags = [tell(b) for b in branches]
-        if None not in tags and len(set(tags)) == len(tags):
-            return True
-    return False
-
-
-def _const_of(branch: dict) -> str | None:
-    return _freeze(branch["const"]) if "const" in branch else None
-
-
-def _type_of(branch: dict) -> str | None:
-    t = branch.get("type")
-    return ("number" if t == "integer" else t) if isinstance(t, str) else None  # an integer is a number
-
-
-def _discriminator_of(branches: list[dict]):
-    """A property required by every branch with a const in each: the tag that tells branches apart."""
-    required = [set(b.get("required") or []) if isinstance(b.get("required"), list) else set() for b in branches]
-    for name in set.intersection(*required) if required else set():
-        def tag(branch: dict, name=name) -> str | None:
-            prop = (branch.get("properties") or {}).get(name)
-            return _const_of(prop) if isinstance(prop, dict) else None
-        if all(tag(b) is not None for b in branches):
-            return tag
-    return None
-
-
 def _branch_types_within(branches: Any, declared: Any) -> bool:
     allowed = {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else set()
     if not isinstance(branches, list) or not branches:
@@ -480,7 +451,3 @@ def _values_fit(values: list[Any], rest: dict) -> bool:
         return all(validator.is_valid(v) for v in values)
     except Exception:  # a value jsonschema cannot judge here (e.g. a reference): assume it does not fit
         return False
-
-
-def _freeze(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)

@@ -76,6 +76,9 @@ ENFORCED_CASES = [
     ("anyOf", {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, True, "1", '"a"'),
     ("anyOf_with_covering_type", {"type": "integer", "anyOf": [{"type": "integer", "minimum": 5}]}, True, "5", "1"),
     ("oneOf_disjoint_types", {"oneOf": [{"type": "string"}, {"type": "integer"}]}, True, "1", "1.5"),
+    # null matches both branches (Kubernetes' IntOrString): compiled as anyOf of string and integer
+    ("oneOf_shared_null", {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}, True, "1",
+     "null"),
     ("oneOf_discriminated", {"oneOf": [
         {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}, "required": ["k", "x"]},
         {"type": "object", "properties": {"k": {"const": "b"}, "y": {"type": "integer"}}, "required": ["k", "y"]}]},
