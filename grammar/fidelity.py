@@ -15,6 +15,8 @@ GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them hones
   grammar/one_of.py proves it equal to the `anyOf` of exclusive branches (which both engines then
   compile): distinct consts, a const discriminator, or JSON types (a type several unconstrained
   branches share is taken out of them: Kubernetes' `[string|null, integer|null]` is `string|integer`);
+- `format: byte` (base64) is compiled as its pattern where the node has no pattern of its own
+  (grammar/formats.py);
 - beside `enum`/`const`, only the listed values are generated (other keywords are ignored);
 - string keywords (minLength, pattern, format, ...) and number keywords act only under a declared
   `type`; minLength/maxLength are dropped beside `pattern` or `format`; `multipleOf` only for
@@ -57,6 +59,7 @@ import jsonschema
 
 from grammar.conditionals import discriminator
 from grammar.errors import join_pointer
+from grammar.formats import pattern_for
 from grammar.one_of import exclusive_branches
 from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
 
@@ -369,6 +372,8 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
     elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node)):
         mark(keyword, CHECKED, "multipleOf is masked only for type integer, and not beside a one-sided range "
                                "(give both a lower and an upper bound, or neither)", exact_in_llguidance=True)
+    elif keyword == "format" and pattern_for(node) is not None:
+        mark(keyword, ENFORCED, f"format {node['format']!r} is compiled as its pattern")
     elif keyword == "format" and node["format"] not in MASKED_FORMATS:
         fmt = node["format"]
         if fmt in CHECKABLE_FORMATS:
