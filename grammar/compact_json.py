@@ -2,9 +2,9 @@
 
 Compact means fewer tokens, longer forced spans for jump-forward, and no room for a small model to
 loop on indentation until `max_tokens`. Schemas are converted from their canonical form, so two
-specs that share a cache key always share a grammar; a `oneOf` whose exclusive branches are known
-is compiled as their `anyOf` (grammar/one_of.py), a `byte` format as its base64 pattern
-(grammar/formats.py). Used by the json_schema and json_object kinds
+specs that share a cache key always share a grammar, through the exact rewrites of
+grammar/lowering.py (exclusive `oneOf` as `anyOf`, listed values cut to those that fit, `byte` as
+its pattern). Used by the json_schema and json_object kinds
 and for the arguments of tool calls.
 """
 
@@ -15,10 +15,8 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.canonical import canonical_schema
 from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
-from grammar.formats import lower_formats
-from grammar.one_of import lower_one_of
+from grammar.lowering import lower_for_masks
 
 COMPACT_SEPARATORS = (",", ":")
 
@@ -31,7 +29,7 @@ _JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
 
 def _xgrammar_json_grammar(schema: Any, strict: bool) -> xgr.Grammar:
     return xgr.Grammar.from_json_schema(
-        json.dumps(lower_formats(lower_one_of(canonical_schema(schema)))),
+        json.dumps(lower_for_masks(schema, strict)),
         any_whitespace=False,
         separators=COMPACT_SEPARATORS,
         strict_mode=strict,

@@ -17,7 +17,10 @@ GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them hones
   branches share is taken out of them: Kubernetes' `[string|null, integer|null]` is `string|integer`);
 - `format: byte` (base64) is compiled as its pattern where the node has no pattern of its own
   (grammar/formats.py);
-- beside `enum`/`const`, only the listed values are generated (other keywords are ignored);
+- beside `enum`/`const`, only the listed values are generated (other keywords are ignored), so
+  the listed values that break the other keywords are left out first (grammar/listed_values.py);
+  where none is left, an optional property of a closed object (additionalProperties false, or
+  the root in strict mode) is left out of the grammar, as it is valid only when absent;
 - string keywords (minLength, pattern, format, ...) and number keywords act only under a declared
   `type`; minLength/maxLength are dropped beside `pattern` or `format`; `multipleOf` only for
   integers;
@@ -60,6 +63,7 @@ import jsonschema
 from grammar.conditionals import discriminator
 from grammar.errors import join_pointer
 from grammar.formats import pattern_for
+from grammar.listed_values import fitting_values, omitted_properties
 from grammar.one_of import exclusive_branches
 from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
 
@@ -67,6 +71,8 @@ ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
 VALUE_CHECK = "value_check"  # Jumpgate's own mask over repeated names and items (grammar/value_check.py)
 DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
+OMITTED = ("no listed value satisfies the property's other keywords, so it is valid only when absent: the "
+           "object is closed and the grammar leaves it out")
 
 # Formats whose shape xgrammar 0.2.9 masks (a malformed value is refused by the grammar).
 MASKED_FORMATS = frozenset({
@@ -232,14 +238,15 @@ def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_chec
         node, here, implied = stack.pop()
         if not isinstance(node, dict):
             continue  # boolean schemas are exact
-        entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked)
+        entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked,
+                                           root=node is schema)
         found += entries
         stack.extend(reversed(children))
     return found
 
 
 def _classify_node(node: dict, here: str, strict: bool, implied: str | None, navigator: SchemaNavigator | None,
-                   names_checked: bool):
+                   names_checked: bool, root: bool = False):
     entries: list[KeywordFidelity] = []
     children: list[tuple[Any, str, str | None]] = []
     present = [k for k in node if k in VALIDATION_KEYWORDS]
@@ -303,7 +310,14 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
         elif keyword == "unevaluatedItems":
             exact = value is False
             mark(keyword, ENFORCED if exact else CHECKED, "" if exact else "only unevaluatedItems: false is masked")
-        else:  # properties, items, prefixItems, additionalProperties, min/maxItems, min/maxProperties, propertyNames
+        elif keyword == "properties" and isinstance(value, dict):
+            mark(keyword, ENFORCED)
+            omitted = omitted_properties(node, strict=strict, root=root)
+            for name in omitted:  # grammar/listed_values.py leaves them out of the grammar
+                entries += [KeywordFidelity(join_pointer(here, keyword, name, k), k, ENFORCED, OMITTED)
+                            for k in value[name] if k in VALIDATION_KEYWORDS]
+            children += [c for c, name in zip(_subschemas(node, keyword, here), value) if name not in omitted]
+        else:  # items, prefixItems, additionalProperties, min/maxItems, min/maxProperties, propertyNames
             mark(keyword, ENFORCED)
             children += _subschemas(node, keyword, here)
     if _allows_additional_names(node, types, strict):
@@ -345,6 +359,7 @@ def _classify_listed_values(node, here, present, mark, entries, children):
     listed = [node["const"]] if "const" in node else list(node.get("enum") or [])
     rest = {k: v for k, v in node.items() if k not in ("enum", "const")}
     implied = _values_fit(listed, rest)
+    fitting = fitting_values(node) if not implied else None  # non-empty: compiled as just these
     for keyword in present:
         if keyword in ("enum", "const"):
             mark(keyword, ENFORCED)
@@ -352,6 +367,8 @@ def _classify_listed_values(node, here, present, mark, entries, children):
             continue
         elif implied:
             mark(keyword, ENFORCED)  # every listed value satisfies it, and only listed values are generated
+        elif fitting:
+            mark(keyword, ENFORCED, "only the listed values that satisfy it are generated (grammar/listed_values.py)")
         else:
             mark(keyword, CHECKED, "beside enum/const only the listed values are compiled; this keyword is ignored "
                                    "and a listed value breaks it")
