@@ -91,3 +91,11 @@ def test_llguidance_never_writes_what_no_listed_value_allows(service, tokenizer)
     assert writes(handle, tokenizer, '{"city":"a","rooms":3}')
     assert not writes(handle, tokenizer, '{"city":"a","is_unisex":"True"}')
     assert not writes(handle, tokenizer, '{"city":"a","rooms":"dontcare"}')
+
+
+def test_unique_items_count_only_the_listed_values_that_fit():
+    # 1, 2 and "x" are listed but "x" is no integer: two values cannot fill three unique items
+    schema = {"type": "array", "items": {"type": "integer", "enum": [1, 2, "x"]}, "minItems": 3, "uniqueItems": True}
+    assert "uniqueItems" in {k.keyword for k in routed_schema_fidelity(schema).refused_in_strict}
+    fits = {**schema, "minItems": 2}
+    assert routed_schema_fidelity(fits).refused_in_strict == ()
