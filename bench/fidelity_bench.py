@@ -29,6 +29,7 @@ Output: one JSON line per source and one for the total (`kind`: "source" / "tota
 `kind: "detail"` line per schema that was not answered validly (or repeated a key, or whose
 verdict the server reported differently), to investigate.
 
+  python -m bench fidelity --classify [...]   # no server: bench/fidelity_classify.py
   python -m bench fidelity [--quick] [--sources a,b] [--per-source N] [--limit N]
                            [--max-tokens 384] [--concurrency 4] [--mask-sample 8]
                            [--server-memory-mb 8000] [--max-restarts 5]
@@ -234,6 +235,11 @@ async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespa
 
 
 def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
+    argv = list(argv or [])
+    if "--classify" in argv:  # strict mode's verdicts on the whole corpus, no server (bench/fidelity_classify.py)
+        from bench.fidelity_classify import run as classify_run
+
+        return classify_run([a for a in argv if a != "--classify"])
     args = parse_args(quick, argv)
     exit_on_sigterm()
     wanted = [s.strip() for s in args.sources.split(",") if s.strip()]

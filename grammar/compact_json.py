@@ -2,7 +2,9 @@
 
 Compact means fewer tokens, longer forced spans for jump-forward, and no room for a small model to
 loop on indentation until `max_tokens`. Schemas are converted from their canonical form, so two
-specs that share a cache key always share a grammar. Used by the json_schema and json_object kinds
+specs that share a cache key always share a grammar, through the exact rewrites of
+grammar/lowering.py (exclusive `oneOf` as `anyOf`, listed values cut to those that fit, `byte` as
+its pattern). Used by the json_schema and json_object kinds
 and for the arguments of tool calls.
 """
 
@@ -13,8 +15,8 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.canonical import canonical_schema
 from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
+from grammar.lowering import lower_for_masks
 
 COMPACT_SEPARATORS = (",", ":")
 
@@ -27,7 +29,7 @@ _JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
 
 def _xgrammar_json_grammar(schema: Any, strict: bool) -> xgr.Grammar:
     return xgr.Grammar.from_json_schema(
-        json.dumps(canonical_schema(schema)),
+        json.dumps(lower_for_masks(schema, strict)),
         any_whitespace=False,
         separators=COMPACT_SEPARATORS,
         strict_mode=strict,

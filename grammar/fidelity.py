@@ -11,8 +11,16 @@
 The rules below were established against xgrammar 0.2.9 itself (a violating instance fed to a
 GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them honest):
 - siblings beside `$ref`, `anyOf`, `oneOf` or `allOf` are dropped; `allOf` with more than one
-  branch compiles as "any JSON value"; `oneOf` is exact only for provably disjoint branches;
-- beside `enum`/`const`, only the listed values are generated (other keywords are ignored);
+  branch compiles as "any JSON value"; `oneOf` is compiled as `anyOf`, so it is exact only where
+  grammar/one_of.py proves it equal to the `anyOf` of exclusive branches (which both engines then
+  compile): distinct consts, a const discriminator, or JSON types (a type several unconstrained
+  branches share is taken out of them: Kubernetes' `[string|null, integer|null]` is `string|integer`);
+- `format: byte` (base64) is compiled as its pattern where the node has no pattern of its own
+  (grammar/formats.py);
+- beside `enum`/`const`, only the listed values are generated (other keywords are ignored), so
+  the listed values that break the other keywords are left out first (grammar/listed_values.py);
+  where none is left, an optional property of a closed object (additionalProperties false, or
+  the root in strict mode) is left out of the grammar, as it is valid only when absent;
 - string keywords (minLength, pattern, format, ...) and number keywords act only under a declared
   `type`; minLength/maxLength are dropped beside `pattern` or `format`; `multipleOf` only for
   integers;
@@ -47,7 +55,6 @@ which tools use widely.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
@@ -55,12 +62,17 @@ import jsonschema
 
 from grammar.conditionals import discriminator
 from grammar.errors import join_pointer
+from grammar.formats import pattern_for
+from grammar.listed_values import fitting_values, omitted_properties
+from grammar.one_of import exclusive_branches
 from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
 VALUE_CHECK = "value_check"  # Jumpgate's own mask over repeated names and items (grammar/value_check.py)
 DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
+OMITTED = ("no listed value satisfies the property's other keywords, so it is valid only when absent: the "
+           "object is closed and the grammar leaves it out")
 
 # Formats whose shape xgrammar 0.2.9 masks (a malformed value is refused by the grammar).
 MASKED_FORMATS = frozenset({
@@ -226,14 +238,15 @@ def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_chec
         node, here, implied = stack.pop()
         if not isinstance(node, dict):
             continue  # boolean schemas are exact
-        entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked)
+        entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked,
+                                           root=node is schema)
         found += entries
         stack.extend(reversed(children))
     return found
 
 
 def _classify_node(node: dict, here: str, strict: bool, implied: str | None, navigator: SchemaNavigator | None,
-                   names_checked: bool):
+                   names_checked: bool, root: bool = False):
     entries: list[KeywordFidelity] = []
     children: list[tuple[Any, str, str | None]] = []
     present = [k for k in node if k in VALIDATION_KEYWORDS]
@@ -297,7 +310,14 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
         elif keyword == "unevaluatedItems":
             exact = value is False
             mark(keyword, ENFORCED if exact else CHECKED, "" if exact else "only unevaluatedItems: false is masked")
-        else:  # properties, items, prefixItems, additionalProperties, min/maxItems, min/maxProperties, propertyNames
+        elif keyword == "properties" and isinstance(value, dict):
+            mark(keyword, ENFORCED)
+            omitted = omitted_properties(node, strict=strict, root=root)
+            for name in omitted:  # grammar/listed_values.py leaves them out of the grammar
+                entries += [KeywordFidelity(join_pointer(here, keyword, name, k), k, ENFORCED, OMITTED)
+                            for k in value[name] if k in VALIDATION_KEYWORDS]
+            children += [c for c, name in zip(_subschemas(node, keyword, here), value) if name not in omitted]
+        else:  # items, prefixItems, additionalProperties, min/maxItems, min/maxProperties, propertyNames
             mark(keyword, ENFORCED)
             children += _subschemas(node, keyword, here)
     if _allows_additional_names(node, types, strict):
@@ -313,22 +333,25 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
 def _classify_combinator(node, here, strict, combinator, present, mark, entries, children):
     value = node[combinator]
     siblings = [k for k in present if k != combinator]
+    # a oneOf is compiled as the anyOf of its exclusive branches (grammar/one_of.py), where known
+    exclusive = exclusive_branches(value) if combinator == "oneOf" else None
     if combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
-    elif combinator == "oneOf" and not _provably_disjoint(value):
+    elif combinator == "oneOf" and exclusive is None:
         mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
     else:
         mark(combinator, ENFORCED)
         children += _subschemas(node, combinator, here)
     for keyword in siblings:
-        if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(value, node["type"]):
+        if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(
+                value if exclusive is None else exclusive, node["type"]):
             mark(keyword, ENFORCED)  # every branch already has one of these types
             continue
         if keyword in ("then", "else") and "if" not in node:
             continue
         mark(keyword, CHECKED, f"keywords beside {combinator} are ignored by xgrammar (only {combinator} is compiled); "
                                f"move {keyword} into the {combinator} branches",
-             exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref"))
+             exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref") or exclusive is not None)
     return entries, children
 
 
@@ -336,6 +359,7 @@ def _classify_listed_values(node, here, present, mark, entries, children):
     listed = [node["const"]] if "const" in node else list(node.get("enum") or [])
     rest = {k: v for k, v in node.items() if k not in ("enum", "const")}
     implied = _values_fit(listed, rest)
+    fitting = fitting_values(node) if not implied else None  # non-empty: compiled as just these
     for keyword in present:
         if keyword in ("enum", "const"):
             mark(keyword, ENFORCED)
@@ -343,6 +367,8 @@ def _classify_listed_values(node, here, present, mark, entries, children):
             continue
         elif implied:
             mark(keyword, ENFORCED)  # every listed value satisfies it, and only listed values are generated
+        elif fitting:
+            mark(keyword, ENFORCED, "only the listed values that satisfy it are generated (grammar/listed_values.py)")
         else:
             mark(keyword, CHECKED, "beside enum/const only the listed values are compiled; this keyword is ignored "
                                    "and a listed value breaks it")
@@ -363,6 +389,8 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
     elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node)):
         mark(keyword, CHECKED, "multipleOf is masked only for type integer, and not beside a one-sided range "
                                "(give both a lower and an upper bound, or neither)", exact_in_llguidance=True)
+    elif keyword == "format" and pattern_for(node) is not None:
+        mark(keyword, ENFORCED, f"format {node['format']!r} is compiled as its pattern")
     elif keyword == "format" and node["format"] not in MASKED_FORMATS:
         fmt = node["format"]
         if fmt in CHECKABLE_FORMATS:
@@ -422,41 +450,6 @@ def _allows_additional_names(node: dict, types: set[str] | None, strict: bool) -
     return not (isinstance(most, int) and most <= 1)  # one name cannot repeat
 
 
-def _provably_disjoint(branches: Any) -> bool:
-    """True when no value can match two branches (then xgrammar compiles oneOf exactly): distinct
-    single types, distinct consts, or objects told apart by a required property's distinct consts."""
-    if not isinstance(branches, list) or not all(isinstance(b, dict) for b in branches):
-        return False
-    for tell in (_const_of, _type_of, _discriminator_of(branches)):
-        if tell is None:
-            continue
-        tags = [tell(b) for b in branches]
-        if None not in tags and len(set(tags)) == len(tags):
-            return True
-    return False
-
-
-def _const_of(branch: dict) -> str | None:
-    return _freeze(branch["const"]) if "const" in branch else None
-
-
-def _type_of(branch: dict) -> str | None:
-    t = branch.get("type")
-    return ("number" if t == "integer" else t) if isinstance(t, str) else None  # an integer is a number
-
-
-def _discriminator_of(branches: list[dict]):
-    """A property required by every branch with a const in each: the tag that tells branches apart."""
-    required = [set(b.get("required") or []) if isinstance(b.get("required"), list) else set() for b in branches]
-    for name in set.intersection(*required) if required else set():
-        def tag(branch: dict, name=name) -> str | None:
-            prop = (branch.get("properties") or {}).get(name)
-            return _const_of(prop) if isinstance(prop, dict) else None
-        if all(tag(b) is not None for b in branches):
-            return tag
-    return None
-
-
 def _branch_types_within(branches: Any, declared: Any) -> bool:
     allowed = {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else set()
     if not isinstance(branches, list) or not branches:
@@ -480,7 +473,3 @@ def _values_fit(values: list[Any], rest: dict) -> bool:
         return all(validator.is_valid(v) for v in values)
     except Exception:  # a value jsonschema cannot judge here (e.g. a reference): assume it does not fit
         return False
-
-
-def _freeze(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)

@@ -3,7 +3,9 @@
 llguidance intersects `pattern` with minLength/maxLength, enforces `multipleOf` on numbers and the
 keywords beside anyOf/allOf (and allOf with several branches), and errors on what it does not
 implement instead of approximating. An `if`/`then`/`else` on a discriminator is lowered to the
-`anyOf` it means first (grammar/conditionals.py). The JSON it writes is compact, as with xgrammar
+`anyOf` it means first (grammar/conditionals.py), after the rewrites both engines share
+(grammar/lowering.py: a `oneOf` with provably exclusive branches as their `anyOf`, which matters
+here since llguidance refuses `oneOf`; listed values cut to those that fit; `byte` as its pattern). The JSON it writes is compact, as with xgrammar
 (grammar/compact_json.py): no free whitespace, separators "," and ":".
 
 `uniqueItems` and `dependentRequired` are left out of the grammar: llguidance does not implement
@@ -18,8 +20,8 @@ from typing import Any
 
 import llguidance
 
-from grammar.canonical import canonical_schema
 from grammar.conditionals import lower_conditionals
+from grammar.lowering import lower_for_masks
 
 ENGINE = "llguidance"
 VALUE_CHECKED_KEYWORDS = frozenset({"uniqueItems", "dependentRequired"})  # see the module docstring
@@ -30,7 +32,7 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator"
 
 def llguidance_grammar(schema: Any, *, strict: bool) -> str:
     """The llguidance grammar text of compact JSON matching `schema` (not yet validated)."""
-    schema = lower_conditionals(_without(canonical_schema(schema), VALUE_CHECKED_KEYWORDS))
+    schema = lower_conditionals(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS))
     if strict:
         schema = _closed(schema, schema, open_here=False, open_refs=_all_of_refs(schema))
     return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)

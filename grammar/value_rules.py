@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from grammar.listed_values import fitting_values
+
 MAX_FINITE = 256  # beyond this many listed values, items are treated as unbounded (prefix checks cost)
 _MAX_EXPAND = 256  # nodes listed for one place (a schema of many refs stays cheap)
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -217,7 +219,10 @@ def finite_values(nodes: tuple[dict, ...]) -> tuple[tuple[str, tuple[bytes, ...]
     values: dict[str, Any] = {}
     listed = False
     for node in nodes:
-        if "const" in node:
+        fitting = fitting_values(node)  # the grammar writes only these (grammar/listed_values.py)
+        if fitting is not None:
+            got = fitting
+        elif "const" in node:
             got = [node["const"]]
         elif isinstance(node.get("enum"), list):
             got = list(node["enum"])

@@ -76,10 +76,15 @@ ENFORCED_CASES = [
     ("anyOf", {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, True, "1", '"a"'),
     ("anyOf_with_covering_type", {"type": "integer", "anyOf": [{"type": "integer", "minimum": 5}]}, True, "5", "1"),
     ("oneOf_disjoint_types", {"oneOf": [{"type": "string"}, {"type": "integer"}]}, True, "1", "1.5"),
+    # null matches both branches (Kubernetes' IntOrString): compiled as anyOf of string and integer
+    ("oneOf_shared_null", {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}, True, "1",
+     "null"),
     ("oneOf_discriminated", {"oneOf": [
         {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}, "required": ["k", "x"]},
         {"type": "object", "properties": {"k": {"const": "b"}, "y": {"type": "integer"}}, "required": ["k", "y"]}]},
      True, '{"k":"a","x":1}', '{"k":"c","x":1}'),
+    # the listed values that break the other keywords are never generated (grammar/listed_values.py)
+    ("type_beside_enum", {"type": "string", "enum": ["a", 1]}, True, '"a"', "1"),
     ("allOf_single", {"allOf": [{"type": "integer", "minimum": 2}]}, True, "2", "1"),
     ("ref", {"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x"}, True, "1", '"a"'),
     ("propertyNames", {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
@@ -135,7 +140,11 @@ NOT_MASKED_CASES = [
      ("/minimum", "minimum", CHECKED)),
     ("minimum_beside_allOf", {"type": "integer", "minimum": 0, "allOf": [{"maximum": 2}]}, True, "2", "-1",
      ("/minimum", "minimum", CHECKED)),
-    ("type_beside_enum", {"type": "string", "enum": ["a", 1]}, True, '"a"', "1", ("/type", "type", CHECKED)),
+    # an optional property no listed value fits, in an object strict mode is not known to close
+    # (only the root is: grammar/listed_values.py): not left out
+    ("type_beside_enum_nested", {"type": "object", "required": ["o"], "properties": {"o": {
+        "type": "object", "properties": {"a": {"type": "boolean", "enum": ["x"]}}}}},
+     True, '{"o":{}}', '{"o":{"a":"x"}}', ("/properties/o/properties/a/type", "type", CHECKED)),
     ("required_undeclared", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, False,
      '{"a":1,"b":1}', '{"a":1}', ("/required", "required", CHECKED)),
     ("minLength_without_type", {"minLength": 2}, True, '"ab"', '"a"', ("/minLength", "minLength", CHECKED)),

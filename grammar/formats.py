@@ -1,0 +1,47 @@
+"""Formats neither engine knows, written as the `pattern` they mean (both engines mask patterns).
+
+OpenAPI's `byte` (base64, RFC 4648 section 4, with its padding: what Kubernetes' `[]byte` fields
+hold) is the common one. A node is rewritten only where it has no `pattern` of its own (two
+patterns on one string would need their intersection); grammar/fidelity.py reports such a
+`format` enforced under the same condition. grammar/compact_json.py and grammar/llg_schema.py
+rewrite before compiling; the output is then validated against the schema as written (jsonschema
+treats an unknown format as an annotation, so a masked value always passes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+FORMAT_PATTERNS = {"byte": BASE64}
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_DATA = ("const", "enum", "default", "examples")
+
+
+def pattern_for(node: dict) -> str | None:
+    """The pattern `node`'s format is compiled as (None: its format is not one of these, or the
+    node has a pattern of its own)."""
+    fmt = node.get("format")
+    return FORMAT_PATTERNS.get(fmt) if isinstance(fmt, str) and "pattern" not in node else None
+
+
+def lower_formats(node: Any) -> Any:
+    """`node` with every such format replaced by its pattern."""
+    if isinstance(node, list):
+        return [lower_formats(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: lower_formats(sub) for name, sub in value.items()}
+        elif key in _DATA:
+            out[key] = value
+        else:
+            out[key] = lower_formats(value)
+    pattern = pattern_for(node)
+    if pattern is None:
+        return out
+    lowered = {k: v for k, v in out.items() if k != "format"}
+    lowered["pattern"] = pattern
+    return {k: lowered[k] for k in sorted(lowered)}

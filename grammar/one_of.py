@@ -1,0 +1,172 @@
+"""`oneOf` rewritten as the `anyOf` it equals, where that can be proved; both engines compile that.
+
+A token mask can only enforce "at least one branch" (xgrammar compiles `oneOf` as `anyOf`,
+llguidance 1.9 refuses it). `oneOf` is "exactly one", which is the same only where no value
+matches two branches. `exclusive_branches` returns branches that are pairwise disjoint and whose
+union is exactly the set of values the `oneOf` accepts, or None where it cannot show that:
+
+- the branches are told apart by distinct `const`s, or by a property every branch requires with a
+  distinct `const` in each (a discriminator): they are returned as they are;
+- otherwise by JSON type. A value's type is one of null, boolean, object, array, string, integer,
+  or a number with a fraction. Where two or more branches admit a type and none of them says
+  anything else about values of that type (only `type` and keywords of other types), every value
+  of that type matches them all, so none is valid: the type is taken out of those branches. The
+  Kubernetes `IntOrString` (`[{type: [string, null]}, {type: [integer, null]}]`) becomes
+  `[{type: string}, {type: integer}]`: `null` matches both and is not valid. Where a type is
+  shared by a branch that constrains it, nothing is proved. A branch left with "a number with a
+  fraction" but not integers cannot be written as a `type`: nothing is proved either.
+
+`lower_one_of` rewrites every such `oneOf` of a schema (grammar/compact_json.py and
+grammar/llg_schema.py run it before compiling); grammar/fidelity.py reports a `oneOf` enforced
+exactly when `exclusive_branches` is not None.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_DATA = ("const", "enum", "default", "examples")
+
+# A value's JSON type, with numbers split: "fraction" is a number that is not an integer.
+CLASSES = ("null", "boolean", "object", "array", "string", "integer", "fraction")
+_TYPE_CLASSES = {"number": {"integer", "fraction"}, **{t: {t} for t in CLASSES if t != "fraction"}}
+# keywords that only constrain values of some types (JSON Schema ignores them for the others)
+_ONLY_FOR = {
+    **{k: {"string"} for k in ("minLength", "maxLength", "pattern", "format", "contentEncoding",
+                               "contentMediaType", "contentSchema")},
+    **{k: {"integer", "fraction"} for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                            "multipleOf")},
+    **{k: {"array"} for k in ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+                              "contains", "minContains", "maxContains", "unevaluatedItems")},
+    **{k: {"object"} for k in ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+                               "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+                               "dependencies", "unevaluatedProperties")},
+}
+# keywords that constrain no value (annotations); any keyword not named here or above is taken to
+# constrain values of every type, which can only keep a proof from being found
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+                          "writeOnly", "$id", "$schema", "$anchor", "markdownDescription", "example"})
+
+
+def exclusive_branches(branches: Any) -> list[Any] | None:
+    """Pairwise disjoint branches that accept exactly what `oneOf: branches` accepts (see the
+    module docstring), or None where that is not proved."""
+    if not isinstance(branches, list) or not branches or not all(isinstance(b, dict) for b in branches):
+        return None
+    for tell in (_const_of, _discriminator_of(branches)):
+        if tell is not None:
+            tags = [tell(b) for b in branches]
+            if None not in tags and len(set(tags)) == len(tags):
+                return list(branches)
+    return _split_by_type(branches)
+
+
+def lower_one_of(node: Any) -> Any:
+    """`node` with every `oneOf` whose exclusive branches are known written as their `anyOf`
+    (a `oneOf` beside an `anyOf` is left as it is: there is no second `anyOf` to write)."""
+    if isinstance(node, list):
+        return [lower_one_of(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: lower_one_of(sub) for name, sub in value.items()}
+        elif key in _DATA:
+            out[key] = value
+        else:
+            out[key] = lower_one_of(value)
+    if "oneOf" in out and "anyOf" not in out:
+        branches = exclusive_branches(out["oneOf"])
+        if branches is not None:
+            lowered = {k: v for k, v in out.items() if k != "oneOf"}
+            lowered["anyOf"] = branches
+            return {k: lowered[k] for k in sorted(lowered)} if list(out) == sorted(out) else lowered
+    return out
+
+
+# -- by type -----------------------------------------------------------------------------------
+
+
+def _classes(branch: dict) -> set[str] | None:
+    declared = branch.get("type")
+    if declared is None:
+        return set(CLASSES)
+    names = [declared] if isinstance(declared, str) else declared if isinstance(declared, list) else None
+    if names is None or not all(isinstance(n, str) and n in _TYPE_CLASSES for n in names):
+        return None
+    return set().union(*(_TYPE_CLASSES[n] for n in names))
+
+
+def _constrained(branch: dict) -> set[str]:
+    """The classes whose values some keyword of `branch` (other than `type`) constrains."""
+    found: set[str] = set()
+    for key in branch:
+        if key == "type" or key in _ANNOTATIONS or key.startswith("x-"):
+            continue
+        found |= _ONLY_FOR.get(key, set(CLASSES))
+    return found
+
+
+def _split_by_type(branches: list[dict]) -> list[Any] | None:
+    classes = [_classes(b) for b in branches]
+    if any(c is None for c in classes):
+        return None
+    constrained = [_constrained(b) for b in branches]
+    invalid: set[str] = set()  # classes of which no value is valid (each matches several branches)
+    for cls in CLASSES:
+        sharing = [i for i, c in enumerate(classes) if cls in c]
+        if len(sharing) < 2:
+            continue
+        if any(cls in constrained[i] for i in sharing):
+            return None
+        invalid.add(cls)
+    if not invalid:
+        return list(branches)
+    out = []
+    for branch, admitted in zip(branches, classes):
+        kept = admitted - invalid
+        if kept == admitted:
+            out.append(branch)
+            continue
+        if not kept:
+            continue  # nothing of this branch is valid
+        declared = _type_for(kept)
+        if declared is None:
+            return None
+        out.append({**branch, "type": declared})
+    return out or None
+
+
+def _type_for(classes: set[str]) -> str | list[str] | None:
+    """The `type` admitting exactly `classes` (None: fractions without integers cannot be written)."""
+    if "fraction" in classes and "integer" not in classes:
+        return None
+    names = [c for c in CLASSES if c in classes and c not in ("integer", "fraction")]
+    if "fraction" in classes:
+        names.append("number")
+    elif "integer" in classes:
+        names.append("integer")
+    return names[0] if len(names) == 1 else names
+
+
+# -- by listed values --------------------------------------------------------------------------
+
+
+def _const_of(branch: dict) -> str | None:
+    return json.dumps(branch["const"], sort_keys=True) if "const" in branch else None
+
+
+def _discriminator_of(branches: list[dict]):
+    """A property required by every branch with a const in each: the tag that tells branches apart."""
+    required = [set(b.get("required") or []) if isinstance(b.get("required"), list) else set() for b in branches]
+    for name in set.intersection(*required) if required else set():
+        def tag(branch: dict, name=name) -> str | None:
+            props = branch.get("properties")
+            prop = props.get(name) if isinstance(props, dict) else None
+            return _const_of(prop) if isinstance(prop, dict) else None
+        if all(tag(b) is not None for b in branches):
+            return tag
+    return None

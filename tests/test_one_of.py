@@ -1,0 +1,97 @@
+"""`oneOf` as the `anyOf` it equals (grammar/one_of.py): the exclusive branches accept exactly what
+the `oneOf` accepts, on instances of every JSON type; both engines' masks refuse a value that
+matches two branches; what cannot be proved is left alone (and stays refused in strict mode)."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from grammar import GrammarSpec
+from grammar.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
+from grammar.llg_matcher import LLGuidanceHandle
+from grammar.one_of import exclusive_branches, lower_one_of
+from tests.test_fidelity_classifier import grammar_accepts
+from tests.test_llguidance_fidelity import writes
+
+INT_OR_STRING = {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}  # Kubernetes'
+QUANTITY = {"oneOf": [{"type": ["string", "null"]}, {"type": ["number", "null"]}]}
+SAMPLES = [None, True, False, 0, 3, -2, 1.5, "", "a", "12", [], [1], ["a", 2], {}, {"a": 1}, {"kind": "a"}]
+
+PROVED = [
+    INT_OR_STRING,
+    QUANTITY,
+    {"oneOf": [{"type": "string", "minLength": 2}, {"type": "integer", "minimum": 0}]},  # distinct types
+    {"oneOf": [{"type": ["string", "null"], "minLength": 1}, {"type": ["array", "null"], "items": {}}]},
+    {"oneOf": [{"description": "any"}, {"type": "string"}]},  # strings match both: everything else is valid
+    {"oneOf": [{"type": ["boolean", "null"]}, {"type": "null"}]},  # the second branch is only overlap
+    {"oneOf": [{"const": 1}, {"const": "a"}]},
+    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+               {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]},
+]
+NOT_PROVED = [
+    {"oneOf": [{"type": "integer"}, {"type": "number"}]},  # leaves fractions only: not a type
+    {"oneOf": [{"type": "string", "minLength": 2}, {"type": "string"}]},  # shared and constrained
+    {"oneOf": [{"type": ["string", "null"]}, {"enum": [None, 1]}]},  # enum constrains every type
+    {"oneOf": [{"type": "string"}, {"$ref": "#/$defs/x"}], "$defs": {"x": {"type": "integer"}}},  # not resolved
+    {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]},
+    {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}], "anyOf": [{}]},  # beside anyOf
+]
+
+
+@pytest.mark.parametrize("schema", PROVED)
+def test_the_exclusive_branches_accept_exactly_what_the_one_of_accepts(schema):
+    lowered = lower_one_of(schema)
+    assert "oneOf" not in lowered and "anyOf" in lowered
+    branches = lowered["anyOf"]
+    for value in SAMPLES:
+        original = jsonschema.Draft202012Validator(schema).is_valid(value)
+        matching = sum(jsonschema.Draft202012Validator(b).is_valid(value) for b in branches)
+        assert matching <= 1, (value, branches)  # pairwise disjoint
+        assert original == (matching == 1), value
+
+
+@pytest.mark.parametrize("schema", NOT_PROVED)
+def test_what_cannot_be_proved_is_left_alone_and_refused(schema):
+    if "anyOf" not in schema:
+        assert exclusive_branches(schema["oneOf"]) is None
+    assert lower_one_of(schema) == schema
+    assert "oneOf" in {k.keyword for k in routed_schema_fidelity(schema).refused_in_strict}
+
+
+def test_the_kubernetes_int_or_string_is_split_by_type():
+    assert exclusive_branches(INT_OR_STRING["oneOf"]) == [{"type": "string"}, {"type": "integer"}]
+    assert exclusive_branches(QUANTITY["oneOf"]) == [{"type": "string"}, {"type": "number"}]
+
+
+@pytest.mark.parametrize("schema", [INT_OR_STRING, QUANTITY])
+def test_xgrammar_refuses_the_value_both_branches_match(schema):
+    report = schema_fidelity(schema)
+    assert report.guaranteed and routed_schema_fidelity(schema).engine == XGRAMMAR
+    for text in ('"a"', "12"):
+        assert grammar_accepts(schema, text)
+    assert not grammar_accepts(schema, "null")  # both branches match it: not valid
+    assert grammar_accepts(QUANTITY, "1.5") and not grammar_accepts(INT_OR_STRING, "1.5")
+
+
+def test_keywords_beside_an_exclusive_one_of_go_to_llguidance(service, tokenizer):
+    # minLength beside the oneOf: xgrammar drops it, llguidance enforces it on the lowered anyOf
+    schema = {"type": "object", "required": ["q"], "properties": {"q": {**INT_OR_STRING, "minLength": 2}}}
+    report = routed_schema_fidelity(schema)
+    assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
+    verdict = {k.pointer: k for k in report.keywords}["/properties/q/minLength"]
+    assert (verdict.status, verdict.engine) == (ENFORCED, LLGUIDANCE)
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert isinstance(handle, LLGuidanceHandle)
+    assert writes(handle, tokenizer, '{"q":"ab"}') and writes(handle, tokenizer, '{"q":7}')
+    assert not writes(handle, tokenizer, '{"q":null}')  # matches both branches
+    assert not writes(handle, tokenizer, '{"q":"a"}')  # minLength
+    assert not writes(handle, tokenizer, '{"q":1.5}')
+
+
+def test_the_service_compiles_the_lowered_one_of_with_xgrammar(service, tokenizer):
+    schema = {"type": "object", "required": ["port"], "properties": {"port": INT_OR_STRING}}
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert not isinstance(handle, LLGuidanceHandle) and handle.fidelity.refused_in_strict == ()
+    assert writes(handle, tokenizer, '{"port":8080}') and writes(handle, tokenizer, '{"port":"http"}')
+    assert not writes(handle, tokenizer, '{"port":null}')
