@@ -107,3 +107,69 @@ def test_strict_methods_are_declared_unavailable(handle):
     assert matcher.supports_strict is False
     assert handle.min_completion_tokens() is None
     assert handle.fidelity.engine == "llguidance" and handle.memory_size_bytes > 0
+
+
+# -- the direct-write mask and the one-call accept (grammar/token_mask.py row_address) ------------
+
+RECORD = {"type": "object", "additionalProperties": False, "required": ["name", "tags", "score"],
+          "properties": {"name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8},
+                         "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3},
+                         "score": {"type": "number", "minimum": -5, "maximum": 5}}}
+
+
+class ReferenceMatcher:
+    """The previous LLGuidanceMatcher path, kept here to compare against: llguidance.torch's
+    fill_next_token_bitmask, and validate_tokens then consume_token."""
+
+    def __init__(self, handle):
+        self.m = handle.start.deep_copy()
+
+    def fill_bitmask(self, bitmask, row):
+        import llguidance.torch
+
+        llguidance.torch.fill_next_token_bitmask(self.m, bitmask, row)
+
+    def accept(self, token_id):
+        return self.m.validate_tokens([token_id]) == 1 and self.m.consume_token(token_id)
+
+
+def test_the_direct_mask_and_accept_match_llguidances_helpers_along_a_walk(service, tokenizer):
+    handle = service.compile(GrammarSpec("json_schema", RECORD, True))
+    assert isinstance(handle, LLGuidanceHandle)
+    fast, ref = handle.new_matcher(), ReferenceMatcher(handle)
+    words = (len(tokenizer) + 31) // 32
+    refused_probes = ids(tokenizer, '7"}],zz{')
+    for token_id in ids(tokenizer, '{"name":"abc","tags":["red","green"],"score":-4.5}'):
+        for row in (0, 2, -1):  # negative rows count from the end, as in llguidance.torch
+            got = torch.full((3, words), 7, dtype=torch.int32)
+            want = got.clone()
+            fast.fill_bitmask(got, row)
+            ref.fill_bitmask(want, row)
+            assert torch.equal(got, want)  # the same row written, the others untouched
+        for probe in refused_probes + [token_id]:
+            ok = fast.accept(probe)
+            assert ok is ref.accept(probe)
+            r = ref.m
+            assert not r.is_error()
+            assert fast.is_completed() is r.is_accepting()
+            forced = [] if r.is_stopped() else r.compute_ff_tokens()
+            assert fast.jump_forward_tokens() == forced[:r.validate_tokens(forced)]
+            if ok and probe != token_id:
+                fast.rollback(1)
+                r.rollback(1)
+    assert fast.is_completed()
+
+
+def test_row_address_refuses_what_the_direct_write_cannot_take():
+    from grammar.token_mask import row_address
+
+    bitmask = torch.zeros((2, 5), dtype=torch.int32)
+    assert row_address(bitmask, 1) == (bitmask.data_ptr() + 20, 20)
+    assert row_address(bitmask, -2) == (bitmask.data_ptr(), 20)
+    for row in (2, -3):
+        with pytest.raises(IndexError):
+            row_address(bitmask, row)
+    for bad in (torch.zeros((2, 5), dtype=torch.int64), torch.zeros((2, 10), dtype=torch.int32)[:, ::2],
+                torch.zeros(5, dtype=torch.int32), torch.zeros((1, 2, 5), dtype=torch.int32)):
+        with pytest.raises(ValueError):
+            row_address(bad, 0)
