@@ -119,7 +119,6 @@ class LLGuidanceMatcher:
         return ok
 
     def _accept(self, token_id: int) -> bool:
-        # consume_token puts a refusing matcher in a permanent error state: check first
         token_id = int(token_id)
         if self._terminated:
             return False
@@ -129,9 +128,9 @@ class LLGuidanceMatcher:
             # the token before it too and then refuses everything).
             self._terminated = self._matcher.is_accepting()
             return self._terminated
-        if self._matcher.validate_tokens([token_id]) != 1:
-            return False
-        return self._matcher.consume_token(token_id)
+        # consume_token would put a refusing matcher in a permanent error state; try_consume_tokens
+        # consumes the token only if it is allowed (one call, where validate + consume were two)
+        return self._try_consume([token_id]) == 1
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
