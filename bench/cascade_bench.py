@@ -64,6 +64,7 @@ def run(quick: bool = False, argv=None) -> None:
     ap.add_argument("--reps", type=int, default=2 if quick else 3)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--attention", default="auto", help="attention backend (default: the engine's, auto)")
     ap.add_argument("--attention-only", action="store_true",
                     help="time the attention backend alone (one layer) instead of the whole model")
     args = ap.parse_args(argv or [])
@@ -74,7 +75,7 @@ def run(quick: bool = False, argv=None) -> None:
     mc = read_config(model_dir)
     pool = max(args.shared) + args.batch * args.private + 16
     cfg = EngineConfig(device=device.type, kv_pool_tokens=pool, max_running_requests=args.batch,
-                       attention_backend="torch")
+                       attention_backend=args.attention)
     runner = ModelRunner(cfg, model_dir, mc, device, pick_dtype("auto", device), pool)
     for layer in (*runner.kv.k, *runner.kv.v):
         layer.normal_()
@@ -83,7 +84,8 @@ def run(quick: bool = False, argv=None) -> None:
     scope = "attention_layer0" if args.attention_only else "model"
     short = step_seconds(runner, decode_batch(args.batch, 0, args.private, device), args.reps, q)
     emit({"bench": "cascade", "scope": scope, "batch": args.batch, "shared": 0, "private": args.private,
-          "mode": "short", "step_ms": short * 1e3, "device": device.type, "threads": torch.get_num_threads()})
+          "mode": "short", "step_ms": short * 1e3, "device": device.type, "threads": torch.get_num_threads(),
+          "attention": runner.attn.name, "weights": runner.model.weights})
     for shared in args.shared:
         batch = decode_batch(args.batch, shared, args.private, device)
         # on: the runner's rule (it may decline to group); forced: one group of all, whatever it saves
