@@ -156,8 +156,8 @@ class CompileProcess:
                 "", spec.param)
         return GrammarCompileMemoryError(
             f"compiling this {_kind_what(spec)} exceeded the grammar compiler's memory limit of "
-            f"{_gib(self.memory_limit_bytes)} GiB; simplify it (fewer alternatives, smaller bounds, "
-            "shallower nesting)", "", spec.param)
+            f"{_gib(self.memory_limit_bytes)} GiB ({why}); simplify it (fewer alternatives, smaller "
+            "bounds, shallower nesting)", "", spec.param)
 
 
 def warm_up() -> None:
@@ -189,7 +189,6 @@ def _child_main(conn: Connection, tokenizer_json: str, memory_limit_bytes: int |
     try:
         compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(tokenizer_json),
                                        max_threads=1, cache_enabled=False)
-        del tokenizer_json
         if memory_limit_bytes is not None:
             limit = _address_space_bytes() + memory_limit_bytes
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

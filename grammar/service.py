@@ -225,10 +225,10 @@ class GrammarService:
         snapshot.compile_processes_replaced = self._pool.processes_replaced
         return snapshot
 
-    def start(self) -> None:
-        """Start the compile workers now rather than on the first compile (returns at once; a
-        server calls it at start-up)."""
-        self._pool.start()
+    def start(self, wait: bool = False) -> None:
+        """Start the compile workers and their processes now rather than on the first compile (a
+        server does at start-up); with `wait`, return once they are ready, else at once."""
+        self._pool.start(wait=wait)
 
     def compile_process_pids(self) -> list[int]:
         return self._pool.pids()

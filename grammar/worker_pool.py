@@ -5,8 +5,9 @@ may hand xgrammar compiles to the worker's child process (grammar/compile_proces
 killed when the job's deadline passes. A worker is therefore never stuck past a deadline: the
 thread is free again at once and its child is replaced.
 
-A worker starts its child on its first compile. The time a job waits for a child to start is not
-the grammar's: it moves the job's deadline later (`paused_s`), and waiters add it to theirs.
+A worker starts its child on its first compile, or at once after `start()`. The time a job waits
+for a child to start is not the grammar's: it moves the job's deadline later (`pause()`), and
+waiters add it to theirs.
 `shutdown` kills running compiles and stops the children.
 """
 
@@ -62,6 +63,7 @@ class CompileWorkerPool:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._processes: list[CompileProcess] = []
+        self._ready: list[threading.Event] = []  # set once a worker took its first job or started its child
         self._closed = False
 
     @property
@@ -75,25 +77,31 @@ class CompileWorkerPool:
         with self._lock:
             return [pid for pid in (p.pid for p in self._processes) if pid is not None]
 
-    def start(self) -> None:
-        """Start the workers (their children start on their first compile; returns at once)."""
+    def start(self, processes: bool = True, wait: bool = False) -> None:
+        """Start the workers, and with `processes` their children now rather than on their first
+        compile; with `wait`, return once every child is ready (else at once)."""
         with self._lock:
-            if self._threads or self._closed:
-                return
-            warm_up()
-            for _ in range(self._size):
-                process = self._make_process()
-                thread = threading.Thread(target=self._run, args=(process,), name=self._name, daemon=True)
-                self._processes.append(process)
-                self._threads.append(thread)
-        for thread in self._threads:
-            thread.start()
+            if not self._threads and not self._closed:
+                warm_up()
+                for _ in range(self._size):
+                    process = self._make_process()
+                    ready = threading.Event()
+                    thread = threading.Thread(target=self._run, args=(process, processes, ready),
+                                              name=self._name, daemon=True)
+                    self._processes.append(process)
+                    self._threads.append(thread)
+                    self._ready.append(ready)
+                    thread.start()
+            ready_events = list(self._ready)
+        if wait:
+            for ready in ready_events:
+                ready.wait()
 
     def submit(self, fn: Callable[[CompileFn], Any], deadline: float) -> CompileJob:
         with self._lock:
             if self._closed:
                 raise GrammarServiceBusy("grammar compile pool is shut down")
-        self.start()
+        self.start(processes=False)
         job = CompileJob(fn, deadline)
         self._queue.put(job)
         return job
@@ -109,8 +117,14 @@ class CompileWorkerPool:
         for thread in threads:
             thread.join(max(0.0, end - time.monotonic()))
 
-    def _run(self, process: CompileProcess) -> None:
+    def _run(self, process: CompileProcess, start_process: bool, ready: threading.Event) -> None:
         try:
+            if start_process:
+                try:
+                    process.wait_ready()
+                except Exception:  # noqa: BLE001 - logged; the next compile tries again and says why
+                    pass
+            ready.set()
             while True:
                 job = self._queue.get()
                 if job is None:
