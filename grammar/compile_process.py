@@ -115,8 +115,6 @@ class CompileProcess:
             process.join(10)
             process.close()
 
-    # -- internals -------------------------------------------------------------------------
-
     def wait_ready(self) -> None:
         """Start the child if needed and wait until it is ready (GrammarServiceBusy if it fails)."""
         self.start()
@@ -137,10 +135,16 @@ class CompileProcess:
         log.error("grammar compile process failed to start: %s %s", status, detail)
         raise GrammarServiceBusy(f"the grammar compile process failed to start ({detail})")
 
+    # -- internals -------------------------------------------------------------------------
+
     def _replace(self) -> None:
+        """Kill the child and start the next one now, so the next compile need not wait for it."""
         self.kill()
         self.replaced += 1
-        self.start()
+        try:
+            self.start()
+        except Exception:  # the next compile starts one again (and reports why it cannot)
+            log.exception("could not start a grammar compile process")
 
     def _exit_code(self) -> int | None:
         if self._process is None:
