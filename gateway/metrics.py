@@ -99,14 +99,16 @@ GRAMMAR_COUNTERS = (
     ("misses", "jumpgate_grammar_cache_misses", "Grammar cache misses (compiled)."),
     ("compile_errors", "jumpgate_grammar_compile_errors", "Grammar specs refused."),
     ("compile_timeouts", "jumpgate_grammar_compile_timeouts", "Grammar compiles over the time limit."),
+    ("compile_memory_errors", "jumpgate_grammar_compile_memory_errors",
+     "Grammar compiles refused past the compile memory limit (or whose compile process died)."),
+    ("compile_processes_replaced", "jumpgate_grammar_compile_processes_replaced",
+     "Grammar compile processes killed (time or memory limit) or found dead, and started again."),
     ("compile_seconds_total", "jumpgate_grammar_compile_seconds", "Time spent compiling grammars."),
 )
 GRAMMAR_GAUGES = (
     ("compile_seconds_max", "jumpgate_grammar_compile_seconds_max", "Longest grammar compile so far."),
     ("memory_entries", "jumpgate_grammar_memory_entries", "Compiled grammars held in memory."),
     ("memory_bytes", "jumpgate_grammar_memory_bytes", "Bytes of compiled grammars held in memory."),
-    ("abandoned_compiles_running", "jumpgate_grammar_abandoned_compiles_running",
-     "Compiles past their time limit still occupying a worker."),
 )
 
 

@@ -4,7 +4,8 @@ Public API (everything else is internal):
 
 - specs:      GrammarSpec, tokenizer_fingerprint
 - kinds:      KINDS, ConstraintKind, kind_for (one module per kind under grammar/kinds/)
-- errors:     GrammarError, GrammarSpecError, GrammarCompileTimeout, GrammarServiceBusy
+- errors:     GrammarError, GrammarSpecError, GrammarCompileTimeout, GrammarCompileMemoryError,
+              GrammarServiceBusy
 - checks:     validate_spec, validate_json_schema, validate_regex
 - compiling:  GrammarService, CompiledGrammarHandle, GrammarServiceStats, build_tokenizer_info
 - decoding:   XGrammarMatcher
@@ -16,6 +17,7 @@ Public API (everything else is internal):
 # Names are loaded on first use (PEP 562), so importing a light submodule such as grammar.settings
 # (the CLI does, for `jumpgate serve --help`) does not pull in xgrammar and torch.
 _EXPORTS = {
+    "GrammarCompileMemoryError": "grammar.errors",
     "GrammarCompileTimeout": "grammar.errors",
     "GrammarError": "grammar.errors",
     "GrammarServiceBusy": "grammar.errors",

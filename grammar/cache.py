@@ -27,6 +27,15 @@ log = logging.getLogger("jumpgate.grammar.cache")
 
 V = TypeVar("V")
 
+# what deserializing refuses: InvalidJSON / DeserializeFormat / DeserializeVersion
+DESERIALIZE_ERRORS = (RuntimeError, ValueError, TypeError)
+
+
+def grammar_from_json(text: str, tokenizer_info: xgr.TokenizerInfo) -> xgr.CompiledGrammar:
+    """A grammar from its `CompiledGrammar.serialize_json()` text (a disk file, a compile process's
+    answer), bound to `tokenizer_info`; raises one of DESERIALIZE_ERRORS for text it cannot read."""
+    return xgr.CompiledGrammar.deserialize_json(text, tokenizer_info)
+
 
 class MemoryLRU(Generic[V]):
     """Thread-safe LRU map with at most `max_entries` entries and, when `max_bytes` is set, at most
@@ -137,19 +146,20 @@ class DiskGrammarCache:
             self._discard(path, e)
             return None
         try:
-            compiled = xgr.CompiledGrammar.deserialize_json(text, self._tokenizer_info)
-        except (RuntimeError, ValueError, TypeError) as e:  # InvalidJSON / DeserializeFormat / DeserializeVersion
+            compiled = grammar_from_json(text, self._tokenizer_info)
+        except DESERIALIZE_ERRORS as e:
             self._discard(path, e)
             return None
         self._touch(path)
         return compiled
 
-    def store(self, key: str, compiled: xgr.CompiledGrammar) -> None:
-        """Write atomically; failures only cost a future recompile, so they are logged, not raised."""
+    def store(self, key: str, compiled: xgr.CompiledGrammar | str) -> None:
+        """Write a grammar (or its serialize_json() text) atomically; failures only cost a future
+        recompile, so they are logged, not raised."""
         path = self.path(key)
         tmp_name = None
         try:
-            data = compiled.serialize_json()
+            data = compiled if isinstance(compiled, str) else compiled.serialize_json()
             fd, tmp_name = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.directory)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(data)

@@ -56,10 +56,16 @@ class GrammarSpecError(GrammarError, ValueError):
 class GrammarCompileTimeout(GrammarSpecError):
     """Compiling took longer than the service's limit; the spec is refused as too complex.
 
-    The compile may still finish on its worker thread and land in the cache, so an identical
-    retry can succeed later; it never blocks other requests meanwhile.
+    The compile is killed at the limit (grammar/compile_process.py), so it never occupies a
+    worker, the CPU or memory after its request has been answered.
     """
 
 
+class GrammarCompileMemoryError(GrammarSpecError):
+    """Compiling needed more memory than a compile process may use (or crashed it); the spec is
+    refused as too complex (400)."""
+
+
 class GrammarServiceBusy(GrammarError):
-    """Too many runaway compiles are still occupying threads; a server-side condition (503)."""
+    """The compile workers cannot take a job (shut down, or a compile process would not start);
+    a server-side condition (503)."""

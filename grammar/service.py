@@ -3,7 +3,12 @@
 Lookups go memory -> disk -> compile. Everything slower than a dict lookup (validation, disk
 read, compile) runs on the compile workers under a time limit, so neither the HTTP event loop
 nor other requests wait on a slow schema. Identical specs compiling at the same time share one
-compile (single flight).
+compile (single flight); a waiter that joins extends the compile's deadline to its own.
+
+xgrammar compiles run in the workers' child processes (grammar/worker_pool.py,
+grammar/compile_process.py): a compile past its deadline is killed, and one that needs more than
+`compile_memory_bytes` fails with a clear refusal, so no schema can keep the server's CPU or grow
+its memory after its request has been answered.
 
 Two engines compile: xgrammar (the default, with the disk cache) and llguidance, for JSON schemas
 whose keywords xgrammar would only approximate and llguidance enforces exactly (the fidelity
@@ -24,11 +29,12 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.cache import DiskGrammarCache, MemoryLRU
+from grammar.cache import DiskGrammarCache, MemoryLRU, grammar_from_json
 from grammar.closing import ClosingVocab
-from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
+from grammar.compile import COMPILE_POLICY_VERSION
+from grammar.compile_process import CompileProcess
 from grammar.draft_split import DraftSplitter
-from grammar.errors import GrammarCompileTimeout, GrammarSpecError
+from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity
 from grammar.llg_matcher import LLGuidanceHandle, LLGuidanceTokenizer, compile_llguidance
 from grammar.llg_schema import llguidance_grammar
@@ -38,7 +44,7 @@ from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
 from grammar.validate import validate_spec
 from grammar.value_check import ValueCheck, ValueCheckVocab
 from grammar.value_rules import VALUE_CHECK_KINDS, SchemaNavigator, navigator_for, value_check_begin
-from grammar.worker_pool import CompileJob, CompileWorkerPool
+from grammar.worker_pool import CompileFn, CompileJob, CompileWorkerPool
 
 log = logging.getLogger("jumpgate.grammar")
 
@@ -89,11 +95,12 @@ class GrammarServiceStats:
     misses: int = 0  # compiles started (neither memory nor disk had the key)
     compile_errors: int = 0  # specs refused (validation or xgrammar)
     compile_timeouts: int = 0
+    compile_memory_errors: int = 0  # compiles past the memory limit (or whose process died)
     compile_seconds_total: float = 0.0
     compile_seconds_max: float = 0.0
     memory_entries: int = 0
     memory_bytes: int = 0
-    abandoned_compiles_running: int = 0
+    compile_processes_replaced: int = 0  # compile processes killed or dead, and started again
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -111,14 +118,13 @@ class GrammarService:
         workers: int = 2,
         *,
         stop_token_ids: list[int] | None = None,
-        max_abandoned_compiles: int = 4,
         max_disk_bytes: int | None = None,
+        compile_memory_bytes: int | None = 4 << 30,
     ) -> None:
         self.tokenizer_info = build_tokenizer_info(hf_tokenizer, vocab_size, stop_token_ids)
         self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
         self.compile_timeout_s = compile_timeout_s
-        # our own LRU is the cache; xgrammar's would hold a second, unbounded copy
-        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=workers, cache_enabled=False)
+        self.compile_memory_bytes = compile_memory_bytes or None  # 0: no limit
         # the key covers everything a compiled grammar depends on besides the spec
         self.fingerprint = hashlib.sha256(
             f"{tokenizer_fingerprint(hf_tokenizer)}|vocab={vocab_size}|stop={self.stop_token_ids}"
@@ -138,7 +144,8 @@ class GrammarService:
             max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes)
         self._disk = (DiskGrammarCache(Path(cache_dir), self.tokenizer_info, max_disk_bytes)
                       if cache_dir is not None else None)
-        self._pool = CompileWorkerPool(workers, max_abandoned=max_abandoned_compiles)
+        self._tokenizer_json: str | None = None  # what a compile process builds its compiler from
+        self._pool = CompileWorkerPool(workers, self._new_compile_process)
         self._inflight: dict[str, CompileJob] = {}
         self._lock = threading.Lock()
         self._stats = GrammarServiceStats()
@@ -162,9 +169,14 @@ class GrammarService:
         deadline = time.monotonic() + self.compile_timeout_s
         job = self._submit(key, spec, deadline)
         try:
-            return job.future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            raise self._timed_out(job, spec) from None
+            while True:
+                try:
+                    return job.future.result(timeout=max(0.0, job.remaining_s(deadline)))
+                except TimeoutError:
+                    if job.remaining_s(deadline) <= 0:  # else a process start moved the deadline
+                        raise
+        except (TimeoutError, GrammarCompileTimeout):
+            raise self._timed_out(spec) from None
 
     async def compile_async(self, spec: GrammarSpec) -> CompiledGrammarHandle:
         """Like `compile`, awaiting the worker instead of blocking the event loop."""
@@ -175,12 +187,17 @@ class GrammarService:
             return handle
         deadline = time.monotonic() + self.compile_timeout_s
         job = self._submit(key, spec, deadline)
-        # shield: our caller being cancelled must not cancel a compile others may share
-        waiter = asyncio.shield(asyncio.wrap_future(job.future))
+        result = asyncio.wrap_future(job.future)
         try:
-            return await asyncio.wait_for(waiter, timeout=max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            raise self._timed_out(job, spec) from None
+            while True:
+                try:
+                    # shield: our caller being cancelled must not cancel a compile others may share
+                    return await asyncio.wait_for(asyncio.shield(result), max(0.0, job.remaining_s(deadline)))
+                except asyncio.TimeoutError:
+                    if job.remaining_s(deadline) <= 0:  # else a process start moved the deadline
+                        raise
+        except (asyncio.TimeoutError, GrammarCompileTimeout):
+            raise self._timed_out(spec) from None
 
     def get_cached(self, spec: GrammarSpec) -> CompiledGrammarHandle | None:
         """Memory-only lookup (no disk, no compile)."""
@@ -205,10 +222,19 @@ class GrammarService:
             snapshot = GrammarServiceStats(**self._stats.as_dict())
         snapshot.memory_entries = len(self._memory)
         snapshot.memory_bytes = self._memory.total_bytes
-        snapshot.abandoned_compiles_running = self._pool.abandoned_running
+        snapshot.compile_processes_replaced = self._pool.processes_replaced
         return snapshot
 
+    def start(self, wait: bool = False) -> None:
+        """Start the compile workers and their processes now rather than on the first compile (a
+        server does at start-up); with `wait`, return once they are ready, else at once."""
+        self._pool.start(wait=wait)
+
+    def compile_process_pids(self) -> list[int]:
+        return self._pool.pids()
+
     def close(self) -> None:
+        """Kill running compiles and stop the compile processes."""
         self._pool.shutdown()
 
     # -- internals -------------------------------------------------------------------------
@@ -255,7 +281,7 @@ class GrammarService:
             if job is not None and not job.future.done():
                 job.extend_deadline(deadline)
                 return job
-            job = self._pool.submit(lambda: self._load_or_compile(key, spec), deadline)
+            job = self._pool.submit(lambda compile_fn: self._load_or_compile(key, spec, compile_fn), deadline)
             self._inflight[key] = job
         job.future.add_done_callback(lambda _f, key=key, job=job: self._forget(key, job))
         return job
@@ -265,8 +291,7 @@ class GrammarService:
             if self._inflight.get(key) is job:
                 del self._inflight[key]
 
-    def _timed_out(self, job: CompileJob, spec: GrammarSpec) -> GrammarCompileTimeout:
-        self._pool.abandon(job)
+    def _timed_out(self, spec: GrammarSpec) -> GrammarCompileTimeout:
         with self._lock:
             self._stats.compile_timeouts += 1
         log.warning("grammar compile of a %s spec exceeded %.1f s", spec.kind, self.compile_timeout_s)
@@ -277,8 +302,14 @@ class GrammarService:
             spec.param,
         )
 
-    def _load_or_compile(self, key: str, spec: GrammarSpec) -> CompiledGrammarHandle:
-        """Runs on a compile worker: memory again (a racing job may have filled it), disk, compile."""
+    def _new_compile_process(self) -> CompileProcess:
+        if self._tokenizer_json is None:
+            self._tokenizer_json = self.tokenizer_info.serialize_json()
+        return CompileProcess(self._tokenizer_json, self.compile_memory_bytes)
+
+    def _load_or_compile(self, key: str, spec: GrammarSpec, compile_fn: CompileFn) -> CompiledGrammarHandle:
+        """Runs on a compile worker: memory again (a racing job may have filled it), disk, compile
+        (xgrammar's in the worker's process: `compile_fn`)."""
         handle = self._with_spec(key, self._memory.get(key), spec)
         if handle is not None:
             return handle
@@ -298,16 +329,22 @@ class GrammarService:
             fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict)
             if fidelity is not None and fidelity.engine == LLGUIDANCE:
                 return self._compile_llguidance(key, spec, fidelity, started)
-            compiled = compile_spec(self._compiler, spec)
-        except GrammarSpecError:
+            text, waited_s = compile_fn(spec)
+            started += waited_s  # the compile process's start is not the grammar's compile time
+        except GrammarCompileTimeout:
+            raise  # counted by each waiter
+        except GrammarSpecError as e:
             with self._lock:
                 self._stats.compile_errors += 1
+                if isinstance(e, GrammarCompileMemoryError):
+                    self._stats.compile_memory_errors += 1
             raise
+        compiled = grammar_from_json(text, self.tokenizer_info)
         self._count_compile(started)
         handle = self._handle(key, spec.kind, compiled, spec, fidelity)
         self._memory.put(key, handle)
         if self._disk is not None:
-            self._disk.store(key, compiled)
+            self._disk.store(key, text)
         return handle
 
     def _compile_llguidance(self, key: str, spec: GrammarSpec, fidelity: FidelityReport,

@@ -32,6 +32,9 @@ class GrammarSettings:
     compile_timeout_s: float = setting(
         10.0, "seconds one grammar may take to compile", flag="--grammar-compile-timeout", above=0,
         metavar="SECONDS")
+    compile_memory_mb: int = setting(
+        4096, "memory one grammar compile may use, in MB, beyond what its compile process holds idle "
+        "(0: no limit); past it the schema is refused", flag="--grammar-compile-memory-mb", min=0)
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -41,6 +44,10 @@ class GrammarSettings:
         if not self.disk_cache:
             return None
         return Path(self.cache_dir) if self.cache_dir else cache_root() / "grammars"
+
+    @property
+    def compile_memory_bytes(self) -> int | None:
+        return (self.compile_memory_mb << 20) or None
 
     @property
     def max_memory_bytes(self) -> int:

@@ -1,12 +1,14 @@
-"""A small pool of daemon threads for compiles that may overrun their time limit.
+"""A small pool of compile workers: each one a thread driving its own compile process.
 
-xgrammar compiles in C++ (releasing the GIL) and cannot be interrupted. A compile that overruns
-its limit is *abandoned*: its thread finishes the job in the background (the result still lands
-in the cache) and then exits, while a replacement thread takes its place so later requests never
-queue behind it. Replacements are capped (`max_abandoned`): past that, a runaway schema costs
-capacity instead of unbounded threads, and with no capacity left `submit` refuses at once.
+A job runs on a worker thread (so neither the HTTP event loop nor other requests wait for it) and
+may hand xgrammar compiles to the worker's child process (grammar/compile_process.py), which is
+killed when the job's deadline passes. A worker is therefore never stuck past a deadline: the
+thread is free again at once and its child is replaced.
 
-Threads are daemons, so a runaway compile never keeps the process from exiting.
+A worker starts its child on its first compile, or at once after `start()`. The time a job waits
+for a child to start is not the grammar's: it moves the job's deadline later (`pause()`), and
+waiters add it to theirs.
+`shutdown` kills running compiles and stops the children.
 """
 
 from __future__ import annotations
@@ -19,110 +21,139 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from grammar.compile_process import CompileProcess, warm_up
 from grammar.errors import GrammarCompileTimeout, GrammarServiceBusy
+
+# A job is called with the worker's compile function: spec -> (serialize_json() text, seconds
+# spent waiting for the compile process to start), under the job's deadline.
+CompileFn = Callable[[Any], tuple[str, float]]
 
 
 @dataclass(eq=False)
 class CompileJob:
-    fn: Callable[[], Any]
+    fn: Callable[[CompileFn], Any]
     deadline: float  # monotonic; extended when more waiters join
     future: Future = field(default_factory=Future)
-    worker: "_Worker | None" = None
+    # time spent waiting for a compile process to start (so far, and since when if now): added to
+    # every deadline
+    paused_s: float = 0.0
+    paused_since: float | None = None
 
     def extend_deadline(self, deadline: float) -> None:
         self.deadline = max(self.deadline, deadline)
 
+    def pause(self) -> float:
+        since = self.paused_since
+        return self.paused_s + (time.monotonic() - since if since is not None else 0.0)
 
-@dataclass(eq=False)
-class _Worker:
-    thread: threading.Thread | None = None
-    retired: bool = False  # abandoned: exit after the current job
+    def remaining_s(self, deadline: float) -> float:
+        """Seconds a waiter whose own deadline is `deadline` still waits."""
+        return deadline + self.pause() - time.monotonic()
 
 
 class CompileWorkerPool:
-    def __init__(self, workers: int, *, max_abandoned: int = 4, name: str = "grammar-compile") -> None:
+    def __init__(self, workers: int, make_process: Callable[[], CompileProcess], *,
+                 name: str = "grammar-compile") -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
+        self._size = workers
+        self._make_process = make_process
+        self._name = name
         self._queue: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._name = name
-        self._live: set[_Worker] = set()  # not retired
-        self._abandoned_running = 0
-        self.max_abandoned = max_abandoned
+        self._threads: list[threading.Thread] = []
+        self._processes: list[CompileProcess] = []
+        self._ready: list[threading.Event] = []  # set once a worker took its first job or started its child
         self._closed = False
-        for _ in range(workers):
-            self._spawn()
 
     @property
-    def abandoned_running(self) -> int:
+    def processes_replaced(self) -> int:
+        """Children killed (time or memory limit) or found dead, and started again."""
         with self._lock:
-            return self._abandoned_running
+            return sum(p.replaced for p in self._processes)
 
-    @property
-    def live_workers(self) -> int:
+    def pids(self) -> list[int]:
+        """The compile children running now."""
         with self._lock:
-            return len(self._live)
+            return [pid for pid in (p.pid for p in self._processes) if pid is not None]
 
-    def submit(self, fn: Callable[[], Any], deadline: float) -> CompileJob:
+    def start(self, processes: bool = True, wait: bool = False) -> None:
+        """Start the workers, and with `processes` their children now rather than on their first
+        compile; with `wait`, return once every child is ready (else at once)."""
+        with self._lock:
+            if not self._threads and not self._closed:
+                warm_up()
+                for _ in range(self._size):
+                    process = self._make_process()
+                    ready = threading.Event()
+                    thread = threading.Thread(target=self._run, args=(process, processes, ready),
+                                              name=self._name, daemon=True)
+                    self._processes.append(process)
+                    self._threads.append(thread)
+                    self._ready.append(ready)
+                    thread.start()
+            ready_events = list(self._ready)
+        if wait:
+            for ready in ready_events:
+                ready.wait()
+
+    def submit(self, fn: Callable[[CompileFn], Any], deadline: float) -> CompileJob:
         with self._lock:
             if self._closed:
                 raise GrammarServiceBusy("grammar compile pool is shut down")
-            if not self._live:
-                raise GrammarServiceBusy(
-                    f"all grammar compile workers are stuck on runaway compiles "
-                    f"({self._abandoned_running} running past their limit); retry later"
-                )
+        self.start(processes=False)
         job = CompileJob(fn, deadline)
         self._queue.put(job)
         return job
 
-    def abandon(self, job: CompileJob) -> None:
-        """The waiter gave up on a job that is running: retire its thread, replace it (capped)."""
-        with self._lock:
-            worker = job.worker
-            if worker is None or worker.retired or job.future.done():
-                return
-            worker.retired = True
-            self._live.discard(worker)
-            self._abandoned_running += 1
-            replace = self._abandoned_running <= self.max_abandoned and not self._closed
-        if replace:
-            self._spawn()
-
-    def shutdown(self) -> None:
-        """Stop idle workers; running compiles finish in the background (daemon threads)."""
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Kill running compiles, stop the workers and their children (waits up to `timeout_s`)."""
         with self._lock:
             self._closed = True
-            count = len(self._live)
-        for _ in range(count):
+            threads = list(self._threads)
+        for _ in threads:
             self._queue.put(None)
+        end = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
 
-    def _spawn(self) -> None:
-        worker = _Worker()
-        worker.thread = threading.Thread(target=self._run, args=(worker,), name=self._name, daemon=True)
-        with self._lock:
-            self._live.add(worker)
-        worker.thread.start()
-
-    def _run(self, worker: _Worker) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                with self._lock:
-                    self._live.discard(worker)
-                return
-            with self._lock:
-                job.worker = worker
-            if time.monotonic() > job.deadline:
-                # every waiter has given up already: don't spend a compile on it
-                job.future.set_exception(GrammarCompileTimeout("grammar compile timed out while queued; retry later"))
-            elif job.future.set_running_or_notify_cancel():
+    def _run(self, process: CompileProcess, start_process: bool, ready: threading.Event) -> None:
+        try:
+            if start_process:
                 try:
-                    job.future.set_result(job.fn())
-                except BaseException as e:  # noqa: BLE001 - delivered to the waiters
-                    job.future.set_exception(e)
-            with self._lock:
-                job.worker = None
-                if worker.retired:
-                    self._abandoned_running -= 1
+                    process.wait_ready()
+                except Exception:  # noqa: BLE001 - logged; the next compile tries again and says why
+                    pass
+            ready.set()
+            while True:
+                job = self._queue.get()
+                if job is None:
                     return
+                self._run_job(job, process)
+        finally:
+            process.kill()
+
+    def _run_job(self, job: CompileJob, process: CompileProcess) -> None:
+        if time.monotonic() > job.deadline:
+            # every waiter has given up already: don't spend a compile on it
+            job.future.set_exception(GrammarCompileTimeout("grammar compile timed out while queued; retry later"))
+            return
+        if not job.future.set_running_or_notify_cancel():
+            return
+
+        def deadline() -> float:
+            return 0.0 if self._closed else job.deadline + job.pause()  # shutting down: kill it now
+
+        def compile_fn(spec: Any) -> tuple[str, float]:
+            job.paused_since = started = time.monotonic()
+            try:
+                process.wait_ready()
+            finally:
+                job.paused_s, job.paused_since = job.pause(), None
+            waited = time.monotonic() - started
+            return process.compile(spec, deadline), waited
+
+        try:
+            job.future.set_result(job.fn(compile_fn))
+        except BaseException as e:  # noqa: BLE001 - delivered to the waiters
+            job.future.set_exception(e)

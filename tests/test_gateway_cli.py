@@ -152,6 +152,9 @@ def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
         def warm_from_disk(self):
             return 0
 
+        def start(self):
+            made["started"] = True
+
     monkeypatch.setattr("grammar.service.GrammarService", RecordingService)
     engine = SimpleNamespace(tokenizer=[0] * 10, info=SimpleNamespace(vocab_size=10, eos_token_ids=(2,)))
     build_grammar_service(engine, load("--grammar-cache-dir", str(tmp_path)).grammar)
@@ -159,6 +162,9 @@ def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
     assert str(made["cache_dir"]) == str(tmp_path)
     build_grammar_service(engine, load("--grammar-cache-memory-mb", "64", "--no-grammar-disk-cache").grammar)
     assert made["max_memory_bytes"] == 64 << 20 and made["cache_dir"] is None
+    assert made["compile_memory_bytes"] == 4096 << 20 and made["started"]  # compile processes start with the server
+    build_grammar_service(engine, load("--grammar-compile-memory-mb", "0").grammar)
+    assert made["compile_memory_bytes"] is None  # 0: no limit
 
 
 def test_readme_options_table_names_real_flags():

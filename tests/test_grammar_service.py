@@ -1,4 +1,5 @@
-"""GrammarService: memory LRU, disk cache across restarts, corrupt files, time limit, single flight."""
+"""GrammarService: memory LRU, disk cache across restarts, corrupt files, time and memory limits
+(real compiles in real compile processes), single flight."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import time
 
 import pytest
 
-import grammar.service as service_module
 from grammar.cache import MemoryLRU
 from grammar import (
     CompiledGrammarHandle,
+    GrammarCompileMemoryError,
     GrammarCompileTimeout,
     GrammarService,
     GrammarServiceBusy,
@@ -184,60 +185,91 @@ def test_json_object_is_any_compact_object(make_service, tokenizer):
     assert not accepts(handle, tokenizer, '{"a": 1}')
 
 
-# -- time limit -------------------------------------------------------------------------------
+# -- time and memory limits (compiles run in killable processes: grammar/compile_process.py) ---
 
 
-@pytest.fixture
-def stuck_compile(monkeypatch):
-    """compile_spec blocks for specs whose regex starts with 'stuck' until released."""
-    release = threading.Event()
-    started = threading.Event()
-    real = service_module.compile_spec
-
-    def fake(compiler, spec):
-        if spec.kind == "regex" and spec.payload.startswith("stuck"):
-            started.set()
-            release.wait(30)
-        return real(compiler, spec)
-
-    monkeypatch.setattr(service_module, "compile_spec", fake)
-    yield release, started
-    release.set()
+def runaway_ebnf(rules: int = 10_000) -> GrammarSpec:
+    """A grammar of many sequential rules: xgrammar's compile is super-linear in them (10,000 take
+    about 13 s and 220 MB here), and serializing the result more so (1,000 rules: past 4 GB)."""
+    return GrammarSpec.ebnf("root ::= " + " ".join(f"r{i}" for i in range(rules)) + "\n"
+                            + "\n".join(f'r{i} ::= "k{i}" | [0-9]+' for i in range(rules)))
 
 
-def test_compile_timeout_does_not_block_later_requests(make_service, stuck_compile, tokenizer):
-    release, _ = stuck_compile
-    svc = make_service(compile_timeout_s=0.3, workers=1)
-    slow = GrammarSpec.regex("stuck[0-9]+")
+RUNAWAY = runaway_ebnf()
+BIG_ENUM = GrammarSpec.json_schema({"enum": [f"value-{i}" for i in range(20_000)]})  # ~40 MB of masks
+
+
+def ready_service(make_service, **kw):
+    """A service whose compile processes have started (so a short limit measures only the compile)."""
+    svc = make_service(**kw)
+    svc.start(wait=True)
+    assert len(svc.compile_process_pids()) == kw.get("workers", 2)
+    return svc
+
+
+def test_a_compile_past_the_limit_is_killed_and_later_requests_compile(make_service, tokenizer):
+    svc = ready_service(make_service, compile_timeout_s=0.5, workers=1)
+    [before] = svc.compile_process_pids()
     t0 = time.monotonic()
     with pytest.raises(GrammarCompileTimeout) as e:
-        svc.compile(slow)
-    assert time.monotonic() - t0 < 2.0
-    assert "took longer than 0.3 s" in e.value.message and e.value.param == "regex"
+        svc.compile(RUNAWAY)
+    assert time.monotonic() - t0 < 3.0
+    assert "took longer than 0.5 s" in e.value.message and e.value.param == "ebnf"
     assert isinstance(e.value, GrammarSpecError)  # a 400 for the gateway
 
-    # the only worker is stuck, yet a new request compiles at once on a replacement thread
+    # the only worker's process was killed and replaced: a new request compiles at once
     handle = svc.compile(GrammarSpec.regex("[a-z]+"))
     assert accepts(handle, tokenizer, "hello")
-    assert svc.stats().abandoned_compiles_running == 1
-
-    # the same slow spec again joins the running compile instead of starting another
-    with pytest.raises(GrammarCompileTimeout):
-        svc.compile(slow)
-    assert svc.stats().misses == 2
-
-    # once it finishes, its result is cached: a retry is a memory hit
-    release.set()
-    deadline = time.monotonic() + 10
-    while svc.get_cached(slow) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert accepts(svc.compile(slow), tokenizer, "stuck42")
+    [after] = svc.compile_process_pids()
+    assert after != before and not pid_alive(before)
     stats = svc.stats()
-    assert stats.compile_timeouts == 2 and stats.abandoned_compiles_running == 0
+    assert (stats.compile_timeouts, stats.compile_processes_replaced) == (1, 1)
+    assert svc.get_cached(RUNAWAY) is None  # killed: nothing lands in the cache later
 
 
-def test_async_compile_times_out_without_blocking_the_loop(make_service, stuck_compile):
-    svc = make_service(compile_timeout_s=0.3, workers=1)
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # reaped children vanish; a zombie would still be listed
+        return f.read().split()[2] != "Z"
+
+
+def test_a_waiter_that_joins_extends_the_compile_s_deadline(make_service):
+    """Single flight: a second request for the same spec joins the running compile, and the
+    compile is killed only when the last waiter's limit has passed."""
+    svc = ready_service(make_service, compile_timeout_s=1.5, workers=1)
+    [pid] = svc.compile_process_pids()
+    errors: list = []
+
+    def wait() -> None:
+        try:
+            svc.compile(RUNAWAY)
+        except GrammarCompileTimeout as e:
+            errors.append((time.monotonic(), e))
+
+    first = threading.Thread(target=wait)
+    first.start()
+    time.sleep(1.0)
+    second = threading.Thread(target=wait)
+    second.start()
+    first.join(10)
+    assert len(errors) == 1
+    time.sleep(0.3)  # the first waiter gave up; the compile still runs for the second one
+    assert svc.compile_process_pids() == [pid] and svc.stats().compile_processes_replaced == 0
+    second.join(10)
+    assert len(errors) == 2 and errors[1][0] - errors[0][0] > 0.6
+    stats = svc.stats()
+    assert (stats.misses, stats.compile_timeouts) == (1, 2)  # one compile, shared
+    deadline = time.monotonic() + 5
+    while svc.stats().compile_processes_replaced < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert svc.stats().compile_processes_replaced == 1 and not pid_alive(pid)
+
+
+def test_async_compile_times_out_without_blocking_the_loop(make_service):
+    svc = ready_service(make_service, compile_timeout_s=0.5, workers=1)
 
     async def scenario():
         ticks = 0
@@ -250,39 +282,48 @@ def test_async_compile_times_out_without_blocking_the_loop(make_service, stuck_c
 
         task = asyncio.create_task(ticker())
         with pytest.raises(GrammarCompileTimeout):
-            await svc.compile_async(GrammarSpec.regex("stuck-async"))
+            await svc.compile_async(RUNAWAY)
         fast = await svc.compile_async(GrammarSpec.regex("[0-9]+"))
         task.cancel()
         return ticks, fast
 
     ticks, fast = asyncio.run(scenario())
-    assert ticks >= 10  # the event loop kept running while the compile was stuck
+    assert ticks >= 10  # the event loop kept running while the compile ran
     assert isinstance(fast, CompiledGrammarHandle)
 
 
-def test_runaway_compiles_past_the_cap_make_the_service_busy(make_service, stuck_compile):
-    svc = make_service(compile_timeout_s=0.2, workers=1, max_abandoned_compiles=0)
-    with pytest.raises(GrammarCompileTimeout):
-        svc.compile(GrammarSpec.regex("stuck-1"))
-    with pytest.raises(GrammarServiceBusy):
-        svc.compile(GrammarSpec.regex("[a-z]"))
+def test_a_compile_past_the_memory_limit_is_refused_clearly(make_service, tokenizer):
+    svc = ready_service(make_service, compile_memory_bytes=64 << 20, workers=1)
+    with pytest.raises(GrammarCompileMemoryError) as e:
+        svc.compile(BIG_ENUM)
+    assert "exceeded the grammar compiler's memory limit of 0.0625 GiB (an allocation failed)" in e.value.message
+    assert e.value.param == "response_format" and isinstance(e.value, GrammarSpecError)
+    assert accepts(svc.compile(GrammarSpec.regex("[a-z]+")), tokenizer, "ok")  # the replacement compiles
+    stats = svc.stats()
+    assert (stats.compile_memory_errors, stats.compile_errors, stats.compile_processes_replaced) == (1, 1, 1)
 
 
-def test_concurrent_identical_requests_share_one_compile(make_service, stuck_compile):
-    release, started = stuck_compile
-    svc = make_service(compile_timeout_s=10, workers=2)
-    spec = GrammarSpec.regex("stuck-shared")
+def test_concurrent_identical_requests_share_one_compile(make_service):
+    svc = ready_service(make_service, compile_timeout_s=60, workers=2)
+    spec = GrammarSpec.json_schema({"enum": [f"shared-{i}" for i in range(5000)]})  # about a second
     results: list = []
     threads = [threading.Thread(target=lambda: results.append(svc.compile(spec))) for _ in range(4)]
     for t in threads:
         t.start()
-    assert started.wait(5)
-    time.sleep(0.1)
-    release.set()
     for t in threads:
-        t.join(10)
+        t.join(60)
     assert len(results) == 4 and len({id(r) for r in results}) == 1
     assert svc.stats().misses == 1
+
+
+def test_close_stops_the_compile_processes(make_service):
+    svc = ready_service(make_service, workers=2)
+    pids = svc.compile_process_pids()
+    assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+    svc.close()
+    assert svc.compile_process_pids() == [] and not any(pid_alive(p) for p in pids)
+    with pytest.raises(GrammarServiceBusy):
+        svc.compile(GrammarSpec.regex("after-close"))
 
 
 def test_specs_over_the_limits_are_refused_before_any_work(make_service):

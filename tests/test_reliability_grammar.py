@@ -1,12 +1,14 @@
 """Pathological grammars (real tokenizer, real xgrammar): deep nesting, huge enums, recursive and
 circular $ref chains, catastrophic regex shapes, specs of about 1 MB. Each one either compiles
-within the time limit or is refused with a clear GrammarSpecError / GrammarCompileTimeout, and while
-a slow compile runs, other compiles and the gateway's event loop keep being served.
+within the time limit or is refused with a clear GrammarSpecError / GrammarCompileTimeout (a compile
+past the limit is killed, one past the memory cap refused), and while a slow compile runs, other
+compiles and the gateway's event loop keep being served.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -188,13 +190,19 @@ def test_a_refusal_is_fast_and_cached_specs_stay_fast(service):
 # --------------------------------------------------------------------------- slow compiles do not block others
 
 
-SLOW = GrammarSpec.json_schema(required_integers(4000))  # ~2-4 s of real xgrammar work here
+# ~1 s of compile and ~3 s of serializing (30 MB) the result here
+SLOW = GrammarSpec.json_schema({"enum": [f"slow-{i}" for i in range(20_000)]})
+# many sequential EBNF rules: ~13 s of compile for 10,000
+RUNAWAY = GrammarSpec.ebnf("root ::= " + " ".join(f"r{i}" for i in range(10_000)) + "\n"
+                           + "\n".join(f'r{i} ::= "k{i}" | [0-9]+' for i in range(10_000)))
+BIG_ENUM = {"enum": [f"value-{i}" for i in range(20_000)]}  # its compile needs more than 64 MB
 NORMAL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
           "additionalProperties": False}
 
 
 def test_other_compiles_are_served_while_a_slow_one_runs(tokenizer, vocab_size):
     svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=60, workers=2)
+    svc.start(wait=True)  # the compile processes' start is not what is timed
     try:
         outcome: dict = {}
 
@@ -223,36 +231,84 @@ def test_other_compiles_are_served_while_a_slow_one_runs(tokenizer, vocab_size):
         svc.close()
 
 
-def test_a_real_slow_compile_times_out_clearly_and_lands_in_the_cache_later(tokenizer, vocab_size):
+def test_a_real_slow_compile_times_out_clearly_and_is_killed(tokenizer, vocab_size):
     svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=0.3, workers=1)
     try:
+        svc.start(wait=True)
+        [pid] = svc.compile_process_pids()
         t0 = time.monotonic()
-        try:
-            svc.compile(SLOW)
-            timed_out = False
-        except GrammarCompileTimeout as e:
-            timed_out = True
-            assert "took longer than 0.3 s" in e.message and e.param == "response_format"
+        with pytest.raises(GrammarCompileTimeout) as e:
+            svc.compile(RUNAWAY)
+        assert "took longer than 0.3 s" in e.value.message and e.value.param == "ebnf"
         assert time.monotonic() - t0 < 2.0
-        # the only worker is busy with the abandoned compile, yet a normal spec compiles at once
+        # the only worker's compile process was killed and replaced: a normal spec compiles at once
         t0 = time.monotonic()
         assert svc.compile(GrammarSpec.json_schema(NORMAL)) is not None
         assert time.monotonic() - t0 < 1.5
-        if timed_out:
-            assert svc.stats().abandoned_compiles_running <= 1
-        # the abandoned compile finishes in the background and is cached: a retry is a hit
-        deadline = time.monotonic() + 60
-        while svc.get_cached(SLOW) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        t0 = time.monotonic()
-        svc.compile(SLOW)
-        assert time.monotonic() - t0 < 0.5
-        deadline = time.monotonic() + 10
-        while svc.stats().abandoned_compiles_running and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert svc.stats().abandoned_compiles_running == 0
+        assert svc.compile_process_pids() != [pid] and svc.stats().compile_processes_replaced == 1
+        assert svc.get_cached(RUNAWAY) is None  # killed: it never lands in the cache
     finally:
         svc.close()
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def test_gateway_refuses_runaway_specs_clearly_and_serves_others_meanwhile(tokenizer, vocab_size, tmp_path):
+    """Through the ASGI app (FakeEngine, real GrammarService): a grammar whose compile runs away in
+    time gets the timeout's 400 at the limit while a normal request sent meanwhile is answered; one
+    that runs away in memory gets the memory 400; the server's memory does not grow after."""
+    from gateway.app import create_app
+    from gateway.settings import Settings
+    from tests.fake_engine import FakeEngine
+
+    timed = GrammarService(tokenizer, vocab_size, compile_timeout_s=2.0, workers=2)
+    capped = GrammarService(tokenizer, vocab_size, compile_memory_bytes=64 << 20, workers=1)
+    apps = [create_app(FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192), svc,
+                       Settings(registry_dir=str(tmp_path / f"registry-{i}"))) for i, svc in enumerate((timed, capped))]
+    chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+    async def scenario():
+        clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120)
+                   for app in apps]
+        async with clients[0] as client, clients[1] as capped_client:
+            for c in (client, capped_client):
+                await c.post("/v1/chat/completions", json={**chat, "regex": "warm[0-9]"})
+            rss_before = rss_mb()
+            t0 = time.perf_counter()
+            runaway = asyncio.ensure_future(client.post("/v1/chat/completions", json={**chat, "ebnf": RUNAWAY.payload}))
+            await asyncio.sleep(0.3)
+            normal = await client.post("/v1/chat/completions", json={
+                **chat, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NORMAL}}})
+            normal_s = time.perf_counter() - t0
+            runaway_resp = await runaway
+            runaway_s = time.perf_counter() - t0
+            memory = await capped_client.post("/v1/schemas/check", json={"schema": BIG_ENUM})
+            await asyncio.sleep(3.0)  # a compile left running would grow the server meanwhile
+            metrics = [(await c.get("/metrics")).text for c in (client, capped_client)]
+            return normal, normal_s, runaway_resp, runaway_s, memory, rss_mb() - rss_before, metrics
+
+    try:
+        normal, normal_s, runaway, runaway_s, memory, rss_growth_mb, metrics = asyncio.run(scenario())
+    finally:
+        timed.close()
+        capped.close()
+    assert normal.status_code == 200, normal.text
+    assert normal_s < runaway_s  # answered while the runaway compile ran
+    assert runaway.status_code == 400, runaway.text
+    error = runaway.json()["error"]
+    assert "took longer than 2 s" in error["message"] and error["param"] == "ebnf", error
+    assert 1.8 < runaway_s < 5.0, runaway_s
+    assert memory.status_code == 400, memory.text
+    error = memory.json()["error"]
+    assert "exceeded the grammar compiler's memory limit of 0.0625 GiB" in error["message"], error
+    assert error["code"] == "invalid_schema" and error["type"] == "invalid_request_error"
+    assert rss_growth_mb < 100, rss_growth_mb
+    assert "jumpgate_grammar_compile_timeouts_total 1.0" in metrics[0]
+    assert "jumpgate_grammar_compile_processes_replaced_total 1.0" in metrics[0]
+    assert "jumpgate_grammar_compile_memory_errors_total 1.0" in metrics[1]
 
 
 def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, vocab_size, tmp_path):
@@ -263,6 +319,7 @@ def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, 
     from tests.fake_engine import FakeEngine
 
     svc = GrammarService(tokenizer, vocab_size, compile_timeout_s=60, workers=2)
+    svc.start(wait=True)
     app = create_app(FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192), svc,
                      Settings(registry_dir=str(tmp_path / "registry")))
     model = "SmolLM2-135M-Instruct"

@@ -1,0 +1,138 @@
+"""The compile worker pool and its compile processes (grammar/worker_pool.py,
+grammar/compile_process.py), with real xgrammar compiles: a compile past its deadline is killed and
+the worker answers the next job; one past the memory cap fails clearly and the worker recovers; a
+child killed from outside is replaced; a child never outlives its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from grammar import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpec
+from grammar.compile_process import CompileProcess
+from grammar.worker_pool import CompileWorkerPool
+from tests.test_grammar_service import BIG_ENUM, RUNAWAY, pid_alive
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tokenizer, smollm_dir) -> str:
+    from grammar.tokenizer_info import build_tokenizer_info
+    from runtime.loader import read_config
+
+    return build_tokenizer_info(tokenizer, read_config(smollm_dir).vocab_size).serialize_json()
+
+
+@pytest.fixture
+def make_pool(tokenizer_json):
+    made = []
+
+    def make(memory_limit_bytes: int = 1 << 30) -> CompileWorkerPool:
+        pool = CompileWorkerPool(1, lambda: CompileProcess(tokenizer_json, memory_limit_bytes))
+        pool.start(wait=True)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        pool.shutdown()
+        assert pool.pids() == []
+
+
+@pytest.fixture
+def pool(make_pool):
+    return make_pool()
+
+
+def run(pool: CompileWorkerPool, spec: GrammarSpec, limit_s: float = 30.0):
+    """The compiled text, or the error the job ended with."""
+    job = pool.submit(lambda compile_fn: compile_fn(spec)[0], time.monotonic() + limit_s)
+    try:
+        return job.future.result(timeout=limit_s + 30)
+    except Exception as e:  # noqa: BLE001 - the test looks at it
+        return e
+
+
+def test_a_job_past_its_deadline_is_killed_and_the_next_job_is_answered(pool):
+    [pid] = pool.pids()
+    t0 = time.monotonic()
+    error = run(pool, RUNAWAY, limit_s=0.5)
+    assert isinstance(error, GrammarCompileTimeout), error
+    assert time.monotonic() - t0 < 3.0
+    assert not pid_alive(pid) and pool.processes_replaced == 1
+    assert isinstance(run(pool, GrammarSpec.regex("[a-z]+")), str)
+    assert pool.pids() != [pid]
+
+
+def test_a_job_past_the_memory_cap_fails_clearly_and_the_worker_recovers(make_pool):
+    pool = make_pool(64 << 20)
+    error = run(pool, BIG_ENUM)
+    assert isinstance(error, GrammarCompileMemoryError), error
+    assert "memory limit of 0.0625 GiB" in error.message and error.param == "response_format"
+    assert isinstance(run(pool, GrammarSpec.regex("[0-9]+")), str)
+    assert pool.processes_replaced == 1
+
+
+def test_a_child_killed_from_outside_is_replaced(pool):
+    [pid] = pool.pids()
+    os.kill(pid, signal.SIGKILL)  # while idle: the next job gets a new child and no error
+    time.sleep(0.2)
+    assert isinstance(run(pool, GrammarSpec.regex("idle-kill[0-9]")), str)
+    [second] = pool.pids()
+    assert second != pid
+
+    job = pool.submit(lambda compile_fn: compile_fn(RUNAWAY)[0], time.monotonic() + 60)
+    time.sleep(1.0)  # compiling now
+    os.kill(second, signal.SIGKILL)  # mid-compile: that job fails clearly, the next one works
+    error = _error_of(job)
+    assert isinstance(error, GrammarCompileMemoryError) and "died (exit code -9)" in error.message, error
+    assert isinstance(run(pool, GrammarSpec.regex("after-kill[0-9]")), str)
+    assert pool.processes_replaced == 2
+
+
+def _error_of(job):
+    try:
+        job.future.result(timeout=30)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+def test_a_child_does_not_outlive_its_parent(tokenizer_json, tmp_path):
+    """The parent is SIGKILLed mid-compile (no clean-up runs): its compile child exits by itself."""
+    info = tmp_path / "tokenizer.json"
+    info.write_text(tokenizer_json)
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, threading, time
+        from grammar.compile_process import CompileProcess
+        from tests.test_grammar_service import RUNAWAY
+
+        if __name__ == "__main__":
+            process = CompileProcess(open({str(info)!r}).read(), None)
+            process.wait_ready()
+            threading.Thread(target=process.compile, args=(RUNAWAY, lambda: time.monotonic() + 600),
+                             daemon=True).start()
+            print(process.pid, flush=True)
+            time.sleep(600)
+    """))
+    root = Path(__file__).resolve().parent.parent
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        child = int(parent.stdout.readline())
+        time.sleep(0.5)
+        assert pid_alive(child)
+    finally:
+        parent.kill()
+        parent.wait(30)
+    deadline = time.monotonic() + 10
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child)
