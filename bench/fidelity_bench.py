@@ -50,7 +50,7 @@ import httpx
 
 from bench.common import emit
 from bench.fidelity_client import SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all, short
-from bench.fidelity_corpus import SOURCES, Entry, build_corpus
+from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
 from bench.serve_bench import exit_on_sigterm, percentile
 from bench.server_process import MODEL, JumpgateServer
 from gateway.grammar_adapter import FidelityReport
@@ -162,19 +162,6 @@ def detail(row: Row) -> dict[str, Any] | None:
     if row.verdict_disagrees:
         out["server_valid"] = a.server_valid
     return out
-
-
-def select(entries: list[Entry], sources: Sequence[str], per_source: int | None, limit: int | None) -> list[Entry]:
-    """The entries of `sources`, at most `per_source` of each (spread evenly over the source, so a
-    small sample is not only its first files), then the first `limit` of those."""
-    out: list[Entry] = []
-    for source in sources:
-        mine = [e for e in entries if e.source == source]
-        if per_source is not None and len(mine) > per_source:
-            step = len(mine) / per_source
-            mine = [mine[int(i * step)] for i in range(per_source)]
-        out += mine
-    return out[:limit] if limit is not None else out
 
 
 def time_masks(rows: list[Row], sample: int, reps: int) -> None:

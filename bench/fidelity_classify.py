@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from bench.common import emit
-from bench.fidelity_corpus import SOURCES, Entry, build_corpus
+from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
 from grammar.errors import GrammarSpecError
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR, spec_fidelity
 from grammar.spec import GrammarSpec
@@ -126,7 +126,6 @@ def run(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--tokenizer", action="store_true", help="compile llguidance's grammars with the model's tokenizer")
     ap.add_argument("--compile", action="store_true", help="compile xgrammar's grammars (empty vocabulary)")
     args = ap.parse_args(list(argv or []))
-    from bench.fidelity_bench import select
 
     corpus, stats = build_corpus([s.strip() for s in args.sources.split(",") if s.strip()])
     sources = [s for s in stats if stats[s].available]

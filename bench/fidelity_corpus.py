@@ -35,7 +35,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from bench.common import emit
 from bench.workloads import ROOT
@@ -364,3 +364,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def select(entries: list[Entry], sources: Sequence[str], per_source: int | None, limit: int | None) -> list[Entry]:
+    """The entries of `sources`, at most `per_source` of each (spread evenly over the source, so a
+    small sample is not only its first files), then the first `limit` of those."""
+    out: list[Entry] = []
+    for source in sources:
+        mine = [e for e in entries if e.source == source]
+        if per_source is not None and len(mine) > per_source:
+            step = len(mine) / per_source
+            mine = [mine[int(i * step)] for i in range(per_source)]
+        out += mine
+    return out[:limit] if limit is not None else out

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from bench.fidelity_bench import Row, classify, detail, select, summarize
+from bench.fidelity_bench import Row, classify, detail, summarize
+from bench.fidelity_corpus import select
 from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
 from bench.fidelity_corpus import Entry
 
