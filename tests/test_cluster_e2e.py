@@ -16,7 +16,8 @@ ray = pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve)
 from gateway.startup import build_grammar_service  # noqa: E402
 from gateway.cluster.client import ClusterEngineClient  # noqa: E402
 from gateway.cluster.grammar_bridge import ClusterGrammarService  # noqa: E402
-from gateway.cluster.launch import create_cluster_app, start_replicas, stop_replicas  # noqa: E402
+from gateway.cluster.ingress import create_cluster_app  # noqa: E402
+from gateway.cluster.launch import start_replicas, stop_replicas  # noqa: E402
 from gateway.cluster.routing_log import ROUTING_LOG  # noqa: E402
 from gateway.cluster.settings import ClusterSettings  # noqa: E402
 from gateway.settings import Settings  # noqa: E402

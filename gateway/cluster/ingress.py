@@ -18,15 +18,24 @@ from ray import serve
 
 from gateway.cluster.client import ClusterEngineClient
 from gateway.cluster.grammar_bridge import ClusterGrammarService
+from gateway.cluster.metrics import register_cluster_metrics
 from grammar.settings import GrammarSettings
 from runtime.engine_config import EngineConfig
+
+
+def create_cluster_app(client: ClusterEngineClient, grammar_service: Any, settings: Any) -> Any:
+    """The gateway's app over the replicas, with the per-replica and router series in /metrics."""
+    from gateway.app import build_services, create_app
+
+    services = build_services(client, grammar_service, settings)
+    register_cluster_metrics(services.metrics.registry)
+    return create_app(client, grammar_service, settings, services=services)
 
 
 @serve.ingress()
 class GatewayIngress:
     async def __init__(self, engine_handle: Any, engine_config: EngineConfig, grammar_settings: GrammarSettings,
                        settings: Any, replicas: int):
-        from gateway.cluster.launch import create_cluster_app
         from gateway.startup import build_grammar_service
 
         logging.getLogger("jumpgate").setLevel(settings.log_level.upper())

@@ -18,8 +18,6 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from gateway.cluster.client import ClusterEngineClient
-from gateway.cluster.metrics import register_cluster_metrics
 from gateway.cluster.replica import EngineReplica
 
 ROUTER_CLASS = "gateway.cluster.router:PrefixAwareRouter"  # by name: Ray imports it where the handle routes
@@ -77,15 +75,6 @@ def start_replicas(engine: EngineConfig, grammar: GrammarSettings, cluster: Clus
 
 def stop_replicas(app_name: str = APP_NAME) -> None:
     serve.delete(app_name)
-
-
-def create_cluster_app(client: ClusterEngineClient, grammar_service: Any, settings: Any) -> Any:
-    """The gateway's app over the replicas, with the per-replica and router series in /metrics."""
-    from gateway.app import build_services, create_app
-
-    services = build_services(client, grammar_service, settings)
-    register_cluster_metrics(services.metrics.registry)
-    return create_app(client, grammar_service, settings, services=services)
 
 
 def gateway_application(config: Any, cluster: ClusterSettings) -> Any:
