@@ -87,13 +87,18 @@ def _measure(fmt: str, quick: bool, threads: int | None) -> dict:
            "attention": engine.info.attention_backend, "model": engine.model_name, "threads": torch.get_num_threads()}
     for n in (1024,) if quick else (1024, 3072):
         out[f"prefill_tok_s_{n // 1024}k"] = _prefill_rate(engine, text_ids[:n])
-    before = engine.stats()
-    b1 = run_timed(engine, [GenerateRequest(_prompt(tok, TOPICS[0]), greedy)])
+    prompt = _prompt(tok, TOPICS[0])
+    s0 = engine.stats()
+    run_timed(engine, [GenerateRequest(prompt, SamplingParams(max_new_tokens=1, temperature=0.0))])
+    s1 = engine.stats()
+    prefill_pass = (s1.forward_seconds - s0.forward_seconds) / max(1, s1.forward_passes - s0.forward_passes)
+    b1 = run_timed(engine, [GenerateRequest(prompt, greedy)])
     after = engine.stats()
     out["decode_tok_s_b1"] = (new_tokens - 1) / (b1[0].finished - b1[0].first_token)
-    passes = after.forward_passes - before.forward_passes
-    # the model runner's own time per pass of that run (its first pass is the prompt's, one of ~64)
-    forward_b1 = (after.forward_seconds - before.forward_seconds) / passes
+    passes = after.forward_passes - s1.forward_passes
+    # the model runner's own time per decode pass of that run: its first pass is the prompt's, timed
+    # alone just before (no radix cache here, so it is the same pass) and taken out
+    forward_b1 = (after.forward_seconds - s1.forward_seconds - prefill_pass) / max(1, passes - 1)
     for b in (16,) if quick else (16, 64):
         prompts = [_prompt(tok, TOPICS[i % len(TOPICS)]) + [i] for i in range(b)]
         out[f"decode_tok_s_b{b}"] = _decode_rate(run_timed(engine, [GenerateRequest(p, greedy) for p in prompts]))
