@@ -103,6 +103,9 @@ GRAMMAR_COUNTERS = (
      "Grammar compiles refused past the compile memory limit (or whose compile process died)."),
     ("compile_processes_replaced", "jumpgate_grammar_compile_processes_replaced",
      "Grammar compile processes killed (time or memory limit) or found dead, and started again."),
+    ("compile_unserializable", "jumpgate_grammar_compile_unserializable",
+     "Grammars compiled in-process (memory cache only) because their compile process could not "
+     "serialize them."),
     ("compile_seconds_total", "jumpgate_grammar_compile_seconds", "Time spent compiling grammars."),
 )
 GRAMMAR_GAUGES = (

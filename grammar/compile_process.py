@@ -7,10 +7,23 @@ tokenizer info the parent serializes. The child answers with the compiled gramma
 `serialize_json()` text; the parent deserializes it with its own TokenizerInfo
 (`grammar.cache.grammar_from_json`) and can write the same text to the disk cache.
 
+Serializing can cost far more than compiling: xgrammar 0.2.9 writes the grammar's whole FSM once
+per rule (`per_rule_fsms`), so a schema with n required properties serializes to O(n^2) text (1000
+properties: 0.1 s to compile, 2 MB in memory, 7 s and ~2.4 GB to serialize to 176 MB; 4000: 1.4 s
+to compile, past 3 GB to serialize). So the child reports `compiled` (with the compile's seconds) as
+soon as the compile is done, and serializes under a tighter soft address-space limit
+(`SERIALIZE_MIN_BYTES`, or `SERIALIZE_FACTOR` times the grammar's size if more, never above the
+compile's limit). A serialization that fails that limit, or would leave the parent too little of the
+deadline to compile the spec itself, raises `GrammarUnserializable`: not a refusal, the service then
+compiles the spec in-process (the child has just shown the compile fits the limits) and keeps the
+grammar in memory only.
+
 - Past its deadline the compile is killed (SIGKILL) and `GrammarCompileTimeout` raised.
 - The child runs under an address-space limit (RLIMIT_AS, set to what it holds once ready plus
   `memory_limit_bytes`; None: no limit), so a compile that eats memory fails (or the child dies)
-  instead of growing until the machine runs out: `GrammarCompileMemoryError`, a 400.
+  instead of growing until the machine runs out: `GrammarCompileMemoryError`, a 400. A failed
+  allocation is caught in the child and reported; a child that dies instead (the kernel's OOM killer,
+  a kill from outside), while compiling or serializing, is a `GrammarCompileMemoryError` too.
 - A killed or dead child is replaced at once, so the next compile does not wait for its start.
 - A child never outlives the server: a thread in it waits on the parent's sentinel (a pipe that
   reaches EOF when the parent dies, however it dies) and exits the child then, even mid-compile.
@@ -34,12 +47,25 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarServiceBusy, GrammarSpecError
+from grammar.errors import (
+    GrammarCompileMemoryError,
+    GrammarCompileTimeout,
+    GrammarServiceBusy,
+    GrammarSpecError,
+    GrammarUnserializable,
+)
 
 log = logging.getLogger("jumpgate.grammar.compile")
 
 START_TIMEOUT_S = 120.0  # a child deserializes the tokenizer info (tens of ms); a loaded CPU is slower
 POLL_S = 0.05  # how often a waiting compile rereads its deadline (waiters that join extend it)
+# The address space serializing a compiled grammar may add (serialize_json peaks near 18x its text,
+# e.g. ~840 MB for a 20k-value enum of 62 MB): past it the grammar is compiled in-process instead.
+SERIALIZE_MIN_BYTES = 1 << 30
+SERIALIZE_FACTOR = 24  # times CompiledGrammar.memory_size_bytes
+# The parent stops waiting for the serialized text when less than this many times the compile's own
+# seconds are left before the deadline (it needs about that long to compile the spec itself).
+FALLBACK_MARGIN = 1.5
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload([__name__])  # has effect only before the fork server first starts
@@ -76,7 +102,9 @@ class CompileProcess:
 
         `deadline()` is read again while waiting (it may move later). Raises GrammarSpecError for a
         spec xgrammar refuses, GrammarCompileTimeout past the deadline, GrammarCompileMemoryError
-        when the child runs out of memory or dies, GrammarServiceBusy when no child starts."""
+        when the child runs out of memory or dies, GrammarServiceBusy when no child starts, and
+        GrammarUnserializable when the spec compiled but its grammar cannot be sent back (too much
+        memory to serialize, or serializing would leave too little time to compile it here)."""
         if self._process is not None and not self._process.is_alive():  # died while idle (killed from outside)
             log.warning("grammar compile process %s died while idle (exit code %s); starting another",
                         self._process.pid, self._process.exitcode)
@@ -84,16 +112,25 @@ class CompileProcess:
         self.wait_ready()
         assert self._conn is not None
         self._conn.send((spec.kind, spec.payload, spec.strict))
-        while not self._conn.poll(max(0.0, min(POLL_S, deadline() - time.monotonic()))):
-            if time.monotonic() >= deadline():
-                self._replace()
+        reply = self._reply(spec, deadline)
+        if reply is None:
+            raise GrammarCompileTimeout("grammar compile killed at its time limit", "", spec.param)
+        status, *detail = reply
+        if status == "compiled":  # now serializing; the text (or why not) comes next
+            compile_s = detail[0]
+            margin = FALLBACK_MARGIN * compile_s
+            # Wait for the text while the parent could still compile the spec itself in time; when
+            # not even that is left, only the text can make it: wait for it until the deadline.
+            fallback = deadline() - margin > time.monotonic()
+            reply = self._reply(spec, (lambda: deadline() - margin) if fallback else deadline, " while serializing")
+            if reply is None:
+                if fallback:
+                    raise GrammarUnserializable("serializing the grammar took too long", compile_s)
                 raise GrammarCompileTimeout("grammar compile killed at its time limit", "", spec.param)
-        try:
-            status, *detail = self._conn.recv()
-        except (EOFError, OSError):
-            code = self._exit_code()
-            self._replace()
-            raise self._memory_error(spec, f"the compile process died (exit code {code})") from None
+            status, *detail = reply
+            if status == "unserializable":
+                self._replace()  # it held gigabytes a moment ago: start clean
+                raise GrammarUnserializable(detail[0], compile_s)
         if status == "ok":
             return detail[0]
         if status == "spec_error":
@@ -136,6 +173,20 @@ class CompileProcess:
         raise GrammarServiceBusy(f"the grammar compile process failed to start ({detail})")
 
     # -- internals -------------------------------------------------------------------------
+
+    def _reply(self, spec: Any, until: Callable[[], float], during: str = "") -> tuple | None:
+        """The child's next message, or None (the child killed and replaced) once `until()` passed."""
+        assert self._conn is not None
+        while not self._conn.poll(max(0.0, min(POLL_S, until() - time.monotonic()))):
+            if time.monotonic() >= until():
+                self._replace()
+                return None
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            code = self._exit_code()
+            self._replace()
+            raise self._memory_error(spec, f"the compile process died{during} (exit code {code})") from None
 
     def _replace(self) -> None:
         """Kill the child and start the next one now, so the next compile need not wait for it."""
@@ -205,20 +256,45 @@ def _child_main(conn: Connection, tokenizer_json: str, memory_limit_bytes: int |
             kind, payload, strict = conn.recv()
         except (EOFError, OSError):  # the parent closed the pipe or died
             return
+        started = time.perf_counter()
         try:
-            reply: tuple = ("ok", compile_spec(compiler, GrammarSpec(kind, payload, strict)).serialize_json())
+            compiled = compile_spec(compiler, GrammarSpec(kind, payload, strict))
         except BaseException as e:  # noqa: BLE001 - the parent names it
             if _out_of_memory(e) or _out_of_memory(e.__cause__):  # compile_spec wraps xgrammar's bad_alloc
-                reply = ("memory", "an allocation failed")
+                reply: tuple = ("memory", "an allocation failed")
             elif isinstance(e, GrammarSpecError):
                 reply = ("spec_error", e.message, e.pointer, e.param)
             else:
                 reply = ("error", f"{type(e).__name__}: {e}")
+        else:
+            conn.send(("compiled", time.perf_counter() - started))
+            reply = _serialized(compiled)
+            del compiled
         try:
             conn.send(reply)
         except MemoryError:
-            conn.send(("memory", "the compiled grammar did not fit to be sent"))
+            conn.send(("unserializable", "the serialized grammar did not fit to be sent"))
         del reply
+
+
+def _serialized(compiled: xgr.CompiledGrammar) -> tuple:
+    """("ok", serialize_json() text), or ("unserializable", why) when serializing fails its memory
+    limit: a soft RLIMIT_AS lowered to what the process holds plus the serialization budget for this
+    grammar, and restored after (the hard limit, the compile's, stays: it can be lowered only)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    budget = max(SERIALIZE_MIN_BYTES, SERIALIZE_FACTOR * compiled.memory_size_bytes)
+    limit = _address_space_bytes() + budget
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        return ("ok", compiled.serialize_json())
+    except BaseException as e:  # noqa: BLE001 - the parent names it
+        if _out_of_memory(e):
+            return ("unserializable", f"serializing the grammar needs more than {_gib(budget)} GiB")
+        return ("error", f"{type(e).__name__}: {e}")
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _out_of_memory(e: BaseException | None) -> bool:

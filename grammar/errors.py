@@ -69,3 +69,16 @@ class GrammarCompileMemoryError(GrammarSpecError):
 class GrammarServiceBusy(GrammarError):
     """The compile workers cannot take a job (shut down, or a compile process would not start);
     a server-side condition (503)."""
+
+
+class GrammarUnserializable(GrammarError):
+    """A compile process compiled the spec but could not send the grammar back: xgrammar's
+    `serialize_json()` ran past the memory the process allows for it, or past the time left for it
+    (grammar/compile_process.py). Not a refusal: the service compiles the spec in-process instead
+    (grammar/service.py). `compile_s` is how long the compile itself took in the child."""
+
+    def __init__(self, why: str, compile_s: float) -> None:
+        super().__init__(why)
+        self.why = why
+        self.compile_s = compile_s
+        self.waited_s = 0.0  # set by the worker pool: time spent waiting for the process to start

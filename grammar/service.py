@@ -10,6 +10,18 @@ grammar/compile_process.py): a compile past its deadline is killed, and one that
 `compile_memory_bytes` fails with a clear refusal, so no schema can keep the server's CPU or grow
 its memory after its request has been answered.
 
+A process sends its grammar back as `serialize_json()` text, which for some grammars costs far more
+memory and time than the compile (grammar/compile_process.py). When a spec compiled in the process
+but its grammar could not be sent back (GrammarUnserializable), the worker compiles it again here,
+in-process, with a compiler of its own (created on first need): the process has just shown that the
+compile fits the time and memory limits, so this compile is bounded by them too. It cannot be killed,
+though: it runs on the worker thread, and the waiter keeps its deadline (the process gives up on the
+text while 1.5x the compile's seconds are still left, so it normally finishes in time; a waiter
+whose deadline passes first gets the usual timeout, and the grammar still lands in memory for the
+next request). Such a grammar is kept in the memory LRU only, never on disk; its key is remembered
+(bounded), so a later miss compiles it here directly instead of trying the process and serializing
+again. Counted in `compile_unserializable`.
+
 Two engines compile: xgrammar (the default, with the disk cache) and llguidance, for JSON schemas
 whose keywords xgrammar would only approximate and llguidance enforces exactly (the fidelity
 report decides: grammar/fidelity.py). An llguidance grammar's cache key is the spec's key with the
@@ -31,10 +43,10 @@ import xgrammar as xgr
 
 from grammar.cache import DiskGrammarCache, MemoryLRU, grammar_from_json
 from grammar.closing import ClosingVocab
-from grammar.compile import COMPILE_POLICY_VERSION
+from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.compile_process import CompileProcess
 from grammar.draft_split import DraftSplitter
-from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError
+from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity
 from grammar.llg_matcher import LLGuidanceHandle, LLGuidanceTokenizer, compile_llguidance
 from grammar.llg_schema import llguidance_grammar
@@ -101,6 +113,9 @@ class GrammarServiceStats:
     memory_entries: int = 0
     memory_bytes: int = 0
     compile_processes_replaced: int = 0  # compile processes killed or dead, and started again
+    # compiles done in-process because the compile process could not send the grammar back
+    # (serializing it needed too much memory or time); such grammars are never on disk
+    compile_unserializable: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -151,6 +166,8 @@ class GrammarService:
         self._stats = GrammarServiceStats()
         self._llg_tokenizer = LLGuidanceTokenizer(hf_tokenizer, vocab_size, self.stop_token_ids)
         self._engines: dict[str, str] = {}  # spec key -> engine (bounded; the choice walks the schema)
+        self._local_compiler: xgr.GrammarCompiler | None = None  # for grammars that cannot be serialized
+        self._unserializable: dict[str, None] = {}  # their keys (bounded): compiled here directly
 
     # -- public ----------------------------------------------------------------------------
 
@@ -329,8 +346,14 @@ class GrammarService:
             fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict)
             if fidelity is not None and fidelity.engine == LLGUIDANCE:
                 return self._compile_llguidance(key, spec, fidelity, started)
+            if key in self._unserializable:
+                return self._compile_in_process(key, spec, fidelity, started)
             text, waited_s = compile_fn(spec)
             started += waited_s  # the compile process's start is not the grammar's compile time
+        except GrammarUnserializable as e:
+            log.info("a %s grammar compiled in %.2f s could not be sent back by its compile process (%s); "
+                     "compiling it in-process, for memory only", spec.kind, e.compile_s, e.why)
+            return self._compile_in_process(key, spec, fidelity, started + e.waited_s)
         except GrammarCompileTimeout:
             raise  # counted by each waiter
         except GrammarSpecError as e:
@@ -345,6 +368,25 @@ class GrammarService:
         self._memory.put(key, handle)
         if self._disk is not None:
             self._disk.store(key, text)
+        return handle
+
+    def _compile_in_process(self, key: str, spec: GrammarSpec, fidelity: FidelityReport | None,
+                            started: float) -> CompiledGrammarHandle:
+        """A spec whose grammar a compile process could not serialize, compiled on this worker thread
+        (bounded: the process compiled it within the limits) and kept in memory only."""
+        with self._lock:
+            if self._local_compiler is None:
+                self._local_compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
+            compiler = self._local_compiler
+            if len(self._unserializable) >= 4096:
+                self._unserializable.clear()
+            self._unserializable[key] = None
+        compiled = compile_spec(compiler, spec)
+        self._count_compile(started)
+        with self._lock:
+            self._stats.compile_unserializable += 1
+        handle = self._handle(key, spec.kind, compiled, spec, fidelity)
+        self._memory.put(key, handle)
         return handle
 
     def _compile_llguidance(self, key: str, spec: GrammarSpec, fidelity: FidelityReport,

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grammar.compile_process import CompileProcess, warm_up
-from grammar.errors import GrammarCompileTimeout, GrammarServiceBusy
+from grammar.errors import GrammarCompileTimeout, GrammarServiceBusy, GrammarUnserializable
 
 # A job is called with the worker's compile function: spec -> (serialize_json() text, seconds
-# spent waiting for the compile process to start), under the job's deadline.
+# spent waiting for the compile process to start), under the job's deadline. It raises
+# GrammarUnserializable (with those seconds as `waited_s`) for a spec that compiled but whose
+# grammar the process could not send back.
 CompileFn = Callable[[Any], tuple[str, float]]
 
 
@@ -151,7 +153,11 @@ class CompileWorkerPool:
             finally:
                 job.paused_s, job.paused_since = job.pause(), None
             waited = time.monotonic() - started
-            return process.compile(spec, deadline), waited
+            try:
+                return process.compile(spec, deadline), waited
+            except GrammarUnserializable as e:
+                e.waited_s = waited
+                raise
 
         try:
             job.future.set_result(job.fn(compile_fn))

@@ -18,7 +18,8 @@ STATS = EngineStats(
 )
 GRAMMAR = GrammarServiceStats(memory_hits=3, disk_hits=2, misses=1, compile_errors=4, compile_timeouts=5,
                               compile_seconds_total=0.5, compile_seconds_max=0.3, memory_entries=6, memory_bytes=4096,
-                              compile_memory_errors=7, compile_processes_replaced=8)
+                              compile_memory_errors=7, compile_processes_replaced=8,
+                              compile_unserializable=9)
 
 
 def families(text: bytes) -> dict:
@@ -97,7 +98,8 @@ def test_grammar_snapshot():
     counters = {"jumpgate_grammar_cache_hits": 3, "jumpgate_grammar_cache_disk_hits": 2,
                 "jumpgate_grammar_cache_misses": 1, "jumpgate_grammar_compile_errors": 4,
                 "jumpgate_grammar_compile_timeouts": 5, "jumpgate_grammar_compile_seconds": 0.5,
-                "jumpgate_grammar_compile_memory_errors": 7, "jumpgate_grammar_compile_processes_replaced": 8}
+                "jumpgate_grammar_compile_memory_errors": 7, "jumpgate_grammar_compile_processes_replaced": 8,
+                "jumpgate_grammar_compile_unserializable": 9}
     for name, expected in counters.items():
         assert f[name].type == "counter" and value(f, name, name + "_total") == expected, name
     gauges = {"jumpgate_grammar_memory_entries": 6, "jumpgate_grammar_memory_bytes": 4096,

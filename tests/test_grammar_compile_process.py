@@ -17,8 +17,9 @@ import pytest
 
 from grammar import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpec
 from grammar.compile_process import CompileProcess
+from grammar.errors import GrammarUnserializable
 from grammar.worker_pool import CompileWorkerPool
-from tests.test_grammar_service import BIG_ENUM, RUNAWAY, pid_alive
+from tests.test_grammar_service import BIG_ENUM, RUNAWAY, pid_alive, required_integers
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,19 @@ def test_a_job_past_the_memory_cap_fails_clearly_and_the_worker_recovers(make_po
     error = run(pool, BIG_ENUM)
     assert isinstance(error, GrammarCompileMemoryError), error
     assert "memory limit of 0.0625 GiB" in error.message and error.param == "response_format"
+    assert isinstance(run(pool, GrammarSpec.regex("[0-9]+")), str)
+    assert pool.processes_replaced == 1
+
+
+def test_a_grammar_that_cannot_be_serialized_is_reported_and_the_worker_recovers(make_pool):
+    """1000 required properties compile in ~0.1 s but serializing needs ~2.4 GB: past the 1 GiB the
+    child allows serializing, so it says so (with the compile's seconds) instead of failing."""
+    pool = make_pool(3 << 30)
+    t0 = time.monotonic()
+    error = run(pool, GrammarSpec.json_schema(required_integers(1000)))
+    assert isinstance(error, GrammarUnserializable), error
+    assert "serializing the grammar needs more than 1 GiB" in error.why and 0 < error.compile_s < 5
+    assert time.monotonic() - t0 < 20
     assert isinstance(run(pool, GrammarSpec.regex("[0-9]+")), str)
     assert pool.processes_replaced == 1
 

@@ -303,6 +303,35 @@ def test_a_compile_past_the_memory_limit_is_refused_clearly(make_service, tokeni
     assert (stats.compile_memory_errors, stats.compile_errors, stats.compile_processes_replaced) == (1, 1, 1)
 
 
+def required_integers(n: int) -> dict:
+    """n required properties: compiles in about a second at 4000 (10 MB), but xgrammar 0.2.9's
+    serialize_json writes the whole FSM once per rule, so serializing it would need > 3 GB."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+            "required": [f"p{i}" for i in range(n)], "additionalProperties": False}
+
+
+def test_a_grammar_too_big_to_serialize_is_compiled_in_process_for_memory_only(make_service, tmp_path, tokenizer):
+    svc = ready_service(make_service, cache_dir=tmp_path, compile_timeout_s=60, compile_memory_bytes=3 << 30,
+                        workers=1, max_memory_entries=1)
+    spec = GrammarSpec.json_schema(required_integers(4000))
+    handle = svc.compile(spec)
+    assert accepts(handle, tokenizer, "{" + ",".join(f'"p{i}":{i}' for i in range(4000)) + "}")
+    assert svc.compile(spec) is handle  # served from memory
+    assert not list(tmp_path.iterdir())  # never on disk (nor a temp file)
+    stats = svc.stats()
+    assert (stats.misses, stats.memory_hits, stats.compile_unserializable) == (1, 1, 1)
+    assert (stats.compile_errors, stats.compile_memory_errors, stats.compile_timeouts) == (0, 0, 0)
+
+    svc.compile(GrammarSpec.regex("evict[0-9]"))  # a normal grammar: on disk, and evicts the big one
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    replaced = svc.stats().compile_processes_replaced
+    again = svc.compile(spec)  # a miss again: compiled in-process directly, no serialization retried
+    assert again is not handle and again.memory_size_bytes == handle.memory_size_bytes
+    stats = svc.stats()
+    assert (stats.misses, stats.compile_unserializable, stats.compile_processes_replaced) == (3, 2, replaced)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
 def test_concurrent_identical_requests_share_one_compile(make_service):
     svc = ready_service(make_service, compile_timeout_s=60, workers=2)
     spec = GrammarSpec.json_schema({"enum": [f"shared-{i}" for i in range(5000)]})  # about a second
