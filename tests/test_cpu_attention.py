@@ -187,7 +187,7 @@ def test_non_float32_passes_go_through_torch(ext):
     torch.testing.assert_close(out, run(TorchAttentionBackend(), batch, q.bfloat16(), k.bfloat16(), v.bfloat16()))
 
 
-def test_auto_picks_it_on_cpu_and_falls_back_to_torch(ext, monkeypatch, caplog):
+def test_auto_picks_it_on_cpu_and_falls_back_to_torch(ext, monkeypatch, caplog, tmp_path):
     assert make_attention_backend("auto", CPU).name == "cpu"
     assert make_attention_backend("cpu", CPU).name == "cpu"
     assert make_attention_backend("torch", CPU).name == "torch"
@@ -201,10 +201,24 @@ def test_auto_picks_it_on_cpu_and_falls_back_to_torch(ext, monkeypatch, caplog):
 
     monkeypatch.setattr(cpp_extension, "load", broken)
     monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    monkeypatch.setattr(cpu_kernels, "build_dir", lambda: tmp_path / "ext")  # nothing built there yet
     with caplog.at_level(logging.WARNING, logger="jumpgate.attention"):
         assert make_attention_backend("auto", CPU).name == "torch"
         assert make_attention_backend("cpu", CPU).name == "torch"
     assert len(caplog.records) == 1 and "using the torch backend" in caplog.records[0].getMessage()
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_start(ext):
+    """cpp_extension waits forever on the `lock` file a killed build leaves; a built kernel is
+    loaded without it, and a rebuild first clears it under Jumpgate's own flock."""
+    import subprocess
+    import sys
+
+    import runtime.cpu_kernels as cpu_kernels
+
+    (cpu_kernels.build_dir() / "lock").touch()
+    code = "from runtime.cpu_kernels import load_cpu_kernels; assert load_cpu_kernels() is not None"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_engine_greedy_tokens_equal_torch_backend(ext, tiny_model_dir):

@@ -1,13 +1,17 @@
 """Builds and loads Jumpgate's C++ CPU kernels once per machine: `torch.ops.jumpgate_cpu`.
 
 - paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py);
-- layer_ops.cpp: a decoder layer's small ops fused for the bf16-activation formats (runtime/layer_glue.py);
+- layer_ops.cpp: a decoder layer's small ops fused for the bf16-activation formats (runtime/model.py);
 - vec.h: the 16-lane vector helpers both use.
 
 The extension is compiled on first use with `-O3 -march=native -fopenmp` into
 $JUMPGATE_CACHE_DIR/ext/ (default ~/.cache/jumpgate/ext/), in a folder keyed by the sources' hash,
 the torch version, the CPU's flags and the compiler flags, so an upgrade or another CPU gets its
-own build and a later process only loads it. Without a compiler, or when the build fails,
+own build and a later process only loads it (the .so, without running the build tool). Builds are
+serialized by an flock that dies with its holder: a build killed midway (a test timeout, Ctrl-C)
+would otherwise leave cpp_extension's own lock file behind, and every later start would wait on
+it forever. The key includes this folder's path, so two checkouts never rebuild each other's
+files. Without a compiler, or when the build fails,
 `load_cpu_kernels` returns None after one log line; callers then use plain torch ops. The kernels
 are dispatcher ops (`torch.ops.jumpgate_cpu.paged_attention`, ...), so the profiler reports them
 by name.
@@ -15,6 +19,7 @@ by name.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import threading
@@ -48,6 +53,7 @@ def build_key() -> str:
     h.update(torch.__version__.encode())
     h.update(" ".join(sorted(cpu_flags())).encode())
     h.update(" ".join(CFLAGS + LDFLAGS).encode())
+    h.update(str(FOLDER.resolve()).encode())  # ninja's build file names the sources by path
     return h.hexdigest()[:16]
 
 
@@ -72,9 +78,20 @@ def _build(key: str) -> Any:
         from torch.utils import cpp_extension
 
         folder.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(name=f"jumpgate_cpu_{key}", sources=[str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
-                           extra_ldflags=list(LDFLAGS), extra_include_paths=[str(FOLDER)],
-                           build_directory=str(folder), verbose=False, is_python_module=False)
+        name = f"jumpgate_cpu_{key}"
+        with open(folder / "jumpgate.flock", "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)  # released when this process ends, however it ends
+            library = folder / f"{name}.so"
+            if library.exists():
+                try:
+                    torch.ops.load_library(str(library))
+                    return torch.ops.jumpgate_cpu
+                except OSError:  # cut short by a killed link: build it again
+                    library.unlink()
+            (folder / "lock").unlink(missing_ok=True)  # cpp_extension's, left by a killed build
+            cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                               extra_ldflags=list(LDFLAGS), extra_include_paths=[str(FOLDER)],
+                               build_directory=str(folder), verbose=False, is_python_module=False)
         return torch.ops.jumpgate_cpu
     except Exception as e:  # no compiler, no ninja, a failed build: the torch ops still work
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
