@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_DATA = ("const", "enum", "default", "examples")
+from grammar.schema_walk import rewrite_bottom_up
+
 _COMBINATORS = ("anyOf", "oneOf", "$ref")
 
 
@@ -78,18 +78,10 @@ def _branch(name: str, values: list[Any], absence_here: bool, body: Any) -> dict
 
 def lower_conditionals(node: Any) -> Any:
     """`node` with every discriminator `if`/`then`/`else` rewritten as an equivalent `anyOf`."""
-    if isinstance(node, list):
-        return [lower_conditionals(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: lower_conditionals(sub) for name, sub in value.items()}
-        elif key in _DATA:
-            out[key] = value
-        else:
-            out[key] = lower_conditionals(value)
+    return rewrite_bottom_up(node, _lower_conditional)
+
+
+def _lower_conditional(out: dict) -> Any:
     found = discriminator(out)
     if found is None:
         return out

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from grammar.schema_walk import rewrite_bottom_up
+
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 FORMAT_PATTERNS = {"byte": BASE64}
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_DATA = ("const", "enum", "default", "examples")
 
 
 def pattern_for(node: dict) -> str | None:
@@ -27,19 +27,11 @@ def pattern_for(node: dict) -> str | None:
 
 def lower_formats(node: Any) -> Any:
     """`node` with every such format replaced by its pattern."""
-    if isinstance(node, list):
-        return [lower_formats(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: lower_formats(sub) for name, sub in value.items()}
-        elif key in _DATA:
-            out[key] = value
-        else:
-            out[key] = lower_formats(value)
-    pattern = pattern_for(node)
+    return rewrite_bottom_up(node, _lower_format)
+
+
+def _lower_format(out: dict) -> Any:
+    pattern = pattern_for(out)  # the recursion leaves `format` and `pattern` as they are
     if pattern is None:
         return out
     lowered = {k: v for k, v in out.items() if k != "format"}

@@ -23,8 +23,9 @@ from typing import Any
 
 import jsonschema
 
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_DATA = ("const", "enum", "default", "examples")
+from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS
+
+_SCHEMA_MAPS, _DATA = NAMED_SCHEMA_MAPS, DATA_KEYWORDS  # the lowerings' one table (grammar/schema_walk.py)
 # keywords beside which leaving a property out of `properties` could change what is valid
 _NAMES_ELSEWHERE = ("patternProperties", "additionalProperties", "unevaluatedProperties", "dependentRequired",
                     "dependentSchemas", "dependencies", "$ref", "anyOf", "oneOf", "allOf", "not", "if")

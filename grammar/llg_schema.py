@@ -22,11 +22,11 @@ import llguidance
 
 from grammar.conditionals import lower_conditionals
 from grammar.lowering import lower_for_masks
+from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS
 
 ENGINE = "llguidance"
 VALUE_CHECKED_KEYWORDS = frozenset({"uniqueItems", "dependentRequired"})  # see the module docstring
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_DATA = ("const", "enum", "default", "examples")
+_SCHEMA_MAPS, _DATA = NAMED_SCHEMA_MAPS, DATA_KEYWORDS  # the lowerings' one table (grammar/schema_walk.py)
 _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 

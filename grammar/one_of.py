@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_DATA = ("const", "enum", "default", "examples")
+from grammar.schema_walk import rewrite_bottom_up
+
 
 # A value's JSON type, with numbers split: "fraction" is a number that is not an integer.
 CLASSES = ("null", "boolean", "object", "array", "string", "integer", "fraction")
@@ -66,18 +66,10 @@ def exclusive_branches(branches: Any) -> list[Any] | None:
 def lower_one_of(node: Any) -> Any:
     """`node` with every `oneOf` whose exclusive branches are known written as their `anyOf`
     (a `oneOf` beside an `anyOf` is left as it is: there is no second `anyOf` to write)."""
-    if isinstance(node, list):
-        return [lower_one_of(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: lower_one_of(sub) for name, sub in value.items()}
-        elif key in _DATA:
-            out[key] = value
-        else:
-            out[key] = lower_one_of(value)
+    return rewrite_bottom_up(node, _lower_one_of)
+
+
+def _lower_one_of(out: dict) -> Any:
     if "oneOf" in out and "anyOf" not in out:
         branches = exclusive_branches(out["oneOf"])
         if branches is not None:

@@ -7,7 +7,7 @@ Keeping that knowledge in one table means the walkers cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from grammar.errors import join_pointer
@@ -28,6 +28,30 @@ SCHEMA_MAP_KEYWORDS = frozenset({"$defs", "definitions", "patternProperties", "d
 ORDERED_SCHEMA_MAP_KEYWORD = "properties"
 # draft-7 `dependencies`: name -> schema or list of names
 DEPENDENCIES_KEYWORD = "dependencies"
+
+
+# The schema lowerings (conditionals, one_of, formats, listed values, llguidance's rewrite) walk every
+# value below a node: these keywords' values are maps of named schemas, these are plain data.
+NAMED_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def rewrite_bottom_up(node: Any, rewrite: Callable[[dict], Any]) -> Any:
+    """`node` with `rewrite` applied to every object in it, children before their parent (data
+    keywords' values are left as they are)."""
+    if isinstance(node, list):
+        return [rewrite_bottom_up(v, rewrite) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in NAMED_SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: rewrite_bottom_up(sub, rewrite) for name, sub in value.items()}
+        elif key in DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = rewrite_bottom_up(value, rewrite)
+    return rewrite(out)
 
 
 def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[Any, str]]:
