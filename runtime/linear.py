@@ -117,7 +117,10 @@ class Int4Codes:
 
 
 class Int4Linear:
-    """`aten._weight_int4pack_mm_for_cpu` over packed codes and bf16 (scale, zero) pairs."""
+    """Group-wise int4 weights with bf16 activations. Where the CPU kernels build with AVX512-BF16,
+    runtime/cpu_kernels/int4_linear.cpp runs them (the codes in bf16 dot products, scale and zero in
+    fp32, one fixed order per row for every row count); elsewhere `aten._weight_int4pack_mm_for_cpu`
+    over packed codes and bf16 (scale, zero) pairs. `kernel` says which."""
 
     def __init__(self, w: Int4Codes, bias: torch.Tensor | None):
         n, k = w.codes.shape
@@ -125,15 +128,31 @@ class Int4Linear:
             raise ValueError(f"int4 weight [{n}, {k}]: scales/zeros must be [{n}, {k // w.group}] (group {w.group})")
         self.group = w.group
         self.shape = (n, k)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32).contiguous(), 1)
-        # The kernel's layout: [K / group, N, 2] of (scale, zero).
-        self.scales_zeros = torch.stack([w.scales.t(), w.zeros.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.bias = None if bias is None else bias.to(torch.bfloat16)
+        self._ops = _int4_kernels() if w.group == INT4_GROUP and n % INT4_TILE == 0 else None
+        if self._ops is not None:
+            self.kernel = "jumpgate_cpu.int4_linear"
+            self.packed = pack_int4_tiles(w.codes)
+            # the kernel's codes are 128 + q: w = (q - 8) * scale + zero = (128 + q) * scale + (zero - 136 * scale)
+            scales = w.scales.float()
+            offsets = w.zeros.float() - 136 * scales
+            # [N / 16, K / group, 2, 16]: a column vector's scales and offsets group after group
+            self.scale_offset = torch.stack([scales, offsets]).reshape(2, n // INT4_TILE, INT4_TILE, -1) \
+                .permute(1, 3, 0, 2).contiguous()
+            self.scales_zeros = None
+        else:
+            self.kernel = "aten._weight_int4pack_mm_for_cpu"
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32).contiguous(), 1)
+            # The kernel's layout: [K / group, N, 2] of (scale, zero).
+            self.scales_zeros = torch.stack([w.scales.t(), w.zeros.t()], dim=-1).to(torch.bfloat16).contiguous()
 
     act_dtype = torch.bfloat16
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
+        if self._ops is not None:
+            y = self._ops.int4_linear(x, self.packed, self.scale_offset)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
         return y if self.bias is None else y + self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +160,29 @@ class Int4Linear:
 
     @property
     def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales_zeros.nbytes
+        extra = self.scales_zeros.nbytes if self.scales_zeros is not None else self.scale_offset.nbytes
+        return self.packed.nbytes + extra
 
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
+
+
+INT4_TILE = 16  # output columns per vector in int4_linear.cpp
+
+
+def pack_int4_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..15 -> uint8 [N / 16, K / 4, 32], int4_linear.cpp's layout: per tile of 16
+    output columns and per 4 inputs k = 4j + 2h + e, byte 2c + e holds column c's code of input
+    4j + e in its low nibble (h = 0) and of input 4j + 2 + e in its high nibble (h = 1)."""
+    n, k = codes.shape
+    c = codes.to(torch.uint8).reshape(n // INT4_TILE, INT4_TILE, k // 4, 2, 2)  # [tile, col, j, h, e]
+    quads = c[:, :, :, 0, :] | (c[:, :, :, 1, :] << 4)  # [tile, col, j, e]
+    return quads.permute(0, 2, 1, 3).reshape(n // INT4_TILE, k // 4, 2 * INT4_TILE).contiguous()
+
+
+def _int4_kernels():
+    """torch.ops.jumpgate_cpu where its int4 kernel was built (AVX512-BF16), else None."""
+    from runtime.cpu_kernels import load_cpu_kernels
+
+    ops = load_cpu_kernels()
+    return ops if ops is not None and ops.int4_linear_available() else None

@@ -20,6 +20,17 @@ if not torch.cuda.is_available():
 
 
 @pytest.fixture(scope="session")
+def cpu_ops():
+    """torch.ops.jumpgate_cpu (runtime/cpu_kernels/), built once per machine; skips where it cannot be built."""
+    from runtime.cpu_kernels import load_cpu_kernels
+
+    module = load_cpu_kernels()
+    if module is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    return module
+
+
+@pytest.fixture(scope="session")
 def smollm_dir() -> Path:
     from runtime.loader import resolve_model_dir
 

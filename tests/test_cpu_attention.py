@@ -21,19 +21,10 @@ import torch.nn.functional as F
 
 from runtime.attention import TorchAttentionBackend, make_attention_backend
 from runtime.attention.cpu_backend import CpuPagedAttentionBackend
-from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 
 CPU = torch.device("cpu")
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def ext():
-    module = load_cpu_kernels()
-    if module is None:
-        pytest.skip("the CPU attention kernel cannot be built here")
-    return module
 
 
 def make_batch(specs, num_slots=4096, seed=0, contiguous=False):
@@ -80,21 +71,21 @@ MIXED = [(1, 1), (1, 37), (5, 40), (1, 300), (17, 17), (80, 200), (3, 64), (1, 6
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (8, 2, 24), (6, 2, 128), (4, 1, 40)])
-def test_equals_sdpa_on_a_mixed_batch(ext, heads, kv_heads, dim):
+def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim):
     batch = make_batch(MIXED)
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
-    out = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    out = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
     assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
     assert (out - run(TorchAttentionBackend(), batch, q, k, v)).abs().max().item() <= TOL
 
 
-def test_reads_the_pool_in_place_and_takes_a_strided_q(ext):
+def test_reads_the_pool_in_place_and_takes_a_strided_q(cpu_ops):
     """q as the model makes it (a view into the fused QKV output); contiguous slots."""
     batch = make_batch([(4, 50), (1, 9)], contiguous=True)
     _, k, v = random_qkv(0, 9, 3, 64)
     qkv = torch.randn(batch.num_tokens, (9 + 6) * 64)
     q = qkv[:, : 9 * 64].view(-1, 9, 64)
-    out = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    out = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
     assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
 
 
@@ -103,13 +94,13 @@ def rows_of(out, batch, request):
     return out[start : start + batch.extend_lens[request]]
 
 
-def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(ext):
+def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops):
     heads, kv_heads, dim = 9, 3, 64
     _, k, v = random_qkv(0, heads, kv_heads, dim)
     g = torch.Generator().manual_seed(7)
     slots = torch.randperm(4096, generator=g)[:150]
     q_all = torch.randn(150, heads, dim, generator=g)
-    backend = CpuPagedAttentionBackend(ext)
+    backend = CpuPagedAttentionBackend(cpu_ops)
     # the whole sequence as one prefill: row i sees i + 1 keys
     full = run(backend, pass_of([150], [150], [slots]), q_all, k, v)
     others = make_batch([(1, 500), (40, 90), (3, 3)], seed=3)
@@ -127,7 +118,7 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(ext):
         assert torch.equal(rows_of(run(backend, mixed, q_mixed, k, v), mixed, 1), out_alone), (prefix, ext_len)
 
 
-def test_the_thread_count_changes_nothing(ext):
+def test_the_thread_count_changes_nothing(cpu_ops):
     batch = make_batch(MIXED)
     q, k, v = random_qkv(batch.num_tokens, 9, 3, 64)
     before = torch.get_num_threads()
@@ -135,7 +126,7 @@ def test_the_thread_count_changes_nothing(ext):
         outs = []
         for threads in (1, 2, before):
             torch.set_num_threads(threads)
-            outs.append(run(CpuPagedAttentionBackend(ext), batch, q, k, v))
+            outs.append(run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
@@ -147,25 +138,25 @@ GROUPED = [(A, 12, 1), (A, 3, 1), (A, 20, 5), (None, 30, 1), (B, 7, 1), (B, 15, 
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 24)])
-def test_prefix_groups_change_no_bit(ext, heads, kv_heads, dim):
+def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim):
     from runtime.attention.cascade import find_prefix_groups
     from tests.test_cascade_attention import make_batch as make_shared_batch
 
     batch = make_shared_batch(GROUPED)
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
-    plain = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    plain = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
     batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
                                              CpuPagedAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
     assert sorted(len(g.members) for g in batch.prefix_groups) == [3, 45]  # A: a 65-token extend too
-    grouped = run(CpuPagedAttentionBackend(ext), batch, q, k, v)
+    grouped = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
     assert torch.equal(grouped, plain)
     assert (grouped - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
 
 
-def test_checks_its_inputs(ext):
+def test_checks_its_inputs(cpu_ops):
     batch = make_batch([(2, 10)])
     q, k, v = random_qkv(2, 4, 2, 16)
-    backend = CpuPagedAttentionBackend(ext)
+    backend = CpuPagedAttentionBackend(cpu_ops)
     backend.prepare(batch)
     with pytest.raises(RuntimeError, match="GQA"):
         backend.forward(q[:, :3], k, v)
@@ -180,14 +171,14 @@ def test_checks_its_inputs(ext):
         backend.forward(q, k, v)
 
 
-def test_non_float32_passes_go_through_torch(ext):
+def test_non_float32_passes_go_through_torch(cpu_ops):
     batch = make_batch([(3, 20), (1, 7)])
     q, k, v = random_qkv(batch.num_tokens, 4, 2, 16)
-    out = run(CpuPagedAttentionBackend(ext), batch, q.bfloat16(), k.bfloat16(), v.bfloat16())
+    out = run(CpuPagedAttentionBackend(cpu_ops), batch, q.bfloat16(), k.bfloat16(), v.bfloat16())
     torch.testing.assert_close(out, run(TorchAttentionBackend(), batch, q.bfloat16(), k.bfloat16(), v.bfloat16()))
 
 
-def test_auto_picks_it_on_cpu_and_falls_back_to_torch(ext, monkeypatch, caplog, tmp_path):
+def test_auto_picks_it_on_cpu_and_falls_back_to_torch(cpu_ops, monkeypatch, caplog, tmp_path):
     assert make_attention_backend("auto", CPU).name == "cpu"
     assert make_attention_backend("cpu", CPU).name == "cpu"
     assert make_attention_backend("torch", CPU).name == "torch"
@@ -208,7 +199,7 @@ def test_auto_picks_it_on_cpu_and_falls_back_to_torch(ext, monkeypatch, caplog, 
     assert len(caplog.records) == 1 and "using the torch backend" in caplog.records[0].getMessage()
 
 
-def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_start(ext):
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_start(cpu_ops):
     """cpp_extension waits forever on the `lock` file a killed build leaves; a built kernel is
     loaded without it, and a rebuild first clears it under Jumpgate's own flock."""
     import subprocess
@@ -221,7 +212,7 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_start(ext):
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_engine_greedy_tokens_equal_torch_backend(ext, tiny_model_dir):
+def test_engine_greedy_tokens_equal_torch_backend(cpu_ops, tiny_model_dir):
     """Chunked prefill after a cached prefix, jump-free batched decode; same tokens as torch."""
     from runtime.api import GenerateRequest
     from runtime.engine import Engine

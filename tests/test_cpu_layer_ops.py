@@ -14,21 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.model import rms_norm
 from runtime.rope import RotaryEmbedding
 
 BF16_STEP = 2.0 ** -7  # relative spacing of bf16 values: one rounding differs by at most this
-
-
-@pytest.fixture(scope="module")
-def ops():
-    module = load_cpu_kernels()
-    if module is None:
-        pytest.skip("the CPU kernels cannot be built here")
-    return module
 
 
 def close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -38,18 +29,18 @@ def close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("dim", [576, 64, 40])  # 40: a partial last vector
-def test_rms_norm_bf16_equals_the_torch_form(ops, dim):
+def test_rms_norm_bf16_equals_the_torch_form(cpu_ops, dim):
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(33, dim, generator=g) * 3, torch.randn(dim, generator=g)
-    close_in_bf16(ops.rms_norm_bf16(x, w, 1e-5), rms_norm(x, w, 1e-5))
+    close_in_bf16(cpu_ops.rms_norm_bf16(x, w, 1e-5), rms_norm(x, w, 1e-5))
 
 
-def test_silu_mul_bf16_equals_the_torch_form(ops):
+def test_silu_mul_bf16_equals_the_torch_form(cpu_ops):
     g = torch.Generator().manual_seed(1)
     gate_up = (torch.randn(17, 2 * 1536, generator=g) * 4).bfloat16()
     gate, up = gate_up.float().chunk(2, dim=-1)
     want = F.silu(gate) * up
-    got = ops.silu_mul_bf16(gate_up)
+    got = cpu_ops.silu_mul_bf16(gate_up)
     # the kernel's expf is within ~1 ulp of torch's: allow that on top of the bf16 rounding
     err = (got.float() - want).abs()
     assert (err <= want.abs() * (BF16_STEP + 1e-6) + 1e-6).all(), f"max err {err.max().item()}"
@@ -70,11 +61,11 @@ def rope_inputs(t, heads=9, kv_heads=3, dim=64, num_slots=512, seed=2):
     return rope, qkv, positions, slots, caches
 
 
-def test_rope_store_rotates_like_torch_and_writes_only_its_slots(ops):
+def test_rope_store_rotates_like_torch_and_writes_only_its_slots(cpu_ops):
     heads, kv_heads, dim, t = 9, 3, 64, 21
     rope, qkv, positions, slots, (kc, vc) = rope_inputs(t, heads, kv_heads, dim)
     cos, sin = rope.tables(positions)
-    q = ops.rope_store(qkv, cos, sin, slots, kc, vc, heads)
+    q = cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, heads)
     x = qkv.float()
     q_ref = rope.rotate(x[:, : heads * dim].view(t, heads, dim), cos, sin)
     k_ref = rope.rotate(x[:, heads * dim : (heads + kv_heads) * dim].view(t, kv_heads, dim), cos, sin)
@@ -87,7 +78,7 @@ def test_rope_store_rotates_like_torch_and_writes_only_its_slots(ops):
     assert not kc[untouched].any() and not vc[untouched].any()
 
 
-def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_with_any_thread_count(ops):
+def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_with_any_thread_count(cpu_ops):
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(40, 576, generator=g), torch.randn(576, generator=g)
     gate_up = torch.randn(40, 3072, generator=g).bfloat16()
@@ -98,10 +89,10 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_with_any_thread_count(op
         results = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            results.append((ops.rms_norm_bf16(x, w, 1e-5), ops.silu_mul_bf16(gate_up),
-                            ops.rope_store(qkv, cos, sin, slots, kc, vc, 9)))
-        alone = (ops.rms_norm_bf16(x[7:8], w, 1e-5), ops.silu_mul_bf16(gate_up[7:8]),
-                 ops.rope_store(qkv[7:8], cos[7:8], sin[7:8], slots[7:8], kc, vc, 9))
+            results.append((cpu_ops.rms_norm_bf16(x, w, 1e-5), cpu_ops.silu_mul_bf16(gate_up),
+                            cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, 9)))
+        alone = (cpu_ops.rms_norm_bf16(x[7:8], w, 1e-5), cpu_ops.silu_mul_bf16(gate_up[7:8]),
+                 cpu_ops.rope_store(qkv[7:8], cos[7:8], sin[7:8], slots[7:8], kc, vc, 9))
     finally:
         torch.set_num_threads(before)
     for a, b in zip(*results):
@@ -110,22 +101,22 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_with_any_thread_count(op
         assert torch.equal(a[0], b[7])
 
 
-def test_bad_inputs_raise_instead_of_writing_out_of_bounds(ops):
+def test_bad_inputs_raise_instead_of_writing_out_of_bounds(cpu_ops):
     rope, qkv, positions, slots, (kc, vc) = rope_inputs(4)
     cos, sin = rope.tables(positions)
     with pytest.raises(RuntimeError, match="slot out of range"):
-        ops.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, kc.shape[0]]), kc, vc, 9)
+        cpu_ops.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, kc.shape[0]]), kc, vc, 9)
     with pytest.raises(RuntimeError, match="qkv width"):
-        ops.rope_store(qkv, cos, sin, slots, kc, vc, 8)
+        cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, 8)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        ops.rope_store(qkv.float(), cos, sin, slots, kc, vc, 9)
+        cpu_ops.rope_store(qkv.float(), cos, sin, slots, kc, vc, 9)
     with pytest.raises(RuntimeError, match="float32"):
-        ops.rms_norm_bf16(torch.zeros(2, 8).bfloat16(), torch.zeros(8), 1e-5)
+        cpu_ops.rms_norm_bf16(torch.zeros(2, 8).bfloat16(), torch.zeros(8), 1e-5)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        ops.silu_mul_bf16(torch.zeros(2, 8))
+        cpu_ops.silu_mul_bf16(torch.zeros(2, 8))
 
 
-def test_q4_model_fused_path_matches_its_torch_path(ops, smollm_dir, tokenizer):
+def test_q4_model_fused_path_matches_its_torch_path(cpu_ops, smollm_dir, tokenizer):
     from runtime.attention import make_attention_backend
     from runtime.loader import read_config
     from runtime.model import load_model

@@ -1,0 +1,213 @@
+// y = x @ W.T for group-wise int4 weights, w = q * scale + offset (q in 0..15, groups of 32
+// inputs), with bf16 activations and bf16 outputs: the q4 format's linear layers on CPUs with
+// AVX512-BF16 (runtime/linear.py's Int4Linear says when it runs).
+//
+// Why our own kernel: aten's _weight_int4pack_mm_for_cpu dequantizes every weight to fp32 for
+// every row and multiplies with fp32 FMAs, so its cost grows with the row count at fp32 speed
+// (a 512-row prefill chunk ran no faster than fp32 MKL). Here, over one group,
+//   sum_k w_k x_k = scale * sum_k (128 + q_k) x_k + (offset - 128 scale) * sum_k x_k
+// puts the 4-bit codes straight into bf16 dot-product instructions (vdpbf16ps: 32 products a
+// vector, twice the fp32 FMA rate). 128 + q is the bf16 word 0x4300 | q, so a code becomes an
+// operand with one OR (no table, no conversion); it is exact in bf16, and its product with a bf16
+// activation is exact in fp32. The weights stay the GGUF's own (scale and offset in fp32, nothing
+// rounded). Runs of a few rows expand the codes at each use; longer runs expand a tile of columns
+// once into a buffer and run every row over it.
+//
+// Batch invariance: a row's output is computed alone, in one fixed order (pairs of inputs in
+// order inside a group, groups in order, the scale term then the offset term), by one thread per
+// column tile; it does not depend on the row count, the other rows, the expansion path or the
+// thread split.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "vec.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t GROUP = 32;         // inputs per (scale, offset)
+constexpr int64_t QUADS = GROUP / 4;  // a 32-byte load holds 4 inputs of 16 columns
+constexpr int64_t COLS = 16;          // output columns a vector holds
+constexpr int ROWS = 6;               // rows a tile step keeps in registers
+constexpr int64_t EXPAND_ROWS = 6;    // up to this many rows, codes are expanded at each use
+constexpr int WORDS = 2 * COLS;       // bf16 words of one vdpbf16ps operand
+constexpr int64_t PREFETCH = 1024;    // bytes ahead in a stream of codes
+
+// 32 bytes -> the operands of two input pairs. Byte 2c + e holds column c's code of input e of the
+// first pair (low nibble) and of the second pair (high nibble); word 2c + e is vdpbf16ps's slot
+// for column c, input e.
+inline void expand(const uint8_t* p, __m512i& first, __m512i& second) {
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i bias = _mm512_set1_epi16(0x4300);  // bf16 128.0: 0x4300 | q is 128 + q
+  first = _mm512_ternarylogic_epi32(b, _mm512_set1_epi16(0x000F), bias, 0xEA);  // (b & 15) | bias
+  second = _mm512_or_si512(_mm512_srli_epi16(b, 4), bias);
+}
+
+// A tile's weights as vdpbf16ps operands: the two pairs of quad j of column vector c.
+// Expanded: codes already expanded into [K/2][C][32 words] (many rows share them);
+// Packed: expanded from the packed bytes at each use (a few rows: no buffer round trip).
+// Both give the same words, so which one runs does not change a bit of the result.
+template <int C>
+struct Expanded {
+  const uint16_t* w;
+  void get(int64_t j, int c, __m512i& first, __m512i& second) const {
+    first = _mm512_loadu_si512(w + (2 * j * C + c) * WORDS);
+    second = _mm512_loadu_si512(w + ((2 * j + 1) * C + c) * WORDS);
+  }
+};
+
+struct Packed {
+  const uint8_t* p;  // the tile's first column vector in int4_pack's layout
+  int64_t quads;     // K / 4
+  void get(int64_t j, int c, __m512i& first, __m512i& second) const {
+    const uint8_t* at = p + (c * quads + j) * WORDS;
+    _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH, _MM_HINT_T0);
+    expand(at, first, second);
+  }
+};
+
+// R rows x C column vectors over every group. x: R rows of bf16 inputs (stride ldx); sums: the
+// rows' per-group input sums (stride groups); scale_offset: [C][groups][2][16] (the tile's column
+// vectors' scales and offsets); out: bf16 rows (stride ldy).
+template <int R, int C, typename Weights>
+void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* sums, int64_t groups,
+               const float* scale_offset, uint16_t* out, int64_t ldy) {
+  __m512 y[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r][c] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t j = g * QUADS; j < (g + 1) * QUADS; ++j) {
+      __m512i first[C], second[C];
+      for (int c = 0; c < C; ++c) w.get(j, c, first[c], second[c]);
+      for (int r = 0; r < R; ++r) {
+        int32_t pair[2];
+        std::memcpy(pair, x + r * ldx + 4 * j, sizeof pair);
+        const __m512bh x0 = (__m512bh)_mm512_set1_epi32(pair[0]), x1 = (__m512bh)_mm512_set1_epi32(pair[1]);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const float* so = scale_offset + ((c * groups + g) * 2) * COLS;
+      const __m512 d = _mm512_loadu_ps(so), o = _mm512_loadu_ps(so + COLS);
+      for (int r = 0; r < R; ++r) {
+        y[r][c] = _mm512_fmadd_ps(acc[r][c], d, y[r][c]);
+        y[r][c] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)  // round to nearest even, as c10::BFloat16 does
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldy + c * COLS), (__m256i)_mm512_cvtneps_pbh(y[r][c]));
+}
+
+// Every row over one tile's weights, ROWS at a time, the rest in one smaller step.
+template <int C, typename Weights>
+void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const float* scale_offset,
+          int64_t N, uint16_t* out) {
+  const int64_t groups = K / GROUP;
+  auto step = [&](auto rows, int64_t m) {
+    tile_rows<decltype(rows)::value, C>(w, x + m * K, K, sums + m * groups, groups, scale_offset, out + m * N, N);
+  };
+  int64_t m = 0;
+  for (; m + ROWS <= M; m += ROWS) step(std::integral_constant<int, ROWS>{}, m);
+  switch (M - m) {
+    case 5: step(std::integral_constant<int, 5>{}, m); break;
+    case 4: step(std::integral_constant<int, 4>{}, m); break;
+    case 3: step(std::integral_constant<int, 3>{}, m); break;
+    case 2: step(std::integral_constant<int, 2>{}, m); break;
+    case 1: step(std::integral_constant<int, 1>{}, m); break;
+    default: break;
+  }
+}
+
+// The C column vectors from column n0 on, for every row.
+template <int C>
+void run_tile(const uint8_t* packed, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
+              int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
+  const Packed p{packed + (n0 / COLS) * (K / 4) * WORDS, K / 4};
+  const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * 2 * COLS;
+  if (M <= EXPAND_ROWS) return tile<C>(p, x, M, K, sums, so, N, out + n0);
+  buffer.resize(K / 2 * C * WORDS);
+  for (int64_t j = 0; j < K / 4; ++j)
+    for (int c = 0; c < C; ++c) {
+      __m512i first, second;
+      p.get(j, c, first, second);
+      _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
+      _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
+    }
+  tile<C>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
+}
+
+}  // namespace
+
+// x bf16 [M, K]; packed uint8 [N/16, K/4, 32] (runtime/linear.py's pack_int4_tiles); scale_offset
+// float32 [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets
+// (w = q * scale + offset).
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "int4_linear: x [M, K], bfloat16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == WORDS,
+              "int4_linear: packed [N/16, K/4, 32], uint8");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / GROUP;
+  TORCH_CHECK(K % GROUP == 0 && packed.size(1) * 4 == K, "int4_linear: K must be a multiple of 32 and match the weights");
+  TORCH_CHECK(scale_offset.scalar_type() == at::kFloat && scale_offset.dim() == 4 &&
+              scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == 2 &&
+              scale_offset.size(3) == COLS, "int4_linear: scale_offset [N/16, K/32, 2, 16], float32");
+  x = x.contiguous();
+  packed = packed.contiguous();
+  scale_offset = scale_offset.contiguous();
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0) return out;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  const float* so = scale_offset.data_ptr<float>();
+  uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+
+  // Each row's input sum per group, in one fixed order (16 lanes, then the lane tree).
+  std::vector<float> sums(M * groups);
+  at::parallel_for(0, M, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const auto* row = reinterpret_cast<const c10::BFloat16*>(xp + r * K + g * GROUP);
+        sums[r * groups + g] = jumpgate::hsum(jumpgate::load_bf16(row, 16) + jumpgate::load_bf16(row + 16, 16));
+      }
+  });
+
+  // One task per tile of 32 columns (16 where N is an odd number of vectors).
+  const int64_t wide = (N / COLS) % 2 == 0 ? 2 : 1;
+  const int64_t tiles = N / (COLS * wide);
+  at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
+    std::vector<uint16_t> buffer;
+    for (int64_t t = b; t < e; ++t) {
+      if (wide == 2) run_tile<2>(pp, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+      else run_tile<1>(pp, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+    }
+  });
+  return out;
+}
+
+bool int4_linear_available() { return true; }
+
+#else  // no AVX512-BF16: runtime/linear.py keeps aten's int4 kernel
+
+torch::Tensor int4_linear(torch::Tensor, torch::Tensor, torch::Tensor) {
+  TORCH_CHECK(false, "int4_linear: built without AVX512-BF16");
+}
+
+bool int4_linear_available() { return false; }
+
+#endif
+
+TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
+  m.def("int4_linear(Tensor x, Tensor packed, Tensor scale_offset) -> Tensor", &int4_linear);
+  m.def("int4_linear_available() -> bool", &int4_linear_available);
+}

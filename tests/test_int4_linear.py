@@ -1,0 +1,124 @@
+"""The q4 format's linear kernel (runtime/cpu_kernels/int4_linear.cpp, through runtime/linear.py's
+Int4Linear): exact weights, every row computed alone, aten's kernel where ours does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime.linear as linear
+from runtime.linear import INT4_GROUP, Int4Codes, Int4Linear, pack_int4_tiles
+
+
+def codes(n: int, k: int, seed: int = 0) -> Int4Codes:
+    g = torch.Generator().manual_seed(seed)
+    return Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05)
+
+
+def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+@pytest.fixture
+def aten_only(monkeypatch):
+    monkeypatch.setattr(linear, "_int4_kernels", lambda: None)
+
+
+def test_the_kernel_runs_where_it_was_built(cpu_ops):
+    if not cpu_ops.int4_linear_available():
+        pytest.skip("built without AVX512-BF16: aten's int4 kernel runs")
+    assert Int4Linear(codes(64, 64), None).kernel == "jumpgate_cpu.int4_linear"
+
+
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (48, 64), (16, 32)])
+@pytest.mark.parametrize("m", [1, 5, 7, 33])
+def test_equals_the_dequantized_weights_within_the_output_rounding(cpu_ops, n, k, m):
+    w = codes(n, k)
+    lin = Int4Linear(w, None)
+    x = activations(m, k)
+    exact = x.double() @ w.dequantize().double().t()
+    got = lin.native(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    # bf16 output rounding (half an ulp, 2^-9 relative) plus fp32 accumulation over k terms
+    bound = exact.abs() * 2.0**-8 + (x.double().abs() @ w.dequantize().double().abs().t()) * 1e-6
+    assert ((got.double() - exact).abs() <= bound).all()
+
+
+def test_no_less_exact_than_aten(cpu_ops, monkeypatch):
+    """Scale and zero stay fp32 (aten's kernel rounds them to bf16), so the error is smaller."""
+    w, x = codes(576, 1536), activations(16, 1536)
+    exact = x.double() @ w.dequantize().double().t()
+    ours = Int4Linear(w, None)
+    monkeypatch.setattr(linear, "_int4_kernels", lambda: None)
+    theirs = Int4Linear(w, None)
+    assert theirs.kernel.startswith("aten")
+    err = {name: (lin.native(x).double() - exact).abs().mean().item() for name, lin in (("ours", ours), ("aten", theirs))}
+    assert err["ours"] < err["aten"], err
+
+
+def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(cpu_ops):
+    """Batch sizes on both sides of the expansion threshold (6 rows) and of the register block."""
+    w = codes(960, 576)
+    lin = Int4Linear(w, None)
+    x = activations(40, 576)
+    alone = torch.cat([lin.native(x[i : i + 1]) for i in range(40)])
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for m in (2, 6, 7, 13, 40):
+                assert torch.equal(lin.native(x[:m]), alone[:m]), (threads, m)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_odd_number_of_column_vectors_and_a_bias(cpu_ops):
+    w = codes(48, 96)  # 3 vectors of 16 columns: one-vector tiles
+    bias = torch.randn(48)
+    lin = Int4Linear(w, bias)
+    x = activations(3, 96)
+    want = x.double() @ w.dequantize().double().t() + bias.bfloat16().double()
+    assert torch.allclose(lin.native(x).double(), want, rtol=2e-2, atol=2e-2)
+    assert lin(x.float()).dtype == torch.float32  # __call__ keeps the caller's dtype
+
+
+def test_other_group_sizes_go_to_aten(cpu_ops):
+    g = torch.Generator().manual_seed(2)
+    w = Int4Codes.quantize(torch.randn(32, 128, generator=g) * 0.05, group=64)  # GGUF blocks are 32
+    lin = Int4Linear(w, None)
+    assert lin.kernel.startswith("aten")
+    x = activations(2, 128)
+    assert torch.allclose(lin.native(x).float(), (x.float() @ w.dequantize().t()), rtol=3e-2, atol=3e-2)
+
+
+def test_bad_inputs_raise(cpu_ops):
+    if not cpu_ops.int4_linear_available():
+        pytest.skip("built without AVX512-BF16")
+    lin = Int4Linear(codes(32, 64), None)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        cpu_ops.int4_linear(torch.zeros(2, 64), lin.packed, lin.scale_offset)
+    with pytest.raises(RuntimeError, match="match the weights"):
+        cpu_ops.int4_linear(torch.zeros(2, 96).bfloat16(), lin.packed, lin.scale_offset)
+    with pytest.raises(RuntimeError, match="scale_offset"):
+        cpu_ops.int4_linear(torch.zeros(2, 64).bfloat16(), lin.packed, lin.scale_offset[:1])
+    with pytest.raises(RuntimeError, match="packed"):
+        cpu_ops.int4_linear(torch.zeros(2, 64).bfloat16(), lin.packed.int(), lin.scale_offset)
+    assert cpu_ops.int4_linear(torch.zeros(0, 64).bfloat16(), lin.packed, lin.scale_offset).shape == (0, 32)
+
+
+def test_packing_puts_each_code_in_its_nibble():
+    c = torch.randint(0, 16, (32, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    packed = pack_int4_tiles(c)
+    assert packed.shape == (2, 16, 32)
+    for tile, col, k in ((0, 0, 0), (0, 3, 5), (1, 15, 63), (1, 7, 34)):
+        j, h, e = k // 4, (k % 4) // 2, k % 2
+        byte = int(packed[tile, j, 2 * col + e])
+        assert (byte >> (4 * h)) & 15 == int(c[tile * 16 + col, k])
+
+
+def test_aten_path_unchanged(aten_only):
+    w = codes(64, 64)
+    lin = Int4Linear(w, None)
+    assert lin.kernel == "aten._weight_int4pack_mm_for_cpu" and lin.group == INT4_GROUP
+    x = activations(4, 64)
+    assert torch.allclose(lin.native(x).float(), x.float() @ w.dequantize().t(), rtol=3e-2, atol=3e-2)
