@@ -8,8 +8,9 @@ norms, embedding, rope and the residual stream stay in the engine dtype.
 Where the linear layers take bf16 activations on CPU under a float32 engine (q4, q8, bf16), the
 small ops between the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp): the norm writes the
 matmul's bf16 input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
-op, and the residual adds take the bf16 outputs as they are. That is 11 dispatcher ops a layer
-instead of ~40, whose dispatch was a third of a batch-1 step. Each fused op computes a row alone,
+op, and each residual add takes the bf16 output as it is and runs with the norm after it. That is
+9 dispatcher ops a layer instead of ~40, whose dispatch was a third of a batch-1 step. The linear
+layers of q4 run runtime/cpu_kernels/int4_linear.cpp (runtime/linear.py). Each fused op computes a row alone,
 in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
 the bit-for-bit reference.
 """
@@ -118,20 +119,33 @@ class LlamaModel:
         attn.prepare(batch)
         h = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.rope.tables(batch.positions)  # once per pass, not per layer
-        layer_pass = self._fused_layer if self.fused_ops is not None else self._torch_layer
+        if self.fused_ops is not None:
+            return self._fused_forward(h, cos, sin, batch, kv, attn)
         for li, layer in enumerate(self.layers):
-            layer_pass(li, layer, h, cos, sin, batch, kv, attn)
-        h = h[batch.logits_index]
-        rows = h.shape[0]
-        if h.device.type == "cpu" and 1 < rows < SMALL_GEMM_ROWS:
+            self._torch_layer(li, layer, h, cos, sin, batch, kv, attn)
+        h = self._pad_small(h[batch.logits_index])
+        logits = self.lm_head(rms_norm(h, self.norm, cfg.rms_norm_eps))
+        return logits[: batch.logits_index.shape[0]].float()
+
+    @staticmethod
+    def _pad_small(x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if x.device.type == "cpu" and 1 < rows < SMALL_GEMM_ROWS:
             # CPU BLAS takes a slow path for 2-3 rows (the 49k-row lm_head: 24/36 ms for 2/3 rows
             # against 19 ms for 4 on the dev machine); a draft being verified at batch 1 is that.
-            h = torch.cat([h, h.new_zeros(SMALL_GEMM_ROWS - rows, h.shape[1])])
-        if self.fused_ops is not None and self.lm_head.act_dtype == torch.bfloat16:
-            logits = self.lm_head.native(self.fused_ops.rms_norm_bf16(h, self.norm, cfg.rms_norm_eps))
-        else:
-            logits = self.lm_head(rms_norm(h, self.norm, cfg.rms_norm_eps))
-        return logits[:rows].float()
+            x = torch.cat([x, x.new_zeros(SMALL_GEMM_ROWS - rows, x.shape[1])])
+        return x
+
+    def _fused_forward(self, h, cos, sin, batch, kv, attn) -> torch.Tensor:
+        """Each residual add runs with the norm after it (the next layer's input norm, the last
+        one's the final norm) as one op; a zero pad row normalizes to zeros, as before."""
+        ops, eps = self.fused_ops, self.cfg.rms_norm_eps
+        x = ops.rms_norm_bf16(h, self.layers[0].input_norm, eps)
+        after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+        for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
+            x = self._fused_layer(li, layer, h, x, next_norm, cos, sin, batch, kv, attn)
+        logits = self.lm_head.native(self._pad_small(x[batch.logits_index]))
+        return logits[: batch.logits_index.shape[0]].float()
 
     def _torch_layer(self, li, layer, h, cos, sin, batch, kv, attn) -> None:
         cfg, t = self.cfg, h.shape[0]
@@ -148,14 +162,15 @@ class LlamaModel:
         gate, up = layer.gate_up(x).chunk(2, dim=-1)
         h += layer.down(F.silu(gate) * up)
 
-    def _fused_layer(self, li, layer, h, cos, sin, batch, kv, attn) -> None:
+    def _fused_layer(self, li, layer, h, x, next_norm, cos, sin, batch, kv, attn) -> torch.Tensor:
+        """x: this layer's normed input (bf16); h grows in place; returns next_norm(h) in bf16."""
         ops, cfg, t = self.fused_ops, self.cfg, h.shape[0]
-        x = ops.rms_norm_bf16(h, layer.input_norm, cfg.rms_norm_eps)
         q = ops.rope_store(layer.qkv.native(x), cos, sin, batch.out_slots, kv.k[li], kv.v[li], cfg.num_heads)
         o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
-        h += layer.o_proj.native(o.to(torch.bfloat16))  # bf16 into the float32 stream: exact widening
-        x = ops.rms_norm_bf16(h, layer.post_norm, cfg.rms_norm_eps)
-        h += layer.down.native(ops.silu_mul_bf16(layer.gate_up.native(x)))
+        # bf16 into the float32 stream: exact widening
+        x = ops.add_rms_norm_bf16(h, layer.o_proj.native(o.to(torch.bfloat16)), layer.post_norm, cfg.rms_norm_eps)
+        return ops.add_rms_norm_bf16(h, layer.down.native(ops.silu_mul_bf16(layer.gate_up.native(x))), next_norm,
+                                     cfg.rms_norm_eps)
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -144,3 +144,18 @@ def test_q4_model_fused_path_matches_its_torch_path(cpu_ops, smollm_dir, tokeniz
     agree = (logits["fused"].argmax(-1) == logits["torch"].argmax(-1)).float().mean().item()
     assert diff < 1.5, diff  # bf16 noise: the formats' drift vs fp32 is ~0.6 (test_weight_formats.py)
     assert agree >= 0.95, agree
+
+
+def test_add_rms_norm_is_the_residual_add_then_the_norm_bit_for_bit(cpu_ops):
+    g = torch.Generator().manual_seed(4)
+    h, w = torch.randn(13, 576, generator=g), torch.randn(576, generator=g)
+    delta = torch.randn(13, 576, generator=g).bfloat16()
+    want_h = h.clone()
+    want_h += delta
+    want = cpu_ops.rms_norm_bf16(want_h, w, 1e-5)
+    got = cpu_ops.add_rms_norm_bf16(h, delta, w, 1e-5)
+    assert torch.equal(h, want_h) and torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        cpu_ops.add_rms_norm_bf16(torch.zeros(576, 4).t(), delta[:4], w, 1e-5)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        cpu_ops.add_rms_norm_bf16(h, delta.float(), w, 1e-5)

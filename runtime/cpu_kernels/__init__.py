@@ -21,6 +21,7 @@ by name.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import threading
@@ -47,7 +48,11 @@ _loaded: dict[str, Any] = {}
 OP_NAME = "jumpgate_cpu::paged_attention"
 
 
+@functools.lru_cache(maxsize=1)
 def build_key() -> str:
+    """Read once per process: torch cannot load a second library defining the same ops, so a
+    process keeps the build it started with even if the sources change under it (an edit during
+    a test run would otherwise abort it)."""
     h = hashlib.sha256()
     for path in SOURCES + HEADERS:
         h.update(path.read_bytes())

@@ -26,6 +26,20 @@ void for_rows(int64_t rows, const F& f) {
   at::parallel_for(0, rows, ROW_GRAIN, [&](int64_t b, int64_t e) { for (int64_t r = b; r < e; ++r) f(r); });
 }
 
+// One row: x * rsqrt(mean(x^2) + eps) * w into bf16.
+void norm_row(const float* row, const float* wp, int64_t D, double eps, at::BFloat16* out) {
+  vf acc = splat(0.f);
+  for (int64_t d = 0; d < D; d += W) {
+    const vf v = load_part(row + d, static_cast<int>(std::min<int64_t>(W, D - d)));
+    acc = acc + v * v;
+  }
+  const float scale = 1.f / std::sqrt(hsum(acc) / static_cast<float>(D) + static_cast<float>(eps));
+  for (int64_t d = 0; d < D; d += W) {
+    const int n = static_cast<int>(std::min<int64_t>(W, D - d));
+    store_bf16(out + d, load_part(row + d, n) * scale * load_part(wp + d, n), n);
+  }
+}
+
 }  // namespace
 
 // x [T, D] float32 -> bf16 [T, D]: x * rsqrt(mean(x^2) + eps) * w, the input of the next matmul.
@@ -39,18 +53,32 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps) {
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  for_rows(T, [&](int64_t r) { norm_row(xp + r * D, wp, D, eps, op + r * D); });
+  return out;
+}
+
+// The residual add and the next norm in one pass: h [T, D] float32 += delta [T, D] bf16 (exact
+// widening, one fp32 add: what `h += delta` gives), in place; returns rms_norm_bf16(h, w, eps).
+torch::Tensor add_rms_norm_bf16(torch::Tensor h, torch::Tensor delta, torch::Tensor w, double eps) {
+  TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat && h.is_contiguous() && w.scalar_type() == at::kFloat &&
+              w.numel() == h.size(1), "add_rms_norm_bf16: h [T, D] float32 contiguous, w [D] float32");
+  TORCH_CHECK(delta.scalar_type() == at::kBFloat16 && delta.sizes() == h.sizes(),
+              "add_rms_norm_bf16: delta [T, D], bfloat16");
+  delta = delta.contiguous();
+  w = w.contiguous();
+  const int64_t T = h.size(0), D = h.size(1);
+  auto out = torch::empty({T, D}, h.options().dtype(at::kBFloat16));
+  float* hp = h.data_ptr<float>();
+  const at::BFloat16* dp = delta.data_ptr<at::BFloat16>();
+  const float* wp = w.data_ptr<float>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
   for_rows(T, [&](int64_t r) {
-    const float* row = xp + r * D;
-    vf acc = splat(0.f);
-    for (int64_t d = 0; d < D; d += W) {
-      const vf v = load_part(row + d, static_cast<int>(std::min<int64_t>(W, D - d)));
-      acc = acc + v * v;
-    }
-    const float scale = 1.f / std::sqrt(hsum(acc) / static_cast<float>(D) + static_cast<float>(eps));
+    float* row = hp + r * D;
     for (int64_t d = 0; d < D; d += W) {
       const int n = static_cast<int>(std::min<int64_t>(W, D - d));
-      store_bf16(op + r * D + d, load_part(row + d, n) * scale * load_part(wp + d, n), n);
+      store_part(row + d, load_part(row + d, n) + load_bf16(dp + r * D + d, n), n);
     }
+    norm_row(row, wp, D, eps, op + r * D);
   });
   return out;
 }
@@ -126,6 +154,7 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
 
 TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
   m.def("rms_norm_bf16(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm_bf16);
+  m.def("add_rms_norm_bf16(Tensor(a!) h, Tensor delta, Tensor w, float eps) -> Tensor", &add_rms_norm_bf16);
   m.def("silu_mul_bf16(Tensor gate_up) -> Tensor", &silu_mul_bf16);
   m.def("rope_store(Tensor qkv, Tensor cos, Tensor sin_signed, Tensor slots, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, int heads) -> Tensor", &rope_store);
