@@ -15,8 +15,10 @@ GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them hones
   grammar/one_of.py proves it equal to the `anyOf` of exclusive branches (which both engines then
   compile): distinct consts, a const discriminator, or JSON types (a type several unconstrained
   branches share is taken out of them: Kubernetes' `[string|null, integer|null]` is `string|integer`);
-- `format: byte` (base64) is compiled as its pattern where the node has no pattern of its own
-  (grammar/formats.py);
+- `format: byte` (base64), and `ipv4`, `ipv6` and `date` (exactly what jsonschema's checker
+  accepts: xgrammar's own masks for them admit more) are compiled as their patterns where the
+  node has no pattern of its own (grammar/formats.py); beside one, such a format is checked after
+  generation, not enforced;
 - beside `enum`/`const`, only the listed values are generated (other keywords are ignored), so
   the listed values that break the other keywords are left out first (grammar/listed_values.py);
   where none is left, an optional property of a closed object (additionalProperties false, or
@@ -62,7 +64,7 @@ import jsonschema
 
 from grammar.conditionals import discriminator
 from grammar.errors import join_pointer
-from grammar.formats import pattern_for
+from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
 from grammar.one_of import exclusive_branches
 from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
@@ -391,7 +393,9 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
                                "(give both a lower and an upper bound, or neither)", exact_in_llguidance=True)
     elif keyword == "format" and pattern_for(node) is not None:
         mark(keyword, ENFORCED, f"format {node['format']!r} is compiled as its pattern")
-    elif keyword == "format" and node["format"] not in MASKED_FORMATS:
+    elif keyword == "format" and (node["format"] not in MASKED_FORMATS or node["format"] in FORMAT_PATTERNS):
+        # a format compiled as its pattern, beside a pattern of its own, is left to the engine's
+        # built-in mask, which admits values the format does not (an ipv4 octet with a leading zero)
         fmt = node["format"]
         if fmt in CHECKABLE_FORMATS:
             mark(keyword, CHECKED, f"format {fmt!r} is not masked; it is checked after generation")

@@ -22,6 +22,13 @@ from runtime.constraint import TokenMatcher
 CLOSING_MARGIN = 3  # extra tokens kept in hand: the model's closing choices may differ from the simulation's
 RECHECK_EVERY = 16  # recompute the bound this often (tokens) while far from the budget
 CHECK_SLACK = 24  # ...and every token once the budget is within bound + this
+# The longest completion plan there is (grammar/closing.py's MAX_PLAN_TOKENS; a longer one is "no
+# plan"). One token can raise the bound by any amount up to this (`,{` opening an item with dozens
+# of required properties), so while the budget left is within FAR_TOKENS every expanding token is
+# checked before it is taken; beyond it, no bound that exists can outgrow the budget before the
+# next scheduled re-check.
+MAX_BOUND = 1024
+FAR_TOKENS = MAX_BOUND + CHECK_SLACK + RECHECK_EVERY
 
 # Repetition: a suffix made of >= MIN_REPEATS copies of a pattern of <= MAX_PERIOD tokens,
 # spanning >= MIN_SPAN tokens.
@@ -111,6 +118,8 @@ class CompletionGuard:
     plan: list[int] | None = None  # the last plan's tokens (None: unknown, or left by the output)
     plan_at: int = 0  # output length when `plan` was made
     _next: int | None = None  # closing: index in `plan` of the token being chosen
+    _at: int = 0  # output length at the last `before_choice`
+    _vetted: tuple[int, int] | None = None  # (token, bound after it) of the last check `allows` made
 
     def _replan(self, matcher: TokenMatcher, produced: int) -> None:
         self.plan = matcher.completion_plan()
@@ -121,6 +130,8 @@ class CompletionGuard:
         """Decide whether the next token must be on a shortest completion path."""
         remaining = max_new - produced
         self._next = None
+        self._at = produced
+        self._vetted = None
         if not self.closing:
             due = (self.bound is None or produced - self.checked_at >= RECHECK_EVERY
                    or remaining <= self.bound + CHECK_SLACK)
@@ -146,18 +157,29 @@ class CompletionGuard:
         """May the model's choice `token_id` be taken with `remaining` tokens of budget left
         (this one included)? Not if it commits the output to more than the rest of the budget can
         complete (a new array item of a large object, say): one token can raise the bound by more
-        than CLOSING_MARGIN, so near the budget such tokens are checked before they are taken."""
+        than CLOSING_MARGIN, so near the budget such tokens are checked before they are taken.
+        The bound a check finds becomes the guard's bound once the token is taken (`after_token`):
+        a bound left at its value from before the token would let the budget run past it
+        before the next re-check noticed."""
         if self.bound is None:
             return True
         if self.closing:
             if self.tight or self._next is None or token_id == self.plan[self._next]:
                 return True
-        elif remaining > 2 * self.bound + CHECK_SLACK:
+        elif remaining > FAR_TOKENS:
             return True
         elif not matcher.may_expand(token_id):
             return True
+        else:
+            idx = self._at - self.plan_at
+            if self.plan is not None and 0 <= idx < len(self.plan) and token_id == self.plan[idx]:
+                self._vetted = (token_id, len(self.plan) - idx - 1)  # the stored plan's own next token
+                return True
         after = matcher.completion_bound_after(token_id)
-        return after is not None and after <= remaining - 1
+        ok = after is not None and after <= remaining - 1
+        if ok:
+            self._vetted = (token_id, after)
+        return ok
 
     def allows_unchosen(self, matcher: TokenMatcher, token_id: int, remaining: int) -> bool:
         """May forced `token_id` go in without the model choosing it (direct jump-forward)? Call
@@ -179,6 +201,12 @@ class CompletionGuard:
             idx = len(output_ids) - 1 - self.plan_at
             if not (0 <= idx < len(self.plan) and self.plan[idx] == output_ids[-1]):
                 self.plan = None
+        if self._vetted is not None and not self.closing:
+            token, after = self._vetted
+            self._vetted = None
+            if output_ids and output_ids[-1] == token:  # the checked token was taken: its bound is now
+                self.bound = after
+                self.checked_at = len(output_ids)
         if self.close_value and closed_value:
             self.close_value = False
         if self.loop_breaking and not self.closing and not self.close_value:

@@ -24,6 +24,7 @@ from runtime.api import EngineError, GenerateRequest
 from runtime.completeness import (
     CHECK_SLACK,
     CLOSING_MARGIN,
+    FAR_TOKENS,
     MAX_DIGITS,
     CompletionGuard,
     has_periodic_suffix,
@@ -213,9 +214,34 @@ def test_guard_vets_expanding_choices_near_the_budget():
     assert not g.allows(m, 5, remaining=30)  # 40 > 29 tokens left after it
     assert g.allows(m, 6, remaining=30)
     assert g.allows(m, 7, remaining=30)  # not an expanding token: never checked
-    g.before_choice(m, produced=0, max_new=500)
-    assert g.allows(m, 5, remaining=500)  # far from the budget: not checked
+    g.before_choice(m, produced=0, max_new=FAR_TOKENS + 1)
+    assert g.allows(m, 5, remaining=FAR_TOKENS + 1)  # farther than any bound can rise: not checked
     assert g.fallback_token(m) == 1
+
+
+def test_a_checked_token_that_raises_the_bound_brings_the_recheck_forward():
+    """Issue #16 (Kubernetes eviction-lifecycle at 384 tokens): with 44 tokens left and a bound of
+    7 the model opened a new array item whose plan was 34 tokens; the guard kept the bound of 7
+    until its next scheduled re-check, 16 tokens later, when 32 were left: too late to close. The
+    bound a check finds is now the guard's bound once the token is taken."""
+    g, m, out = CompletionGuard(loop_breaking=False), FakeMatcher([1] * 7), []
+    m.bound_after = {5: 34}  # 5 opens a new item
+    max_new = 60
+    while len(out) < 16:
+        drive(g, m, out, max_new, token=80 + len(out))  # free text: the bound stays 7
+    assert not g.closing and g.bound == 7
+    g.before_choice(m, len(out), max_new)
+    assert g.allows(m, 5, max_new - len(out))  # 44 left, 34 needed after it: allowed (checked)
+    m.plan = [1] * 34
+    out.append(5)
+    g.after_token(out, "", closed_value=False)
+    assert g.bound == 34 and not g.closing
+    while not g.closing:
+        drive(g, m, out, max_new, token=80 + len(out))
+    assert max_new - len(out) >= len(m.plan)  # closing began while the plan still fits
+    while m.plan:
+        drive(g, m, out, max_new)
+    assert len(out) <= max_new
 
 
 def test_loop_breaking_closes_the_current_value_once():
@@ -564,3 +590,43 @@ def test_well_behaved_output_is_identical_with_and_without_strict(engine_idle_ch
 @pytest.mark.e2e
 def test_engine_is_idle_after_the_loop_prone_runs(loop_prone_runs, engine_idle_check):
     assert engine_idle_check.stats().running_requests == 0
+
+
+# ==== the guard on the real grammar, a scripted model ===============================================
+
+REFS = obj({"refs": {"type": "array", "items": obj({k: {"type": "string"} for k in "abcdefgh"})},
+            "spec": {"type": ["object", "null"], "properties": {"x": {"type": "string"}}}}, required=["refs"])
+REFS_ITEM = '{' + ",".join(f'"{k}":"lifecycle.k8s.io/v1alpha1.Lifecycle"' for k in "abcdefgh") + '}'
+
+
+def scripted_strict_run(handle, tokenizer, script: list[int], max_new: int) -> list[int]:
+    """Decode as runtime/decoding.py does for a strict greedy request whose model wants to write
+    `script` (then its plan's tokens): the guard's mask, its vetting of each choice (a refused
+    choice falls back to the plan's next token), and its bookkeeping after each token."""
+    matcher, guard, out = handle.new_matcher(), CompletionGuard(loop_breaking=False), []
+    mask = xgr.allocate_token_bitmask(1, len(tokenizer))
+    while len(out) < max_new and not matcher.is_completed():
+        guard.before_choice(matcher, len(out), max_new)
+        mask.fill_(-1)
+        guard.fill_mask(matcher, mask, 0)
+        want = script[len(out)] if len(out) < len(script) else None
+        ok = want is not None and bool(allowed_subset(mask[0], torch.tensor([want])).numel())
+        tok = want if ok and guard.allows(matcher, want, max_new - len(out)) else guard.fallback_token(matcher)
+        assert tok is not None and matcher.accept(tok), (tokenizer.decode(out), tok)
+        out.append(tok)
+        guard.after_token(out, "", matcher.closes_value(tok))
+    return out
+
+
+def test_strict_output_completes_when_the_model_opens_a_big_item_near_the_budget(service, tokenizer):
+    """Issue #16: a model that keeps adding array items of eight required properties. Whatever
+    the budget (above the smallest instance), the strict output is complete and valid: a new
+    item raises the bound by ~30 tokens at once, and the guard now knows it at once."""
+    handle = compile_schema(service, REFS)
+    need = handle.min_completion_tokens()
+    script = tokenizer.encode('{"refs":[' + ",".join([REFS_ITEM] * 20), add_special_tokens=False)
+    for max_new in range(need + 40, need + 160, 7):
+        out = scripted_strict_run(handle, tokenizer, script, max_new)
+        text = tokenizer.decode(out)
+        assert len(out) <= max_new and json.loads(text)["refs"], (max_new, text)
+        assert not errors_of("refs", REFS, json.loads(text)), text
