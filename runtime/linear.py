@@ -2,9 +2,12 @@
 
 - `DenseLinear`: fp32 / bf16 / fp16 weights through `F.linear` (oneDNN or BLAS on CPU, cuBLAS on CUDA).
 - `Int8Linear`: per-output-channel symmetric int8 (`aten._weight_int8pack_mm`, bf16 activations).
-- `Int4Linear`: group-wise asymmetric int4, w = (q - 8) * scale + zero, the layout of
-  `aten._weight_int4pack_mm_for_cpu` (bf16 activations). A GGUF Q4_1 block (w = d * q + m) is
-  exactly that with scale = d and zero = m + 8d, so a q4 model runs the GGUF's own 4-bit codes.
+- `Int4Linear`: group-wise asymmetric int4, w = (q - 8) * scale + zero (bf16 activations). A GGUF
+  Q4_1 block (w = d * q + m) is exactly that with scale = d and zero = m + 8d, so a q4 model runs
+  the GGUF's own 4-bit codes: through runtime/cpu_kernels/quant_linear.cpp where the CPU has
+  AVX512-BF16, through `aten._weight_int4pack_mm_for_cpu` elsewhere.
+- `Int8GroupLinear`: GGUF Q8_0 blocks (w = q * d, groups of 32) as they are, through the same
+  file's int8 kernel: q4's logits layer, the tied embedding's own codes.
 
 Calling a layer keeps the caller's dtype (the residual stream stays in the engine dtype); the
 quantized kernels compute in bf16, their fast CPU path (their fp32-activation path is ~20x slower).
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-INT4_GROUP = 32  # GGUF Q4_0/Q4_1 block size, and a group size the int4 kernel takes
+INT4_GROUP = 32  # GGUF Q4_0/Q4_1/Q8_0 block size, and a group size the int4 kernel takes
+TILE = 16  # output columns per vector in cpu_kernels/quant_linear.cpp
 
 
 class DenseLinear:
@@ -118,7 +122,7 @@ class Int4Codes:
 
 class Int4Linear:
     """Group-wise int4 weights with bf16 activations. Where the CPU kernels build with AVX512-BF16,
-    runtime/cpu_kernels/int4_linear.cpp runs them (the codes in bf16 dot products, scale and zero in
+    runtime/cpu_kernels/quant_linear.cpp runs them (the codes in bf16 dot products, scale and zero in
     fp32, one fixed order per row for every row count); elsewhere `aten._weight_int4pack_mm_for_cpu`
     over packed codes and bf16 (scale, zero) pairs. `kernel` says which."""
 
@@ -129,7 +133,7 @@ class Int4Linear:
         self.group = w.group
         self.shape = (n, k)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
-        self._ops = _int4_kernels() if w.group == INT4_GROUP and n % INT4_TILE == 0 else None
+        self._ops = _quant_kernels() if w.group == INT4_GROUP and n % TILE == 0 else None
         if self._ops is not None:
             self.kernel = "jumpgate_cpu.int4_linear"
             self.packed = pack_int4_tiles(w.codes)
@@ -137,7 +141,7 @@ class Int4Linear:
             scales = w.scales.float()
             offsets = w.zeros.float() - 136 * scales
             # [N / 16, K / group, 2, 16]: a column vector's scales and offsets group after group
-            self.scale_offset = torch.stack([scales, offsets]).reshape(2, n // INT4_TILE, INT4_TILE, -1) \
+            self.scale_offset = torch.stack([scales, offsets]).reshape(2, n // TILE, TILE, -1) \
                 .permute(1, 3, 0, 2).contiguous()
             self.scales_zeros = None
         else:
@@ -167,21 +171,79 @@ class Int4Linear:
         return self.shape[0] * self.shape[1]
 
 
-INT4_TILE = 16  # output columns per vector in int4_linear.cpp
-
-
 def pack_int4_tiles(codes: torch.Tensor) -> torch.Tensor:
-    """codes [N, K] in 0..15 -> uint8 [N / 16, K / 4, 32], int4_linear.cpp's layout: per tile of 16
+    """codes [N, K] in 0..15 -> uint8 [N / 16, K / 4, 32], quant_linear.cpp's int4 layout: per tile of 16
     output columns and per 4 inputs k = 4j + 2h + e, byte 2c + e holds column c's code of input
     4j + e in its low nibble (h = 0) and of input 4j + 2 + e in its high nibble (h = 1)."""
     n, k = codes.shape
-    c = codes.to(torch.uint8).reshape(n // INT4_TILE, INT4_TILE, k // 4, 2, 2)  # [tile, col, j, h, e]
+    c = codes.to(torch.uint8).reshape(n // TILE, TILE, k // 4, 2, 2)  # [tile, col, j, h, e]
     quads = c[:, :, :, 0, :] | (c[:, :, :, 1, :] << 4)  # [tile, col, j, e]
-    return quads.permute(0, 2, 1, 3).reshape(n // INT4_TILE, k // 4, 2 * INT4_TILE).contiguous()
+    return quads.permute(0, 2, 1, 3).reshape(n // TILE, k // 4, 2 * TILE).contiguous()
 
 
-def _int4_kernels():
-    """torch.ops.jumpgate_cpu where its int4 kernel was built (AVX512-BF16), else None."""
+def pack_int8_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] int8 -> int8 [N / 16, K / 2, 32], quant_linear.cpp's int8 layout: per tile of 16
+    output columns and per pair of inputs, column c's two codes at 2c, 2c + 1."""
+    n, k = codes.shape
+    c = codes.to(torch.int8).reshape(n // TILE, TILE, k // 2, 2)  # [tile, col, pair, e]
+    return c.permute(0, 2, 1, 3).reshape(n // TILE, k // 2, 2 * TILE).contiguous()
+
+
+@dataclass
+class Int8Codes:
+    """GGUF Q8_0 blocks: codes [N, K] int8, scales [N, K / 32]; w = codes * scale."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    group: int = INT4_GROUP
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.codes.shape
+        return (self.codes.float().reshape(n, k // self.group, self.group) * self.scales[..., None]).reshape(n, k)
+
+
+class Int8GroupLinear:
+    """GGUF Q8_0 weights as they are, through quant_linear.cpp's int8_linear (bf16 activations, the
+    codes exact in bf16 dot products, the scales fp32). `make_int8_group_linear` falls back to a
+    bf16 copy where the kernel is not built."""
+
+    kernel = "jumpgate_cpu.int8_linear"
+    act_dtype = torch.bfloat16
+
+    def __init__(self, w: Int8Codes, ops):
+        n, k = w.codes.shape
+        self.shape = (n, k)
+        self._ops = ops
+        self.packed = pack_int8_tiles(w.codes)
+        # [N / 16, K / group, 1, 16]: a column vector's scales group after group
+        self.scales = w.scales.float().reshape(n // TILE, TILE, -1).permute(0, 2, 1).unsqueeze(2).contiguous()
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        return self._ops.int8_linear(x, self.packed, self.scales)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.native(x.to(torch.bfloat16)).to(x.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+
+def make_int8_group_linear(w: Int8Codes):
+    """The int8 kernel over `w` where it runs (AVX512-BF16, group 32, whole vectors of 16 columns);
+    elsewhere a bf16 copy of the dequantized weights."""
+    n, k = w.codes.shape
+    ops = _quant_kernels() if w.group == INT4_GROUP and n % TILE == 0 and k % w.group == 0 else None
+    if ops is None:
+        return DenseLinear(w.dequantize(), None, torch.bfloat16)
+    return Int8GroupLinear(w, ops)
+
+
+def _quant_kernels():
+    """torch.ops.jumpgate_cpu where its quantized kernels were built (AVX512-BF16), else None."""
     from runtime.cpu_kernels import load_cpu_kernels
 
     ops = load_cpu_kernels()

@@ -3,7 +3,7 @@
 A GGUF file is converted on first use into a cache folder (config.json, model.safetensors,
 tokenizer.json) keyed by the file's fingerprint, so later starts read safetensors in seconds.
 The folder also names its source GGUF (`SOURCE_FILE`), whose Q4_1 blocks a q4 model reads as they
-are (`read_gguf_int4`) instead of re-quantizing the dequantized copy.
+are (`read_gguf_codes`, with its Q8_0 blocks) instead of re-quantizing the dequantized copy.
 Nothing is ever fetched from a model hub.
 """
 
@@ -243,14 +243,15 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     log.info("converted %s -> %s", gguf_path, out_dir)
 
 
-def read_gguf_int4(gguf_path: Path) -> dict:
-    """The GGUF's Q4_1 linear weights as `Int4Codes`, by Hugging Face name (Q/K rows unpermuted
-    like the dequantized copy); tensors of other types are not in the result."""
+def read_gguf_codes(gguf_path: Path) -> dict:
+    """The GGUF's own quantized codes by Hugging Face name: Q4_1 tensors as `Int4Codes` (Q/K rows
+    unpermuted like the dequantized copy), Q8_0 tensors as `Int8Codes`; other types are not in the
+    result."""
     import numpy as np
     import torch
     from gguf import GGMLQuantizationType, GGUFReader
 
-    from runtime.linear import INT4_GROUP, Int4Codes
+    from runtime.linear import INT4_GROUP, Int4Codes, Int8Codes
 
     reader = GGUFReader(str(gguf_path))
     field = reader.fields.get("llama.attention.head_count")
@@ -260,17 +261,26 @@ def read_gguf_int4(gguf_path: Path) -> dict:
     out = {}
     for t in reader.tensors:
         name = _hf_name(t.name)
-        if name is None or t.tensor_type != GGMLQuantizationType.Q4_1:
+        if name is None or t.tensor_type not in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
             continue
         rows = int(t.shape[1])  # GGUF lists dims innermost first: (K, N)
+        heads = n_heads if name.endswith("q_proj.weight") else n_kv if name.endswith("k_proj.weight") else None
+        if t.tensor_type == GGMLQuantizationType.Q8_0:
+            blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 2 + INT4_GROUP)
+            d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+            codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+            if heads is not None:
+                codes, d = (_unpermute_rope(a, heads) for a in (codes, d))
+            out[name] = Int8Codes(torch.from_numpy(np.ascontiguousarray(codes)),
+                                  torch.from_numpy(np.ascontiguousarray(d)).float())
+            continue
         blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 4 + INT4_GROUP // 2)
         d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
         m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
         qs = blocks[..., 4:]
         # Low nibbles hold a block's first 16 values, high nibbles its last 16.
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
-        if name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
-            heads = n_heads if name.endswith("q_proj.weight") else n_kv
+        if heads is not None:
             codes, d, m = (_unpermute_rope(a, heads) for a in (codes, d, m))
         out[name] = Int4Codes.from_q4_1(torch.from_numpy(np.ascontiguousarray(d)),
                                         torch.from_numpy(np.ascontiguousarray(m)),

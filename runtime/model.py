@@ -26,7 +26,7 @@ from runtime.attention import AttentionBackend
 from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Linear
+from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Codes, Int8Linear, make_int8_group_linear
 from runtime.model_config import ModelConfig, ModelLoadError
 from runtime.rope import RotaryEmbedding
 from runtime.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
@@ -71,20 +71,22 @@ class DecoderLayer:
         self.down = linear(["mlp.down_proj.weight"])
 
 
-# The logits layer's format per linear format. int4 would cost the logits too much accuracy, and a
-# tied embedding (SmolLM2's, Q8_0 in the GGUF) has no 4-bit codes. Under q4 it is bf16: with the
-# per-channel int8 logits layer q4's decode path agreed with fp32 on 96.9% of greedy tokens, with
-# bf16 on 98.0% (tests/test_weight_formats.py), for 1.6 ms more per batch-1 step on the dev box
-# (0.33 against 1.97 ms for the 49152 x 576 layer, /tmp microbenchmark, 2 threads).
+# The logits layer's format per linear format. int4 would cost the logits too much accuracy. Under
+# q4 the logits layer runs the GGUF's own Q8_0 codes of the (tied) embedding through the int8 kernel
+# (exact weights, half the bytes of bf16) where it is built; elsewhere, and for a source without Q8_0
+# codes, it is bf16: with the per-channel int8 logits layer (re-quantized) q4's decode path agreed
+# with fp32 on 96.9% of greedy tokens, with bf16 on 98.0% (tests/test_weight_formats.py).
 LM_HEAD_FORMATS = {"q4": "bf16", "q8": "q8"}
 
 
 class LlamaModel:
-    """`fmt` None: every linear layer dense in `dtype` (the reference). `int4`: GGUF 4-bit codes by
-    Hugging Face name (used by fmt q4). `weights` / `weights_reason` report the format and why."""
+    """`fmt` None: every linear layer dense in `dtype` (the reference). `int4`: the GGUF's own codes
+    by Hugging Face name (`read_gguf_codes`: Int4Codes of Q4_1 tensors, Int8Codes of Q8_0 ones),
+    used by fmt q4. `weights` / `weights_reason` report the format and why."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-                 fmt: str | None = None, reason: str = "the engine dtype", int4: dict[str, Int4Codes] | None = None):
+                 fmt: str | None = None, reason: str = "the engine dtype",
+                 int4: dict[str, Int4Codes | Int8Codes] | None = None):
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
@@ -95,13 +97,19 @@ class LlamaModel:
         try:
             self.embed = w["model.embed_tokens.weight"]
             self.norm = w["model.norm.weight"]
-            lm_head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
-            self.lm_head = make_linear(LM_HEAD_FORMATS.get(self.weights, self.weights), [lm_head], None, dtype)
+            tied = cfg.tie_word_embeddings or "lm_head.weight" not in w
+            lm_head = self.embed if tied else w["lm_head.weight"]
+            lm_codes = int4.get("model.embed_tokens.weight" if tied else "lm_head.weight")
+            if self.weights == "q4" and isinstance(lm_codes, Int8Codes):
+                self.lm_head = make_int8_group_linear(lm_codes)
+            else:
+                self.lm_head = make_linear(LM_HEAD_FORMATS.get(self.weights, self.weights), [lm_head], None, dtype)
             self.layers = []
             for i in range(cfg.num_layers):
                 prefix = f"model.layers.{i}."
                 own = {k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}
-                own_int4 = {k[len(prefix):]: v for k, v in int4.items() if k.startswith(prefix)}
+                own_int4 = {k[len(prefix):]: v for k, v in int4.items()
+                            if k.startswith(prefix) and isinstance(v, Int4Codes)}
                 self.layers.append(DecoderLayer(own, cfg, self.weights, dtype, own_int4))
         except KeyError as e:
             raise ModelLoadError(f"weights: missing tensor {e}") from e
@@ -204,9 +212,10 @@ def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: t
 
 
 def _resolve(model_dir, weights, device, dtype, invariant_attention):
-    from runtime.loader import read_gguf_int4, source_gguf
+    from runtime.loader import read_gguf_codes, source_gguf
 
     gguf = source_gguf(model_dir)
-    int4 = read_gguf_int4(gguf) if gguf is not None and weights in ("auto", "q4") else {}
-    fmt, reason = choose_format(weights, device, dtype, gguf_q4=bool(int4), invariant_attention=invariant_attention)
-    return fmt, reason, int4
+    codes = read_gguf_codes(gguf) if gguf is not None and weights in ("auto", "q4") else {}
+    gguf_q4 = any(isinstance(c, Int4Codes) for c in codes.values())
+    fmt, reason = choose_format(weights, device, dtype, gguf_q4=gguf_q4, invariant_attention=invariant_attention)
+    return fmt, reason, codes

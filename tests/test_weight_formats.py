@@ -28,7 +28,7 @@ from runtime.attention import make_attention_backend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Linear
-from runtime.loader import read_config, read_gguf_int4, source_gguf
+from runtime.loader import read_config, read_gguf_codes, source_gguf
 from runtime.model import LlamaModel, load_model, load_weights
 from runtime.model_config import ModelLoadError
 from runtime.weight_format import choose_format
@@ -190,13 +190,20 @@ def reference(smollm_dir, tokenizer):
 
 @pytest.mark.e2e
 def test_q4_holds_the_ggufs_own_weights(smollm_dir):
-    int4 = read_gguf_int4(source_gguf(smollm_dir))
+    from runtime.linear import Int4Codes, Int8Codes
+
+    codes = read_gguf_codes(source_gguf(smollm_dir))
     cfg = read_config(smollm_dir)
+    int4 = {k: v for k, v in codes.items() if isinstance(v, Int4Codes)}
     assert len(int4) == 7 * cfg.num_layers  # q, k, v, o, gate, up, down of every layer
     fp32 = load_weights(smollm_dir)
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.self_attn.k_proj.weight",
                  "model.layers.29.mlp.down_proj.weight"):
         assert torch.equal(int4[name].dequantize(), fp32[name])
+    # the tied embedding is Q8_0: the logits layer of q4 runs its codes as they are
+    embed = codes["model.embed_tokens.weight"]
+    assert isinstance(embed, Int8Codes)
+    assert torch.equal(embed.dequantize(), fp32["model.embed_tokens.weight"])
 
 
 @pytest.mark.e2e

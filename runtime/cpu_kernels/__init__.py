@@ -2,7 +2,8 @@
 
 - paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py);
 - layer_ops.cpp: a decoder layer's small ops fused for the bf16-activation formats (runtime/model.py);
-- int4_linear.cpp: the q4 format's linear layers on bf16 dot-product instructions (runtime/linear.py);
+- quant_linear.cpp: the q4 format's linear and logits layers (the GGUF's int4 and int8 codes) on
+  bf16 dot-product instructions (runtime/linear.py);
 - vec.h: the 16-lane vector helpers both use.
 
 The extension is compiled on first use with `-O3 -march=native -fopenmp` into
@@ -35,7 +36,7 @@ from runtime.weight_format import cpu_flags
 log = logging.getLogger("jumpgate.attention")
 
 FOLDER = Path(__file__).parent
-SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "int4_linear.cpp")
+SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp")
 HEADERS = (FOLDER / "vec.h",)
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).

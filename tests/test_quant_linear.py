@@ -1,5 +1,6 @@
-"""The q4 format's linear kernel (runtime/cpu_kernels/int4_linear.cpp, through runtime/linear.py's
-Int4Linear): exact weights, every row computed alone, aten's kernel where ours does not apply."""
+"""The q4 format's linear kernels (runtime/cpu_kernels/quant_linear.cpp, through runtime/linear.py's
+Int4Linear and Int8GroupLinear): exact weights, every row computed alone, aten's kernel or a bf16
+copy where ours does not apply."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 import runtime.linear as linear
-from runtime.linear import INT4_GROUP, Int4Codes, Int4Linear, pack_int4_tiles
+from runtime.linear import INT4_GROUP, DenseLinear, Int4Codes, Int4Linear, Int8Codes, make_int8_group_linear, pack_int4_tiles
 
 
 def codes(n: int, k: int, seed: int = 0) -> Int4Codes:
@@ -21,7 +22,7 @@ def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
 
 @pytest.fixture
 def aten_only(monkeypatch):
-    monkeypatch.setattr(linear, "_int4_kernels", lambda: None)
+    monkeypatch.setattr(linear, "_quant_kernels", lambda: None)
 
 
 def test_the_kernel_runs_where_it_was_built(cpu_ops):
@@ -49,7 +50,7 @@ def test_no_less_exact_than_aten(cpu_ops, monkeypatch):
     w, x = codes(576, 1536), activations(16, 1536)
     exact = x.double() @ w.dequantize().double().t()
     ours = Int4Linear(w, None)
-    monkeypatch.setattr(linear, "_int4_kernels", lambda: None)
+    monkeypatch.setattr(linear, "_quant_kernels", lambda: None)
     theirs = Int4Linear(w, None)
     assert theirs.kernel.startswith("aten")
     err = {name: (lin.native(x).double() - exact).abs().mean().item() for name, lin in (("ours", ours), ("aten", theirs))}
@@ -122,3 +123,42 @@ def test_aten_path_unchanged(aten_only):
     assert lin.kernel == "aten._weight_int4pack_mm_for_cpu" and lin.group == INT4_GROUP
     x = activations(4, 64)
     assert torch.allclose(lin.native(x).float(), x.float() @ w.dequantize().t(), rtol=3e-2, atol=3e-2)
+
+
+def int8_codes(n: int, k: int, seed: int = 0) -> Int8Codes:
+    g = torch.Generator().manual_seed(seed)
+    return Int8Codes(torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g),
+                     torch.rand(n, k // INT4_GROUP, generator=g) * 0.01)
+
+
+@pytest.mark.parametrize("n,k", [(1536, 576), (48, 64)])
+def test_int8_codes_equal_their_dequantized_weights_and_rows_stand_alone(cpu_ops, n, k):
+    w = int8_codes(n, k)
+    if not cpu_ops.int4_linear_available():
+        pytest.skip("built without AVX512-BF16")
+    lin = make_int8_group_linear(w)
+    assert lin.kernel == "jumpgate_cpu.int8_linear"
+    x = activations(9, k)
+    exact = x.double() @ w.dequantize().double().t()
+    got = lin.native(x)
+    bound = exact.abs() * 2.0**-8 + (x.double().abs() @ w.dequantize().double().abs().t()) * 1e-6
+    assert ((got.double() - exact).abs() <= bound).all()
+    alone = torch.cat([lin.native(x[i : i + 1]) for i in range(9)])
+    assert torch.equal(alone, got)
+
+
+def test_int8_falls_back_to_bf16_without_the_kernel(aten_only):
+    w = int8_codes(32, 64)
+    lin = make_int8_group_linear(w)
+    assert isinstance(lin, DenseLinear) and lin.weight.dtype == torch.bfloat16
+    assert torch.equal(lin.weight, w.dequantize().bfloat16())
+
+
+def test_int8_bad_inputs_raise(cpu_ops):
+    if not cpu_ops.int4_linear_available():
+        pytest.skip("built without AVX512-BF16")
+    lin = make_int8_group_linear(int8_codes(32, 64))
+    with pytest.raises(RuntimeError, match="int8_linear: packed codes"):
+        cpu_ops.int8_linear(torch.zeros(2, 64).bfloat16(), lin.packed.view(torch.uint8), lin.scales)
+    with pytest.raises(RuntimeError, match="int8_linear: scale_offset"):
+        cpu_ops.int8_linear(torch.zeros(2, 64).bfloat16(), lin.packed, lin.scales[:, :1])

@@ -1,17 +1,18 @@
-// y = x @ W.T for group-wise int4 weights, w = q * scale + offset (q in 0..15, groups of 32
-// inputs), with bf16 activations and bf16 outputs: the q4 format's linear layers on CPUs with
-// AVX512-BF16 (runtime/linear.py's Int4Linear says when it runs).
+// y = x @ W.T for group-wise quantized weights (groups of 32 inputs), bf16 activations and bf16
+// outputs: the GGUF's own codes, run on CPUs with AVX512-BF16 (runtime/linear.py says when).
+//   int4_linear: w = q * scale + offset, q in 0..15 (Q4_1 blocks: the q4 format's layers);
+//   int8_linear: w = q * scale, q in -128..127 (Q8_0 blocks: q4's logits layer).
 //
 // Why our own kernel: aten's _weight_int4pack_mm_for_cpu dequantizes every weight to fp32 for
 // every row and multiplies with fp32 FMAs, so its cost grows with the row count at fp32 speed
 // (a 512-row prefill chunk ran no faster than fp32 MKL). Here, over one group,
-//   sum_k w_k x_k = scale * sum_k (128 + q_k) x_k + (offset - 128 scale) * sum_k x_k
-// puts the 4-bit codes straight into bf16 dot-product instructions (vdpbf16ps: 32 products a
-// vector, twice the fp32 FMA rate). 128 + q is the bf16 word 0x4300 | q, so a code becomes an
-// operand with one OR (no table, no conversion); it is exact in bf16, and its product with a bf16
-// activation is exact in fp32. The weights stay the GGUF's own (scale and offset in fp32, nothing
-// rounded). Runs of a few rows expand the codes at each use; longer runs expand a tile of columns
-// once into a buffer and run every row over it.
+//   sum_k w_k x_k = scale * sum_k c_k x_k + offset' * sum_k x_k
+// puts the codes straight into bf16 dot-product instructions (vdpbf16ps: 32 products a vector,
+// twice the fp32 FMA rate). For int4, c = 128 + q is the bf16 word 0x4300 | q, so a code becomes an
+// operand with one OR, and offset' = offset - 128 scale; an int8 code is exact in bf16 as it is.
+// A code times a bf16 activation is exact in fp32, so the weights stay the GGUF's own (scale and
+// offset in fp32, nothing rounded). Runs of a few rows expand the codes at each use; longer runs
+// expand a tile of columns once into a buffer and run every row over it.
 //
 // Batch invariance: a row's output is computed alone, in one fixed order (pairs of inputs in
 // order inside a group, groups in order, the scale term then the offset term), by one thread per
@@ -49,6 +50,14 @@ inline void expand(const uint8_t* p, __m512i& first, __m512i& second) {
   second = _mm512_or_si512(_mm512_srli_epi16(b, 4), bias);
 }
 
+// 32 int8 codes, column c's pair at bytes 2c, 2c + 1 -> the 32 bf16 words of one operand (exact:
+// |q| <= 128 has 8 significant bits).
+inline __m512i expand8(const int8_t* p) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // words 0..15 from lo, 16..31 from hi
+}
+
 // A tile's weights as vdpbf16ps operands: the two pairs of quad j of column vector c.
 // Expanded: codes already expanded into [K/2][C][32 words] (many rows share them);
 // Packed: expanded from the packed bytes at each use (a few rows: no buffer round trip).
@@ -62,20 +71,34 @@ struct Expanded {
   }
 };
 
-struct Packed {
-  const uint8_t* p;  // the tile's first column vector in int4_pack's layout
+struct Packed4 {
+  static constexpr int64_t QUAD_BYTES = WORDS;
+  const uint8_t* p;  // the tile's first column vector in pack_int4_tiles' layout [K/4][32 bytes]
   int64_t quads;     // K / 4
   void get(int64_t j, int c, __m512i& first, __m512i& second) const {
-    const uint8_t* at = p + (c * quads + j) * WORDS;
+    const uint8_t* at = p + (c * quads + j) * QUAD_BYTES;
     _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH, _MM_HINT_T0);
     expand(at, first, second);
   }
 };
 
+struct Packed8 {
+  static constexpr int64_t QUAD_BYTES = 2 * WORDS;
+  const int8_t* p;  // the tile's first column vector in pack_int8_tiles' layout [K/2][32 codes]
+  int64_t quads;    // K / 4
+  void get(int64_t j, int c, __m512i& first, __m512i& second) const {
+    const int8_t* at = p + (c * quads + j) * QUAD_BYTES;
+    _mm_prefetch(reinterpret_cast<const char*>(at) + 2 * PREFETCH, _MM_HINT_T0);
+    first = expand8(at);
+    second = expand8(at + WORDS);
+  }
+};
+
 // R rows x C column vectors over every group. x: R rows of bf16 inputs (stride ldx); sums: the
-// rows' per-group input sums (stride groups); scale_offset: [C][groups][2][16] (the tile's column
-// vectors' scales and offsets); out: bf16 rows (stride ldy).
-template <int R, int C, typename Weights>
+// rows' per-group input sums (stride groups; unused without offsets); scale_offset:
+// [C][groups][S][16] (the tile's column vectors' scales, then offsets where S = 2); out: bf16
+// rows (stride ldy).
+template <int R, int C, int S, typename Weights>
 void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* sums, int64_t groups,
                const float* scale_offset, uint16_t* out, int64_t ldy) {
   __m512 y[R][C];
@@ -97,11 +120,12 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
       }
     }
     for (int c = 0; c < C; ++c) {
-      const float* so = scale_offset + ((c * groups + g) * 2) * COLS;
-      const __m512 d = _mm512_loadu_ps(so), o = _mm512_loadu_ps(so + COLS);
-      for (int r = 0; r < R; ++r) {
-        y[r][c] = _mm512_fmadd_ps(acc[r][c], d, y[r][c]);
-        y[r][c] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[r][c]);
+      const float* so = scale_offset + ((c * groups + g) * S) * COLS;
+      const __m512 d = _mm512_loadu_ps(so);
+      for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(acc[r][c], d, y[r][c]);
+      if constexpr (S == 2) {
+        const __m512 o = _mm512_loadu_ps(so + COLS);
+        for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[r][c]);
       }
     }
   }
@@ -111,12 +135,12 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
 }
 
 // Every row over one tile's weights, ROWS at a time, the rest in one smaller step.
-template <int C, typename Weights>
+template <int C, int S, typename Weights>
 void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const float* scale_offset,
           int64_t N, uint16_t* out) {
   const int64_t groups = K / GROUP;
   auto step = [&](auto rows, int64_t m) {
-    tile_rows<decltype(rows)::value, C>(w, x + m * K, K, sums + m * groups, groups, scale_offset, out + m * N, N);
+    tile_rows<decltype(rows)::value, C, S>(w, x + m * K, K, sums + m * groups, groups, scale_offset, out + m * N, N);
   };
   int64_t m = 0;
   for (; m + ROWS <= M; m += ROWS) step(std::integral_constant<int, ROWS>{}, m);
@@ -130,22 +154,71 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
   }
 }
 
-// The C column vectors from column n0 on, for every row.
-template <int C>
-void run_tile(const uint8_t* packed, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
+// The C column vectors from column n0 on, for every row. `Packed`: Packed4 or Packed8 over the
+// whole weight; S: scale_offset entries per group.
+template <int C, int S, typename Packed>
+void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
               int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
-  const Packed p{packed + (n0 / COLS) * (K / 4) * WORDS, K / 4};
-  const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * 2 * COLS;
-  if (M <= EXPAND_ROWS) return tile<C>(p, x, M, K, sums, so, N, out + n0);
+  const int64_t quads = K / 4;
+  const Packed p{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads};
+  const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS;
+  if (M <= EXPAND_ROWS) return tile<C, S>(p, x, M, K, sums, so, N, out + n0);
   buffer.resize(K / 2 * C * WORDS);
-  for (int64_t j = 0; j < K / 4; ++j)
+  for (int64_t j = 0; j < quads; ++j)
     for (int c = 0; c < C; ++c) {
       __m512i first, second;
       p.get(j, c, first, second);
       _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
       _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
     }
-  tile<C>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
+  tile<C, S>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
+}
+
+// Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
+// odd number of vectors).
+template <int S, typename Packed, typename Code>
+torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset,
+                           at::ScalarType code_type, int64_t codes_per_row_entry) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x [M, K], bfloat16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == code_type && packed.size(2) == WORDS, name,
+              ": packed codes [N/16, K/", codes_per_row_entry, ", 32], ", c10::toString(code_type));
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / GROUP;
+  TORCH_CHECK(K % GROUP == 0 && packed.size(1) * codes_per_row_entry == K, name,
+              ": K must be a multiple of 32 and match the weights");
+  TORCH_CHECK(scale_offset.scalar_type() == at::kFloat && scale_offset.dim() == 4 &&
+              scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == S &&
+              scale_offset.size(3) == COLS, name, ": scale_offset [N/16, K/32, ", S, ", 16], float32");
+  x = x.contiguous();
+  packed = packed.contiguous();
+  scale_offset = scale_offset.contiguous();
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0) return out;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const Packed all{reinterpret_cast<const Code*>(packed.data_ptr()), K / 4};
+  const float* so = scale_offset.data_ptr<float>();
+  uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+
+  // Each row's input sum per group, in one fixed order (16 lanes, then the lane tree).
+  std::vector<float> sums(S == 2 ? M * groups : 0);
+  if (S == 2)
+    at::parallel_for(0, M, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t g = 0; g < groups; ++g) {
+          const auto* row = reinterpret_cast<const c10::BFloat16*>(xp + r * K + g * GROUP);
+          sums[r * groups + g] = jumpgate::hsum(jumpgate::load_bf16(row, 16) + jumpgate::load_bf16(row + 16, 16));
+        }
+    });
+
+  const int64_t wide = (N / COLS) % 2 == 0 ? 2 : 1;
+  const int64_t tiles = N / (COLS * wide);
+  at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
+    std::vector<uint16_t> buffer;
+    for (int64_t t = b; t < e; ++t) {
+      if (wide == 2) run_tile<2, S>(all, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+      else run_tile<1, S>(all, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+    }
+  });
+  return out;
 }
 
 }  // namespace
@@ -154,53 +227,25 @@ void run_tile(const uint8_t* packed, int64_t n0, std::vector<uint16_t>& buffer, 
 // float32 [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets
 // (w = q * scale + offset).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "int4_linear: x [M, K], bfloat16");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == WORDS,
-              "int4_linear: packed [N/16, K/4, 32], uint8");
-  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / GROUP;
-  TORCH_CHECK(K % GROUP == 0 && packed.size(1) * 4 == K, "int4_linear: K must be a multiple of 32 and match the weights");
-  TORCH_CHECK(scale_offset.scalar_type() == at::kFloat && scale_offset.dim() == 4 &&
-              scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == 2 &&
-              scale_offset.size(3) == COLS, "int4_linear: scale_offset [N/16, K/32, 2, 16], float32");
-  x = x.contiguous();
-  packed = packed.contiguous();
-  scale_offset = scale_offset.contiguous();
-  auto out = torch::empty({M, N}, x.options());
-  if (M == 0) return out;
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  const uint8_t* pp = packed.data_ptr<uint8_t>();
-  const float* so = scale_offset.data_ptr<float>();
-  uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  return quant_linear<2, Packed4, uint8_t>("int4_linear", x, packed, scale_offset, at::kByte, 4);
+}
 
-  // Each row's input sum per group, in one fixed order (16 lanes, then the lane tree).
-  std::vector<float> sums(M * groups);
-  at::parallel_for(0, M, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r)
-      for (int64_t g = 0; g < groups; ++g) {
-        const auto* row = reinterpret_cast<const c10::BFloat16*>(xp + r * K + g * GROUP);
-        sums[r * groups + g] = jumpgate::hsum(jumpgate::load_bf16(row, 16) + jumpgate::load_bf16(row + 16, 16));
-      }
-  });
-
-  // One task per tile of 32 columns (16 where N is an odd number of vectors).
-  const int64_t wide = (N / COLS) % 2 == 0 ? 2 : 1;
-  const int64_t tiles = N / (COLS * wide);
-  at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
-    std::vector<uint16_t> buffer;
-    for (int64_t t = b; t < e; ++t) {
-      if (wide == 2) run_tile<2>(pp, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
-      else run_tile<1>(pp, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
-    }
-  });
-  return out;
+// x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/32, 1, 16]
+// (w = q * scale).
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
+  return quant_linear<1, Packed8, int8_t>("int8_linear", x, packed, scales, at::kChar, 2);
 }
 
 bool int4_linear_available() { return true; }
 
-#else  // no AVX512-BF16: runtime/linear.py keeps aten's int4 kernel
+#else  // no AVX512-BF16: runtime/linear.py keeps aten's int4 kernel and a bf16 logits layer
 
 torch::Tensor int4_linear(torch::Tensor, torch::Tensor, torch::Tensor) {
   TORCH_CHECK(false, "int4_linear: built without AVX512-BF16");
+}
+
+torch::Tensor int8_linear(torch::Tensor, torch::Tensor, torch::Tensor) {
+  TORCH_CHECK(false, "int8_linear: built without AVX512-BF16");
 }
 
 bool int4_linear_available() { return false; }
@@ -209,5 +254,6 @@ bool int4_linear_available() { return false; }
 
 TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor scale_offset) -> Tensor", &int4_linear);
+  m.def("int8_linear(Tensor x, Tensor packed, Tensor scales) -> Tensor", &int8_linear);
   m.def("int4_linear_available() -> bool", &int4_linear_available);
 }
