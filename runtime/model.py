@@ -10,7 +10,7 @@ small ops between the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp): the
 matmul's bf16 input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
 op, and each residual add takes the bf16 output as it is and runs with the norm after it. That is
 9 dispatcher ops a layer instead of ~40, whose dispatch was a third of a batch-1 step. The linear
-layers of q4 run runtime/cpu_kernels/int4_linear.cpp (runtime/linear.py). Each fused op computes a row alone,
+layers of q4 run runtime/cpu_kernels/quant_linear.cpp (runtime/linear.py). Each fused op computes a row alone,
 in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
 the bit-for-bit reference.
 """

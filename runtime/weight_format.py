@@ -4,7 +4,7 @@
 kernels are fast), the source is a GGUF with Q4_1 blocks, the engine dtype is float32 and the
 attention backend is batch-invariant (the cpu backend, runtime/attention/cpu_backend.py); fp32
 elsewhere. q4 is the GGUF's own Q4_1 weights through the int4 kernel (nothing re-quantized; a
-decode step reads 1/8 of the fp32 bytes) with a bf16 logits layer; `python -m bench engine`
+decode step reads 1/8 of the fp32 bytes) with the tied embedding's own Q8_0 codes as the logits layer; `python -m bench engine`
 measures it against fp32, tests/test_weight_formats.py bounds its drift from fp32 (greedy top-1
 agreement >= 97%).
 Why the attention condition: the q4/q8/bf16 kernels multiply bf16 activations, so a last-bit
@@ -18,11 +18,13 @@ the cpu backend's kernel is. fp32 keeps the equalities under either backend: its
 in the last bits (fp32 BLAS is not row-count invariant, but nothing rounds them up to a token).
 `--weights fp32` is the unquantized reference; `--weights q4` forces q4 (also under the torch
 backend or without native bf16, where the equalities or the speed may not hold).
-A q4 model runs every row through the int4 kernel: a bf16 copy of the same weights would prefill
-~2x faster (the 120 layer linears at 512 rows: 136 ms bf16 against 303 ms int4 on the dev box,
-/tmp microbenchmark, 2 threads), but it rounds each weight to bf16, so prompt tokens and generated
-tokens would see slightly different weights; tried, it changed answers of the test prompts
-("What is the capital of France?" no longer said Paris), so it was not kept.
+A q4 model runs every row, prompt and generated alike, through one int4 kernel
+(runtime/cpu_kernels/quant_linear.cpp where the CPU has AVX512-BF16: the codes straight into bf16
+dot products, one fixed order per row for every row count). An earlier try ran prompt rows through
+a bf16 copy of the weights (2x faster than aten's int4 kernel then), but rounding each weight to
+bf16 made prompt and generated tokens see slightly different weights and changed answers of the
+test prompts ("What is the capital of France?" no longer said Paris), so it was not kept; the
+kernel now gives prompt rows that speed with the GGUF's own weights.
 On CUDA, `auto` keeps dense weights in the engine dtype.
 """
 
