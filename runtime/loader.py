@@ -271,8 +271,10 @@ def read_gguf_codes(gguf_path: Path) -> dict:
             codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
             if heads is not None:
                 codes, d = (_unpermute_rope(a, heads) for a in (codes, d))
+            # float32 in numpy: a torch conversion of the 49k-row embedding's scales would run on
+            # this (the caller's) thread's OpenMP team, a second team beside the engine thread's
             out[name] = Int8Codes(torch.from_numpy(np.ascontiguousarray(codes)),
-                                  torch.from_numpy(np.ascontiguousarray(d)).float())
+                                  torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)))
             continue
         blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 4 + INT4_GROUP // 2)
         d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
