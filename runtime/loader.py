@@ -251,7 +251,7 @@ def read_gguf_codes(gguf_path: Path) -> dict:
     import torch
     from gguf import GGMLQuantizationType, GGUFReader
 
-    from runtime.linear import INT4_GROUP, Int4Codes, Int8Codes
+    from runtime.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
 
     reader = GGUFReader(str(gguf_path))
     field = reader.fields.get("llama.attention.head_count")

@@ -26,7 +26,8 @@ from runtime.attention import AttentionBackend
 from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Codes, Int8Linear, make_int8_group_linear
+from runtime.linear import DenseLinear, Int4Linear, Int8Linear, make_int8_group_linear
+from runtime.quant_codes import Int4Codes, Int8Codes
 from runtime.model_config import ModelConfig, ModelLoadError
 from runtime.rope import RotaryEmbedding
 from runtime.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format

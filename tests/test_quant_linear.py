@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import runtime.linear as linear
-from runtime.linear import INT4_GROUP, DenseLinear, Int4Codes, Int4Linear, Int8Codes, make_int8_group_linear, pack_int4_tiles
+from runtime.linear import DenseLinear, Int4Linear, make_int8_group_linear, pack_int4_tiles
+from runtime.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
 
 
 def codes(n: int, k: int, seed: int = 0) -> Int4Codes:

@@ -27,7 +27,8 @@ import torch
 from runtime.attention import make_attention_backend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-from runtime.linear import DenseLinear, Int4Codes, Int4Linear, Int8Linear
+from runtime.linear import DenseLinear, Int4Linear, Int8Linear
+from runtime.quant_codes import Int4Codes
 from runtime.loader import read_config, read_gguf_codes, source_gguf
 from runtime.model import LlamaModel, load_model, load_weights
 from runtime.model_config import ModelLoadError
@@ -190,7 +191,7 @@ def reference(smollm_dir, tokenizer):
 
 @pytest.mark.e2e
 def test_q4_holds_the_ggufs_own_weights(smollm_dir):
-    from runtime.linear import Int4Codes, Int8Codes
+    from runtime.quant_codes import Int8Codes
 
     codes = read_gguf_codes(source_gguf(smollm_dir))
     cfg = read_config(smollm_dir)
