@@ -9,9 +9,9 @@ Where the linear layers take bf16 activations on CPU under a float32 engine (q4,
 small ops between the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp): the norm writes the
 matmul's bf16 input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
 op, and each residual add takes the bf16 output as it is and runs with the norm after it. That is
-9 dispatcher ops a layer instead of ~40, whose dispatch was a third of a batch-1 step. The linear
-layers of q4 run runtime/cpu_kernels/quant_linear.cpp (runtime/linear.py). Each fused op computes a row alone,
-in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
+9 dispatcher ops a layer instead of ~40, whose dispatch was a third of a batch-1 step. (q4's linear
+layers run runtime/cpu_kernels/quant_linear.cpp, through runtime/linear.py.) Each fused op
+computes a row alone, in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
 the bit-for-bit reference.
 """
 
@@ -81,26 +81,26 @@ LM_HEAD_FORMATS = {"q4": "bf16", "q8": "q8"}
 
 
 class LlamaModel:
-    """`fmt` None: every linear layer dense in `dtype` (the reference). `int4`: the GGUF's own codes
+    """`fmt` None: every linear layer dense in `dtype` (the reference). `codes`: the GGUF's own codes
     by Hugging Face name (`read_gguf_codes`: Int4Codes of Q4_1 tensors, Int8Codes of Q8_0 ones),
     used by fmt q4. `weights` / `weights_reason` report the format and why."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
                  fmt: str | None = None, reason: str = "the engine dtype",
-                 int4: dict[str, Int4Codes | Int8Codes] | None = None):
+                 codes: dict[str, Int4Codes | Int8Codes] | None = None):
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
         self.weights = fmt or DTYPE_FORMATS.get(dtype, str(dtype))
         self.weights_reason = reason
         w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-        int4 = int4 or {}
+        codes = codes or {}
         try:
             self.embed = w["model.embed_tokens.weight"]
             self.norm = w["model.norm.weight"]
             tied = cfg.tie_word_embeddings or "lm_head.weight" not in w
             lm_head = self.embed if tied else w["lm_head.weight"]
-            lm_codes = int4.get("model.embed_tokens.weight" if tied else "lm_head.weight")
+            lm_codes = codes.get("model.embed_tokens.weight" if tied else "lm_head.weight")
             if self.weights == "q4" and isinstance(lm_codes, Int8Codes):
                 self.lm_head = make_int8_group_linear(lm_codes)
             else:
@@ -109,7 +109,7 @@ class LlamaModel:
             for i in range(cfg.num_layers):
                 prefix = f"model.layers.{i}."
                 own = {k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}
-                own_int4 = {k[len(prefix):]: v for k, v in int4.items()
+                own_int4 = {k[len(prefix):]: v for k, v in codes.items()
                             if k.startswith(prefix) and isinstance(v, Int4Codes)}
                 self.layers.append(DecoderLayer(own, cfg, self.weights, dtype, own_int4))
         except KeyError as e:
@@ -202,8 +202,8 @@ def load_model(model_dir: Path, cfg: ModelConfig, weights: str, device: torch.de
                invariant_attention: bool = False) -> LlamaModel:
     """The model in the requested weight format (`auto` chooses, knowing whether the attention
     backend is batch-invariant; `model.weights_reason` says why)."""
-    fmt, reason, int4 = _resolve(model_dir, weights, device, dtype, invariant_attention)
-    return LlamaModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, int4 if fmt == "q4" else None)
+    fmt, reason, codes = _resolve(model_dir, weights, device, dtype, invariant_attention)
+    return LlamaModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, codes if fmt == "q4" else None)
 
 
 def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype,
