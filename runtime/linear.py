@@ -88,14 +88,15 @@ class Int4Linear:
     fp32, one fixed order per row for every row count); elsewhere `aten._weight_int4pack_mm_for_cpu`
     over packed codes and bf16 (scale, zero) pairs. `kernel` says which."""
 
-    def __init__(self, w: Int4Codes, bias: torch.Tensor | None):
+    def __init__(self, w: Int4Codes, bias: torch.Tensor | None, kernels: bool = True):
+        """`kernels` False: aten's kernel even where ours is built (a reference for benches)."""
         n, k = w.codes.shape
         if k % w.group or w.scales.shape != (n, k // w.group) or w.zeros.shape != w.scales.shape:
             raise ValueError(f"int4 weight [{n}, {k}]: scales/zeros must be [{n}, {k // w.group}] (group {w.group})")
         self.group = w.group
         self.shape = (n, k)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
-        self._ops = _quant_kernels() if w.group == INT4_GROUP and n % TILE == 0 else None
+        self._ops = quant_kernels() if kernels and w.group == INT4_GROUP and n % TILE == 0 else None
         if self._ops is not None:
             self.kernel = "jumpgate_cpu.int4_linear"
             self.packed = pack_int4_tiles(w.codes)
@@ -185,13 +186,13 @@ def make_int8_group_linear(w: Int8Codes):
     """The int8 kernel over `w` where it runs (AVX512-BF16, group 32, whole vectors of 16 columns);
     elsewhere a bf16 copy of the dequantized weights."""
     n, k = w.codes.shape
-    ops = _quant_kernels() if w.group == INT4_GROUP and n % TILE == 0 and k % w.group == 0 else None
+    ops = quant_kernels() if w.group == INT4_GROUP and n % TILE == 0 and k % w.group == 0 else None
     if ops is None:
         return DenseLinear(w.dequantize(), None, torch.bfloat16)
     return Int8GroupLinear(w, ops)
 
 
-def _quant_kernels():
+def quant_kernels():
     """torch.ops.jumpgate_cpu where its quantized kernels were built (AVX512-BF16), else None."""
     from runtime.cpu_kernels import load_cpu_kernels
 
