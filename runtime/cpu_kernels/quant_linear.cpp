@@ -72,6 +72,9 @@ struct Expanded {
 };
 
 struct Packed4 {
+  using Code = uint8_t;
+  static constexpr at::ScalarType DTYPE = at::kByte;
+  static constexpr int64_t INPUTS_PER_ROW = 4;  // inputs of one [.., 32] row of packed codes
   static constexpr int64_t QUAD_BYTES = WORDS;
   const uint8_t* p;  // the tile's first column vector in pack_int4_tiles' layout [K/4][32 bytes]
   int64_t quads;     // K / 4
@@ -83,6 +86,9 @@ struct Packed4 {
 };
 
 struct Packed8 {
+  using Code = int8_t;
+  static constexpr at::ScalarType DTYPE = at::kChar;
+  static constexpr int64_t INPUTS_PER_ROW = 2;
   static constexpr int64_t QUAD_BYTES = 2 * WORDS;
   const int8_t* p;  // the tile's first column vector in pack_int8_tiles' layout [K/2][32 codes]
   int64_t quads;    // K / 4
@@ -176,14 +182,15 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
 
 // Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
 // odd number of vectors).
-template <int S, typename Packed, typename Code>
-torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset,
-                           at::ScalarType code_type, int64_t codes_per_row_entry) {
+template <int S, typename Packed>
+torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
+  constexpr at::ScalarType code_type = Packed::DTYPE;
+  constexpr int64_t inputs_per_row = Packed::INPUTS_PER_ROW;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x [M, K], bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == code_type && packed.size(2) == WORDS, name,
-              ": packed codes [N/16, K/", codes_per_row_entry, ", 32], ", c10::toString(code_type));
+              ": packed codes [N/16, K/", inputs_per_row, ", 32], ", c10::toString(code_type));
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / GROUP;
-  TORCH_CHECK(K % GROUP == 0 && packed.size(1) * codes_per_row_entry == K, name,
+  TORCH_CHECK(K % GROUP == 0 && packed.size(1) * inputs_per_row == K, name,
               ": K must be a multiple of 32 and match the weights");
   TORCH_CHECK(scale_offset.scalar_type() == at::kFloat && scale_offset.dim() == 4 &&
               scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == S &&
@@ -194,7 +201,7 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   auto out = torch::empty({M, N}, x.options());
   if (M == 0) return out;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  const Packed all{reinterpret_cast<const Code*>(packed.data_ptr()), K / 4};
+  const Packed all{reinterpret_cast<const typename Packed::Code*>(packed.data_ptr()), K / 4};
   const float* so = scale_offset.data_ptr<float>();
   uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
 
@@ -227,13 +234,13 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 // float32 [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets
 // (w = q * scale + offset).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
-  return quant_linear<2, Packed4, uint8_t>("int4_linear", x, packed, scale_offset, at::kByte, 4);
+  return quant_linear<2, Packed4>("int4_linear", x, packed, scale_offset);
 }
 
 // x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/32, 1, 16]
 // (w = q * scale).
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
-  return quant_linear<1, Packed8, int8_t>("int8_linear", x, packed, scales, at::kChar, 2);
+  return quant_linear<1, Packed8>("int8_linear", x, packed, scales);
 }
 
 bool int4_linear_available() { return true; }
