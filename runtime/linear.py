@@ -8,9 +8,14 @@
   AVX512-BF16, through `aten._weight_int4pack_mm_for_cpu` elsewhere.
 - `Int8GroupLinear`: GGUF Q8_0 blocks (w = q * d, groups of 32) as they are, through the same
   file's int8 kernel: q4's logits layer, the tied embedding's own codes.
+- `CodesLinearF32`: the same Q4_1 or Q8_0 codes with float32 activations, through
+  runtime/cpu_kernels/quant_linear_f32.cpp (AVX2 + FMA): q4's layers on CPUs without native bf16.
+  It dequantizes in registers to exactly the float32 reference's weights (`make_q4_linear` and
+  `make_int8_group_linear` pick it where the AVX512-BF16 kernels are not built).
 
 Calling a layer keeps the caller's dtype (the residual stream stays in the engine dtype); the
-quantized kernels compute in bf16, their fast CPU path (their fp32-activation path is ~20x slower).
+quantized kernels other than `CodesLinearF32` compute in bf16, their fast CPU path (aten's
+fp32-activation int4 path is ~20x slower).
 `native(x)` skips both casts: x already in `act_dtype`, y returned in it (runtime/model.py's fused
 CPU path feeds it the bf16 outputs of runtime/cpu_kernels/layer_ops.cpp).
 """
@@ -183,13 +188,85 @@ class Int8GroupLinear:
 
 
 def make_int8_group_linear(w: Int8Codes):
-    """The int8 kernel over `w` where it runs (AVX512-BF16, group 32, whole vectors of 16 columns);
-    elsewhere a bf16 copy of the dequantized weights."""
+    """The int8 kernel over `w` where it runs (AVX512-BF16, group 32, whole vectors of 16 columns),
+    else the float32-activation one (AVX2 + FMA); elsewhere a bf16 copy of the dequantized weights."""
     n, k = w.codes.shape
-    ops = quant_kernels() if w.group == INT4_GROUP and n % TILE == 0 and k % w.group == 0 else None
-    if ops is None:
-        return DenseLinear(w.dequantize(), None, torch.bfloat16)
-    return Int8GroupLinear(w, ops)
+    fits = w.group == INT4_GROUP and n % TILE == 0 and k % w.group == 0
+    ops = quant_kernels() if fits else None
+    if ops is not None:
+        return Int8GroupLinear(w, ops)
+    ops = f32_quant_kernels() if fits else None
+    if ops is not None:
+        return CodesLinearF32(w, None, ops)
+    return DenseLinear(w.dequantize(), None, torch.bfloat16)
+
+
+def make_q4_linear(w: Int4Codes, bias: torch.Tensor | None):
+    """A q4 layer: the bf16 int4 kernel where it is built (AVX512-BF16), else the float32-activation
+    one (AVX2 + FMA), else aten's int4 kernel."""
+    n, k = w.codes.shape
+    ops = None if quant_kernels() is not None or w.group != INT4_GROUP or n % TILE else f32_quant_kernels()
+    return CodesLinearF32(w, bias, ops) if ops is not None else Int4Linear(w, bias)
+
+
+class CodesLinearF32:
+    """GGUF Q4_1 or Q8_0 codes with float32 activations (runtime/cpu_kernels/quant_linear_f32.cpp):
+    the kernel makes w = q * d + m (Q8_0: q * d) with one rounding, which is exactly the float32
+    reference's weight (the loader's dequantization), and sums each row in input order, the same
+    for every row count."""
+
+    act_dtype = torch.float32
+
+    def __init__(self, w: Int4Codes | Int8Codes, bias: torch.Tensor | None, ops):
+        n, k = w.codes.shape
+        if k % w.group or w.group != INT4_GROUP or n % TILE:
+            raise ValueError(f"codes [{n}, {k}]: the float32 kernel takes groups of 32 and whole tiles of 16 columns")
+        self.shape = (n, k)
+        self.bias = None if bias is None else bias.float()
+        self._ops = ops
+        if isinstance(w, Int4Codes):
+            self.kernel = "jumpgate_cpu.int4_linear_f32"
+            self.packed = pack_int4_pairs(w.codes)
+            parts = [w.scales, w.offsets()]
+        else:
+            self.kernel = "jumpgate_cpu.int8_linear_f32"
+            self.packed = pack_int8_pairs(w.codes)
+            parts = [w.scales]
+        # [N / 16, K / 32, len(parts), 16]: a tile's scales (then offsets) group after group
+        self.scales = torch.stack([p.float() for p in parts]).reshape(len(parts), n // TILE, TILE, -1) \
+            .permute(1, 3, 0, 2).contiguous()
+        self._op = ops.int4_linear_f32 if isinstance(w, Int4Codes) else ops.int8_linear_f32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._op(x.float(), self.packed, self.scales)
+        y = y if self.bias is None else y + self.bias
+        return y.to(x.dtype)
+
+    native = __call__
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+
+def pack_int4_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..15 -> uint8 [N / 16, K / 2, 16], quant_linear_f32.cpp's int4 layout: per tile
+    of 16 columns and pair of inputs, byte c holds column c's code of the first input (low nibble)
+    and of the second (high nibble)."""
+    n, k = codes.shape
+    c = codes.to(torch.uint8).reshape(n // TILE, TILE, k // 2, 2)  # [tile, col, pair, e]
+    return (c[..., 0] | (c[..., 1] << 4)).permute(0, 2, 1).contiguous()
+
+
+def pack_int8_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] int8 -> int8 [N / 16, K / 2, 32], quant_linear_f32.cpp's int8 layout: per tile of
+    16 columns and pair of inputs, column c's code of the first input at byte c, of the second at 16 + c."""
+    n, k = codes.shape
+    c = codes.to(torch.int8).reshape(n // TILE, TILE, k // 2, 2)  # [tile, col, pair, e]
+    return c.permute(0, 2, 3, 1).reshape(n // TILE, k // 2, 2 * TILE).contiguous()
 
 
 def quant_kernels():
@@ -198,3 +275,11 @@ def quant_kernels():
 
     ops = load_cpu_kernels()
     return ops if ops is not None and ops.int4_linear_available() else None
+
+
+def f32_quant_kernels():
+    """torch.ops.jumpgate_cpu where its float32-activation quantized kernels were built (AVX2 + FMA), else None."""
+    from runtime.cpu_kernels import load_cpu_kernels
+
+    ops = load_cpu_kernels()
+    return ops if ops is not None and ops.quant_linear_f32_available() else None

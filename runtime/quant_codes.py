@@ -13,17 +13,19 @@ INT4_GROUP = 32  # GGUF Q4_0/Q4_1/Q8_0 block size, and a group size the int4 ker
 @dataclass
 class Int4Codes:
     """Group-wise asymmetric int4 before packing: codes [N, K] in 0..15, scales and zeros [N, K / group];
-    w = (codes - 8) * scale + zero."""
+    w = (codes - 8) * scale + zero. `mins` [N, K / group]: the blocks' own offsets, w = codes * scale + min
+    (Q4_1's m, which zero = m + 8 scale rounds); the float32 kernel takes them."""
 
     codes: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     group: int = INT4_GROUP
+    mins: torch.Tensor | None = None
 
     @classmethod
     def from_q4_1(cls, d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor) -> "Int4Codes":
         """GGUF Q4_1 blocks (w = d * q + m): the same codes, scale = d, zero = m + 8d."""
-        return cls(codes, d.float(), m.float() + 8 * d.float(), INT4_GROUP)
+        return cls(codes, d.float(), m.float() + 8 * d.float(), INT4_GROUP, m.float())
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, group: int = INT4_GROUP) -> "Int4Codes":
@@ -33,13 +35,18 @@ class Int4Codes:
         lo, hi = w.amin(-1), w.amax(-1)
         scale = ((hi - lo) / 15).clamp(min=1e-12)
         codes = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).reshape(n, k)
-        return cls(codes, scale, lo + 8 * scale, group)
+        return cls(codes, scale, lo + 8 * scale, group, lo)
 
     @staticmethod
     def cat(parts: list["Int4Codes"]) -> "Int4Codes":
         """Row-stacked weights with the same inputs (fused QKV, gate/up)."""
+        mins = None if any(p.mins is None for p in parts) else torch.cat([p.mins for p in parts])
         return Int4Codes(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
-                         torch.cat([p.zeros for p in parts]), parts[0].group)
+                         torch.cat([p.zeros for p in parts]), parts[0].group, mins)
+
+    def offsets(self) -> torch.Tensor:
+        """m of w = codes * scale + m: the blocks' own where known."""
+        return self.mins if self.mins is not None else self.zeros - 8 * self.scales
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.codes.shape

@@ -36,7 +36,8 @@ from runtime.weight_format import cpu_flags
 log = logging.getLogger("jumpgate.attention")
 
 FOLDER = Path(__file__).parent
-SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp")
+SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp",
+           FOLDER / "quant_linear_f32.cpp")
 HEADERS = (FOLDER / "vec.h",)
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
