@@ -5,9 +5,9 @@ each, which halves the number of matmul calls per layer (decode on CPU is call- 
 Linear layers run in one weight format (runtime/linear.py, chosen by runtime/weight_format.py);
 norms, embedding, rope and the residual stream stay in the engine dtype.
 
-Where the linear layers take bf16 activations on CPU under a float32 engine (q4, q8, bf16), the
-small ops between the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp): the norm writes the
-matmul's bf16 input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
+Where the linear layers are q4, q8 or bf16 on CPU under a float32 engine, the small ops between
+the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp), in the layers' activation dtype (bf16;
+float32 for q4 through the AVX2 kernel): the norm writes the matmul's input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
 op, and each residual add takes the bf16 output as it is and runs with the norm after it. That is
 9 dispatcher ops a layer instead of ~40, whose dispatch was a third of a batch-1 step. (q4's linear
 layers run runtime/cpu_kernels/quant_linear.cpp, through runtime/linear.py.) Each fused op
@@ -26,7 +26,7 @@ from runtime.attention import AttentionBackend
 from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-from runtime.linear import DenseLinear, Int4Linear, Int8Linear, make_int8_group_linear
+from runtime.linear import DenseLinear, Int8Linear, make_int8_group_linear, make_q4_linear
 from runtime.quant_codes import Int4Codes, Int8Codes
 from runtime.model_config import ModelConfig, ModelLoadError
 from runtime.rope import RotaryEmbedding
@@ -48,8 +48,8 @@ def make_linear(fmt: str, parts: list[torch.Tensor], bias: torch.Tensor | None, 
     part's own 4-bit codes where the source has them; other parts are quantized here."""
     if fmt == "q4":
         int4 = int4 or [None] * len(parts)
-        return Int4Linear(Int4Codes.cat([q if q is not None else Int4Codes.quantize(w) for q, w in zip(int4, parts)]),
-                          bias)
+        return make_q4_linear(Int4Codes.cat([q if q is not None else Int4Codes.quantize(w) for q, w in zip(int4, parts)]),
+                              bias)
     w = parts[0] if len(parts) == 1 else torch.cat(parts)
     if fmt == "q8":
         return Int8Linear(w, bias)
@@ -119,6 +119,13 @@ class LlamaModel:
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         fusable = device.type == "cpu" and dtype == torch.float32 and self.weights in FUSED_FORMATS
         self.fused_ops = load_cpu_kernels() if fusable else None  # None: plain torch (or no compiler)
+        if self.fused_ops is not None:  # the linear layers' activations: bf16, or float32 (q4's AVX2 kernel)
+            self._act = self.layers[0].qkv.act_dtype
+            bf16 = self._act == torch.bfloat16
+            ops = self.fused_ops
+            self._norm = ops.rms_norm_bf16 if bf16 else ops.rms_norm_f32
+            self._add_norm = ops.add_rms_norm_bf16 if bf16 else ops.add_rms_norm_f32
+            self._silu_mul = ops.silu_mul_bf16 if bf16 else ops.silu_mul_f32
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend) -> torch.Tensor:
@@ -148,12 +155,12 @@ class LlamaModel:
     def _fused_forward(self, h, cos, sin, batch, kv, attn) -> torch.Tensor:
         """Each residual add runs with the norm after it (the next layer's input norm, the last
         one's the final norm) as one op; a zero pad row normalizes to zeros, as before."""
-        ops, eps = self.fused_ops, self.cfg.rms_norm_eps
-        x = ops.rms_norm_bf16(h, self.layers[0].input_norm, eps)
+        eps = self.cfg.rms_norm_eps
+        x = self._norm(h, self.layers[0].input_norm, eps)
         after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
             x = self._fused_layer(li, layer, h, x, next_norm, cos, sin, batch, kv, attn)
-        logits = self.lm_head.native(self._pad_small(x[batch.logits_index]))
+        logits = self.lm_head.native(self._pad_small(x[batch.logits_index]).to(self.lm_head.act_dtype))
         return logits[: batch.logits_index.shape[0]].float()
 
     def _torch_layer(self, li, layer, h, cos, sin, batch, kv, attn) -> None:
@@ -172,14 +179,15 @@ class LlamaModel:
         h += layer.down(F.silu(gate) * up)
 
     def _fused_layer(self, li, layer, h, x, next_norm, cos, sin, batch, kv, attn) -> torch.Tensor:
-        """x: this layer's normed input (bf16); h grows in place; returns next_norm(h) in bf16."""
+        """x: this layer's normed input (in the activation dtype); h grows in place; returns
+        next_norm(h) in it."""
         ops, cfg, t = self.fused_ops, self.cfg, h.shape[0]
         q = ops.rope_store(layer.qkv.native(x), cos, sin, batch.out_slots, kv.k[li], kv.v[li], cfg.num_heads)
         o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
-        # bf16 into the float32 stream: exact widening
-        x = ops.add_rms_norm_bf16(h, layer.o_proj.native(o.to(torch.bfloat16)), layer.post_norm, cfg.rms_norm_eps)
-        return ops.add_rms_norm_bf16(h, layer.down.native(ops.silu_mul_bf16(layer.gate_up.native(x))), next_norm,
-                                     cfg.rms_norm_eps)
+        # a bf16 delta into the float32 stream is an exact widening
+        x = self._add_norm(h, layer.o_proj.native(o.to(self._act)), layer.post_norm, cfg.rms_norm_eps)
+        return self._add_norm(h, layer.down.native(self._silu_mul(layer.gate_up.native(x))), next_norm,
+                              cfg.rms_norm_eps)
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:

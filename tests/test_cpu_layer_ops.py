@@ -4,6 +4,8 @@
   a bf16 cast: within one bf16 rounding step; rope: exactly, and K/V land in their slots only);
 - a row's output is bitwise the same alone, in a batch, and with 1 or 2 threads;
 - bad inputs raise instead of writing out of bounds;
+- the float32-activation forms (q4 through the AVX2 kernel): the torch forms within float32
+  rounding, the residual add + norm bit for bit, rope from float32 q/k/v exactly as from bf16 ones;
 - a q4 model through the fused path gives the logits of its plain-torch path within bf16 noise,
   with the same greedy tokens.
 """
@@ -108,8 +110,8 @@ def test_bad_inputs_raise_instead_of_writing_out_of_bounds(cpu_ops):
         cpu_ops.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, kc.shape[0]]), kc, vc, 9)
     with pytest.raises(RuntimeError, match="qkv width"):
         cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, 8)
-    with pytest.raises(RuntimeError, match="bfloat16"):
-        cpu_ops.rope_store(qkv.float(), cos, sin, slots, kc, vc, 9)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        cpu_ops.rope_store(qkv.half(), cos, sin, slots, kc, vc, 9)
     with pytest.raises(RuntimeError, match="float32"):
         cpu_ops.rms_norm_bf16(torch.zeros(2, 8).bfloat16(), torch.zeros(8), 1e-5)
     with pytest.raises(RuntimeError, match="bfloat16"):
@@ -159,3 +161,31 @@ def test_add_rms_norm_is_the_residual_add_then_the_norm_bit_for_bit(cpu_ops):
         cpu_ops.add_rms_norm_bf16(torch.zeros(576, 4).t(), delta[:4], w, 1e-5)
     with pytest.raises(RuntimeError, match="bfloat16"):
         cpu_ops.add_rms_norm_bf16(h, delta.float(), w, 1e-5)
+
+
+def test_float32_forms(cpu_ops):
+    """rms_norm_f32 / silu_mul_f32 / add_rms_norm_f32 / rope_store over float32 qkv: the ops q4 runs
+    with float32 activations (runtime/model.py, where quant_linear_f32.cpp runs the layers)."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(13, 576, generator=g) * 3, torch.randn(576, generator=g)
+    got = cpu_ops.rms_norm_f32(x, w, 1e-5)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    gate_up = torch.randn(13, 2 * 96, generator=g) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_ops.silu_mul_f32(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    h, delta = torch.randn(13, 576, generator=g), torch.randn(13, 576, generator=g)
+    want_h = h.clone()
+    want_h += delta
+    got = cpu_ops.add_rms_norm_f32(h, delta, w, 1e-5)
+    assert torch.equal(h, want_h) and torch.equal(got, cpu_ops.rms_norm_f32(want_h, w, 1e-5))
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_ops.add_rms_norm_f32(h, delta.bfloat16(), w, 1e-5)
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_ops.silu_mul_f32(gate_up.bfloat16())
+    rope, qkv, positions, slots, (kc, vc) = rope_inputs(7)
+    cos, sin = rope.tables(positions)
+    k32, v32 = kc.clone(), vc.clone()
+    q_bf16 = cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, 9)
+    q_f32 = cpu_ops.rope_store(qkv.float(), cos, sin, slots, k32, v32, 9)  # the same values, widened
+    assert torch.equal(q_bf16, q_f32) and torch.equal(kc, k32) and torch.equal(vc, v32)
