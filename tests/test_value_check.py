@@ -164,6 +164,83 @@ def test_object_items_compare_canonically_at_their_closing_brace():
     assert "}" not in banned(check)
 
 
+# object items of scalar properties: the check steers each item away from the earlier ones
+TAGS = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["a", "b"], "properties": {
+    "a": {"type": "integer"}, "b": {"type": "boolean"}}}}
+NAMES = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["c"], "properties": {
+    "c": {"type": "string"}}}}
+OPTIONAL = {"type": "array", "uniqueItems": True, "items": {"type": "object", "properties": {
+    "ab": {"const": 1}, "b": {"const": 1}}}}  # both optional: {}, {"ab":1}, {"b":1}, {"ab":1,"b":1}
+FLAGS = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["b"], "properties": {
+    "b": {"type": "boolean"}}}}
+
+
+def item(*pieces: str) -> list[str]:
+    return ["{", *pieces, "}"]
+
+
+def test_a_listed_value_that_could_only_end_an_object_item_as_a_repeat_is_masked_out():
+    first = item('"a"', ":", "1", ",", '"b"', ":", "true")
+    check = check_after(["[", *first, ",", "{", '"a"', ":", "1", ",", '"b"', ":"], TAGS)
+    out = banned(check)
+    assert {"t", "true"} <= out and not {"f", "false"} & out
+    check = check_after(["[", *first, ",", "{", '"a"', ":", "2", ",", '"b"', ":"], TAGS)
+    assert banned(check) & {"t", "true"} == set()  # a differs already
+
+
+def test_a_value_end_that_leaves_only_used_combinations_is_masked_out_and_the_number_grows():
+    items = ["[", *item('"a"', ":", "1", ",", '"b"', ":", "true"), ",", *item('"a"', ":", "1", ",", '"b"', ":", "false"), ","]
+    check = check_after(items + ["{", '"a"', ":", "1"], TAGS)
+    out = banned(check)
+    assert "," in out and '1,"ab":' in out  # "b" could only repeat true or false
+    assert not {"0", "1", "2"} & out  # 10, 11, 12 are new
+    check = check_after(items + ["{", '"a"', ":", "1", "0"], TAGS)
+    assert "," not in banned(check)  # 10 is new
+    zeros = [t.replace("1", "0") if t == "1" else t for t in items]
+    check = check_after(zeros + ["{", '"a"', ":"], TAGS)
+    out = banned(check)
+    assert {"0", "0,"} <= out and "1" not in out  # an integer 0 cannot grow: it is settled at once
+
+
+def test_a_free_string_value_cannot_close_into_a_repeated_item():
+    check = check_after(["[", *item('"c"', ":", '"ab"'), ",", "{", '"c"', ":", '"a'], NAMES)
+    out = banned(check)
+    assert 'b"' in out and "b" not in out and 'c"' not in out
+    check = check_after(["[", *item('"c"', ":", '"ab"'), ",", "{", '"c"', ":", '"a', "b"], NAMES)
+    assert {'"', '"}', '"]'} <= banned(check)
+    out = banned(check_after(["[", *item('"c"', ":", '"ab"'), ",", "{", '"c"', ":"], NAMES))
+    assert '"ab"' in out and not {'"a', '"'} & out  # the whole string in one token
+
+
+def test_optional_properties_steer_the_names_and_the_close():
+    earlier = ["[", *item('"ab"', ":", "1"), ","]
+    check = check_after(earlier + ["{", '"ab"', ":", "1"], OPTIONAL)
+    out = banned(check)
+    assert {"}", "},"} <= out and "," not in out  # {"ab":1} again, unless "b" follows
+    used = ["[", "{", "}", ",", *item('"ab"', ":", "1", ",", '"b"', ":", "1"), ",", *item('"b"', ":", "1"), ","]
+    check = check_after(used + ["{"], OPTIONAL)
+    out = banned(check)
+    assert {"}", '"b"'} <= out and '"ab"' not in out  # only {"ab":1} is left
+    check = check_after(used + ["{", '"ab"', ":", "1"], OPTIONAL)
+    assert "," in banned(check) and "}" not in banned(check)
+    check = check_after(used + ["{", '"'], OPTIONAL)
+    assert "b" in banned(check) and "ab" not in banned(check)  # the name's text decides too
+
+
+def test_the_comma_between_object_items_is_masked_out_once_every_item_is_used():
+    check = check_after(["[", *item('"b"', ":", "true"), ",", *item('"b"', ":", "false")], FLAGS)
+    out = banned(check)
+    assert "," in out and "]" not in out
+    assert "," not in banned(check_after(["[", *item('"b"', ":", "true")], FLAGS))
+
+
+def test_steering_object_items_rolls_back_with_the_output():
+    check = check_after(["[", *item('"b"', ":", "true"), ",", "{", '"b"', ":"], FLAGS)
+    assert "true" in banned(check)
+    check.rollback(5)  # back before the first item closed
+    assert banned(check) == set()
+
+
 def test_uniqueness_follows_properties_refs_and_branches():
     schema = {"$defs": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
               "type": "object", "properties": {"t": {"anyOf": [{"$ref": "#/$defs/tags"}, {"type": "null"}]}}}
