@@ -309,3 +309,43 @@ def test_an_internal_error_lets_the_output_go_on_unchecked(caplog):
     assert check.broken and "value check failed" in caplog.text
     check.accept(ID["b"])  # and stays out of the way
     assert check.first_violation([ID['b"']]) is None
+
+
+def test_object_item_steering_agrees_with_brute_force_over_every_item_and_prefix():
+    # every item the grammar could write (declared order, optional names left out or not), every
+    # set of earlier items from a seeded sample: after each character it allowed, the check allows
+    # exactly the characters that leave some completion unlike every earlier item
+    import itertools
+    import json
+    import random
+
+    fields = [("a", ["true", "false"], False), ("b", ["1", "2", '"x"'], True), ("c", ["null"], False)]
+    schema = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["b"], "properties": {
+        "a": {"type": "boolean"}, "b": {"enum": [1, 2, "x"]}, "c": {"type": "null"}}}}
+    texts = []
+    for combo in itertools.product(*[values + ([None] if not required else []) for _, values, required in fields]):
+        pairs = [f'"{name}":{v}' for (name, _, _), v in zip(fields, combo) if v is not None]
+        texts.append("{" + ",".join(pairs) + "}")
+    chars = sorted({c for t in texts for c in t} | {",", "[", "]"})
+    vocab = ValueCheckVocab([c.encode() for c in chars], frozenset())
+    cid = {c: i for i, c in enumerate(chars)}
+    rng = random.Random(16)
+    for earlier in [[]] + [rng.sample(texts, k) for k in (1, 2, 5, 11, len(texts) - 1) for _ in range(3)]:
+        used = {canonical(json.loads(t)) for t in earlier}
+        head = "[" + "".join(t + "," for t in earlier)
+        check = ValueCheck(vocab, SchemaNavigator(schema))
+        for c in head:
+            check.accept(cid[c])
+        for text in texts:
+            for i in range(len(text)):
+                truth = any(t.startswith(text[: i + 1]) and canonical(json.loads(t)) not in used for t in texts)
+                assert check.violates(cid[text[i]]) is not truth, (earlier, text[: i + 1])
+                if not truth:
+                    break  # the check never lets the writer past here
+                check.accept(cid[text[i]])
+            check.rollback(i + 1 if truth else i)
+        check = ValueCheck(vocab, SchemaNavigator(schema))
+        for c in head[:-1]:
+            check.accept(cid[c])
+        if earlier:  # a comma (a next item) only while an unused item is left
+            assert check.violates(cid[","]) is (len(earlier) == len(texts))

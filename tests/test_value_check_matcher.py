@@ -229,3 +229,19 @@ def test_completion_plans_and_closing_masks_grow_an_object_item_instead_of_repea
     for fill in (matcher.fill_bitmask, matcher.fill_value_closing_bitmask):
         allowed = allowed_texts(matcher, vocab_size, tokenizer, fill)
         assert allowed and not any(t.startswith("}") for t in allowed)
+
+
+def test_object_items_are_steered_on_llguidance_too(service, tokenizer, vocab_size):
+    import json
+
+    schema = {"type": "object", "required": ["code", "xs"], "properties": {
+        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+        "xs": {"type": "array", "items": PICKS, "uniqueItems": True}}}
+    handle = service.compile(GrammarSpec.json_schema(schema))
+    assert handle.engine == "llguidance" and handle.fidelity.refused_in_strict == ()
+    matcher = handle.new_matcher()
+    item = '{"mode":"fast","on":true}'
+    text = copying_writer(matcher, tokenizer, vocab_size, '{"code":"ab","xs":[' + ",".join([item] * 3) + "]}")
+    xs = json.loads(text)["xs"]
+    assert len(xs) >= 2 and len({json.dumps(x, sort_keys=True) for x in xs}) == len(xs), text
+    assert matcher.values.dead_ends == 0
