@@ -201,6 +201,12 @@ class ValueCheck:
         texts = self._vocab.texts
         return fillers + sorted((t for t in allowed if t not in fillers and texts[t]), key=lambda t: len(texts[t]))
 
+    @_fail_open(False)
+    def may_steer(self) -> bool:
+        """Is a unique array open (whose next items a completion plan may have to write unlike the
+        earlier ones)? Names alone never lengthen a plan by more than the repair of one token."""
+        return any(type(f) is _Arr and f.rule is not None for f in self._stack)
+
     def violates(self, token_id: int) -> bool:
         return self.first_violation([token_id]) == 0
 

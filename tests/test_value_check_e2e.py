@@ -166,3 +166,21 @@ def test_unique_object_items_are_answered_unique_in_strict_mode(object_runs, nam
     assert not repeated_items(value), result.text
     jsonschema.Draft202012Validator(schema).validate(value)
     assert result.finish_reason == "stop", (result.finish_reason, result.text)
+
+
+def test_unique_object_items_close_validly_at_every_budget_from_the_smallest(real_engine, service, tokenizer):
+    """Budget closing writes distinct items too (its plans are repaired around repeats), and the
+    smallest budget strict mode accepts counts them (intake refuses less)."""
+    requests, schemas = [], []
+    for schema, prompt in OBJECT_CASES.values():
+        handle = service.compile(GrammarSpec.json_schema(schema))
+        least = handle.min_completion_tokens()
+        ids = chat_ids(tokenizer, prompt, SYSTEM)
+        for budget in range(least, least + 6):
+            requests.append(GenerateRequest(ids, SamplingParams(max_new_tokens=budget, temperature=0.0),
+                                            constraint=handle, jump_forward="verify", strict=True))
+            schemas.append(schema)
+    for schema, result in zip(schemas, real_engine.generate_many(requests, timeout=900)):
+        value = json.loads(result.text)
+        assert not repeated_items(value), result.text
+        jsonschema.Draft202012Validator(schema).validate(value)

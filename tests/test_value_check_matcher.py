@@ -245,3 +245,21 @@ def test_object_items_are_steered_on_llguidance_too(service, tokenizer, vocab_si
     xs = json.loads(text)["xs"]
     assert len(xs) >= 2 and len({json.dumps(x, sort_keys=True) for x in xs}) == len(xs), text
     assert matcher.values.dead_ends == 0
+
+
+def test_the_smallest_output_counts_distinct_items(service, tokenizer):
+    import json
+
+    schema = {"type": "object", "required": ["xs"], "properties": {"xs": {"type": "array", "items": PICKS,
+                                                                          "uniqueItems": True, "minItems": 3}}}
+    handle = service.compile(GrammarSpec.json_schema(schema))
+    plan = handle.new_matcher().completion_plan()
+    xs = json.loads(tokenizer.decode(plan))["xs"]
+    assert len(xs) == 3 and len({json.dumps(x, sort_keys=True) for x in xs}) == 3
+    # strict requests below this budget are refused at submission: it is the repaired plan's length
+    assert handle.min_completion_tokens() == len(plan) >= handle.without_value_check().min_completion_tokens()
+    matcher = walk(handle.new_matcher(), tokenizer, '{"xs":[{"mode":"fast","on":true}')
+    comma = encode(tokenizer, ",")[0]
+    after = matcher.completion_bound_after(comma)  # the next item must differ: counted with its repair
+    walk(matcher, tokenizer, ",")
+    assert after == len(matcher.completion_plan())
