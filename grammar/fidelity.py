@@ -2,8 +2,9 @@
 
 - `enforced`: xgrammar's token mask admits no output that breaks it (or, with engine
   "value_check", Jumpgate's value check does: grammar/value_check.py masks out every token that
-  would complete a repeated object name or a repeated item of a `uniqueItems` array, or close an
-  object whose `dependentRequired` names are missing);
+  would complete a repeated object name or a repeated item of a `uniqueItems` array (or, for
+  object items, leave the item no way to end unlike the earlier ones), or close an object whose
+  `dependentRequired` names are missing);
 - `checked`: the mask may let a violation through, but validation after generation (jsonschema
   with its format checker, plus Jumpgate's duplicate-key check) detects it;
 - `unenforced`: neither (a `format` that xgrammar does not mask and jsonschema cannot check).

@@ -189,7 +189,8 @@ def test_a_listed_value_that_could_only_end_an_object_item_as_a_repeat_is_masked
 
 
 def test_a_value_end_that_leaves_only_used_combinations_is_masked_out_and_the_number_grows():
-    items = ["[", *item('"a"', ":", "1", ",", '"b"', ":", "true"), ",", *item('"a"', ":", "1", ",", '"b"', ":", "false"), ","]
+    items = ["[", *item('"a"', ":", "1", ",", '"b"', ":", "true"), ",",
+             *item('"a"', ":", "1", ",", '"b"', ":", "false"), ","]
     check = check_after(items + ["{", '"a"', ":", "1"], TAGS)
     out = banned(check)
     assert "," in out and '1,"ab":' in out  # "b" could only repeat true or false

@@ -151,7 +151,8 @@ def object_runs(real_engine, service, tokenizer):
         handle = service.compile(GrammarSpec.json_schema(schema))
         ids = chat_ids(tokenizer, prompt, SYSTEM)
         requests += [GenerateRequest(ids, SamplingParams(max_new_tokens=120, temperature=0.0), constraint=h,
-                                     jump_forward="verify", strict=True) for h in (handle.without_value_check(), handle)]
+                                     jump_forward="verify", strict=True)
+                     for h in (handle.without_value_check(), handle)]
     results = real_engine.generate_many(requests, timeout=900)
     return {name: (results[2 * i], results[2 * i + 1]) for i, name in enumerate(OBJECT_CASES)}
 
