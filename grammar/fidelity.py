@@ -2,8 +2,9 @@
 
 - `enforced`: xgrammar's token mask admits no output that breaks it (or, with engine
   "value_check", Jumpgate's value check does: grammar/value_check.py masks out every token that
-  would complete a repeated object name or a repeated item of a `uniqueItems` array, or close an
-  object whose `dependentRequired` names are missing);
+  would complete a repeated object name or a repeated item of a `uniqueItems` array (or, for
+  object items, leave the item no way to end unlike the earlier ones), or close an object whose
+  `dependentRequired` names are missing);
 - `checked`: the mask may let a violation through, but validation after generation (jsonschema
   with its format checker, plus Jumpgate's duplicate-key check) detects it;
 - `unenforced`: neither (a `format` that xgrammar does not mask and jsonschema cannot check).
@@ -44,8 +45,9 @@ that would complete the repeat is never sampled. It runs for the json_schema and
 kinds and, for names only (it has no schema there), in tool-call arguments. So names of additional
 properties are `enforced` (unless `propertyNames` limits the names: a name that cannot grow may
 leave no way on); for json_schema also `uniqueItems` `enforced` where the items are free strings, unbounded
-numbers or listed values that `minItems` does not exhaust (grammar/value_rules.py,
-`unique_items_exact`), and `dependentRequired` where the object's names are closed and declared
+numbers, listed values, or closed objects (strict mode or additionalProperties: false) whose properties are
+all free strings, unbounded numbers or listed values, that `minItems` does not exhaust (grammar/value_rules.py,
+`unique_items_exact`, `ObjectItems`), and `dependentRequired` where the object's names are closed and declared
 and every dependent is required or declared after its trigger (`dependent_required_exact`);
 elsewhere they stay `checked`.
 
@@ -110,7 +112,7 @@ NAMES_CHECKED = ("enforced by Jumpgate's value check: a token that would close a
                  "the same object is masked out")
 VALUE_CHECKED = {
     "uniqueItems": "enforced by Jumpgate's value check: a token that would complete an item equal to an earlier "
-                   "one is masked out",
+                   "one, or leave an object item no way to end unlike every earlier one, is masked out",
     "dependentRequired": "enforced by Jumpgate's value check: the object cannot close, nor skip past a missing "
                          "dependent name, while a written name's dependents are missing",
 }
@@ -235,7 +237,7 @@ def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_chec
     (tool arguments: the check has no schema there)."""
     found: list[KeywordFidelity] = []
     stack: list[tuple[Any, str, str | None]] = [(schema, pointer, None)]  # (node, pointer, implied type)
-    navigator = SchemaNavigator(schema) if value_check else None
+    navigator = SchemaNavigator(schema, strict) if value_check else None
     while stack:
         node, here, implied = stack.pop()
         if not isinstance(node, dict):

@@ -12,6 +12,9 @@ fills (plain, closing, loop breaking) has the tokens the check forbids cleared (
 unique item, an object closed before its dependentRequired names), drafts stop before such a
 token, and a completion plan that would write one has that token replaced by another the check
 allows (a character that grows the name first) and is re-planned from there, or is dropped.
+Bounds count the repaired plan where it is longer (`completion_bound`, and `completion_bound_after`
+while a unique array is open), so strict mode's budget and its smallest accepted budget hold for
+outputs whose next items must differ from the earlier ones.
 """
 
 from __future__ import annotations
@@ -126,8 +129,16 @@ class XGrammarMatcher:
         return True
 
     def completion_bound(self) -> int | None:
-        """Upper bound on the tokens needed to reach a complete value from here."""
-        return completion_bound(self._matcher, self._closing, self._encode) if self._closing else None
+        """Upper bound on the tokens needed to reach a complete value from here (with a value
+        check: the longer of the grammar's plan and the plan repaired around repeats, which a
+        unique array whose minItems asks for distinct items needs)."""
+        if not self._closing:
+            return None
+        bound = completion_bound(self._matcher, self._closing, self._encode)
+        if bound is None or self.values is None:
+            return bound
+        plan = self.completion_plan()
+        return bound if plan is None else max(bound, len(plan))
 
     def completion_plan(self) -> list[int] | None:
         """The tokens of that bound's path (what a request follows once its budget is tight)."""
@@ -165,10 +176,23 @@ class XGrammarMatcher:
         return self._closing is not None and token_id in self._closing.expanding
 
     def completion_bound_after(self, token_id: int) -> int | None:
-        """`completion_bound` after accepting `token_id` (on a fork; None if refused or unknown)."""
+        """`completion_bound` after accepting `token_id` (on a fork; None if refused or unknown).
+        With a value check the token is accepted here and rolled back, so that the bound counts
+        the plan repaired around repeats (a new item of a unique array that must differ)."""
         if self._closing is None or self._matcher.is_terminated():
             return None
-        return completion_bound_after(self._matcher, self._closing, self._encode, token_id)
+        bound = completion_bound_after(self._matcher, self._closing, self._encode, token_id)
+        if bound is None or self.values is None or not self.values.may_steer():
+            return bound
+        if not self._matcher.accept_token(int(token_id)):
+            return None
+        self.values.accept(int(token_id))
+        try:
+            plan = self.completion_plan()
+        finally:
+            self._matcher.rollback(1)
+            self.values.rollback(1)
+        return bound if plan is None else max(bound, len(plan))
 
     def fill_plan_bitmask(self, bitmask, row: int, token_id: int) -> None:
         """Allow only `token_id` (the next token of a plan from `completion_plan`)."""

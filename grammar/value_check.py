@@ -15,12 +15,23 @@ would:
 - in an array whose items can take only listed values, write an item text that can no longer spell
   an unused value, or a `,` once every value is used (so the array can still close);
 - in an integer array, write `0` again (it cannot grow into another number);
+- in an array of closed objects whose properties are all free scalars or listed values
+  (`ObjectItems` in grammar/value_rules.py), write anything after which the object being written
+  could only end equal to an earlier item: a name, a value's text, a value's end or a comma that
+  leaves only used combinations (the grammar writes the declared names in order, so what an item
+  may still become is a product of per-property choices, counted against the earlier items that
+  fit it). A string value can always grow and a number gain a digit, so only their end, a listed
+  value or an integer `0` can settle an item; the check bans the earliest token that would, which
+  is why it never leaves the object with no way on (and `,` between items once every combination
+  is used, so the array closes);
 - close an object while a written name's `dependentRequired` names are missing, or write a name
   the grammar orders after such a missing one (it writes declared names in order: it could not
   come back for it).
 
-This is check-and-roll-back done at the mask: the token that would complete a violating value is
-never sampled, so there is nothing to roll back. Only tokens that can complete something are
+This is check-and-roll-back done at the mask: the token that would complete a violating value (or,
+for object items, commit one to becoming a repeat) is never sampled, so there is nothing to roll
+back, no retry budget to spend and nothing streamed to take back; a completion plan that would
+write such a token is repaired around it (grammar/matcher.py). Only tokens that can complete something are
 simulated (per vocabulary: those holding `"` inside a string; those holding `"`, `,`, `]` or `}`
 between values; every allowed one inside a unique array's item or a name with a dependent
 missing, where the mask is narrow), and only while an open object holds a name (or misses a
@@ -39,12 +50,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from grammar.value_rules import DependentNames, ItemRule, SchemaNavigator, canonical
+from grammar.value_rules import DependentNames, ItemRule, ObjectItems, SchemaNavigator, canonical
 
 log = logging.getLogger("jumpgate.grammar")
 
 STRUCT, STRING, SCALAR = 0, 1, 2  # where the scan is: between values, in a string, in a number/literal
-KEY, VALUE, ITEM = 0, 1, 2  # what the current string or scalar is
+KEY, VALUE, ITEM, FIELD = 0, 1, 2, 3  # what the current string or scalar is (FIELD: a value of an object item)
 _QUOTE, _BACKSLASH, _COMMA = 0x22, 0x5C, 0x2C
 _WHITESPACE = frozenset(b" \t\n\r")
 _SCALAR = frozenset(b"0123456789+-.eEtrufalsn")  # what numbers, true, false and null are made of
@@ -59,6 +70,8 @@ class _Obj(NamedTuple):
     start: int  # offset of its `{` when it is an item of a unique array, else -1
     free: bool  # the grammar may write a name twice here (it does not close the object's names)
     deps: DependentNames | None  # dependentRequired here (None: none)
+    model: ObjectItems | None = None  # an item of a unique array of scalar-property objects (value_rules.py)
+    done: tuple = ()  # with a model: the (name, canonical value) pairs written so far
 
 
 class _Arr(NamedTuple):
@@ -188,6 +201,12 @@ class ValueCheck:
         texts = self._vocab.texts
         return fillers + sorted((t for t in allowed if t not in fillers and texts[t]), key=lambda t: len(texts[t]))
 
+    @_fail_open(False)
+    def may_steer(self) -> bool:
+        """Is a unique array open (whose next items a completion plan may have to write unlike the
+        earlier ones)? Names alone never lengthen a plan by more than the repair of one token."""
+        return any(type(f) is _Arr and f.rule is not None for f in self._stack)
+
     def violates(self, token_id: int) -> bool:
         return self.first_violation([token_id]) == 0
 
@@ -206,7 +225,8 @@ class ValueCheck:
             candidates = self._candidates()
             if candidates is None:
                 allowed = _all_allowed(words)
-                rule = self._stack[-1].rule if self._mode == SCALAR else None
+                top = self._stack[-1] if self._stack else None
+                rule = top.rule if self._mode == SCALAR and type(top) is _Arr else None
                 if rule is not None and not rule.finite and not (rule.integer_only and self._buf == b"-"):
                     allowed = allowed[~self._vocab.scalar_only[allowed]]  # digits only grow the number
             else:
@@ -231,6 +251,15 @@ class ValueCheck:
     def _candidates(self) -> np.ndarray | None:
         """The tokens worth simulating here (None: every allowed one)."""
         top = self._stack[-1] if self._stack else None
+        if self._steered(top):
+            # an object item that must end unlike the earlier ones: names and values are narrow
+            # (declared names, listed values, numbers) except a free string's, which only its
+            # closing quote can settle
+            index = top.model.index.get(top.key)
+            if self._mode == STRING and self._role == FIELD and index is not None \
+                    and top.model.fields[index].kind == "string":
+                return self._vocab.quote_ids
+            return None
         in_unique = type(top) is _Arr and top.rule is not None
         # with no unique array open, only a name can repeat, and only a two-quote token writes one whole
         items = any(f.start >= 0 or (f.rule is not None if type(f) is _Arr else _pending(f)) for f in self._stack)
@@ -252,7 +281,7 @@ class ValueCheck:
         if self._mode != STRING or self._role == VALUE or self._esc or b"\\" in self._buf:
             return None
         top = self._stack[-1]
-        if _pending(top):
+        if _pending(top) or self._role == FIELD or (type(top) is _Obj and top.model is not None):
             return None
         if self._role == KEY:
             done = [_plain(name) for name in top.keys]
@@ -317,8 +346,42 @@ class ValueCheck:
             return False
         self._buf += bytes((c,))
         if self._role == KEY:
-            return _pending(self._stack[-1]) and self._skips_a_dependent(self._buf, False)
+            top = self._stack[-1]
+            return (_pending(top) and self._skips_a_dependent(self._buf, False)) or (
+                top.model is not None and self._dead())
+        if self._role == FIELD:
+            return self._dead() if self._narrows() else False
         return self._bad_item_prefix()
+
+    def _steered(self, top) -> bool:
+        """Is `top` an object item whose earlier items it must end unlike (so the check steers it)?"""
+        return (type(top) is _Obj and top.model is not None and len(self._stack) > 1
+                and bool(self._stack[-2].items))
+
+    def _narrows(self) -> bool:
+        """Can the text of the current object item's value just written have narrowed its values?"""
+        obj = self._stack[-1]
+        index = obj.model.index.get(obj.key)
+        if index is None:
+            return False
+        kind = obj.model.fields[index].kind
+        return kind == "listed" or (kind == "integer" and self._buf in (b"0", b"-0"))
+
+    def _dead(self) -> bool:
+        """Could the object item being written (the top frame) now only end equal to an earlier one?"""
+        obj = self._stack[-1]
+        if not self._steered(obj):
+            return False
+        earlier = self._stack[-2].items
+        if self._mode == STRING and self._role == KEY:
+            return not obj.model.alive(earlier, obj.done, name=self._buf)
+        written = any(n == obj.key for n, _ in obj.done)
+        if obj.key is not None and not written and not obj.want_key:
+            raw = None
+            if self._role == FIELD and self._mode != STRUCT:
+                raw = b'"' + self._buf if self._mode == STRING else self._buf
+            return not obj.model.alive(earlier, obj.done, key=obj.key, raw=raw)
+        return not obj.model.alive(earlier, obj.done, more=obj.want_key and bool(obj.done))
 
     def _skips_a_dependent(self, raw: bytes, whole: bool) -> bool:
         """Would the name spelled `raw` (so far, or `whole`) pass a missing dependent by?"""
@@ -344,20 +407,28 @@ class ValueCheck:
                 _plain(name) or b"", True)
             keys = obj.keys | {name} if obj.free or obj.deps is not None else obj.keys
             self._stack = self._stack[:-1] + (obj._replace(keys=keys, key=name, want_key=False),)
-            return name in obj.keys or skips
+            return name in obj.keys or skips or (obj.model is not None and self._dead())
         if self._role == ITEM:
             return self._item_done(canonical(_decode_string(self._buf)))
+        if self._role == FIELD:
+            return self._field_done(canonical(_decode_string(self._buf)))
         return False
 
     def _end_scalar(self) -> bool:
         self._mode = STRUCT
-        if self._role != ITEM:
+        if self._role not in (ITEM, FIELD):
             return False
         try:
             value = json.loads(self._buf)
         except ValueError:
             value = self._buf.decode("latin-1")  # not JSON (the grammar's business): compare as text
-        return self._item_done(canonical(value))
+        return self._item_done(canonical(value)) if self._role == ITEM else self._field_done(canonical(value))
+
+    def _field_done(self, canon: str) -> bool:
+        """A value of a steered object item is complete: could the item now only end as a repeat?"""
+        obj = self._stack[-1]
+        self._stack = self._stack[:-1] + (obj._replace(done=obj.done + ((obj.key, canon),)),)
+        return self._dead()
 
     def _item_done(self, canon: str) -> bool:
         arr = self._stack[-1]
@@ -371,6 +442,7 @@ class ValueCheck:
         if c == _COMMA:
             if type(top) is _Obj:
                 self._stack = self._stack[:-1] + (top._replace(want_key=True),)
+                return top.model is not None and self._dead()
             elif type(top) is _Arr and top.rule is not None:
                 return top.rule.exhausted(top.items)  # no unused value left: the array must close
             return False
@@ -403,6 +475,7 @@ class ValueCheck:
     def _value_starts(self, c: int, top, offset: int) -> bool:
         nav = self._nav
         item = False
+        field = type(top) is _Obj and top.model is not None
         if top is None:
             nodes = nav.root_nodes() if nav is not None else None
         elif type(top) is _Obj:
@@ -415,15 +488,18 @@ class ValueCheck:
         if c == 0x7B:  # {
             free = nav is None or nodes is None or nav.names_may_repeat(nodes)
             deps = nav.dependent_names(nodes) if nav is not None and nodes else None
-            self._stack += (_Obj(frozenset(), nodes, None, True, start, free, deps),)
+            model = top.rule.objects if item else None
+            self._stack += (_Obj(frozenset(), nodes, None, True, start, free, deps, model),)
             return False
         if c == 0x5B:  # [
             rule = nav.item_rule(nodes) if nav is not None and nodes else None
             self._stack += (_Arr(frozenset(), 0, nodes, rule, start),)
             return False
         self._mode = STRING if c == _QUOTE else SCALAR
-        self._role, self._esc = (ITEM if item else VALUE), 0
+        self._role, self._esc = (ITEM if item else FIELD if field else VALUE), 0
         self._buf = b"" if c == _QUOTE else bytes((c,))
+        if field:
+            return self._dead()
         return item and self._bad_item_prefix()
 
 

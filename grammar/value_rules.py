@@ -11,11 +11,15 @@ JSON Schema calls two values equal (1 and 1.0 are, true and 1 are not).
 
 `unique_items_exact` says when masking the completing token is exact: the writer can always turn
 a repeated item into a new one (a free string grows, an unbounded number gains a digit), or the
-items are finite and each is refused as soon as its text can only spell a used value.
+items are finite and each is refused as soon as its text can only spell a used value, or the
+items are closed objects of scalar properties (`ObjectItems`): there the check refuses every token
+after which the object being written could only end equal to an earlier item, so one that can
+still differ is always left.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -69,17 +73,135 @@ class DependentNames:
                 for raw in raws]
 
 
+ABSENT = "\x00absent"  # a property left out (never a canonical JSON text)
+_OPEN = object()  # ObjectItems._alive: the field may be written or left out
+_OBJECT_ITEM_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"})
+_SCALAR_KINDS = ("string", "integer", "number")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One declared property of an object item: its name and the values the grammar may write."""
+
+    name: str
+    required: bool
+    kind: str  # "string", "integer", "number" (free: unboundedly many values) or "listed"
+    values: tuple[tuple[str, tuple[bytes, ...]], ...] = ()  # listed: (canonical, raw spellings)
+    spellings: tuple[bytes, ...] = ()  # the name as written between its quotes
+
+    def choices(self, raw: bytes | None = None, absent: bool = False) -> frozenset | None:
+        """Canonical values the field may still take (None: unboundedly many); `raw`: the value's
+        text so far (None: not started); `absent`: leaving the field out is one of them."""
+        if self.kind == "listed":
+            got = {c for c, spellings in self.values if raw is None or any(s.startswith(raw) for s in spellings)}
+        elif self.kind == "integer" and raw in (b"0", b"-0"):
+            got = {canonical(0)}  # a leading zero ends an integer
+        else:
+            return None  # a free string, or a number that can still grow or take a fraction
+        return frozenset(got | {ABSENT} if absent and not self.required else got)
+
+
+@dataclass(frozen=True)
+class ObjectItems:
+    """The items of a unique array are closed objects whose properties are all free scalars or
+    listed values. The grammar writes the declared names in order (required ones always, optional
+    ones or not), so the values an item may still end as, given what is written of it, are a
+    product of per-field choices; `alive` says whether one of them differs from every earlier item."""
+
+    fields: tuple[Field, ...]
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        return {f.name: i for i, f in enumerate(self.fields)}
+
+    def size(self) -> int | None:
+        """How many distinct items there are (None: unboundedly many)."""
+        total = 1
+        for f in self.fields:
+            got = f.choices(absent=True)
+            if got is None:
+                return None
+            total *= len(got)
+        return total
+
+    def alive(self, earlier: frozenset[str], done: tuple = (), key: str | None = None, raw: bytes | None = None,
+              more: bool = False, name: bytes | None = None) -> bool:
+        """Can the item still end unequal to each of `earlier` (canonical forms)? Given: `done`,
+        the (name, canonical value) pairs written; `key`, the name whose value is being written
+        (`raw`: its text so far, None before it starts); `more`: a comma was written, so a name
+        follows; `name`: the text of the name being written."""
+        if not earlier:
+            return True
+        index = self.index
+        written = dict(done)
+        if any(n not in index for n in written) or (key is not None and key not in index):
+            return True  # not the grammar this model describes: claim nothing
+        last = max((index[n] for n in written), default=-1)
+        if key is not None and key not in written:
+            return self._alive(earlier, written, index[key], self.fields[index[key]].choices(raw))
+        if name is not None or more:
+            return any(self._alive(earlier, written, j, self.fields[j].choices())
+                       for j in range(last + 1, len(self.fields))
+                       if any(s.startswith(name or b"") for s in self.fields[j].spellings))
+        return self._alive(earlier, written, last + 1, _OPEN)
+
+    def _alive(self, earlier, written: dict, j: int, current) -> bool:
+        """Fields before `j` not written were left out; field `j` is written and takes one of
+        `current` (None: unboundedly many; _OPEN: written or not, like the fields after it), the
+        fields after it any of theirs, absence included where optional."""
+        fixed = dict(written)
+        options: list[tuple[str, frozenset]] = []
+        total = 1
+        for i, f in enumerate(self.fields):
+            if f.name in written:
+                continue
+            if i < j:
+                if f.required:
+                    return False  # a required name cannot be skipped: no item ends this way
+                fixed[f.name] = ABSENT
+                continue
+            got = current if i == j and current is not _OPEN else f.choices(absent=True)
+            if got is None:
+                return True  # unboundedly many values: they cannot all be taken
+            if not got:
+                return True  # no value fits (the grammar would not have allowed this): claim nothing
+            options.append((f.name, got))
+            total *= len(got)
+        if total > len(earlier):
+            return True
+        taken = 0
+        index = self.index
+        for canon in earlier:
+            item = _object_fields(canon)
+            if item is None or any(n not in index for n in item):
+                continue
+            if all(item.get(n, ABSENT) == v for n, v in fixed.items()) and all(
+                    item.get(n, ABSENT) in got for n, got in options):
+                taken += 1
+        return total > taken
+
+
+@functools.lru_cache(maxsize=4096)
+def _object_fields(canon: str) -> dict[str, str] | None:
+    """An earlier item's properties as canonical texts (None: not an object)."""
+    value = json.loads(canon)
+    return {k: canonical(v) for k, v in value.items()} if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True)
 class ItemRule:
     """What keeps the items of one array unique."""
 
     finite: tuple[tuple[str, tuple[bytes, ...]], ...] | None  # (canonical, raw spellings) of every allowed item
     integer_only: bool  # items are integers: `0` cannot grow into another number
+    objects: ObjectItems | None = None  # items are closed objects of scalar properties
 
     def unused_spellings(self, used: frozenset[str]) -> list[bytes]:
         return [raw for canon, raws in self.finite if canon not in used for raw in raws]
 
     def exhausted(self, used: frozenset[str]) -> bool:
+        if self.objects is not None:
+            return not self.objects.alive(used)
         return self.finite is not None and all(canon in used for canon, _ in self.finite)
 
 
@@ -211,7 +333,46 @@ class SchemaNavigator:
         if not any(n.get("uniqueItems") is True for n in array_nodes):
             return None
         items = tuple(n for n in self.item_nodes(array_nodes, 1 << 30))
-        return ItemRule(finite_values(items), bool(items) and all(_integer_only(n) for n in items if _typed(n)))
+        return ItemRule(finite_values(items), bool(items) and all(_integer_only(n) for n in items if _typed(n)),
+                        self.object_items(items))
+
+    def object_items(self, item_nodes: tuple[dict, ...]) -> ObjectItems | None:
+        """The model of object items the value check steers (None: the items are not closed
+        objects of free scalar or listed properties, written in declared order)."""
+        shaped = [n for n in item_nodes if _validating(n) - {"$ref"}]
+        if len(shaped) != 1:
+            return None
+        node = shaped[0]
+        props = node.get("properties")
+        required = node.get("required", [])
+        if (_validating(node) - _OBJECT_ITEM_KEYWORDS or node.get("type", "object") != "object"
+                or not isinstance(props, dict) or not props or not isinstance(required, list)
+                or any(r not in props for r in required)):
+            return None
+        extra = node.get("additionalProperties", True if not self._strict else None)
+        if extra is not None and extra is not False:
+            return None  # names beyond the declared ones
+        fields = []
+        for name, sub in props.items():
+            field = self._field(str(name), sub, name in required)
+            if field is None:
+                return None
+            fields.append(field)
+        return ObjectItems(tuple(fields))
+
+    def _field(self, name: str, sub: Any, required: bool) -> Field | None:
+        nodes = self.expand(sub)
+        names = tuple(raw[1:-1] for raw in _spellings(name))
+        listed = finite_values(nodes)
+        if listed is not None:
+            return Field(name, required, "listed", listed, names)
+        shaped = [n for n in nodes if _validating(n) - {"$ref"}]
+        if len(shaped) != 1 or not _typed(shaped[0]) or shaped[0].get("type") not in _SCALAR_KINDS:
+            return None
+        node = shaped[0]
+        if not _growable(node) or _validating(node) - {"type", "minLength"}:
+            return None
+        return Field(name, required, node["type"], (), names)
 
 
 def finite_values(nodes: tuple[dict, ...]) -> tuple[tuple[str, tuple[bytes, ...]], ...] | None:
@@ -262,10 +423,18 @@ def unique_items_exact(schema: dict, navigator: SchemaNavigator) -> str | None:
         if least > len(finite):
             return f"minItems {least} exceeds the {len(finite)} distinct values the items allow"
         return None
+    objects = navigator.object_items(items)
+    if objects is not None:
+        least = max((n.get("minItems", 0) for n in nodes if isinstance(n.get("minItems"), int)), default=0)
+        size = objects.size()
+        if size is not None and least > size:
+            return f"minItems {least} exceeds the {size} distinct objects the items allow"
+        return None
     typed = [n for n in items if _typed(n)]
     if not typed or any(not _growable(n) for n in typed):
-        return ("uniqueItems is kept by the mask only for free strings, unbounded numbers and listed values "
-                "(enum, const, boolean); other items are checked after generation")
+        return ("uniqueItems is kept by the mask only for free strings, unbounded numbers, listed values "
+                "(enum, const, boolean) and closed objects whose properties are all of these; other items are "
+                "checked after generation")
     return None
 
 
@@ -288,6 +457,20 @@ def dependent_required_exact(node: dict, strict: bool) -> str | None:
                 return (f"dependentRequired: {name!r} is declared before {trigger!r}, and the grammar writes "
                         "properties in declaration order; declare it after")
     return None
+
+
+_VALIDATING = frozenset((
+    "type", "enum", "const", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "minItems", "maxItems",
+    "uniqueItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems", "properties",
+    "required", "additionalProperties", "minProperties", "maxProperties", "patternProperties", "propertyNames",
+    "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "$ref", "anyOf", "oneOf",
+    "allOf", "not", "if", "then", "else", "$dynamicRef", "$recursiveRef"))
+
+
+def _validating(node: dict) -> set[str]:
+    """The keywords of `node` that change which values are valid."""
+    return {k for k in node if k in _VALIDATING}
 
 
 def _typed(node: dict) -> bool:

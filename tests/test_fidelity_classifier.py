@@ -106,8 +106,10 @@ NOT_MASKED_CASES = [
     ("uniqueItems_bounded_strings", {"type": "array", "items": {"type": "string", "maxLength": 1},
                                      "uniqueItems": True}, True, '["a","b"]', '["a","a"]',
      ("/uniqueItems", "uniqueItems", CHECKED)),
-    ("uniqueItems_object_items", {"type": "array", "items": {"type": "object", "properties": OBJ_AB},
-                                  "uniqueItems": True}, True, '[{"a":1},{"a":2}]', '[{"a":1},{"a":1}]',
+    # object items are steered only where every property is a scalar (a nested object is not)
+    ("uniqueItems_nested_object_items", {"type": "array", "items": {"type": "object", "properties": {
+        "o": {"type": "object", "properties": OBJ_AB}}}, "uniqueItems": True}, True, '[{"o":{"a":1}},{"o":{"a":2}}]',
+     '[{"o":{"a":1}},{"o":{"a":1}}]',
      ("/uniqueItems", "uniqueItems", CHECKED)),
     ("contains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, True, "[5]", "[1]",
      ("/contains", "contains", CHECKED)),
@@ -222,6 +224,44 @@ def test_unique_items_the_value_check_keeps_exactly_are_enforced_in_strict_mode(
     entry = next(k for k in report.keywords if k.keyword == "uniqueItems")
     assert (entry.pointer, entry.status, entry.engine) == ("/properties/xs/uniqueItems", ENFORCED, VALUE_CHECK)
     assert report.refused_in_strict == ()
+
+
+TAG = {"type": "object", "title": "Tag", "required": ["name", "weight"],
+       "properties": {"name": {"type": "string", "title": "Name"}, "weight": {"type": "integer", "title": "Weight"}}}
+
+
+@pytest.mark.parametrize("items", [
+    {"type": "object", "properties": OBJ_AB},
+    {"$ref": "#/$defs/Tag"},  # pydantic's set[Tag] of a frozen model
+    {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "on": {"type": "boolean"},
+                                      "note": {"$ref": "#/$defs/word"}}, "required": ["kind"],
+     "additionalProperties": False},
+])
+def test_unique_object_items_of_scalar_properties_are_enforced_in_strict_mode(items):
+    schema = {"$defs": {"word": {"type": "string"}, "Tag": TAG}, "type": "object", "required": ["xs"],
+              "properties": {"xs": {"type": "array", "items": items, "uniqueItems": True, "minItems": 2}}}
+    report = routed_schema_fidelity(schema)
+    entry = next(k for k in report.keywords if k.keyword == "uniqueItems")
+    assert (entry.pointer, entry.status, entry.engine) == ("/properties/xs/uniqueItems", ENFORCED, VALUE_CHECK)
+    assert report.refused_in_strict == ()
+
+
+@pytest.mark.parametrize("items,strict,why", [
+    ({"type": "object", "properties": {"a": {"type": ["string", "null"]}}}, True, "closed objects"),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}, True,
+     "closed objects"),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}, True, "closed objects"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}}, True,
+     "closed objects"),
+    ({"type": "object", "properties": OBJ_AB, "minProperties": 1}, True, "closed objects"),
+    ({"type": "object", "properties": OBJ_AB}, False, "closed objects"),  # open: names beyond a and b
+    ({"type": "object", "properties": {"k": {"type": "boolean"}}, "required": ["k"]}, True,
+     "minItems 3 exceeds the 2 distinct objects"),
+])
+def test_unique_object_items_the_check_cannot_steer_stay_refused(items, strict, why):
+    schema = {"type": "array", "items": items, "uniqueItems": True, "minItems": 3}
+    entry = next(k for k in schema_fidelity(schema, strict=strict).not_masked if k.keyword == "uniqueItems")
+    assert entry.status == CHECKED and why in entry.reason
 
 
 def test_dependent_required_the_value_check_keeps_is_enforced_in_strict_mode():

@@ -5,7 +5,8 @@
   for a long word;
 - a keyword nothing enforces (`uniqueItems` over pattern-bound strings, which a repeat could not
   grow out of) is refused in strict mode with the keyword's pointer, while `uniqueItems` over free
-  strings is answered, unique (Jumpgate's value check);
+  strings is answered, unique (Jumpgate's value check), and so is a pydantic set of frozen models
+  (`uniqueItems` over objects of scalar properties);
 - with best effort the model's real output comes back with a verdict that agrees with jsonschema's,
   on whole and streamed responses.
 """
@@ -116,6 +117,30 @@ def test_pydantic_sets_parse_in_strict_mode(jumpgate_server):
     text = completion.choices[0].message.content
     fruits = json.loads(text)["fruits"]
     assert len(set(fruits)) == len(fruits), text  # a set would hide a repeat: check the JSON itself
+
+
+class Person(BaseModel, frozen=True):
+    name: str
+    age: int
+
+
+class People(BaseModel):
+    people: set[Person] = Field(min_length=2, max_length=3)  # uniqueItems over objects
+
+
+def test_pydantic_sets_of_frozen_models_parse_in_strict_mode(jumpgate_server):
+    client = openai_client(jumpgate_server)
+    completion = client.chat.completions.parse(
+        model=MODEL, response_format=People, temperature=0, max_tokens=200,
+        messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+                  {"role": "user", "content": "Bob is 30. Bob is 30. Bob is 30. List the people."}])
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop", choice  # before the value check steered objects: a 400 (uniqueItems)
+    assert isinstance(choice.message.parsed, People) and len(choice.message.parsed.people) >= 2
+    text = choice.message.content
+    people = json.loads(text)["people"]
+    assert len({json.dumps(p, sort_keys=True) for p in people}) == len(people), text  # the JSON itself, not the set
+    jsonschema.validate(json.loads(text), People.model_json_schema())
 
 
 def test_best_effort_output_carries_a_verdict_that_agrees_with_jsonschema(http):

@@ -72,6 +72,9 @@ def test_strict_refuses_each_keyword_the_mask_does_not_enforce(gateway_client, f
     ({"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
       "required": ["ids"]}, '{"ids":[1,2]}'),
     (OPEN_MAP, '{"a":1,"b":2}'),
+    ({"type": "object", "required": ["xs"], "properties": {"xs": {"type": "array", "uniqueItems": True, "items": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "on": {"type": "boolean"}}}}}},
+     '{"xs":[{"a":1},{"a":1,"on":true}]}'),
     ({"type": "object", "properties": {"card": {"type": "string"}, "address": {"type": "string"}},
       "dependentRequired": {"card": ["address"]}}, '{"card":"1","address":"x"}'),
 ])

@@ -1,6 +1,6 @@
 """The value check end to end with the real SmolLM2 (greedy, strict): prompts that make the model
-repeat an object name (under additionalProperties), repeat an array item (under uniqueItems) or
-leave out a dependent property (dependentRequired). Each case runs twice in one batch: without
+repeat an object name (under additionalProperties), repeat an array item (under uniqueItems; object
+items too) or leave out a dependent property (dependentRequired). Each case runs twice in one batch: without
 the value check (the control: the model really does break the schema, so the test can fail) and
 with it (the output parses, has no repeated name at any level, and validates with jsonschema)."""
 
@@ -125,3 +125,63 @@ def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, s
 
     assert any(repeated_names(call) for call in calls(control.text)), control.text
     assert calls(checked.text) and not any(repeated_names(call) for call in calls(checked.text)), checked.text
+
+
+def object_array(name: str, properties: dict) -> dict:
+    items = {"type": "object", "required": list(properties), "properties": properties}
+    return {"type": "object", "required": [name], "properties": {
+        name: {"type": "array", "items": items, "uniqueItems": True, "minItems": 2, "maxItems": 3}}}
+
+
+# name -> (schema, prompt): object items the unchecked model repeats (greedy, the default weights)
+OBJECT_CASES = {
+    "string_and_boolean": (object_array("fruits", {"fruit": {"type": "string"}, "ripe": {"type": "boolean"}}),
+                           "I bought a ripe apple, a ripe apple and a ripe apple."),
+    "string_and_integer": (object_array("people", {"name": {"type": "string"}, "age": {"type": "integer"}}),
+                           "Bob is 30. Bob is 30. Bob is 30. List the people."),
+}
+
+
+@pytest.fixture(scope="module")
+def object_runs(real_engine, service, tokenizer):
+    """name -> (output without the value check, output with it), all in one batch, with room for
+    the model's own end (maxItems closes the array)."""
+    requests = []
+    for schema, prompt in OBJECT_CASES.values():
+        handle = service.compile(GrammarSpec.json_schema(schema))
+        ids = chat_ids(tokenizer, prompt, SYSTEM)
+        requests += [GenerateRequest(ids, SamplingParams(max_new_tokens=120, temperature=0.0), constraint=h,
+                                     jump_forward="verify", strict=True)
+                     for h in (handle.without_value_check(), handle)]
+    results = real_engine.generate_many(requests, timeout=900)
+    return {name: (results[2 * i], results[2 * i + 1]) for i, name in enumerate(OBJECT_CASES)}
+
+
+@pytest.mark.parametrize("name", list(OBJECT_CASES))
+def test_unique_object_items_are_answered_unique_in_strict_mode(object_runs, name):
+    schema = OBJECT_CASES[name][0]
+    assert routed_schema_fidelity(schema).refused_in_strict == ()  # was a 400: uniqueItems over objects
+    control, result = object_runs[name]
+    assert repeated_items(json.loads(control.text)), control.text  # the model does repeat an object
+    value = json.loads(result.text)
+    assert not repeated_items(value), result.text
+    jsonschema.Draft202012Validator(schema).validate(value)
+    assert result.finish_reason == "stop", (result.finish_reason, result.text)
+
+
+def test_unique_object_items_close_validly_at_every_budget_from_the_smallest(real_engine, service, tokenizer):
+    """Budget closing writes distinct items too (its plans are repaired around repeats), and the
+    smallest budget strict mode accepts counts them (intake refuses less)."""
+    requests, schemas = [], []
+    for schema, prompt in OBJECT_CASES.values():
+        handle = service.compile(GrammarSpec.json_schema(schema))
+        least = handle.min_completion_tokens()
+        ids = chat_ids(tokenizer, prompt, SYSTEM)
+        for budget in range(least, least + 6):
+            requests.append(GenerateRequest(ids, SamplingParams(max_new_tokens=budget, temperature=0.0),
+                                            constraint=handle, jump_forward="verify", strict=True))
+            schemas.append(schema)
+    for schema, result in zip(schemas, real_engine.generate_many(requests, timeout=900)):
+        value = json.loads(result.text)
+        assert not repeated_items(value), result.text
+        jsonschema.Draft202012Validator(schema).validate(value)
