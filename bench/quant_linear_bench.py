@@ -5,7 +5,10 @@ kernels (runtime/cpu_kernels/quant_linear.cpp) against what they replaced, side 
   not fit the caches, as in a real pass) through our int4 kernel and through
   `aten._weight_int4pack_mm_for_cpu`, alternated, best of several passes;
 - `logits`: the model's own tied embedding (its GGUF Q8_0 codes) as the 49152 x 576 logits layer
-  through our int8 kernel and as the bf16 copy q4 used before.
+  through our int8 kernel and as the bf16 copy q4 used before;
+- `layers_f32`, `logits_f32` (where quant_linear_f32.cpp is built: AVX2 + FMA): the same layers and
+  logits layer through the float32-activation kernels against fp32 `F.linear` over the same
+  (dequantized) weights: what q4 replaces on a CPU without native bf16.
 
 One JSON line per (part, rows): milliseconds of each and the ratio.
 """
@@ -18,7 +21,8 @@ import time
 
 import torch
 
-from runtime.linear import DenseLinear, Int4Linear, make_int8_group_linear, quant_kernels
+from runtime.linear import CodesLinearF32, DenseLinear, Int4Linear, f32_quant_kernels, make_int8_group_linear, \
+    quant_kernels
 from runtime.quant_codes import Int4Codes
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # fused qkv, o, fused gate/up, down
@@ -40,37 +44,47 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", default="1,16,64,512")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if quant_kernels() is None:
-        print(json.dumps({"bench": "quant_linear", "skipped": "the kernels are not built here (no AVX512-BF16)"}))
-        return
-    g = torch.Generator().manual_seed(0)
-    ours, aten = [], []
-    for _ in range(LAYERS):
-        for n, k in SHAPES:
-            codes = Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05)
-            ours.append(Int4Linear(codes, None))
-            aten.append(Int4Linear(codes, None, kernels=False))
     from runtime.loader import read_gguf_codes, resolve_model_dir, source_gguf
 
     embed = read_gguf_codes(source_gguf(resolve_model_dir()))["model.embed_tokens.weight"]
-    int8, bf16 = make_int8_group_linear(embed), DenseLinear(embed.dequantize(), None, torch.bfloat16)
-    for rows in [int(r) for r in args.rows.split(",")]:
-        xs = {k: torch.randn(rows, k, generator=g).bfloat16() for k in (576, 1536)}
-        reps = 7 if rows <= 64 else 3
-        mine = theirs = float("inf")
+    rows = [int(r) for r in args.rows.split(",")]
+    if quant_kernels() is None:
+        print(json.dumps({"bench": "quant_linear", "skipped": "the bf16 kernels are not built here (no AVX512-BF16)"}))
+    else:
+        g = torch.Generator().manual_seed(0)
+        codes = [Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05) for _ in range(LAYERS) for n, k in SHAPES]
+        compare(rows, args.threads, "layers", "int4_ms", [Int4Linear(c, None) for c in codes],
+                "aten_int4_ms", [Int4Linear(c, None, kernels=False) for c in codes], torch.bfloat16)
+        compare(rows, args.threads, "logits", "int8_ms", [make_int8_group_linear(embed)],
+                "bf16_ms", [DenseLinear(embed.dequantize(), None, torch.bfloat16)], torch.bfloat16)
+    ops = f32_quant_kernels()
+    if ops is None:
+        print(json.dumps({"bench": "quant_linear", "skipped": "the float32 kernels are not built here (no AVX2 + FMA)"}))
+        return
+    g = torch.Generator().manual_seed(0)
+    codes = [Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05) for _ in range(LAYERS) for n, k in SHAPES]
+    compare(rows, args.threads, "layers_f32", "int4_f32_ms", [CodesLinearF32(c, None, ops) for c in codes],
+            "fp32_ms", [DenseLinear(c.dequantize(), None, torch.float32) for c in codes], torch.float32)
+    compare(rows, args.threads, "logits_f32", "int8_f32_ms", [CodesLinearF32(embed, None, ops)],
+            "fp32_ms", [DenseLinear(embed.dequantize(), None, torch.float32)], torch.float32)
+
+
+def compare(rows: list[int], threads: int, part: str, ours_name: str, ours: list, theirs_name: str, theirs: list,
+            dtype: torch.dtype) -> None:
+    """Every layer of `ours`, then of `theirs`, alternated, best of several passes, per row count."""
+    g = torch.Generator().manual_seed(1)
+    for m in rows:
+        xs = {k: torch.randn(m, k, generator=g).to(dtype) for k in {lin.shape[1] for lin in ours}}
+        reps = 7 if m <= 64 else 3
+        if len(ours) == 1:
+            reps *= 2  # one layer: more passes for the same confidence
+        mine = other = float("inf")
         for _ in range(reps):  # alternated, so a slow spell of the machine hits both
             mine = min(mine, best_ms(lambda: [lin.native(xs[lin.shape[1]]) for lin in ours], 1))
-            theirs = min(theirs, best_ms(lambda: [lin.native(xs[lin.shape[1]]) for lin in aten], 1))
-        print(json.dumps({"bench": "quant_linear", "part": "layers", "rows": rows, "threads": args.threads,
-                          "int4_ms": round(mine, 3), "aten_int4_ms": round(theirs, 3),
-                          "speedup": round(theirs / mine, 3)}), flush=True)
-        x = xs[576]
-        a = b = float("inf")
-        for _ in range(reps * 2):
-            a = min(a, best_ms(lambda: int8.native(x), 1))
-            b = min(b, best_ms(lambda: bf16.native(x), 1))
-        print(json.dumps({"bench": "quant_linear", "part": "logits", "rows": rows, "threads": args.threads,
-                          "int8_ms": round(a, 3), "bf16_ms": round(b, 3), "speedup": round(b / a, 3)}), flush=True)
+            other = min(other, best_ms(lambda: [lin.native(xs[lin.shape[1]]) for lin in theirs], 1))
+        print(json.dumps({"bench": "quant_linear", "part": part, "rows": m, "threads": threads,
+                          ours_name: round(mine, 3), theirs_name: round(other, 3),
+                          "speedup": round(other / mine, 3)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ class DenseLinear:
     def act_dtype(self) -> torch.dtype:
         return self.dtype
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
     def native(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 

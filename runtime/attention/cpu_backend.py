@@ -2,9 +2,9 @@
 
 Each query row's output is a function of its own q, its request's slots and its visible length n
 (prefix + index of the token + 1) only: keys are folded in blocks of 32 aligned to absolute
-position 0, each block reduced in one fixed order (a 16-lane dot product over head_dim, block
-max, exp, sums in key order), blocks combined by the online-softmax rescale. So a row is bitwise
-the same alone or in any batch, as a decode or inside a longer extend, with any thread count.
+position 0, each block reduced in one fixed order (a W-lane dot product over head_dim, W = 16
+with AVX-512, 8 with AVX2: runtime/cpu_kernels/vec.h; block max, exp, sums in key order), blocks
+combined by the online-softmax rescale. So a row is bitwise the same alone or in any batch, as a decode or inside a longer extend, with any thread count.
 That is what lets bf16-activation weight formats (q4) keep Jumpgate's equalities: SDPA over
 gathered, padded or cascade-merged K/V differs in its last bits between those cases, and the next
 layer's bf16 rounding turns that into flipped tokens at near-ties.

@@ -1,10 +1,12 @@
 """Builds and loads Jumpgate's C++ CPU kernels once per machine: `torch.ops.jumpgate_cpu`.
 
 - paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py);
-- layer_ops.cpp: a decoder layer's small ops fused for the bf16-activation formats (runtime/model.py);
+- layer_ops.cpp: a decoder layer's small ops fused for the q4/q8/bf16 formats, in bf16 or float32
+  activations (runtime/model.py);
 - quant_linear.cpp: the q4 format's linear and logits layers (the GGUF's int4 and int8 codes) on
-  bf16 dot-product instructions (runtime/linear.py);
-- vec.h: the 16-lane vector helpers both use.
+  bf16 dot-product instructions (AVX512-BF16; runtime/linear.py);
+- quant_linear_f32.cpp: the same with float32 activations, on AVX2 + FMA (CPUs without native bf16);
+- vec.h: the 16-lane vector helpers the others use.
 
 The extension is compiled on first use with `-O3 -march=native -fopenmp` into
 $JUMPGATE_CACHE_DIR/ext/ (default ~/.cache/jumpgate/ext/), in a folder keyed by the sources' hash,

@@ -1,5 +1,6 @@
-// The small ops between a decoder layer's matmuls, fused, for the bf16-activation weight formats
-// on CPU (runtime/model.py says when they are used and why).
+// The small ops between a decoder layer's matmuls, fused, for the q4/q8/bf16 weight formats on CPU,
+// in the linear layers' activation dtype: bf16, or float32 where q4 runs quant_linear_f32.cpp
+// (runtime/model.py says when they are used and why).
 //
 // Unfused, a layer runs ~40 dispatcher ops around its 4 matmuls (norm: 6, dtype casts: 8, rope:
 // 8, two index_put K/V writes, silu, mul, ...); at batch 1 their dispatch is a third of the step.

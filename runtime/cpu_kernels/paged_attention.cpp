@@ -19,19 +19,20 @@
 
 namespace {
 
-using namespace jumpgate;  // W = 16 lanes for the dot product and the V accumulation
+using namespace jumpgate;  // W lanes (16 or 8: vec.h) for the dot product and the V accumulation
 
 constexpr int BLK = 32;       // keys per block
 constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V block
 constexpr int GROUP_ROWS = 32;  // rows of a prefix group that share each loaded shared block
-constexpr int MAX_CHUNKS = 16;  // head_dim <= 256
+constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
 
-// The lane sums of 16 vectors at once: out[j] = hsum(v[j]), bit for bit, since every lane pair
-// is added in hsum's tree order (halves, then quarters, then (0+2)+(1+3)); 15 shuffle-adds
-// instead of 16 horizontal sums.
-inline vf reduce16(const vf* v) {
+// The lane sums of W vectors at once: out[j] = hsum(v[j]), bit for bit, since every lane pair
+// is added in hsum's tree order (halves, then quarters, then (0+2)+(1+3)); W - 1 shuffle-adds
+// instead of W horizontal sums.
+#if defined(__AVX512F__)
+inline vf reduce_lanes(const vf* v) {
   vf w[8], x[4], y[2];
   for (int i = 0; i < 8; ++i) {
     const vf a = v[2 * i], b = v[2 * i + 1];
@@ -51,6 +52,21 @@ inline vf reduce16(const vf* v) {
   return __builtin_shufflevector(y[0], y[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+#else
+inline vf reduce_lanes(const vf* v) {
+  vf w[4], x[2];
+  for (int i = 0; i < 4; ++i) {
+    const vf a = v[2 * i], b = v[2 * i + 1];
+    w[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const vf a = w[2 * i], b = w[2 * i + 1];
+    x[i] = __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13) + __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15);
+  }
+  return __builtin_shufflevector(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+#endif
 
 struct Args {
   const float* q;
@@ -110,7 +126,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       kp[j] = a.k + off;
       vp[j] = a.v + off;
     }
-    for (int j = kc; j < BLK; ++j) kp[j] = vp[j] = ZERO_ROW;  // scored in a group of 16, never summed
+    for (int j = kc; j < BLK; ++j) kp[j] = vp[j] = ZERO_ROW;  // scored in a group of W, never summed
   };
   // One block for the rows of one segment: state index of its first row, keys base.. it sees.
   auto fold = [&](const Seg& sg, int64_t st0, int64_t base) {
@@ -119,7 +135,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t st = st0 + i * G + g;
         const vf* qv = &qb[st * NC];
-        for (int j0 = 0; j0 < valid; j0 += W) {  // 16 keys' scores at once, each as hsum would give it
+        for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
           vf dots[W];
           for (int jj = 0; jj < W; ++jj) {
             const float* kr = kp[j0 + jj];
@@ -127,7 +143,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
             for (int c = 1; c < NC; ++c) d = d + qv[c] * ld(kr, c);
             dots[jj] = d;
           }
-          store(s + j0, reduce16(dots) * a.scale);
+          store(s + j0, reduce_lanes(dots) * a.scale);
         }
         for (int j = valid; j < BLK; ++j) s[j] = 0.f;
         float mb = -std::numeric_limits<float>::infinity();

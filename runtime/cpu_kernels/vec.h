@@ -1,6 +1,9 @@
-// 16-lane float vectors (GCC vector extensions, no fast-math: every operation in the order
+// W-lane float vectors (GCC vector extensions, no fast-math: every operation in the order
 // written) shared by the CPU kernels: loads and stores, bf16 conversion, a fixed-tree lane sum,
-// and a lane-wise expf.
+// and a lane-wise expf. W is a register's width: 16 with AVX-512, else 8 (AVX2: 64-byte vectors
+// without AVX-512 compile to stack spills, and the attention kernel ran ~5x slower). A build's
+// arithmetic order follows its W, so results are the same for every batch and thread count on
+// one machine, not across the two widths.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -10,7 +13,11 @@
 
 namespace jumpgate {
 
+#if defined(__AVX512F__)
 constexpr int W = 16;
+#else
+constexpr int W = 8;
+#endif
 typedef float vf __attribute__((vector_size(W * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
 typedef uint32_t vu __attribute__((vector_size(W * sizeof(uint32_t))));
@@ -43,10 +50,14 @@ inline void store_bf16(c10::BFloat16* p, vf v, int n) {
   std::memcpy(p, &h, n * sizeof(uint16_t));
 }
 
-// Fixed tree: 16 -> 8 -> 4 -> 2 -> 1.
+// Fixed tree: 16 -> 8 -> 4 -> 2 -> 1 (W = 16), or 8 -> 4 -> 2 -> 1.
 inline float hsum(vf v) {
+#if defined(__AVX512F__)
   vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  vf8 a = v;
+#endif
   vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
