@@ -14,7 +14,8 @@
 // Each row's sum runs over the inputs in order, y = fma(w_k, x_k, y), k = 0, 1, ..., by one thread
 // per tile of 16 output columns: a row's bits do not depend on the row count, the other rows, the
 // thread split or which path below ran. Up to EXPAND_ROWS rows dequantize the codes in registers
-// at each use; more rows dequantize a tile once into a buffer and run every row over it.
+// at each use (one or two rows over two tiles at once); more rows dequantize a tile once into a
+// buffer and run every row over it.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -95,6 +96,36 @@ inline void tile_rows(const Weights& weights, int64_t K, const float* x, int64_t
   }
 }
 
+// R rows (1 or 2) over two adjacent tiles at once. A decode row's sums are FMA-latency bound (each
+// accumulator waits on its last FMA); two tiles give twice the independent chains, and every
+// column's sum keeps the order it has alone.
+template <int R, typename Weights>
+inline void tile_pair_rows(const Weights& first, const Weights& second, int64_t K, const float* x, int64_t ldx,
+                           float* y, int64_t ldy) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < K / 2; ++j) {
+    __m256 w[4], v[4];
+    first(j, w);
+    second(j, v);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x0 = _mm256_broadcast_ss(x + r * ldx + 2 * j);
+      const __m256 x1 = _mm256_broadcast_ss(x + r * ldx + 2 * j + 1);
+      acc[r][0] = _mm256_fmadd_ps(w[0], x0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w[1], x0, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(v[0], x0, acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(v[1], x0, acc[r][3]);
+      acc[r][0] = _mm256_fmadd_ps(w[2], x1, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w[3], x1, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(v[2], x1, acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(v[3], x1, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(y + r * ldy + 8 * c, acc[r][c]);
+}
+
 template <int STEP, typename Weights>
 void run_rows(const Weights& weights, int64_t K, const float* x, int64_t M, float* y, int64_t N) {
   int64_t r = 0;
@@ -131,14 +162,23 @@ torch::Tensor quant_linear_f32(const char* name, torch::Tensor x, torch::Tensor 
   const float* sp = scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t per_group = GROUP / 2, scale_stride = Codes::SCALES * COLS;
-  at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, tiles, 2, [&](int64_t b, int64_t e) {
     std::vector<float> buf(M > EXPAND_ROWS ? K * COLS : 0);  // a tile's weights, [K][16]
-    for (int64_t t = b; t < e; ++t) {
+    auto codes_of = [&](int64_t t) {
       const uint8_t* codes = pp + t * (K / 2) * ROW_BYTES;
       const float* so = sp + t * (K / GROUP) * scale_stride;
-      auto from_codes = [&](int64_t j, __m256 w[4]) {
-        Codes::get(codes + j * ROW_BYTES, so + (j / per_group) * scale_stride, w);
+      return [codes, so, per_group, scale_stride](int64_t j, __m256 w[4]) {
+        Codes::get(codes + j * Codes::ROW_BYTES, so + (j / per_group) * scale_stride, w);
       };
+    };
+    for (int64_t t = b; t < e; ++t) {
+      const auto from_codes = codes_of(t);
+      if (M <= 2 && t + 1 < e) {
+        if (M == 1) tile_pair_rows<1>(from_codes, codes_of(t + 1), K, xp, K, yp + t * COLS, N);
+        else tile_pair_rows<2>(from_codes, codes_of(t + 1), K, xp, K, yp + t * COLS, N);
+        ++t;
+        continue;
+      }
       if (M <= EXPAND_ROWS) {
         run_rows<ROWS>(from_codes, K, xp, M, yp + t * COLS, N);
         continue;
