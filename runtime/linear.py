@@ -227,7 +227,6 @@ class CodesLinearF32:
             raise ValueError(f"codes [{n}, {k}]: the float32 kernel takes groups of 32 and whole tiles of 16 columns")
         self.shape = (n, k)
         self.bias = None if bias is None else bias.float()
-        self._ops = ops
         if isinstance(w, Int4Codes):
             self.kernel = "jumpgate_cpu.int4_linear_f32"
             self.packed = pack_int4_pairs(w.codes)

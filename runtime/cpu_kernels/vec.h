@@ -1,7 +1,7 @@
 // W-lane float vectors (GCC vector extensions, no fast-math: every operation in the order
 // written) shared by the CPU kernels: loads and stores, bf16 conversion, a fixed-tree lane sum,
 // and a lane-wise expf. W is a register's width: 16 with AVX-512, else 8 (AVX2: 64-byte vectors
-// without AVX-512 compile to stack spills, and the attention kernel ran ~5x slower). A build's
+// without AVX-512 compile to stack spills, and the attention kernel spent its time in them). A build's
 // arithmetic order follows its W, so results are the same for every batch and thread count on
 // one machine, not across the two widths.
 #pragma once
