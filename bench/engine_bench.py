@@ -30,7 +30,7 @@ TOPICS = ["rivers", "volcanoes", "bridges", "owls", "comets", "glaciers", "deser
           "lighthouses", "tides", "forests", "storms", "caves", "islands", "canyons", "auroras"]
 LINEAR_OPS = {"aten::linear", "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm",
               "jumpgate_cpu::int4_linear", "jumpgate_cpu::int8_linear", "jumpgate_cpu::int4_linear_f32",
-              "jumpgate_cpu::int8_linear_f32"}
+              "jumpgate_cpu::int8_linear_f32", "jumpgate_cpu::int4_linear_i8"}
 ATTENTION_OPS = {"aten::scaled_dot_product_attention", "jumpgate_cpu::paged_attention"}
 
 

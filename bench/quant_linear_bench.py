@@ -6,9 +6,11 @@ kernels (runtime/cpu_kernels/quant_linear.cpp) against what they replaced, side 
   `aten._weight_int4pack_mm_for_cpu`, alternated, best of several passes;
 - `logits`: the model's own tied embedding (its GGUF Q8_0 codes) as the 49152 x 576 logits layer
   through our int8 kernel and as the bf16 copy q4 used before;
-- `layers_f32`, `logits_f32` (where quant_linear_f32.cpp is built: AVX2 + FMA): the same layers and
-  logits layer through the float32-activation kernels against fp32 `F.linear` over the same
-  (dequantized) weights: what q4 replaces on a CPU without native bf16.
+- `layers_i8` (where quant_linear_i8.cpp is built: AVX2 + FMA): the same layers through the integer
+  kernel (activations as two int8 digits) that q4 runs on a CPU without native bf16, against fp32
+  `F.linear` over the same (dequantized) weights: what it replaces;
+- `layers_f32`, `logits_f32` (AVX2 + FMA): the layers and the logits layer through the float32-
+  activation kernels (the logits layer is q4's there) against fp32 `F.linear` on the same weights.
 
 One JSON line per (part, rows): milliseconds of each and the ratio.
 """
@@ -21,8 +23,8 @@ import time
 
 import torch
 
-from runtime.linear import CodesLinearF32, DenseLinear, Int4Linear, f32_quant_kernels, make_int8_group_linear, \
-    quant_kernels
+from runtime.linear import CodesLinearF32, DenseLinear, Int4Linear, Int4LinearI8, f32_quant_kernels, \
+    i8_quant_kernels, make_int8_group_linear, quant_kernels
 from runtime.quant_codes import Int4Codes
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # fused qkv, o, fused gate/up, down
@@ -48,23 +50,24 @@ def main(argv=None) -> None:
 
     embed = read_gguf_codes(source_gguf(resolve_model_dir()))["model.embed_tokens.weight"]
     rows = [int(r) for r in args.rows.split(",")]
+    g = torch.Generator().manual_seed(0)
+    codes = [Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05) for _ in range(LAYERS) for n, k in SHAPES]
     if quant_kernels() is None:
         print(json.dumps({"bench": "quant_linear", "skipped": "the bf16 kernels are not built here (no AVX512-BF16)"}))
     else:
-        g = torch.Generator().manual_seed(0)
-        codes = [Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05) for _ in range(LAYERS) for n, k in SHAPES]
         compare(rows, args.threads, "layers", "int4_ms", [Int4Linear(c, None) for c in codes],
                 "aten_int4_ms", [Int4Linear(c, None, kernels=False) for c in codes], torch.bfloat16)
         compare(rows, args.threads, "logits", "int8_ms", [make_int8_group_linear(embed)],
                 "bf16_ms", [DenseLinear(embed.dequantize(), None, torch.bfloat16)], torch.bfloat16)
     ops = f32_quant_kernels()
-    if ops is None:
-        print(json.dumps({"bench": "quant_linear", "skipped": "the float32 kernels are not built here (no AVX2 + FMA)"}))
+    if ops is None or i8_quant_kernels() is None:
+        print(json.dumps({"bench": "quant_linear", "skipped": "the AVX2 kernels are not built here (no AVX2 + FMA)"}))
         return
-    g = torch.Generator().manual_seed(0)
-    codes = [Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05) for _ in range(LAYERS) for n, k in SHAPES]
+    dense = [DenseLinear(c.dequantize(), None, torch.float32) for c in codes]
+    compare(rows, args.threads, "layers_i8", "int4_i8_ms", [Int4LinearI8(c, None, ops) for c in codes],
+            "fp32_ms", dense, torch.float32)
     compare(rows, args.threads, "layers_f32", "int4_f32_ms", [CodesLinearF32(c, None, ops) for c in codes],
-            "fp32_ms", [DenseLinear(c.dequantize(), None, torch.float32) for c in codes], torch.float32)
+            "fp32_ms", dense, torch.float32)
     compare(rows, args.threads, "logits_f32", "int8_f32_ms", [CodesLinearF32(embed, None, ops)],
             "fp32_ms", [DenseLinear(embed.dequantize(), None, torch.float32)], torch.float32)
 

@@ -7,7 +7,7 @@ norms, embedding, rope and the residual stream stay in the engine dtype.
 
 Where the linear layers are q4, q8 or bf16 on CPU under a float32 engine, the small ops between
 the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp), in the layers' activation dtype (bf16;
-float32 for q4 through the AVX2 kernel): the norm writes the matmul's input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
+float32 for q4 through the AVX2 kernels): the norm writes the matmul's input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
 op, and each residual add takes the bf16 output as it is and runs with the norm after it. That is
 9 dispatcher ops a layer instead of ~40, whose dispatch was a third of a batch-1 step. (q4's linear
 layers run runtime/cpu_kernels/quant_linear.cpp, through runtime/linear.py.) Each fused op
@@ -119,7 +119,7 @@ class LlamaModel:
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         fusable = device.type == "cpu" and dtype == torch.float32 and self.weights in FUSED_FORMATS
         self.fused_ops = load_cpu_kernels() if fusable else None  # None: plain torch (or no compiler)
-        if self.fused_ops is not None:  # the linear layers' activations: bf16, or float32 (q4's AVX2 kernel)
+        if self.fused_ops is not None:  # the linear layers' activations: bf16, or float32 (q4's AVX2 kernels)
             self._act = self.layers[0].qkv.act_dtype
             bf16 = self._act == torch.bfloat16
             ops = self.fused_ops

@@ -1,9 +1,10 @@
 """Which linear-layer weight format a model runs in, and why (EngineConfig.weights: auto | fp32 | bf16 | q8 | q4).
 
 `auto` on CPU: q4 where the CPU has native bf16 (avx512_bf16 or amx_bf16, where the int4 and bf16
-kernels are fast) or else AVX2 + FMA (where q4 runs runtime/cpu_kernels/quant_linear_f32.cpp: float32
-activations over exactly the fp32 reference's weights, read as 4-bit codes), the source is a GGUF with Q4_1 blocks, the engine dtype is float32 and the
-attention backend is batch-invariant (the cpu backend, runtime/attention/cpu_backend.py); fp32
+kernels are fast) or else AVX2 + FMA (where q4's layers run runtime/cpu_kernels/quant_linear_i8.cpp:
+the GGUF's 4-bit codes times activations coded as two int8 digits, on integer dot products, and its
+logits layer quant_linear_f32.cpp: the Q8_0 codes, float32 activations), the source is a GGUF with
+Q4_1 blocks, the engine dtype is float32 and the attention backend is batch-invariant (the cpu backend, runtime/attention/cpu_backend.py); fp32
 elsewhere. q4 is the GGUF's own Q4_1 weights through the int4 kernel (nothing re-quantized; a
 decode step reads 1/8 of the fp32 bytes) with the tied embedding's own Q8_0 codes as the logits layer; `python -m bench engine`
 measures it against fp32, tests/test_weight_formats.py bounds its drift from fp32 (greedy top-1
@@ -63,7 +64,7 @@ def cpu_summary() -> str:
 
 
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")  # CPU flags under which the bf16/int4 kernels are fast
-FLOAT32_CODES = ("avx2", "fma")  # CPU flags the float32-activation int4 kernel needs (all of them)
+AVX2_KERNELS = ("avx2", "fma")  # CPU flags the integer int4 and float32 int8 kernels need (all of them)
 
 
 def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf_q4: bool,
@@ -81,15 +82,15 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
         fmt = DTYPE_FORMATS.get(dtype, str(dtype))
         return fmt, f"{device.type}: dense weights in the engine dtype"
     native = any(f in cpu_flags() for f in NATIVE_BF16)
-    float32_codes = all(f in cpu_flags() for f in FLOAT32_CODES)
-    if gguf_q4 and (native or float32_codes) and invariant_attention and dtype == torch.float32:
+    avx2_kernels = all(f in cpu_flags() for f in AVX2_KERNELS)
+    if gguf_q4 and (native or avx2_kernels) and invariant_attention and dtype == torch.float32:
         kernel = ("cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel" if native else
-                  "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks dequantized in registers to "
-                  "exactly the fp32 reference's weights, float32 activations")
+                  "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks on integer dot products, "
+                  "activations coded as two int8 digits (15 bits)")
         return "q4", (f"{kernel}, with batch-invariant attention, so batching, drafts and cache hits do not change "
                       f"the output; --weights fp32 is the unquantized reference ({cpu_summary()})")
     why = ("the source has no Q4_1 blocks" if not gguf_q4 else
-           "neither native bf16 nor AVX2 + FMA on this CPU" if not (native or float32_codes) else
+           "neither native bf16 nor AVX2 + FMA on this CPU" if not (native or avx2_kernels) else
            "the attention backend is not batch-invariant" if not invariant_attention else
            f"the engine dtype is {dtype}, not float32")
     return "fp32", (f"cpu: the exact reference, whose greedy output does not change with batching, drafts or "

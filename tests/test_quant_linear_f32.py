@@ -1,7 +1,8 @@
 """The q4 format's float32-activation kernels (runtime/cpu_kernels/quant_linear_f32.cpp, through
 runtime/linear.py's CodesLinearF32): exactly the float32 reference's weights, every row computed
 alone whatever the row count, the thread count or the path (codes in registers for up to 4 rows, a
-dequantized tile beyond), bad inputs refused, and where make_q4_linear picks it."""
+dequantized tile beyond), bad inputs refused, and where make_int8_group_linear picks it (q4's
+logits layer; q4's layers run the integer kernel, tests/test_quant_linear_i8.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import runtime.linear as linear
-from runtime.linear import CodesLinearF32, Int4Linear, make_int8_group_linear, make_q4_linear, pack_int4_pairs
+from runtime.linear import CodesLinearF32, make_int8_group_linear, pack_int4_pairs
 from runtime.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
 
 
@@ -111,15 +112,8 @@ def test_bad_inputs_raise(f32_ops):
     assert f32_ops.int4_linear_f32(torch.zeros(0, 64), lin.packed, lin.scales).shape == (0, 32)
 
 
-def test_where_make_q4_linear_picks_it(f32_ops, monkeypatch):
-    w = q4_1(32, 64)
+def test_where_make_int8_group_linear_picks_it(f32_ops, monkeypatch):
     monkeypatch.setattr(linear, "quant_kernels", lambda: None)  # no AVX512-BF16 build
-    assert isinstance(make_q4_linear(w, None), CodesLinearF32)
     assert isinstance(make_int8_group_linear(q8_0(32, 64)), CodesLinearF32)
     monkeypatch.setattr(linear, "f32_quant_kernels", lambda: None)
-    assert isinstance(make_q4_linear(w, None), Int4Linear)  # aten's kernel, bf16 activations
-    monkeypatch.undo()
-    if f32_ops.int4_linear_available():  # the bf16 kernels first where they are built
-        assert make_q4_linear(w, None).kernel == "jumpgate_cpu.int4_linear"
-    else:
-        assert isinstance(make_q4_linear(w, None), CodesLinearF32)
+    assert isinstance(make_int8_group_linear(q8_0(32, 64)), linear.DenseLinear)  # a bf16 copy

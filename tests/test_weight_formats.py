@@ -94,7 +94,7 @@ def test_format_choice_and_its_reason(monkeypatch):
         assert fmt == "q4" and "batch-invariant" in reason and "--weights fp32" in reason and "avx2" in reason
     monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # q4 through the AVX2 kernel
     fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)
-    assert fmt == "q4" and "AVX2 + FMA" in reason and "exactly the fp32 reference's weights" in reason
+    assert fmt == "q4" and "AVX2 + FMA" in reason and "integer dot products" in reason
     for flags, gguf_q4, invariant, dtype, why in (
             ({"avx2"}, True, True, torch.float32, "neither native bf16 nor AVX2 + FMA"),
             ({"avx512_bf16"}, False, True, torch.float32, "no Q4_1 blocks"),
@@ -235,9 +235,9 @@ def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
 
 @pytest.mark.e2e
 def test_auto_picks_q4_where_its_kernels_run_and_says_why(smollm_dir):
-    from runtime.weight_format import FLOAT32_CODES, NATIVE_BF16, cpu_flags
+    from runtime.weight_format import AVX2_KERNELS, NATIVE_BF16, cpu_flags
 
-    fast = any(f in cpu_flags() for f in NATIVE_BF16) or all(f in cpu_flags() for f in FLOAT32_CODES)
+    fast = any(f in cpu_flags() for f in NATIVE_BF16) or all(f in cpu_flags() for f in AVX2_KERNELS)
     cfg = read_config(smollm_dir)
     model = load_model(smollm_dir, cfg, "auto", CPU, torch.float32, invariant_attention=True)
     assert model.weights == ("q4" if fast else "fp32")
@@ -245,6 +245,6 @@ def test_auto_picks_q4_where_its_kernels_run_and_says_why(smollm_dir):
     assert ("batch-invariant attention" if fast else "neither native bf16") in model.weights_reason
     if fast:  # the layers run the kernel the reason names
         avx2_only = not any(f in cpu_flags() for f in NATIVE_BF16)
-        assert model.layers[0].qkv.kernel == ("jumpgate_cpu.int4_linear_f32" if avx2_only else "jumpgate_cpu.int4_linear")
+        assert model.layers[0].qkv.kernel == ("jumpgate_cpu.int4_linear_i8" if avx2_only else "jumpgate_cpu.int4_linear")
     model = load_model(smollm_dir, cfg, "auto", CPU, torch.float32, invariant_attention=False)
     assert model.weights == "fp32" and ("not batch-invariant" if fast else "neither native bf16") in model.weights_reason

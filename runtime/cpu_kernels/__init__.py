@@ -6,6 +6,7 @@
 - quant_linear.cpp: the q4 format's linear and logits layers (the GGUF's int4 and int8 codes) on
   bf16 dot-product instructions (AVX512-BF16; runtime/linear.py);
 - quant_linear_f32.cpp: the same with float32 activations, on AVX2 + FMA (CPUs without native bf16);
+- quant_linear_i8.cpp: the int4 layers on integer dot products (activations as two int8 digits), on AVX2 + FMA;
 - vec.h: the 16-lane vector helpers the others use.
 
 The extension is compiled on first use with `-O3 -march=native -fopenmp` into
@@ -39,7 +40,7 @@ log = logging.getLogger("jumpgate.attention")
 
 FOLDER = Path(__file__).parent
 SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp",
-           FOLDER / "quant_linear_f32.cpp")
+           FOLDER / "quant_linear_f32.cpp", FOLDER / "quant_linear_i8.cpp")
 HEADERS = (FOLDER / "vec.h",)
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
