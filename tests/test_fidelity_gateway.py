@@ -98,7 +98,8 @@ REFUSED_BEYOND_THE_TABLE = [
     ("if_on_a_discriminator_with_contains", {
         "type": "object", "required": ["k"], "properties": {"k": {"enum": ["x", "y"]},
                                                             "v": {"type": "array", "items": {"type": "integer"}}},
-        "if": {"properties": {"k": {"const": "x"}}}, "then": {"properties": {"v": {"contains": {"const": 1}}}}},
+        "if": {"properties": {"k": {"const": "x"}}},
+        "then": {"properties": {"v": {"items": {"type": "integer"}, "contains": {"const": 1}}}}},
      [("/if", "if"), ("/then", "then"), ("/then/properties/v/contains", "contains")]),
 ]
 # Keywords strict mode can refuse for reasons of their own (any keyword can also be refused as a
@@ -107,7 +108,8 @@ REFUSABLE = set(NEVER_MASKED) | {"required", "unevaluatedItems", "allOf", "oneOf
                                  "maxLength", "format", "type"}
 
 
-@pytest.mark.parametrize("name,schema,expected", REFUSED_BEYOND_THE_TABLE, ids=[c[0] for c in REFUSED_BEYOND_THE_TABLE])
+@pytest.mark.parametrize("name,schema,expected", REFUSED_BEYOND_THE_TABLE,
+                         ids=[c[0] for c in REFUSED_BEYOND_THE_TABLE])
 def test_strict_refuses_the_keywords_the_table_does_not_reach(gateway_client, fake_engine, name, schema, expected):
     assert {(k.pointer, k.keyword) for k in routed_schema_fidelity(schema, strict=True).refused_in_strict} == set(
         expected)
