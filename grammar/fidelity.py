@@ -26,16 +26,20 @@ GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them hones
   the root in strict mode) is left out of the grammar, as it is valid only when absent;
 - string keywords (minLength, pattern, format, ...) and number keywords act only under a declared
   `type`; minLength/maxLength are dropped beside `pattern` or `format`; `multipleOf` only for
-  integers;
+  integers, with a whole divisor (xgrammar ignores `multipleOf: 2.5` under `type: integer`);
+- a `multipleOf` that is not a binary fraction (0.01, 0.1) is exact in no engine: jsonschema (like
+  most validators) divides in floating point and refuses some of its exact decimal multiples
+  (19.99 for 0.01), which llguidance's exact decimal mask writes;
 - `uniqueItems`, `contains` (+ min/maxContains), `not`, `if`/`then`/`else`, `dependentRequired`,
   `dependentSchemas`, `dependencies`, `patternProperties`, and `required` naming an undeclared
   property are not masked;
 - names of additional properties may repeat (the grammar has no memory of names written).
 
 Where every keyword xgrammar would not mask is one llguidance enforces exactly (marked as such
-below: minLength/maxLength beside `pattern`, `multipleOf` on numbers, keywords beside anyOf/allOf/
-$ref, allOf with several branches, scalar keywords without a declared type, `required` naming an
-undeclared property, `if`/`then`/`else` on a discriminator: grammar/conditionals.py) and llguidance compiles the schema without error or warning, the
+below: minLength/maxLength beside `pattern`, `multipleOf` (a binary fraction) on numbers or not
+whole, keywords beside anyOf/allOf/$ref, allOf with several branches, scalar keywords without a
+declared type, `required` naming an undeclared property, `if`/`then`/`else` on a discriminator:
+grammar/conditionals.py) and llguidance compiles the schema without error or warning, the
 schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
 `enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
 matcher). Reports without an `engine` are xgrammar's.
@@ -59,7 +63,9 @@ which tools use widely.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any, Iterable
 
 import jsonschema
@@ -383,16 +389,22 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
     applies_to = _KEYWORD_TYPES[keyword]
     if types is not None and not types & set(applies_to):
         return  # the keyword cannot apply to any allowed type (JSON Schema ignores it too)
-    if types is None:
+    if keyword == "multipleOf" and not _binary_fraction(node[keyword]):
+        mark(keyword, CHECKED, f"multipleOf {node[keyword]!r} is not a binary fraction: jsonschema (like most "
+                               "validators) divides in floating point and refuses some of its exact multiples "
+                               "(19.99 is not a multiple of 0.01 there), so no mask can promise a value it accepts; "
+                               "use an integer or a power-of-two fraction (0.5, 0.25), or best effort")
+    elif types is None:
         mark(keyword, CHECKED, f"{keyword} is masked only under a declared type ({' or '.join(applies_to)}); "
                                "add one beside it", exact_in_llguidance=True)
     elif keyword in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
         mark(keyword, CHECKED, f"{keyword} is ignored beside {'pattern' if 'pattern' in node else 'format'}; "
                                "write the length into the pattern (e.g. ^[a-z]{1,5}$)",
              exact_in_llguidance="pattern" in node and "format" not in node)
-    elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node)):
-        mark(keyword, CHECKED, "multipleOf is masked only for type integer, and not beside a one-sided range "
-                               "(give both a lower and an upper bound, or neither)", exact_in_llguidance=True)
+    elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node) or not _whole(node[keyword])):
+        mark(keyword, CHECKED, "multipleOf is masked only for type integer with a whole divisor (xgrammar ignores "
+                               "2.5), and not beside a one-sided range (give both a lower and an upper bound, or "
+                               "neither)", exact_in_llguidance=True)
     elif keyword == "format" and pattern_for(node) is not None:
         mark(keyword, ENFORCED, f"format {node['format']!r} is compiled as its pattern")
     elif keyword == "format" and (node["format"] not in MASKED_FORMATS or node["format"] in FORMAT_PATTERNS):
@@ -405,6 +417,19 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
             mark(keyword, UNENFORCED, f"format {fmt!r} is neither masked nor checkable here")
     else:
         mark(keyword, ENFORCED)
+
+
+def _binary_fraction(divisor: Any) -> bool:
+    """Is `divisor` exactly the decimal it is written as (an integer, 0.5, 0.25, 2.5)? Then the
+    exact multiples an engine writes are exact floats too, and jsonschema's float division finds
+    them whole; 0.01 is not (19.99 / 0.01 == 1998.9999999999998)."""
+    if not isinstance(divisor, float):
+        return True  # an integer (or an invalid divisor, refused before this)
+    return math.isfinite(divisor) and Fraction(divisor) == Fraction(repr(divisor))
+
+
+def _whole(divisor: Any) -> bool:
+    return not isinstance(divisor, float) or divisor.is_integer()
 
 
 def _one_sided_range(node: dict) -> bool:

@@ -103,6 +103,13 @@ NOT_MASKED_CASES = [
      ("/multipleOf", "multipleOf", CHECKED)),
     ("multipleOf_one_sided_range", {"type": "integer", "multipleOf": 5, "minimum": 5}, True, "10", "7",
      ("/multipleOf", "multipleOf", CHECKED)),
+    # xgrammar ignores a divisor that is not whole under type integer (llguidance writes multiples of 5)
+    ("multipleOf_fractional_divisor", {"type": "integer", "multipleOf": 2.5}, True, "5", "3",
+     ("/multipleOf", "multipleOf", CHECKED)),
+    # 0.01 is no binary fraction: jsonschema's float division refuses the exact multiple 19.99, which
+    # llguidance's decimal mask would write, so neither engine takes it (tests/test_llguidance_fidelity.py)
+    ("multipleOf_not_a_binary_fraction", {"type": "number", "multipleOf": 0.01}, True, "19.75", "19.99",
+     ("/multipleOf", "multipleOf", CHECKED)),
     ("uniqueItems_bounded_strings", {"type": "array", "items": {"type": "string", "maxLength": 1},
                                      "uniqueItems": True}, True, '["a","b"]', '["a","a"]',
      ("/uniqueItems", "uniqueItems", CHECKED)),

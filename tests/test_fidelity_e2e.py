@@ -8,7 +8,18 @@
   strings is answered, unique (Jumpgate's value check), and so is a pydantic set of frozen models
   (`uniqueItems` over objects of scalar properties);
 - with best effort the model's real output comes back with a verdict that agrees with jsonschema's,
-  on whole and streamed responses.
+  on whole and streamed responses;
+- each keyword issue #16 names, answered in strict mode on a prompt that leads the model to break it
+  (the control: the same prompt under the schema without the keyword, whose answer the whole schema
+  refuses), with /v1/schemas/check naming the engine that enforces it and the strict answer ending
+  by itself (`stop`) and validating with jsonschema (formats checked):
+  - `multipleOf: 0.25` on a `number` (llguidance), asked for a price of 19.99;
+  - `if`/`then`/`else` on a discriminator (lowered to anyOf, llguidance: a book has an author and no
+    director, a movie the other way round), asked about a movie made from a novel;
+  - `required: ["sku"]` beside an `anyOf` of two `required` alternatives in array items (the issue's
+    shape; llguidance), asked for an item whose SKU is unknown;
+  - `dependentRequired` (the value check), asked to pay by card without a billing address;
+  - `uniqueItems` over free strings (the value check), asked for the same word three times.
 """
 
 from __future__ import annotations
@@ -169,3 +180,102 @@ def test_streamed_best_effort_verdict_comes_with_the_final_chunk(http):
     finals = [c for e in events for c in e["choices"] if c["finish_reason"]]
     assert len(finals) == 1
     assert finals[0]["jumpgate"]["schema_valid"] is jsonschema_verdict(content), (content, finals[0])
+
+
+# ------------------------------------------------------------------ each keyword of the issue, enforced
+
+SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
+
+
+def closed(properties: dict, required: list[str], **more) -> dict:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False,
+            **more}
+
+
+MEDIA = {"kind": {"enum": ["book", "movie"]}, "author": {"type": "string"}, "director": {"type": "string"}}
+# llguidance has no closing guard (grammar/llg_matcher.py): bounded strings and items let the model end
+SHORT = {"type": "string", "maxLength": 16}
+LINE = {"name": SHORT, "sku": SHORT, "id": SHORT}
+PAYMENT = {"name": {"type": "string"}, "credit_card": {"type": "string"}, "billing_address": {"type": "string"}}
+
+
+def order(**item_keywords) -> dict:
+    items = {"type": "object", "properties": LINE, **item_keywords}
+    return closed({"items": {"type": "array", "minItems": 1, "maxItems": 2, "items": items}}, ["items"])
+
+
+# name -> (schema, the same schema without the keyword (the control), prompt, {pointer: engine});
+# each prompt leads the model (greedy, the default weights) to break the keyword under the control
+ENFORCED_KEYWORDS = {
+    "multipleOf_number": (
+        closed({"price": {"type": "number", "multipleOf": 0.25}}, ["price"]),
+        closed({"price": {"type": "number"}}, ["price"]),
+        "The book costs 19.99 dollars. What is its price?",  # the control writes 19.99
+        {"/properties/price/multipleOf": "llguidance"}),
+    "if_then_else_discriminator": (  # a book has an author and no director, a movie the other way round
+        {**closed(MEDIA, ["kind"]), "if": {"properties": {"kind": {"const": "book"}}},
+         "then": {"required": ["author"], "properties": {"director": False}},
+         "else": {"required": ["director"], "properties": {"author": False}}},
+        closed(MEDIA, ["kind"]),
+        "The movie Jaws (1975), from Peter Benchley's novel.",  # the control: a book with a director
+        {"/if": "llguidance", "/then": "llguidance", "/else": "llguidance"}),
+    "required_beside_anyOf": (  # the issue's shape: a required name beside an anyOf of two required ones
+        order(required=["sku"], anyOf=[{"required": ["name"]}, {"required": ["id"]}]),
+        order(),
+        "Add apples to the order. We do not know their SKU.",  # the control leaves the sku out
+        {"/properties/items/items/required": "llguidance", "/properties/items/items/anyOf": "llguidance"}),
+    "dependentRequired": (
+        {"type": "object", "properties": PAYMENT, "required": ["name"],
+         "dependentRequired": {"credit_card": ["billing_address"]}},
+        {"type": "object", "properties": PAYMENT, "required": ["name"]},
+        "Alice pays with credit card 4111 1111 1111 1111.",  # the control gives no billing address
+        {"/dependentRequired": "value_check"}),
+    "uniqueItems_strings": (
+        closed({"fruits": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 3}},
+               ["fruits"]),
+        closed({"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}, ["fruits"]),
+        "List the word apple three times: apple, apple, apple.",  # the control repeats apple
+        {"/properties/fruits/uniqueItems": "value_check"}),
+}
+
+
+def strict_answer(http, schema: dict, prompt: str) -> dict:
+    rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    resp = http.post("/v1/chat/completions", json={
+        "model": MODEL, "temperature": 0, "max_tokens": 96, "response_format": rf,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["choices"][0]
+
+
+def validator(schema: dict) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+
+
+@pytest.mark.parametrize("name", list(ENFORCED_KEYWORDS))
+def test_schema_check_reports_the_keyword_enforced_by_its_engine(http, name):
+    schema, _, _, engines = ENFORCED_KEYWORDS[name]
+    check = http.post("/v1/schemas/check", json={"schema": schema}).json()
+    assert check["strict_accepted"] is True, check["strict_refusal"]
+    got = {k["pointer"]: (k["status"], k.get("engine", "xgrammar")) for k in check["fidelity"]["keywords"]
+           if k["pointer"].endswith("/" + k["keyword"])}  # not the duplicate-key entry of an object at /then
+    assert {p: got.get(p) for p in engines} == {p: ("enforced", e) for p, e in engines.items()}
+
+
+@pytest.mark.parametrize("name", list(ENFORCED_KEYWORDS))
+def test_without_the_keyword_the_model_breaks_it(http, name):
+    """The control: the prompt really leads the model to break the keyword, so the next test can fail."""
+    schema, control, prompt, _ = ENFORCED_KEYWORDS[name]
+    choice = strict_answer(http, control, prompt)
+    value = json.loads(choice["message"]["content"])
+    assert not validator(schema).is_valid(value), choice["message"]["content"]
+
+
+@pytest.mark.parametrize("name", list(ENFORCED_KEYWORDS))
+def test_strict_answers_the_keyword_and_the_answer_validates(http, name):
+    schema, _, prompt, _ = ENFORCED_KEYWORDS[name]
+    choice = strict_answer(http, schema, prompt)
+    text = choice["message"]["content"]
+    assert choice["finish_reason"] == "stop", (choice["finish_reason"], text)
+    validator(schema).validate(json.loads(text))
+    assert choice["jumpgate"] == {**choice["jumpgate"], "schema_mode": "strict", "schema_valid": True}

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from grammar.fidelity import LLGUIDANCE, routed_schema_fidelity
+from grammar.fidelity import LLGUIDANCE, NEVER_MASKED, routed_schema_fidelity
 from tests.test_fidelity_classifier import NOT_MASKED_CASES
 from tests.test_gateway_routes import CALL_TEXT, MODEL, USER, WEATHER_TOOL, chat, sse_events
 
@@ -64,6 +64,68 @@ def test_strict_refuses_each_keyword_the_mask_does_not_enforce(gateway_client, f
     assert f"'{keyword}' at '{pointer}'" in error["message"]
     assert '"schema_mode": "best_effort"' in error["message"]
     assert fake_engine.submitted == []  # nothing was generated
+
+
+OBJ_AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}
+# Refusals the classifier's table (NOT_MASKED_CASES: a violating instance fed to xgrammar) has no
+# case for, mostly because llguidance would take the table's form over, or jsonschema cannot show
+# the violation: (name, schema, every (pointer, keyword) the 400 must name).
+REFUSED_BEYOND_THE_TABLE = [
+    ("dependencies_names", {"type": "object", "properties": OBJ_AB, "dependencies": {"a": ["b"]}},
+     [("/dependencies", "dependencies")]),
+    ("dependencies_schema", {"type": "object", "properties": OBJ_AB, "dependencies": {"a": {"required": ["b"]}}},
+     [("/dependencies", "dependencies")]),
+    ("unevaluatedItems_schema", {"type": "array", "prefixItems": [{"type": "integer"}],
+                                 "unevaluatedItems": {"type": "string"}}, [("/unevaluatedItems", "unevaluatedItems")]),
+    ("minLength_beside_format", {"type": "string", "format": "email", "minLength": 8}, [("/minLength", "minLength")]),
+    # two listed values cannot fill three unique items: no valid instance, refused rather than cut or repeated
+    ("uniqueItems_exhausted_by_minItems", {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 3,
+                                           "uniqueItems": True}, [("/uniqueItems", "uniqueItems")]),
+    ("format_unenforced", {"type": "object", "properties": {"tel": {"type": "string", "format": "phone"}}},
+     [("/properties/tel/format", "format")]),
+    # llguidance does not implement `not`, so nobody takes the allOf over
+    ("allOf_with_not", {"allOf": [{"type": "integer"}, {"not": {"const": 1}}]}, [("/allOf", "allOf")]),
+    # llguidance refuses a multipleOf with too many digits (here 1/3)
+    ("multipleOf_of_a_third", {"type": "number", "multipleOf": 1 / 3}, [("/multipleOf", "multipleOf")]),
+    ("siblings_of_an_overlapping_oneOf", {"type": "integer", "minimum": 0,
+                                          "oneOf": [{"type": "integer"}, {"type": "number"}]},
+     [("/oneOf", "oneOf"), ("/type", "type"), ("/minimum", "minimum")]),
+    # `if` tests a property that is not listed values: no discriminator, so not lowered to anyOf
+    ("if_then_else_without_discriminator", {"type": "object", "properties": OBJ_AB, "if": {"required": ["a"]},
+                                            "then": {"required": ["b"]}, "else": {"required": ["a"]}},
+     [("/if", "if"), ("/then", "then"), ("/else", "else")]),
+    # a discriminator, but its branch holds a keyword llguidance does not implement
+    ("if_on_a_discriminator_with_contains", {
+        "type": "object", "required": ["k"], "properties": {"k": {"enum": ["x", "y"]},
+                                                            "v": {"type": "array", "items": {"type": "integer"}}},
+        "if": {"properties": {"k": {"const": "x"}}},
+        "then": {"properties": {"v": {"items": {"type": "integer"}, "contains": {"const": 1}}}}},
+     [("/if", "if"), ("/then", "then"), ("/then/properties/v/contains", "contains")]),
+]
+# Keywords strict mode can refuse for reasons of their own (any keyword can also be refused as a
+# sibling of a combinator or of enum/const): each has a 400 test above or below.
+REFUSABLE = set(NEVER_MASKED) | {"required", "unevaluatedItems", "allOf", "oneOf", "multipleOf", "minLength",
+                                 "maxLength", "format", "type"}
+
+
+@pytest.mark.parametrize("name,schema,expected", REFUSED_BEYOND_THE_TABLE,
+                         ids=[c[0] for c in REFUSED_BEYOND_THE_TABLE])
+def test_strict_refuses_the_keywords_the_table_does_not_reach(gateway_client, fake_engine, name, schema, expected):
+    assert {(k.pointer, k.keyword) for k in routed_schema_fidelity(schema, strict=True).refused_in_strict} == set(
+        expected)
+    resp = chat(gateway_client(), response_format=json_schema(schema, strict=True))
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "schema_not_enforceable" and error["param"] == RF_PARAM
+    for pointer, keyword in expected:
+        assert f"'{keyword}' at '{pointer}'" in error["message"], (keyword, pointer)
+    assert '"schema_mode": "best_effort"' in error["message"]
+    assert fake_engine.submitted == []
+
+
+def test_every_keyword_strict_mode_can_refuse_has_a_400_test():
+    shown = {c[5][1] for c in STRICT_CASES} | {k for c in REFUSED_BEYOND_THE_TABLE for _, k in c[2]}
+    assert REFUSABLE <= shown, REFUSABLE - shown
 
 
 @pytest.mark.parametrize("schema,reply", [

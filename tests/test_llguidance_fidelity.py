@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from grammar import GrammarSpec
 from grammar.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
-from grammar.llg_matcher import LLGuidanceHandle
+from grammar.llg_matcher import LLGuidanceHandle, LLGuidanceTokenizer, compile_llguidance
 from grammar.llg_schema import llguidance_grammar, llguidance_refusal
+from runtime.loader import read_config
 from tests.test_fidelity_classifier import NOT_MASKED_CASES
 
 # The cases of the classifier's table that llguidance takes over (explicit, so it cannot grow or
 # shrink unnoticed); every other case stays with xgrammar and strict mode still refuses it.
 EXPECTED_LLGUIDANCE = {
     "pattern_with_maxLength", "pattern_with_minLength", "multipleOf_number", "multipleOf_one_sided_range",
+    "multipleOf_fractional_divisor",
     "allOf_two_branches", "type_beside_anyOf", "minimum_beside_ref", "minimum_beside_allOf",
     "required_undeclared", "minLength_without_type", "minimum_without_type",
 }
@@ -94,6 +97,27 @@ def test_keywords_the_value_check_enforces_do_not_keep_a_schema_from_llguidance(
     report = routed_schema_fidelity(schema, strict=True)
     assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
     assert '"uniqueItems"' in llguidance_grammar(schema, strict=True)  # the property keeps its name
+
+
+def test_a_divisor_that_is_no_binary_fraction_stays_refused(tokenizer, smollm_dir):
+    """llguidance's multipleOf mask is exact in decimal: with 0.01 it writes 19.99, which jsonschema
+    (dividing in floats: 1998.9999999999998) refuses, so a strict answer would fail validation. Such
+    a schema is not routed to llguidance, and strict mode refuses it; 0.25 is routed."""
+    schema = {"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01}}, "required": ["price"]}
+    eos = tokenizer.eos_token_id
+    grammar = llguidance_grammar(schema, strict=True)
+    llg_tokenizer = LLGuidanceTokenizer(tokenizer, read_config(smollm_dir).vocab_size, [eos]).get()
+    handle = LLGuidanceHandle("k", "json_schema", grammar, compile_llguidance(llg_tokenizer, grammar, "t", None),
+                              frozenset({eos}))
+    assert writes(handle, tokenizer, '{"price":19.99}')  # what routing it to llguidance would let through
+    assert not jsonschema.Draft202012Validator(schema).is_valid({"price": 19.99})
+    report = routed_schema_fidelity(schema, strict=True)
+    assert report.engine == XGRAMMAR
+    assert [(k.pointer, k.keyword) for k in report.refused_in_strict] == [("/properties/price/multipleOf",
+                                                                           "multipleOf")]
+    assert "binary fraction" in report.refused_in_strict[0].reason
+    quarter = {**schema, "properties": {"price": {"type": "number", "multipleOf": 0.25}}}
+    assert routed_schema_fidelity(quarter, strict=True).engine == LLGUIDANCE
 
 
 def test_lookahead_patterns_are_refused_by_llguidance_too():
