@@ -218,82 +218,67 @@ def make_q4_linear(w: Int4Codes, bias: torch.Tensor | None):
     return Int4LinearI8(w, bias, ops) if ops is not None else Int4Linear(w, bias)
 
 
-class CodesLinearF32:
+class PackedCodesLinear:
+    """A GGUF code kernel over float32 activations: `packed` codes and `scales` in the kernel's tile
+    layout, `_op(x, packed, scales)` -> y (runtime/cpu_kernels/quant_linear_f32.cpp, quant_linear_i8.cpp)."""
+
+    act_dtype = torch.float32
+    kernel: str
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, w: Int4Codes | Int8Codes, bias: torch.Tensor | None, scale_parts: list[torch.Tensor]):
+        n, k = w.codes.shape
+        if k % w.group or w.group != INT4_GROUP or n % TILE:
+            raise ValueError(f"codes [{n}, {k}]: {self.kernel} takes groups of 32 and whole tiles of 16 columns")
+        self.shape = (n, k)
+        self.bias = None if bias is None else bias.float()
+        # [N / 16, K / 32, len(parts), 16]: a tile's scales (then offsets) group after group
+        parts = len(scale_parts)
+        self.scales = torch.stack([p.float() for p in scale_parts]).reshape(parts, n // TILE, TILE, -1) \
+            .permute(1, 3, 0, 2).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._op(x.float(), self.packed, self.scales)
+        y = y if self.bias is None else y + self.bias
+        return y.to(x.dtype)
+
+    native = __call__
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+
+class CodesLinearF32(PackedCodesLinear):
     """GGUF Q4_1 or Q8_0 codes with float32 activations (runtime/cpu_kernels/quant_linear_f32.cpp):
     the kernel makes w = q * d + m (Q8_0: q * d) with one rounding, which is exactly the float32
     reference's weight (the loader's dequantization), and sums each row in input order, the same
     for every row count."""
 
-    act_dtype = torch.float32
-
     def __init__(self, w: Int4Codes | Int8Codes, bias: torch.Tensor | None, ops):
-        n, k = w.codes.shape
-        if k % w.group or w.group != INT4_GROUP or n % TILE:
-            raise ValueError(f"codes [{n}, {k}]: the float32 kernel takes groups of 32 and whole tiles of 16 columns")
-        self.shape = (n, k)
-        self.bias = None if bias is None else bias.float()
-        if isinstance(w, Int4Codes):
-            self.kernel = "jumpgate_cpu.int4_linear_f32"
-            self.packed = pack_int4_pairs(w.codes)
-            parts = [w.scales, w.offsets()]
-        else:
-            self.kernel = "jumpgate_cpu.int8_linear_f32"
-            self.packed = pack_int8_pairs(w.codes)
-            parts = [w.scales]
-        # [N / 16, K / 32, len(parts), 16]: a tile's scales (then offsets) group after group
-        self.scales = torch.stack([p.float() for p in parts]).reshape(len(parts), n // TILE, TILE, -1) \
-            .permute(1, 3, 0, 2).contiguous()
-        self._op = ops.int4_linear_f32 if isinstance(w, Int4Codes) else ops.int8_linear_f32
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._op(x.float(), self.packed, self.scales)
-        y = y if self.bias is None else y + self.bias
-        return y.to(x.dtype)
-
-    native = __call__
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales.nbytes
-
-    def numel(self) -> int:
-        return self.shape[0] * self.shape[1]
+        int4 = isinstance(w, Int4Codes)
+        self.kernel = "jumpgate_cpu.int4_linear_f32" if int4 else "jumpgate_cpu.int8_linear_f32"
+        super().__init__(w, bias, [w.scales, w.offsets()] if int4 else [w.scales])
+        self.packed = pack_int4_pairs(w.codes) if int4 else pack_int8_pairs(w.codes)
+        self._op = ops.int4_linear_f32 if int4 else ops.int8_linear_f32
 
 
-class Int4LinearI8:
+class Int4LinearI8(PackedCodesLinear):
     """GGUF Q4_1 codes on integer dot products (runtime/cpu_kernels/quant_linear_i8.cpp, AVX2): the
     kernel codes each row per block of 32 inputs as two int8 digits (a 15-bit code, error at most
     max|x| / 64516) plus the block's exact sum for the offset term, and sums code x digit products in
     integers. The weights are the GGUF's own; a row's bits do not depend on the other rows."""
 
-    act_dtype = torch.float32
     kernel = "jumpgate_cpu.int4_linear_i8"
 
     def __init__(self, w: Int4Codes, bias: torch.Tensor | None, ops):
-        n, k = w.codes.shape
-        if k % w.group or w.group != INT4_GROUP or n % TILE:
-            raise ValueError(f"codes [{n}, {k}]: the integer kernel takes groups of 32 and whole tiles of 16 columns")
-        self.shape = (n, k)
-        self.bias = None if bias is None else bias.float()
+        super().__init__(w, bias, [w.scales, w.offsets()])
         self.packed = pack_int4_quads(w.codes)
-        # [N / 16, K / 32, 2, 16]: a tile's scales, then offsets, group after group
-        self.scales = torch.stack([w.scales.float(), w.offsets().float()]).reshape(2, n // TILE, TILE, -1) \
-            .permute(1, 3, 0, 2).contiguous()
         self._op = ops.int4_linear_i8
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._op(x.float(), self.packed, self.scales)
-        y = y if self.bias is None else y + self.bias
-        return y.to(x.dtype)
-
-    native = __call__
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales.nbytes
-
-    def numel(self) -> int:
-        return self.shape[0] * self.shape[1]
 
 
 def pack_int4_quads(codes: torch.Tensor) -> torch.Tensor:
