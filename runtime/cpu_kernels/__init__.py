@@ -7,7 +7,7 @@
   bf16 dot-product instructions (AVX512-BF16; runtime/linear.py);
 - quant_linear_f32.cpp: the same with float32 activations, on AVX2 + FMA (CPUs without native bf16);
 - quant_linear_i8.cpp: the int4 layers on integer dot products (activations as two int8 digits), on AVX2 + FMA;
-- vec.h: the 16-lane vector helpers the others use.
+- vec.h: the vector helpers the others use (16 lanes with AVX-512, else 8).
 
 The extension is compiled on first use with `-O3 -march=native -fopenmp` into
 $JUMPGATE_CACHE_DIR/ext/ (default ~/.cache/jumpgate/ext/), in a folder keyed by the sources' hash,
