@@ -1,15 +1,15 @@
 // y = x @ W.T for the GGUF's own codes with float32 activations, on AVX2 + FMA: the q4 format's
-// linear and logits layers on CPUs without native bf16 (quant_linear.cpp is the AVX512-BF16 one;
-// runtime/linear.py picks).
+// logits layer on CPUs without native bf16 (its layers run quant_linear_i8.cpp there, and
+// quant_linear.cpp on AVX512-BF16; runtime/linear.py picks), and the exact reference for both.
 //   int4_linear_f32: Q4_1 blocks, w = q * d + m, q in 0..15;
 //   int8_linear_f32: Q8_0 blocks, w = q * d, q in -128..127.
 //
 // The weights are the float32 reference's own, bit for bit. The loader's float32 model is the GGUF
 // dequantized (gguf's numpy: d * q + m in float32), and d * q is exact in float32 (an fp16 scale
-// times a code of at most 8 bits), so w needs one rounding, which the FMA here does too. So the q4
-// format on these CPUs computes with exactly the weights of `--weights fp32`, from a quarter of the
-// bytes (codes, plus fp32 d and m per group of 32); only the order of each row's sums differs
-// from the BLAS call.
+// times a code of at most 8 bits), so w needs one rounding, which the FMA here does too. So these
+// kernels compute with exactly the weights of `--weights fp32`, from a quarter (int4) or half (int8)
+// of the bytes plus fp32 scales per group of 32; only the order of each row's sums differs from the
+// BLAS call.
 //
 // Each row's sum runs over the inputs in order, y = fma(w_k, x_k, y), k = 0, 1, ..., by one thread
 // per tile of 16 output columns: a row's bits do not depend on the row count, the other rows, the
