@@ -27,14 +27,25 @@ typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
 
 inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-inline vf load_part(const float* p, int n) { vf v = {}; std::memcpy(&v, p, n * sizeof(float)); return v; }
-inline void store_part(float* p, vf v, int n) { std::memcpy(p, &v, n * sizeof(float)); }
+// A partial load or store copies n lanes with a variable-length memcpy, a library call: whole
+// vectors take the plain path (a row's kernels call these for every chunk; the call was most of a
+// decode step's norm and silu ops).
+inline vf load_part(const float* p, int n) {
+  if (n == W) return load(p);
+  vf v = {};
+  std::memcpy(&v, p, n * sizeof(float));
+  return v;
+}
+inline void store_part(float* p, vf v, int n) {
+  if (n == W) return store(p, v);
+  std::memcpy(p, &v, n * sizeof(float));
+}
 inline vf splat(float x) { vf v = {}; return v + x; }
 
 // bf16 -> fp32 is exact: the bits shifted up.
 inline vf load_bf16(const c10::BFloat16* p, int n) {
   vh h = {};
-  std::memcpy(&h, p, n * sizeof(uint16_t));
+  if (n == W) std::memcpy(&h, p, sizeof h); else std::memcpy(&h, p, n * sizeof(uint16_t));
   vu u = __builtin_convertvector(h, vu) << 16;
   vf v;
   std::memcpy(&v, &u, sizeof v);
@@ -47,7 +58,7 @@ inline void store_bf16(c10::BFloat16* p, vf v, int n) {
   std::memcpy(&u, &v, sizeof u);
   u = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   vh h = __builtin_convertvector(u, vh);
-  std::memcpy(p, &h, n * sizeof(uint16_t));
+  if (n == W) std::memcpy(p, &h, sizeof h); else std::memcpy(p, &h, n * sizeof(uint16_t));
 }
 
 // Fixed tree: 16 -> 8 -> 4 -> 2 -> 1 (W = 16), or 8 -> 4 -> 2 -> 1.
