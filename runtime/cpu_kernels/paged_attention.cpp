@@ -23,7 +23,7 @@ using namespace jumpgate;  // W lanes (16 or 8: vec.h) for the dot product and t
 
 constexpr int BLK = 32;       // keys per block
 constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V block
-constexpr int GROUP_ROWS = 32;  // rows of a prefix group that share each loaded shared block
+constexpr int GROUP_ROWS = 16;  // rows of a prefix group that share each loaded shared block
 constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
@@ -67,6 +67,21 @@ inline vf reduce_lanes(const vf* v) {
          __builtin_shufflevector(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 #endif
+
+// Lane-wise max, and the max of a vector's lanes (exact: any order gives the same value).
+inline vf max_v(vf x, vf y) { return x > y ? x : y; }
+inline vf8 max_v8(vf8 x, vf8 y) { return x > y ? x : y; }
+inline float hmax(vf v) {
+#if defined(__AVX512F__)
+  vf8 a = max_v8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+#else
+  vf8 a = v;
+#endif
+  vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3), c = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  b = b > c ? b : c;
+  return std::max(std::max(b[0], b[2]), std::max(b[1], b[3]));
+}
 
 struct Args {
   const float* q;
@@ -117,8 +132,9 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       }
   const float* kp[BLK];
   const float* vp[BLK];
-  alignas(64) float s[BLK];
-  alignas(64) float p[BLK];
+  // One block's scores, then probabilities, for every state of a segment (<= MAX_TILE rows)
+  std::vector<float> scores(static_cast<size_t>(MAX_TILE * G * BLK)), alphas(MAX_TILE * G);
+  float* const sbuf = scores.data();
   auto address = [&](const Seg& sg, int64_t base, int64_t end) {
     const int kc = static_cast<int>(std::min<int64_t>(BLK, end - base));
     for (int j = 0; j < kc; ++j) {
@@ -129,12 +145,16 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     for (int j = kc; j < BLK; ++j) kp[j] = vp[j] = ZERO_ROW;  // scored in a group of W, never summed
   };
   // One block for the rows of one segment: state index of its first row, keys base.. it sees.
+  // Three passes over the segment's states (scores, softmax, values), so that each state's short
+  // dependent chains overlap with the next state's work instead of stalling the core.
   auto fold = [&](const Seg& sg, int64_t st0, int64_t base) {
-    for (int64_t i = std::max<int64_t>(0, base - sg.n0 + 1); i < sg.rows; ++i) {
-      const int valid = static_cast<int>(std::min<int64_t>(BLK, sg.n0 + i - base));
+    const int64_t i0 = std::max<int64_t>(0, base - sg.n0 + 1);
+    auto valid_keys = [&](int64_t i) { return static_cast<int>(std::min<int64_t>(BLK, sg.n0 + i - base)); };
+    for (int64_t i = i0; i < sg.rows; ++i) {
+      const int valid = valid_keys(i);
       for (int64_t g = 0; g < G; ++g) {
-        const int64_t st = st0 + i * G + g;
-        const vf* qv = &qb[st * NC];
+        const vf* qv = &qb[(st0 + i * G + g) * NC];
+        float* s = sbuf + ((i - i0) * G + g) * BLK;
         for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
           vf dots[W];
           for (int jj = 0; jj < W; ++jj) {
@@ -145,15 +165,34 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
           }
           store(s + j0, reduce_lanes(dots) * a.scale);
         }
-        for (int j = valid; j < BLK; ++j) s[j] = 0.f;
-        float mb = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < valid; ++j) mb = std::max(mb, s[j]);
-        const float m_old = m[st], m_new = std::max(m_old, mb);
-        const float alpha = std::isinf(m_old) ? 0.f : std::exp(m_old - m_new);
-        for (int j = 0; j < BLK; j += W) store(p + j, exp_v(load(s + j) - m_new));
-        float ps = 0.f;  // keys past n contribute nothing: they are not summed
-        for (int j = 0; j < valid; ++j) ps += p[j];
-        l[st] = l[st] * alpha + ps;
+        for (int j = valid; j < BLK; ++j) s[j] = -std::numeric_limits<float>::infinity();  // weight 0
+      }
+    }
+    for (int64_t i = i0; i < sg.rows; ++i)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t st = st0 + i * G + g, k = (i - i0) * G + g;
+        float* s = sbuf + k * BLK;
+        vf mv = load(s);
+        for (int j = W; j < BLK; j += W) mv = max_v(mv, load(s + j));
+        const float m_old = m[st], m_new = std::max(m_old, hmax(mv));
+        vf sum = splat(0.f);
+        for (int j = 0; j < BLK; j += W) {  // exp(-inf - m) is exactly 0: keys past n add nothing
+          const vf pj = exp_v(load(s + j) - m_new);
+          store(s + j, pj);
+          sum = sum + pj;
+        }
+        // exp(0) is exactly 1: most blocks leave the running max where it was
+        const float alpha = std::isinf(m_old) ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
+        l[st] = l[st] * alpha + hsum(sum);
+        alphas[k] = alpha;
+        m[st] = m_new;
+      }
+    for (int64_t i = i0; i < sg.rows; ++i) {
+      const int valid = valid_keys(i);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t st = st0 + i * G + g, k = (i - i0) * G + g;
+        const float* p = sbuf + k * BLK;
+        const float alpha = alphas[k];
         vf av[NC];
         for (int c = 0; c < NC; ++c) av[c] = alpha == 1.f ? acc[st * NC + c] : acc[st * NC + c] * alpha;
         for (int j = 0; j < valid; ++j) {
@@ -161,7 +200,6 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
           for (int c = 0; c < NC; ++c) av[c] = av[c] + pj * ld(vp[j], c);
         }
         for (int c = 0; c < NC; ++c) acc[st * NC + c] = av[c];
-        m[st] = m_new;
       }
     }
   };
