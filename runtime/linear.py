@@ -309,25 +309,25 @@ def pack_int8_pairs(codes: torch.Tensor) -> torch.Tensor:
     return c.permute(0, 2, 3, 1).reshape(n // TILE, k // 2, 2 * TILE).contiguous()
 
 
-def quant_kernels():
-    """torch.ops.jumpgate_cpu where its quantized kernels were built (AVX512-BF16), else None."""
+def _kernels_built(probe: str):
+    """torch.ops.jumpgate_cpu where the kernels behind `probe` (an op saying whether its source was
+    compiled with the instructions it needs) were built, else None."""
     from runtime.cpu_kernels import load_cpu_kernels
 
     ops = load_cpu_kernels()
-    return ops if ops is not None and ops.int4_linear_available() else None
+    return ops if ops is not None and getattr(ops, probe)() else None
+
+
+def quant_kernels():
+    """The quantized kernels on bf16 dot products (AVX512-BF16), or None."""
+    return _kernels_built("int4_linear_available")
 
 
 def i8_quant_kernels():
-    """torch.ops.jumpgate_cpu where its integer int4 kernel was built (AVX2 + FMA), else None."""
-    from runtime.cpu_kernels import load_cpu_kernels
-
-    ops = load_cpu_kernels()
-    return ops if ops is not None and ops.quant_linear_i8_available() else None
+    """The integer int4 kernel (AVX2 + FMA), or None."""
+    return _kernels_built("quant_linear_i8_available")
 
 
 def f32_quant_kernels():
-    """torch.ops.jumpgate_cpu where its float32-activation quantized kernels were built (AVX2 + FMA), else None."""
-    from runtime.cpu_kernels import load_cpu_kernels
-
-    ops = load_cpu_kernels()
-    return ops if ops is not None and ops.quant_linear_f32_available() else None
+    """The float32-activation quantized kernels (AVX2 + FMA), or None."""
+    return _kernels_built("quant_linear_f32_available")

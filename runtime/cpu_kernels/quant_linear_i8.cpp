@@ -34,6 +34,9 @@ constexpr int64_t STEP = 4;    // inputs per packed step: 16 columns x 4 inputs 
 constexpr int DIGITS = 2;      // int8 digits per activation
 constexpr int ROWS = 3;        // rows sharing one unpack of the codes (4 integer accumulators each)
 constexpr int REGISTER_ROWS = 2;  // up to this many rows also keep their float sums in registers
+// Each row holds 4 int16 accumulators next to the two unpacked code vectors: three rows already
+// spill some of them out of AVX2's 16 registers, more would spill more.
+static_assert(ROWS <= 3, "ROWS rows x 4 accumulators + the unpacked codes must stay near 16 registers");
 
 // The rows' codes: digit p's [M][K] int8 at q[p]; per block ([M][K / 32]) the digits' scales and sx.
 struct CodedRows {
