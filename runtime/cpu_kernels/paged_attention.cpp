@@ -28,8 +28,8 @@ constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
 
-// The lane sums of W vectors at once: out[j] = hsum(v[j]), bit for bit, since every lane pair
-// is added in hsum's tree order (halves, then quarters, then (0+2)+(1+3)); W - 1 shuffle-adds
+// The lane sums of W vectors at once, each in one fixed tree whatever the other vectors hold
+// (AVX-512: hsum's order, halves, then quarters, then (0+2)+(1+3)); W - 1 shuffle-adds
 // instead of W horizontal sums.
 #if defined(__AVX512F__)
 inline vf reduce_lanes(const vf* v) {
@@ -53,18 +53,22 @@ inline vf reduce_lanes(const vf* v) {
          __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 #else
+// AVX2: the tree is ((0+2)+(1+3)) + ((4+6)+(5+7)) per vector, so that the first two levels stay
+// within 128-bit halves (unpack, shufps) and only the last crosses them (two vperm2f128): hsum's
+// order needed lane-crossing vpermd at every level, the hottest instructions of a decode step's
+// attention under perf.
 inline vf reduce_lanes(const vf* v) {
-  vf w[4], x[2];
-  for (int i = 0; i < 4; ++i) {
+  vf s[4], t[2];
+  for (int i = 0; i < 4; ++i) {  // [a0+a2, b0+b2, a1+a3, b1+b3 | a4+a6, b4+b6, a5+a7, b5+b7]
     const vf a = v[2 * i], b = v[2 * i + 1];
-    w[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+    s[i] = __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13) + __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15);
   }
-  for (int i = 0; i < 2; ++i) {
-    const vf a = w[2 * i], b = w[2 * i + 1];
-    x[i] = __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13) + __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15);
+  for (int i = 0; i < 2; ++i) {  // [v0..v3's low-half sums | their high-half sums], 4 vectors each
+    const vf a = s[2 * i], b = s[2 * i + 1];
+    t[i] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
   }
-  return __builtin_shufflevector(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14) +
-         __builtin_shufflevector(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15);
+  return __builtin_shufflevector(t[0], t[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(t[0], t[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 #endif
 
@@ -155,7 +159,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       for (int64_t g = 0; g < G; ++g) {
         const vf* qv = &qb[(st0 + i * G + g) * NC];
         float* s = sbuf + ((i - i0) * G + g) * BLK;
-        for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
+        for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each summed in reduce_lanes' tree
           vf dots[W];
           for (int jj = 0; jj < W; ++jj) {
             const float* kr = kp[j0 + jj];
