@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from runtime.api import GenerateRequest, StreamEvent
 
 
-def emit(record: dict) -> None:
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}), flush=True)
-    sys.stdout.flush()
+def emit(record: dict, file=None) -> None:
+    """One JSON line (floats to 4 places) on stdout, or on `file`, flushed at once."""
+    out = sys.stdout if file is None else file
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}), file=out,
+          flush=True)
 
 
 def default_tokenizer():

@@ -25,14 +25,17 @@ lost the server is sent once more; `server_kills` / `server_restarts` on the tot
    per token to fill the token mask along the answer's own text with the engine that compiled the
    schema (bench/grammar_engines_bench.py's MaskTimer, median of `--mask-reps`).
 
-Output: one JSON line per source and one for the total (`kind`: "source" / "total"), then one
-`kind: "detail"` line per schema that was not answered validly (or repeated a key, or whose
-verdict the server reported differently), to investigate.
+Output: while the answers come in, one `kind: "answer"` line per schema (source, name, engine,
+outcome, finish_reason, completion_tokens, elapsed_s, and the first error's message when not
+valid), flushed at once, on stdout or, with `--log FILE`, appended to that file, so a run stopped
+part way still says what it saw; at the end one JSON line per source and one for the total
+(`kind`: "source" / "total"), then one `kind: "detail"` line per schema that was not answered
+validly (or repeated a key, or whose verdict the server reported differently), to investigate.
 
   python -m bench fidelity --classify [...]   # no server: bench/fidelity_classify.py
   python -m bench fidelity [--quick] [--sources a,b] [--per-source N] [--limit N]
                            [--max-tokens 384] [--concurrency 4] [--mask-sample 8]
-                           [--server-memory-mb 8000] [--max-restarts 5]
+                           [--server-memory-mb 8000] [--max-restarts 5] [--log FILE]
 """
 
 from __future__ import annotations
@@ -96,6 +99,33 @@ def classify(schema: Any, answer: Answer, name: str = "schema") -> Verdict:
     message = short(f"{first.pointer or '/'}: {first.message}") if first else None
     outcome = "cut_off" if answer.finish_reason == "length" else "invalid"
     return Verdict(outcome, duplicate_keys=duplicate, message=message)
+
+
+def answer_line(entry: Entry, check: Check, answer: Answer) -> dict[str, Any]:
+    """The line written as soon as one answer is in (the answer's verdict, as `classify` gives it)."""
+    verdict = classify(entry.schema, answer, entry.name)
+    out = {"bench": "fidelity", "kind": "answer", "source": entry.source, "name": entry.name,
+           "engine": check.engine, "outcome": verdict.outcome, "finish_reason": answer.finish_reason,
+           "completion_tokens": answer.completion_tokens, "elapsed_s": answer.elapsed}
+    if verdict.duplicate_keys:
+        out["duplicate_keys"] = True
+    if verdict.message is not None:
+        out["message"] = verdict.message
+    return out
+
+
+class AnswerLog:
+    """Where the answer lines go: stdout, or a file they are appended to (each line flushed)."""
+
+    def __init__(self, path: str | None = None):
+        self.file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 — closed by close()
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        emit(record, self.file)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 # =========================================================================== rows and summaries
@@ -199,10 +229,13 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--server-memory-mb", type=float, default=8000,
                     help="stop and restart the server past this RSS (it serves the model in about 3 GB)")
     ap.add_argument("--max-restarts", type=int, default=5)
+    ap.add_argument("--log", default=None,
+                    help="append the per-answer lines to this file (default: stdout, among the others)")
     return ap.parse_args(list(argv or []))
 
 
-async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespace) -> tuple[list, list, dict]:
+async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespace,
+                log: AnswerLog | None = None) -> tuple[list, list, dict]:
     timings = {}
     async with httpx.AsyncClient(base_url=guard.server.url, timeout=httpx.Timeout(1800, connect=30)) as client:
         t0 = time.perf_counter()
@@ -216,7 +249,9 @@ async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespa
         except httpx.HTTPError:
             pass  # a server that is gone is answer_all's to bring back
         t0 = time.perf_counter()
-        answers = await answer_all(client, entries, args.max_tokens, args.concurrency, guard, skip)
+        by_entry = {(e.source, e.name): c for e, c in zip(entries, checks)}
+        on_answer = None if log is None else (lambda e, a: log(answer_line(e, by_entry[(e.source, e.name)], a)))
+        answers = await answer_all(client, entries, args.max_tokens, args.concurrency, guard, skip, on_answer)
         timings["answer_wall_s"] = time.perf_counter() - t0
     return checks, answers, timings
 
@@ -239,11 +274,15 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     entries = select(corpus, sources, args.per_source, args.limit)
     if not entries:
         return
-    with tempfile.TemporaryDirectory(prefix="jumpgate-fidelity-") as tmp:
-        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300)
-        with ServerGuard(server, args.server_memory_mb, args.max_restarts) as guard:
-            checks, answers, timings = asyncio.run(drive(guard, entries, args))
-        timings.update(server_kills=guard.kills, server_restarts=guard.restarts)
+    log = AnswerLog(args.log)
+    try:
+        with tempfile.TemporaryDirectory(prefix="jumpgate-fidelity-") as tmp:
+            server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300)
+            with ServerGuard(server, args.server_memory_mb, args.max_restarts) as guard:
+                checks, answers, timings = asyncio.run(drive(guard, entries, args, log))
+            timings.update(server_kills=guard.kills, server_restarts=guard.restarts)
+    finally:
+        log.close()
     rows = [Row(e, c, a, classify(e.schema, a, e.name)) for e, c, a in zip(entries, checks, answers)]
     if args.mask_sample > 0:
         time_masks(rows, args.mask_sample, args.mask_reps)

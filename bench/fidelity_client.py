@@ -8,7 +8,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -220,14 +220,16 @@ async def answer_one(client: httpx.AsyncClient, entry: Entry, max_tokens: int) -
 
 
 async def answer_all(client: httpx.AsyncClient, entries: list[Entry], max_tokens: int, concurrency: int,
-                     guard: ServerGuard | None = None, skip: frozenset[tuple[str, str]] = frozenset()) -> list[Answer]:
+                     guard: ServerGuard | None = None, skip: frozenset[tuple[str, str]] = frozenset(),
+                     on_answer: Callable[[Entry, Answer], None] | None = None) -> list[Answer]:
     """`concurrency` requests at a time. With a guard, a request that lost the server (stopped over
     memory, or crashed) is sent once more after the server is back; `skip` holds the (source, name)
-    of schemas whose check already took the server past its memory limit (not asked again)."""
+    of schemas whose check already took the server past its memory limit (not asked again).
+    `on_answer` is called with each entry's final answer as soon as it is in (completion order)."""
     sem = asyncio.Semaphore(concurrency)
     restart = asyncio.Lock()
 
-    async def one(entry: Entry) -> Answer:
+    async def ask(entry: Entry) -> Answer:
         if (entry.source, entry.name) in skip:
             return Answer(0, code=NOT_ASKED, message="its check took the server past the memory limit")
         async with sem:
@@ -238,5 +240,11 @@ async def answer_all(client: httpx.AsyncClient, entries: list[Entry], max_tokens
                 if up:
                     answer = await answer_one(client, entry, max_tokens)
             return answer
+
+    async def one(entry: Entry) -> Answer:
+        answer = await ask(entry)
+        if on_answer is not None:
+            on_answer(entry, answer)
+        return answer
 
     return list(await asyncio.gather(*(one(e) for e in entries)))

@@ -18,7 +18,13 @@ state was a character; a comma, a minimal value or a character counts only if it
 state the plan has not met since the last forced text (`0` after `1` in an integer is just a
 digit). When nothing makes progress (a counted repetition such as `[0-9]{5}`), the first
 candidate not yet taken from such a state is taken, so the plan keeps moving. States are told
-apart by their token mask plus, where xgrammar shows them, its parser states.
+apart by their token mask plus whatever else the engine shows of its state (`state_detail`:
+xgrammar's parser states; llguidance shows nothing, so there the mask alone tells states apart,
+and a counted repetition is walked by the "first candidate not yet taken" rule above).
+
+The planner drives a matcher only through `PlanMatcher`, a small interface each engine implements
+over its own matcher (grammar/matcher.py for xgrammar, grammar/llg_matcher.py for llguidance); the
+strict methods built on it are shared by both engines' matchers (grammar/strict.py).
 
 Counting the path on a forked matcher gives an upper bound on the tokens needed; the plan itself is
 what a request follows token for token once its budget is tight.
@@ -26,11 +32,9 @@ what a request follows token for token once its budget is tight.
 
 from __future__ import annotations
 
-import re
-from typing import Callable
+from typing import Protocol
 
 import torch
-import xgrammar as xgr
 
 from grammar.token_mask import allow_only
 
@@ -43,6 +47,38 @@ _FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
 _LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
 
 
+class PlanMatcher(Protocol):
+    """What the planner needs from an engine's matcher: one grammar state it can copy, mask,
+    advance and roll back. The stop token is never given to it (termination is the caller's)."""
+
+    def fork(self) -> "PlanMatcher":
+        """An independent copy of this state."""
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (xgrammar's layout)."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar forbids it."""
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+
+    def is_completed(self) -> bool:
+        """Whether the value may end here (the stop token would be allowed)."""
+
+    def forced_tokens(self) -> list[int]:
+        """The text the grammar forces from here in the model tokenizer's tokens, not accepted
+        (empty when there is a choice); the caller accepts as many as the grammar takes."""
+
+    def state_detail(self) -> bytes:
+        """What tells apart two states with the same mask, beyond the mask (b"" if nothing)."""
+
+
+def new_bitmask(vocab_size: int) -> torch.Tensor:
+    """One bitmask row allowing everything (as xgrammar's allocate_token_bitmask)."""
+    return torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
 class ClosingVocab:
     """Token classes of one vocabulary, computed once per tokenizer."""
 
@@ -50,6 +86,7 @@ class ClosingVocab:
         self.vocab_size = vocab_size
         self.special_ids = frozenset(special_ids)
         self.stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.int64)
+        self.stop_set = frozenset(stop_token_ids)
         pieces = hf_tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(hf_tokenizer)))))
         structural, quoted, comma, singles = [], [], [], []
         for i, p in enumerate(pieces):
@@ -101,22 +138,11 @@ def allowed_subset(mask_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return ids[bits.bool()]
 
 
-_POSITIONS = re.compile(r"rule_start_pos=-?\d+")
-
-
-def _signature(mask_row: torch.Tensor, m: xgr.GrammarMatcher) -> bytes:
-    """What tells two matcher states apart for planning: the allowed-token mask and, where
-    xgrammar shows them, its parser states (position-free), which separate e.g. the states of a
-    counted repetition that masks do not."""
-    sig = mask_row.numpy().tobytes()
-    debug = getattr(m, "_debug_print_internal_state", None)
-    if debug is not None:
-        try:
-            state = debug().rpartition("Last step:")[2]
-        except Exception:  # a debugging aid, not an API: planning works without it
-            return sig
-        sig += _POSITIONS.sub("", state).encode()
-    return sig
+def _signature(mask_row: torch.Tensor, m: PlanMatcher) -> bytes:
+    """What tells two matcher states apart for planning: the allowed-token mask and what the
+    engine shows beyond it (xgrammar's parser states, which separate e.g. the states of a counted
+    repetition that masks do not)."""
+    return mask_row.numpy().tobytes() + m.state_detail()
 
 
 def _bit(mask_row: torch.Tensor, token_id: int | None) -> bool:
@@ -126,7 +152,7 @@ def _bit(mask_row: torch.Tensor, token_id: int | None) -> bool:
 class _State:
     """The state a plan step starts from: its signature and whether it is inside text."""
 
-    def __init__(self, mask_row: torch.Tensor, m: xgr.GrammarMatcher, vocab: ClosingVocab):
+    def __init__(self, mask_row: torch.Tensor, m: PlanMatcher, vocab: ClosingVocab):
         self.sig = _signature(mask_row, m)
         self.in_text = bool(allowed_subset(mask_row, vocab.letters).numel())
 
@@ -143,19 +169,19 @@ def _progress(vocab: ClosingVocab, ids: torch.Tensor, tok: int, here: _State, af
     return after_sig not in seen
 
 
-def _completing_single(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask_row: torch.Tensor) -> int | None:
+def _completing_single(m: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tensor) -> int | None:
     """Accept and return a single-character token after which the match is complete, if any: in
     free text (`[a-z]+(, [a-z]+)*\\.`) the other characters make "progress" too, and a separator
     followed by forced text would start item after item."""
     for tok in allowed_subset(mask_row, vocab.singles).tolist():
-        if m.accept_token(tok):
+        if m.accept(tok):
             if m.is_completed():
                 return tok
             m.rollback(1)
     return None
 
 
-def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after: torch.Tensor,
+def _step(m: PlanMatcher, vocab: ClosingVocab, mask: torch.Tensor, after: torch.Tensor,
           seen: set[bytes], taken: dict[bytes, set[int]]) -> int | None:
     """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
     in class order that makes progress, else the first one not yet taken from a state like this.
@@ -168,7 +194,7 @@ def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after:
         tok = _completing_single(m, vocab, mask[0])
         if tok is not None:
             done.add(tok)
-            m.fill_next_token_bitmask(after, 0)
+            m.fill_mask(after, 0)
             return tok
     fallback = first = None
     tries = 0
@@ -176,9 +202,9 @@ def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after:
         for j, tok in enumerate(allowed_subset(mask[0], ids).tolist()):
             if tries >= MAX_TRIES and first is not None:
                 break
-            if not m.accept_token(tok):
+            if not m.accept(tok):
                 continue
-            m.fill_next_token_bitmask(after, 0)
+            m.fill_mask(after, 0)
             if _progress(vocab, ids, tok, here, after[0], _signature(after[0], m), seen):
                 done.add(tok)
                 return tok
@@ -193,33 +219,28 @@ def _step(m: xgr.GrammarMatcher, vocab: ClosingVocab, mask: torch.Tensor, after:
     if tok is None:
         return None
     done.add(tok)
-    m.accept_token(tok)
-    m.fill_next_token_bitmask(after, 0)
+    m.accept(tok)
+    m.fill_mask(after, 0)
     return tok
 
 
-def _accept_forced(m: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]]) -> list[int]:
+def _accept_forced(m: PlanMatcher, vocab: ClosingVocab) -> list[int]:
     """Accept the grammar's forced text in the model tokenizer's own tokens (as jump-forward
     drafts it); returns the tokens taken."""
-    forced = m.find_jump_forward_string()
     took: list[int] = []
-    if forced:
-        for t in encode(forced):
-            if t in vocab.special_ids or not m.accept_token(t):
-                break
-            took.append(t)
+    for t in m.forced_tokens():
+        if t in vocab.special_ids or not m.accept(t):
+            break
+        took.append(t)
     return took
 
 
-def completion_plan(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
-                    limit: int = MAX_PLAN_TOKENS) -> list[int] | None:
+def completion_plan(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> list[int] | None:
     """The tokens of the greedy plan from `matcher`'s state (not changed) to a complete value;
     None if no plan was found within `limit` tokens."""
-    if matcher.is_terminated():
-        return []
     m = matcher.fork()
-    mask = xgr.allocate_token_bitmask(1, vocab.vocab_size)
-    after = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+    mask = new_bitmask(vocab.vocab_size)
+    after = new_bitmask(vocab.vocab_size)
     plan: list[int] = []
     seen: set[bytes] = set()
     taken: dict[bytes, set[int]] = {}
@@ -227,7 +248,7 @@ def completion_plan(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Ca
     while len(plan) <= limit:
         if m.is_completed():
             return plan
-        took = _accept_forced(m, vocab, encode)
+        took = _accept_forced(m, vocab)
         if took:
             plan += took
             seen.clear()
@@ -235,7 +256,7 @@ def completion_plan(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Ca
             have_mask = False
             continue
         if not have_mask:
-            m.fill_next_token_bitmask(mask, 0)
+            m.fill_mask(mask, 0)
         tok = _step(m, vocab, mask, after, seen, taken)
         if tok is None:
             return None
@@ -245,35 +266,33 @@ def completion_plan(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Ca
     return None
 
 
-def completion_bound(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
-                     limit: int = MAX_PLAN_TOKENS) -> int | None:
+def completion_bound(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> int | None:
     """Tokens the greedy plan needs to reach a complete value from `matcher`'s state (not changed);
     None if no plan was found within `limit`."""
-    plan = completion_plan(matcher, vocab, encode, limit)
+    plan = completion_plan(matcher, vocab, limit)
     return None if plan is None else len(plan)
 
 
-def completion_bound_after(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
-                           token_id: int) -> int | None:
+def completion_bound_after(matcher: PlanMatcher, vocab: ClosingVocab, token_id: int) -> int | None:
     """The plan's length after `token_id` (None: the grammar refuses it, or no plan)."""
     m = matcher.fork()
-    if not m.accept_token(token_id):
+    if not m.accept(token_id):
         return None
-    return completion_bound(m, vocab, encode)
+    return completion_bound(m, vocab)
 
 
-def _progress_members(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, mask_row: torch.Tensor, here: _State,
+def _progress_members(matcher: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tensor, here: _State,
                       classes: list[torch.Tensor], limit: int = MAX_CLASS_TESTS) -> list[int]:
     """Allowed tokens of the first of `classes` that has any, each checked to make progress."""
-    after = xgr.allocate_token_bitmask(1, vocab.vocab_size)
+    after = new_bitmask(vocab.vocab_size)
     for ids in classes:
         if ids is vocab.structural and here.in_text:
             continue  # characters of a string
         keep = []
         for t in allowed_subset(mask_row, ids).tolist()[:limit]:
             f = matcher.fork()
-            if f.accept_token(t):
-                f.fill_next_token_bitmask(after, 0)
+            if f.accept(t):
+                f.fill_mask(after, 0)
                 if _progress(vocab, ids, t, here, after[0], _signature(after[0], f), {here.sig}):
                     keep.append(t)
         if keep:
@@ -281,25 +300,25 @@ def _progress_members(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, mask_row
     return []
 
 
-def fill_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, encode: Callable[[str], list[int]],
-                         bitmask: torch.Tensor, row: int, tight: bool = False, plan_token: int | None = None) -> None:
+def fill_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor, row: int,
+                         tight: bool = False, plan_token: int | None = None) -> None:
     """Mask for closing mode: the stop token once complete; forced text in the plan's own
     tokenization; else the plan's next token (`plan_token`, or planned here) and, unless `tight`,
     the other tokens of its class that also make progress (the model chooses among those)."""
     if matcher.is_completed():
         allow_only(bitmask, row, vocab.stop_ids)
         return
-    matcher.fill_next_token_bitmask(bitmask, row)
-    forced = matcher.find_jump_forward_string()
+    matcher.fill_mask(bitmask, row)
+    forced = matcher.forced_tokens()
     if forced:
-        first = [plan_token] if plan_token is not None else encode(forced)[:1]
+        first = [plan_token] if plan_token is not None else forced[:1]
         if first and first[0] not in vocab.special_ids and _bit(bitmask[row], first[0]):
             allow_only(bitmask, row, first)
             return
     mask = bitmask[row : row + 1].clone()
     tok = plan_token
     if tok is None:
-        tok = _step(matcher.fork(), vocab, mask, xgr.allocate_token_bitmask(1, vocab.vocab_size), set(), {})
+        tok = _step(matcher.fork(), vocab, mask, new_bitmask(vocab.vocab_size), set(), {})
         if tok is None:
             return  # nothing to plan with: the grammar's own mask stays
     keep = [tok]
@@ -316,11 +335,11 @@ def fill_plan_bitmask(bitmask: torch.Tensor, row: int, token_id: int) -> None:
     allow_only(bitmask, row, [token_id])
 
 
-def fill_value_closing_bitmask(matcher: xgr.GrammarMatcher, vocab: ClosingVocab, bitmask: torch.Tensor,
+def fill_value_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor,
                                row: int) -> bool:
     """Loop breaking: allow only tokens that end the current value; False if none is allowed now
     (the row then holds the grammar's plain mask)."""
-    matcher.fill_next_token_bitmask(bitmask, row)
+    matcher.fill_mask(bitmask, row)
     here = _State(bitmask[row], matcher, vocab)
     keep = _progress_members(matcher, vocab, bitmask[row], here,
                              [vocab.structural, vocab.quoted, vocab.comma_closers], limit=64)

@@ -1,16 +1,22 @@
 """Per-request llguidance state for the engine (implements runtime.constraint.TokenMatcher).
 
-`LLGuidanceGrammar` is the compiled constraint: one matcher at the start state, validated once,
+`LLGuidanceHandle` is the compiled constraint: one matcher at the start state, validated once,
 whose deep copies are the requests' matchers (a copy shares the compiled grammar and costs
 microseconds). Jump-forward uses llguidance's own forced tokens.
 
-Strict completeness (budget-aware closing, loop breaking) needs a completion planner, which
-exists only for xgrammar (grammar/closing.py): `supports_strict` is False, so a strict request on
-this engine keeps the exact mask but decodes without the closing guard (a value cut by
-max_tokens is reported as truncated, never passed off as valid).
+Strict completeness (budget-aware closing, loop breaking) is the same as on xgrammar: the
+strict methods are grammar/strict.py's, planning with grammar/closing.py's planner through
+`LLGuidancePlanMatcher`, its `PlanMatcher` over an `llguidance.LLMatcher` (forks are deep copies,
+masks are written in place, forced text is llguidance's forced bytes in the tokenizer's own
+encoding, as for xgrammar). llguidance shows nothing of its parser state, so the planner tells
+states apart by their masks alone; a counted repetition whose states share a mask (`[0-9]{5}`) is
+still walked, one new candidate per state. `LLGuidanceHandle.min_completion_tokens` is the plan's
+length from the start state, so a strict budget below it is refused at submission as it is for
+xgrammar. The stop token is never handed to llguidance, by the matcher or the planner (llguidance
+1.9 cannot roll back over it).
 
 The value check (grammar/value_check.py: no repeated names or unique items) rides along as it
-does on xgrammar's matcher.
+does on xgrammar's matcher, plans included.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from typing import Any
 import llguidance
 import llguidance.hf
 
+from grammar.closing import ClosingVocab
+from grammar.draft_split import Encode
 from grammar.errors import GrammarSpecError
+from grammar.strict import StrictMethods
 from grammar.token_mask import allow_only, row_address
 from grammar.value_check import ValueCheck, without_repeats
 
@@ -68,17 +77,24 @@ class LLGuidanceHandle:
     engine: str = "llguidance"
     value_check: Any = field(default=None, repr=False)  # grammar.value_check.ValueCheckVocab (JSON kinds)
     navigator: Any = field(default=None, repr=False)  # grammar.value_rules.SchemaNavigator
+    closing: ClosingVocab | None = field(default=None, repr=False)  # strict planning (None: none)
+    encode: Encode | None = field(default=None, repr=False)  # the tokenizer's encoding (planning's forced text)
+    _memo: dict = field(default_factory=dict, repr=False)
 
     def new_matcher(self) -> "LLGuidanceMatcher":
         values = ValueCheck(self.value_check, self.navigator) if self.value_check is not None else None
-        return LLGuidanceMatcher(self.start, self.stop_ids, values)
+        return LLGuidanceMatcher(self.start, self.stop_ids, values, self.closing, self.encode)
 
     def without_value_check(self) -> "LLGuidanceHandle":
         """The same grammar with its matchers not followed by the value check (for comparisons)."""
-        return replace(self, value_check=None, navigator=None)
+        return replace(self, value_check=None, navigator=None, _memo={})
 
     def min_completion_tokens(self) -> int | None:
-        return None  # no completion planner for this engine
+        """Tokens of the smallest output the grammar allows (the plan from the start state,
+        computed once per grammar; None without a closing vocabulary or a plan)."""
+        if "min_tokens" not in self._memo:
+            self._memo["min_tokens"] = self.new_matcher().completion_bound()
+        return self._memo["min_tokens"]
 
     @property
     def memory_size_bytes(self) -> int:
@@ -87,10 +103,52 @@ class LLGuidanceHandle:
         return 64 * 1024 + 16 * len(self.grammar)
 
 
-class LLGuidanceMatcher:
-    __slots__ = ("_matcher", "_write_mask", "_try_consume", "_stop_ids", "_terminated", "values")
+class LLGuidancePlanMatcher:
+    """grammar/closing.py's `PlanMatcher` over one llguidance matcher (never given a stop token)."""
 
-    def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int], values: ValueCheck | None = None) -> None:
+    __slots__ = ("_m", "_stop_ids", "_encode")
+
+    def __init__(self, matcher: llguidance.LLMatcher, stop_ids: frozenset[int], encode: Encode) -> None:
+        self._m = matcher
+        self._stop_ids = stop_ids
+        self._encode = encode
+
+    def fork(self) -> "LLGuidancePlanMatcher":
+        return LLGuidancePlanMatcher(self._m.deep_copy(), self._stop_ids, self._encode)
+
+    def fill_mask(self, bitmask, row: int) -> None:
+        self._m.unsafe_compute_mask_ptr(*row_address(bitmask, row))
+
+    def accept(self, token_id: int) -> bool:
+        token_id = int(token_id)
+        return token_id not in self._stop_ids and self._m.try_consume_tokens([token_id]) == 1
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._m.rollback(num_tokens)
+
+    def is_completed(self) -> bool:
+        return self._m.is_accepting()
+
+    def forced_tokens(self) -> list[int]:
+        """The forced text in the tokenizer's own encoding, as xgrammar's view gives it: llguidance's
+        forced tokens stop before a token that might merge with what follows (`{"price` of
+        `{"price":`), which would leave the rest to be planned one character at a time."""
+        if self._m.is_stopped():
+            return []
+        forced = self._m.compute_ff_bytes()
+        return self._encode(forced.decode("utf-8", "ignore")) if forced else []
+
+    def state_detail(self) -> bytes:
+        return b""  # llguidance shows no parser state: masks alone tell states apart
+
+
+class LLGuidanceMatcher(StrictMethods):
+    __slots__ = ("_matcher", "_write_mask", "_try_consume", "_stop_ids", "_terminated", "values", "_plan",
+                 "_closing")
+
+    def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int], values: ValueCheck | None = None,
+                 closing: ClosingVocab | None = None, encode: Encode | None = None) -> None:
         self._matcher = start.deep_copy()
         # the two per-token calls, bound once (each lookup through the matcher costs ~0.1 us)
         self._write_mask = self._matcher.unsafe_compute_mask_ptr
@@ -100,6 +158,8 @@ class LLGuidanceMatcher:
         # llguidance reports "stopped" as soon as only EOS may follow; terminated (as xgrammar
         # means it) is the stop token having been accepted.
         self._terminated = False
+        self._closing = closing if encode is not None else None
+        self._plan = LLGuidancePlanMatcher(self._matcher, stop_ids, encode)  # the planner's view of this state
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout)."""
@@ -158,30 +218,3 @@ class LLGuidanceMatcher:
         draft = forced[:kept]
         cut = next((i for i, t in enumerate(draft) if t in self._stop_ids), len(draft))
         return without_repeats(self.values, draft[:cut])
-
-    # -- strict completeness: not implemented for this engine (see the module docstring) -----
-
-    @property
-    def supports_strict(self) -> bool:
-        return False
-
-    def completion_plan(self) -> list[int] | None:
-        return None
-
-    def completion_bound_after(self, token_id: int) -> int | None:
-        return None
-
-    def may_expand(self, token_id: int) -> bool:
-        return False
-
-    def closes_value(self, token_id: int) -> bool:
-        return False
-
-    def fill_plan_bitmask(self, bitmask, row: int, token_id: int) -> None:
-        self.fill_bitmask(bitmask, row)
-
-    def fill_closing_bitmask(self, bitmask, row: int, tight: bool = False, plan_token: int | None = None) -> None:
-        self.fill_bitmask(bitmask, row)
-
-    def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
-        return False

@@ -15,31 +15,71 @@ allows (a character that grows the name first) and is re-planned from there, or 
 Bounds count the repaired plan where it is longer (`completion_bound`, and `completion_bound_after`
 while a unique array is open), so strict mode's budget and its smallest accepted budget hold for
 outputs whose next items must differ from the earlier ones.
+
+The strict methods (completion plans, bounds, closing masks) are grammar/strict.py's, shared with
+llguidance's matcher; they plan through `XGrammarPlanMatcher`, grammar/closing.py's `PlanMatcher`
+over an xgrammar matcher (forced text in the tokenizer's own encoding, and xgrammar's parser states
+to tell apart states whose masks are equal).
 """
 
 from __future__ import annotations
 
+import re
+
 import xgrammar as xgr
 
-from grammar.closing import (
-    ClosingVocab,
-    completion_bound,
-    completion_bound_after,
-    completion_plan,
-    fill_closing_bitmask,
-    fill_plan_bitmask,
-    fill_value_closing_bitmask,
-)
+from grammar.closing import ClosingVocab
 from grammar.draft_split import DraftSplitter, Encode, ForcedSpanWatch
+from grammar.strict import StrictMethods
 from grammar.token_mask import allow_only
 from grammar.value_check import ValueCheck, without_repeats
 
-MAX_PLAN_REPAIRS = 4  # repeats replaced in one completion plan before it is given up
-MAX_REPAIR_CHOICES = 8  # other tokens tried in place of one that would write a repeat
+_POSITIONS = re.compile(r"rule_start_pos=-?\d+")
 
 
-class XGrammarMatcher:
-    __slots__ = ("_matcher", "_encode", "_special_ids", "_closing", "_splitter", "_watch", "values")
+class XGrammarPlanMatcher:
+    """grammar/closing.py's `PlanMatcher` over one xgrammar matcher."""
+
+    __slots__ = ("_m", "_encode")
+
+    def __init__(self, matcher: xgr.GrammarMatcher, encode: Encode) -> None:
+        self._m = matcher
+        self._encode = encode
+
+    def fork(self) -> "XGrammarPlanMatcher":
+        return XGrammarPlanMatcher(self._m.fork(), self._encode)
+
+    def fill_mask(self, bitmask, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        return self._m.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
+
+    def is_completed(self) -> bool:
+        return self._m.is_completed()
+
+    def forced_tokens(self) -> list[int]:
+        text = self._m.find_jump_forward_string()
+        return self._encode(text) if text else []
+
+    def state_detail(self) -> bytes:
+        """xgrammar's parser states (position-free), which separate e.g. the states of a counted
+        repetition that masks do not."""
+        debug = getattr(self._m, "_debug_print_internal_state", None)
+        if debug is None:
+            return b""
+        try:
+            state = debug().rpartition("Last step:")[2]
+        except Exception:  # a debugging aid, not an API: planning works without it
+            return b""
+        return _POSITIONS.sub("", state).encode()
+
+
+class XGrammarMatcher(StrictMethods):
+    __slots__ = ("_matcher", "_plan", "_encode", "_special_ids", "_closing", "_splitter", "_watch", "values")
 
     def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode, special_ids: frozenset[int],
                  closing: ClosingVocab | None = None, splitter: DraftSplitter | None = None,
@@ -47,6 +87,7 @@ class XGrammarMatcher:
         # Rollback is unlimited in xgrammar >= 0.2 (max_rollback_tokens is deprecated), which
         # jump-forward verification relies on.
         self._matcher = xgr.GrammarMatcher(compiled)
+        self._plan = XGrammarPlanMatcher(self._matcher, encode)  # the planner's view of this state
         self._encode = encode
         self._special_ids = special_ids
         self._closing = closing
@@ -120,108 +161,3 @@ class XGrammarMatcher:
         if accepted:
             self._matcher.rollback(accepted)
         return without_repeats(self.values, draft[:accepted])
-
-    # -- strict completeness (see grammar/closing.py) ---------------------------------------
-
-    @property
-    def supports_strict(self) -> bool:
-        # The guard runs even without a closing vocabulary (it then never closes), as before.
-        return True
-
-    def completion_bound(self) -> int | None:
-        """Upper bound on the tokens needed to reach a complete value from here (with a value
-        check: the longer of the grammar's plan and the plan repaired around repeats, which a
-        unique array whose minItems asks for distinct items needs)."""
-        if not self._closing:
-            return None
-        bound = completion_bound(self._matcher, self._closing, self._encode)
-        if bound is None or self.values is None:
-            return bound
-        plan = self.completion_plan()
-        return bound if plan is None else max(bound, len(plan))
-
-    def completion_plan(self) -> list[int] | None:
-        """The tokens of that bound's path (what a request follows once its budget is tight)."""
-        if not self._closing:
-            return None
-        plan = completion_plan(self._matcher, self._closing, self._encode)
-        return plan if plan is None or self.values is None else self._repaired(plan)
-
-    def _repaired(self, plan: list[int]) -> list[int] | None:
-        """`plan` with each token that would repeat a name or an item replaced by another the
-        check allows (a single character that grows the name first), re-planned from there."""
-        for _ in range(MAX_PLAN_REPAIRS):
-            cut = self.values.first_violation(plan)
-            if cut is None:
-                return plan
-            fork = self._matcher.fork()
-            if not all(fork.accept_token(t) for t in plan[:cut]):
-                return None
-            mask = xgr.allocate_token_bitmask(1, self._closing.vocab_size)
-            fork.fill_next_token_bitmask(mask, 0)
-            for choice in self.values.ban_after(plan[:cut], mask, 0)[:MAX_REPAIR_CHOICES]:
-                if choice in self._special_ids or not fork.accept_token(choice):
-                    continue
-                rest = completion_plan(fork, self._closing, self._encode)
-                if rest is not None:
-                    plan = plan[:cut] + [choice] + rest
-                    break
-                fork.rollback(1)
-            else:
-                return None
-        return plan if self.values.first_violation(plan) is None else None
-
-    def may_expand(self, token_id: int) -> bool:
-        """Whether `token_id` may commit the output to more structure (so its budget is checked)."""
-        return self._closing is not None and token_id in self._closing.expanding
-
-    def completion_bound_after(self, token_id: int) -> int | None:
-        """`completion_bound` after accepting `token_id` (on a fork; None if refused or unknown).
-        With a value check the token is accepted here and rolled back, so that the bound counts
-        the plan repaired around repeats (a new item of a unique array that must differ)."""
-        if self._closing is None or self._matcher.is_terminated():
-            return None
-        bound = completion_bound_after(self._matcher, self._closing, self._encode, token_id)
-        if bound is None or self.values is None or not self.values.may_steer():
-            return bound
-        if not self._matcher.accept_token(int(token_id)):
-            return None
-        self.values.accept(int(token_id))
-        try:
-            plan = self.completion_plan()
-        finally:
-            self._matcher.rollback(1)
-            self.values.rollback(1)
-        return bound if plan is None else max(bound, len(plan))
-
-    def fill_plan_bitmask(self, bitmask, row: int, token_id: int) -> None:
-        """Allow only `token_id` (the next token of a plan from `completion_plan`)."""
-        fill_plan_bitmask(bitmask, row, token_id)
-        self._ban(bitmask, row)
-
-    def fill_closing_bitmask(self, bitmask, row: int, tight: bool = False, plan_token: int | None = None) -> None:
-        """Closing mode: only tokens on a shortest completion path (the stop token once complete);
-        `tight`: only the plan's own next token; `plan_token`: that token, from a stored plan."""
-        if self._closing is None or self._matcher.is_terminated():
-            self.fill_bitmask(bitmask, row)
-            return
-        fill_closing_bitmask(self._matcher, self._closing, self._encode, bitmask, row, tight, plan_token)
-        if self.values is not None and self.values.ban(bitmask, row) < 0 and plan_token is None:
-            # closing's own one-step planner does not know the check: take the repaired plan's token
-            plan = self.completion_plan()
-            if plan:
-                fill_plan_bitmask(bitmask, row, plan[0])
-
-    def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
-        """Loop breaking: only tokens that end the current value; False when none is allowed now."""
-        if self._closing is None or self._matcher.is_terminated():
-            return False
-        if not fill_value_closing_bitmask(self._matcher, self._closing, bitmask, row):
-            return False
-        if self.values is not None and self.values.ban(bitmask, row) < 0:
-            self.fill_bitmask(bitmask, row)  # every closer would repeat an item: the value goes on
-            return False
-        return True
-
-    def closes_value(self, token_id: int) -> bool:
-        return self._closing is not None and self._closing.is_closer(token_id)

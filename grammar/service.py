@@ -396,7 +396,8 @@ class GrammarService:
         self._count_compile(started)
         handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity,
                                   value_check=self._value_vocab,
-                                  navigator=navigator_for(spec.kind, spec.payload, spec.strict))
+                                  navigator=navigator_for(spec.kind, spec.payload, spec.strict),
+                                  closing=self._closing_vocab, encode=self._encode)
         self._memory.put(key, handle)
         return handle
 

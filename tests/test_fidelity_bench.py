@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bench.fidelity_bench import Row, classify, detail, summarize
+from bench.fidelity_bench import AnswerLog, Row, answer_line, classify, detail, summarize
 from bench.fidelity_corpus import select
 from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
 from bench.fidelity_corpus import Entry
@@ -122,6 +122,28 @@ def test_summary_and_details():
     assert all(line["kind"] == "detail" and line["name"] for line in lines[1:])
 
 
+def test_answer_lines_say_each_verdict_and_go_where_asked(tmp_path, capsys):
+    llg = Check(200, engine="llguidance", strict_accepted=True)
+    good = answer_line(Entry("s", "good", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="length",
+                                                               completion_tokens=5, elapsed=0.25))
+    assert good == {"bench": "fidelity", "kind": "answer", "source": "s", "name": "good", "engine": "llguidance",
+                    "outcome": "valid", "finish_reason": "length", "completion_tokens": 5, "elapsed_s": 0.25}
+    cut = answer_line(Entry("s", "cut", SCHEMA), llg, ok('{"n": 12', "length"))
+    assert cut["outcome"] == "cut_off" and cut["message"]
+    assert answer_line(Entry("s", "dup", SCHEMA), llg, ok('{"n": 1, "n": 1}'))["duplicate_keys"] is True
+    AnswerLog()(good)  # default: stdout, among the bench's other lines
+    assert json.loads(capsys.readouterr().out) == good
+    path = tmp_path / "answers.jsonl"
+    path.write_text(json.dumps({"earlier": "run"}) + "\n")
+    log = AnswerLog(str(path))
+    log(good)
+    assert path.read_text().splitlines()[-1] == json.dumps(good)  # flushed at once, appended
+    log(cut)
+    log.close()
+    assert [json.loads(line).get("name") for line in path.read_text().splitlines()] == [None, "good", "cut"]
+    assert capsys.readouterr().out == ""
+
+
 # ------------------------------------------------------------------ against the gateway app
 
 
@@ -147,12 +169,25 @@ def test_client_side_against_the_gateway(fake_engine, gateway_grammar, tmp_path)
                                           if f"of a {name}," in fake_engine.tokenizer.decode(req.prompt_ids)),
                                          '{"n":1}')
 
+    path = tmp_path / "answers.jsonl"
+    log = AnswerLog(str(path))
+    on_disk: list[int] = []  # lines in the file as each answer came in
+
+    def on_answer(entry, answer):
+        log(answer_line(entry, Check(200), answer))
+        on_disk.append(len(path.read_text().splitlines()))
+
     async def drive():
         app = create_app(fake_engine, gateway_grammar, Settings(registry_dir=str(tmp_path / "registry")))
         async with AsyncTestClient(app) as client:
-            return await check_all(client, corpus), await answer_all(client, corpus, 64, 2)
+            return await check_all(client, corpus), await answer_all(client, corpus, 64, 2, on_answer=on_answer)
 
     checks, answers = asyncio.run(drive())
+    log.close()
+    assert on_disk == [1, 2, 3, 4, 5]  # each line is readable as soon as its answer is in
+    lines = {line["name"]: line for line in map(json.loads, path.read_text().splitlines())}
+    assert {name: line["outcome"] for name, line in lines.items()} == {
+        "ok": "valid", "dup": "invalid", "low": "invalid", "unique": "refused", "bad": "refused"}
     assert [c.engine for c in checks] == ["xgrammar", "xgrammar", "xgrammar", "xgrammar", None]
     assert [c.strict_accepted for c in checks[:4]] == [True, True, True, False]
     assert checks[0].compile_ms is not None and checks[0].compile_ms > 0  # the server's own compile time

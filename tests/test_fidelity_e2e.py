@@ -19,7 +19,10 @@
   - `required: ["sku"]` beside an `anyOf` of two `required` alternatives in array items (the issue's
     shape; llguidance), asked for an item whose SKU is unknown;
   - `dependentRequired` (the value check), asked to pay by card without a billing address;
-  - `uniqueItems` over free strings (the value check), asked for the same word three times.
+  - `uniqueItems` over free strings (the value check), asked for the same word three times;
+- strict answers of the llguidance-compiled schemas above at the smallest budget their schema allows
+  (the one a budget below is refused with) and a little more are complete and valid, closed by the
+  budget guard, where the same requests without strict mode are cut.
 """
 
 from __future__ import annotations
@@ -193,7 +196,8 @@ def closed(properties: dict, required: list[str], **more) -> dict:
 
 
 MEDIA = {"kind": {"enum": ["book", "movie"]}, "author": {"type": "string"}, "director": {"type": "string"}}
-# llguidance has no closing guard (grammar/llg_matcher.py): bounded strings and items let the model end
+# bounded strings and items let the model end by itself within strict_answer's 96 tokens (`stop`): the
+# keyword is then shown enforced on the model's own value, not on one the closing guard completed
 SHORT = {"type": "string", "maxLength": 16}
 LINE = {"name": SHORT, "sku": SHORT, "id": SHORT}
 PAYMENT = {"name": {"type": "string"}, "credit_card": {"type": "string"}, "billing_address": {"type": "string"}}
@@ -279,3 +283,38 @@ def test_strict_answers_the_keyword_and_the_answer_validates(http, name):
     assert choice["finish_reason"] == "stop", (choice["finish_reason"], text)
     validator(schema).validate(json.loads(text))
     assert choice["jumpgate"] == {**choice["jumpgate"], "schema_mode": "strict", "schema_valid": True}
+
+
+# ------------------------------------------------------------------ llguidance grammars close on budget
+
+LLGUIDANCE_ROUTED = [name for name, (_, _, _, engines) in ENFORCED_KEYWORDS.items()
+                     if set(engines.values()) == {"llguidance"}]
+
+
+def answer_within(http, schema: dict, prompt: str, max_tokens: int, strict: bool = True):
+    rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": strict}}
+    return http.post("/v1/chat/completions", json={
+        "model": MODEL, "temperature": 0, "max_tokens": max_tokens, "response_format": rf,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]})
+
+
+@pytest.mark.parametrize("name", LLGUIDANCE_ROUTED)
+def test_strict_llguidance_answers_complete_within_the_smallest_budget(http, name):
+    schema, _, prompt, _ = ENFORCED_KEYWORDS[name]
+    refused = answer_within(http, schema, prompt, 1)  # below the smallest value: refused, naming it
+    assert refused.status_code == 400, refused.text
+    need = int(re.search(r"needs (\d+) tokens", refused.json()["error"]["message"]).group(1))
+    assert answer_within(http, schema, prompt, need - 1).status_code == 400
+    for budget in (need, need + 3):
+        resp = answer_within(http, schema, prompt, budget)
+        assert resp.status_code == 200, resp.text
+        choice, usage = resp.json()["choices"][0], resp.json()["usage"]
+        text = choice["message"]["content"]
+        assert usage["completion_tokens"] <= budget
+        validator(schema).validate(json.loads(text))  # complete and valid, not cut
+        assert choice["jumpgate"] == {**choice["jumpgate"], "schema_mode": "strict", "schema_valid": True}
+        if budget == need:  # the model's own answer is longer: the guard closed it
+            assert choice["finish_reason"] == "length", text
+    # the control: the same request without strict mode runs into the budget mid-value
+    loose = answer_within(http, schema, prompt, need, strict=False).json()["choices"][0]
+    assert loose["finish_reason"] == "length" and loose["jumpgate"]["schema_valid"] is False, loose

@@ -1,7 +1,7 @@
 """LLGuidanceMatcher against the runtime's matcher protocol, with the real SmolLM2 tokenizer: the
 mask agrees with accept, refused tokens leave the state as it was, rollback restores the mask,
 termination is the stop token, jump-forward drafts are forced and not accepted, and the strict
-methods say they are not implemented."""
+methods plan (more in tests/test_llg_closing.py)."""
 
 from __future__ import annotations
 
@@ -102,10 +102,14 @@ def test_jump_forward_drafts_the_forced_text_without_accepting_it(handle, tokeni
     assert matcher.jump_forward_tokens() == []  # the model chooses the letters
 
 
-def test_strict_methods_are_declared_unavailable(handle):
+def test_strict_methods_plan_the_smallest_value(handle, tokenizer):
+    # grammar/closing.py's planner through LLGuidancePlanMatcher (tests/test_llg_closing.py has more)
     matcher = handle.new_matcher()
-    assert matcher.supports_strict is False
-    assert handle.min_completion_tokens() is None
+    assert matcher.supports_strict is True
+    plan = matcher.completion_plan()
+    assert tokenizer.decode(plan) == '{"name":"a"}'
+    assert handle.min_completion_tokens() == len(plan)
+    assert handle.without_value_check().min_completion_tokens() == len(plan)
     assert handle.fidelity.engine == "llguidance" and handle.memory_size_bytes > 0
 
 
