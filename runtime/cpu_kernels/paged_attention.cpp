@@ -28,8 +28,8 @@ constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
 
-// The lane sums of W vectors at once, each in one fixed tree whatever the other vectors hold
-// (AVX-512: hsum's order, halves, then quarters, then (0+2)+(1+3)); W - 1 shuffle-adds
+// The lane sums of W vectors at once: out[j] = hsum(v[j]), bit for bit, since every lane pair
+// is added in hsum's tree order (halves, then quarters, then (0+2)+(1+3)); W - 1 shuffle-adds
 // instead of W horizontal sums.
 #if defined(__AVX512F__)
 inline vf reduce_lanes(const vf* v) {
@@ -53,22 +53,24 @@ inline vf reduce_lanes(const vf* v) {
          __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 #else
-// AVX2: the tree is ((0+2)+(1+3)) + ((4+6)+(5+7)) per vector, so that the first two levels stay
-// within 128-bit halves (unpack, shufps) and only the last crosses them (two vperm2f128): hsum's
-// order needed lane-crossing vpermd at every level, the hottest instructions of a decode step's
-// attention under perf.
+// AVX2, hsum's tree ((0+4)+(2+6)) + ((1+5)+(3+7)) with one lane-crossing op per pair of vectors: the
+// halves are added as [a_lo, b_hi] + [a_hi, b_lo] (a blend and one vperm2f128), and the inputs are
+// taken in the order v0 v4 v1 v5 v2 v6 v3 v7 so that the two in-lane levels after it (shufps) leave
+// the sums in key order. The plain shuffles of hsum's order compiled to lane-crossing vpermd at
+// every level, the hottest instructions of the shared-prefix attention under perf.
 inline vf reduce_lanes(const vf* v) {
-  vf s[4], t[2];
-  for (int i = 0; i < 4; ++i) {  // [a0+a2, b0+b2, a1+a3, b1+b3 | a4+a6, b4+b6, a5+a7, b5+b7]
-    const vf a = v[2 * i], b = v[2 * i + 1];
-    s[i] = __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13) + __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15);
+  static constexpr int ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  vf w[4], x[2];
+  for (int i = 0; i < 4; ++i) {  // [a0+a4 .. a3+a7 | b0+b4 .. b3+b7]
+    const vf a = v[ORDER[2 * i]], b = v[ORDER[2 * i + 1]];
+    w[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 12, 13, 14, 15) + __builtin_shufflevector(a, b, 4, 5, 6, 7, 8, 9, 10, 11);
   }
-  for (int i = 0; i < 2; ++i) {  // [v0..v3's low-half sums | their high-half sums], 4 vectors each
-    const vf a = s[2 * i], b = s[2 * i + 1];
-    t[i] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+  for (int i = 0; i < 2; ++i) {  // (0+4)+(2+6) and (1+5)+(3+7) of each vector, in-lane
+    const vf a = w[2 * i], b = w[2 * i + 1];
+    x[i] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
   }
-  return __builtin_shufflevector(t[0], t[1], 0, 1, 2, 3, 8, 9, 10, 11) +
-         __builtin_shufflevector(t[0], t[1], 4, 5, 6, 7, 12, 13, 14, 15);
+  return __builtin_shufflevector(x[0], x[1], 0, 2, 8, 10, 4, 6, 12, 14) +
+         __builtin_shufflevector(x[0], x[1], 1, 3, 9, 11, 5, 7, 13, 15);
 }
 #endif
 
@@ -159,7 +161,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       for (int64_t g = 0; g < G; ++g) {
         const vf* qv = &qb[(st0 + i * G + g) * NC];
         float* s = sbuf + ((i - i0) * G + g) * BLK;
-        for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each summed in reduce_lanes' tree
+        for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
           vf dots[W];
           for (int jj = 0; jj < W; ++jj) {
             const float* kr = kp[j0 + jj];
