@@ -25,7 +25,7 @@ class ForwardBatch:
     extend_lens: list[int]  # new tokens per request
     seq_lens: list[int]  # total tokens per request after this pass (cached prefix + new)
     slot_rows: list[torch.Tensor]  # per request: slots of all its seq_lens positions
-    logits_index: torch.Tensor  # [N] rows of the T new tokens whose logits are wanted
+    logits_index: torch.Tensor  # [N] rows of the T new tokens whose logits are wanted, increasing
     # Shared-prefix groups (cascade attention); empty: every request attends over its own row.
     # Backends without cascade support ignore them (slot_rows stay complete).
     prefix_groups: list[PrefixGroup] = field(default_factory=list)
@@ -37,3 +37,8 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def logits_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of `x` [T, ...] whose logits are wanted: `x` itself when that is every row (a
+        decode pass; logits_index is increasing, so N == T means all of them), sparing an index op."""
+        return x if self.logits_index.shape[0] == x.shape[0] else x[self.logits_index]

@@ -240,9 +240,9 @@ class PackedCodesLinear:
             .permute(1, 3, 0, 2).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._op(x.float(), self.packed, self.scales)
+        y = self._op(x if x.dtype == torch.float32 else x.float(), self.packed, self.scales)
         y = y if self.bias is None else y + self.bias
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     native = __call__
 

@@ -139,7 +139,7 @@ class LlamaModel:
             return self._fused_forward(h, cos, sin, batch, kv, attn)
         for li, layer in enumerate(self.layers):
             self._torch_layer(li, layer, h, cos, sin, batch, kv, attn)
-        h = self._pad_small(h[batch.logits_index])
+        h = self._pad_small(batch.logits_rows(h))
         logits = self.lm_head(rms_norm(h, self.norm, cfg.rms_norm_eps))
         return logits[: batch.logits_index.shape[0]].float()
 
@@ -160,7 +160,7 @@ class LlamaModel:
         after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
             x = self._fused_layer(li, layer, h, x, next_norm, cos, sin, batch, kv, attn)
-        logits = self.lm_head.native(self._pad_small(x[batch.logits_index]).to(self.lm_head.act_dtype))
+        logits = self.lm_head.native(self._pad_small(batch.logits_rows(x)).to(self.lm_head.act_dtype))
         return logits[: batch.logits_index.shape[0]].float()
 
     def _torch_layer(self, li, layer, h, cos, sin, batch, kv, attn) -> None:

@@ -52,14 +52,19 @@ class CpuPagedAttentionBackend(AttentionBackend):
         self.batch, self.fallback = batch, None
         rows = batch.slot_rows
         self.slots = (rows[0] if len(rows) == 1 else torch.cat(rows)).to(torch.int64).contiguous()
-        ext = torch.tensor(batch.extend_lens, dtype=torch.int64)
-        seq = torch.tensor(batch.seq_lens, dtype=torch.int64)
-        group = torch.full_like(ext, -1)
-        shared = torch.zeros_like(ext)
+        # built in Python and made a tensor once: a handful of torch ops here cost more than the
+        # decode step's norms (profiled at batch 1)
+        n = len(batch.extend_lens)
+        group, shared = [-1] * n, [0] * n
         for gi, g in enumerate(batch.prefix_groups):
-            group[g.members] = gi
-            shared[g.members] = g.shared_len
-        self.meta = torch.stack([ext.cumsum(0) - ext, ext, seq, seq.cumsum(0) - seq, group, shared], dim=1)
+            for i in g.members:
+                group[i], shared[i] = gi, g.shared_len
+        meta, first_row, first_slot = [], 0, 0
+        for i, (ext, seq) in enumerate(zip(batch.extend_lens, batch.seq_lens)):
+            meta.append((first_row, ext, seq, first_slot, group[i], shared[i]))
+            first_row += ext
+            first_slot += seq
+        self.meta = torch.tensor(meta, dtype=torch.int64).reshape(n, 6)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         if q.dtype != torch.float32 or k_cache.dtype != torch.float32:
