@@ -38,8 +38,8 @@ GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them hones
 Where every keyword xgrammar would not mask is one llguidance enforces exactly (marked as such
 below: minLength/maxLength beside `pattern`, `multipleOf` (a binary fraction) on numbers or not
 whole, keywords beside anyOf/allOf/$ref, allOf with several branches, scalar keywords without a
-declared type, `required` naming an undeclared property, `if`/`then`/`else` on a discriminator:
-grammar/conditionals.py) and llguidance compiles the schema without error or warning, the
+declared type, `required` naming an undeclared property, `if`/`then`/`else` on a discriminator,
+alone or as an object's `allOf` of conditionals on one listed property: grammar/conditionals.py) and llguidance compiles the schema without error or warning, the
 schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
 `enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
 matcher). Reports without an `engine` are xgrammar's.
@@ -70,7 +70,7 @@ from typing import Any, Iterable
 
 import jsonschema
 
-from grammar.conditionals import discriminator
+from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
@@ -249,14 +249,14 @@ def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_chec
         if not isinstance(node, dict):
             continue  # boolean schemas are exact
         entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked,
-                                           root=node is schema)
+                                           root=node is schema, document=schema)
         found += entries
         stack.extend(reversed(children))
     return found
 
 
 def _classify_node(node: dict, here: str, strict: bool, implied: str | None, navigator: SchemaNavigator | None,
-                   names_checked: bool, root: bool = False):
+                   names_checked: bool, root: bool = False, document: Any = None):
     entries: list[KeywordFidelity] = []
     children: list[tuple[Any, str, str | None]] = []
     present = [k for k in node if k in VALIDATION_KEYWORDS]
@@ -272,7 +272,7 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
 
     combinator = next((k for k in COMBINATORS if k in node), None)
     if combinator is not None:
-        return _classify_combinator(node, here, strict, combinator, present, mark, entries, children)
+        return _classify_combinator(node, here, strict, combinator, present, mark, entries, children, document)
     if "enum" in node or "const" in node:
         return _classify_listed_values(node, here, present, mark, entries, children)
 
@@ -288,7 +288,7 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                 continue  # uniqueItems: false asks nothing
             if keyword in ("then", "else") and "if" not in node:
                 continue  # ignored by JSON Schema without `if`
-            if keyword in ("if", "then", "else") and discriminator(node) is not None:
+            if keyword in ("if", "then", "else") and discriminator(node, None, document) is not None:
                 mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; on a discriminator llguidance "
                                        "enforces it as anyOf branches", exact_in_llguidance=True)
                 if keyword != "if":
@@ -340,12 +340,29 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
     return entries, children
 
 
-def _classify_combinator(node, here, strict, combinator, present, mark, entries, children):
+def _classify_combinator(node, here, strict, combinator, present, mark, entries, children, document=None):
     value = node[combinator]
     siblings = [k for k in present if k != combinator]
     # a oneOf is compiled as the anyOf of its exclusive branches (grammar/one_of.py), where known
     exclusive = exclusive_branches(value) if combinator == "oneOf" else None
-    if combinator == "allOf" and isinstance(value, list) and len(value) > 1:
+    conditionals = allof_conditionals(node, document) if combinator == "allOf" else None
+    if conditionals:
+        # an allOf of conditionals on one listed property: llguidance enforces it as one anyOf
+        # (grammar/conditionals.py); each conditional's keywords are reported where they are written
+        why = ("if/then/else is not masked by xgrammar; in an allOf of conditionals on one listed property, "
+               "llguidance enforces them as anyOf branches")
+        mark("allOf", CHECKED, why, exact_in_llguidance=True)
+        for i in conditionals:
+            for keyword in ("if", "then", "else"):
+                if keyword in value[i]:
+                    entries.append(KeywordFidelity(join_pointer(here, "allOf", i, keyword), keyword, CHECKED, why,
+                                                   exact_in_llguidance=True))
+                    if keyword != "if":
+                        children.append((value[i][keyword], join_pointer(here, "allOf", i, keyword), None))
+        rest = [i for i in range(len(value)) if i not in conditionals]
+        if len(rest) == 1:
+            children += [c for c in _subschemas(node, combinator, here) if c[1] == join_pointer(here, "allOf", rest[0])]
+    elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
     elif combinator == "oneOf" and exclusive is None:
         mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
