@@ -15,7 +15,9 @@ package is not installed is left out and said so). The bench starts its own `jum
    its format checker, as gateway/output_validation.py validates: its OutputCheck does it here),
    `invalid`, `cut_off` (finish_reason "length" and not valid), `refused` (HTTP 4xx; a
    `context_length_exceeded` one is also a prompt-length refusal) or `error` (5xx, transport).
-   `duplicate_keys` counts answers whose raw text repeats an object's name.
+   `duplicate_keys` counts answers whose raw text repeats an object's name; `valid_at_length`, the
+   valid answers whose finish_reason is still "length" (strict closing completed the value within
+   `--max-tokens` after the model ran on: runtime/decoding.py reports that as `length`).
 
 The server runs under a memory limit (`--server-memory-mb`, bench/fidelity_client.py's
 ServerGuard): past it, it is stopped and started again (at most `--max-restarts` times). A check
@@ -158,6 +160,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
                                              if r.check.engine is None).items())),
         "top_refused_keywords": keywords.most_common(8),
         **{name: outcomes.get(name, 0) for name in ("valid", "invalid", "cut_off", "refused", "error")},
+        "valid_at_length": sum(r.verdict.outcome == "valid" and r.answer.finish_reason == "length" for r in rows),
         "refused_by_code": dict(sorted(Counter(r.answer.code or "?" for r in rows
                                                if r.verdict.outcome == "refused").items())),
         "prompt_length_refusals": sum(r.verdict.prompt_length for r in rows),

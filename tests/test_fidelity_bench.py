@@ -101,25 +101,27 @@ def test_summary_and_details():
     no = Check(200, engine="xgrammar", strict_accepted=False, keywords=["not"], check_ms=1.0)
     bad = Check(400, code="invalid_schema", check_ms=1.0)
     cases = [(xgr, ok('{"n": 1}')), (llg, ok('{"n": 1, "n": 1}')), (xgr, ok('{"n": 3', "length")),
+             (xgr, ok('{"n": 2}', "length")),
              (no, Answer(400, code="schema_not_enforceable", message="no")),
              (bad, Answer(400, code="invalid_schema", message="bad")),
              (xgr, Answer(400, code="context_length_exceeded", message="long"))]
     rows = [Row(Entry("s", f"e{i}", SCHEMA), c, a, classify(SCHEMA, a)) for i, (c, a) in enumerate(cases)]
     rows[0].mask_us = 10.0
     s = summarize(rows)
-    assert (s["n"], s["by_xgrammar"], s["by_llguidance"], s["strict_refused"]) == (6, 3, 1, 1)
+    assert (s["n"], s["by_xgrammar"], s["by_llguidance"], s["strict_refused"]) == (7, 4, 1, 1)
     assert s["check_refused"] == {"invalid_schema": 1} and s["top_refused_keywords"] == [("not", 1)]
-    assert (s["valid"], s["invalid"], s["cut_off"], s["refused"], s["error"]) == (1, 1, 1, 3, 0)
+    assert (s["valid"], s["invalid"], s["cut_off"], s["refused"], s["error"]) == (2, 1, 1, 3, 0)
+    assert s["valid_at_length"] == 1  # the closed one, not the cut one
     assert s["refused_by_code"] == {"context_length_exceeded": 1, "invalid_schema": 1, "schema_not_enforceable": 1}
     assert (s["prompt_length_refusals"], s["duplicate_keys"]) == (1, 1)
     assert s["compile_ms_p50"] == 4.0 and s["mask_us_per_token_p50"] == 10.0 and s["mask_samples"] == 1
-    assert s["answered_validly_frac"] == pytest.approx(1 / 6)
+    assert s["answered_validly_frac"] == pytest.approx(2 / 7)
     json.dumps(s)
     lines = [detail(r) for r in rows]
     assert lines[0] is None
     assert lines[1]["outcome"] == "invalid" and lines[1]["duplicate_keys"] is True
-    assert lines[2]["outcome"] == "cut_off" and lines[3]["refused_keywords"] == ["not"]
-    assert all(line["kind"] == "detail" and line["name"] for line in lines[1:])
+    assert lines[2]["outcome"] == "cut_off" and lines[3] is None and lines[4]["refused_keywords"] == ["not"]
+    assert all(line["kind"] == "detail" and line["name"] for line in lines[1:] if line is not None)
 
 
 def test_answer_lines_say_each_verdict_and_go_where_asked(tmp_path, capsys):
