@@ -39,7 +39,9 @@ Where every keyword xgrammar would not mask is one llguidance enforces exactly (
 below: minLength/maxLength beside `pattern`, `multipleOf` (a binary fraction) on numbers or not
 whole, keywords beside anyOf/allOf/$ref, allOf with several branches, scalar keywords without a
 declared type, `required` naming an undeclared property, `if`/`then`/`else` on a discriminator,
-alone or as an object's `allOf` of conditionals on one listed property: grammar/conditionals.py) and llguidance compiles the schema without error or warning, the
+alone or as an object's `allOf` of conditionals on one listed property: grammar/conditionals.py;
+`patternProperties` whose patterns no name can match two of) and llguidance compiles the schema
+without error or warning, the
 schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
 `enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
 matcher). Reports without an `engine` are xgrammar's.
@@ -303,6 +305,13 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                 else:
                     mark(keyword, CHECKED, why_not)
                 continue
+            if keyword == "patternProperties" and isinstance(value, dict):
+                # llguidance matches names against the patterns exactly (and refuses patterns two
+                # of which a name could match, which then stay refused here)
+                mark(keyword, CHECKED, NEVER_MASKED[keyword] + "; llguidance enforces patterns that do not overlap",
+                     exact_in_llguidance=True)
+                children += [(v, join_pointer(here, keyword, k), None) for k, v in value.items()]
+                continue
             mark(keyword, CHECKED, NEVER_MASKED[keyword])
         elif keyword == "required":
             declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
@@ -490,12 +499,14 @@ def _allows_additional_names(node: dict, types: set[str] | None, strict: bool) -
         return False
     if types is None and not any(k in node for k in OBJECT_KEYWORDS):
         return False
+    most = node.get("maxProperties")
+    if isinstance(most, int) and most <= 1:
+        return False  # one name cannot repeat
+    if node.get("patternProperties"):
+        return True  # a name matching a pattern may be written again, whatever else closes the object
     if node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False:
         return False
-    if strict and "properties" in node:
-        return False  # strict closes every object that declares properties
-    most = node.get("maxProperties")
-    return not (isinstance(most, int) and most <= 1)  # one name cannot repeat
+    return not (strict and "properties" in node)  # strict closes every object that declares properties
 
 
 def _branch_types_within(branches: Any, declared: Any) -> bool:

@@ -297,9 +297,12 @@ class SchemaNavigator:
 
     def _closed(self, node: dict) -> bool:
         most = node.get("maxProperties")
+        if isinstance(most, int) and most <= 1:
+            return True
+        if node.get("patternProperties"):
+            return False  # a name matching a pattern may be written twice, even with no other names allowed
         return (node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False
-                or (self._strict and "properties" in node and "patternProperties" not in node)
-                or (isinstance(most, int) and most <= 1))
+                or (self._strict and "properties" in node))
 
     def dependent_names(self, object_nodes: tuple[dict, ...]) -> DependentNames | None:
         """The dependentRequired rule of an object described by `object_nodes` (None: none, or the

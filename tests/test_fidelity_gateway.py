@@ -94,6 +94,10 @@ REFUSED_BEYOND_THE_TABLE = [
     ("if_then_else_without_discriminator", {"type": "object", "properties": OBJ_AB, "if": {"required": ["a"]},
                                             "then": {"required": ["b"]}, "else": {"required": ["a"]}},
      [("/if", "if"), ("/then", "then"), ("/else", "else")]),
+    # two patterns a name could match both of: llguidance refuses them, so nobody enforces them
+    ("patternProperties_overlapping", {"type": "object", "patternProperties": {"^I_": {"type": "integer"},
+                                                                               "_X$": {"type": "integer"}}},
+     [("/patternProperties", "patternProperties")]),
     # a discriminator, but its branch holds a keyword llguidance does not implement
     ("if_on_a_discriminator_with_contains", {
         "type": "object", "required": ["k"], "properties": {"k": {"enum": ["x", "y"]},

@@ -23,7 +23,7 @@ EXPECTED_LLGUIDANCE = {
     "pattern_with_maxLength", "pattern_with_minLength", "multipleOf_number", "multipleOf_one_sided_range",
     "multipleOf_fractional_divisor",
     "allOf_two_branches", "type_beside_anyOf", "minimum_beside_ref", "minimum_beside_allOf",
-    "required_undeclared", "minLength_without_type", "minimum_without_type",
+    "required_undeclared", "minLength_without_type", "minimum_without_type", "patternProperties",
 }
 TAKEN = [c for c in NOT_MASKED_CASES if c[0] in EXPECTED_LLGUIDANCE]
 DATA = Path(__file__).parent / "data"
