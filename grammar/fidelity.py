@@ -353,7 +353,7 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
     value = node[combinator]
     siblings = [k for k in present if k != combinator]
     # a oneOf is compiled as the anyOf of its exclusive branches (grammar/one_of.py), where known
-    exclusive = exclusive_branches(value) if combinator == "oneOf" else None
+    exclusive = exclusive_branches(value, document) if combinator == "oneOf" else None
     conditionals = allof_conditionals(node, document) if combinator == "allOf" else None
     if conditionals:
         # an allOf of conditionals on one listed property: llguidance enforces it as one anyOf

@@ -16,6 +16,13 @@ union is exactly the set of values the `oneOf` accepts, or None where it cannot 
   shared by a branch that constrains it, nothing is proved. A branch left with "a number with a
   fraction" but not integers cannot be written as a `type`: nothing is proved either.
 
+A branch that is only a local `$ref` (SchemaStore's `oneOf: [{"type": "string"}, {"$ref":
+"#/definitions/step"}]`) is judged by the definition it names; a branch of listed values admits
+the types of its values (`enum: ["a", "b"]` is a string, and constrains strings); a branch that
+is itself an `anyOf`/`oneOf` admits the union of its branches' types, an `allOf` their
+intersection (and constrains all of them). A referenced branch is never rewritten: where it would
+have to be narrowed, nothing is proved.
+
 `lower_one_of` rewrites every such `oneOf` of a schema (grammar/compact_json.py and
 grammar/llg_schema.py run it before compiling); grammar/fidelity.py reports a `oneOf` enforced
 exactly when `exclusive_branches` is not None.
@@ -50,28 +57,46 @@ _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comme
                           "writeOnly", "$id", "$schema", "$anchor", "markdownDescription", "example"})
 
 
-def exclusive_branches(branches: Any) -> list[Any] | None:
+def exclusive_branches(branches: Any, root: Any = None) -> list[Any] | None:
     """Pairwise disjoint branches that accept exactly what `oneOf: branches` accepts (see the
-    module docstring), or None where that is not proved."""
+    module docstring), or None where that is not proved. `root`: the document local `$ref`s
+    resolve in (None: they are not followed)."""
     if not isinstance(branches, list) or not branches or not all(isinstance(b, dict) for b in branches):
         return None
-    for tell in (_const_of, _discriminator_of(branches)):
+    views = [_view(b, root) for b in branches]
+    if not all(isinstance(v, dict) for v in views):
+        return None
+    for tell in (_const_of, _discriminator_of(views)):
         if tell is not None:
-            tags = [tell(b) for b in branches]
+            tags = [tell(v) for v in views]
             if None not in tags and len(set(tags)) == len(tags):
                 return list(branches)
-    return _split_by_type(branches)
+    return _split_by_type(branches, views, root)
 
 
 def lower_one_of(node: Any) -> Any:
     """`node` with every `oneOf` whose exclusive branches are known written as their `anyOf`
     (a `oneOf` beside an `anyOf` is left as it is: there is no second `anyOf` to write)."""
-    return rewrite_bottom_up(node, _lower_one_of)
+    return rewrite_bottom_up(node, lambda out: _lower_one_of(out, node))
 
 
-def _lower_one_of(out: dict) -> Any:
+def _view(branch: Any, root: Any, depth: int = 16) -> Any:
+    """The schema a branch that is only a local `$ref` (and annotations) stands for; else itself."""
+    for _ in range(depth):
+        if not isinstance(branch, dict) or root is None or not isinstance(branch.get("$ref"), str):
+            return branch
+        if any(k != "$ref" and k not in _ANNOTATIONS for k in branch) or not branch["$ref"].startswith("#/"):
+            return branch
+        node: Any = root
+        for part in branch["$ref"][2:].split("/"):
+            node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
+        branch = node
+    return branch
+
+
+def _lower_one_of(out: dict, root: Any = None) -> Any:
     if "oneOf" in out and "anyOf" not in out:
-        branches = exclusive_branches(out["oneOf"])
+        branches = exclusive_branches(out["oneOf"], root)
         if branches is not None:
             lowered = {k: v for k, v in out.items() if k != "oneOf"}
             lowered["anyOf"] = branches
@@ -82,31 +107,71 @@ def _lower_one_of(out: dict) -> Any:
 # -- by type -----------------------------------------------------------------------------------
 
 
-def _classes(branch: dict) -> set[str] | None:
+def _classes(branch: Any, root: Any = None, depth: int = 8) -> set[str] | None:
+    """The classes of values `branch` admits (None: a `type` it cannot read, or too deep)."""
+    if branch is True:
+        return set(CLASSES)
+    if not isinstance(branch, dict) or depth < 0:
+        return None if branch is not False else set()
     declared = branch.get("type")
     if declared is None:
-        return set(CLASSES)
-    names = [declared] if isinstance(declared, str) else declared if isinstance(declared, list) else None
-    if names is None or not all(isinstance(n, str) and n in _TYPE_CLASSES for n in names):
+        found = set(CLASSES)
+    else:
+        names = [declared] if isinstance(declared, str) else declared if isinstance(declared, list) else None
+        if names is None or not all(isinstance(n, str) and n in _TYPE_CLASSES for n in names):
+            return None
+        found = set().union(*(_TYPE_CLASSES[n] for n in names))
+    listed = _listed_classes(branch)
+    if listed is not None:
+        found &= listed
+    for key in ("anyOf", "oneOf", "allOf"):
+        subs = branch.get(key)
+        if isinstance(subs, list) and subs:
+            each = [_classes(_view(b, root), root, depth - 1) for b in subs]
+            if any(c is None for c in each):
+                return None
+            found &= set().union(*each) if key != "allOf" else set.intersection(*each)
+    return found
+
+
+def _listed_classes(branch: dict) -> set[str] | None:
+    """The classes of a branch's listed values (None: it lists none)."""
+    values = [branch["const"]] if "const" in branch else branch.get("enum") if isinstance(branch.get("enum"), list) else None
+    if values is None:
         return None
-    return set().union(*(_TYPE_CLASSES[n] for n in names))
+    found = set()
+    for v in values:
+        if v is None:
+            found.add("null")
+        elif isinstance(v, bool):
+            found.add("boolean")
+        elif isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+            found.add("integer")
+        elif isinstance(v, float):
+            found.add("fraction")
+        else:
+            found.add({str: "string", list: "array", dict: "object"}.get(type(v), "object"))
+    return found
 
 
-def _constrained(branch: dict) -> set[str]:
+def _constrained(branch: dict, admitted: set[str]) -> set[str]:
     """The classes whose values some keyword of `branch` (other than `type`) constrains."""
     found: set[str] = set()
     for key in branch:
         if key == "type" or key in _ANNOTATIONS or key.startswith("x-"):
             continue
-        found |= _ONLY_FOR.get(key, set(CLASSES))
+        # listed values constrain only the classes they admit; any other keyword (combinators
+        # included) is taken to constrain every class it could
+        found |= admitted if key in ("enum", "const") else _ONLY_FOR.get(key, set(CLASSES))
     return found
 
 
-def _split_by_type(branches: list[dict]) -> list[Any] | None:
-    classes = [_classes(b) for b in branches]
+def _split_by_type(branches: list[dict], views: list[dict] | None = None, root: Any = None) -> list[Any] | None:
+    views = branches if views is None else views
+    classes = [_classes(v, root) for v in views]
     if any(c is None for c in classes):
         return None
-    constrained = [_constrained(b) for b in branches]
+    constrained = [_constrained(v, c) for v, c in zip(views, classes)]
     invalid: set[str] = set()  # classes of which no value is valid (each matches several branches)
     for cls in CLASSES:
         sharing = [i for i, c in enumerate(classes) if cls in c]
@@ -118,7 +183,7 @@ def _split_by_type(branches: list[dict]) -> list[Any] | None:
     if not invalid:
         return list(branches)
     out = []
-    for branch, admitted in zip(branches, classes):
+    for branch, view, admitted in zip(branches, views, classes):
         kept = admitted - invalid
         if kept == admitted:
             out.append(branch)
@@ -126,8 +191,8 @@ def _split_by_type(branches: list[dict]) -> list[Any] | None:
         if not kept:
             continue  # nothing of this branch is valid
         declared = _type_for(kept)
-        if declared is None:
-            return None
+        if declared is None or view is not branch:
+            return None  # a referenced branch is not rewritten
         out.append({**branch, "type": declared})
     return out or None
 

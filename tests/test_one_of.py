@@ -28,12 +28,26 @@ PROVED = [
     {"oneOf": [{"const": 1}, {"const": "a"}]},
     {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
                {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]},
+    # SchemaStore's forms: a branch that is a $ref is judged by its definition, listed values by
+    # their types, a nested anyOf by its branches' types
+    {"oneOf": [{"type": "string"}, {"$ref": "#/$defs/x"}], "$defs": {"x": {"type": "integer", "minimum": 2}}},
+    {"oneOf": [{"type": "boolean"}, {"$ref": "#/definitions/s", "description": "a name"}],
+     "definitions": {"s": {"type": "string", "pattern": "^[a-z]+$"}}},
+    {"oneOf": [{"enum": ["a", "b"]}, {"type": "array", "items": {"type": "string"}}]},
+    {"oneOf": [{"enum": [1, 2.5]}, {"type": "string"}]},
+    {"oneOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]}, {"type": "object"}]},
+    {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+     "$defs": {"a": {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+               "b": {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}}},
 ]
 NOT_PROVED = [
     {"oneOf": [{"type": "integer"}, {"type": "number"}]},  # leaves fractions only: not a type
     {"oneOf": [{"type": "string", "minLength": 2}, {"type": "string"}]},  # shared and constrained
     {"oneOf": [{"type": ["string", "null"]}, {"enum": [None, 1]}]},  # enum constrains every type
-    {"oneOf": [{"type": "string"}, {"$ref": "#/$defs/x"}], "$defs": {"x": {"type": "integer"}}},  # not resolved
+    # null matches both, but the referenced branch would have to be narrowed: not rewritten
+    {"oneOf": [{"$ref": "#/$defs/sn"}, {"type": ["integer", "null"]}], "$defs": {"sn": {"type": ["string", "null"]}}},
+    {"oneOf": [{"enum": ["a"]}, {"type": "string"}]},  # "a" matches both, and the enum constrains strings
+    {"oneOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]}, {"type": "integer"}]},  # shared, constrained
     {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]},
     {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}], "anyOf": [{}]},  # beside anyOf
 ]
@@ -44,9 +58,10 @@ def test_the_exclusive_branches_accept_exactly_what_the_one_of_accepts(schema):
     lowered = lower_one_of(schema)
     assert "oneOf" not in lowered and "anyOf" in lowered
     branches = lowered["anyOf"]
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # what a branch's $ref resolves in
     for value in SAMPLES:
         original = jsonschema.Draft202012Validator(schema).is_valid(value)
-        matching = sum(jsonschema.Draft202012Validator(b).is_valid(value) for b in branches)
+        matching = sum(jsonschema.Draft202012Validator({**b, **defs}).is_valid(value) for b in branches)
         assert matching <= 1, (value, branches)  # pairwise disjoint
         assert original == (matching == 1), value
 
@@ -54,7 +69,7 @@ def test_the_exclusive_branches_accept_exactly_what_the_one_of_accepts(schema):
 @pytest.mark.parametrize("schema", NOT_PROVED)
 def test_what_cannot_be_proved_is_left_alone_and_refused(schema):
     if "anyOf" not in schema:
-        assert exclusive_branches(schema["oneOf"]) is None
+        assert exclusive_branches(schema["oneOf"], schema) is None
     assert lower_one_of(schema) == schema
     assert "oneOf" in {k.keyword for k in routed_schema_fidelity(schema).refused_in_strict}
 
@@ -95,3 +110,17 @@ def test_the_service_compiles_the_lowered_one_of_with_xgrammar(service, tokenize
     assert not isinstance(handle, LLGuidanceHandle) and handle.fidelity.refused_in_strict == ()
     assert writes(handle, tokenizer, '{"port":8080}') and writes(handle, tokenizer, '{"port":"http"}')
     assert not writes(handle, tokenizer, '{"port":null}')
+
+
+def test_a_one_of_with_a_referenced_branch_is_enforced_by_xgrammar(service, tokenizer):
+    # SchemaStore's "a step is a command string or a step object"
+    schema = {"type": "object", "required": ["step"], "properties": {"step": {
+        "oneOf": [{"type": "string"}, {"$ref": "#/$defs/step"}]}},
+        "$defs": {"step": {"type": "object", "properties": {"run": {"type": "string"}}, "required": ["run"]}}}
+    report = routed_schema_fidelity(schema)
+    assert report.engine == XGRAMMAR and report.refused_in_strict == ()
+    verdict = {k.pointer: k for k in report.keywords}["/properties/step/oneOf"]
+    assert verdict.status == ENFORCED
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert writes(handle, tokenizer, '{"step":"make"}') and writes(handle, tokenizer, '{"step":{"run":"ls"}}')
+    assert not writes(handle, tokenizer, '{"step":{}}') and not writes(handle, tokenizer, '{"step":1}')
