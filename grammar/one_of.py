@@ -16,6 +16,13 @@ union is exactly the set of values the `oneOf` accepts, or None where it cannot 
   shared by a branch that constrains it, nothing is proved. A branch left with "a number with a
   fraction" but not integers cannot be written as a `type`: nothing is proved either.
 
+"Exactly one of these names" (`oneOf: [{"required": ["url"]}, {"required": ["path"]}]`, only
+`required` in each branch) is the `anyOf` of objects that have one branch's names and not the
+name that would complete another's (`properties: {"path": false}`); where completing another
+branch would take two or more missing names, nothing is proved, and a branch whose names include
+another's can never match alone and is left out. The generated branches say `additionalProperties:
+true`: they only constrain the object around them, which strict mode closes.
+
 A branch that is only a local `$ref` (SchemaStore's `oneOf: [{"type": "string"}, {"$ref":
 "#/definitions/step"}]`) is judged by the definition it names; a branch of listed values admits
 the types of its values (`enum: ["a", "b"]` is a string, and constrains strings); a branch that
@@ -71,7 +78,39 @@ def exclusive_branches(branches: Any, root: Any = None) -> list[Any] | None:
             tags = [tell(v) for v in views]
             if None not in tags and len(set(tags)) == len(tags):
                 return list(branches)
-    return _split_by_type(branches, views, root)
+    by_names = _split_by_required(views)
+    return by_names if by_names is not None else _split_by_type(branches, views, root)
+
+
+def _split_by_required(views: list[dict]) -> list[dict] | None:
+    """Branches of only `required` as disjoint objects (see the module docstring), or None."""
+    names = []
+    for view in views:
+        required = view.get("required")
+        if (set(view) - {"required"} - _ANNOTATIONS or not isinstance(required, list) or not required
+                or not all(isinstance(n, str) for n in required)):
+            return None
+        names.append(list(dict.fromkeys(required)))
+    out = []
+    for i, own in enumerate(names):
+        forbidden: list[str] = []
+        possible = True
+        for j, other in enumerate(names):
+            if j == i:
+                continue
+            missing = [n for n in other if n not in own]
+            if not missing:
+                possible = False  # whenever this branch matches, so does the other one
+                break
+            if len(missing) > 1:
+                return None  # "not all of these" is a disjunction no single branch can say
+            forbidden += [n for n in missing if n not in forbidden]
+        if possible:
+            branch: dict[str, Any] = {"type": "object", "required": own}
+            if forbidden:
+                branch["properties"] = {n: False for n in forbidden}
+            out.append({**branch, "additionalProperties": True})
+    return out or None
 
 
 def lower_one_of(node: Any) -> Any:

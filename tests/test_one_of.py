@@ -16,7 +16,8 @@ from tests.test_llguidance_fidelity import writes
 
 INT_OR_STRING = {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}  # Kubernetes'
 QUANTITY = {"oneOf": [{"type": ["string", "null"]}, {"type": ["number", "null"]}]}
-SAMPLES = [None, True, False, 0, 3, -2, 1.5, "", "a", "12", [], [1], ["a", 2], {}, {"a": 1}, {"kind": "a"}]
+SAMPLES = [None, True, False, 0, 3, -2, 1.5, "", "a", "12", [], [1], ["a", 2], {}, {"a": 1}, {"kind": "a"},
+           {"a": 1, "kind": "b"}, {"a": 1, "x": 2}, {"a": 1, "x": 2, "kind": "a"}, {"x": 1, "kind": "a"}]
 
 PROVED = [
     INT_OR_STRING,
@@ -36,6 +37,10 @@ PROVED = [
     {"oneOf": [{"enum": ["a", "b"]}, {"type": "array", "items": {"type": "string"}}]},
     {"oneOf": [{"enum": [1, 2.5]}, {"type": "string"}]},
     {"oneOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]}, {"type": "object"}]},
+    # exactly one of the names (a third branch whose names hold another's never matches alone)
+    {"oneOf": [{"required": ["a"]}, {"required": ["kind"], "description": "by kind"}]},
+    {"oneOf": [{"required": ["a"]}, {"required": ["kind"]}, {"required": ["a", "kind"]}]},
+    {"oneOf": [{"required": ["a", "x"]}, {"required": ["a", "kind"]}]},
     {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
      "$defs": {"a": {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
                "b": {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}}},
@@ -48,7 +53,8 @@ NOT_PROVED = [
     {"oneOf": [{"$ref": "#/$defs/sn"}, {"type": ["integer", "null"]}], "$defs": {"sn": {"type": ["string", "null"]}}},
     {"oneOf": [{"enum": ["a"]}, {"type": "string"}]},  # "a" matches both, and the enum constrains strings
     {"oneOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]}, {"type": "integer"}]},  # shared, constrained
-    {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]},
+    {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]},  # beside a type
+    {"oneOf": [{"required": ["a", "b"]}, {"required": ["c"]}]},  # "not both a and b" is a disjunction
     {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}], "anyOf": [{}]},  # beside anyOf
 ]
 
@@ -124,3 +130,16 @@ def test_a_one_of_with_a_referenced_branch_is_enforced_by_xgrammar(service, toke
     handle = service.compile(GrammarSpec("json_schema", schema, True))
     assert writes(handle, tokenizer, '{"step":"make"}') and writes(handle, tokenizer, '{"step":{"run":"ls"}}')
     assert not writes(handle, tokenizer, '{"step":{}}') and not writes(handle, tokenizer, '{"step":1}')
+
+
+def test_exactly_one_of_two_names_goes_to_llguidance_and_its_mask_keeps_it(service, tokenizer):
+    schema = {"type": "object", "properties": {"url": {"type": "string"}, "path": {"type": "string"},
+                                               "timeout": {"type": "integer"}},
+              "oneOf": [{"required": ["url"]}, {"required": ["path"]}]}
+    report = routed_schema_fidelity(schema)
+    assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert isinstance(handle, LLGuidanceHandle)
+    assert writes(handle, tokenizer, '{"url":"http://a","timeout":3}') and writes(handle, tokenizer, '{"path":"/a"}')
+    assert not writes(handle, tokenizer, '{"url":"http://a","path":"/a"}')  # both: matches two branches
+    assert not writes(handle, tokenizer, '{"timeout":3}')  # neither
