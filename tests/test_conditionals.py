@@ -97,20 +97,29 @@ def test_the_llguidance_grammar_refuses_what_the_branch_forbids(service, tokeniz
     assert not writes(handle, tokenizer, '{"method":"cash","card_number":"1234"}')  # else: iban missing
 
 
-@pytest.mark.e2e
-def test_the_real_model_answers_a_conditional_schema_validly(jumpgate_server):
-    rf = {"type": "json_schema", "json_schema": {"name": "payment", "schema": PAYMENT, "strict": True}}
-    asks = ["Pay by card, as JSON.", "Pay by bank transfer, as JSON.", "Pay in cash, as JSON."]
-    with httpx.Client(base_url=jumpgate_server.url, timeout=180) as http:
+def strict_answers(server, name: str, schema: dict, asks: list[str], max_tokens: int) -> list:
+    """The real model's strict answers to `asks` (greedy), each checked: it stopped by itself,
+    validates with jsonschema, and the server says so."""
+    rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+    answers = []
+    with httpx.Client(base_url=server.url, timeout=180) as http:
         for ask in asks:
             resp = http.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": ask}], "max_tokens": 64,
+                "model": MODEL, "messages": [{"role": "user", "content": ask}], "max_tokens": max_tokens,
                 "temperature": 0, "response_format": rf})
             assert resp.status_code == 200, resp.text
             choice = resp.json()["choices"][0]
             assert choice["finish_reason"] == "stop", choice
-            jsonschema.validate(json.loads(choice["message"]["content"]), PAYMENT)
+            answers.append(json.loads(choice["message"]["content"]))
+            jsonschema.validate(answers[-1], schema)
             assert choice["jumpgate"]["schema_valid"] is True
+    return answers
+
+
+@pytest.mark.e2e
+def test_the_real_model_answers_a_conditional_schema_validly(jumpgate_server):
+    strict_answers(jumpgate_server, "payment", PAYMENT,
+                   ["Pay by card, as JSON.", "Pay by bank transfer, as JSON.", "Pay in cash, as JSON."], 64)
 
 
 # GitHub issue forms' shape: the discriminator listed through a $ref, one conditional per kind,
@@ -227,21 +236,8 @@ def test_the_llguidance_grammar_follows_each_kind(service, tokenizer):
 
 @pytest.mark.e2e
 def test_the_real_model_answers_an_allof_of_conditionals_validly(jumpgate_server):
-    rf = {"type": "json_schema", "json_schema": {"name": "form_item", "schema": FORM_ITEM, "strict": True}}
-    asks = ["A dropdown form item asking for the operating system, as JSON.",
-            "A text input form item asking for a name, as JSON.",
-            "A markdown form item thanking the reader, as JSON."]
-    kinds = set()
-    with httpx.Client(base_url=jumpgate_server.url, timeout=180) as http:
-        for ask in asks:
-            resp = http.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": ask}], "max_tokens": 96,
-                "temperature": 0, "response_format": rf})
-            assert resp.status_code == 200, resp.text
-            choice = resp.json()["choices"][0]
-            assert choice["finish_reason"] == "stop", choice
-            answer = json.loads(choice["message"]["content"])
-            jsonschema.validate(answer, FORM_ITEM)
-            assert choice["jumpgate"]["schema_valid"] is True
-            kinds.add(answer["type"])
-    assert len(kinds) >= 2  # the answers take different branches
+    answers = strict_answers(jumpgate_server, "form_item", FORM_ITEM, [
+        "A dropdown form item asking for the operating system, as JSON.",
+        "A text input form item asking for a name, as JSON.",
+        "A markdown form item thanking the reader, as JSON."], 96)
+    assert len({a["type"] for a in answers}) >= 2  # the answers take different branches
