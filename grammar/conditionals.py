@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammar.schema_walk import rewrite_bottom_up
+from grammar.schema_walk import resolve_local_ref, rewrite_bottom_up
 
 _COMBINATORS = ("anyOf", "oneOf", "$ref")
 _ANNOTATIONS = frozenset({"title", "description", "$comment", "markdownDescription", "examples", "default"})
@@ -45,12 +45,9 @@ def _resolve(schema: Any, root: Any) -> Any:
     """`schema` with a chain of local `$ref`s ("#/definitions/name") followed (at most 16)."""
     for _ in range(16):
         ref = schema.get("$ref") if isinstance(schema, dict) else None
-        if not isinstance(ref, str) or not ref.startswith("#/") or root is None:
+        if not isinstance(ref, str) or root is None:
             return schema
-        node: Any = root
-        for part in ref[2:].split("/"):
-            node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
-        schema = node
+        schema = resolve_local_ref(root, ref)
     return schema
 
 

@@ -22,7 +22,7 @@ import llguidance
 
 from grammar.conditionals import lower_conditionals
 from grammar.lowering import lower_for_masks
-from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS
+from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS, resolve_local_ref
 
 ENGINE = "llguidance"
 VALUE_CHECKED_KEYWORDS = frozenset({"uniqueItems", "dependentRequired"})  # see the module docstring
@@ -128,9 +128,4 @@ def _all_of_refs(schema: Any) -> set[str]:
 def _resolve(branch: Any, root: dict) -> Any:
     """A branch with a local `$ref` ("#/$defs/name") is read as the definition it names."""
     ref = branch.get("$ref") if isinstance(branch, dict) else None
-    if not isinstance(ref, str) or not ref.startswith("#/"):
-        return branch
-    node: Any = root
-    for part in ref[2:].split("/"):
-        node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
-    return node
+    return resolve_local_ref(root, ref) if isinstance(ref, str) else branch

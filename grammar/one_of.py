@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammar.schema_walk import rewrite_bottom_up
+from grammar.schema_walk import resolve_local_ref, rewrite_bottom_up
 
 
 # A value's JSON type, with numbers split: "fraction" is a number that is not an integer.
@@ -124,12 +124,9 @@ def _view(branch: Any, root: Any, depth: int = 16) -> Any:
     for _ in range(depth):
         if not isinstance(branch, dict) or root is None or not isinstance(branch.get("$ref"), str):
             return branch
-        if any(k != "$ref" and k not in _ANNOTATIONS for k in branch) or not branch["$ref"].startswith("#/"):
+        if any(k != "$ref" and k not in _ANNOTATIONS for k in branch):
             return branch
-        node: Any = root
-        for part in branch["$ref"][2:].split("/"):
-            node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
-        branch = node
+        branch = resolve_local_ref(root, branch["$ref"])
     return branch
 
 

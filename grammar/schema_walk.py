@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 from grammar.errors import join_pointer
 
@@ -28,6 +29,23 @@ SCHEMA_MAP_KEYWORDS = frozenset({"$defs", "definitions", "patternProperties", "d
 ORDERED_SCHEMA_MAP_KEYWORD = "properties"
 # draft-7 `dependencies`: name -> schema or list of names
 DEPENDENCIES_KEYWORD = "dependencies"
+
+
+def resolve_local_ref(root: Any, ref: str) -> Any:
+    """The node a local `$ref` ("#", "#/$defs/name", JSON pointer escapes) names in `root`; None
+    when it names nothing there (remote references are refused before any walker runs)."""
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+        return None
+    node: Any = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 # The schema lowerings (conditionals, one_of, formats, listed values, llguidance's rewrite) walk every

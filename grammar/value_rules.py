@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammar.listed_values import fitting_values
+from grammar.schema_walk import resolve_local_ref
 
 MAX_FINITE = 256  # beyond this many listed values, items are treated as unbounded (prefix checks cost)
 _MAX_EXPAND = 256  # nodes listed for one place (a schema of many refs stays cheap)
@@ -246,18 +247,7 @@ class SchemaNavigator:
                 self._collect(branch, out, seen)
 
     def _resolve(self, ref: str) -> Any:
-        if not ref.startswith("#"):
-            return None  # remote references are refused before compiling
-        node: Any = self._root
-        for part in ref[1:].split("/")[1:] if ref != "#" else ():
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict):
-                node = node.get(part)
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node
+        return resolve_local_ref(self._root, ref)
 
     def value_nodes(self, object_nodes: tuple[dict, ...], name: str) -> tuple[dict, ...]:
         out: list[dict] = []
