@@ -77,7 +77,7 @@ from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
 from grammar.one_of import exclusive_branches
-from grammar.value_rules import SchemaNavigator, dependent_required_exact, unique_items_exact
+from grammar.value_rules import SchemaNavigator, dependent_required_exact, required_conditional, unique_items_exact
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
@@ -296,12 +296,18 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                 if keyword != "if":
                     children.append((value, join_pointer(here, keyword), None))
                 continue
-            if keyword in VALUE_CHECKED and navigator is not None:
+            # draft-7 `dependencies` of names, and `if` one name is present `then` others are, are
+            # dependentRequired by another spelling (grammar/value_rules.py: name_dependencies)
+            spelled = (keyword == "dependencies" and isinstance(value, dict)
+                       and all(isinstance(v, list) for v in value.values())) or (
+                keyword in ("if", "then") and required_conditional(node) is not None)
+            if (keyword in VALUE_CHECKED or spelled) and navigator is not None:
                 why_not = (unique_items_exact(node, navigator) if keyword == "uniqueItems"
                            else dependent_required_exact(node, strict))
                 if why_not is None:
                     entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, ENFORCED,
-                                                   VALUE_CHECKED[keyword], engine=VALUE_CHECK))
+                                                   VALUE_CHECKED[keyword if not spelled else "dependentRequired"],
+                                                   engine=VALUE_CHECK))
                 else:
                     mark(keyword, CHECKED, why_not)
                 continue

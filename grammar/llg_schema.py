@@ -8,7 +8,8 @@ implement instead of approximating. An `if`/`then`/`else` on a discriminator is 
 here since llguidance refuses `oneOf`; listed values cut to those that fit; `byte` as its pattern). The JSON it writes is compact, as with xgrammar
 (grammar/compact_json.py): no free whitespace, separators "," and ":".
 
-`uniqueItems` and `dependentRequired` are left out of the grammar: llguidance does not implement
+`uniqueItems` and `dependentRequired` (and its other spellings: draft-7 `dependencies` of names, an
+`if` one name `then` others) are left out of the grammar: llguidance does not implement
 them, and where they are enforced at all it is by Jumpgate's value check beside the matcher
 (grammar/value_check.py). A schema is routed here only when the fidelity report says every
 keyword is then enforced (grammar/fidelity.py), so leaving them out never loosens a promise.
@@ -22,7 +23,8 @@ import llguidance
 
 from grammar.conditionals import lower_conditionals
 from grammar.lowering import lower_for_masks
-from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS, resolve_local_ref
+from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS, resolve_local_ref, rewrite_bottom_up
+from grammar.value_rules import required_conditional
 
 ENGINE = "llguidance"
 VALUE_CHECKED_KEYWORDS = frozenset({"uniqueItems", "dependentRequired"})  # see the module docstring
@@ -32,7 +34,7 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator"
 
 def llguidance_grammar(schema: Any, *, strict: bool) -> str:
     """The llguidance grammar text of compact JSON matching `schema` (not yet validated)."""
-    schema = lower_conditionals(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS))
+    schema = lower_conditionals(_without_name_rules(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS)))
     if strict:
         schema = _closed(schema, schema, open_here=False, open_refs=_all_of_refs(schema))
     return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)
@@ -88,6 +90,20 @@ def _closed(node: Any, root: dict, *, open_here: bool, open_refs: set[str], wher
     # keywords in canonical (sorted) order: llguidance 1.9 reads `additionalProperties` written
     # after `allOf` as closing the branches too, and then refuses their properties
     return {key: out[key] for key in sorted(out)}
+
+
+def _without_name_rules(schema: Any) -> Any:
+    """`schema` without the other spellings of dependentRequired (draft-7 `dependencies` of names,
+    an `if` one name `then` others: grammar/value_rules.py's name_dependencies), which the value
+    check enforces as it does dependentRequired."""
+    def drop(out: dict) -> dict:
+        deps = out.get("dependencies")
+        if isinstance(deps, dict) and all(isinstance(v, list) for v in deps.values()):
+            out = {k: v for k, v in out.items() if k != "dependencies"}
+        if required_conditional(out) is not None:
+            out = {k: v for k, v in out.items() if k not in ("if", "then")}
+        return out
+    return rewrite_bottom_up(schema, drop)
 
 
 def _without(node: Any, keywords: frozenset[str]) -> Any:

@@ -302,11 +302,10 @@ class SchemaNavigator:
         requires: dict[str, tuple[str, ...]] = {}
         order: dict[str, int] = {}
         for node in object_nodes:
-            deps = node.get("dependentRequired")
-            if isinstance(deps, dict) and deps:
+            deps = name_dependencies(node)
+            if deps:
                 for trigger, names in deps.items():
-                    if isinstance(names, list):
-                        requires[trigger] = requires.get(trigger, ()) + tuple(str(n) for n in names)
+                    requires[trigger] = requires.get(trigger, ()) + tuple(str(n) for n in names)
                 props = node.get("properties")
                 for name in props if isinstance(props, dict) else ():
                     order.setdefault(name, len(order))
@@ -431,6 +430,47 @@ def unique_items_exact(schema: dict, navigator: SchemaNavigator) -> str | None:
     return None
 
 
+_ANNOTATIONS = frozenset({"title", "description", "$comment", "markdownDescription", "examples", "default"})
+
+
+def required_conditional(node: dict) -> tuple[str, list[str]] | None:
+    """(trigger, names) when `node`'s `if`/`then` says only "when `trigger` is present, so are
+    `names`": `if` requires one name (and may declare it unconstrained), `then` only requires
+    names, and there is no `else`. That is exactly `dependentRequired: {trigger: names}`."""
+    test, then = node.get("if"), node.get("then")
+    if "else" in node or not isinstance(test, dict) or not isinstance(then, dict):
+        return None
+    test = {k: v for k, v in test.items() if k not in _ANNOTATIONS}
+    then = {k: v for k, v in then.items() if k not in _ANNOTATIONS}
+    required = test.get("required")
+    if set(test) - {"required", "properties"} or not isinstance(required, list) or len(required) != 1:
+        return None
+    trigger = required[0]
+    if test.get("properties", {}) not in ({}, {trigger: {}}, {trigger: True}) or set(then) != {"required"}:
+        return None
+    names = then["required"]
+    if not isinstance(trigger, str) or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return trigger, names
+
+
+def name_dependencies(node: dict) -> dict[str, list[str]]:
+    """Which names each written name requires in `node`: its `dependentRequired`, the name lists of
+    draft-7 `dependencies`, and a `required_conditional` (all mean the same rule)."""
+    found: dict[str, list[str]] = {}
+    deps = node.get("dependencies")
+    sources = [node.get("dependentRequired"),
+               deps if isinstance(deps, dict) and all(isinstance(v, list) for v in deps.values()) else None]
+    conditional = required_conditional(node)
+    if conditional is not None:
+        sources.append({conditional[0]: conditional[1]})
+    for source in sources:
+        for trigger, names in (source or {}).items() if isinstance(source, dict) else ():
+            if isinstance(names, list):
+                found[trigger] = found.get(trigger, []) + [n for n in names if n not in found.get(trigger, [])]
+    return found
+
+
 def dependent_required_exact(node: dict, strict: bool) -> str | None:
     """None when masking keeps `node`'s dependentRequired exactly (the object's names are closed
     and declared, and each dependent is required or comes after its trigger, so banning the close
@@ -442,8 +482,8 @@ def dependent_required_exact(node: dict, strict: bool) -> str | None:
                 "(strict mode or additionalProperties: false), without patternProperties or maxProperties")
     required = set(node.get("required") or ()) if isinstance(node.get("required"), list) else set()
     order = {name: i for i, name in enumerate(props)}
-    for trigger, names in (node.get("dependentRequired") or {}).items():
-        for name in names if isinstance(names, list) else ():
+    for trigger, names in name_dependencies(node).items():
+        for name in names:
             if name not in order or trigger not in order:
                 return f"dependentRequired names {name!r}, which is not a declared property"
             if name not in required and order[name] < order[trigger]:

@@ -234,6 +234,13 @@ ENFORCED_KEYWORDS = {
         {"type": "object", "properties": PAYMENT, "required": ["name"]},
         "Alice pays with credit card 4111 1111 1111 1111.",  # the control gives no billing address
         {"/dependentRequired": "value_check"}),
+    # the same rule written as a conditional: `if` the card is there, `then` the address is
+    "if_then_required": (
+        {"type": "object", "properties": PAYMENT, "required": ["name"],
+         "if": {"required": ["credit_card"]}, "then": {"required": ["billing_address"]}},
+        {"type": "object", "properties": PAYMENT, "required": ["name"]},
+        "Alice pays with credit card 4111 1111 1111 1111.",
+        {"/if": "value_check", "/then": "value_check"}),
     "uniqueItems_strings": (
         closed({"fruits": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 3}},
                ["fruits"]),

@@ -71,8 +71,11 @@ OBJ_AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}
 # case for, mostly because llguidance would take the table's form over, or jsonschema cannot show
 # the violation: (name, schema, every (pointer, keyword) the 400 must name).
 REFUSED_BEYOND_THE_TABLE = [
-    ("dependencies_names", {"type": "object", "properties": OBJ_AB, "dependencies": {"a": ["b"]}},
-     [("/dependencies", "dependencies")]),
+    # dependentRequired spelled as draft-7 dependencies, but the dependent comes first: once "a" is
+    # written the grammar cannot go back for "b" (the spelling in order is enforced: test_name_dependencies.py)
+    ("dependencies_names_dependent_first", {"type": "object", "properties": {"b": {"type": "integer"},
+                                                                            "a": {"type": "integer"}},
+                                            "dependencies": {"a": ["b"]}}, [("/dependencies", "dependencies")]),
     ("dependencies_schema", {"type": "object", "properties": OBJ_AB, "dependencies": {"a": {"required": ["b"]}}},
      [("/dependencies", "dependencies")]),
     ("unevaluatedItems_schema", {"type": "array", "prefixItems": [{"type": "integer"}],
