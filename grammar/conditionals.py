@@ -34,26 +34,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammar.schema_walk import resolve_local_ref, rewrite_bottom_up
+from grammar.schema_walk import ANNOTATION_KEYWORDS as _ANNOTATIONS
+from grammar.schema_walk import follow_local_refs, rewrite_bottom_up
 
 _COMBINATORS = ("anyOf", "oneOf", "$ref")
-_ANNOTATIONS = frozenset({"title", "description", "$comment", "markdownDescription", "examples", "default"})
 _BRANCH_KEYS = frozenset({"if", "then", "else"}) | _ANNOTATIONS
-
-
-def _resolve(schema: Any, root: Any) -> Any:
-    """`schema` with a chain of local `$ref`s ("#/definitions/name") followed (at most 16)."""
-    for _ in range(16):
-        ref = schema.get("$ref") if isinstance(schema, dict) else None
-        if not isinstance(ref, str) or root is None:
-            return schema
-        schema = resolve_local_ref(root, ref)
-    return schema
 
 
 def _listed(schema: Any, root: Any = None) -> list[Any] | None:
     """The finite set of values `schema` allows, if it lists them (const, enum, boolean type)."""
-    schema = _resolve(schema, root)
+    # siblings beside a $ref can only narrow its listing: the listing is a superset of the values,
+    # which is all a partition by value needs
+    schema = follow_local_refs(schema, root)
     if not isinstance(schema, dict):
         return None
     if "const" in schema:
@@ -175,7 +167,7 @@ def _with_branch_names(out: dict, bodies: list[Any], root: Any) -> dict:
         return out
     props = dict(out["properties"]) if isinstance(out.get("properties"), dict) else {}
     for body in bodies:
-        body = _resolve(body, root)
+        body = follow_local_refs(body, root)
         names = body.get("properties") if isinstance(body, dict) else None
         if isinstance(names, dict):
             props.update({n: {} for n in names if n not in props})
@@ -195,7 +187,7 @@ def _lower_conditional(out: dict, root: Any) -> Any:
         values = passing + failing
         keys = {_key(v) for v in passing}
         then, otherwise = out.get("then"), out.get("else")
-        branches = _partition(name, values, _absence_possible(name, out, None),
+        branches = _partition(name, values, name not in _required(out),
                               lambda v, absent: [then if (absent_passes if absent else _key(v) in keys) else otherwise])
         if not branches:
             return out  # the property can take no value and must be present: nothing to lower
@@ -208,10 +200,12 @@ def _lower_conditional(out: dict, root: Any) -> Any:
     name = next(iter(merged.values()))[0]
     conditionals = {i: out["allOf"][i] for i in merged}
 
+    passing_keys = {i: {_key(v) for v in passing} for i, (_, passing, _, _) in merged.items()}
+
     def bodies(value: Any, absent: bool) -> list[Any]:
         taken = []
-        for i, (_, passing, _, absent_passes) in merged.items():
-            passes = absent_passes if absent else _key(value) in {_key(v) for v in passing}
+        for i, (_, _, _, absent_passes) in merged.items():
+            passes = absent_passes if absent else _key(value) in passing_keys[i]
             taken.append(conditionals[i].get("then" if passes else "else"))
         return taken
 
@@ -221,13 +215,9 @@ def _lower_conditional(out: dict, root: Any) -> Any:
     rest = [b for i, b in enumerate(out["allOf"]) if i not in merged]
     if rest:
         lowered["allOf"] = rest
-    branches = _partition(name, values, _absence_possible(name, out, None), bodies)
+    branches = _partition(name, values, name not in _required(out), bodies)
     if not branches:
         return out
     lowered["anyOf"] = branches
     every_body = [c.get(k) for c in conditionals.values() for k in ("then", "else")]
     return _with_branch_names(lowered, every_body, root)
-
-
-def _absence_possible(name: str, node: dict, context: dict | None) -> bool:
-    return name not in _required(node, context)

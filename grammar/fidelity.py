@@ -77,7 +77,13 @@ from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
 from grammar.one_of import exclusive_branches
-from grammar.value_rules import SchemaNavigator, dependent_required_exact, required_conditional, unique_items_exact
+from grammar.value_rules import (
+    SchemaNavigator,
+    dependent_required_exact,
+    names_only_dependencies,
+    required_conditional,
+    unique_items_exact,
+)
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
@@ -298,8 +304,7 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                 continue
             # draft-7 `dependencies` of names, and `if` one name is present `then` others are, are
             # dependentRequired by another spelling (grammar/value_rules.py: name_dependencies)
-            spelled = (keyword == "dependencies" and isinstance(value, dict)
-                       and all(isinstance(v, list) for v in value.values())) or (
+            spelled = (keyword == "dependencies" and names_only_dependencies(node) is not None) or (
                 keyword in ("if", "then") and required_conditional(node) is not None)
             if (keyword in VALUE_CHECKED or spelled) and navigator is not None:
                 why_not = (unique_items_exact(node, navigator) if keyword == "uniqueItems"
@@ -375,8 +380,8 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
                     if keyword != "if":
                         children.append((value[i][keyword], join_pointer(here, "allOf", i, keyword), None))
         rest = [i for i in range(len(value)) if i not in conditionals]
-        if len(rest) == 1:
-            children += [c for c in _subschemas(node, combinator, here) if c[1] == join_pointer(here, "allOf", rest[0])]
+        if len(rest) == 1:  # the one other branch is walked as a single-branch allOf's would be
+            children.append((value[rest[0]], join_pointer(here, "allOf", rest[0]), None))
     elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
     elif combinator == "oneOf" and exclusive is None:

@@ -23,14 +23,12 @@ from typing import Any
 
 import jsonschema
 
-from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS
+from grammar.schema_walk import ANNOTATION_KEYWORDS, DATA_KEYWORDS, NAMED_SCHEMA_MAPS
 
 _SCHEMA_MAPS, _DATA = NAMED_SCHEMA_MAPS, DATA_KEYWORDS  # the lowerings' one table (grammar/schema_walk.py)
 # keywords beside which leaving a property out of `properties` could change what is valid
 _NAMES_ELSEWHERE = ("patternProperties", "additionalProperties", "unevaluatedProperties", "dependentRequired",
                     "dependentSchemas", "dependencies", "$ref", "anyOf", "oneOf", "allOf", "not", "if")
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-                          "writeOnly", "markdownDescription", "example"})
 
 
 def fitting_values(node: Any) -> list[Any] | None:
@@ -39,7 +37,7 @@ def fitting_values(node: Any) -> list[Any] | None:
     if not isinstance(node, dict) or not ("const" in node or isinstance(node.get("enum"), list)):
         return None
     listed = [node["const"]] if "const" in node else list(node["enum"])
-    rest = {k: v for k, v in node.items() if k not in ("enum", "const") and k not in _ANNOTATIONS}
+    rest = {k: v for k, v in node.items() if k not in ("enum", "const") and k not in ANNOTATION_KEYWORDS}
     if not rest or "$ref" in rest or any(isinstance(k, str) and k.startswith("$") for k in rest):
         return None
     try:

@@ -24,7 +24,7 @@ import llguidance
 from grammar.conditionals import lower_conditionals
 from grammar.lowering import lower_for_masks
 from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS, resolve_local_ref, rewrite_bottom_up
-from grammar.value_rules import required_conditional
+from grammar.value_rules import names_only_dependencies, required_conditional
 
 ENGINE = "llguidance"
 VALUE_CHECKED_KEYWORDS = frozenset({"uniqueItems", "dependentRequired"})  # see the module docstring
@@ -97,8 +97,7 @@ def _without_name_rules(schema: Any) -> Any:
     an `if` one name `then` others: grammar/value_rules.py's name_dependencies), which the value
     check enforces as it does dependentRequired."""
     def drop(out: dict) -> dict:
-        deps = out.get("dependencies")
-        if isinstance(deps, dict) and all(isinstance(v, list) for v in deps.values()):
+        if names_only_dependencies(out) is not None:
             out = {k: v for k, v in out.items() if k != "dependencies"}
         if required_conditional(out) is not None:
             out = {k: v for k, v in out.items() if k not in ("if", "then")}

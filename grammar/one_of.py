@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammar.schema_walk import resolve_local_ref, rewrite_bottom_up
+from grammar.schema_walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_bottom_up
 
 
 # A value's JSON type, with numbers split: "fraction" is a number that is not an integer.
@@ -58,10 +58,9 @@ _ONLY_FOR = {
                                "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
                                "dependencies", "unevaluatedProperties")},
 }
-# keywords that constrain no value (annotations); any keyword not named here or above is taken to
-# constrain values of every type, which can only keep a proof from being found
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-                          "writeOnly", "$id", "$schema", "$anchor", "markdownDescription", "example"})
+# annotations (grammar/schema_walk.py) constrain no value; any keyword not named there or above is
+# taken to constrain values of every type, which can only keep a proof from being found
+_ANNOTATIONS = ANNOTATION_KEYWORDS
 
 
 def exclusive_branches(branches: Any, root: Any = None) -> list[Any] | None:
@@ -119,15 +118,9 @@ def lower_one_of(node: Any) -> Any:
     return rewrite_bottom_up(node, lambda out: _lower_one_of(out, node))
 
 
-def _view(branch: Any, root: Any, depth: int = 16) -> Any:
+def _view(branch: Any, root: Any) -> Any:
     """The schema a branch that is only a local `$ref` (and annotations) stands for; else itself."""
-    for _ in range(depth):
-        if not isinstance(branch, dict) or root is None or not isinstance(branch.get("$ref"), str):
-            return branch
-        if any(k != "$ref" and k not in _ANNOTATIONS for k in branch):
-            return branch
-        branch = resolve_local_ref(root, branch["$ref"])
-    return branch
+    return follow_local_refs(branch, root, only_bare=True)
 
 
 def _lower_one_of(out: dict, root: Any = None) -> Any:

@@ -31,6 +31,12 @@ ORDERED_SCHEMA_MAP_KEYWORD = "properties"
 DEPENDENCIES_KEYWORD = "dependencies"
 
 
+# Keywords that constrain no value (annotations): every walker that asks "does this node say
+# anything but X" ignores these.
+ANNOTATION_KEYWORDS = frozenset({"title", "description", "default", "examples", "example", "$comment", "deprecated",
+                                 "readOnly", "writeOnly", "$id", "$schema", "$anchor", "markdownDescription"})
+
+
 def resolve_local_ref(root: Any, ref: str) -> Any:
     """The node a local `$ref` ("#", "#/$defs/name", JSON pointer escapes) names in `root`; None
     when it names nothing there (remote references are refused before any walker runs)."""
@@ -45,6 +51,20 @@ def resolve_local_ref(root: Any, ref: str) -> Any:
             node = node[int(part)]
         else:
             return None
+    return node
+
+
+def follow_local_refs(node: Any, root: Any, *, only_bare: bool = False, limit: int = 16) -> Any:
+    """`node` with a chain of local `$ref`s followed (at most `limit` links; None where one names
+    nothing). `only_bare`: follow only a node that holds nothing but `$ref` and annotations (a
+    sibling keyword would constrain the value too, so the target alone is not what it means)."""
+    for _ in range(limit):
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if not isinstance(ref, str) or root is None:
+            return node
+        if only_bare and any(k != "$ref" and k not in ANNOTATION_KEYWORDS for k in node):
+            return node
+        node = resolve_local_ref(root, ref)
     return node
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammar.listed_values import fitting_values
-from grammar.schema_walk import resolve_local_ref
+from grammar.schema_walk import ANNOTATION_KEYWORDS, resolve_local_ref
 
 MAX_FINITE = 256  # beyond this many listed values, items are treated as unbounded (prefix checks cost)
 _MAX_EXPAND = 256  # nodes listed for one place (a schema of many refs stays cheap)
@@ -430,7 +430,11 @@ def unique_items_exact(schema: dict, navigator: SchemaNavigator) -> str | None:
     return None
 
 
-_ANNOTATIONS = frozenset({"title", "description", "$comment", "markdownDescription", "examples", "default"})
+def names_only_dependencies(node: dict) -> dict | None:
+    """`node`'s draft-7 `dependencies` when every entry is a list of names (then it is
+    dependentRequired by another spelling); None otherwise."""
+    deps = node.get("dependencies")
+    return deps if isinstance(deps, dict) and all(isinstance(v, list) for v in deps.values()) else None
 
 
 def required_conditional(node: dict) -> tuple[str, list[str]] | None:
@@ -440,8 +444,8 @@ def required_conditional(node: dict) -> tuple[str, list[str]] | None:
     test, then = node.get("if"), node.get("then")
     if "else" in node or not isinstance(test, dict) or not isinstance(then, dict):
         return None
-    test = {k: v for k, v in test.items() if k not in _ANNOTATIONS}
-    then = {k: v for k, v in then.items() if k not in _ANNOTATIONS}
+    test = {k: v for k, v in test.items() if k not in ANNOTATION_KEYWORDS}
+    then = {k: v for k, v in then.items() if k not in ANNOTATION_KEYWORDS}
     required = test.get("required")
     if set(test) - {"required", "properties"} or not isinstance(required, list) or len(required) != 1:
         return None
@@ -458,9 +462,7 @@ def name_dependencies(node: dict) -> dict[str, list[str]]:
     """Which names each written name requires in `node`: its `dependentRequired`, the name lists of
     draft-7 `dependencies`, and a `required_conditional` (all mean the same rule)."""
     found: dict[str, list[str]] = {}
-    deps = node.get("dependencies")
-    sources = [node.get("dependentRequired"),
-               deps if isinstance(deps, dict) and all(isinstance(v, list) for v in deps.values()) else None]
+    sources = [node.get("dependentRequired"), names_only_dependencies(node)]
     conditional = required_conditional(node)
     if conditional is not None:
         sources.append({conditional[0]: conditional[1]})
