@@ -40,7 +40,8 @@ below: minLength/maxLength beside `pattern`, `multipleOf` (a binary fraction) on
 whole, keywords beside anyOf/allOf/$ref, allOf with several branches, scalar keywords without a
 declared type, `required` naming an undeclared property, `if`/`then`/`else` on a discriminator,
 alone or as an object's `allOf` of conditionals on one listed property: grammar/conditionals.py;
-`patternProperties` whose patterns no name can match two of) and llguidance compiles the schema
+`patternProperties` whose patterns no name can match two of, a `not` that says which names are
+absent: grammar/negation.py) and llguidance compiles the schema
 without error or warning, the
 schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
 `enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
@@ -76,6 +77,7 @@ from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
+from grammar.negation import negation
 from grammar.one_of import exclusive_branches
 from grammar.value_rules import (
     SchemaNavigator,
@@ -315,6 +317,13 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                                                    engine=VALUE_CHECK))
                 else:
                     mark(keyword, CHECKED, why_not)
+                continue
+            if keyword == "not" and negation(value) is not None:
+                # names absent (grammar/negation.py): llguidance compiles it as `properties: {name:
+                # false}`, which xgrammar refuses; the sub-schema itself is never generated
+                mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces this form "
+                                       "(names that must be absent) as properties that may not be written",
+                     exact_in_llguidance=True)
                 continue
             if keyword == "patternProperties" and isinstance(value, dict):
                 # llguidance matches names against the patterns exactly (and refuses patterns two

@@ -3,7 +3,8 @@
 llguidance intersects `pattern` with minLength/maxLength, enforces `multipleOf` on numbers and the
 keywords beside anyOf/allOf (and allOf with several branches), and errors on what it does not
 implement instead of approximating. An `if`/`then`/`else` on a discriminator is lowered to the
-`anyOf` it means first (grammar/conditionals.py), after the rewrites both engines share
+`anyOf` it means first (grammar/conditionals.py), and a `not` that says which names are absent as
+`properties: {name: false}` (grammar/negation.py), after the rewrites both engines share
 (grammar/lowering.py: a `oneOf` with provably exclusive branches as their `anyOf`, which matters
 here since llguidance refuses `oneOf`; listed values cut to those that fit; `byte` as its pattern). The JSON it writes is compact, as with xgrammar
 (grammar/compact_json.py): no free whitespace, separators "," and ":".
@@ -23,6 +24,7 @@ import llguidance
 
 from grammar.conditionals import lower_conditionals
 from grammar.lowering import lower_for_masks
+from grammar.negation import lower_negations
 from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS, resolve_local_ref, rewrite_bottom_up
 from grammar.value_rules import names_only_dependencies, required_conditional
 
@@ -34,7 +36,8 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator"
 
 def llguidance_grammar(schema: Any, *, strict: bool) -> str:
     """The llguidance grammar text of compact JSON matching `schema` (not yet validated)."""
-    schema = lower_conditionals(_without_name_rules(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS)))
+    schema = lower_negations(lower_conditionals(
+        _without_name_rules(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS))))
     if strict:
         schema = _closed(schema, schema, open_here=False, open_refs=_all_of_refs(schema))
     return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)

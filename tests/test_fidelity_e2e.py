@@ -241,6 +241,12 @@ ENFORCED_KEYWORDS = {
         {"type": "object", "properties": PAYMENT, "required": ["name"]},
         "Alice pays with credit card 4111 1111 1111 1111.",
         {"/if": "value_check", "/then": "value_check"}),
+    # GitHub workflows' trigger shape: a `not` that says two names may not both be there
+    "not_both_names": (
+        {**closed(MEDIA, ["kind"]), "not": {"type": "object", "required": ["author", "director"]}},
+        closed(MEDIA, ["kind"]),
+        "The movie Jaws (1975), directed by Steven Spielberg, from the novel by Peter Benchley.",
+        {"/not": "llguidance"}),
     "uniqueItems_strings": (
         closed({"fruits": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 3}},
                ["fruits"]),
