@@ -58,6 +58,7 @@ class Outcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    closed_at_budget: bool = False  # strict closing completed the value (runtime.api.StreamEvent)
     token_ids: list[int] = field(default_factory=list)  # generated ids (a stop token included)
     # requests that asked for logprobs: the records so far, and the tokenizer's texts to show them
     logprobs: list[TokenLogprob] | None = None
@@ -133,6 +134,7 @@ class EngineStream:
             self.finished = True
             o.finish_reason = event.finish_reason
             o.error = event.error
+            o.closed_at_budget = event.closed_at_budget
             self._record_final()
 
     def _record_final(self) -> None:

@@ -86,6 +86,8 @@ ENGINE_COUNTERS = (
     ("jump_forward_rejected", "jumpgate_jump_forward_rejected_tokens",
      "Jump-forward draft tokens rolled back by verification."),
     ("retractions", "jumpgate_retractions", "Running requests sent back to the queue for lack of KV slots."),
+    ("closed_at_budget", "jumpgate_strict_closed_at_budget",
+     "Strict requests whose value budget closing completed before max_tokens (they finish `stop`)."),
     ("evicted_tokens", "jumpgate_evicted_tokens", "Tokens evicted from the device prefix cache."),
     ("ttft_seconds_sum", "jumpgate_engine_first_token_seconds", "Arrival-to-first-token time summed over requests."),
     ("engine_seconds", "jumpgate_engine_step_seconds", "Time spent inside engine steps."),

@@ -241,6 +241,9 @@ class ChoiceValidity(Struct):
     schema_valid: bool
     schema_mode: SchemaMode
     schema_errors: list[SchemaViolation] = field(default_factory=list)
+    # strict closing completed the value as max_tokens neared: whole and valid (finish_reason
+    # "stop"), but shorter than the model would have made it; absent otherwise
+    closed_at_budget: bool | UnsetType = UNSET
 
 
 class TopLogprob(Struct):

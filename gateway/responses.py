@@ -46,41 +46,47 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCh
             content = (content or "") + "".join(c.arguments for c in answers)
             calls = [c for c in calls if c.name != answer_tool]
             if not calls:
-                validity = check.check_tool_calls([(c.name, c.arguments) for c in answers], outcome.finish_reason) \
-                    if check is not None else None
                 return ChatChoice(index=index, message=ChatMessage(content=content),
                                   finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
-                                  jumpgate=validity or UNSET)
+                                  jumpgate=_calls_validity(check, outcome, answers) or UNSET)
         if calls:
             tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
-            validity = check.check_tool_calls([(c.name, c.arguments) for c in calls], outcome.finish_reason) \
-                if check is not None else None
             return ChatChoice(
                 index=index,
                 message=ChatMessage(content=content or None, tool_calls=tool_calls),
                 logprobs=chat_logprobs(outcome.logprobs, outcome.token_texts),
                 finish_reason="tool_calls" if outcome.finish_reason != "length" else "length",  # type: ignore[arg-type]
-                jumpgate=validity or UNSET,
+                jumpgate=_calls_validity(check, outcome, calls) or UNSET,
             )
-    validity = check.check_text(outcome.text, outcome.finish_reason) \
-        if check is not None and check.kind == "json_schema" else None
     return ChatChoice(
         index=index,
         message=ChatMessage(content=outcome.text),
         logprobs=chat_logprobs(outcome.logprobs, outcome.token_texts),
         finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
-        jumpgate=validity or UNSET,
+        jumpgate=choice_validity(check, outcome, False) or UNSET,
     )
 
 
 def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bool) -> ChoiceValidity | None:
     """The jumpgate validity of one finished choice (None: nothing structured to validate)."""
+    if parse_tools:
+        return _calls_validity(check, outcome, grammar_adapter.parse_tool_calls(outcome.text)[1])
+    if check is None or check.kind != "json_schema":
+        return None
+    return _noted(check.check_text(outcome.text, outcome.finish_reason), outcome)
+
+
+def _calls_validity(check: OutputCheck | None, outcome: Outcome, calls: list) -> ChoiceValidity | None:
     if check is None:
         return None
-    if parse_tools:
-        _, calls = grammar_adapter.parse_tool_calls(outcome.text)
-        return check.check_tool_calls([(c.name, c.arguments) for c in calls], outcome.finish_reason)
-    return check.check_text(outcome.text, outcome.finish_reason) if check.kind == "json_schema" else None
+    return _noted(check.check_tool_calls([(c.name, c.arguments) for c in calls], outcome.finish_reason), outcome)
+
+
+def _noted(validity: ChoiceValidity | None, outcome: Outcome) -> ChoiceValidity | None:
+    """The verdict, saying also whether strict closing shaped the value."""
+    if validity is not None and outcome.closed_at_budget:
+        validity.closed_at_budget = True
+    return validity
 
 
 def chat_completion(prepared: Prepared, outcomes: list[Outcome], answer_tool: str | None = None) -> ChatCompletion:
@@ -103,8 +109,7 @@ def completion(
     choices = []
     for index, outcome in enumerate(outcomes):
         prefix = echo_texts[index // n] or ""
-        validity = check.check_text(outcome.text, outcome.finish_reason) \
-            if check is not None and check.kind == "json_schema" else None
+        validity = choice_validity(check, outcome, False)
         choices.append(
             CompletionChoice(index=index, text=prefix + outcome.text,
                              finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]

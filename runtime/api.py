@@ -66,6 +66,9 @@ class StreamEvent:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     completion_tokens: int = 0
     error: str | None = None
+    # The last event of a strict request whose value budget closing completed: it ended `stop`
+    # (the grammar finished) but the budget, not the model, decided where (runtime/completeness.py).
+    closed_at_budget: bool = False
     # One record per token of the new text (the final EOS / stop token has none, as it has no
     # text); None unless the request's sampling asked for logprobs.
     logprobs: list[TokenLogprob] | None = None
@@ -81,6 +84,7 @@ class GenerateResult:
     cached_tokens: int
     completion_tokens: int
     logprobs: list[TokenLogprob] | None = None  # as in StreamEvent, for the whole output
+    closed_at_budget: bool = False  # as in StreamEvent
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ class EngineStats:
     jump_forward_tokens: int = 0  # tokens written by jump-forward (accepted drafts + direct)
     jump_forward_rejected: int = 0  # draft tokens rolled back by verification
     retractions: int = 0
+    closed_at_budget: int = 0  # strict requests whose value budget closing completed (they end `stop`)
     evicted_tokens: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     ttft_seconds_sum: float = 0.0

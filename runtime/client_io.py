@@ -73,5 +73,6 @@ def collect_results(enqueue: Enqueue, specs: list[GenerateRequest], timeout: flo
             finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
             cached_tokens=last.cached_tokens, completion_tokens=last.completion_tokens,
             logprobs=None if spec.sampling.logprobs is None else [x for e in evs for x in e.logprobs or ()],
+            closed_at_budget=last.closed_at_budget,
         ))
     return results

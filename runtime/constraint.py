@@ -38,6 +38,9 @@ class TokenMatcher(Protocol):
     def supports_strict(self) -> bool:
         """Whether the methods below are implemented (False: strict requests decode unguarded)."""
 
+    def is_completed(self) -> bool:
+        """Whether the output so far is a whole value (the stop token would be accepted)."""
+
     def completion_plan(self) -> list[int] | None:
         """Tokens of a shortest path from here to a complete value (None: unknown)."""
 

@@ -20,6 +20,7 @@ class EngineCounters:
     jump_forward_tokens: int = 0
     jump_forward_rejected: int = 0
     retractions: int = 0
+    closed_at_budget: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     ttft_seconds_sum: float = 0.0
     engine_seconds: float = 0.0

@@ -166,12 +166,12 @@ class Decoder:
         r.unsent_ids.append(tok)
         self.counters.generated_tokens += 1
         p = r.spec.sampling
-        # A value completed by budget closing was still cut short: that is `length`.
-        done = "length" if r.guard is not None and r.guard.closing else "stop"
+        # A value budget closing completed ends `stop`: it is whole and valid, and OpenAI clients
+        # (`parse()`) refuse any `length` answer. The final event says the budget shaped it.
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return done, None
+            return "stop", None
         if r.matcher is not None and r.matcher.is_terminated():
-            return done, None
+            return "stop", None
         r.pending_text += r.detok.add([tok])
         if record is not None:
             r.unsent_logprobs.append(record)
@@ -180,6 +180,10 @@ class Decoder:
         if r.detok.stopped:
             return "stop", None
         if len(r.output_ids) >= p.max_new_tokens:
+            # strict closing may finish the value on the budget's last token, with no room left for
+            # the stop token; a whole value is not a cut one
+            if r.guard is not None and r.matcher.is_completed():
+                return "stop", None
             return "length", None
         return None
 

@@ -398,6 +398,7 @@ class Engine:
         except Exception:  # bookkeeping must not keep the caller waiting
             log.exception("releasing KV of %s failed", r.rid)
         self.counters.count_finished(reason)
+        self.counters.closed_at_budget += r.closed_at_budget
         r.emit(r.final_event(error))
 
 

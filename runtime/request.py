@@ -118,4 +118,10 @@ class Req:
             rid=self.rid, text=text, token_ids=ids, finished=True, finish_reason=self.finish_reason,
             prompt_tokens=len(self.prompt_ids), cached_tokens=self.prompt_cached_tokens or 0,
             completion_tokens=len(self.output_ids), error=error, logprobs=self.take_logprobs(),
+            closed_at_budget=self.closed_at_budget,
         )
+
+    @property
+    def closed_at_budget(self) -> bool:
+        """Ended `stop` with strict closing on: the grammar completed the value the budget closed."""
+        return self.finish_reason == "stop" and self.guard is not None and self.guard.closing

@@ -38,6 +38,7 @@ class FakeEngine:
         self.delay = delay
         self.finish_reason = finish_reason
         self.cached_tokens = cached_tokens
+        self.closed_at_budget = False  # the final event's flag (strict closing completed the value)
         self.pin_budget = pin_budget  # None: this engine cannot pin (no prefix cache)
         self.refuse: EngineError | None = None  # raised from submit
         self.submitted: list[GenerateRequest] = []
@@ -78,6 +79,7 @@ class FakeEngine:
                     rid=req.rid, text=piece, token_ids=[7], finished=done,
                     finish_reason=self.finish_reason if done else None, prompt_tokens=len(req.prompt_ids),
                     cached_tokens=min(self.cached_tokens, len(req.prompt_ids)), completion_tokens=i + 1,
+                    closed_at_budget=done and self.closed_at_budget,
                 )
         finally:
             if not done:

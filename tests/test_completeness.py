@@ -491,11 +491,13 @@ def test_strict_loop_prone_output_is_complete_and_valid(loop_prone_runs, name, t
     assert ok, f"{name}@{budget}: incomplete: {strict.text!r}"
     assert not errors_of(name, SCHEMAS[name], value), strict.text
     assert strict.completion_tokens <= budget
-    if tight:  # min+2 leaves no room to finish on its own: closing fired, and says `length`
-        assert strict.finish_reason == "length", strict
-    if strict.finish_reason == "stop":
-        # closing did not fire (it always ends in `length`): the model ended the value itself,
-        # or loop breaking steered it to; either way it did so with room to spare
+    # a strict value that completes ends `stop`, whoever closed it (OpenAI's parse() refuses `length`)
+    assert strict.finish_reason == "stop", strict
+    if tight:  # min+2 leaves no room to finish on its own: closing fired, and the result says so
+        assert strict.closed_at_budget, strict
+    if not strict.closed_at_budget:
+        # closing did not fire: the model ended the value itself, or loop breaking steered it
+        # to; either way it did so with room to spare
         assert strict.completion_tokens < budget
     if complete_json(loose.text)[0]:
         return
@@ -512,6 +514,7 @@ def test_loop_breaking_ends_a_repeating_list_early(loop_prone_runs):
     loose = loop_prone_runs[("loop_prone_string_array", LONG_BUDGET, False)]
     assert loose.finish_reason == "length" and not complete_json(loose.text)[0]
     assert strict.finish_reason == "stop" and strict.completion_tokens < LONG_BUDGET // 2
+    assert not strict.closed_at_budget  # loop breaking closed it, not the budget
     assert complete_json(strict.text)[0]
 
 
@@ -547,7 +550,7 @@ def test_budget_below_the_smallest_instance_is_refused_at_once(engine_idle_check
     assert engine_idle_check.stats().forward_passes == before  # refused before any work
     # exactly the minimum is accepted, and completes
     r = engine_idle_check.generate_many([GenerateRequest(ids, greedy(need), constraint=handle, strict=True)])[0]
-    assert json.loads(r.text) is not None and r.finish_reason == "length"
+    assert json.loads(r.text) is not None and r.finish_reason == "stop" and r.closed_at_budget
     # a non-strict request with the same small budget is not refused (it is simply cut)
     r = engine_idle_check.generate_many([GenerateRequest(ids, greedy(need - 1), constraint=handle)])[0]
     assert r.finish_reason == "length" and r.completion_tokens == need - 1
@@ -582,7 +585,7 @@ def test_well_behaved_output_is_identical_with_and_without_strict(engine_idle_ch
             strict, loose = results[(name, True, mode)], results[(name, False, mode)]
             assert loose.finish_reason == "stop" and loose.completion_tokens < 64, (name, loose.text)
             assert strict.token_ids == loose.token_ids, (name, mode, strict.text, loose.text)
-            assert strict.finish_reason == "stop"
+            assert strict.finish_reason == "stop" and not strict.closed_at_budget
             assert not errors_of(name, SCHEMAS[name], json.loads(strict.text))
 
 

@@ -174,7 +174,7 @@ def test_large_schema_completes_just_above_its_minimal_instance(engine_idle_chec
     ids = chat_ids(tokenizer, PROFILE, SYSTEM)
     specs = [GenerateRequest(ids, greedy(need + slack), constraint=handle, strict=True) for slack in (2, 24)]
     for spec, r in zip(specs, engine_idle_check.generate_many(specs, timeout=900)):
-        assert r.finish_reason in ("stop", "length") and r.completion_tokens <= spec.sampling.max_new_tokens
+        assert r.finish_reason == "stop" and r.completion_tokens <= spec.sampling.max_new_tokens
         jsonschema.validate(json.loads(r.text), schema)  # complete and valid, whatever the finish
 
 
@@ -189,6 +189,8 @@ def test_strict_json_object_and_regex_complete_within_a_small_budget(engine_idle
     strict_obj, loose_obj, strict_re, loose_re = engine_idle_check.generate_many(specs, timeout=900)
     assert isinstance(json.loads(strict_obj.text), dict) and strict_obj.completion_tokens <= 20
     assert re.fullmatch(pattern, strict_re.text) and strict_re.completion_tokens <= 16
+    assert strict_obj.finish_reason == strict_re.finish_reason == "stop"
+    assert strict_obj.closed_at_budget and strict_re.closed_at_budget
     # without strict mode the same budgets cut both outputs: closing is what completed them
     assert loose_obj.finish_reason == "length" and loose_re.finish_reason == "length"
     assert not re.fullmatch(pattern, loose_re.text)

@@ -121,8 +121,7 @@ def test_pydantic_sets_parse_in_strict_mode(jumpgate_server):
     client = openai_client(jumpgate_server)
     completion = client.chat.completions.parse(
         # room for the model's own end: with fp32 weights it lists on (unique, as the check makes it)
-        # until ~100 tokens, and a value closed by the budget guard is finish_reason length, which
-        # parse() refuses
+        # until ~100 tokens (a tighter budget: the next test)
         model=MODEL, response_format=Basket, temperature=0, max_tokens=200,
         messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
                   {"role": "user", "content": "Put an apple, a pear and a plum in the basket."}])
@@ -131,6 +130,22 @@ def test_pydantic_sets_parse_in_strict_mode(jumpgate_server):
     text = completion.choices[0].message.content
     fruits = json.loads(text)["fruits"]
     assert len(set(fruits)) == len(fruits), text  # a set would hide a repeat: check the JSON itself
+
+
+def test_parse_takes_a_value_the_budget_closed(jumpgate_server):
+    """The model would list fruit for ~100 tokens; 24 make strict closing finish the value. It ends
+    `stop`, so parse() returns it (it raises LengthFinishReasonError on `length`), and the choice
+    says the budget closed it."""
+    client = openai_client(jumpgate_server)
+    completion = client.chat.completions.parse(
+        model=MODEL, response_format=Basket, temperature=0, max_tokens=24,
+        messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+                  {"role": "user", "content": "Put an apple, a pear and a plum in the basket."}])
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop" and completion.usage.completion_tokens <= 24
+    assert isinstance(choice.message.parsed, Basket) and len(choice.message.parsed.fruits) >= 2
+    assert choice.model_extra["jumpgate"]["closed_at_budget"] is True, choice.message.content
+    assert choice.model_extra["jumpgate"]["schema_valid"] is True
 
 
 class Person(BaseModel, frozen=True):
@@ -326,8 +341,9 @@ def test_strict_llguidance_answers_complete_within_the_smallest_budget(http, nam
         assert usage["completion_tokens"] <= budget
         validator(schema).validate(json.loads(text))  # complete and valid, not cut
         assert choice["jumpgate"] == {**choice["jumpgate"], "schema_mode": "strict", "schema_valid": True}
-        if budget == need:  # the model's own answer is longer: the guard closed it
-            assert choice["finish_reason"] == "length", text
+        assert choice["finish_reason"] == "stop", text  # whole values end `stop`, however they closed
+        if budget == need:  # the model's own answer is longer: the guard closed it, and says so
+            assert choice["jumpgate"]["closed_at_budget"] is True, text
     # the control: the same request without strict mode runs into the budget mid-value
     loose = answer_within(http, schema, prompt, need, strict=False).json()["choices"][0]
     assert loose["finish_reason"] == "length" and loose["jumpgate"]["schema_valid"] is False, loose

@@ -276,6 +276,26 @@ def test_a_cut_off_output_is_reported_but_not_a_fidelity_bug(gateway_client, fak
     assert not [r for r in caplog.records if "fidelity bug" in r.getMessage()]
 
 
+def test_a_value_closed_at_the_budget_ends_stop_and_says_so(gateway_client, fake_engine):
+    """Strict closing's answers are whole and valid: `stop` (OpenAI's parse() refuses `length`),
+    with `jumpgate.closed_at_budget` on the choice, whole or streamed, content or tool call."""
+    fake_engine.reply, fake_engine.closed_at_budget = (lambda req: '{"n":1}'), True
+    client = gateway_client()
+    choice = chat(client, response_format=json_schema(CLOSED)).json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["jumpgate"] == {"schema_valid": True, "schema_mode": "strict", "schema_errors": [],
+                                  "closed_at_budget": True}
+    events = sse_events(chat(client, response_format=json_schema(CLOSED), stream=True))
+    (final,) = [c for e in events[:-1] for c in e["choices"] if c["finish_reason"]]
+    assert final["finish_reason"] == "stop" and final["jumpgate"]["closed_at_budget"] is True
+    fake_engine.reply = lambda req: '<tool_call>\n{"name": "lookup", "arguments": {"n": 1}}\n</tool_call>'
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": CLOSED}}]
+    choice = chat(client, tools=tools, tool_choice="required").json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["jumpgate"]["closed_at_budget"] is True
+    fake_engine.closed_at_budget = False  # the model ended it: no flag at all
+    assert "closed_at_budget" not in chat(client, response_format=json_schema(CLOSED)).json()["choices"][0]["jumpgate"]
+
+
 def test_free_text_and_regex_carry_no_verdict(gateway_client, fake_engine):
     client = gateway_client()
     resp = chat(client)
