@@ -15,9 +15,10 @@ package is not installed is left out and said so). The bench starts its own `jum
    its format checker, as gateway/output_validation.py validates: its OutputCheck does it here),
    `invalid`, `cut_off` (finish_reason "length" and not valid), `refused` (HTTP 4xx; a
    `context_length_exceeded` one is also a prompt-length refusal) or `error` (5xx, transport).
-   `duplicate_keys` counts answers whose raw text repeats an object's name; `valid_at_length`, the
-   valid answers whose finish_reason is still "length" (strict closing completed the value within
-   `--max-tokens` after the model ran on: runtime/decoding.py reports that as `length`).
+   `duplicate_keys` counts answers whose raw text repeats an object's name; `closed_at_budget`,
+   the answers strict closing completed as `--max-tokens` neared (they end `stop`, with
+   `jumpgate.closed_at_budget` on the choice); `valid_at_length`, valid answers that still say
+   `length` (none should: a strict value that completes ends `stop`).
 
 The server runs under a memory limit (`--server-memory-mb`, bench/fidelity_client.py's
 ServerGuard): past it, it is stopped and started again (at most `--max-restarts` times). A check
@@ -35,9 +36,11 @@ part way still says what it saw; at the end one JSON line per source and one for
 validly (or repeated a key, or whose verdict the server reported differently), to investigate.
 
   python -m bench fidelity --classify [...]   # no server: bench/fidelity_classify.py
+  python -m bench fidelity --tally LOG [...]  # totals of answer logs: bench/fidelity_tally.py
   python -m bench fidelity [--quick] [--sources a,b] [--per-source N] [--limit N]
                            [--max-tokens 384] [--concurrency 4] [--mask-sample 8]
                            [--server-memory-mb 8000] [--max-restarts 5] [--log FILE]
+                           [--skip-answered LOG [LOG ...]]
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ import httpx
 from bench.common import emit
 from bench.fidelity_client import SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all, short
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
+from bench.fidelity_tally import answered
+from bench.fidelity_tally import run as tally_run
 from bench.serve_bench import exit_on_sigterm, percentile
 from bench.server_process import MODEL, JumpgateServer
 from gateway.grammar_adapter import FidelityReport
@@ -109,6 +114,8 @@ def answer_line(entry: Entry, check: Check, answer: Answer) -> dict[str, Any]:
     out = {"bench": "fidelity", "kind": "answer", "source": entry.source, "name": entry.name,
            "engine": check.engine, "outcome": verdict.outcome, "finish_reason": answer.finish_reason,
            "completion_tokens": answer.completion_tokens, "elapsed_s": answer.elapsed}
+    if answer.closed_at_budget:
+        out["closed_at_budget"] = True
     if verdict.duplicate_keys:
         out["duplicate_keys"] = True
     if verdict.message is not None:
@@ -161,6 +168,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "top_refused_keywords": keywords.most_common(8),
         **{name: outcomes.get(name, 0) for name in ("valid", "invalid", "cut_off", "refused", "error")},
         "valid_at_length": sum(r.verdict.outcome == "valid" and r.answer.finish_reason == "length" for r in rows),
+        "closed_at_budget": sum(r.answer.closed_at_budget for r in rows),
         "refused_by_code": dict(sorted(Counter(r.answer.code or "?" for r in rows
                                                if r.verdict.outcome == "refused").items())),
         "prompt_length_refusals": sum(r.verdict.prompt_length for r in rows),
@@ -234,7 +242,17 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-restarts", type=int, default=5)
     ap.add_argument("--log", default=None,
                     help="append the per-answer lines to this file (default: stdout, among the others)")
+    ap.add_argument("--skip-answered", nargs="+", default=None, metavar="LOG",
+                    help="leave out the schemas these answer logs already hold (resume a run, or do the next part)")
     return ap.parse_args(list(argv or []))
+
+
+def pick(corpus: list[Entry], sources: list[str], args: argparse.Namespace) -> list[Entry]:
+    """The schemas this run asks: those no `--skip-answered` log holds, then sampled."""
+    if args.skip_answered:
+        done = answered(args.skip_answered)
+        corpus = [e for e in corpus if (e.source, e.name) not in done]
+    return select(corpus, sources, args.per_source, args.limit)
 
 
 async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespace,
@@ -265,6 +283,8 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
         from bench.fidelity_classify import run as classify_run
 
         return classify_run([a for a in argv if a != "--classify"])
+    if "--tally" in argv:  # totals of answer logs, no server (bench/fidelity_tally.py)
+        return tally_run([a for a in argv if a != "--tally"])
     args = parse_args(quick, argv)
     exit_on_sigterm()
     wanted = [s.strip() for s in args.sources.split(",") if s.strip()]
@@ -274,7 +294,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
             emit({"bench": "fidelity", "kind": "source", "source": source, "available": False,
                   "note": "package not installed (the `corpus` extra, pip install --no-deps)"})
     sources = [s for s in stats if stats[s].available]
-    entries = select(corpus, sources, args.per_source, args.limit)
+    entries = pick(corpus, sources, args)
     if not entries:
         return
     log = AnswerLog(args.log)

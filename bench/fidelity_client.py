@@ -45,6 +45,7 @@ class Answer:
     code: str | None = None
     message: str | None = None
     server_valid: bool | None = None  # the choice's jumpgate.schema_valid
+    closed_at_budget: bool = False  # the choice's jumpgate.closed_at_budget: strict closing completed it
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed: float = 0.0
@@ -213,8 +214,9 @@ async def answer_one(client: httpx.AsyncClient, entry: Entry, max_tokens: int) -
         return Answer(resp.status_code, code=code, message=message, elapsed=elapsed)
     choice = data["choices"][0]
     usage = data.get("usage") or {}
+    extension = choice.get("jumpgate") or {}
     return Answer(200, content=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
-                  server_valid=(choice.get("jumpgate") or {}).get("schema_valid"),
+                  server_valid=extension.get("schema_valid"), closed_at_budget=bool(extension.get("closed_at_budget")),
                   prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
                   elapsed=elapsed)
 

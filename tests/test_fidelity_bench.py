@@ -10,10 +10,11 @@ import json
 
 import pytest
 
-from bench.fidelity_bench import AnswerLog, Row, answer_line, classify, detail, summarize
+from bench.fidelity_bench import AnswerLog, Row, answer_line, classify, detail, parse_args, pick, summarize
 from bench.fidelity_corpus import select
 from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
 from bench.fidelity_corpus import Entry
+from bench.fidelity_tally import answer_lines, answered, tally
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "mail": {"type": "string",
                                                                                        "format": "email"}},
@@ -101,26 +102,29 @@ def test_summary_and_details():
     no = Check(200, engine="xgrammar", strict_accepted=False, keywords=["not"], check_ms=1.0)
     bad = Check(400, code="invalid_schema", check_ms=1.0)
     cases = [(xgr, ok('{"n": 1}')), (llg, ok('{"n": 1, "n": 1}')), (xgr, ok('{"n": 3', "length")),
-             (xgr, ok('{"n": 2}', "length")),
+             (xgr, ok('{"n": 2}', "length")), (xgr, Answer(200, content='{"n": 4}', finish_reason="stop",
+                                                           closed_at_budget=True)),
              (no, Answer(400, code="schema_not_enforceable", message="no")),
              (bad, Answer(400, code="invalid_schema", message="bad")),
              (xgr, Answer(400, code="context_length_exceeded", message="long"))]
     rows = [Row(Entry("s", f"e{i}", SCHEMA), c, a, classify(SCHEMA, a)) for i, (c, a) in enumerate(cases)]
     rows[0].mask_us = 10.0
     s = summarize(rows)
-    assert (s["n"], s["by_xgrammar"], s["by_llguidance"], s["strict_refused"]) == (7, 4, 1, 1)
+    assert (s["n"], s["by_xgrammar"], s["by_llguidance"], s["strict_refused"]) == (8, 5, 1, 1)
     assert s["check_refused"] == {"invalid_schema": 1} and s["top_refused_keywords"] == [("not", 1)]
-    assert (s["valid"], s["invalid"], s["cut_off"], s["refused"], s["error"]) == (2, 1, 1, 3, 0)
-    assert s["valid_at_length"] == 1  # the closed one, not the cut one
+    assert (s["valid"], s["invalid"], s["cut_off"], s["refused"], s["error"]) == (3, 1, 1, 3, 0)
+    assert s["valid_at_length"] == 1  # the valid one that says `length`, not the cut one
+    assert s["closed_at_budget"] == 1
     assert s["refused_by_code"] == {"context_length_exceeded": 1, "invalid_schema": 1, "schema_not_enforceable": 1}
     assert (s["prompt_length_refusals"], s["duplicate_keys"]) == (1, 1)
     assert s["compile_ms_p50"] == 4.0 and s["mask_us_per_token_p50"] == 10.0 and s["mask_samples"] == 1
-    assert s["answered_validly_frac"] == pytest.approx(2 / 7)
+    assert s["answered_validly_frac"] == pytest.approx(3 / 8)
     json.dumps(s)
     lines = [detail(r) for r in rows]
     assert lines[0] is None
     assert lines[1]["outcome"] == "invalid" and lines[1]["duplicate_keys"] is True
-    assert lines[2]["outcome"] == "cut_off" and lines[3] is None and lines[4]["refused_keywords"] == ["not"]
+    assert lines[2]["outcome"] == "cut_off" and lines[3] is None and lines[4] is None
+    assert lines[5]["refused_keywords"] == ["not"]
     assert all(line["kind"] == "detail" and line["name"] for line in lines[1:] if line is not None)
 
 
@@ -130,6 +134,9 @@ def test_answer_lines_say_each_verdict_and_go_where_asked(tmp_path, capsys):
                                                                completion_tokens=5, elapsed=0.25))
     assert good == {"bench": "fidelity", "kind": "answer", "source": "s", "name": "good", "engine": "llguidance",
                     "outcome": "valid", "finish_reason": "length", "completion_tokens": 5, "elapsed_s": 0.25}
+    closed = answer_line(Entry("s", "closed", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="stop",
+                                                                   closed_at_budget=True))
+    assert closed["outcome"] == "valid" and closed["closed_at_budget"] is True
     cut = answer_line(Entry("s", "cut", SCHEMA), llg, ok('{"n": 12', "length"))
     assert cut["outcome"] == "cut_off" and cut["message"]
     assert answer_line(Entry("s", "dup", SCHEMA), llg, ok('{"n": 1, "n": 1}'))["duplicate_keys"] is True
@@ -144,6 +151,32 @@ def test_answer_lines_say_each_verdict_and_go_where_asked(tmp_path, capsys):
     log.close()
     assert [json.loads(line).get("name") for line in path.read_text().splitlines()] == [None, "good", "cut"]
     assert capsys.readouterr().out == ""
+
+
+def test_answer_logs_tally_once_per_schema_and_say_what_a_resumed_run_skips(tmp_path):
+    """A whole-corpus run done in parts: the parts' logs total each schema once (its last answer),
+    and `--skip-answered` leaves out what a log holds."""
+    llg = Check(200, engine="llguidance", strict_accepted=True)
+    first, second = tmp_path / "part1.jsonl", tmp_path / "part2.jsonl"
+    lines = [answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 12', "length")),  # cut, then answered again
+             answer_line(Entry("a", "y", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="stop",
+                                                              closed_at_budget=True))]
+    first.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"kind": "answer", "sou')  # killed mid-line
+    again = [answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 3}')),
+             answer_line(Entry("b", "z", SCHEMA), llg, Answer(400, code="context_length_exceeded", message="long")),
+             {"bench": "fidelity", "kind": "source", "source": "a"}]
+    second.write_text("\n".join(json.dumps(line) for line in again) + "\n")
+    assert answered([first, second]) == {("a", "x"), ("a", "y"), ("b", "z")}
+    lines = answer_lines([first, second])
+    assert lines[("a", "x")]["outcome"] == "valid"  # the later answer
+    a = tally([lines[("a", "x")], lines[("a", "y")]], corpus=5)
+    assert (a["answered"], a["corpus"], a["valid"], a["cut_off"], a["closed_at_budget"]) == (2, 5, 2, 0, 1)
+    b = tally([lines[("b", "z")]])
+    assert (b["refused"], b["prompt_length_refusals"], b["answered_validly_frac"]) == (1, 1, 0.0)
+    assert tally([])["answered_validly_frac"] is None
+    corpus = [Entry("a", n, SCHEMA) for n in "vwxyz"] + [Entry("b", "z", SCHEMA)]
+    args = parse_args(False, ["--skip-answered", str(first), str(second)])
+    assert [(e.source, e.name) for e in pick(corpus, ["a", "b"], args)] == [("a", "v"), ("a", "w"), ("a", "z")]
 
 
 # ------------------------------------------------------------------ against the gateway app
