@@ -16,6 +16,7 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
+from grammar.lookahead import without_lookaheads
 from grammar.lowering import lower_for_masks
 
 COMPACT_SEPARATORS = (",", ":")
@@ -29,7 +30,7 @@ _JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
 
 def _xgrammar_json_grammar(schema: Any, strict: bool) -> xgr.Grammar:
     return xgr.Grammar.from_json_schema(
-        json.dumps(lower_for_masks(schema, strict)),
+        json.dumps(lower_for_masks(without_lookaheads(schema), strict)),
         any_whitespace=False,
         separators=COMPACT_SEPARATORS,
         strict_mode=strict,

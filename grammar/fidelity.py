@@ -41,7 +41,8 @@ whole, keywords beside anyOf/allOf/$ref, allOf with several branches, scalar key
 declared type, `required` naming an undeclared property, `if`/`then`/`else` on a discriminator,
 alone or as an object's `allOf` of conditionals on one listed property: grammar/conditionals.py;
 `patternProperties` whose patterns no name can match two of, a `not` that says which names are
-absent: grammar/negation.py) and llguidance compiles the schema
+absent: grammar/negation.py; a `pattern` that opens with lookaheads: grammar/lookahead.py) and
+llguidance compiles the schema
 without error or warning, the
 schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
 `enforced` with engine "llguidance" (tests/test_llguidance_fidelity.py feeds violations to its
@@ -77,6 +78,7 @@ from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
+from grammar.lookahead import leading_lookaheads
 from grammar.negation import negation
 from grammar.one_of import exclusive_branches
 from grammar.value_rules import (
@@ -443,6 +445,10 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
     elif types is None:
         mark(keyword, CHECKED, f"{keyword} is masked only under a declared type ({' or '.join(applies_to)}); "
                                "add one beside it", exact_in_llguidance=True)
+    elif keyword == "pattern" and leading_lookaheads(node[keyword]) is not None:
+        mark(keyword, CHECKED, "xgrammar has no lookahead (it would enforce the pattern without it); llguidance "
+                               "enforces lookaheads that open an anchored pattern, on the way through closed "
+                               "objects and arrays, with printable ASCII values", exact_in_llguidance=True)
     elif keyword in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
         mark(keyword, CHECKED, f"{keyword} is ignored beside {'pattern' if 'pattern' in node else 'format'}; "
                                "write the length into the pattern (e.g. ^[a-z]{1,5}$)",

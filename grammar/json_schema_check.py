@@ -92,7 +92,7 @@ def _check_node(node: dict, pointer: str, *, root: dict, strict: bool) -> None:
         if keyword in node:
             _check_ref(node[keyword], keyword, join_pointer(pointer, keyword), root)
     if isinstance(node.get("pattern"), str):
-        validate_regex(node["pattern"], param=None, pointer=join_pointer(pointer, "pattern"))
+        validate_regex(node["pattern"], param=None, pointer=join_pointer(pointer, "pattern"), leading_lookaheads=True)
     if isinstance(node.get("patternProperties"), dict):
         for name in node["patternProperties"]:
             validate_regex(name, param=None, pointer=join_pointer(pointer, "patternProperties", name))

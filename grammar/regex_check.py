@@ -10,13 +10,17 @@ import xgrammar
 
 from grammar.errors import GrammarSpecError, xgrammar_message
 from grammar.limits import check_json_limits
+from grammar.lookahead import leading_lookaheads as lookahead_form
 
 
-def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = "") -> None:
+def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = "",
+                   leading_lookaheads: bool = False) -> None:
     """Refuse a pattern that is not a string, or that Python or xgrammar cannot parse.
 
     Python's `re` runs first for its precise messages; xgrammar (an ECMAScript-like dialect
-    without lookaround or backreferences) decides what is actually supported.
+    without lookaround or backreferences) decides what is actually supported. With
+    `leading_lookaheads` (a schema's `pattern`), lookaheads that open an anchored pattern are
+    let through: llguidance enforces them (grammar/lookahead.py), xgrammar compiles the rest.
     """
     if not isinstance(pattern, str):
         raise GrammarSpecError(f"regex must be a string, got {type(pattern).__name__}", pointer, param)
@@ -30,7 +34,8 @@ def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = 
         return  # valid in xgrammar's dialect, which is the one that matters
     except (RecursionError, OverflowError) as e:  # pathological nesting / counts
         raise GrammarSpecError(f"regex {pattern!r} is too complex: {e}", pointer, param) from None
-    problem = _xgrammar_regex_error(pattern)
+    form = lookahead_form(pattern) if leading_lookaheads else None
+    problem = _xgrammar_regex_error(pattern if form is None else form.without())
     if problem is not None:
         raise GrammarSpecError(f"regex {pattern!r} is not supported: {problem}", pointer, param)
 

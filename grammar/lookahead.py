@@ -1,0 +1,277 @@
+"""Patterns that open with lookaheads, enforced exactly with llguidance's regex algebra.
+
+Neither engine's JSON-schema compiler has lookaround. But a pattern anchored at the start whose
+lookaheads all come first, `^(?=A)(?!B)R$`, is an intersection: strings matching R, and A as a
+prefix, and not B as a prefix. llguidance's Lark grammars intersect (`&`) and complement (`~`)
+regexes, so `^(?!@@)[\\w@]+$` is the terminal `/[\\w@]+/ & ~/@@(?s:.*)/` (#16). Other lookaround
+(lookbehind, or a lookahead after the first character) is refused as before
+(grammar/regex_check.py).
+
+Such a schema is written as a Lark grammar (`lark_grammar`): each string node with such a pattern
+becomes a terminal; the objects and arrays on the way to it are written as Lark rules (properties
+in their declared order, the optional ones skippable, objects closed: additionalProperties false);
+everything else is embedded whole as `%json {...}` with the root's `$defs`, compiled by
+llguidance's own JSON-schema compiler, compact as elsewhere. A shape this does not cover (an
+`anyOf` above a lookahead pattern, say) is a ValueError, which llguidance_refusal reports, and
+strict mode then refuses the schema naming the pattern.
+
+The strings of a lookahead terminal are printable ASCII without `"` and `\\`: with no escapes the
+JSON text is the value, so the regexes apply to it as written, and Python's `re` (which validates
+the output) agrees with llguidance's on every class there (`\\w`, `\\d`, `\\s`, `.`). Values are thus a
+subset of what the pattern allows: every one of them matches it.
+
+For xgrammar (best effort only: strict schemas with such patterns go to llguidance or are
+refused) `without_lookaheads` keeps just `^R$`, a superset, which validation after generation
+checks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from grammar.schema_walk import resolve_local_ref, rewrite_bottom_up
+
+LOOKAROUND = re.compile(r"\(\?<?[=!]")
+TEXT_CHARS = r"[ !#-\[\]-~]"  # printable ASCII but `"` and `\`: what a lookahead string may hold
+ANY = "(?s:.*)"
+COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+                         "writeOnly", "$id", "$schema", "$anchor", "$defs", "definitions"})
+STRING_KEYS = frozenset({"type", "pattern", "minLength", "maxLength"})
+OBJECT_KEYS = frozenset({"type", "properties", "required", "additionalProperties"})
+ARRAY_KEYS = frozenset({"type", "items", "minItems", "maxItems"})
+
+
+@dataclass(frozen=True)
+class Lookaheads:
+    """`^(?=A)…(?!B)…R$` taken apart: `required` As, `forbidden` Bs, the `body` R, and whether
+    the pattern ended with `$` (else anything may follow R)."""
+
+    required: tuple[str, ...]
+    forbidden: tuple[str, ...]
+    body: str
+    to_end: bool
+
+    def without(self) -> str:
+        """The pattern without its lookaheads: every string it matches, and more."""
+        return "^" + self.body + ("$" if self.to_end else "")
+
+    def terminal(self, min_length: int | None = None, max_length: int | None = None) -> str:
+        """The Lark terminal of a JSON string whose value matches the pattern (and the lengths)."""
+        parts = [f"/{TEXT_CHARS}*/", _regex(_whole(self.body, self.to_end))]
+        parts += [_regex(_whole(*_ends(a))) for a in self.required]
+        parts += ["~" + _regex(_whole(*_ends(b))) for b in self.forbidden]
+        if min_length is not None or max_length is not None:
+            parts.append(_regex(f"(?s:.){{{min_length or 0},{'' if max_length is None else max_length}}}"))
+        return '"\\"" (' + " & ".join(parts) + ') "\\""'
+
+
+def has_lookaround(pattern: Any) -> bool:
+    return isinstance(pattern, str) and LOOKAROUND.search(pattern) is not None
+
+
+def leading_lookaheads(pattern: Any) -> Lookaheads | None:
+    """`pattern` as a Lookaheads, or None if it has no lookahead or one this form cannot hold."""
+    if not isinstance(pattern, str) or not pattern.startswith("^"):
+        return None
+    required, forbidden, i = [], [], 1
+    while pattern.startswith(("(?=", "(?!"), i):
+        end = _group_end(pattern, i)
+        if end is None:
+            return None
+        (required if pattern[i + 2] == "=" else forbidden).append(pattern[i + 3:end])
+        i = end + 1
+    body = pattern[i:]
+    to_end = body.endswith("$") and not _escaped(body, len(body) - 1)
+    if to_end:
+        body = body[:-1]
+    if not (required or forbidden) or any(LOOKAROUND.search(p) for p in (*required, *forbidden, body)):
+        return None
+    if _top_level_bar(body):  # `^(?!x)a|b$` is `^(?!x)a` or `b$`: not one intersection
+        return None
+    return Lookaheads(tuple(required), tuple(forbidden), body, to_end)
+
+
+def schema_has_lookaheads(schema: Any) -> bool:
+    found = []
+    rewrite_bottom_up(schema, lambda node: found.append(leading_lookaheads(node.get("pattern"))) or node)
+    return any(found)
+
+
+def without_lookaheads(schema: Any) -> Any:
+    """`schema` with each such pattern's lookaheads dropped (for xgrammar, in best effort)."""
+    def drop(node: dict) -> dict:
+        form = leading_lookaheads(node.get("pattern"))
+        return node if form is None else {**node, "pattern": form.without()}
+    return rewrite_bottom_up(schema, drop)
+
+
+def lark_grammar(schema: Any) -> str:
+    """The Lark grammar of compact JSON matching `schema` (see the module docstring); a
+    ValueError names what it does not cover."""
+    return _Writer(schema).grammar()
+
+
+class _Writer:
+    def __init__(self, root: Any):
+        self.root = root
+        self.defs = {k: root[k] for k in ("$defs", "definitions") if isinstance(root, dict) and isinstance(root.get(k), dict)}
+        self.lines: list[str] = []
+
+    def grammar(self) -> str:
+        start = self.value(self.root, "", ())
+        return "\n".join([f"start: {start}", *self.lines]) + "\n"
+
+    def _rule(self, body: str, terminal: bool = False) -> str:
+        name = f"{'LOOKAHEAD' if terminal else 'node'}_{len(self.lines)}"
+        self.lines.append(f"{name}: {body}")
+        return name
+
+    def _holds_lookahead(self, node: Any, refs: tuple[str, ...]) -> bool:
+        if not isinstance(node, (dict, list)):
+            return False
+        if isinstance(node, list):
+            return any(self._holds_lookahead(v, refs) for v in node)
+        if leading_lookaheads(node.get("pattern")) is not None:
+            return True
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref not in refs:
+            target = resolve_local_ref(self.root, ref)
+            if target is not None and self._holds_lookahead(target, (*refs, ref)):
+                return True
+        return any(self._holds_lookahead(v, refs) for k, v in node.items()
+                   if k not in ("$defs", "definitions", "enum", "const", "default", "examples"))
+
+    def value(self, node: Any, where: str, refs: tuple[str, ...]) -> str:
+        if not self._holds_lookahead(node, refs):
+            embedded = {**node, **self.defs} if isinstance(node, dict) else node
+            if isinstance(embedded, dict):
+                embedded["x-guidance"] = COMPACT
+            else:
+                embedded = {"anyOf": [embedded], "x-guidance": COMPACT}  # a boolean schema
+            return self._rule("%json " + json.dumps(embedded))
+        keys = set(node) - ANNOTATIONS
+        if "$ref" in node:
+            if keys != {"$ref"} or node["$ref"] in refs:
+                raise ValueError(f"a lookahead pattern under {where or '/'} is reached through a $ref with siblings "
+                                 "or through recursion")
+            return self.value(resolve_local_ref(self.root, node["$ref"]), where, (*refs, node["$ref"]))
+        kind = node.get("type")
+        if kind == "string" and keys <= STRING_KEYS:
+            form = leading_lookaheads(node["pattern"])
+            return self._rule(form.terminal(node.get("minLength"), node.get("maxLength")), terminal=True)
+        if kind == "object" and keys <= OBJECT_KEYS and node.get("additionalProperties") is False:
+            return self._object(node, where, refs)
+        if kind == "array" and keys <= ARRAY_KEYS and isinstance(node.get("items"), (dict, bool)):
+            return self._array(node, where, refs)
+        raise ValueError(f"a lookahead pattern under {where or '/'} sits in a "
+                         f"{'node with ' + ', '.join(sorted(keys)) if keys else 'node'} that only a closed object, "
+                         "an array or a string of type string may be on the way to")
+
+    def _object(self, node: dict, where: str, refs: tuple[str, ...]) -> str:
+        props = node.get("properties") or {}
+        required = set(node.get("required") or ())
+        if not required <= set(props):
+            raise ValueError(f"{where or '/'} requires names it does not declare")
+        members = []
+        for name, sub in props.items():
+            if not re.fullmatch(TEXT_CHARS + "*", name):
+                raise ValueError(f"property name {name!r} at {where or '/'} needs escaping in the lookahead form")
+            pair = self._rule(f'"\\"{name}\\":" ' + self.value(sub, f"{where}/properties/{name}", refs))
+            members.append((pair, name in required))
+        if not members:
+            return self._rule('"{" "}"')
+        # first_k: members k.. when none was written yet; after them, each one comes with its comma
+        first = None
+        for k in range(len(members) - 1, -1, -1):
+            pair, needed = members[k]
+            after = " ".join(f'"," {p}' if need else f'("," {p})?' for p, need in members[k + 1:])
+            here = f"{pair} {after}".strip()
+            first = self._rule(here if needed or first is None else f"{here} | {first}")
+        optional = not any(need for _, need in members)
+        return self._rule(f'"{{" {first}{"?" if optional else ""} "}}"')
+
+    def _array(self, node: dict, where: str, refs: tuple[str, ...]) -> str:
+        item = self.value(node["items"], f"{where}/items", refs)
+        lo, hi = int(node.get("minItems", 0)), node.get("maxItems")
+        if hi is not None and int(hi) < lo:
+            raise ValueError(f"{where or '/'} allows no array (maxItems below minItems)")
+        if hi == 0:
+            return self._rule('"[" "]"')
+        more = "*" if hi is None and lo <= 1 else f"{{{max(lo - 1, 0)},{'' if hi is None else int(hi) - 1}}}"
+        items = f'{item} ("," {item}){more}'
+        return self._rule(f'"[" {items} "]"' if lo > 0 else f'"[" ({items})? "]"')
+
+
+def _regex(text: str) -> str:
+    """`text` as a Lark regex literal (`/` escaped)."""
+    out, escaped = [], False
+    for ch in text:
+        out.append("\\/" if ch == "/" and not escaped else ch)
+        escaped = ch == "\\" and not escaped
+    return "/" + "".join(out) + "/"
+
+
+def _ends(part: str) -> tuple[str, bool]:
+    """A lookahead's regex, and whether it ends with `$` (then it spans the whole string)."""
+    if part.endswith("$") and not _escaped(part, len(part) - 1):
+        return part[:-1], True
+    return part, False
+
+
+def _whole(regex: str, to_end: bool) -> str:
+    """The regex of whole strings that `regex` matches a prefix of (all of, with `to_end`)."""
+    return f"(?:{regex})" if to_end else f"(?:{regex}){ANY}"
+
+
+def _escaped(text: str, i: int) -> bool:
+    backslashes = 0
+    while i - 1 - backslashes >= 0 and text[i - 1 - backslashes] == "\\":
+        backslashes += 1
+    return backslashes % 2 == 1
+
+
+def _group_end(pattern: str, start: int) -> int | None:
+    """Index of the `)` closing the group that opens at `start` (None if unbalanced)."""
+    depth, in_class, i = 0, False, start
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _top_level_bar(pattern: str) -> bool:
+    depth, in_class, i = 0, False, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            return True
+        i += 1
+    return False

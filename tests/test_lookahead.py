@@ -1,0 +1,155 @@
+"""grammar/lookahead.py: patterns that open with lookaheads, enforced by llguidance's regex algebra.
+
+The form is taken apart as written and refused where it is not one intersection; the grammar it
+writes is run on llguidance's real matcher with the real tokenizer, and every string it lets
+through is checked with Python's `re` (what validation after generation uses); strict mode routes
+such schemas to llguidance, refuses the shapes the form does not cover with the pattern's pointer,
+and best effort compiles the pattern without its lookaheads for xgrammar."""
+
+from __future__ import annotations
+
+import re
+
+import jsonschema
+import pytest
+
+from grammar import GrammarSpec
+from grammar.errors import GrammarSpecError
+from grammar.fidelity import CHECKED, ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity
+from grammar.llg_matcher import LLGuidanceHandle
+from grammar.llg_schema import llguidance_refusal
+from grammar.lookahead import Lookaheads, lark_grammar, leading_lookaheads, without_lookaheads
+from grammar.json_schema_check import validate_json_schema
+
+HANDLE = "^(?!@@)[\\w@]+$"  # the issue's example: `[\w@]+` minus `@@.*`
+PASSWORD = "^(?=.*[A-Z])(?=.*\\d)(?=.{6,12}$)"
+
+
+def closed(properties: dict, required: list[str]) -> dict:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+ACCOUNT = closed({"handle": {"type": "string", "pattern": HANDLE, "maxLength": 8},
+                  "password": {"type": "string", "pattern": PASSWORD},
+                  "aliases": {"type": "array", "items": {"$ref": "#/$defs/alias"}, "maxItems": 2},
+                  "age": {"type": "integer", "minimum": 0}},
+                 ["handle", "age"]) | {"$defs": {"alias": {"type": "string", "pattern": "^(?!x)[a-z]+$"}}}
+
+
+@pytest.mark.parametrize("pattern,form", [
+    (HANDLE, Lookaheads((), ("@@",), "[\\w@]+", True)),
+    (PASSWORD, Lookaheads((".*[A-Z]", ".*\\d", ".{6,12}$"), (), "", False)),
+    ("^(?=a|b)(?!ab)[a-z]{2}", Lookaheads(("a|b",), ("ab",), "[a-z]{2}", False)),
+    ("^(?!\\(x\\))[()x]+$", Lookaheads((), ("\\(x\\)",), "[()x]+", True)),
+    ("^(?![)])a\\$", Lookaheads((), ("[)]",), "a\\$", False)),  # `\$` is a dollar, not the end
+])
+def test_leading_lookaheads_are_taken_apart(pattern, form):
+    assert leading_lookaheads(pattern) == form
+
+
+@pytest.mark.parametrize("pattern", [
+    "(?!@@)[\\w@]+$",  # not anchored: a search could start anywhere
+    "^a(?!b)c$",  # a lookahead after the first character
+    "^(?<!x)a$",  # lookbehind
+    "^(?!x)a|b$",  # `^(?!x)a` or `b$`: no single intersection
+    "^(?=(?!a)b)b$",  # a lookahead inside a lookahead
+    "^[a-z]+$",  # no lookahead at all
+    "^(?!x",  # unbalanced
+])
+def test_other_forms_are_not_taken(pattern):
+    assert leading_lookaheads(pattern) is None
+
+
+@pytest.fixture(scope="module")
+def account(service):
+    handle = service.compile(GrammarSpec("json_schema", ACCOUNT, True))
+    assert isinstance(handle, LLGuidanceHandle)
+    return handle
+
+
+def writes(handle, tokenizer, text: str) -> bool:
+    matcher = handle.new_matcher()
+    for token_id in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.accept(token_id):
+            return False
+    return matcher.accept(tokenizer.eos_token_id) and matcher.is_terminated()
+
+
+@pytest.mark.parametrize("text,ok", [
+    ('{"handle":"a@b","age":3}', True),
+    ('{"handle":"@@root","age":3}', False),  # the negative lookahead
+    ('{"handle":"@root","age":3}', True),  # one @ is not two
+    ('{"handle":"abcdefghi","age":3}', False),  # maxLength beside the pattern
+    ('{"handle":"a b","age":3}', False),  # the body
+    ('{"handle":"ab","password":"Secret12","age":3}', True),
+    ('{"handle":"ab","password":"secret12","age":3}', False),  # no capital
+    ('{"handle":"ab","password":"Secret","age":3}', False),  # no digit
+    ('{"handle":"ab","password":"Secret12345678","age":3}', False),  # (?=.{6,12}$)
+    ('{"handle":"ab","aliases":["bo","al"],"age":3}', True),
+    ('{"handle":"ab","aliases":["xo"],"age":3}', False),  # through the $ref
+    ('{"handle":"ab","aliases":["a","b","c"],"age":3}', False),  # maxItems
+    ('{"handle":"ab","age":-1}', False),  # the rest is llguidance's own JSON schema
+    ('{"age":3}', False),  # required
+    ('{"handle":"ab","age":3,"extra":1}', False),  # closed
+    ('{"handle":"ab", "age":3}', False),  # compact, as everywhere
+])
+def test_the_grammar_keeps_every_lookahead(account, tokenizer, text, ok):
+    assert writes(account, tokenizer, text) is ok
+    if ok:
+        jsonschema.validate(__import__("json").loads(text), ACCOUNT)
+
+
+def test_every_handle_the_grammar_allows_matches_the_pattern_in_python(account, tokenizer):
+    """Soundness against the validator: candidates of every kind, the grammar's yes implies re's."""
+    words = ["a", "@", "@@", "@a@", "a@@", "@@a", "_x", "ab cd", "é", "a-b", "x" * 9, "A1", "@\u0661"]
+    allowed = [w for w in words if writes(account, tokenizer, '{"handle":"%s","age":1}' % w)]
+    assert allowed and all(re.search(HANDLE, w) and len(w) <= 8 for w in allowed)
+    assert {"@@", "@@a", "ab cd", "x" * 9}.isdisjoint(allowed)
+    assert "é" not in allowed  # values are printable ASCII (a subset: sound, if narrower)
+
+
+def test_strict_routes_such_schemas_to_llguidance_and_says_so(account):
+    report = routed_schema_fidelity(ACCOUNT, strict=True)
+    assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
+    got = {k.pointer: (k.status, k.engine) for k in report.keywords if k.keyword == "pattern"}
+    assert got == {"/properties/handle/pattern": (ENFORCED, LLGUIDANCE),
+                   "/properties/password/pattern": (ENFORCED, LLGUIDANCE),
+                   "/$defs/alias/pattern": (ENFORCED, LLGUIDANCE)}
+    assert account.min_completion_tokens() is not None  # strict closing plans through the Lark grammar
+
+
+@pytest.mark.parametrize("schema,where", [
+    (closed({"h": {"anyOf": [{"type": "string", "pattern": HANDLE}, {"type": "null"}]}}, ["h"]), "/properties/h"),
+    (closed({"h": {"type": "string", "pattern": HANDLE, "format": "email"}}, ["h"]), "/properties/h"),
+    (closed({"h\u00e9": {"type": "string", "pattern": HANDLE}}, []), "/"),
+])
+def test_shapes_the_form_does_not_cover_are_refused_in_strict_mode(schema, where):
+    assert where in llguidance_refusal(schema, strict=True) or "escaping" in llguidance_refusal(schema, strict=True)
+    report = routed_schema_fidelity(schema, strict=True)
+    assert report.engine in (None, XGRAMMAR)
+    refused = [k for k in report.refused_in_strict if k.keyword == "pattern"]
+    assert refused and refused[0].status == CHECKED and "lookahead" in refused[0].reason
+
+
+def test_best_effort_compiles_the_pattern_without_its_lookaheads_for_xgrammar(service, tokenizer):
+    schema = {"type": "object", "properties": {"h": {"type": "string", "pattern": HANDLE}}, "required": ["h"]}
+    assert without_lookaheads(schema)["properties"]["h"]["pattern"] == "^[\\w@]+$"
+    assert "/" in llguidance_refusal(schema, strict=False)  # an open object: not the Lark form's
+    assert routed_schema_fidelity(schema, strict=False).engine in (None, XGRAMMAR)
+    handle = service.compile(GrammarSpec("json_schema", schema, False))
+    assert not isinstance(handle, LLGuidanceHandle)
+    assert writes(handle, tokenizer, '{"h":"@@a"}')  # a superset: validation after generation reports it
+    assert not writes(handle, tokenizer, '{"h":"a b"}')
+
+
+def test_lookaround_outside_the_form_is_still_an_invalid_schema():
+    with pytest.raises(GrammarSpecError, match="not supported"):
+        validate_json_schema({"type": "string", "pattern": "^a(?!b)c$"})
+    with pytest.raises(GrammarSpecError, match="not supported"):  # patternProperties names are not taken
+        validate_json_schema({"type": "object", "patternProperties": {"^(?!x)a$": {}}})
+    validate_json_schema({"type": "string", "pattern": HANDLE})
+
+
+def test_the_lark_text_embeds_what_holds_no_lookahead_whole():
+    text = lark_grammar(closed({"h": {"type": "string", "pattern": HANDLE}, "n": {"type": "integer"}}, ["h"]))
+    assert '%json {"type": "integer"' in text and "~/(?:@@)(?s:.*)/" in text
