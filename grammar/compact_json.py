@@ -16,7 +16,7 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
-from grammar.lookahead import without_lookaheads
+from grammar.string_algebra import without_lookaheads
 from grammar.lowering import lower_for_masks
 
 COMPACT_SEPARATORS = (",", ":")

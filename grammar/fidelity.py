@@ -41,7 +41,8 @@ whole, keywords beside anyOf/allOf/$ref, allOf with several branches, scalar key
 declared type, `required` naming an undeclared property, `if`/`then`/`else` on a discriminator,
 alone or as an object's `allOf` of conditionals on one listed property: grammar/conditionals.py;
 `patternProperties` whose patterns no name can match two of, a `not` that says which names are
-absent: grammar/negation.py; a `pattern` that opens with lookaheads: grammar/lookahead.py) and
+absent: grammar/negation.py; a `pattern` that opens with lookaheads, or a string's `not` of patterns or
+listed strings: grammar/string_algebra.py) and
 llguidance compiles the schema
 without error or warning, the
 schema is compiled by llguidance instead (`routed_schema_fidelity`); those keywords are then
@@ -78,7 +79,7 @@ from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
-from grammar.lookahead import leading_lookaheads
+from grammar.string_algebra import excluded_strings, leading_lookaheads
 from grammar.negation import negation
 from grammar.one_of import exclusive_branches
 from grammar.value_rules import (
@@ -325,6 +326,14 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                 # false}`, which xgrammar refuses; the sub-schema itself is never generated
                 mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces this form "
                                        "(names that must be absent) as properties that may not be written",
+                     exact_in_llguidance=True)
+                continue
+            if keyword == "not" and node.get("type") == "string" and excluded_strings(value) is not None:
+                # a string's `not` of patterns or listed strings: a complement in llguidance's regexes
+                # (grammar/string_algebra.py); the sub-schema itself is never generated
+                mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces a string's `not` of "
+                                       "patterns or listed strings (as a regex complement), on the way through "
+                                       "closed objects and arrays, with printable ASCII values",
                      exact_in_llguidance=True)
                 continue
             if keyword == "patternProperties" and isinstance(value, dict):

@@ -8,8 +8,8 @@ implement instead of approximating. An `if`/`then`/`else` on a discriminator is 
 (grammar/lowering.py: a `oneOf` with provably exclusive branches as their `anyOf`, which matters
 here since llguidance refuses `oneOf`; listed values cut to those that fit; `byte` as its pattern). The JSON it writes is compact, as with xgrammar
 (grammar/compact_json.py): no free whitespace, separators "," and ":". A schema with a `pattern`
-that opens with lookaheads is written as a Lark grammar instead (grammar/lookahead.py), whose
-`%json` parts are compiled the same way.
+that opens with lookaheads, or a string's `not` of patterns or listed strings, is written as a Lark
+grammar instead (grammar/string_algebra.py), whose `%json` parts are compiled the same way.
 
 `uniqueItems` and `dependentRequired` (and its other spellings: draft-7 `dependencies` of names, an
 `if` one name `then` others) are left out of the grammar: llguidance does not implement
@@ -25,7 +25,7 @@ from typing import Any
 import llguidance
 
 from grammar.conditionals import lower_conditionals
-from grammar.lookahead import lark_grammar, schema_has_lookaheads
+from grammar.string_algebra import lark_grammar, schema_needs_lark
 from grammar.lowering import lower_for_masks
 from grammar.negation import lower_negations
 from grammar.schema_walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS, resolve_local_ref, rewrite_bottom_up
@@ -43,7 +43,7 @@ def llguidance_grammar(schema: Any, *, strict: bool) -> str:
         _without_name_rules(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS))))
     if strict:
         schema = _closed(schema, schema, open_here=False, open_refs=_all_of_refs(schema))
-    if schema_has_lookaheads(schema):  # patterns opening with lookaheads: a Lark grammar around them
+    if schema_needs_lark(schema):  # lookahead patterns, strings' `not`s: a Lark grammar around them
         return llguidance.LLMatcher.grammar_from_lark(lark_grammar(schema))
     return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_COMPACT)
 

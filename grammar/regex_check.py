@@ -10,7 +10,7 @@ import xgrammar
 
 from grammar.errors import GrammarSpecError, xgrammar_message
 from grammar.limits import check_json_limits
-from grammar.lookahead import leading_lookaheads as lookahead_form
+from grammar.string_algebra import leading_lookaheads as lookahead_form
 
 
 def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = "",
@@ -20,7 +20,7 @@ def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = 
     Python's `re` runs first for its precise messages; xgrammar (an ECMAScript-like dialect
     without lookaround or backreferences) decides what is actually supported. With
     `leading_lookaheads` (a schema's `pattern`), lookaheads that open an anchored pattern are
-    let through: llguidance enforces them (grammar/lookahead.py), xgrammar compiles the rest.
+    let through: llguidance enforces them (grammar/string_algebra.py), xgrammar compiles the rest.
     """
     if not isinstance(pattern, str):
         raise GrammarSpecError(f"regex must be a string, got {type(pattern).__name__}", pointer, param)

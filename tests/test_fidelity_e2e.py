@@ -21,7 +21,8 @@
   - `dependentRequired` (the value check), asked to pay by card without a billing address;
   - `uniqueItems` over free strings (the value check), asked for the same word three times;
   - a `pattern` that opens with a negative lookahead, `^(?!admin)[a-z_]{3,16}$` (llguidance's
-    regex intersection, grammar/lookahead.py), asked for the username admin_root;
+    regex intersection, grammar/string_algebra.py), asked for the username admin_root;
+  - a string's `not: {const: "latest"}` (a regex complement there), asked to tag an image latest;
 - strict answers of the llguidance-compiled schemas above at the smallest budget their schema allows
   (the one a budget below is refused with) and a little more are complete and valid, closed by the
   budget guard, where the same requests without strict mode are cut.
@@ -264,12 +265,18 @@ ENFORCED_KEYWORDS = {
         closed(MEDIA, ["kind"]),
         "The movie Jaws (1975), directed by Steven Spielberg, from the novel by Peter Benchley.",
         {"/not": "llguidance"}),
-    # a pattern that opens with a lookahead (grammar/lookahead.py: an intersection in llguidance's Lark)
+    # a pattern that opens with a lookahead (grammar/string_algebra.py: an intersection in llguidance's Lark)
     "lookahead_pattern": (
         closed({"user": {"type": "string", "pattern": "^(?!admin)[a-z_]{3,16}$"}}, ["user"]),
         closed({"user": {"type": "string", "pattern": "^[a-z_]{3,16}$"}}, ["user"]),
         "Create an account for the administrator; their username is admin_root.",  # the control: admin_root
         {"/properties/user/pattern": "llguidance"}),
+    # a string's `not` of a listed string (a regex complement in llguidance's Lark)
+    "not_listed_string": (
+        closed({"tag": {"type": "string", "not": {"const": "latest"}}}, ["tag"]),
+        closed({"tag": {"type": "string"}}, ["tag"]),
+        "Tag the image as latest.",  # the control writes latest
+        {"/properties/tag/not": "llguidance"}),
     "uniqueItems_strings": (
         closed({"fruits": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 3}},
                ["fruits"]),

@@ -108,7 +108,7 @@ REFUSED_BEYOND_THE_TABLE = [
         "if": {"properties": {"k": {"const": "x"}}},
         "then": {"properties": {"v": {"items": {"type": "integer"}, "contains": {"const": 1}}}}},
      [("/if", "if"), ("/then", "then"), ("/then/properties/v/contains", "contains")]),
-    # a pattern opening with a lookahead, but under an anyOf, which grammar/lookahead.py's Lark form
+    # a pattern opening with a lookahead, but under an anyOf, which grammar/string_algebra.py's Lark form
     # does not cover (it is enforced on the way through closed objects and arrays only)
     ("lookahead_pattern_under_anyOf", {
         "type": "object", "required": ["h"],

@@ -121,7 +121,7 @@ def test_a_divisor_that_is_no_binary_fraction_stays_refused(tokenizer, smollm_di
 
 
 def test_lookaround_llguidance_cannot_intersect_is_refused_by_it_too():
-    # llguidance's JSON patterns (Rust regex + derivre) have no look-around; grammar/lookahead.py
+    # llguidance's JSON patterns (Rust regex + derivre) have no look-around; grammar/string_algebra.py
     # writes leading lookaheads of an anchored pattern as intersections (tests/test_lookahead.py),
     # nothing else
     assert "look-around" in llguidance_refusal({"type": "string", "pattern": "^[a-z](?=a)[a-z]+$"}, strict=True)

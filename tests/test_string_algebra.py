@@ -1,6 +1,7 @@
-"""grammar/lookahead.py: patterns that open with lookaheads, enforced by llguidance's regex algebra.
+"""grammar/string_algebra.py: patterns that open with lookaheads, and a string's `not` of patterns or
+listed strings, enforced by llguidance's regex algebra (intersection and complement).
 
-The form is taken apart as written and refused where it is not one intersection; the grammar it
+The forms are taken apart as written and refused where they are not one intersection; the grammar it
 writes is run on llguidance's real matcher with the real tokenizer, and every string it lets
 through is checked with Python's `re` (what validation after generation uses); strict mode routes
 such schemas to llguidance, refuses the shapes the form does not cover with the pattern's pointer,
@@ -18,7 +19,7 @@ from grammar.errors import GrammarSpecError
 from grammar.fidelity import CHECKED, ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity
 from grammar.llg_matcher import LLGuidanceHandle
 from grammar.llg_schema import llguidance_refusal
-from grammar.lookahead import Lookaheads, lark_grammar, leading_lookaheads, without_lookaheads
+from grammar.string_algebra import Lookaheads, excluded_strings, lark_grammar, leading_lookaheads, without_lookaheads
 from grammar.json_schema_check import validate_json_schema
 
 HANDLE = "^(?!@@)[\\w@]+$"  # the issue's example: `[\w@]+` minus `@@.*`
@@ -153,3 +154,70 @@ def test_lookaround_outside_the_form_is_still_an_invalid_schema():
 def test_the_lark_text_embeds_what_holds_no_lookahead_whole():
     text = lark_grammar(closed({"h": {"type": "string", "pattern": HANDLE}, "n": {"type": "integer"}}, ["h"]))
     assert '%json {"type": "integer"' in text and "~/(?:@@)(?s:.*)/" in text
+
+
+# ------------------------------------------------------------------ a string's `not`
+
+TEMPLATE_FREE = closed({"branch": {"type": "string", "not": {"pattern": "<<.*>>"}, "maxLength": 20},  # circle-ci
+                        "secret": {"type": "string", "not": {"pattern": "^([Bb][Uu][Ii][Ll][Dd][Kk][Ii][Tt][Ee]|[Bb][Kk])"}},
+                        "env": {"type": "string", "pattern": "^[a-z]+$", "not": {"enum": ["default", "a.b"]}},
+                        "tag": {"type": "string", "not": {"anyOf": [{"const": "latest"}, {"pattern": "^-|-$"}]}}},
+                       ["branch"])
+
+
+@pytest.mark.parametrize("not_value,regexes", [
+    ({"pattern": "<<.*>>"}, ["(?s:.*)(?:<<.*>>)(?s:.*)"]),
+    ({"pattern": "^a|b$"}, ["(?:a)(?s:.*)", "(?s:.*)(?:b)"]),
+    ({"type": "string", "const": "a.b"}, ["a\\.b"]),
+    ({"enum": ["x", "y-z"]}, ["x", "y\\-z"]),
+    ({"anyOf": [{"const": "x"}, {"pattern": "^y$"}]}, ["x", "(?:y)"]),
+])
+def test_a_strings_not_is_the_complement_of_what_it_lists(not_value, regexes):
+    assert excluded_strings(not_value) == regexes
+
+
+@pytest.mark.parametrize("not_value", [
+    {"minLength": 3}, {"enum": [1, 2]}, {"type": "integer"}, {"pattern": "a(?=b)"}, {"pattern": "a^b"},
+    {"anyOf": [{"const": "x"}, {"minimum": 2}]}, {"required": ["a"]}, {"anyOf": []},
+])
+def test_other_nots_are_not_written(not_value):
+    assert excluded_strings(not_value) is None
+
+
+@pytest.fixture(scope="module")
+def template_free(service):
+    handle = service.compile(GrammarSpec("json_schema", TEMPLATE_FREE, True))
+    assert isinstance(handle, LLGuidanceHandle)
+    return handle
+
+
+@pytest.mark.parametrize("text,ok", [
+    ('{"branch":"main"}', True),
+    ('{"branch":"<<pipeline.git.branch>>"}', False),
+    ('{"branch":"a<<b>>c"}', False),  # the pattern searches
+    ('{"branch":"a<<b"}', True),
+    ('{"branch":"main","secret":"MY_KEY"}', True),
+    ('{"branch":"main","secret":"buildkite_key"}', False),
+    ('{"branch":"main","secret":"BK_TOKEN"}', False),
+    ('{"branch":"main","secret":"my_bk"}', True),  # anchored at the start only
+    ('{"branch":"main","env":"prod"}', True),
+    ('{"branch":"main","env":"default"}', False),
+    ('{"branch":"main","env":"defaults"}', True),  # a listed string is the whole string
+    ('{"branch":"main","tag":"latest"}', False),
+    ('{"branch":"main","tag":"-v1"}', False),
+    ('{"branch":"main","tag":"v1-"}', False),
+    ('{"branch":"main","tag":"v-1"}', True),
+])
+def test_the_grammar_keeps_every_not(template_free, tokenizer, text, ok):
+    assert writes(template_free, tokenizer, text) is ok
+    valid = jsonschema.Draft202012Validator(TEMPLATE_FREE).is_valid(__import__("json").loads(text))
+    assert valid is ok  # the grammar's verdict is the validator's, both ways, on these
+
+
+def test_strict_routes_a_strings_not_to_llguidance():
+    report = routed_schema_fidelity(TEMPLATE_FREE, strict=True)
+    assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
+    assert {k.pointer for k in report.keywords if k.keyword == "not" and k.status == ENFORCED} == {
+        f"/properties/{name}/not" for name in ("branch", "secret", "env", "tag")}
+    untyped = closed({"v": {"not": {"pattern": "x"}}}, ["v"])  # a number is no string: `not` holds for it
+    assert routed_schema_fidelity(untyped, strict=True).refused_in_strict

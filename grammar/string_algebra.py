@@ -1,28 +1,31 @@
-"""Patterns that open with lookaheads, enforced exactly with llguidance's regex algebra.
+"""Strings held to what llguidance's regex algebra writes: lookaheads, and `not` about strings.
 
-Neither engine's JSON-schema compiler has lookaround. But a pattern anchored at the start whose
-lookaheads all come first, `^(?=A)(?!B)R$`, is an intersection: strings matching R, and A as a
-prefix, and not B as a prefix. llguidance's Lark grammars intersect (`&`) and complement (`~`)
-regexes, so `^(?!@@)[\\w@]+$` is the terminal `/[\\w@]+/ & ~/@@(?s:.*)/` (#16). Other lookaround
-(lookbehind, or a lookahead after the first character) is refused as before
-(grammar/regex_check.py).
+Neither engine's JSON-schema compiler has lookaround or a `not` about values. But llguidance's
+Lark grammars intersect (`&`) and complement (`~`) regexes, which says both (#16):
 
-Such a schema is written as a Lark grammar (`lark_grammar`): each string node with such a pattern
-becomes a terminal; the objects and arrays on the way to it are written as Lark rules (properties
-in their declared order, the optional ones skippable, objects closed: additionalProperties false);
+- a pattern anchored at the start whose lookaheads all come first, `^(?=A)(?!B)R$`, is the
+  strings matching R, with A as a prefix and not B: `^(?!@@)[\\w@]+$` is `/[\\w@]+/ & ~/@@(?s:.*)/`.
+  Other lookaround (lookbehind, or a lookahead after the first character) is refused as before
+  (grammar/regex_check.py);
+- a string's `not` of patterns or listed strings (`not: {pattern: "<<.*>>"}`, `not: {enum:
+  ["default"]}`, an `anyOf` of these), SchemaStore's way to keep template syntax or reserved words
+  out, is the complement of the strings they describe.
+
+Such a schema is written as a Lark grammar (`lark_grammar`): each such string node becomes a
+terminal; the objects and arrays on the way to it are written as Lark rules (properties in their
+declared order, the optional ones skippable, objects closed: additionalProperties false);
 everything else is embedded whole as `%json {...}` with the root's `$defs`, compiled by
 llguidance's own JSON-schema compiler, compact as elsewhere. A shape this does not cover (an
-`anyOf` above a lookahead pattern, say) is a ValueError, which llguidance_refusal reports, and
-strict mode then refuses the schema naming the pattern.
+`anyOf` above such a string, say) is a ValueError, which llguidance_refusal reports, and strict
+mode then refuses the schema naming the keyword.
 
-The strings of a lookahead terminal are printable ASCII without `"` and `\\`: with no escapes the
-JSON text is the value, so the regexes apply to it as written, and Python's `re` (which validates
-the output) agrees with llguidance's on every class there (`\\w`, `\\d`, `\\s`, `.`). Values are thus a
-subset of what the pattern allows: every one of them matches it.
+The strings of such a terminal are printable ASCII without `"` and `\\`: with no escapes the JSON
+text is the value, so the regexes apply to it as written, and Python's `re` (which validates the
+output) agrees with llguidance's on every class there (`\\w`, `\\d`, `\\s`, `.`). Values are thus a
+subset of what the schema allows: every one of them is valid.
 
-For xgrammar (best effort only: strict schemas with such patterns go to llguidance or are
-refused) `without_lookaheads` keeps just `^R$`, a superset, which validation after generation
-checks.
+For xgrammar (best effort only: strict schemas with these go to llguidance or are refused)
+`without_lookaheads` keeps just `^R$`, a superset, which validation after generation checks.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ ANY = "(?s:.*)"
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
                          "writeOnly", "$id", "$schema", "$anchor", "$defs", "definitions"})
-STRING_KEYS = frozenset({"type", "pattern", "minLength", "maxLength"})
+STRING_KEYS = frozenset({"type", "pattern", "minLength", "maxLength", "not"})
+META = set("\\.+*?()|[]{}^$#&-~/")  # escaped in a literal string's regex
 OBJECT_KEYS = frozenset({"type", "properties", "required", "additionalProperties"})
 ARRAY_KEYS = frozenset({"type", "items", "minItems", "maxItems"})
 
@@ -59,14 +63,10 @@ class Lookaheads:
         """The pattern without its lookaheads: every string it matches, and more."""
         return "^" + self.body + ("$" if self.to_end else "")
 
-    def terminal(self, min_length: int | None = None, max_length: int | None = None) -> str:
-        """The Lark terminal of a JSON string whose value matches the pattern (and the lengths)."""
-        parts = [f"/{TEXT_CHARS}*/", _regex(_whole(self.body, self.to_end))]
-        parts += [_regex(_whole(*_ends(a))) for a in self.required]
-        parts += ["~" + _regex(_whole(*_ends(b))) for b in self.forbidden]
-        if min_length is not None or max_length is not None:
-            parts.append(_regex(f"(?s:.){{{min_length or 0},{'' if max_length is None else max_length}}}"))
-        return '"\\"" (' + " & ".join(parts) + ') "\\""'
+    def parts(self) -> list[str]:
+        """Whole-string regexes whose intersection is the pattern's strings."""
+        return [_whole(self.body, self.to_end), *(_whole(*_ends(a)) for a in self.required),
+                *("~" + _whole(*_ends(b)) for b in self.forbidden)]
 
 
 def has_lookaround(pattern: Any) -> bool:
@@ -95,9 +95,80 @@ def leading_lookaheads(pattern: Any) -> Lookaheads | None:
     return Lookaheads(tuple(required), tuple(forbidden), body, to_end)
 
 
-def schema_has_lookaheads(schema: Any) -> bool:
+def excluded_strings(not_value: Any) -> list[str] | None:
+    """Whole-string regexes of what a string's `not: not_value` excludes, when it is patterns or
+    listed strings (None: another `not`, which this module does not write)."""
+    if not isinstance(not_value, dict) or not_value.get("type", "string") != "string":
+        return None
+    keys = set(not_value) - {"type"} - ANNOTATIONS
+    if keys == {"anyOf"} and isinstance(not_value["anyOf"], list) and not_value["anyOf"]:
+        out: list[str] = []
+        for branch in not_value["anyOf"]:
+            got = excluded_strings(branch)
+            if got is None:
+                return None
+            out += got
+        return out
+    if keys == {"pattern"}:
+        return search_regexes(not_value["pattern"])
+    listed = [not_value["const"]] if keys == {"const"} else not_value.get("enum") if keys == {"enum"} else None
+    if not isinstance(listed, list) or not listed or not all(isinstance(v, str) for v in listed):
+        return None
+    return ["".join("\\" + c if c in META else c for c in v) for v in listed]
+
+
+def search_regexes(pattern: Any) -> list[str] | None:
+    """Whole-string regexes, one per top-level alternative, of the strings in which `pattern`
+    finds a match (JSON Schema's patterns search; `^` and `$` anchor); None for lookaround or an
+    anchor elsewhere than at a branch's ends."""
+    if not isinstance(pattern, str) or LOOKAROUND.search(pattern):
+        return None
+    out = []
+    for branch in _top_level_branches(pattern):
+        start = branch.startswith("^")
+        end = branch.endswith("$") and not _escaped(branch, len(branch) - 1)
+        inner = branch[1 if start else 0:len(branch) - 1 if end else len(branch)]
+        if _has_anchor(inner):
+            return None
+        out.append(("" if start else ANY) + f"(?:{inner})" + ("" if end else ANY))
+    return out
+
+
+def string_terminal(node: dict) -> str | None:
+    """The Lark terminal of a JSON string valid under `node` (type string, with a lookahead
+    pattern or a `not` of patterns or listed strings); None where `node` is not such a string."""
+    if node.get("type") != "string" or not set(node) - ANNOTATIONS <= STRING_KEYS:
+        return None
+    form = leading_lookaheads(node.get("pattern"))
+    excluded = excluded_strings(node["not"]) if "not" in node else []
+    if excluded is None or (form is None and not excluded):
+        return None
+    if form is not None:
+        parts = form.parts()
+    elif "pattern" in node:
+        branches = search_regexes(node["pattern"])
+        if branches is None:
+            return None
+        parts = ["|".join(f"(?:{b})" for b in branches)]
+    else:
+        parts = []
+    parts += ["~" + f"(?:{e})" for e in excluded]
+    lo, hi = node.get("minLength"), node.get("maxLength")
+    if lo is not None or hi is not None:
+        parts.append(f"(?s:.){{{lo or 0},{'' if hi is None else hi}}}")
+    regexes = [f"/{TEXT_CHARS}*/"] + [("~" + _regex(p[1:])) if p.startswith("~") else _regex(p) for p in parts]
+    return '"\\"" (' + " & ".join(regexes) + ') "\\""'
+
+
+def needs_lark(node: Any) -> bool:
+    """Whether `node` itself is a string only the Lark form writes exactly."""
+    return isinstance(node, dict) and (leading_lookaheads(node.get("pattern")) is not None
+                                       or ("not" in node and excluded_strings(node["not"]) is not None))
+
+
+def schema_needs_lark(schema: Any) -> bool:
     found = []
-    rewrite_bottom_up(schema, lambda node: found.append(leading_lookaheads(node.get("pattern"))) or node)
+    rewrite_bottom_up(schema, lambda node: found.append(needs_lark(node)) or node)
     return any(found)
 
 
@@ -135,7 +206,7 @@ class _Writer:
             return False
         if isinstance(node, list):
             return any(self._holds_lookahead(v, refs) for v in node)
-        if leading_lookaheads(node.get("pattern")) is not None:
+        if needs_lark(node):
             return True
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in refs:
@@ -156,20 +227,21 @@ class _Writer:
         keys = set(node) - ANNOTATIONS
         if "$ref" in node:
             if keys != {"$ref"} or node["$ref"] in refs:
-                raise ValueError(f"a lookahead pattern under {where or '/'} is reached through a $ref with siblings "
-                                 "or through recursion")
+                raise ValueError(f"a lookahead pattern or a string's `not` under {where or '/'} is reached through a "
+                                 "$ref with siblings or through recursion")
             return self.value(resolve_local_ref(self.root, node["$ref"]), where, (*refs, node["$ref"]))
         kind = node.get("type")
-        if kind == "string" and keys <= STRING_KEYS:
-            form = leading_lookaheads(node["pattern"])
-            return self._rule(form.terminal(node.get("minLength"), node.get("maxLength")), terminal=True)
+        terminal = string_terminal(node)
+        if terminal is not None:
+            return self._rule(terminal, terminal=True)
         if kind == "object" and keys <= OBJECT_KEYS and node.get("additionalProperties") is False:
             return self._object(node, where, refs)
         if kind == "array" and keys <= ARRAY_KEYS and isinstance(node.get("items"), (dict, bool)):
             return self._array(node, where, refs)
-        raise ValueError(f"a lookahead pattern under {where or '/'} sits in a "
-                         f"{'node with ' + ', '.join(sorted(keys)) if keys else 'node'} that only a closed object, "
-                         "an array or a string of type string may be on the way to")
+        raise ValueError(f"a lookahead pattern or a string's `not` under {where or '/'} sits in a "
+                         f"{'node with ' + ', '.join(sorted(keys)) if keys else 'node'}: only closed objects and "
+                         "arrays may be on the way to it, and it must be a string of type string with no keywords "
+                         "but pattern, minLength, maxLength and not")
 
     def _object(self, node: dict, where: str, refs: tuple[str, ...]) -> str:
         props = node.get("properties") or {}
@@ -257,7 +329,12 @@ def _group_end(pattern: str, start: int) -> int | None:
 
 
 def _top_level_bar(pattern: str) -> bool:
-    depth, in_class, i = 0, False, 0
+    return len(_top_level_branches(pattern)) > 1
+
+
+def _top_level_branches(pattern: str) -> list[str]:
+    """`pattern` split at the `|`s outside groups and classes."""
+    branches, depth, in_class, i, last = [], 0, False, 0, 0
     while i < len(pattern):
         ch = pattern[i]
         if ch == "\\":
@@ -272,6 +349,27 @@ def _top_level_bar(pattern: str) -> bool:
         elif ch == ")":
             depth -= 1
         elif ch == "|" and depth == 0:
+            branches.append(pattern[last:i])
+            last = i + 1
+        i += 1
+    return branches + [pattern[last:]]
+
+
+def _has_anchor(regex: str) -> bool:
+    """An unescaped `^` or `$` outside a character class."""
+    in_class, i = False, 0
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            if regex.startswith("^", i + 1):
+                i += 1  # a negated class, not an anchor
+        elif ch in "^$":
             return True
         i += 1
     return False
