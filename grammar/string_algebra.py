@@ -38,7 +38,7 @@ from typing import Any
 from grammar.schema_walk import resolve_local_ref, rewrite_bottom_up
 
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
-TEXT_CHARS = r"[ !#-\[\]-~]"  # printable ASCII but `"` and `\`: what a lookahead string may hold
+TEXT_CHARS = r"[ !#-\[\]-~]"  # printable ASCII but `"` and `\`: what such a string may hold
 ANY = "(?s:.*)"
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
@@ -67,10 +67,6 @@ class Lookaheads:
         """Whole-string regexes whose intersection is the pattern's strings."""
         return [_whole(self.body, self.to_end), *(_whole(*_ends(a)) for a in self.required),
                 *("~" + _whole(*_ends(b)) for b in self.forbidden)]
-
-
-def has_lookaround(pattern: Any) -> bool:
-    return isinstance(pattern, str) and LOOKAROUND.search(pattern) is not None
 
 
 def leading_lookaheads(pattern: Any) -> Lookaheads | None:
@@ -201,23 +197,23 @@ class _Writer:
         self.lines.append(f"{name}: {body}")
         return name
 
-    def _holds_lookahead(self, node: Any, refs: tuple[str, ...]) -> bool:
+    def _holds_lark_string(self, node: Any, refs: tuple[str, ...]) -> bool:
         if not isinstance(node, (dict, list)):
             return False
         if isinstance(node, list):
-            return any(self._holds_lookahead(v, refs) for v in node)
+            return any(self._holds_lark_string(v, refs) for v in node)
         if needs_lark(node):
             return True
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in refs:
             target = resolve_local_ref(self.root, ref)
-            if target is not None and self._holds_lookahead(target, (*refs, ref)):
+            if target is not None and self._holds_lark_string(target, (*refs, ref)):
                 return True
-        return any(self._holds_lookahead(v, refs) for k, v in node.items()
+        return any(self._holds_lark_string(v, refs) for k, v in node.items()
                    if k not in ("$defs", "definitions", "enum", "const", "default", "examples"))
 
     def value(self, node: Any, where: str, refs: tuple[str, ...]) -> str:
-        if not self._holds_lookahead(node, refs):
+        if not self._holds_lark_string(node, refs):
             embedded = {**node, **self.defs} if isinstance(node, dict) else node
             if isinstance(embedded, dict):
                 embedded["x-guidance"] = COMPACT
