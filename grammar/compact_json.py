@@ -16,6 +16,8 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
+from grammar.regex_check import escaped_controls
+from grammar.schema_walk import rewrite_bottom_up
 from grammar.string_algebra import without_lookaheads
 from grammar.lowering import lower_for_masks
 
@@ -28,9 +30,21 @@ _LOOSE_STRING_CHARS = r'[^\"\\\r\n]'
 _JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
 
 
+def _patterns_xgrammar_reads(schema: Any) -> Any:
+    """`schema` with raw control characters in its patterns escaped (the same regexes, which
+    xgrammar's EBNF lexer can read) and lookaheads dropped (best effort only: grammar/string_algebra.py)."""
+    def rewrite(node: dict) -> dict:
+        if isinstance(node.get("pattern"), str):
+            node = {**node, "pattern": escaped_controls(node["pattern"])}
+        if isinstance(node.get("patternProperties"), dict):
+            node = {**node, "patternProperties": {escaped_controls(k): v for k, v in node["patternProperties"].items()}}
+        return node
+    return rewrite_bottom_up(without_lookaheads(schema), rewrite)
+
+
 def _xgrammar_json_grammar(schema: Any, strict: bool) -> xgr.Grammar:
     return xgr.Grammar.from_json_schema(
-        json.dumps(lower_for_masks(without_lookaheads(schema), strict)),
+        json.dumps(lower_for_masks(_patterns_xgrammar_reads(schema), strict)),
         any_whitespace=False,
         separators=COMPACT_SEPARATORS,
         strict_mode=strict,

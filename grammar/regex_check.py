@@ -40,10 +40,32 @@ def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = 
         raise GrammarSpecError(f"regex {pattern!r} is not supported: {problem}", pointer, param)
 
 
+_CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\f": "\\f", "\v": "\\v"}
+
+
+def escaped_controls(pattern: str) -> str:
+    """`pattern` with each raw control character written as its escape (`\\n` for a line feed):
+    the same regex, which xgrammar can read. Its regex-to-EBNF step refuses a raw line feed in a
+    character class, as GitHub's workflow schema writes `(.|[\\r\\n])*` in JSON ("Character class
+    should not contain newline")."""
+    if not any(ch < " " for ch in pattern):
+        return pattern
+    out, escaping = [], False
+    for ch in pattern:
+        if ch < " ":
+            escape = _CONTROL_ESCAPES.get(ch, f"\\x{ord(ch):02x}")
+            out.append(escape[1:] if escaping else escape)  # after a lone `\`, only the letter
+            escaping = False
+            continue
+        out.append(ch)
+        escaping = ch == "\\" and not escaping
+    return "".join(out)
+
+
 def _xgrammar_regex_error(pattern: str) -> str | None:
     """xgrammar's complaint about `pattern`, or None if it parses."""
     try:
-        xgrammar.Grammar.from_regex(pattern)
+        xgrammar.Grammar.from_regex(escaped_controls(pattern))
     except (RuntimeError, ValueError) as e:
         return xgrammar_message(e)
     return None

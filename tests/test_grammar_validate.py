@@ -114,3 +114,39 @@ def test_validate_spec_dispatches_by_kind():
     with pytest.raises(GrammarSpecError) as e:
         validate_spec(GrammarSpec.json_schema({"type": "object", "properties": {"x": {"$ref": "http://a/b"}}}))
     assert e.value.pointer == "/properties/x/$ref"
+
+
+@pytest.mark.parametrize("raw,escaped", [
+    ("^(.|[\r\n])*$", "^(.|[\\r\\n])*$"),  # GitHub's workflow schema, as JSON decodes it
+    ("a\tb", "a\\tb"),
+    ("a\\\nb", "a\\nb"),  # an escaped raw line feed is a line feed
+    ("a\\\\\nb", "a\\\\\\nb"),  # an escaped backslash, then a raw line feed
+    ("a\x01", "a\\x01"),
+    ("^[a-z]+$", "^[a-z]+$"),
+])
+def test_raw_control_characters_in_patterns_are_written_as_escapes(raw, escaped):
+    import re
+
+    from grammar.regex_check import escaped_controls
+
+    assert escaped_controls(raw) == escaped
+    for text in ("a\tb", "a\nb", "x\r\ny", "a\x01"):
+        assert bool(re.fullmatch(raw, text)) == bool(re.fullmatch(escaped, text))  # the same regex
+
+
+def test_a_raw_line_feed_in_a_character_class_compiles(service, tokenizer):
+    """xgrammar's lexer refused it ("Character class should not contain newline"), so GitHub's
+    workflow schemas were an invalid schema even in best effort."""
+    schema = {"type": "object", "properties": {"run": {"type": "string", "pattern": "^\\$\\{\\{(.|[\r\n])*\\}\\}$"}},
+              "required": ["run"], "additionalProperties": False}
+    validate_json_schema(schema)
+    validate_regex("^(.|[\r\n])*$")
+    for strict in (True, False):
+        handle = service.compile(GrammarSpec("json_schema", schema, strict))
+        matcher = handle.new_matcher()
+        # (xgrammar writes a patterned string without JSON escapes: a subset, so no line feed here)
+        text = '{"run":"${{ secrets.token }}"}'
+        assert all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False)), strict
+    regex = service.compile(GrammarSpec("regex", "x[\r\n]y"))
+    matcher = regex.new_matcher()
+    assert all(matcher.accept(t) for t in tokenizer.encode("x\ny", add_special_tokens=False))
