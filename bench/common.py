@@ -1,16 +1,24 @@
-"""Helpers shared by the benchmarks: JSON-line output, the default tokenizer, timed mask walks and
-timed engine runs."""
+"""Helpers shared by the benchmarks: JSON-line output, the commit measured, the default tokenizer,
+timed mask walks and timed engine runs."""
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from runtime.api import GenerateRequest, StreamEvent
+
+
+def git_commit(checkout: str | Path = ".") -> str:
+    """The short commit a checkout is at ("" outside git), so records say which code they measured."""
+    run = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else ""
 
 
 def emit(record: dict, file=None) -> None:

@@ -56,7 +56,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from bench.common import emit
+from bench.common import emit, git_commit
 from bench.fidelity_client import SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all, short
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
 from bench.fidelity_tally import answered
@@ -108,10 +108,12 @@ def classify(schema: Any, answer: Answer, name: str = "schema") -> Verdict:
     return Verdict(outcome, duplicate_keys=duplicate, message=message)
 
 
-def answer_line(entry: Entry, check: Check, answer: Answer) -> dict[str, Any]:
-    """The line written as soon as one answer is in (the answer's verdict, as `classify` gives it)."""
+def answer_line(entry: Entry, check: Check, answer: Answer, commit: str | None = None) -> dict[str, Any]:
+    """The line written as soon as one answer is in (the answer's verdict, as `classify` gives it;
+    `commit`: the code that answered, so logs of a corpus done in parts say which code did each)."""
     verdict = classify(entry.schema, answer, entry.name)
     out = {"bench": "fidelity", "kind": "answer", "source": entry.source, "name": entry.name,
+           **({"commit": commit} if commit else {}),
            "engine": check.engine, "outcome": verdict.outcome, "finish_reason": answer.finish_reason,
            "completion_tokens": answer.completion_tokens, "elapsed_s": answer.elapsed}
     if answer.closed_at_budget:
@@ -271,7 +273,8 @@ async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespa
             pass  # a server that is gone is answer_all's to bring back
         t0 = time.perf_counter()
         by_entry = {(e.source, e.name): c for e, c in zip(entries, checks)}
-        on_answer = None if log is None else (lambda e, a: log(answer_line(e, by_entry[(e.source, e.name)], a)))
+        commit = git_commit()
+        on_answer = None if log is None else (lambda e, a: log(answer_line(e, by_entry[(e.source, e.name)], a, commit)))
         answers = await answer_all(client, entries, args.max_tokens, args.concurrency, guard, skip, on_answer)
         timings["answer_wall_s"] = time.perf_counter() - t0
     return checks, answers, timings

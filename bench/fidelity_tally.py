@@ -51,6 +51,7 @@ def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[st
     out.update({name: outcomes.get(name, 0) for name in OUTCOMES})
     out.update(
         engines=dict(sorted(Counter(str(line.get("engine")) for line in lines).items())),
+        commits=dict(sorted(Counter(str(line.get("commit", "?")) for line in lines).items())),
         duplicate_keys=sum(bool(line.get("duplicate_keys")) for line in lines),
         closed_at_budget=sum(bool(line.get("closed_at_budget")) for line in lines),
         valid_at_length=sum(line["outcome"] == "valid" and line.get("finish_reason") == "length" for line in lines),

@@ -41,7 +41,6 @@ import asyncio
 import json
 import math
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +51,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import httpx
 import jsonschema
 
-from bench.common import emit
+from bench.common import emit, git_commit
 from bench.server_process import MODEL, JumpgateServer, VllmServer
 from bench.workloads import ROOT, USER_TASKS, agent_system_prompt, agent_tools
 
@@ -548,8 +547,7 @@ def serve_once(args, weights: str, workloads, warmup_body, wanted, tok,
                     rec["weights"] = weights
             labels = {"server": "jumpgate", "server_rss_mb": server.rss_mb()}
         if checkout is not None:
-            labels["commit"] = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-                                              capture_output=True, text=True).stdout.strip()
+            labels["commit"] = git_commit(checkout)
         return results, chain, labels
 
 

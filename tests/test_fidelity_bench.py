@@ -158,7 +158,7 @@ def test_answer_logs_tally_once_per_schema_and_say_what_a_resumed_run_skips(tmp_
     and `--skip-answered` leaves out what a log holds."""
     llg = Check(200, engine="llguidance", strict_accepted=True)
     first, second = tmp_path / "part1.jsonl", tmp_path / "part2.jsonl"
-    lines = [answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 12', "length")),  # cut, then answered again
+    lines = [answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 12', "length"), "abc1234"),  # cut, then answered again
              answer_line(Entry("a", "y", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="stop",
                                                               closed_at_budget=True))]
     first.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"kind": "answer", "sou')  # killed mid-line
@@ -171,6 +171,8 @@ def test_answer_logs_tally_once_per_schema_and_say_what_a_resumed_run_skips(tmp_
     assert lines[("a", "x")]["outcome"] == "valid"  # the later answer
     a = tally([lines[("a", "x")], lines[("a", "y")]], corpus=5)
     assert (a["answered"], a["corpus"], a["valid"], a["cut_off"], a["closed_at_budget"]) == (2, 5, 2, 0, 1)
+    assert lines[("a", "x")].get("commit") is None and a["commits"] == {"?": 2}  # the later answer says none
+    assert json.loads(first.read_text().splitlines()[0])["commit"] == "abc1234"
     b = tally([lines[("b", "z")]])
     assert (b["refused"], b["prompt_length_refusals"], b["answered_validly_frac"]) == (1, 1, 0.0)
     assert tally([])["answered_validly_frac"] is None
