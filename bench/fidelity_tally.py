@@ -13,6 +13,7 @@ log counts once, with its last answer (logs are read in the order given).
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -28,7 +29,8 @@ def answer_lines(paths: Iterable[str | Path]) -> dict[tuple[str, str], dict[str,
     """The answer lines of `paths` by (source, name); a later line replaces an earlier one."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for path in paths:
-        with open(path, encoding="utf-8") as f:
+        opener = gzip.open if str(path).endswith(".gz") else open  # logs kept under bench/results are gzipped
+        with opener(path, "rt", encoding="utf-8") as f:
             for text in f:
                 try:
                     line = json.loads(text)

@@ -167,6 +167,9 @@ def test_answer_logs_tally_once_per_schema_and_say_what_a_resumed_run_skips(tmp_
              {"bench": "fidelity", "kind": "source", "source": "a"}]
     second.write_text("\n".join(json.dumps(line) for line in again) + "\n")
     assert answered([first, second]) == {("a", "x"), ("a", "y"), ("b", "z")}
+    packed = tmp_path / "part2.jsonl.gz"
+    packed.write_bytes(__import__("gzip").compress(second.read_bytes()))
+    assert answered([first, packed]) == answered([first, second])
     lines = answer_lines([first, second])
     assert lines[("a", "x")]["outcome"] == "valid"  # the later answer
     a = tally([lines[("a", "x")], lines[("a", "y")]], corpus=5)
