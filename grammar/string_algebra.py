@@ -33,9 +33,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
-from grammar.schema_walk import resolve_local_ref, rewrite_bottom_up
+from grammar.schema_walk import iter_subschemas, resolve_local_ref, rewrite_bottom_up
 
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
 TEXT_CHARS = r"[ !#-\[\]-~]"  # printable ASCII but `"` and `\`: what such a string may hold
@@ -63,10 +63,10 @@ class Lookaheads:
         """The pattern without its lookaheads: every string it matches, and more."""
         return "^" + self.body + ("$" if self.to_end else "")
 
-    def parts(self) -> list[str]:
-        """Whole-string regexes whose intersection is the pattern's strings."""
-        return [_whole(self.body, self.to_end), *(_whole(*_ends(a)) for a in self.required),
-                *("~" + _whole(*_ends(b)) for b in self.forbidden)]
+    def parts(self) -> tuple[list[str], list[str]]:
+        """Whole-string regexes the pattern's strings match, and those they must not."""
+        return ([_whole(self.body, self.to_end), *(_whole(*_ends(a)) for a in self.required)],
+                [_whole(*_ends(b)) for b in self.forbidden])
 
 
 def leading_lookaheads(pattern: Any) -> Lookaheads | None:
@@ -140,19 +140,19 @@ def string_terminal(node: dict) -> str | None:
     if excluded is None or (form is None and not excluded):
         return None
     if form is not None:
-        parts = form.parts()
+        matched, unmatched = form.parts()
     elif "pattern" in node:
         branches = search_regexes(node["pattern"])
         if branches is None:
             return None
-        parts = ["|".join(f"(?:{b})" for b in branches)]
+        matched, unmatched = ["|".join(f"(?:{b})" for b in branches)], []
     else:
-        parts = []
-    parts += ["~" + f"(?:{e})" for e in excluded]
+        matched, unmatched = [], []
+    unmatched += [f"(?:{e})" for e in excluded]
     lo, hi = node.get("minLength"), node.get("maxLength")
     if lo is not None or hi is not None:
-        parts.append(f"(?s:.){{{lo or 0},{'' if hi is None else hi}}}")
-    regexes = [f"/{TEXT_CHARS}*/"] + [("~" + _regex(p[1:])) if p.startswith("~") else _regex(p) for p in parts]
+        matched.append(f"(?s:.){{{lo or 0},{'' if hi is None else hi}}}")
+    regexes = [f"/{TEXT_CHARS}*/", *map(_regex, matched), *("~" + _regex(r) for r in unmatched)]
     return '"\\"" (' + " & ".join(regexes) + ') "\\""'
 
 
@@ -163,9 +163,7 @@ def needs_lark(node: Any) -> bool:
 
 
 def schema_needs_lark(schema: Any) -> bool:
-    found = []
-    rewrite_bottom_up(schema, lambda node: found.append(needs_lark(node)) or node)
-    return any(found)
+    return any(needs_lark(node) for node, _ in iter_subschemas(schema))
 
 
 def without_lookaheads(schema: Any) -> Any:
@@ -185,7 +183,8 @@ def lark_grammar(schema: Any) -> str:
 class _Writer:
     def __init__(self, root: Any):
         self.root = root
-        self.defs = {k: root[k] for k in ("$defs", "definitions") if isinstance(root, dict) and isinstance(root.get(k), dict)}
+        self.defs = {k: root[k] for k in ("$defs", "definitions")
+                     if isinstance(root, dict) and isinstance(root.get(k), dict)}
         self.lines: list[str] = []
 
     def grammar(self) -> str:
@@ -302,8 +301,9 @@ def _escaped(text: str, i: int) -> bool:
     return backslashes % 2 == 1
 
 
-def _group_end(pattern: str, start: int) -> int | None:
-    """Index of the `)` closing the group that opens at `start` (None if unbalanced)."""
+def _outside_classes(pattern: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, character, group depth before it) of each unescaped character of `pattern` from
+    `start` that stands outside a character class: the regex's structure, for the scans below."""
     depth, in_class, i = 0, False, start
     while i < len(pattern):
         ch = pattern[i]
@@ -314,14 +314,15 @@ def _group_end(pattern: str, start: int) -> int | None:
             in_class = ch != "]"
         elif ch == "[":
             in_class = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return i
+        else:
+            yield i, ch, depth
+            depth += (ch == "(") - (ch == ")")
         i += 1
-    return None
+
+
+def _group_end(pattern: str, start: int) -> int | None:
+    """Index of the `)` closing the group that opens at `start` (None if unbalanced)."""
+    return next((i for i, ch, depth in _outside_classes(pattern, start) if ch == ")" and depth == 1), None)
 
 
 def _top_level_bar(pattern: str) -> bool:
@@ -330,42 +331,10 @@ def _top_level_bar(pattern: str) -> bool:
 
 def _top_level_branches(pattern: str) -> list[str]:
     """`pattern` split at the `|`s outside groups and classes."""
-    branches, depth, in_class, i, last = [], 0, False, 0, 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "|" and depth == 0:
-            branches.append(pattern[last:i])
-            last = i + 1
-        i += 1
-    return branches + [pattern[last:]]
+    bars = [i for i, ch, depth in _outside_classes(pattern) if ch == "|" and depth == 0]
+    return [pattern[a + 1:b] for a, b in zip([-1, *bars], [*bars, len(pattern)])]
 
 
 def _has_anchor(regex: str) -> bool:
     """An unescaped `^` or `$` outside a character class."""
-    in_class, i = False, 0
-    while i < len(regex):
-        ch = regex[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-            if regex.startswith("^", i + 1):
-                i += 1  # a negated class, not an anchor
-        elif ch in "^$":
-            return True
-        i += 1
-    return False
+    return any(ch in "^$" for _, ch, _ in _outside_classes(regex))
