@@ -21,6 +21,7 @@ from grammar.llg_matcher import LLGuidanceHandle
 from grammar.llg_schema import llguidance_refusal
 from grammar.string_algebra import Lookaheads, excluded_strings, lark_grammar, leading_lookaheads, without_lookaheads
 from grammar.json_schema_check import validate_json_schema
+from tests.test_llguidance_fidelity import writes
 
 HANDLE = "^(?!@@)[\\w@]+$"  # the example: `[\w@]+` minus `@@.*`
 PASSWORD = "^(?=.*[A-Z])(?=.*\\d)(?=.{6,12}$)"
@@ -66,14 +67,6 @@ def account(service):
     handle = service.compile(GrammarSpec("json_schema", ACCOUNT, True))
     assert isinstance(handle, LLGuidanceHandle)
     return handle
-
-
-def writes(handle, tokenizer, text: str) -> bool:
-    matcher = handle.new_matcher()
-    for token_id in tokenizer.encode(text, add_special_tokens=False):
-        if not matcher.accept(token_id):
-            return False
-    return matcher.accept(tokenizer.eos_token_id) and matcher.is_terminated()
 
 
 @pytest.mark.parametrize("text,ok", [
