@@ -57,7 +57,8 @@ from typing import Any, Sequence
 import httpx
 
 from bench.common import emit, git_commit
-from bench.fidelity_client import SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all, short
+from bench.fidelity_client import (PROMPT_TOO_LONG, SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all,
+                                   short)
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
 from bench.fidelity_tally import answered
 from bench.fidelity_tally import run as tally_run
@@ -67,7 +68,6 @@ from gateway.grammar_adapter import FidelityReport
 from gateway.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR
 
-PROMPT_TOO_LONG = "context_length_exceeded"
 NOT_VALID = ("invalid", "cut_off", "refused", "error")
 
 

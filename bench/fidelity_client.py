@@ -18,6 +18,7 @@ from grammar.fidelity import DUPLICATE_KEYS, ENFORCED, XGRAMMAR
 
 COMPILE_SECONDS = "jumpgate_grammar_compile_seconds_total"
 SERVER_MEMORY, NOT_ASKED = "server_memory", "not_asked"  # the bench's own codes
+PROMPT_TOO_LONG = "context_length_exceeded"  # the server's code for a prompt past the context
 _MESSAGE = 300
 
 

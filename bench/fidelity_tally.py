@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from bench.common import emit
+from bench.fidelity_client import PROMPT_TOO_LONG
 
 OUTCOMES = ("valid", "invalid", "cut_off", "refused", "error")
-PROMPT_TOO_LONG = "context_length_exceeded"
 
 
 def answer_lines(paths: Iterable[str | Path]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -57,8 +57,8 @@ def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[st
         duplicate_keys=sum(bool(line.get("duplicate_keys")) for line in lines),
         closed_at_budget=sum(bool(line.get("closed_at_budget")) for line in lines),
         valid_at_length=sum(line["outcome"] == "valid" and line.get("finish_reason") == "length" for line in lines),
-        prompt_length_refusals=sum(line["outcome"] == "refused" and str(line.get("message", "")).startswith(PROMPT_TOO_LONG)
-                                   for line in lines),
+        prompt_length_refusals=sum(line["outcome"] == "refused"
+                                   and str(line.get("message", "")).startswith(PROMPT_TOO_LONG) for line in lines),
         answered_validly_frac=outcomes.get("valid", 0) / len(lines) if lines else None,
     )
     return out
