@@ -60,7 +60,7 @@ from bench.common import emit, git_commit
 from bench.fidelity_client import (PROMPT_TOO_LONG, SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all,
                                    short)
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
-from bench.fidelity_tally import answered
+from bench.fidelity_tally import answered, refused
 from bench.fidelity_tally import run as tally_run
 from bench.serve_bench import exit_on_sigterm, percentile
 from bench.server_process import MODEL, JumpgateServer
@@ -246,6 +246,8 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
                     help="append the per-answer lines to this file (default: stdout, among the others)")
     ap.add_argument("--skip-answered", nargs="+", default=None, metavar="LOG",
                     help="leave out the schemas these answer logs already hold (resume a run, or do the next part)")
+    ap.add_argument("--only-refused", nargs="+", default=None, metavar="LOG",
+                    help="ask only the schemas these answer logs hold as refused (after a change that may take them)")
     return ap.parse_args(list(argv or []))
 
 
@@ -254,6 +256,9 @@ def pick(corpus: list[Entry], sources: list[str], args: argparse.Namespace) -> l
     if args.skip_answered:
         done = answered(args.skip_answered)
         corpus = [e for e in corpus if (e.source, e.name) not in done]
+    if args.only_refused:
+        again = refused(args.only_refused)
+        corpus = [e for e in corpus if (e.source, e.name) in again]
     return select(corpus, sources, args.per_source, args.limit)
 
 

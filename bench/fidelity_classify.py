@@ -7,7 +7,8 @@ gateway/output_validation.py):
 
 1. `validate_spec`: meta-schema, `$ref`s, regexes xgrammar cannot parse, the size limit (a 400
    `invalid_schema`; its keyword is the last token of the error's pointer, or `size`);
-2. `spec_fidelity` (routing included): the engine, and the keywords strict mode refuses;
+2. `spec_fidelity` (routing and check-and-roll-back included, as `--value-retries` says): the
+   engine, and the keywords strict mode refuses;
 3. for a schema routed to llguidance, llguidance's compile with the model's tokenizer (with
    `--tokenizer`; routing already validated the grammar without one); with `--compile`, xgrammar's
    compile of the others (against an empty vocabulary: a compile error does not depend on it).
@@ -18,6 +19,7 @@ Output: one JSON line per source and one for the total: `count`, `by_xgrammar`, 
 With `--details`, one `kind: "refused"` line per refused schema.
 
   python -m bench fidelity --classify [--sources a,b] [--per-source N] [--details] [--tokenizer] [--compile]
+                                     [--value-retries N]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from bench.common import emit
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
 from grammar.errors import GrammarSpecError
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR, spec_fidelity
+from grammar.rollback_check import DEFAULT_VALUE_RETRIES
 from grammar.spec import GrammarSpec
 from grammar.validate import validate_spec
 
@@ -54,8 +57,10 @@ def _keyword_of(error: GrammarSpecError) -> str:
 
 
 class Classifier:
-    def __init__(self, llg_tokenizer: Any = None, xgrammar_compile: bool = False) -> None:
+    def __init__(self, llg_tokenizer: Any = None, xgrammar_compile: bool = False,
+                 value_retries: int = DEFAULT_VALUE_RETRIES) -> None:
         self.llg_tokenizer = llg_tokenizer
+        self.value_retries = value_retries
         self.compiler = None
         if xgrammar_compile:
             import xgrammar as xgr
@@ -68,7 +73,7 @@ class Classifier:
             validate_spec(spec)
         except GrammarSpecError as e:
             return Verdict(None, [_keyword_of(e)], "invalid_schema", e.message[:200])
-        report = spec_fidelity(spec.kind, spec.payload, spec.strict)
+        report = spec_fidelity(spec.kind, spec.payload, spec.strict, self.value_retries)
         refused = report.refused_in_strict
         if refused:
             return Verdict(None, sorted({k.keyword for k in refused}), "strict",
@@ -125,12 +130,14 @@ def run(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--details", action="store_true", help="one line per refused schema")
     ap.add_argument("--tokenizer", action="store_true", help="compile llguidance's grammars with the model's tokenizer")
     ap.add_argument("--compile", action="store_true", help="compile xgrammar's grammars (empty vocabulary)")
+    ap.add_argument("--value-retries", type=int, default=DEFAULT_VALUE_RETRIES,
+                    help="as the server's flag: 0 leaves check-and-roll-back out (the mask alone)")
     args = ap.parse_args(list(argv or []))
 
     corpus, stats = build_corpus([s.strip() for s in args.sources.split(",") if s.strip()])
     sources = [s for s in stats if stats[s].available]
     entries: list[Entry] = select(corpus, sources, args.per_source, None)
-    classifier = Classifier(_llg_tokenizer() if args.tokenizer else None, args.compile)
+    classifier = Classifier(_llg_tokenizer() if args.tokenizer else None, args.compile, args.value_retries)
     verdicts = [classifier.verdict(e.schema) for e in entries]
     for source in sources:
         mine = [v for e, v in zip(entries, verdicts) if e.source == source]

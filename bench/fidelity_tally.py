@@ -45,6 +45,11 @@ def answered(paths: Iterable[str | Path]) -> set[tuple[str, str]]:
     return set(answer_lines(paths))
 
 
+def refused(paths: Iterable[str | Path]) -> set[tuple[str, str]]:
+    """The schemas whose last answer in `paths` was a refusal."""
+    return {key for key, line in answer_lines(paths).items() if line["outcome"] == "refused"}
+
+
 def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[str, Any]:
     outcomes = Counter(line["outcome"] for line in lines)
     out: dict[str, Any] = {"answered": len(lines)}

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
 from gateway.logprobs import TokenTexts, token_texts
 from gateway.metrics import GatewayMetrics
-from runtime.api import EngineClient, EngineError, GenerateRequest, StreamEvent, TokenLogprob
+from runtime.api import VALUE_RETRIES_EXHAUSTED, EngineClient, EngineError, GenerateRequest, StreamEvent, TokenLogprob
 
 T = TypeVar("T")
 
@@ -153,6 +153,10 @@ class EngineStream:
 
     def check_error(self) -> None:
         o = self.outcome
+        if o.error and o.error.startswith(VALUE_RETRIES_EXHAUSTED):
+            raise APIError(422, o.error.partition(": ")[2] + ". Raise max_tokens, send a temperature above 0, or send "
+                           "\"schema_mode\": \"best_effort\" to receive the last value with its schema errors.",
+                           code=VALUE_RETRIES_EXHAUSTED)
         if o.finish_reason == "error" or o.error:
             raise APIError(500, f"The engine failed on this request: {o.error or 'unknown error'}",
                            type=SERVER_ERROR, code="engine_error")

@@ -16,7 +16,7 @@ import anyio
 from gateway.auth import cache_namespace
 from gateway.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.errors import bad_request, context_length_exceeded, model_not_found
-from gateway.output_validation import OutputCheck, build_output_check
+from gateway.output_validation import STRICT, OutputCheck, build_output_check
 from gateway.prompt import PromptRenderer, RenderedPrompt
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.registry import SchemaRegistry
@@ -67,6 +67,7 @@ class Prepared:
                     constraint=self.constraint,
                     jump_forward=jump_forward,  # type: ignore[arg-type]
                     strict=self.plan.strict,
+                    refuse_unfit=self.output_check is not None and self.output_check.mode == STRICT,
                     namespace=self.namespace,
                     rid=f"{rid_prefix or self.request_id}-{i}",
                 )

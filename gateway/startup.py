@@ -23,7 +23,7 @@ def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> An
     service = GrammarService(
         engine.tokenizer, info.vocab_size, cache_dir, compile_timeout_s=settings.compile_timeout_s,
         max_memory_bytes=settings.max_memory_bytes, max_disk_bytes=settings.max_disk_bytes, stop_token_ids=sorted(info.eos_token_ids) or None,
-        compile_memory_bytes=settings.compile_memory_bytes,
+        compile_memory_bytes=settings.compile_memory_bytes, value_retries=settings.value_retries,
     )
     service.start()  # the compile processes' fork server imports xgrammar now, not on the first request
     try:

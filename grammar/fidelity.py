@@ -61,7 +61,11 @@ and every dependent is required or declared after its trigger (`dependent_requir
 elsewhere they stay `checked`.
 
 Strict mode promises that every output fits, so it accepts only `enforced`: `checked` guarantees
-detection, not validity. Only the duplicate-key risk is let through in strict mode, reported and
+detection, not validity. For a JSON schema (`response_format`) the grammar service turns `checked`
+into `enforced` with engine ROLLBACK (`with_rollback`): the finished output is validated and a
+failing value rewritten (grammar/rollback_check.py), and a strict request whose rewrites run out
+fails rather than answer; tool parameters are not checked whole, so there `checked` stays refused.
+Only the duplicate-key risk is let through in strict mode, reported and
 counted, because refusing it would refuse every open object of a tool (`{"type": "object"}`),
 which tools use widely.
 """
@@ -93,6 +97,7 @@ from grammar.value_rules import (
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
 VALUE_CHECK = "value_check"  # Jumpgate's own mask over repeated names and items (grammar/value_check.py)
+ROLLBACK = "check_and_rollback"  # the finished output checked, a failing value rewritten (grammar/rollback_check.py)
 DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
 OMITTED = ("no listed value satisfies the property's other keywords, so it is valid only when absent: the "
            "object is closed and the grammar leaves it out")
@@ -190,18 +195,46 @@ class FidelityReport:
         return out
 
 
+def uses_rollback(report: FidelityReport | None) -> bool:
+    """Does the report count on check-and-roll-back for some keyword?"""
+    return report is not None and any(k.engine == ROLLBACK for k in report.keywords)
+
+
+def needs_rollback(report: FidelityReport) -> bool:
+    """Does the report leave keywords (besides the duplicate-key risk) to validation alone?"""
+    return any(k.status == CHECKED and k.keyword != DUPLICATE_KEYS for k in report.keywords)
+
+
+def with_rollback(report: FidelityReport, retries: int) -> FidelityReport:
+    """The report once check-and-roll-back keeps the `checked` keywords (those validation after
+    generation detects): `enforced`, engine ROLLBACK. No output breaks them: a value that does is
+    rewritten, and a strict request whose rewrites run out fails instead of answering."""
+    why = (f"checked when the output is whole; a value that breaks it is rolled back and written again (at most "
+           f"{retries} times, then a strict request fails with value_retries_exhausted)")
+    return replace(report, keywords=tuple(
+        replace(k, status=ENFORCED, engine=ROLLBACK, reason=f"{k.reason}; {why}" if k.reason else why)
+        if k.status == CHECKED and k.keyword != DUPLICATE_KEYS else k
+        for k in report.keywords))
+
+
 def schema_fidelity(schema: Any, *, strict: bool = True, pointer: str = "", value_check: bool = True) -> FidelityReport:
     """Classify every validation keyword of `schema` (already validated; pointers under `pointer`);
     `value_check`: the output is followed by Jumpgate's value check (json_schema, json_object)."""
     return FidelityReport(tuple(_walk(schema, pointer, strict, value_check)))
 
 
-def routed_schema_fidelity(schema: Any, *, strict: bool = True) -> FidelityReport:
+def routed_schema_fidelity(schema: Any, *, strict: bool = True, rollback: bool = False) -> FidelityReport:
     """The report of the engine that compiles `schema`: xgrammar's, unless llguidance enforces
-    exactly every keyword xgrammar would not mask and compiles the schema cleanly."""
+    exactly every keyword xgrammar would not mask and compiles the schema cleanly. With
+    `rollback` (check-and-roll-back will keep the `checked` keywords) llguidance is taken where it
+    enforces some of them and the rest are `checked`: what a mask can keep is not left to rewrites."""
     report = schema_fidelity(schema, strict=strict)
     refused = report.refused_in_strict
-    if not refused or not all(k.exact_in_llguidance for k in refused):
+    exact = [k.exact_in_llguidance for k in refused]
+    if rollback:
+        if not any(exact) or not all(e or k.status == CHECKED for e, k in zip(exact, refused)):
+            return report
+    elif not refused or not all(exact):
         return report
     from grammar.llg_schema import llguidance_refusal  # only schemas that need it load llguidance
 
@@ -238,10 +271,13 @@ def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
     return FidelityReport(tuple(found))
 
 
-def spec_fidelity(kind: str, payload: Any, strict: bool = True) -> FidelityReport | None:
-    """The report for a grammar spec's kind and payload; None for kinds without a schema."""
+def spec_fidelity(kind: str, payload: Any, strict: bool = True, retries: int = 0) -> FidelityReport | None:
+    """The report for a grammar spec's kind and payload; None for kinds without a schema.
+    `retries` > 0: a JSON schema's `checked` keywords are kept by check-and-roll-back with that many
+    rewrites (routing then prefers llguidance for the rest, and the report says so)."""
     if kind == "json_schema":
-        return routed_schema_fidelity(payload, strict=strict)
+        report = routed_schema_fidelity(payload, strict=strict, rollback=retries > 0)
+        return with_rollback(report, retries) if retries and needs_rollback(report) else report
     if kind == "tool_calls" and isinstance(payload, dict):
         return tools_fidelity(payload.get("tools") or [])
     return None

@@ -31,6 +31,7 @@ import llguidance.hf
 from grammar.closing import ClosingVocab
 from grammar.draft_split import Encode
 from grammar.errors import GrammarSpecError
+from grammar.rollback_check import RollbackCheck, RollbackRules
 from grammar.strict import StrictMethods
 from grammar.token_mask import allow_only, row_address
 from grammar.value_check import ValueCheck, without_repeats
@@ -76,6 +77,7 @@ class LLGuidanceHandle:
     fidelity: Any = None  # grammar.fidelity.FidelityReport
     engine: str = "llguidance"
     value_check: Any = field(default=None, repr=False)  # grammar.value_check.ValueCheckVocab (JSON kinds)
+    rollback_rules: RollbackRules | None = field(default=None, repr=False)  # check-and-roll-back (None: none)
     navigator: Any = field(default=None, repr=False)  # grammar.value_rules.SchemaNavigator
     closing: ClosingVocab | None = field(default=None, repr=False)  # strict planning (None: none)
     encode: Encode | None = field(default=None, repr=False)  # the tokenizer's encoding (planning's forced text)
@@ -83,7 +85,8 @@ class LLGuidanceHandle:
 
     def new_matcher(self) -> "LLGuidanceMatcher":
         values = ValueCheck(self.value_check, self.navigator) if self.value_check is not None else None
-        return LLGuidanceMatcher(self.start, self.stop_ids, values, self.closing, self.encode)
+        rechecks = RollbackCheck(self.rollback_rules) if self.rollback_rules is not None else None
+        return LLGuidanceMatcher(self.start, self.stop_ids, values, self.closing, self.encode, rechecks)
 
     def without_value_check(self) -> "LLGuidanceHandle":
         """The same grammar with its matchers not followed by the value check (for comparisons)."""
@@ -145,11 +148,13 @@ class LLGuidancePlanMatcher:
 
 class LLGuidanceMatcher(StrictMethods):
     __slots__ = ("_matcher", "_write_mask", "_try_consume", "_stop_ids", "_terminated", "values", "_plan",
-                 "_closing")
+                 "_closing", "rechecks")
 
     def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int], values: ValueCheck | None = None,
-                 closing: ClosingVocab | None = None, encode: Encode | None = None) -> None:
+                 closing: ClosingVocab | None = None, encode: Encode | None = None,
+                 rechecks: RollbackCheck | None = None) -> None:
         self._matcher = start.deep_copy()
+        self.rechecks = rechecks  # check-and-roll-back of the whole output (None: nothing to check)
         # the two per-token calls, bound once (each lookup through the matcher costs ~0.1 us)
         self._write_mask = self._matcher.unsafe_compute_mask_ptr
         self._try_consume = self._matcher.try_consume_tokens
@@ -171,11 +176,14 @@ class LLGuidanceMatcher(StrictMethods):
         self._write_mask(*row_address(bitmask, row))
         if self.values is not None:
             self.values.ban(bitmask, row)
+        self._ban_rewrites(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
         ok = self._accept(token_id)
         if ok and self.values is not None:
             self.values.accept(int(token_id))
+        if ok and self.rechecks is not None:
+            self.rechecks.accept(int(token_id))
         return ok
 
     def _accept(self, token_id: int) -> bool:
@@ -197,6 +205,8 @@ class LLGuidanceMatcher(StrictMethods):
             return
         if self.values is not None:
             self.values.rollback(num_tokens)
+        if self.rechecks is not None:
+            self.rechecks.rollback(num_tokens)
         if self._terminated:  # the stop token is always the last one accepted
             self._terminated = False
             num_tokens -= 1

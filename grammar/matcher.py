@@ -30,6 +30,7 @@ import xgrammar as xgr
 
 from grammar.closing import ClosingVocab
 from grammar.draft_split import DraftSplitter, Encode, ForcedSpanWatch
+from grammar.rollback_check import RollbackCheck
 from grammar.strict import StrictMethods
 from grammar.token_mask import allow_only
 from grammar.value_check import ValueCheck, without_repeats
@@ -79,11 +80,12 @@ class XGrammarPlanMatcher:
 
 
 class XGrammarMatcher(StrictMethods):
-    __slots__ = ("_matcher", "_plan", "_encode", "_special_ids", "_closing", "_splitter", "_watch", "values")
+    __slots__ = ("_matcher", "_plan", "_encode", "_special_ids", "_closing", "_splitter", "_watch", "values",
+                 "rechecks")
 
     def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode, special_ids: frozenset[int],
                  closing: ClosingVocab | None = None, splitter: DraftSplitter | None = None,
-                 values: ValueCheck | None = None) -> None:
+                 values: ValueCheck | None = None, rechecks: RollbackCheck | None = None) -> None:
         # Rollback is unlimited in xgrammar >= 0.2 (max_rollback_tokens is deprecated), which
         # jump-forward verification relies on.
         self._matcher = xgr.GrammarMatcher(compiled)
@@ -94,6 +96,7 @@ class XGrammarMatcher(StrictMethods):
         self._splitter = splitter
         self._watch: ForcedSpanWatch | None = None  # the drafted span being written, if any
         self.values = values  # repeated names/items are masked out (None: not a JSON kind)
+        self.rechecks = rechecks  # check-and-roll-back of the whole output (None: nothing to check)
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout).
@@ -110,11 +113,14 @@ class XGrammarMatcher(StrictMethods):
     def _ban(self, bitmask, row: int) -> None:
         if self.values is not None and not self._matcher.is_terminated():
             self.values.ban(bitmask, row)
+        self._ban_rewrites(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
         ok = self._matcher.accept_token(int(token_id))
         if ok and self.values is not None:
             self.values.accept(int(token_id))
+        if ok and self.rechecks is not None:
+            self.rechecks.accept(int(token_id))
         if ok and self._watch is not None and not self._watch.accepted(int(token_id)):
             self._watch = None
         return ok
@@ -124,6 +130,8 @@ class XGrammarMatcher(StrictMethods):
             self._matcher.rollback(num_tokens)
             if self.values is not None:
                 self.values.rollback(num_tokens)
+            if self.rechecks is not None:
+                self.rechecks.rollback(num_tokens)
             self._watch = None
 
     def is_terminated(self) -> bool:

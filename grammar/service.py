@@ -47,7 +47,8 @@ from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.compile_process import CompileProcess
 from grammar.draft_split import DraftSplitter
 from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
-from grammar.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity
+from grammar.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity, uses_rollback
+from grammar.rollback_check import DEFAULT_VALUE_RETRIES, RollbackCheck, RollbackRules, RollbackVocab
 from grammar.llg_matcher import LLGuidanceHandle, LLGuidanceTokenizer, compile_llguidance
 from grammar.llg_schema import llguidance_grammar
 from grammar.matcher import XGrammarMatcher
@@ -79,11 +80,15 @@ class CompiledGrammarHandle:
     value_check: ValueCheckVocab | None = field(default=None, repr=False)
     navigator: SchemaNavigator | None = field(default=None, repr=False)
     value_check_begin: bytes | None = field(default=None, repr=False)  # tool calls: where each call's JSON starts
+    # check-and-roll-back of keywords no mask enforces (grammar/rollback_check.py); None: none
+    rollback_rules: RollbackRules | None = field(default=None, repr=False)
 
     def new_matcher(self) -> XGrammarMatcher:
         values = (ValueCheck(self.value_check, self.navigator, self.value_check_begin)
                   if self.value_check is not None else None)
-        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values)
+        rechecks = RollbackCheck(self.rollback_rules) if self.rollback_rules is not None else None
+        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values,
+                               rechecks)
 
     def without_value_check(self) -> "CompiledGrammarHandle":
         """The same grammar with its matchers not followed by the value check (for comparisons)."""
@@ -135,7 +140,9 @@ class GrammarService:
         stop_token_ids: list[int] | None = None,
         max_disk_bytes: int | None = None,
         compile_memory_bytes: int | None = 4 << 30,
+        value_retries: int = DEFAULT_VALUE_RETRIES,
     ) -> None:
+        self.value_retries = value_retries  # rewrites per output for check-and-roll-back (0: refuse instead)
         self.tokenizer_info = build_tokenizer_info(hf_tokenizer, vocab_size, stop_token_ids)
         self.stop_token_ids = list(self.tokenizer_info.stop_token_ids)
         self.compile_timeout_s = compile_timeout_s
@@ -154,6 +161,7 @@ class GrammarService:
         self.draft_splitter = DraftSplitter(self._encode, self.tokenizer_info.decoded_vocab)
         # Token texts for the value check (grammar/value_check.py), shared by every JSON grammar.
         self._value_vocab = ValueCheckVocab(self.tokenizer_info.decoded_vocab, self._special_ids)
+        self._rollback_vocab = RollbackVocab(self._value_vocab.texts)  # and for check-and-roll-back
         # Bounded in bytes too: one 20k-value enum compiles to ~60 MB of token masks.
         self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(
             max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes)
@@ -262,7 +270,7 @@ class GrammarService:
             engine = XGRAMMAR
             if spec.kind == "json_schema":
                 try:
-                    engine = spec_fidelity(spec.kind, spec.payload, spec.strict).engine
+                    engine = spec_fidelity(spec.kind, spec.payload, spec.strict, self.value_retries).engine
                 except Exception:  # not validated yet: xgrammar's path then refuses it with its message
                     engine = XGRAMMAR
             if len(self._engines) >= 4096:
@@ -343,7 +351,7 @@ class GrammarService:
         started = time.perf_counter()
         try:
             validate_spec(spec)
-            fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict)
+            fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict, self.value_retries)
             if fidelity is not None and fidelity.engine == LLGUIDANCE:
                 return self._compile_llguidance(key, spec, fidelity, started)
             if key in self._unserializable:
@@ -394,8 +402,9 @@ class GrammarService:
         grammar = llguidance_grammar(spec.payload, strict=spec.strict)
         start = compile_llguidance(self._llg_tokenizer.get(), grammar, "JSON schema", spec.param)
         self._count_compile(started)
+        rules = self._rollback_rules(spec, fidelity)
         handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity,
-                                  value_check=self._value_vocab,
+                                  value_check=self._value_vocab, rollback_rules=rules,
                                   navigator=navigator_for(spec.kind, spec.payload, spec.strict),
                                   closing=self._closing_vocab, encode=self._encode)
         self._memory.put(key, handle)
@@ -407,13 +416,21 @@ class GrammarService:
             self._stats.compile_seconds_total += elapsed
             self._stats.compile_seconds_max = max(self._stats.compile_seconds_max, elapsed)
 
+    def _rollback_rules(self, spec: GrammarSpec | None, fidelity: FidelityReport | None) -> RollbackRules | None:
+        """Check-and-roll-back for a JSON schema whose report counts on it (keywords only
+        validation detects, with `value_retries` > 0: grammar/fidelity.py's `spec_fidelity`)."""
+        if spec is None or not uses_rollback(fidelity):
+            return None
+        return RollbackRules(spec.payload, self._rollback_vocab, self.value_retries)
+
     def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar,
                 spec: GrammarSpec | None = None, fidelity: FidelityReport | None = None) -> CompiledGrammarHandle:
         if fidelity is None and spec is not None:
-            fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict)
+            fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict, self.value_retries)
+        rules = self._rollback_rules(spec, fidelity)
         json_kind = kind in VALUE_CHECK_KINDS
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
-                                     _splitter=self.draft_splitter, fidelity=fidelity,
+                                     _splitter=self.draft_splitter, fidelity=fidelity, rollback_rules=rules,
                                      value_check=self._value_vocab if json_kind else None,
                                      navigator=(navigator_for(kind, spec.payload, spec.strict)
                                                 if json_kind and spec else None),

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from grammar.rollback_check import DEFAULT_VALUE_RETRIES
 from runtime.settings_fields import check_settings, setting
 
 
@@ -35,6 +36,10 @@ class GrammarSettings:
     compile_memory_mb: int = setting(
         4096, "memory one grammar compile may use, in MB, beyond what its compile process holds idle "
         "(0: no limit); past it the schema is refused", flag="--grammar-compile-memory-mb", min=0)
+
+    value_retries: int = setting(
+        DEFAULT_VALUE_RETRIES, "rewrites per output when a JSON schema keyword that no mask enforces is checked on the finished "
+        "output (check-and-roll-back); 0: strict mode refuses such schemas", flag="--value-retries", min=0)
 
     def __post_init__(self) -> None:
         check_settings(self)

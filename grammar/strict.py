@@ -10,6 +10,7 @@ matcher that mixes `StrictMethods` in provides:
   except `completion_bound_after`, which accepts one token and rolls it back);
 - `_closing`: the `ClosingVocab` (None: no planning; the guard then never closes);
 - `values`: its `ValueCheck` or None;
+- `rechecks`: its `RollbackCheck` (grammar/rollback_check.py) or None, and `rollback`;
 - `fill_bitmask`, `is_terminated` and `is_completed` (as the TokenMatcher protocol has them).
 
 With a value check, a plan that would write a repeated name or item has that token replaced by
@@ -139,6 +140,7 @@ class StrictMethods:
             plan = self.completion_plan()
             if plan:
                 fill_plan_bitmask(bitmask, row, plan[0])
+        self._ban_rewrites(bitmask, row)
 
     def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
         """Loop breaking: only tokens that end the current value; False when none is allowed now."""
@@ -149,7 +151,30 @@ class StrictMethods:
         if self.values is not None and self.values.ban(bitmask, row) < 0:
             self.fill_bitmask(bitmask, row)  # every closer would repeat an item: the value goes on
             return False
+        self._ban_rewrites(bitmask, row)
         return True
+
+    def _ban_rewrites(self, bitmask, row: int) -> None:
+        if self.rechecks is not None and not self.is_terminated():
+            self.rechecks.ban(bitmask, row)
+
+    # -- check-and-roll-back (grammar/rollback_check.py): every constrained request -----------
+
+    @property
+    def withholds_output(self) -> bool:
+        """Whether the output must not be sent before it is whole (a check may roll some back)."""
+        return self.rechecks is not None
+
+    def output_verdict(self) -> int | None:
+        """For a whole output: None if it stands; n > 0 when a value broke a checked keyword and
+        this matcher rolled back its last n tokens to write it again; EXHAUSTED (< 0) when the
+        rewrites are spent."""
+        if self.rechecks is None:
+            return None
+        verdict = self.rechecks.verdict()
+        if verdict is not None and verdict > 0:
+            self.rollback(verdict)
+        return verdict
 
     def closes_value(self, token_id: int) -> bool:
         return self._closing is not None and self._closing.is_closer(token_id)

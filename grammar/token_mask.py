@@ -33,3 +33,16 @@ def row_address(bitmask: torch.Tensor, row: int) -> tuple[int, int]:
     if not 0 <= row < rows:
         raise IndexError(f"bitmask row {row} out of range for {rows} rows")
     return bitmask.data_ptr() + 4 * words * row, 4 * words
+
+
+def allowed_among(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The ids among `ids` whose bit is set in the mask row `words` (uint32)."""
+    return ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 != 0]
+
+
+def allowed_ids(words: np.ndarray) -> np.ndarray:
+    """Every id allowed by the mask row `words` (uint32); unpacks only the words that allow any."""
+    nonzero = np.flatnonzero(words)
+    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    rows, cols = np.nonzero(bits)
+    return nonzero[rows] * 32 + cols

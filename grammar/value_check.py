@@ -50,6 +50,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from grammar.token_mask import allowed_among, allowed_ids
 from grammar.value_rules import DependentNames, ItemRule, ObjectItems, SchemaNavigator, canonical
 
 log = logging.getLogger("jumpgate.grammar")
@@ -196,7 +197,7 @@ class ValueCheck:
             self.ban(bitmask, row)
         finally:
             self._restore(state)
-        allowed = _all_allowed(bitmask[row].numpy().view(np.uint32)).tolist()
+        allowed = allowed_ids(bitmask[row].numpy().view(np.uint32)).tolist()
         fillers = [t for t in self._vocab.filler_ids if t in allowed]
         texts = self._vocab.texts
         return fillers + sorted((t for t in allowed if t not in fillers and texts[t]), key=lambda t: len(texts[t]))
@@ -224,13 +225,13 @@ class ValueCheck:
         if banned is None:
             candidates = self._candidates()
             if candidates is None:
-                allowed = _all_allowed(words)
+                allowed = allowed_ids(words)
                 top = self._stack[-1] if self._stack else None
                 rule = top.rule if self._mode == SCALAR and type(top) is _Arr else None
                 if rule is not None and not rule.finite and not (rule.integer_only and self._buf == b"-"):
                     allowed = allowed[~self._vocab.scalar_only[allowed]]  # digits only grow the number
             else:
-                allowed = _allowed(words, candidates)
+                allowed = allowed_among(words, candidates)
             banned = [int(t) for t in allowed if self.violates(int(t))]
         if not banned:
             return 0
@@ -295,8 +296,8 @@ class ValueCheck:
                 return None  # spelled with escapes: simulate
             if raw.startswith(self._buf):
                 found += self._vocab.closing_by_text.get(raw[len(self._buf):], ())
-        found = _allowed(words, np.array(found, dtype=np.int64)).tolist() if found else []
-        complex_ids = _allowed(words, self._vocab.complex_quote_ids)
+        found = allowed_among(words, np.array(found, dtype=np.int64)).tolist() if found else []
+        complex_ids = allowed_among(words, self._vocab.complex_quote_ids)
         return found + [int(t) for t in complex_ids if self.violates(int(t))]
 
     # -- the scan ------------------------------------------------------------------------
@@ -513,19 +514,6 @@ def without_repeats(values: ValueCheck | None, draft: list[int]) -> list[int]:
     repeated name or item); all of it without a check."""
     cut = values.first_violation(draft) if values is not None and draft else None
     return draft if cut is None else draft[:cut]
-
-
-def _allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The ids among `ids` whose bit is set in the mask row `words` (uint32)."""
-    return ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 != 0]
-
-
-def _all_allowed(words: np.ndarray) -> np.ndarray:
-    """Every id allowed by the mask row `words` (uint32); unpacks only the words that allow any."""
-    nonzero = np.flatnonzero(words)
-    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
-    rows, cols = np.nonzero(bits)
-    return nonzero[rows] * 32 + cols
 
 
 @functools.lru_cache(maxsize=8192)

@@ -27,6 +27,10 @@ class EngineError(Exception):
         self.param = param
 
 
+# The error of a strict request whose output kept breaking a keyword only the check of the finished
+# value enforces (check-and-roll-back), every rewrite spent: "value_retries_exhausted: <why>".
+VALUE_RETRIES_EXHAUSTED = "value_retries_exhausted"
+
 @dataclass
 class GenerateRequest:
     prompt_ids: list[int]
@@ -34,6 +38,9 @@ class GenerateRequest:
     constraint: CompiledConstraint | None = None  # grammar; None = free text
     jump_forward: JumpForwardMode | None = None  # None = the engine's default
     strict: bool = False  # strict JSON: budget-aware closing / loop breaking may apply
+    # the output must fit its checked keywords: with the rewrites of check-and-roll-back spent, fail
+    # (VALUE_RETRIES_EXHAUSTED) rather than finish with a value that breaks them
+    refuse_unfit: bool = False
     namespace: str = ""  # cache namespace (tenant + cache_salt): no prefix is shared across namespaces
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -130,6 +137,9 @@ class EngineStats:
     jump_forward_rejected: int = 0  # draft tokens rolled back by verification
     retractions: int = 0
     closed_at_budget: int = 0  # strict requests whose value budget closing completed (they end `stop`)
+    value_rewrites: int = 0  # values rolled back and written again by check-and-roll-back
+    rewritten_tokens: int = 0  # tokens those rewrites dropped
+    value_rewrites_exhausted: int = 0  # outputs still failing the check with no rewrite left
     evicted_tokens: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     ttft_seconds_sum: float = 0.0

@@ -118,6 +118,22 @@ class CacheManager:
         """Free the slots of `r`'s positions [start, end) (rejected draft tokens)."""
         self.allocator.free(self.req_table.slots(r.row, end)[start:].clone())
 
+    def truncate(self, r: Req, length: int) -> None:
+        """Keep KV only for `r`'s positions [0, length) (a rewritten value): its own slots past
+        that are freed; a cached part reaching past it is re-locked at `length` (positions after
+        the match are computed again)."""
+        own_from = max(length, r.cached_len)
+        if r.kv_len > own_from:
+            self.free_positions(r, own_from, r.kv_len)
+        if length >= r.cached_len:
+            r.kv_len = min(r.kv_len, length)
+            return
+        m = self.prefix_cache.match_prefix(r.token_ids[:length], r.namespace)
+        self.prefix_cache.lock(m.node)
+        self.prefix_cache.unlock(r.node)
+        self.req_table.write(r.row, 0, m.slots)
+        r.node, r.cached_len, r.kv_len = m.node, m.length, m.length
+
     def release(self, r: Req) -> None:
         """Give the request's KV to the cache (or free it) and its row back."""
         if r.row is None:

@@ -121,6 +121,13 @@ class CompletionGuard:
     _at: int = 0  # output length at the last `before_choice`
     _vetted: tuple[int, int] | None = None  # (token, bound after it) of the last check `allows` made
 
+    def restart(self) -> None:
+        """Forget plans and closing after the output was rolled back (a value written again)."""
+        self.closing = self.close_value = self.tight = False
+        self.bound = self.plan = self._next = self._vetted = None
+        self.checked_at = -1
+        self.plan_at = self._at = 0
+
     def _replan(self, matcher: TokenMatcher, produced: int) -> None:
         self.plan = matcher.completion_plan()
         self.bound = None if self.plan is None else len(self.plan)

@@ -33,6 +33,17 @@ class TokenMatcher(Protocol):
         `learn=False`: the caller inserts them without the model (direct jump-forward), so the
         matcher must not take them for the model's own choices."""
 
+    @property
+    def withholds_output(self) -> bool:
+        """Whether nothing of the output may be sent before it is whole (its check may roll
+        some of it back: `output_verdict`)."""
+
+    def output_verdict(self) -> int | None:
+        """Once the output is whole (stop token accepted, or complete at the budget): None if it
+        stands; n > 0 if the matcher found a value breaking a keyword it checks and rolled back
+        its last n tokens (the runtime drops them and decodes on); < 0 if it still fails with
+        every rewrite spent."""
+
     # -- strict requests only (see runtime/completeness.py) ---------------------------------
     @property
     def supports_strict(self) -> bool:

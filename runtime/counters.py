@@ -21,6 +21,9 @@ class EngineCounters:
     jump_forward_rejected: int = 0
     retractions: int = 0
     closed_at_budget: int = 0
+    value_rewrites: int = 0
+    rewritten_tokens: int = 0
+    value_rewrites_exhausted: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     ttft_seconds_sum: float = 0.0
     engine_seconds: float = 0.0

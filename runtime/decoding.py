@@ -4,7 +4,8 @@ vetting, draft verification, jump-forward planning, finish conditions).
 Written against the one matcher protocol in runtime/constraint.py. Ownership: runs on the engine
 thread; it changes only the request's own state (its tokens, matcher, guard, `kv_len` and draft)
 and the counters. KV slots of rejected draft tokens are freed through the `free_positions`
-callback (the cache manager's), so no slot bookkeeping lives here.
+callback, and those of a rewritten value through `truncate_kv` (both the cache manager's), so no
+slot bookkeeping lives here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from runtime.api import TokenLogprob
+from runtime.api import VALUE_RETRIES_EXHAUSTED, TokenLogprob
 from runtime.completeness import TEXT_TAIL
 from runtime.counters import EngineCounters
 from runtime.logprobs import forced_logprob, masked_log_softmax, token_logprobs
@@ -27,12 +28,17 @@ JUMP_FORWARD_MODES = ("verify", "direct", "off")
 MAX_VETTED_CHOICES = 8
 
 Finish = tuple[str, "str | None"]  # (finish_reason, error)
+# Not a finish: the whole output broke a checked schema keyword and the matcher rolled back the
+# failing value (grammar/rollback_check.py); `Req.rewind_tokens` says how many tokens to drop.
+REWIND = "rewind"
 
 
 class Decoder:
     def __init__(self, eos_ids: set[int], max_jump_forward_tokens: int, counters: EngineCounters,
-                 free_positions: Callable[[Req, int, int], None]):
+                 free_positions: Callable[[Req, int, int], None],
+                 truncate_kv: Callable[[Req, int], None] | None = None):
         self.eos_ids = eos_ids
+        self.truncate_kv = truncate_kv
         self.max_jump_forward_tokens = max_jump_forward_tokens
         self.counters = counters
         self.free_positions = free_positions
@@ -148,6 +154,9 @@ class Decoder:
             start = kv_before + fed - rejected
             self.free_positions(r, start, start + rejected)
         r.pass_end = None
+        if finish is not None and finish[0] == REWIND:
+            self.rewind(r)
+            finish = None
         self.counters.jump_forward_tokens += accepted_draft
         self.counters.jump_forward_rejected += rejected
         r.jump_forward_tokens += accepted_draft
@@ -169,9 +178,9 @@ class Decoder:
         # A value budget closing completed ends `stop`: it is whole and valid, and OpenAI clients
         # (`parse()`) refuse any `length` answer. The final event says the budget shaped it.
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return "stop", None
+            return self.whole(r)
         if r.matcher is not None and r.matcher.is_terminated():
-            return "stop", None
+            return self.whole(r)
         r.pending_text += r.detok.add([tok])
         if record is not None:
             r.unsent_logprobs.append(record)
@@ -183,9 +192,44 @@ class Decoder:
             # strict closing may finish the value on the budget's last token, with no room left for
             # the stop token; a whole value is not a cut one
             if r.guard is not None and r.matcher.is_completed():
-                return "stop", None
+                return self.whole(r)
             return "length", None
         return None
+
+    def whole(self, r: Req) -> Finish:
+        """The output is complete: `stop`, unless the matcher's check of the whole value finds a
+        keyword broken (then REWIND: it rolled the failing value back, to be written again) or its
+        rewrites are spent (a request that refuses unfit output then fails rather than answer
+        invalid; another finishes, for validation after generation to flag)."""
+        if r.matcher is None:
+            return "stop", None
+        verdict = r.matcher.output_verdict()
+        if verdict is None:
+            return "stop", None
+        if verdict > 0:
+            r.rewind_tokens = verdict
+            return REWIND, None
+        self.counters.value_rewrites_exhausted += 1
+        if not r.spec.refuse_unfit:
+            return "stop", None
+        return "error", (f"{VALUE_RETRIES_EXHAUSTED}: the output kept breaking a schema keyword that only the check of "
+                         "the finished value enforces, with every rewrite spent")
+
+    def rewind(self, r: Req) -> None:
+        """Drop the last `r.rewind_tokens` output tokens (the matcher has rolled them back): their
+        KV, text and logprobs. Nothing of them was sent (such outputs are withheld until whole).
+        The last kept token is fed again, so the next pass gives the logits to rewrite from."""
+        n, r.rewind_tokens = r.rewind_tokens, 0
+        keep = len(r.output_ids) - n
+        del r.output_ids[keep:]
+        del r.token_ids[len(r.prompt_ids) + keep:]
+        r.draft = []
+        self.truncate_kv(r, len(r.token_ids) - 1)
+        r.restart_text()
+        if r.guard is not None:
+            r.guard.restart()
+        self.counters.value_rewrites += 1
+        self.counters.rewritten_tokens += n
 
     def plan_jump_forward(self, r: Req) -> Finish | None:
         """Queue the grammar's forced tokens: as a draft (verify) or as output (direct)."""
@@ -213,6 +257,9 @@ class Decoder:
             r.jump_forward_tokens += 1
             top_count = r.spec.sampling.logprobs
             finish = self.accept_token(r, tok, None if top_count is None else forced_logprob(tok, top_count))
+            if finish is not None and finish[0] == REWIND:
+                self.rewind(r)
+                return None
             if finish is not None:
                 return finish
         return None

@@ -102,7 +102,8 @@ class Engine:
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.decoder = Decoder(eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions)
+        self.decoder = Decoder(eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions,
+                               self.cache.truncate)
         self.info = EngineInfo(
             model_name=self.model_name, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             weights=self.runner.model.weights, weights_reason=self.runner.model.weights_reason,

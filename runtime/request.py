@@ -51,6 +51,7 @@ class Req:
     unsent_ids: list[int] = field(default_factory=list)
     pending_text: str = ""  # text of those tokens that is safe to emit
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)  # requests asking for logprobs
+    rewind_tokens: int = 0  # output tokens to drop: a value rolled back to be rewritten (decoding.py)
 
     def take_logprobs(self) -> list[TokenLogprob] | None:
         """The unsent logprob records (None when the request did not ask for them)."""
@@ -100,9 +101,17 @@ class Req:
     def owned_slots(self) -> int:
         return self.kv_len - self.cached_len
 
+    def restart_text(self) -> None:
+        """Text and logprobs again from the kept output (after a rewind; nothing was sent yet)."""
+        self.detok = IncrementalDetokenizer(self.detok.tok, self.detok.stop)
+        self.pending_text = self.detok.add(list(self.output_ids)) if self.output_ids else ""
+        self.unsent_ids = list(self.output_ids)
+        del self.unsent_logprobs[len(self.output_ids):]
+
     def progress_event(self) -> StreamEvent | None:
-        """The tokens and text accepted since the last event (None if there are none)."""
-        if self.finished or not self.unsent_ids:
+        """The tokens and text accepted since the last event (None if there are none, or while
+        the matcher withholds the output until it is whole: it may still roll some back)."""
+        if self.finished or not self.unsent_ids or (self.matcher is not None and self.matcher.withholds_output):
             return None
         ids, text = self.unsent_ids, self.pending_text
         self.unsent_ids, self.pending_text = [], ""

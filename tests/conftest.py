@@ -128,10 +128,13 @@ def write_json(path: Path, obj) -> Path:
 
 @pytest.fixture(scope="session")
 def gateway_grammar(tokenizer):
-    """One real GrammarService for the gateway tests (compiles are cached across tests)."""
+    """One real GrammarService for the gateway tests (compiles are cached across tests), with
+    check-and-roll-back off (`--value-retries 0`): the fake engine runs no matcher, so these tests
+    see strict mode refuse what the mask alone does not enforce; with the check on (the default)
+    see tests/test_rollback_e2e.py and `rollback_gateway_client`."""
     from grammar.service import GrammarService
 
-    service = GrammarService(tokenizer, len(tokenizer))
+    service = GrammarService(tokenizer, len(tokenizer), value_retries=0)
     yield service
     service.close()
 

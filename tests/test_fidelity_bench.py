@@ -14,7 +14,7 @@ from bench.fidelity_bench import AnswerLog, Row, answer_line, classify, detail, 
 from bench.fidelity_corpus import select
 from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
 from bench.fidelity_corpus import Entry
-from bench.fidelity_tally import answer_lines, answered, tally
+from bench.fidelity_tally import answer_lines, answered, refused, tally
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "mail": {"type": "string",
                                                                                        "format": "email"}},
@@ -155,7 +155,7 @@ def test_answer_lines_say_each_verdict_and_go_where_asked(tmp_path, capsys):
 
 def test_answer_logs_tally_once_per_schema_and_say_what_a_resumed_run_skips(tmp_path):
     """A whole-corpus run done in parts: the parts' logs total each schema once (its last answer),
-    and `--skip-answered` leaves out what a log holds."""
+    and `--skip-answered` leaves out what a log holds, `--only-refused` keeps only its refusals."""
     llg = Check(200, engine="llguidance", strict_accepted=True)
     first, second = tmp_path / "part1.jsonl", tmp_path / "part2.jsonl"
     lines = [answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 12', "length"), "abc1234"),  # cut, then answered again
@@ -182,6 +182,10 @@ def test_answer_logs_tally_once_per_schema_and_say_what_a_resumed_run_skips(tmp_
     corpus = [Entry("a", n, SCHEMA) for n in "vwxyz"] + [Entry("b", "z", SCHEMA)]
     args = parse_args(False, ["--skip-answered", str(first), str(second)])
     assert [(e.source, e.name) for e in pick(corpus, ["a", "b"], args)] == [("a", "v"), ("a", "w"), ("a", "z")]
+    # after a change that may take what was refused: ask those again, only
+    assert refused([first, second]) == {("b", "z")}
+    args = parse_args(False, ["--only-refused", str(first), str(second)])
+    assert [(e.source, e.name) for e in pick(corpus, ["a", "b"], args)] == [("b", "z")]
 
 
 # ------------------------------------------------------------------ against the gateway app

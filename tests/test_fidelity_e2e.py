@@ -3,10 +3,11 @@
 - a string with `pattern` and `maxLength` (xgrammar drops the length) is compiled by llguidance, so
   strict mode answers it, and every value the model writes respects both keywords even when asked
   for a long word;
-- a keyword nothing enforces (`uniqueItems` over pattern-bound strings, which a repeat could not
-  grow out of) is refused in strict mode with the keyword's pointer, while `uniqueItems` over free
-  strings is answered, unique (Jumpgate's value check), and so is a pydantic set of frozen models
-  (`uniqueItems` over objects of scalar properties);
+- a keyword no mask enforces (`uniqueItems` over pattern-bound strings, which a repeat could not
+  grow out of) is answered in strict mode by check-and-roll-back (tests/test_rollback_e2e.py), and
+  one nothing enforces (a `format` jsonschema cannot check) refused with the keyword's pointer, while
+  `uniqueItems` over free strings is answered, unique (Jumpgate's value check), and so is a pydantic
+  set of frozen models (`uniqueItems` over objects of scalar properties);
 - with best effort the model's real output comes back with a verdict that agrees with jsonschema's,
   on whole and streamed responses;
 - each keyword issue #16 names, answered in strict mode on a prompt that leads the model to break it
@@ -87,19 +88,33 @@ def test_schema_check_says_llguidance_enforces_the_length(http):
     assert [(k["status"], k["engine"]) for k in length] == [("enforced", "llguidance")]
 
 
-def test_strict_refuses_a_keyword_no_engine_masks(http):
+def test_strict_takes_a_keyword_no_engine_masks_by_check_and_rollback(http):
     schema = {"type": "object", "properties": {"words": {"type": "array", "items": WORD["properties"]["word"],
                                                          "uniqueItems": True}}, "required": ["words"]}
+    check = http.post("/v1/schemas/check", json={"schema": schema}).json()
+    assert check["strict_accepted"] is True
+    unique = [k for k in check["fidelity"]["keywords"] if k["pointer"] == "/properties/words/uniqueItems"]
+    assert [(k["status"], k["engine"]) for k in unique] == [("enforced", "check_and_rollback")]
     rf = {"type": "json_schema", "json_schema": {"name": "words", "schema": schema}}
+    resp = http.post("/v1/chat/completions", json=body(response_format=rf, max_tokens=64))
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["jumpgate"]["schema_valid"] is True
+    jsonschema.Draft202012Validator(schema).validate(json.loads(choice["message"]["content"]))
+
+
+def test_strict_refuses_a_keyword_nothing_enforces(http):
+    schema = {"type": "object", "properties": {"phone": {"type": "string", "format": "phone"}}, "required": ["phone"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "contact", "schema": schema}}
     resp = http.post("/v1/chat/completions", json=body(response_format=rf))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["code"] == "schema_not_enforceable"
     assert error["param"] == "response_format.json_schema.schema"
-    assert "'uniqueItems' at '/properties/words/uniqueItems'" in error["message"]
+    assert "'format' at '/properties/phone/format'" in error["message"]
     check = http.post("/v1/schemas/check", json={"schema": schema}).json()
     assert check["strict_accepted"] is False
-    assert "'uniqueItems' at '/properties/words/uniqueItems'" in check["strict_refusal"]
+    assert "'format' at '/properties/phone/format'" in check["strict_refusal"]
 
 
 def test_strict_answers_unique_items_the_value_check_enforces(http):

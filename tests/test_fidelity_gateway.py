@@ -394,3 +394,63 @@ def test_report_is_cached_with_the_compiled_grammar(gateway_client, gateway_gram
     handle = fake_engine.submitted[-1].constraint
     assert handle.fidelity is not None and handle.fidelity.guaranteed
     assert json.dumps(handle.fidelity.as_dict())  # plain JSON data
+
+
+# ------------------------------------------------------------------ strict with check-and-roll-back (the default)
+
+
+@pytest.fixture(scope="module")
+def rollback_grammar(tokenizer):
+    """The grammar service as `jumpgate serve` starts it: check-and-roll-back on."""
+    from grammar.service import GrammarService
+
+    service = GrammarService(tokenizer, len(tokenizer))
+    yield service
+    service.close()
+
+
+@pytest.fixture
+def rollback_client(fake_engine, rollback_grammar, tmp_path):
+    from litestar.testing import TestClient
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    with TestClient(create_app(fake_engine, rollback_grammar, Settings(registry_dir=str(tmp_path)))) as client:
+        yield client
+
+
+@pytest.mark.parametrize("name,schema,strict,valid,violating,expected", STRICT_CASES,
+                         ids=[c[0] for c in STRICT_CASES])
+def test_strict_takes_every_checkable_keyword_by_rollback(rollback_client, fake_engine, name, schema, strict,
+                                                          valid, violating, expected):
+    """What validation detects (`checked`) strict mode now takes: the finished output is checked and
+    a failing value rewritten (tests/test_rollback_e2e.py runs it); only `unenforced` stays refused."""
+    pointer, keyword, status = expected
+    fake_engine.reply = lambda req: valid
+    resp = chat(rollback_client, response_format=json_schema(schema, strict=True))
+    if status == "unenforced":
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == "schema_not_enforceable", resp.text
+        assert f"'{keyword}' at '{pointer}'" in resp.json()["error"]["message"]
+        return
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["jumpgate"]["schema_valid"] is True
+    check = rollback_client.post("/v1/schemas/check", json={"schema": schema}).json()
+    assert check["strict_accepted"] is True
+    entry = next(k for k in check["fidelity"]["keywords"] if (k["pointer"], k["keyword"]) == (pointer, keyword))
+    assert entry["status"] == "enforced" and entry["engine"] == "check_and_rollback"
+
+
+def test_strict_tools_still_refuse_what_only_a_check_detects(rollback_client):
+    """Tool-call arguments are not checked whole (several calls, one grammar): no rollback there."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": UNIQUE}}
+    error = chat(rollback_client, tools=[tool]).json()["error"]
+    assert error["code"] == "schema_not_enforceable"
+    assert "'uniqueItems' at '/0/function/parameters/properties/ids/uniqueItems'" in error["message"]
+
+
+def test_strict_still_refuses_a_keyword_no_check_detects(rollback_client):
+    schema = {"type": "object", "properties": {"phone": {"type": "string", "format": "phone"}}, "required": ["phone"]}
+    error = chat(rollback_client, response_format=json_schema(schema)).json()["error"]
+    assert error["code"] == "schema_not_enforceable"
+    assert "'format' at '/properties/phone/format'" in error["message"]

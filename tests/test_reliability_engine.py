@@ -57,6 +57,12 @@ class FlakyMatcher:
         self._tick("jump_forward_tokens")
         return []
 
+    withholds_output = False
+
+    def output_verdict(self) -> int | None:
+        self._tick("output_verdict")
+        return None
+
 
 class FlakyConstraint:
     """A CompiledConstraint whose matchers raise (or whose new_matcher itself raises)."""

@@ -260,6 +260,11 @@ class _ThreeTokens:
     def jump_forward_tokens(self, learn: bool = True) -> list[int]:
         return []
 
+    withholds_output = False
+
+    def output_verdict(self) -> int | None:
+        return None
+
 
 def test_engine_greedy_tokens_equal_torch_backend(kernels, tiny_model_dir):
     """Chunked prefill (extends after cached prefixes), a shared prefix hit, then batched decode

@@ -1,0 +1,140 @@
+"""grammar/rollback_check.py alone: where a failing value is found, how far the output rolls back,
+which tokens the rewrite may not take, and the retry budget (a toy vocabulary; the real model's
+runs are in tests/test_rollback_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from grammar.rollback_check import EXHAUSTED, RollbackCheck, RollbackRules, RollbackVocab, value_spans
+
+TEXTS = [b"{", b'"', b"a", b'":', b"1", b"}", b"2", b"1}", b"12", b'"a', b"", b",", b" ", b'"x', b'x"', b'"y"}',
+         b"3", b"-"]
+ID = {t: i for i, t in enumerate(TEXTS)}
+STOP = ID[b""]
+AT_LEAST_2 = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 2}}}
+
+
+def check(schema=AT_LEAST_2, retries=2) -> RollbackCheck:
+    return RollbackCheck(RollbackRules(schema, RollbackVocab(TEXTS), retries))
+
+
+def write(c: RollbackCheck, *texts: bytes) -> None:
+    for t in texts:
+        c.accept(ID[t])
+
+
+def allowed_after_ban(c: RollbackCheck, allowed: list[bytes]) -> set[bytes]:
+    mask = torch.zeros((1, 1), dtype=torch.int32)
+    words = mask[0].numpy().view(np.uint32)
+    for t in allowed:
+        words[0] |= np.uint32(1 << ID[t])
+    c.ban(mask, 0)
+    return {TEXTS[i] for i in range(len(TEXTS)) if int(words[0]) >> i & 1}
+
+
+def test_value_spans_name_every_value_by_its_instance_path():
+    text = b'{"a": [1, {"b":"x\\"y"}], "c":true, "d": -2.5e3}'
+    spans = value_spans(text)
+    parsed = json.loads(text)
+    assert text[slice(*spans[()])] == text
+    assert json.loads(text[slice(*spans[("a", 1, "b")])]) == parsed["a"][1]["b"]
+    assert json.loads(text[slice(*spans[("a", 0)])]) == 1
+    assert json.loads(text[slice(*spans[("c",)])]) is True
+    assert json.loads(text[slice(*spans[("d",)])]) == -2500.0
+
+
+def test_a_fitting_output_stands():
+    c = check()
+    write(c, b"{", b'"a', b'":', b"2", b"}", b"")
+    assert c.verdict() is None and not c.failed
+
+
+def test_a_failing_value_rolls_back_to_its_first_token_and_is_remembered():
+    c = check()
+    write(c, b"{", b'"a', b'":', b"1", b"}", b"")
+    assert c.verdict() == 3  # `1`, `}` and the stop token
+    assert c.failed == [(5, b'{"a":1')]
+    c.rollback(3)
+    assert c.text == b'{"a":'
+
+
+def test_the_rewrite_may_not_write_the_failed_value_again():
+    c = check()
+    write(c, b"{", b'"a', b'":', b"1", b"}", b"")
+    c.rollback(c.verdict())
+    # `1` could still grow into another number (12), so only what would end it right there is banned
+    assert allowed_after_ban(c, [b"1", b"2", b"1}", b"12"]) == {b"1", b"2", b"12"}
+    c.accept(ID[b"1"])
+    assert allowed_after_ban(c, [b"}", b"2", b",", b" "]) == {b"2"}
+
+
+def test_a_forced_path_is_not_banned_and_the_rewrite_parts_later():
+    c = check({"type": "object", "properties": {"a": {"type": "string", "pattern": "^y"}}})
+    write(c, b"{", b'"a', b'":', b'"x', b'x"', b"}", b"")
+    c.rollback(c.verdict())  # back to the string's start
+    assert c.text == b'{"a":'
+    assert allowed_after_ban(c, [b'"x']) == {b'"x'}  # the only way on: kept
+    assert allowed_after_ban(c, [b'"x', b'"y"}']) == {b'"y"}'}
+
+
+def test_text_before_the_failed_value_is_not_banned():
+    c = check()
+    write(c, b"{", b'"a', b'":', b"1", b"}", b"")
+    c.rollback(5)  # an outer rollback, back to `{`
+    assert allowed_after_ban(c, [b'"a', b'"x']) == {b'"a', b'"x'}
+
+
+def test_the_retry_budget_is_spent_then_the_verdict_says_so():
+    c = check(retries=1)
+    write(c, b"{", b'"a', b'":', b"1", b"}", b"")
+    c.rollback(c.verdict())
+    write(c, b"3", b"-")  # not JSON: the grammar's business, not the check's
+    assert c.verdict() is None
+    c.rollback(2)
+    write(c, b"1}", b"")
+    assert c.verdict() == EXHAUSTED
+    assert c.text == b'{"a":1}'  # nothing rolled back
+
+
+BYTES = RollbackVocab([bytes([b]) for b in range(256)] + [b""])
+
+
+def written(schema, text: bytes, retries=3) -> RollbackCheck:
+    c = RollbackCheck(RollbackRules(schema, BYTES, retries))
+    for b in text:
+        c.accept(b)
+    c.accept(256)
+    return c
+
+
+@pytest.mark.parametrize("schema,text,path", [
+    # a repeat is rewritten from the first item equal to an earlier one, not the whole array
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, b'["a","b","a","b"]', (2,)),
+    ({"type": "object", "properties": {"p": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
+     b'{"p":3}', ("p",)),
+    ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}, b'{"d":"2024-13-45"}', ("d",)),
+])
+def test_the_rollback_starts_at_the_value_the_error_names(schema, text, path):
+    c = written(schema, text)
+    start = value_spans(text)[path][0]
+    assert c.verdict() == len(text) - start + 1
+
+
+def test_a_failing_container_is_reopened_at_its_bracket_then_rewritten_whole():
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}, "license": {"type": "string"}},
+              "if": {"properties": {"age": {"minimum": 18}}}, "then": {"required": ["license"]}}
+    text = b'{"age":30}'
+    c = written(schema, text)
+    assert c.verdict() == 2  # the `}` and the stop token: the object goes on
+    assert c.failed == [(len(text) - 1, text)]
+    c.rollback(2)
+    for b in b"}":
+        c.accept(b)
+    c.accept(256)
+    assert c.verdict() == len(text) + 1  # the same object again: from its `{`
+    assert c.failed[-1] == (0, text)
