@@ -93,6 +93,8 @@ def test_strict_takes_a_keyword_no_engine_masks_by_check_and_rollback(http):
                                                          "uniqueItems": True}}, "required": ["words"]}
     check = http.post("/v1/schemas/check", json={"schema": schema}).json()
     assert check["strict_accepted"] is True
+    # llguidance masks the words' pattern and maxLength; only uniqueItems is left to the rewrites
+    assert check["fidelity"]["engine"] == "llguidance"
     unique = [k for k in check["fidelity"]["keywords"] if k["pointer"] == "/properties/words/uniqueItems"]
     assert [(k["status"], k["engine"]) for k in unique] == [("enforced", "check_and_rollback")]
     rf = {"type": "json_schema", "json_schema": {"name": "words", "schema": schema}}
