@@ -8,7 +8,9 @@ for its verdict: the text is validated with jsonschema (formats checked). On a v
 
 1. the failing value is found: the value at the error's instance path (of several errors, the one
    that starts last in the text, so the least is rewritten; for `uniqueItems`, the first item
-   equal to an earlier one);
+   equal to an earlier one). An object name written twice counts as a failing value too (the
+   value check masks most repeats; this catches the rest where the output is checked anyway):
+   it is rewritten from its opening quote, with the same name banned there;
 2. the matcher rolls back to the token where the rewrite begins (the runtime drops those tokens
    and their KV slots), and the text up to the value's end is remembered as a failed path. An
    object or array that fails for the first time is reopened at its closing bracket: what breaks
@@ -142,14 +144,16 @@ class RollbackCheck:
             value = json.loads(data)
         except (ValueError, RecursionError):
             return None  # not JSON: the grammar's business, and validation after generation reports it
+        spans, repeats = scan_json(data)
         errors = list(self._rules.validator.iter_errors(value))
-        if not errors:
+        if not errors and not repeats:
             return None
         if self.retries >= self._rules.max_retries:
             return EXHAUSTED
-        spans = value_spans(data)
-        start, end, path = max((_span(spans, _failing_path(e)) for e in errors), key=lambda s: s[:2])
-        if data[end - 1] in b"}]" and path not in self._reopened:
+        # a repeated name is rewritten from its opening quote, the same name banned there
+        candidates = [_span(spans, _failing_path(e)) for e in errors] + [(s, e, None) for s, e in repeats]
+        start, end, path = max(candidates, key=lambda s: s[:2])
+        if path is not None and data[end - 1] in b"}]" and path not in self._reopened:
             self._reopened.add(path)
             start = end - 1
         self.retries += 1
@@ -244,7 +248,14 @@ def _span(spans: dict[tuple, tuple[int, int]], path: tuple) -> tuple[int, int, t
 def value_spans(data: bytes) -> dict[tuple, tuple[int, int]]:
     """(start, end) byte offsets of every value in the JSON text `data`, by instance path
     (names decoded, array indexes as ints). `data` must be valid JSON."""
+    return scan_json(data)[0]
+
+
+def scan_json(data: bytes) -> tuple[dict[tuple, tuple[int, int]], list[tuple[int, int]]]:
+    """`value_spans`, and the (start, end) of each object name that repeats an earlier name of its
+    object (json.loads would keep only the last value, and jsonschema never sees the repeat)."""
     spans: dict[tuple, tuple[int, int]] = {}
+    repeats: list[tuple[int, int]] = []
     n = len(data)
 
     def skip(i: int) -> int:
@@ -263,11 +274,15 @@ def value_spans(data: bytes) -> dict[tuple, tuple[int, int]]:
         start, c = i, data[i]
         if c in b"{[":
             close, index = (0x7D, 0) if c == 0x7B else (0x5D, 0)
+            names: set[str] = set()
             i = skip(i + 1)
             while data[i] != close:
                 if c == 0x7B:
                     name_end = string_end(i)
                     key: Any = json.loads(data[i:name_end])
+                    if key in names:
+                        repeats.append((i, name_end))
+                    names.add(key)
                     i = skip(name_end) + 1  # past the colon
                 else:
                     key = index
@@ -288,4 +303,4 @@ def value_spans(data: bytes) -> dict[tuple, tuple[int, int]]:
         value(0, ())
     except RecursionError:
         spans = {(): (skip(0), n)}
-    return spans
+    return spans, repeats

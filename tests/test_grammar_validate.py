@@ -62,6 +62,21 @@ def test_unsatisfiable_bounds_point_at_the_lower_bound():
     assert refusal({"enum": []}).pointer == "/enum"
 
 
+def test_a_value_every_instance_holds_and_no_value_fits_is_refused():
+    # BFCL's shape: an array whose enum lists strings, as a required property
+    bfcl = {"type": "object", "required": ["intents"], "properties": {
+        "intents": {"type": "array", "items": {"type": "string"}, "enum": ["Weather", "News"]}}}
+    e = refusal(bfcl)
+    assert e.pointer == "/properties/intents/enum" and "no instance can match" in e.message
+    # Kubernetes' IntOrString as its own document: an object that must be a string or an integer
+    assert refusal({"oneOf": [{"type": "string"}, {"type": "integer"}], "type": "object"}).pointer == "/oneOf"
+    assert refusal({"type": "boolean", "anyOf": [{"type": "string"}, {"type": "array"}]}).pointer == "/anyOf"
+    # where the value may be absent, or a branch may share the type, the schema is fine
+    validate_json_schema({**bfcl, "required": []})
+    validate_json_schema({"type": "number", "oneOf": [{"type": "integer"}, {"type": "string"}]})
+    validate_json_schema({"type": "object", "oneOf": [{"type": "string"}, {"required": ["a"]}]})
+
+
 def test_required_property_that_cannot_appear():
     e = refusal({"type": "object", "properties": {"a": {}}, "required": ["a", "b"], "additionalProperties": False})
     assert e.pointer == "/required/1"

@@ -138,3 +138,21 @@ def test_a_failing_container_is_reopened_at_its_bracket_then_rewritten_whole():
     c.accept(256)
     assert c.verdict() == len(text) + 1  # the same object again: from its `{`
     assert c.failed[-1] == (0, text)
+
+
+def test_a_repeated_name_is_rewritten_from_its_quote_with_that_name_banned():
+    schema = {"type": "object", "additionalProperties": {"type": "integer"}}
+    text = b'{"a":1,"b":2,"a":3}'
+    c = written(schema, text)
+    start = text.rindex(b'"a"')
+    assert c.verdict() == len(text) - start + 1
+    assert c.failed == [(start, text[:start + 3])]
+    c.rollback(len(text) - start + 1)
+    mask = torch.zeros((1, 9), dtype=torch.int32)
+    words = mask[0].numpy().view(np.uint32)
+    c.accept(ord('"'))  # a name starts again ...
+    for t in (ord("a"), ord("c")):
+        words[t >> 5] |= np.uint32(1 << (t & 31))
+    c.ban(mask, 0)
+    assert not int(words[ord("a") >> 5]) >> (ord("a") & 31) & 1  # ... but not spell "a" again
+    assert int(words[ord("c") >> 5]) >> (ord("c") & 31) & 1
