@@ -27,6 +27,7 @@ from grammar import parse_tool_calls as parse_with_format
 from grammar.canonical import canonical_json, canonical_tool
 from grammar.limits import check_json_limits
 from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
+from grammar.rollback_check import schema_validator
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 
 FORMAT = HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
@@ -35,6 +36,7 @@ __all__ = [
     "FidelityReport",
     "KeywordFidelity",
     "schema_fidelity",
+    "schema_validator",
     "tools_fidelity",
     "GrammarSpecError",
     "GrammarServiceBusy",

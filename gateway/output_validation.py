@@ -23,10 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from gateway.errors import APIError, bad_request
-from gateway.grammar_adapter import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
+from gateway.grammar_adapter import FidelityReport, KeywordFidelity, schema_fidelity, schema_validator, tools_fidelity
 from gateway.protocol import ChoiceValidity, SchemaViolation
 
 log = logging.getLogger("jumpgate.gateway.validation")
@@ -207,8 +205,7 @@ def _validator(schema: Any) -> Any:
         if found is not None:
             _validators.move_to_end(key)
             return found
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    validator = schema_validator(schema)
     with _validators_lock:
         _validators[key] = validator
         while len(_validators) > _VALIDATORS_MAX:

@@ -51,33 +51,31 @@ _INDEXED_PREFIX = 4  # tokens are indexed by their first bytes up to this length
 
 
 def schema_validator(schema: Any) -> Any:
-    """A jsonschema validator for `schema` (dialect from `$schema`, formats checked), as the
-    gateway's validation after generation builds it."""
+    """A jsonschema validator for `schema` (dialect from `$schema`, formats checked): what the
+    finished output is checked with here and validated with after generation (gateway)."""
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
 class RollbackVocab:
-    """Token texts indexed by their leading bytes, built on first use (one per vocabulary)."""
+    """Token texts indexed by their whole text and by their leading bytes, built on first use (one
+    per vocabulary: the server builds none until a rewrite needs them)."""
 
     def __init__(self, texts: list[bytes]) -> None:
         self.texts = texts
         self.longest = max(map(len, texts), default=0)
-        self._by_text: dict[bytes, list[int]] = {}
-        for i, text in enumerate(texts):
-            if text:
-                self._by_text.setdefault(text, []).append(i)
+        self._by_text: dict[bytes, list[int]] | None = None
         self._by_prefix: dict[bytes, np.ndarray] | None = None
         self._lock = threading.Lock()
 
     def exactly(self, text: bytes) -> list[int]:
         """Ids of the tokens whose text is `text`."""
+        self._index()
         return self._by_text.get(text, [])
 
     def starting_with(self, prefix: bytes) -> np.ndarray:
         """Ids of the tokens whose text starts with `prefix` (non-empty)."""
-        index = self._index()
-        found = index.get(prefix[:_INDEXED_PREFIX])
+        found = self._index().get(prefix[:_INDEXED_PREFIX])
         if found is None:
             return np.zeros(0, dtype=np.int64)
         if len(prefix) <= _INDEXED_PREFIX:
@@ -88,9 +86,13 @@ class RollbackVocab:
         with self._lock:
             if self._by_prefix is None:
                 lists: dict[bytes, list[int]] = {}
+                whole: dict[bytes, list[int]] = {}
                 for i, text in enumerate(self.texts):
+                    if text:
+                        whole.setdefault(text, []).append(i)
                     for k in range(1, min(len(text), _INDEXED_PREFIX) + 1):
                         lists.setdefault(text[:k], []).append(i)
+                self._by_text = whole
                 self._by_prefix = {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
             return self._by_prefix
 

@@ -35,8 +35,7 @@ REWIND = "rewind"
 
 class Decoder:
     def __init__(self, eos_ids: set[int], max_jump_forward_tokens: int, counters: EngineCounters,
-                 free_positions: Callable[[Req, int, int], None],
-                 truncate_kv: Callable[[Req, int], None] | None = None):
+                 free_positions: Callable[[Req, int, int], None], truncate_kv: Callable[[Req, int], None]):
         self.eos_ids = eos_ids
         self.truncate_kv = truncate_kv
         self.max_jump_forward_tokens = max_jump_forward_tokens
