@@ -19,6 +19,7 @@ from jsonschema.exceptions import best_match
 from grammar.errors import GrammarSpecError, join_pointer
 from grammar.limits import check_json_limits
 from grammar.listed_values import fitting_values
+from grammar.one_of import admitted_classes
 from grammar.regex_check import validate_regex
 from grammar.schema_walk import iter_subschemas
 
@@ -177,8 +178,9 @@ def _check_mandatory_values(schema: dict) -> None:
     """Refuse a schema no instance satisfies, where that shows at a value every instance holds
     (the root, and required properties of such objects, declared in `properties`): listed values
     none of which fits the node's other keywords (BFCL writes `type: array` beside an enum of
-    strings), or a `type` that no `oneOf`/`anyOf` branch's `type` shares. Check-and-roll-back
-    could only spend its rewrites on these and fail; a 400 says why at once."""
+    strings), or keywords that leave no JSON type (a `type` that no `oneOf`/`anyOf` branch's `type`
+    shares: grammar/one_of.py's `admitted_classes`). Check-and-roll-back could only spend its
+    rewrites on these and fail; a 400 says why at once."""
     stack: list[tuple[Any, str]] = [(schema, "")]
     while stack:
         node, pointer = stack.pop()
@@ -189,24 +191,14 @@ def _check_mandatory_values(schema: dict) -> None:
             raise GrammarSpecError(f"no value listed in {keyword} fits this value's other keywords, and every "
                                    "instance must hold this value: no instance can match the schema",
                                    join_pointer(pointer, keyword))
-        own = _types(node.get("type"))
-        for combinator in ("oneOf", "anyOf"):
-            branches = node.get(combinator)
-            if own and isinstance(branches, list) and branches and all(
-                    isinstance(b, dict) and _types(b.get("type")) and not _types(b.get("type")) & own for b in branches):
-                raise GrammarSpecError(f"its type ({', '.join(sorted(own))}) is the type of no {combinator} branch, so no "
-                                       "instance can match the schema", join_pointer(pointer, combinator))
+        if admitted_classes(node, schema) == set():
+            keyword = next((k for k in ("oneOf", "anyOf", "allOf", "enum", "const") if k in node), "type")
+            raise GrammarSpecError(f"`type` and `{keyword}` here leave no JSON type a value could have, so no "
+                                   "instance can match the schema", join_pointer(pointer, keyword))
         properties, required = node.get("properties"), node.get("required")
         if isinstance(properties, dict) and isinstance(required, list):
             stack += [(properties[name], join_pointer(pointer, "properties", name))
                       for name in required if isinstance(name, str) and name in properties]
-
-
-def _types(declared: Any) -> set[str]:
-    """The JSON types `declared` allows, an integer counted as a number too."""
-    types = {declared} if isinstance(declared, str) else {t for t in declared if isinstance(t, str)} \
-        if isinstance(declared, list) else set()
-    return types | {"number"} if "integer" in types else types | {"integer"} if "number" in types else types
 
 
 def _short(message: str) -> str:

@@ -136,7 +136,7 @@ def _lower_one_of(out: dict, root: Any = None) -> Any:
 # -- by type -----------------------------------------------------------------------------------
 
 
-def _classes(branch: Any, root: Any = None, depth: int = 8) -> set[str] | None:
+def admitted_classes(branch: Any, root: Any = None, depth: int = 8) -> set[str] | None:
     """The classes of values `branch` admits (None: a `type` it cannot read, or too deep)."""
     if branch is True:
         return set(CLASSES)
@@ -156,7 +156,7 @@ def _classes(branch: Any, root: Any = None, depth: int = 8) -> set[str] | None:
     for key in ("anyOf", "oneOf", "allOf"):
         subs = branch.get(key)
         if isinstance(subs, list) and subs:
-            each = [_classes(_view(b, root), root, depth - 1) for b in subs]
+            each = [admitted_classes(_view(b, root), root, depth - 1) for b in subs]
             if any(c is None for c in each):
                 return None
             found &= set().union(*each) if key != "allOf" else set.intersection(*each)
@@ -197,7 +197,7 @@ def _constrained(branch: dict, admitted: set[str]) -> set[str]:
 
 def _split_by_type(branches: list[dict], views: list[dict] | None = None, root: Any = None) -> list[Any] | None:
     views = branches if views is None else views
-    classes = [_classes(v, root) for v in views]
+    classes = [admitted_classes(v, root) for v in views]
     if any(c is None for c in classes):
         return None
     constrained = [_constrained(v, c) for v, c in zip(views, classes)]
