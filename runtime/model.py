@@ -26,7 +26,7 @@ from runtime.attention import AttentionBackend
 from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-from runtime.linear import DenseLinear, Int8Linear, make_int8_group_linear, make_q4_linear
+from runtime.linear import DenseLinear, make_int8_group_linear, make_q4_linear, make_q8_linear
 from runtime.quant_codes import Int4Codes, Int8Codes
 from runtime.model_config import ModelConfig, ModelLoadError
 from runtime.rope import RotaryEmbedding
@@ -52,7 +52,7 @@ def make_linear(fmt: str, parts: list[torch.Tensor], bias: torch.Tensor | None, 
                               bias)
     w = parts[0] if len(parts) == 1 else torch.cat(parts)
     if fmt == "q8":
-        return Int8Linear(w, bias)
+        return make_q8_linear(w, bias)
     return DenseLinear(w, bias, FORMAT_DTYPES.get(fmt, dtype))
 
 

@@ -62,6 +62,15 @@ class Int8Codes:
     scales: torch.Tensor
     group: int = INT4_GROUP
 
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, group: int = INT4_GROUP) -> "Int8Codes":
+        """Symmetric int8 per group of `group` inputs (Q8_0's rule: scale = max |w| / 127)."""
+        n, k = weight.shape
+        w = weight.float().reshape(n, k // group, group)
+        scale = (w.abs().amax(-1) / 127).clamp(min=1e-12)
+        codes = torch.round(w / scale[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
+        return cls(codes, scale, group)
+
     def dequantize(self) -> torch.Tensor:
         n, k = self.codes.shape
         return (self.codes.float().reshape(n, k // self.group, self.group) * self.scales[..., None]).reshape(n, k)

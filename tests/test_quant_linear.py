@@ -56,6 +56,13 @@ def test_equals_the_dequantized_weights_within_the_output_rounding(bf16_kernels,
     assert ((got.double() - exact).abs() <= bound).all()
 
 
+def test_amx_tiles_run_where_the_cpu_has_them(bf16_kernels):
+    from runtime.weight_format import cpu_flags
+
+    # amx_bf16 in the flags and a kernel that grants tiles (Linux 5.16+): the int4 kernel uses them
+    assert bf16_kernels.int4_linear_amx() == ("amx_bf16" in cpu_flags() and "amx_tile" in cpu_flags())
+
+
 def test_no_less_exact_than_aten(bf16_kernels):
     """Scale and zero stay fp32 (aten's kernel rounds them to bf16), so the error is smaller."""
     w, x = codes(576, 1536), activations(16, 1536)
@@ -68,7 +75,9 @@ def test_no_less_exact_than_aten(bf16_kernels):
 
 
 def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(bf16_kernels):
-    """Batch sizes on both sides of the expansion threshold (6 rows) and of the register block."""
+    """Batch sizes on both sides of the expansion threshold (6 rows) and of the register block; with
+    AMX, of the split vector path (<= 2 rows) and the tiles (one tile of 16 rows expanding codes per
+    group, then several tiles over an expanded buffer, the last one padded)."""
     w = codes(960, 576)
     lin = Int4Linear(w, None)
     x = activations(40, 576)
@@ -77,7 +86,7 @@ def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            for m in (2, 6, 7, 13, 40):
+            for m in (2, 3, 6, 7, 13, 16, 17, 33, 40):
                 assert torch.equal(lin.native(x[:m]), alone[:m]), (threads, m)
     finally:
         torch.set_num_threads(before)

@@ -18,6 +18,15 @@
 // order inside a group, groups in order, the scale term then the offset term), by one thread per
 // column tile; it does not depend on the row count, the other rows, the expansion path or the
 // thread split.
+//
+// AMX (where the CPU has it and the kernel grants its tiles: amx_usable): int4_linear's runs of
+// more than SPLIT_ROWS rows multiply a group at once as tiles (16 rows x 32 inputs by 32 inputs x 16
+// columns, _tile_dpbf16ps: a 512-row prefill chunk ~10x faster than the vector path). The tile
+// instruction sums a group's even inputs and its odd inputs separately, each in input order with
+// fp32 rounding, and adds the two (checked bit for bit against that rule on this instruction), so
+// on such CPUs the vector path for short runs computes each group the same way, in two
+// accumulators (tile_rows<..., SPLIT = true>): any row count, path or thread split still gives a
+// row the same bits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -29,14 +38,31 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
+
+// Whether this process may use AMX tiles: built with them and granted by the kernel (Linux asks a
+// process to request the tile state once, arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
+bool amx_usable() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
 
 constexpr int64_t GROUP = 32;         // inputs per (scale, offset)
 constexpr int64_t QUADS = GROUP / 4;  // a 32-byte load holds 4 inputs of 16 columns
 constexpr int64_t COLS = 16;          // output columns a vector holds
 constexpr int ROWS = 6;               // rows a tile step keeps in registers
 constexpr int64_t EXPAND_ROWS = 6;    // up to this many rows, codes are expanded at each use
+constexpr int SPLIT_ROWS = 2;         // rows a split tile step keeps in registers (two sums each)
+constexpr int64_t AMX_ROWS = 16;      // rows of an AMX tile; more than SPLIT_ROWS rows take the tiles
 constexpr int WORDS = 2 * COLS;       // bf16 words of one vdpbf16ps operand
 constexpr int64_t PREFETCH = 1024;    // bytes ahead in a stream of codes
 
@@ -104,27 +130,46 @@ struct Packed8 {
 // rows' per-group input sums (stride groups; unused without offsets); scale_offset:
 // [C][groups][S][16] (the tile's column vectors' scales, then offsets where S = 2); out: bf16
 // rows (stride ldy).
-template <int R, int C, int S, typename Weights>
+// SPLIT: a group's even and odd inputs summed apart and then added, as an AMX tile does (the other
+// input of the pair is a zero word, and a code times zero adds +0, which changes no sum).
+template <int R, int C, int S, bool SPLIT, typename Weights>
 void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* sums, int64_t groups,
                const float* scale_offset, uint16_t* out, int64_t ldy) {
   __m512 y[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[r][c] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 acc[R][C];
+    __m512 acc[R][C], odd[SPLIT ? R : 1][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    if constexpr (SPLIT)
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) odd[r][c] = _mm512_setzero_ps();
     for (int64_t j = g * QUADS; j < (g + 1) * QUADS; ++j) {
       __m512i first[C], second[C];
       for (int c = 0; c < C; ++c) w.get(j, c, first[c], second[c]);
       for (int r = 0; r < R; ++r) {
         int32_t pair[2];
         std::memcpy(pair, x + r * ldx + 4 * j, sizeof pair);
-        const __m512bh x0 = (__m512bh)_mm512_set1_epi32(pair[0]), x1 = (__m512bh)_mm512_set1_epi32(pair[1]);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1);
+        if constexpr (SPLIT) {
+          const __m512bh x0e = (__m512bh)_mm512_set1_epi32(pair[0] & 0xFFFF);
+          const __m512bh x0o = (__m512bh)_mm512_set1_epi32(pair[0] & static_cast<int32_t>(0xFFFF0000u));
+          const __m512bh x1e = (__m512bh)_mm512_set1_epi32(pair[1] & 0xFFFF);
+          const __m512bh x1o = (__m512bh)_mm512_set1_epi32(pair[1] & static_cast<int32_t>(0xFFFF0000u));
+          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0e);
+          for (int c = 0; c < C; ++c) odd[r][c] = _mm512_dpbf16_ps(odd[r][c], (__m512bh)first[c], x0o);
+          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1e);
+          for (int c = 0; c < C; ++c) odd[r][c] = _mm512_dpbf16_ps(odd[r][c], (__m512bh)second[c], x1o);
+        } else {
+          const __m512bh x0 = (__m512bh)_mm512_set1_epi32(pair[0]), x1 = (__m512bh)_mm512_set1_epi32(pair[1]);
+          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0);
+          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1);
+        }
       }
     }
+    if constexpr (SPLIT)
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_add_ps(acc[r][c], odd[r][c]);
     for (int c = 0; c < C; ++c) {
       const float* so = scale_offset + ((c * groups + g) * S) * COLS;
       const __m512 d = _mm512_loadu_ps(so);
@@ -140,16 +185,18 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldy + c * COLS), (__m256i)_mm512_cvtneps_pbh(y[r][c]));
 }
 
-// Every row over one tile's weights, ROWS at a time, the rest in one smaller step.
-template <int C, int S, typename Weights>
+// Every row over one tile's weights, ROWS (split: SPLIT_ROWS) at a time, the rest in one smaller step.
+template <int C, int S, bool SPLIT, typename Weights>
 void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const float* scale_offset,
           int64_t N, uint16_t* out) {
   const int64_t groups = K / GROUP;
   auto step = [&](auto rows, int64_t m) {
-    tile_rows<decltype(rows)::value, C, S>(w, x + m * K, K, sums + m * groups, groups, scale_offset, out + m * N, N);
+    tile_rows<decltype(rows)::value, C, S, SPLIT>(w, x + m * K, K, sums + m * groups, groups, scale_offset,
+                                                  out + m * N, N);
   };
+  constexpr int STEP = SPLIT ? SPLIT_ROWS : ROWS;
   int64_t m = 0;
-  for (; m + ROWS <= M; m += ROWS) step(std::integral_constant<int, ROWS>{}, m);
+  for (; m + STEP <= M; m += STEP) step(std::integral_constant<int, STEP>{}, m);
   switch (M - m) {
     case 5: step(std::integral_constant<int, 5>{}, m); break;
     case 4: step(std::integral_constant<int, 4>{}, m); break;
@@ -160,15 +207,78 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// Tile registers: 0 the group's sums (16 rows x 16 fp32), 1 the activations (16 rows x 32 bf16),
+// 2 the codes (16 input pairs x 16 columns x 2 bf16). Each thread loads this before its tiles.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16};
+};
+
+// Every row (x padded with zero rows to a multiple of 16) over the C column vectors in `expanded`
+// (Expanded<C>'s layout: input pair p of vector c at (p * C + c) * WORDS, so a group's 16 pairs are
+// one tile at a stride of C vectors). Per group and 16 rows: one tile product from zero, then the
+// same scale and offset steps as tile_rows.
+// `expanded` null (one tile of rows): each group's codes are expanded where they are used, into a
+// 1 KB tile that stays in L1, instead of the whole tile's codes into a buffer first.
+template <int C, int S>
+void amx_rows(const Packed4& p, const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K,
+              const float* sums, const float* scale_offset, uint16_t* out, int64_t ldy) {
+  const int64_t groups = K / GROUP;
+  alignas(64) float part[AMX_ROWS * COLS];
+  alignas(64) uint16_t codes[GROUP / 2 * WORDS];
+  for (int c = 0; c < C; ++c)
+    for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+      __m512 y[AMX_ROWS];
+      for (int r = 0; r < AMX_ROWS; ++r) y[r] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) {
+        _tile_loadd(1, xpad + m0 * K + g * GROUP, K * sizeof(uint16_t));
+        if (expanded != nullptr) {
+          _tile_loadd(2, expanded + (g * (GROUP / 2) * C + c) * WORDS, C * WORDS * sizeof(uint16_t));
+        } else {
+          for (int64_t j = 0; j < QUADS; ++j) {
+            __m512i first, second;
+            p.get(g * QUADS + j, c, first, second);
+            _mm512_store_si512(codes + 2 * j * WORDS, first);
+            _mm512_store_si512(codes + (2 * j + 1) * WORDS, second);
+          }
+          _tile_loadd(2, codes, WORDS * sizeof(uint16_t));
+        }
+        _tile_zero(0);
+        _tile_dpbf16ps(0, 1, 2);
+        _tile_stored(0, part, COLS * sizeof(float));
+        const float* so = scale_offset + ((c * groups + g) * S) * COLS;
+        const __m512 d = _mm512_loadu_ps(so);
+        for (int r = 0; r < AMX_ROWS; ++r) y[r] = _mm512_fmadd_ps(_mm512_load_ps(part + r * COLS), d, y[r]);
+        if constexpr (S == 2) {
+          const __m512 o = _mm512_loadu_ps(so + COLS);
+          for (int r = 0; r < AMX_ROWS; ++r)
+            y[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[(m0 + r) * groups + g]), y[r]);
+        }
+      }
+      for (int r = 0; r < AMX_ROWS && m0 + r < M; ++r)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (m0 + r) * ldy + c * COLS), (__m256i)_mm512_cvtneps_pbh(y[r]));
+    }
+}
+#endif
+
 // The C column vectors from column n0 on, for every row. `Packed`: Packed4 or Packed8 over the
-// whole weight; S: scale_offset entries per group.
-template <int C, int S, typename Packed>
-void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
-              int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
+// whole weight; S: scale_offset entries per group. `xpad` (AMX only, else null): x with zero rows
+// up to a multiple of 16, and `sums` as many rows.
+template <int C, int S, bool SPLIT, typename Packed>
+void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, const uint16_t* xpad,
+              int64_t M, int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
   const int64_t quads = K / 4;
   const Packed p{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads};
   const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS;
-  if (M <= EXPAND_ROWS) return tile<C, S>(p, x, M, K, sums, so, N, out + n0);
+  if (M <= (SPLIT ? SPLIT_ROWS : EXPAND_ROWS) || (SPLIT && xpad == nullptr))
+    return tile<C, S, SPLIT>(p, x, M, K, sums, so, N, out + n0);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (SPLIT && std::is_same_v<Packed, Packed4>)
+    if (M <= AMX_ROWS) return amx_rows<C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+#endif
   buffer.resize(K / 2 * C * WORDS);
   for (int64_t j = 0; j < quads; ++j)
     for (int c = 0; c < C; ++c) {
@@ -177,12 +287,16 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
       _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
       _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
     }
-  tile<C, S>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (SPLIT && std::is_same_v<Packed, Packed4>) return amx_rows<C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
+#endif
+  tile<C, S, SPLIT>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
 }
 
 // Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
 // odd number of vectors).
-template <int S, typename Packed>
+// SPLIT: the AMX rule (int4_linear where amx_usable).
+template <int S, bool SPLIT, typename Packed>
 torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
   constexpr at::ScalarType code_type = Packed::DTYPE;
   constexpr int64_t inputs_per_row = Packed::INPUTS_PER_ROW;
@@ -205,8 +319,16 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   const float* so = scale_offset.data_ptr<float>();
   uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
 
+  // AMX: the rows padded with zeros to whole tiles (their outputs are never written).
+  const bool amx = SPLIT && M > SPLIT_ROWS;
+  const int64_t rows = amx ? (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : M;
+  std::vector<uint16_t> xpad(amx ? rows * K : 0);
+  if (amx) {
+    std::memcpy(xpad.data(), xp, M * K * sizeof(uint16_t));
+    std::memset(xpad.data() + M * K, 0, (rows - M) * K * sizeof(uint16_t));
+  }
   // Each row's input sum per group, in one fixed order (16 lanes, then the lane tree).
-  std::vector<float> sums(S == 2 ? M * groups : 0);
+  std::vector<float> sums(S == 2 ? rows * groups : 0);
   if (S == 2)
     at::parallel_for(0, M, 16, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r)
@@ -218,12 +340,22 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 
   const int64_t wide = (N / COLS) % 2 == 0 ? 2 : 1;
   const int64_t tiles = N / (COLS * wide);
+  const uint16_t* xpadp = amx ? xpad.data() : nullptr;
   at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx) {  // tile configuration is per thread
+      static const TileConfig config;
+      _tile_loadconfig(&config);
+    }
+#endif
     std::vector<uint16_t> buffer;
     for (int64_t t = b; t < e; ++t) {
-      if (wide == 2) run_tile<2, S>(all, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
-      else run_tile<1, S>(all, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+      if (wide == 2) run_tile<2, S, SPLIT>(all, t * 2 * COLS, buffer, xp, xpadp, M, K, sums.data(), so, N, yp);
+      else run_tile<1, S, SPLIT>(all, t * COLS, buffer, xp, xpadp, M, K, sums.data(), so, N, yp);
     }
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx) _tile_release();
+#endif
   });
   return out;
 }
@@ -234,16 +366,18 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 // float32 [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets
 // (w = q * scale + offset).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
-  return quant_linear<2, Packed4>("int4_linear", x, packed, scale_offset);
+  if (amx_usable()) return quant_linear<2, true, Packed4>("int4_linear", x, packed, scale_offset);
+  return quant_linear<2, false, Packed4>("int4_linear", x, packed, scale_offset);
 }
 
 // x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/32, 1, 16]
 // (w = q * scale).
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
-  return quant_linear<1, Packed8>("int8_linear", x, packed, scales);
+  return quant_linear<1, false, Packed8>("int8_linear", x, packed, scales);
 }
 
 bool int4_linear_available() { return true; }
+bool int4_linear_amx() { return amx_usable(); }
 
 #else  // no AVX512-BF16: runtime/linear.py keeps aten's int4 kernel and a bf16 logits layer
 
@@ -256,6 +390,7 @@ torch::Tensor int8_linear(torch::Tensor, torch::Tensor, torch::Tensor) {
 }
 
 bool int4_linear_available() { return false; }
+bool int4_linear_amx() { return false; }
 
 #endif
 
@@ -263,4 +398,5 @@ TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor scale_offset) -> Tensor", &int4_linear);
   m.def("int8_linear(Tensor x, Tensor packed, Tensor scales) -> Tensor", &int8_linear);
   m.def("int4_linear_available() -> bool", &int4_linear_available);
+  m.def("int4_linear_amx() -> bool", &int4_linear_amx);
 }
