@@ -21,7 +21,7 @@ in the last bits (fp32 BLAS is not row-count invariant, but nothing rounds them 
 `--weights fp32` is the unquantized reference; `--weights q4` forces q4 (also under the torch
 backend or without native bf16, where the equalities or the speed may not hold).
 A q4 model runs every row, prompt and generated alike, through one int4 kernel
-(runtime/cpu_kernels/quant_linear.cpp where the CPU has AVX512-BF16: the codes straight into bf16
+(runtime/cpu_kernels/quant_linear.cpp where the CPU has AVX512-BF16, on AMX tiles where it has AMX: the codes straight into bf16
 dot products, one fixed order per row for every row count). An earlier try ran prompt rows through
 a bf16 copy of the weights (2x faster than aten's int4 kernel then), but rounding each weight to
 bf16 made prompt and generated tokens see slightly different weights and changed answers of the
@@ -84,7 +84,8 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
     native = any(f in cpu_flags() for f in NATIVE_BF16)
     avx2_kernels = all(f in cpu_flags() for f in AVX2_KERNELS)
     if gguf_q4 and (native or avx2_kernels) and invariant_attention and dtype == torch.float32:
-        kernel = ("cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel" if native else
+        tiles = " (AMX tiles for 3+ rows)" if "amx_bf16" in cpu_flags() and "amx_tile" in cpu_flags() else ""
+        kernel = (f"cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel{tiles}" if native else
                   "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks on integer dot products, "
                   "activations coded as two int8 digits (15 bits)")
         return "q4", (f"{kernel}, with batch-invariant attention, so batching, drafts and cache hits do not change "

@@ -157,13 +157,15 @@ def test_int8_codes_equal_their_dequantized_weights_and_rows_stand_alone(cpu_ops
         pytest.skip("built without AVX512-BF16")
     lin = make_int8_group_linear(w)
     assert lin.kernel == "jumpgate_cpu.int8_linear"
-    x = activations(9, k)
+    x = activations(20, k)  # with AMX: 1-2 rows on vectors, one tile of 16 rows, two tiles
     exact = x.double() @ w.dequantize().double().t()
     got = lin.native(x)
     bound = exact.abs() * 2.0**-8 + (x.double().abs() @ w.dequantize().double().abs().t()) * 1e-6
     assert ((got.double() - exact).abs() <= bound).all()
-    alone = torch.cat([lin.native(x[i : i + 1]) for i in range(9)])
+    alone = torch.cat([lin.native(x[i : i + 1]) for i in range(20)])
     assert torch.equal(alone, got)
+    for m in (2, 3, 16):
+        assert torch.equal(lin.native(x[:m]), alone[:m]), m
 
 
 def test_int8_falls_back_to_bf16_without_the_kernel(aten_only):

@@ -19,8 +19,8 @@
 // column tile; it does not depend on the row count, the other rows, the expansion path or the
 // thread split.
 //
-// AMX (where the CPU has it and the kernel grants its tiles: amx_usable): int4_linear's runs of
-// more than SPLIT_ROWS rows multiply a group at once as tiles (16 rows x 32 inputs by 32 inputs x 16
+// AMX (where the CPU has it and the kernel grants its tiles: amx_usable): runs of more than
+// SPLIT_ROWS rows multiply a group at once as tiles (16 rows x 32 inputs by 32 inputs x 16
 // columns, _tile_dpbf16ps: a 512-row prefill chunk ~10x faster than the vector path). The tile
 // instruction sums a group's even inputs and its odd inputs separately, each in input order with
 // fp32 rounding, and adds the two (checked bit for bit against that rule on this instruction), so
@@ -223,8 +223,8 @@ struct alignas(64) TileConfig {
 // same scale and offset steps as tile_rows.
 // `expanded` null (one tile of rows): each group's codes are expanded where they are used, into a
 // 1 KB tile that stays in L1, instead of the whole tile's codes into a buffer first.
-template <int C, int S>
-void amx_rows(const Packed4& p, const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K,
+template <int C, int S, typename Packed>
+void amx_rows(const Packed& p, const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K,
               const float* sums, const float* scale_offset, uint16_t* out, int64_t ldy) {
   const int64_t groups = K / GROUP;
   alignas(64) float part[AMX_ROWS * COLS];
@@ -276,7 +276,7 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
   if (M <= (SPLIT ? SPLIT_ROWS : EXPAND_ROWS) || (SPLIT && xpad == nullptr))
     return tile<C, S, SPLIT>(p, x, M, K, sums, so, N, out + n0);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (SPLIT && std::is_same_v<Packed, Packed4>)
+  if constexpr (SPLIT)
     if (M <= AMX_ROWS) return amx_rows<C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
 #endif
   buffer.resize(K / 2 * C * WORDS);
@@ -288,14 +288,14 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
       _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
     }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (SPLIT && std::is_same_v<Packed, Packed4>) return amx_rows<C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
+  if constexpr (SPLIT) return amx_rows<C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
 #endif
   tile<C, S, SPLIT>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
 }
 
 // Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
 // odd number of vectors).
-// SPLIT: the AMX rule (int4_linear where amx_usable).
+// SPLIT: the AMX rule (where amx_usable).
 template <int S, bool SPLIT, typename Packed>
 torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
   constexpr at::ScalarType code_type = Packed::DTYPE;
@@ -373,6 +373,7 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 // x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/32, 1, 16]
 // (w = q * scale).
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
+  if (amx_usable()) return quant_linear<1, true, Packed8>("int8_linear", x, packed, scales);
   return quant_linear<1, false, Packed8>("int8_linear", x, packed, scales);
 }
 
