@@ -20,11 +20,11 @@
 // thread split.
 //
 // AMX (where the CPU has it and the kernel grants its tiles: amx_usable): runs of more than
-// SPLIT_ROWS rows multiply a group at once as tiles (16 rows x 32 inputs by 32 inputs x 16
-// columns, _tile_dpbf16ps: a 512-row prefill chunk ~10x faster than the vector path). The tile
-// instruction sums a group's even inputs and its odd inputs separately, each in input order with
-// fp32 rounding, and adds the two (checked bit for bit against that rule on this instruction), so
-// on such CPUs the vector path for short runs computes each group the same way, in two
+// SPLIT_ROWS rows multiply a group at once as tiles (up to 16 rows x 32 inputs by 32 inputs x 16
+// columns, _tile_dpbf16ps; `python -m bench.quant_linear_bench` measures it). The tile instruction
+// sums a group's even inputs and its odd inputs separately, each in input order with fp32
+// rounding, and adds the two (checked bit for bit against that rule on this instruction), so on
+// such CPUs the vector path for a single row computes each group the same way, in two
 // accumulators (tile_rows<..., SPLIT = true>): any row count, path or thread split still gives a
 // row the same bits.
 #include <torch/extension.h>
@@ -61,7 +61,7 @@ constexpr int64_t QUADS = GROUP / 4;  // a 32-byte load holds 4 inputs of 16 col
 constexpr int64_t COLS = 16;          // output columns a vector holds
 constexpr int ROWS = 6;               // rows a tile step keeps in registers
 constexpr int64_t EXPAND_ROWS = 6;    // up to this many rows, codes are expanded at each use
-constexpr int SPLIT_ROWS = 2;         // rows a split tile step keeps in registers (two sums each)
+constexpr int SPLIT_ROWS = 1;         // rows the split vector path takes (two sums each); more take tiles
 constexpr int64_t AMX_ROWS = 16;      // rows of an AMX tile; more than SPLIT_ROWS rows take the tiles
 constexpr int WORDS = 2 * COLS;       // bf16 words of one vdpbf16ps operand
 constexpr int64_t PREFETCH = 1024;    // bytes ahead in a stream of codes
@@ -210,12 +210,17 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // Tile registers: 0 the group's sums (16 rows x 16 fp32), 1 the activations (16 rows x 32 bf16),
 // 2 the codes (16 input pairs x 16 columns x 2 bf16). Each thread loads this before its tiles.
+// R: rows of the sums and activation tiles (4, 8 or 16: a short batch multiplies no zero rows).
+template <int R>
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
   uint16_t colsb[16] = {64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16};
+  uint8_t rows[16] = {R, R, 16};
 };
+
+// The tile rows for M rows (as quant_linear configures them).
+inline int tile_rows_for(int64_t M) { return M <= 4 ? 4 : M <= 8 ? 8 : static_cast<int>(AMX_ROWS); }
 
 // Every row (x padded with zero rows to a multiple of 16) over the C column vectors in `expanded`
 // (Expanded<C>'s layout: input pair p of vector c at (p * C + c) * WORDS, so a group's 16 pairs are
@@ -223,16 +228,16 @@ struct alignas(64) TileConfig {
 // same scale and offset steps as tile_rows.
 // `expanded` null (one tile of rows): each group's codes are expanded where they are used, into a
 // 1 KB tile that stays in L1, instead of the whole tile's codes into a buffer first.
-template <int C, int S, typename Packed>
+template <int R, int C, int S, typename Packed>
 void amx_rows(const Packed& p, const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K,
               const float* sums, const float* scale_offset, uint16_t* out, int64_t ldy) {
   const int64_t groups = K / GROUP;
-  alignas(64) float part[AMX_ROWS * COLS];
+  alignas(64) float part[R * COLS];
   alignas(64) uint16_t codes[GROUP / 2 * WORDS];
   for (int c = 0; c < C; ++c)
-    for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
-      __m512 y[AMX_ROWS];
-      for (int r = 0; r < AMX_ROWS; ++r) y[r] = _mm512_setzero_ps();
+    for (int64_t m0 = 0; m0 < M; m0 += R) {
+      __m512 y[R];
+      for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
       for (int64_t g = 0; g < groups; ++g) {
         _tile_loadd(1, xpad + m0 * K + g * GROUP, K * sizeof(uint16_t));
         if (expanded != nullptr) {
@@ -251,14 +256,14 @@ void amx_rows(const Packed& p, const uint16_t* expanded, const uint16_t* xpad, i
         _tile_stored(0, part, COLS * sizeof(float));
         const float* so = scale_offset + ((c * groups + g) * S) * COLS;
         const __m512 d = _mm512_loadu_ps(so);
-        for (int r = 0; r < AMX_ROWS; ++r) y[r] = _mm512_fmadd_ps(_mm512_load_ps(part + r * COLS), d, y[r]);
+        for (int r = 0; r < R; ++r) y[r] = _mm512_fmadd_ps(_mm512_load_ps(part + r * COLS), d, y[r]);
         if constexpr (S == 2) {
           const __m512 o = _mm512_loadu_ps(so + COLS);
-          for (int r = 0; r < AMX_ROWS; ++r)
+          for (int r = 0; r < R; ++r)
             y[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[(m0 + r) * groups + g]), y[r]);
         }
       }
-      for (int r = 0; r < AMX_ROWS && m0 + r < M; ++r)
+      for (int r = 0; r < R && m0 + r < M; ++r)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (m0 + r) * ldy + c * COLS), (__m256i)_mm512_cvtneps_pbh(y[r]));
     }
 }
@@ -276,8 +281,11 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
   if (M <= (SPLIT ? SPLIT_ROWS : EXPAND_ROWS) || (SPLIT && xpad == nullptr))
     return tile<C, S, SPLIT>(p, x, M, K, sums, so, N, out + n0);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (SPLIT)
-    if (M <= AMX_ROWS) return amx_rows<C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+  if constexpr (SPLIT) {
+    if (M <= 4) return amx_rows<4, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+    if (M <= 8) return amx_rows<8, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+    if (M <= AMX_ROWS) return amx_rows<AMX_ROWS, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+  }
 #endif
   buffer.resize(K / 2 * C * WORDS);
   for (int64_t j = 0; j < quads; ++j)
@@ -288,7 +296,7 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
       _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
     }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (SPLIT) return amx_rows<C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
+  if constexpr (SPLIT) return amx_rows<AMX_ROWS, C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
 #endif
   tile<C, S, SPLIT>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
 }
@@ -344,8 +352,12 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) {  // tile configuration is per thread
-      static const TileConfig config;
-      _tile_loadconfig(&config);
+      static const TileConfig<4> rows4;
+      static const TileConfig<8> rows8;
+      static const TileConfig<AMX_ROWS> rows16;
+      const int r = tile_rows_for(M);
+      _tile_loadconfig(r == 4 ? static_cast<const void*>(&rows4) : r == 8 ? static_cast<const void*>(&rows8)
+                                                                         : static_cast<const void*>(&rows16));
     }
 #endif
     std::vector<uint16_t> buffer;
