@@ -149,18 +149,17 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
       __m512i first[C], second[C];
       for (int c = 0; c < C; ++c) w.get(j, c, first[c], second[c]);
       for (int r = 0; r < R; ++r) {
-        int32_t pair[2];
-        std::memcpy(pair, x + r * ldx + 4 * j, sizeof pair);
-        if constexpr (SPLIT) {
-          const __m512bh x0e = (__m512bh)_mm512_set1_epi32(pair[0] & 0xFFFF);
-          const __m512bh x0o = (__m512bh)_mm512_set1_epi32(pair[0] & static_cast<int32_t>(0xFFFF0000u));
-          const __m512bh x1e = (__m512bh)_mm512_set1_epi32(pair[1] & 0xFFFF);
-          const __m512bh x1o = (__m512bh)_mm512_set1_epi32(pair[1] & static_cast<int32_t>(0xFFFF0000u));
+        if constexpr (SPLIT) {  // x holds each input as a pair with a zero word (split_rows)
+          const int32_t* xs = reinterpret_cast<const int32_t*>(x + r * ldx) + 4 * j;
+          const __m512bh x0e = (__m512bh)_mm512_set1_epi32(xs[0]), x0o = (__m512bh)_mm512_set1_epi32(xs[1]);
+          const __m512bh x1e = (__m512bh)_mm512_set1_epi32(xs[2]), x1o = (__m512bh)_mm512_set1_epi32(xs[3]);
           for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0e);
           for (int c = 0; c < C; ++c) odd[r][c] = _mm512_dpbf16_ps(odd[r][c], (__m512bh)first[c], x0o);
           for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1e);
           for (int c = 0; c < C; ++c) odd[r][c] = _mm512_dpbf16_ps(odd[r][c], (__m512bh)second[c], x1o);
         } else {
+          int32_t pair[2];
+          std::memcpy(pair, x + r * ldx + 4 * j, sizeof pair);
           const __m512bh x0 = (__m512bh)_mm512_set1_epi32(pair[0]), x1 = (__m512bh)_mm512_set1_epi32(pair[1]);
           for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0);
           for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1);
@@ -189,9 +188,9 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
 template <int C, int S, bool SPLIT, typename Weights>
 void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const float* scale_offset,
           int64_t N, uint16_t* out) {
-  const int64_t groups = K / GROUP;
+  const int64_t groups = K / GROUP, ldx = SPLIT ? 2 * K : K;  // split rows: two words an input
   auto step = [&](auto rows, int64_t m) {
-    tile_rows<decltype(rows)::value, C, S, SPLIT>(w, x + m * K, K, sums + m * groups, groups, scale_offset,
+    tile_rows<decltype(rows)::value, C, S, SPLIT>(w, x + m * ldx, ldx, sums + m * groups, groups, scale_offset,
                                                   out + m * N, N);
   };
   constexpr int STEP = SPLIT ? SPLIT_ROWS : ROWS;
@@ -349,6 +348,14 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   const int64_t wide = (N / COLS) % 2 == 0 ? 2 : 1;
   const int64_t tiles = N / (COLS * wide);
   const uint16_t* xpadp = amx ? xpad.data() : nullptr;
+  // The split vector path's rows: input i as the pair (x_i, 0) if i is even, (0, x_i) if odd, so
+  // one broadcast load gives a dot-product operand that adds only that input's product.
+  std::vector<uint16_t> split_rows(SPLIT && !amx ? M * 2 * K : 0);
+  for (size_t i = 0; i < split_rows.size() / 2; ++i) {
+    split_rows[2 * i + (i % 2)] = xp[i];
+    split_rows[2 * i + 1 - (i % 2)] = 0;
+  }
+  if (SPLIT && !amx) xp = split_rows.data();
   at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) {  // tile configuration is per thread
