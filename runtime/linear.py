@@ -6,7 +6,7 @@
 - `Int4Linear`: group-wise asymmetric int4, w = (q - 8) * scale + zero (bf16 activations). A GGUF
   Q4_1 block (w = d * q + m) is exactly that with scale = d and zero = m + 8d, so a q4 model runs
   the GGUF's own 4-bit codes: through runtime/cpu_kernels/quant_linear.cpp where the CPU has
-  AVX512-BF16 (on AMX tiles for 2 or more rows where it also has AMX), through
+  AVX512-BF16 (on AMX tiles where it also has AMX), through
   `aten._weight_int4pack_mm_for_cpu` elsewhere.
 - `Int8GroupLinear`: GGUF Q8_0 blocks (w = q * d, groups of 32) as they are, through the same
   file's int8 kernel: q4's logits layer, the tied embedding's own codes, and q8's layers (the float

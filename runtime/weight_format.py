@@ -84,7 +84,7 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
     native = any(f in cpu_flags() for f in NATIVE_BF16)
     avx2_kernels = all(f in cpu_flags() for f in AVX2_KERNELS)
     if gguf_q4 and (native or avx2_kernels) and invariant_attention and dtype == torch.float32:
-        tiles = " (AMX tiles for 2+ rows)" if "amx_bf16" in cpu_flags() and "amx_tile" in cpu_flags() else ""
+        tiles = " on AMX tiles" if "amx_bf16" in cpu_flags() and "amx_tile" in cpu_flags() else ""
         kernel = (f"cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel{tiles}" if native else
                   "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks on integer dot products, "
                   "activations coded as two int8 digits (15 bits)")

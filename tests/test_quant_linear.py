@@ -76,8 +76,8 @@ def test_no_less_exact_than_aten(bf16_kernels):
 
 def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(bf16_kernels):
     """Batch sizes on both sides of the expansion threshold (6 rows) and of the register block; with
-    AMX, of the split vector path (1 row) and the tiles (tiles of 4, 8 and 16 rows expanding codes per
-    group, then several tiles over an expanded buffer, the last one padded)."""
+    AMX, of the tile sizes (1, 4, 8 and 16 rows expanding codes per group, then several tiles over
+    an expanded buffer, the last one padded)."""
     w = codes(960, 576)
     lin = Int4Linear(w, None)
     x = activations(40, 576)
@@ -157,7 +157,7 @@ def test_int8_codes_equal_their_dequantized_weights_and_rows_stand_alone(cpu_ops
         pytest.skip("built without AVX512-BF16")
     lin = make_int8_group_linear(w)
     assert lin.kernel == "jumpgate_cpu.int8_linear"
-    x = activations(20, k)  # with AMX: 1 row on vectors, tiles of 4 and 16 rows, two tiles of 16
+    x = activations(20, k)  # with AMX: tiles of 1, 4 and 16 rows, two tiles of 16
     exact = x.double() @ w.dequantize().double().t()
     got = lin.native(x)
     bound = exact.abs() * 2.0**-8 + (x.double().abs() @ w.dequantize().double().abs().t()) * 1e-6

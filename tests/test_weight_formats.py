@@ -94,7 +94,7 @@ def test_format_choice_and_its_reason(monkeypatch):
         assert fmt == "q4" and "batch-invariant" in reason and "--weights fp32" in reason and "avx2" in reason
         assert "AMX tiles" not in reason
     monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
-    assert "AMX tiles for 2+ rows" in choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)[1]
+    assert "int4 kernel on AMX tiles" in choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)[1]
     monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # q4 through the AVX2 kernel
     fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)
     assert fmt == "q4" and "AVX2 + FMA" in reason and "integer dot products" in reason

@@ -19,14 +19,14 @@
 // column tile; it does not depend on the row count, the other rows, the expansion path or the
 // thread split.
 //
-// AMX (where the CPU has it and the kernel grants its tiles: amx_usable): runs of more than
-// SPLIT_ROWS rows multiply a group at once as tiles (up to 16 rows x 32 inputs by 32 inputs x 16
-// columns, _tile_dpbf16ps; `python -m bench.quant_linear_bench` measures it). The tile instruction
-// sums a group's even inputs and its odd inputs separately, each in input order with fp32
-// rounding, and adds the two (checked bit for bit against that rule on this instruction), so on
-// such CPUs the vector path for a single row computes each group the same way, in two
-// accumulators (tile_rows<..., SPLIT = true>): any row count, path or thread split still gives a
-// row the same bits.
+// AMX (where the CPU has it and the kernel grants its tiles: amx_usable), every call, whatever its
+// row count, multiplies a group at once as tiles instead: up to 16 rows x 32 inputs by 32 inputs x
+// 16 columns (_tile_dpbf16ps, the codes as the same bf16 words), from zero, then the same scale
+// and offset steps. A row's bits again depend on nothing else in the call: the tile instruction
+// computes each output from its own row and column (it sums a group's even inputs and its odd
+// inputs apart, each in input order, then adds them), and a short call only configures fewer tile
+// rows. These bits differ from the vector path's, so on one CPU every call takes the same path.
+// `python -m bench.quant_linear_bench` measures both against aten's kernel.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -61,10 +61,9 @@ constexpr int64_t QUADS = GROUP / 4;  // a 32-byte load holds 4 inputs of 16 col
 constexpr int64_t COLS = 16;          // output columns a vector holds
 constexpr int ROWS = 6;               // rows a tile step keeps in registers
 constexpr int64_t EXPAND_ROWS = 6;    // up to this many rows, codes are expanded at each use
-constexpr int SPLIT_ROWS = 1;         // rows the split vector path takes (two sums each); more take tiles
-constexpr int64_t AMX_ROWS = 16;      // rows of an AMX tile; more than SPLIT_ROWS rows take the tiles
 constexpr int WORDS = 2 * COLS;       // bf16 words of one vdpbf16ps operand
 constexpr int64_t PREFETCH = 1024;    // bytes ahead in a stream of codes
+constexpr int64_t AMX_ROWS = 16;      // rows of a full AMX tile
 
 // 32 bytes -> the operands of two input pairs. Byte 2c + e holds column c's code of input e of the
 // first pair (low nibble) and of the second pair (high nibble); word 2c + e is vdpbf16ps's slot
@@ -130,45 +129,27 @@ struct Packed8 {
 // rows' per-group input sums (stride groups; unused without offsets); scale_offset:
 // [C][groups][S][16] (the tile's column vectors' scales, then offsets where S = 2); out: bf16
 // rows (stride ldy).
-// SPLIT: a group's even and odd inputs summed apart and then added, as an AMX tile does (the other
-// input of the pair is a zero word, and a code times zero adds +0, which changes no sum).
-template <int R, int C, int S, bool SPLIT, typename Weights>
+template <int R, int C, int S, typename Weights>
 void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* sums, int64_t groups,
                const float* scale_offset, uint16_t* out, int64_t ldy) {
   __m512 y[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[r][c] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 acc[R][C], odd[SPLIT ? R : 1][C];
+    __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    if constexpr (SPLIT)
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) odd[r][c] = _mm512_setzero_ps();
     for (int64_t j = g * QUADS; j < (g + 1) * QUADS; ++j) {
       __m512i first[C], second[C];
       for (int c = 0; c < C; ++c) w.get(j, c, first[c], second[c]);
       for (int r = 0; r < R; ++r) {
-        if constexpr (SPLIT) {  // x holds each input as a pair with a zero word (split_rows)
-          const int32_t* xs = reinterpret_cast<const int32_t*>(x + r * ldx) + 4 * j;
-          const __m512bh x0e = (__m512bh)_mm512_set1_epi32(xs[0]), x0o = (__m512bh)_mm512_set1_epi32(xs[1]);
-          const __m512bh x1e = (__m512bh)_mm512_set1_epi32(xs[2]), x1o = (__m512bh)_mm512_set1_epi32(xs[3]);
-          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0e);
-          for (int c = 0; c < C; ++c) odd[r][c] = _mm512_dpbf16_ps(odd[r][c], (__m512bh)first[c], x0o);
-          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1e);
-          for (int c = 0; c < C; ++c) odd[r][c] = _mm512_dpbf16_ps(odd[r][c], (__m512bh)second[c], x1o);
-        } else {
-          int32_t pair[2];
-          std::memcpy(pair, x + r * ldx + 4 * j, sizeof pair);
-          const __m512bh x0 = (__m512bh)_mm512_set1_epi32(pair[0]), x1 = (__m512bh)_mm512_set1_epi32(pair[1]);
-          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0);
-          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1);
-        }
+        int32_t pair[2];
+        std::memcpy(pair, x + r * ldx + 4 * j, sizeof pair);
+        const __m512bh x0 = (__m512bh)_mm512_set1_epi32(pair[0]), x1 = (__m512bh)_mm512_set1_epi32(pair[1]);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1);
       }
     }
-    if constexpr (SPLIT)
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_add_ps(acc[r][c], odd[r][c]);
     for (int c = 0; c < C; ++c) {
       const float* so = scale_offset + ((c * groups + g) * S) * COLS;
       const __m512 d = _mm512_loadu_ps(so);
@@ -184,18 +165,16 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldy + c * COLS), (__m256i)_mm512_cvtneps_pbh(y[r][c]));
 }
 
-// Every row over one tile's weights, ROWS (split: SPLIT_ROWS) at a time, the rest in one smaller step.
-template <int C, int S, bool SPLIT, typename Weights>
+// Every row over one tile's weights, ROWS at a time, the rest in one smaller step.
+template <int C, int S, typename Weights>
 void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const float* scale_offset,
           int64_t N, uint16_t* out) {
-  const int64_t groups = K / GROUP, ldx = SPLIT ? 2 * K : K;  // split rows: two words an input
+  const int64_t groups = K / GROUP;
   auto step = [&](auto rows, int64_t m) {
-    tile_rows<decltype(rows)::value, C, S, SPLIT>(w, x + m * ldx, ldx, sums + m * groups, groups, scale_offset,
-                                                  out + m * N, N);
+    tile_rows<decltype(rows)::value, C, S>(w, x + m * K, K, sums + m * groups, groups, scale_offset, out + m * N, N);
   };
-  constexpr int STEP = SPLIT ? SPLIT_ROWS : ROWS;
   int64_t m = 0;
-  for (; m + STEP <= M; m += STEP) step(std::integral_constant<int, STEP>{}, m);
+  for (; m + ROWS <= M; m += ROWS) step(std::integral_constant<int, ROWS>{}, m);
   switch (M - m) {
     case 5: step(std::integral_constant<int, 5>{}, m); break;
     case 4: step(std::integral_constant<int, 4>{}, m); break;
@@ -207,9 +186,9 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// Tile registers: 0 the group's sums (16 rows x 16 fp32), 1 the activations (16 rows x 32 bf16),
+// Tile registers: 0 the group's sums (R rows x 16 fp32), 1 the activations (R rows x 32 bf16),
 // 2 the codes (16 input pairs x 16 columns x 2 bf16). Each thread loads this before its tiles.
-// R: rows of the sums and activation tiles (4, 8 or 16: a short batch multiplies no zero rows).
+// R: rows of the sums and activation tiles (1, 4, 8 or 16: a short call multiplies few zero rows).
 template <int R>
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -219,12 +198,23 @@ struct alignas(64) TileConfig {
 };
 
 // The tile rows for M rows (as quant_linear configures them).
-inline int tile_rows_for(int64_t M) { return M <= 4 ? 4 : M <= 8 ? 8 : static_cast<int>(AMX_ROWS); }
+inline int tile_rows_for(int64_t M) { return M <= 1 ? 1 : M <= 4 ? 4 : M <= 8 ? 8 : static_cast<int>(AMX_ROWS); }
 
-// Every row (x padded with zero rows to a multiple of 16) over the C column vectors in `expanded`
+// One tile configuration per row count (a call sets it on each of its threads).
+inline void configure_tiles(int64_t M) {
+  static const TileConfig<1> rows1;
+  static const TileConfig<4> rows4;
+  static const TileConfig<8> rows8;
+  static const TileConfig<AMX_ROWS> rows16;
+  const int r = tile_rows_for(M);
+  _tile_loadconfig(r == 1 ? static_cast<const void*>(&rows1) : r == 4 ? static_cast<const void*>(&rows4)
+                   : r == 8 ? static_cast<const void*>(&rows8) : static_cast<const void*>(&rows16));
+}
+
+// Every row (x padded with zero rows to whole tiles) over the C column vectors in `expanded`
 // (Expanded<C>'s layout: input pair p of vector c at (p * C + c) * WORDS, so a group's 16 pairs are
-// one tile at a stride of C vectors). Per group and 16 rows: one tile product from zero, then the
-// same scale and offset steps as tile_rows.
+// one tile at a stride of C vectors), R rows at a time (R: the configured tile rows). Per group
+// and R rows: one tile product from zero, then the same scale and offset steps as tile_rows.
 // `expanded` null (one tile of rows): each group's codes are expanded where they are used, into a
 // 1 KB tile that stays in L1, instead of the whole tile's codes into a buffer first.
 template <int R, int C, int S, typename Packed>
@@ -266,26 +256,23 @@ void amx_rows(const Packed& p, const uint16_t* expanded, const uint16_t* xpad, i
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (m0 + r) * ldy + c * COLS), (__m256i)_mm512_cvtneps_pbh(y[r]));
     }
 }
-#endif
 
-// The C column vectors from column n0 on, for every row. `Packed`: Packed4 or Packed8 over the
-// whole weight; S: scale_offset entries per group. `xpad` (AMX only, else null): x with zero rows
-// up to a multiple of 16, and `sums` as many rows.
-template <int C, int S, bool SPLIT, typename Packed>
-void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, const uint16_t* xpad,
-              int64_t M, int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
+// The C column vectors from column n0 on, for every row, on tiles: a call of up to 16 rows expands
+// each group's codes where it is used; more rows expand the column tile's codes once into `buffer`
+// (Expanded<C>'s layout) and run every 16 rows over them. `xpad`: x with zero rows up to whole tiles.
+template <int C, int S, typename Packed>
+void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* xpad, int64_t M,
+                  int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
   const int64_t quads = K / 4;
   const Packed p{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads};
   const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS;
-  if (M <= (SPLIT ? SPLIT_ROWS : EXPAND_ROWS) || (SPLIT && xpad == nullptr))
-    return tile<C, S, SPLIT>(p, x, M, K, sums, so, N, out + n0);
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (SPLIT) {
-    if (M <= 4) return amx_rows<4, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
-    if (M <= 8) return amx_rows<8, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
-    if (M <= AMX_ROWS) return amx_rows<AMX_ROWS, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+  switch (tile_rows_for(M)) {
+    case 1: return amx_rows<1, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+    case 4: return amx_rows<4, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+    case 8: return amx_rows<8, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+    default: break;
   }
-#endif
+  if (M <= AMX_ROWS) return amx_rows<AMX_ROWS, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
   buffer.resize(K / 2 * C * WORDS);
   for (int64_t j = 0; j < quads; ++j)
     for (int c = 0; c < C; ++c) {
@@ -294,17 +281,35 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
       _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
       _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
     }
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (SPLIT) return amx_rows<AMX_ROWS, C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
+  amx_rows<AMX_ROWS, C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
+}
 #endif
-  tile<C, S, SPLIT>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
+
+// The C column vectors from column n0 on, for every row. `Packed`: Packed4 or Packed8 over the
+// whole weight; S: scale_offset entries per group.
+template <int C, int S, typename Packed>
+void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
+              int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
+  const int64_t quads = K / 4;
+  const Packed p{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads};
+  const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS;
+  if (M <= EXPAND_ROWS) return tile<C, S>(p, x, M, K, sums, so, N, out + n0);
+  buffer.resize(K / 2 * C * WORDS);
+  for (int64_t j = 0; j < quads; ++j)
+    for (int c = 0; c < C; ++c) {
+      __m512i first, second;
+      p.get(j, c, first, second);
+      _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
+      _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
+    }
+  tile<C, S>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
 }
 
 // Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
 // odd number of vectors).
-// SPLIT: the AMX rule (where amx_usable).
-template <int S, bool SPLIT, typename Packed>
+template <int S, typename Packed>
 torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
+  const bool amx = amx_usable();
   constexpr at::ScalarType code_type = Packed::DTYPE;
   constexpr int64_t inputs_per_row = Packed::INPUTS_PER_ROW;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x [M, K], bfloat16");
@@ -327,7 +332,6 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
 
   // AMX: the rows padded with zeros to whole tiles (their outputs are never written).
-  const bool amx = SPLIT && M > SPLIT_ROWS;
   const int64_t rows = amx ? (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : M;
   std::vector<uint16_t> xpad(amx ? rows * K : 0);
   if (amx) {
@@ -347,34 +351,23 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 
   const int64_t wide = (N / COLS) % 2 == 0 ? 2 : 1;
   const int64_t tiles = N / (COLS * wide);
-  const uint16_t* xpadp = amx ? xpad.data() : nullptr;
-  // The split vector path's rows: input i as the pair (x_i, 0) if i is even, (0, x_i) if odd, so
-  // one broadcast load gives a dot-product operand that adds only that input's product.
-  std::vector<uint16_t> split_rows(SPLIT && !amx ? M * 2 * K : 0);
-  for (size_t i = 0; i < split_rows.size() / 2; ++i) {
-    split_rows[2 * i + (i % 2)] = xp[i];
-    split_rows[2 * i + 1 - (i % 2)] = 0;
-  }
-  if (SPLIT && !amx) xp = split_rows.data();
   at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (amx) {  // tile configuration is per thread
-      static const TileConfig<4> rows4;
-      static const TileConfig<8> rows8;
-      static const TileConfig<AMX_ROWS> rows16;
-      const int r = tile_rows_for(M);
-      _tile_loadconfig(r == 4 ? static_cast<const void*>(&rows4) : r == 8 ? static_cast<const void*>(&rows8)
-                                                                         : static_cast<const void*>(&rows16));
-    }
-#endif
     std::vector<uint16_t> buffer;
-    for (int64_t t = b; t < e; ++t) {
-      if (wide == 2) run_tile<2, S, SPLIT>(all, t * 2 * COLS, buffer, xp, xpadp, M, K, sums.data(), so, N, yp);
-      else run_tile<1, S, SPLIT>(all, t * COLS, buffer, xp, xpadp, M, K, sums.data(), so, N, yp);
-    }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (amx) _tile_release();
+    if (amx) {
+      configure_tiles(M);
+      for (int64_t t = b; t < e; ++t) {
+        if (wide == 2) run_tile_amx<2, S>(all, t * 2 * COLS, buffer, xpad.data(), M, K, sums.data(), so, N, yp);
+        else run_tile_amx<1, S>(all, t * COLS, buffer, xpad.data(), M, K, sums.data(), so, N, yp);
+      }
+      _tile_release();
+      return;
+    }
 #endif
+    for (int64_t t = b; t < e; ++t) {
+      if (wide == 2) run_tile<2, S>(all, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+      else run_tile<1, S>(all, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+    }
   });
   return out;
 }
@@ -385,15 +378,13 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 // float32 [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets
 // (w = q * scale + offset).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
-  if (amx_usable()) return quant_linear<2, true, Packed4>("int4_linear", x, packed, scale_offset);
-  return quant_linear<2, false, Packed4>("int4_linear", x, packed, scale_offset);
+  return quant_linear<2, Packed4>("int4_linear", x, packed, scale_offset);
 }
 
 // x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/32, 1, 16]
 // (w = q * scale).
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
-  if (amx_usable()) return quant_linear<1, true, Packed8>("int8_linear", x, packed, scales);
-  return quant_linear<1, false, Packed8>("int8_linear", x, packed, scales);
+  return quant_linear<1, Packed8>("int8_linear", x, packed, scales);
 }
 
 bool int4_linear_available() { return true; }
