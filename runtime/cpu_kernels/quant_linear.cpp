@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -185,6 +186,29 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
   }
 }
 
+// The codes (Packed4 or Packed8 over the whole weight) and scale_offset entries (S a group) of the
+// column tile that starts at column n0.
+template <int S, typename Packed>
+std::pair<Packed, const float*> column_tile(const Packed& all, int64_t n0, int64_t K, const float* scale_offset) {
+  const int64_t quads = K / 4;
+  return {Packed{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads},
+          scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS};
+}
+
+// A column tile's codes (C vectors of the weights `p`, `quads` quads deep) expanded once into
+// `buffer` in Expanded<C>'s layout, for the calls that run many rows over them.
+template <int C, typename Packed>
+void expand_all(const Packed& p, int64_t quads, std::vector<uint16_t>& buffer) {
+  buffer.resize(2 * quads * C * WORDS);
+  for (int64_t j = 0; j < quads; ++j)
+    for (int c = 0; c < C; ++c) {
+      __m512i first, second;
+      p.get(j, c, first, second);
+      _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
+      _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
+    }
+}
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // Tile registers: 0 the group's sums (R rows x 16 fp32), 1 the activations (R rows x 32 bf16),
 // 2 the codes (16 input pairs x 16 columns x 2 bf16). Each thread loads this before its tiles.
@@ -263,9 +287,7 @@ void amx_rows(const Packed& p, const uint16_t* expanded, const uint16_t* xpad, i
 template <int C, int S, typename Packed>
 void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* xpad, int64_t M,
                   int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
-  const int64_t quads = K / 4;
-  const Packed p{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads};
-  const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS;
+  const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
   switch (tile_rows_for(M)) {
     case 1: return amx_rows<1, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
     case 4: return amx_rows<4, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
@@ -273,14 +295,7 @@ void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, 
     default: break;
   }
   if (M <= AMX_ROWS) return amx_rows<AMX_ROWS, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
-  buffer.resize(K / 2 * C * WORDS);
-  for (int64_t j = 0; j < quads; ++j)
-    for (int c = 0; c < C; ++c) {
-      __m512i first, second;
-      p.get(j, c, first, second);
-      _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
-      _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
-    }
+  expand_all<C>(p, K / 4, buffer);
   amx_rows<AMX_ROWS, C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
 }
 #endif
@@ -290,18 +305,9 @@ void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, 
 template <int C, int S, typename Packed>
 void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
               int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
-  const int64_t quads = K / 4;
-  const Packed p{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads};
-  const float* so = scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS;
+  const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
   if (M <= EXPAND_ROWS) return tile<C, S>(p, x, M, K, sums, so, N, out + n0);
-  buffer.resize(K / 2 * C * WORDS);
-  for (int64_t j = 0; j < quads; ++j)
-    for (int c = 0; c < C; ++c) {
-      __m512i first, second;
-      p.get(j, c, first, second);
-      _mm512_storeu_si512(buffer.data() + (2 * j * C + c) * WORDS, first);
-      _mm512_storeu_si512(buffer.data() + ((2 * j + 1) * C + c) * WORDS, second);
-    }
+  expand_all<C>(p, K / 4, buffer);
   tile<C, S>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
 }
 
