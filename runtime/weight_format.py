@@ -65,6 +65,7 @@ def cpu_summary() -> str:
 
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")  # CPU flags under which the bf16/int4 kernels are fast
 AVX2_KERNELS = ("avx2", "fma")  # CPU flags the integer int4 and float32 int8 kernels need (all of them)
+AMX_TILES = ("amx_tile", "amx_bf16")  # CPU flags under which the bf16 kernels run on tiles (all of them)
 
 
 def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf_q4: bool,
@@ -84,7 +85,7 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
     native = any(f in cpu_flags() for f in NATIVE_BF16)
     avx2_kernels = all(f in cpu_flags() for f in AVX2_KERNELS)
     if gguf_q4 and (native or avx2_kernels) and invariant_attention and dtype == torch.float32:
-        tiles = " on AMX tiles" if "amx_bf16" in cpu_flags() and "amx_tile" in cpu_flags() else ""
+        tiles = " on AMX tiles" if all(f in cpu_flags() for f in AMX_TILES) else ""
         kernel = (f"cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel{tiles}" if native else
                   "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks on integer dot products, "
                   "activations coded as two int8 digits (15 bits)")
