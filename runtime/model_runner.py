@@ -12,6 +12,7 @@ frees them if the step fails before that).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from runtime.kv_pool import KVPool, ReqToTokenTable
 from runtime.model import load_model
 from runtime.model_config import ModelConfig
 from runtime.request import Req
+
+log = logging.getLogger("jumpgate.engine")
 
 CUDA_KV_FRACTION = 0.85  # of the device memory free once the weights are loaded
 CUDA_RESERVE_BYTES = 2 << 30  # activations, logits, CUDA-graph pools
@@ -82,6 +85,9 @@ class ModelRunner:
         self.attn = make_attention_backend(cfg.attention_backend, device)
         self.model = load_model(model_dir, mc, cfg.weights, device, dtype,  # .weights / .weights_reason: which, why
                                 invariant_attention=self.attn.batch_invariant)
+        if cfg.attention_tiles and not self.attn.enable_tiles(self.model.weights):
+            log.warning("--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights "
+                        "and a CPU with AMX; here %s attention, %s weights)", self.attn.name, self.model.weights)
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, device)
         self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device)

@@ -8,7 +8,10 @@
 - prefix groups: tiles that read a shared prefix once for several requests change no bit;
 - the factory: `auto` on CPU picks it, a failed build falls back to torch with one log line,
   non-fp32 passes go through the torch backend;
-- the engine gives the same greedy tokens with it as with torch (tiny model).
+- the engine gives the same greedy tokens with it as with torch (tiny model);
+- AMX tiles (--attention-tiles, on a CPU with AMX): within 1e-4 of SDPA, the same bitwise
+  invariance and prefix-group equality, the vector path's bits where head_dim is not a multiple
+  of 32, and only for formats with bf16 activations. tests/test_attention_tiles.py runs the engine on them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ from runtime.forward_batch import ForwardBatch
 
 CPU = torch.device("cpu")
 TOL = 1e-5
+TILES_TOL = 1e-4  # products as bf16 word pairs (hi*hi + lo*hi + hi*lo): close to float32, not equal
+TILES = [False, True]  # the vector path, then AMX tiles where the CPU has them
+
+
+def backend_for(cpu_ops, tiles: bool) -> CpuPagedAttentionBackend:
+    backend = CpuPagedAttentionBackend(cpu_ops)
+    if tiles and not backend.enable_tiles("q4"):
+        pytest.skip("no AMX tiles on this CPU")
+    return backend
 
 
 def make_batch(specs, num_slots=4096, seed=0, contiguous=False):
@@ -70,13 +82,17 @@ def sdpa_reference(batch, q, k, v):
 MIXED = [(1, 1), (1, 37), (5, 40), (1, 300), (17, 17), (80, 200), (3, 64), (1, 65), (33, 33), (65, 129)]
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (8, 2, 24), (6, 2, 128), (4, 1, 40)])
-def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim):
+@pytest.mark.parametrize("tiles", TILES)
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (8, 2, 24), (6, 2, 128), (4, 1, 40), (4, 2, 32)])
+def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim, tiles):
     batch = make_batch(MIXED)
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
-    out = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
-    assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
-    assert (out - run(TorchAttentionBackend(), batch, q, k, v)).abs().max().item() <= TOL
+    out = run(backend_for(cpu_ops, tiles), batch, q, k, v)
+    tol = TILES_TOL if tiles else TOL
+    assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= tol
+    assert (out - run(TorchAttentionBackend(), batch, q, k, v)).abs().max().item() <= tol
+    if tiles:  # other bits than the vector path's, except where head_dim keeps it on that path
+        assert torch.equal(out, run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)) == (dim % 32 != 0)
 
 
 def test_reads_the_pool_in_place_and_takes_a_strided_q(cpu_ops):
@@ -94,13 +110,14 @@ def rows_of(out, batch, request):
     return out[start : start + batch.extend_lens[request]]
 
 
-def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops):
+@pytest.mark.parametrize("tiles", TILES)
+def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops, tiles):
     heads, kv_heads, dim = 9, 3, 64
     _, k, v = random_qkv(0, heads, kv_heads, dim)
     g = torch.Generator().manual_seed(7)
     slots = torch.randperm(4096, generator=g)[:150]
     q_all = torch.randn(150, heads, dim, generator=g)
-    backend = CpuPagedAttentionBackend(cpu_ops)
+    backend = backend_for(cpu_ops, tiles)
     # the whole sequence as one prefill: row i sees i + 1 keys
     full = run(backend, pass_of([150], [150], [slots]), q_all, k, v)
     others = make_batch([(1, 500), (40, 90), (3, 3)], seed=3)
@@ -118,7 +135,8 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops
         assert torch.equal(rows_of(run(backend, mixed, q_mixed, k, v), mixed, 1), out_alone), (prefix, ext_len)
 
 
-def test_the_thread_count_changes_nothing(cpu_ops):
+@pytest.mark.parametrize("tiles", TILES)
+def test_the_thread_count_changes_nothing(cpu_ops, tiles):
     batch = make_batch(MIXED)
     q, k, v = random_qkv(batch.num_tokens, 9, 3, 64)
     before = torch.get_num_threads()
@@ -126,7 +144,7 @@ def test_the_thread_count_changes_nothing(cpu_ops):
         outs = []
         for threads in (1, 2, before):
             torch.set_num_threads(threads)
-            outs.append(run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v))
+            outs.append(run(backend_for(cpu_ops, tiles), batch, q, k, v))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
@@ -137,20 +155,32 @@ GROUPED = [(A, 12, 1), (A, 3, 1), (A, 20, 5), (None, 30, 1), (B, 7, 1), (B, 15, 
            (A, 90, 65), (None, 100, 100), (A, 0, 1)] + [(A, i, 1) for i in range(40)]  # A: more than one tile
 
 
+@pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 24)])
-def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim):
+def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim, tiles):
     from runtime.attention.cascade import find_prefix_groups
     from tests.test_cascade_attention import make_batch as make_shared_batch
 
     batch = make_shared_batch(GROUPED)
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
-    plain = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
+    plain = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
                                              CpuPagedAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
     assert sorted(len(g.members) for g in batch.prefix_groups) == [3, 45]  # A: a 65-token extend too
-    grouped = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
+    grouped = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     assert torch.equal(grouped, plain)
-    assert (grouped - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
+    assert (grouped - sdpa_reference(batch, q, k, v)).abs().max().item() <= (TILES_TOL if tiles else TOL)
+
+
+def test_tiles_only_for_formats_with_bf16_activations_and_only_with_amx(cpu_ops):
+    for fmt in ("fp32", "float16"):
+        backend = CpuPagedAttentionBackend(cpu_ops)
+        assert not backend.enable_tiles(fmt) and backend.name == "cpu" and not backend.tiles
+    amx = bool(cpu_ops.int4_linear_amx())
+    for fmt in ("q4", "q8", "bf16"):
+        backend = CpuPagedAttentionBackend(cpu_ops)
+        assert backend.enable_tiles(fmt) == amx and backend.name == ("cpu-amx" if amx else "cpu")
+    assert not TorchAttentionBackend().enable_tiles("q4")
 
 
 def test_checks_its_inputs(cpu_ops):

@@ -155,15 +155,23 @@ MIN_AGREEMENT = {"fp32": 1.0, "bf16": 0.97, "q8": 0.95, "q4": 0.97}
 MAX_LOGIT_DIFF = {"fp32": 1e-3, "bf16": 1.0, "q8": 2.5, "q4": 1.5}
 
 
-def _prefill(model, cfg, ids):
+def _attention(tiles_for: str | None = None):
+    """The engine's default backend; with `tiles_for` (a format), on AMX tiles (--attention-tiles)."""
+    attn = make_attention_backend("auto", CPU)
+    if tiles_for is not None and not attn.enable_tiles(tiles_for):
+        pytest.skip("no AMX tiles on this CPU")
+    return attn
+
+
+def _prefill(model, cfg, ids, attn=None):
     n = len(ids)
     kv = KVPool(cfg.num_layers, n + 8, cfg.num_kv_heads, cfg.head_dim)
     s = kv.allocator.alloc(n)
     return model.forward(ForwardBatch(torch.tensor(ids), torch.arange(n), s, [n], [n], [s], torch.arange(n)),
-                         kv, make_attention_backend("auto", CPU))
+                         kv, attn or _attention())
 
 
-def _decode_steps(model, cfg, ids, n_prompt):
+def _decode_steps(model, cfg, ids, n_prompt, attn=None):
     """Logits at positions n_prompt-1 .. len(ids)-2 as a decode computes them: the prompt in one
     pass, then one token (one row) per pass, as generation does. Kernels may round differently for
     one row than for many (fp32 BLAS does; the bf16 logits layer rounds rows alike), so both paths
@@ -171,7 +179,7 @@ def _decode_steps(model, cfg, ids, n_prompt):
     n = len(ids)
     kv = KVPool(cfg.num_layers, n + 8, cfg.num_kv_heads, cfg.head_dim)
     slots = kv.allocator.alloc(n)
-    attn = make_attention_backend("auto", CPU)
+    attn = attn or _attention()
     p = slots[:n_prompt]
     rows = [model.forward(ForwardBatch(torch.tensor(ids[:n_prompt]), torch.arange(n_prompt), p, [n_prompt],
                                        [n_prompt], [p], torch.tensor([n_prompt - 1])), kv, attn)]
@@ -214,15 +222,17 @@ def test_q4_holds_the_ggufs_own_weights(smollm_dir):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "q8", "q4"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "q8", "q4", "q4+tiles"])
 def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
     """Teacher-forced along a fixed continuation: at each of its 64 positions, does the format's top
-    token equal fp32's, and how far apart are the logits."""
+    token equal fp32's, and how far apart are the logits. "+tiles": attention on AMX tiles."""
     cfg, refs = reference
+    fmt, _, tiles = fmt.partition("+")
+    attn = _attention(fmt if tiles else None)
     model = load_model(smollm_dir, cfg, fmt, CPU, torch.float32)
     assert model.weights == fmt
-    for path, logits_of in (("prefill", lambda ids, n: _prefill(model, cfg, ids)[n - 1:-1]),
-                            ("decode", lambda ids, n: _decode_steps(model, cfg, ids, n))):
+    for path, logits_of in (("prefill", lambda ids, n: _prefill(model, cfg, ids, attn)[n - 1:-1]),
+                            ("decode", lambda ids, n: _decode_steps(model, cfg, ids, n, attn))):
         agree = total = 0
         worst = 0.0
         for ids, n_prompt, ref_logits in refs:
@@ -231,7 +241,7 @@ def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
             agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
             total += len(ref_logits)
             worst = max(worst, (logits - ref_logits).abs().max().item())
-        print(f"{fmt} {path}: top-1 agreement {agree / total:.4f}, logits max-abs {worst:.4f}")
+        print(f"{fmt}{' on tiles' if tiles else ''} {path}: top-1 agreement {agree / total:.4f}, logits max-abs {worst:.4f}")
         assert agree / total >= MIN_AGREEMENT[fmt], path
         assert worst <= MAX_LOGIT_DIFF[fmt], path
 

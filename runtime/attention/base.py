@@ -26,6 +26,11 @@ class AttentionBackend(ABC):
     # decode or inside an extend); weight formats that round activations rely on it
     batch_invariant = False
 
+    def enable_tiles(self, weights: str) -> bool:
+        """Run the products on matrix tiles for a model with `weights` (--attention-tiles); False
+        where this backend cannot (only the cpu kernel can: cpu_backend.py)."""
+        return False
+
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
         """Precompute per-pass metadata (called once before the layers run)."""

@@ -37,16 +37,28 @@ from runtime.attention.torch_backend import TorchAttentionBackend
 from runtime.forward_batch import ForwardBatch
 
 
+# Formats whose linear layers take bf16 activations: the attention output is rounded to bf16 next,
+# so near-float32 tile products cost them nothing that matters (tests/test_weight_formats.py's drift).
+TILE_FORMATS = frozenset({"q4", "q8", "bf16"})
+
+
 class CpuPagedAttentionBackend(AttentionBackend):
     name = "cpu"
     supports_prefix_groups = True
     max_short_extend = TorchAttentionBackend.max_short_extend  # longest extend that joins a group
     batch_invariant = True  # for float32 passes; other dtypes go through torch
 
-    def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
+    def __init__(self, ext: Any, tiles: bool = False):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext
+        self.tiles = tiles  # AMX tile products where the CPU has them (see the module docstring)
         self.batch: ForwardBatch | None = None
         self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes
+
+    def enable_tiles(self, weights: str) -> bool:
+        self.tiles = weights in TILE_FORMATS and bool(self.ext.int4_linear_amx())  # the CPU grants AMX
+        if self.tiles:
+            self.name = "cpu-amx"
+        return self.tiles
 
     def prepare(self, batch: ForwardBatch) -> None:
         self.batch, self.fallback = batch, None
@@ -72,4 +84,4 @@ class CpuPagedAttentionBackend(AttentionBackend):
                 self.fallback = TorchAttentionBackend()
                 self.fallback.prepare(self.batch)
             return self.fallback.forward(q, k_cache, v_cache)
-        return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta)
+        return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta, self.tiles)

@@ -7,7 +7,8 @@
   bf16 dot-product instructions (AVX512-BF16; runtime/linear.py);
 - quant_linear_f32.cpp: the same with float32 activations, on AVX2 + FMA (CPUs without native bf16);
 - quant_linear_i8.cpp: the int4 layers on integer dot products (activations as two int8 digits), on AVX2 + FMA;
-- vec.h: the vector helpers the others use (16 lanes with AVX-512, else 8).
+- vec.h: the vector helpers the others use (16 lanes with AVX-512, else 8);
+- amx.h: whether this process may use AMX tiles (paged_attention.cpp and quant_linear.cpp use them).
 
 The extension is compiled on first use with `-O3 -march=native -fopenmp` into
 $JUMPGATE_CACHE_DIR/ext/ (default ~/.cache/jumpgate/ext/), in a folder keyed by the sources' hash,
@@ -41,7 +42,7 @@ log = logging.getLogger("jumpgate.attention")
 FOLDER = Path(__file__).parent
 SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp",
            FOLDER / "quant_linear_f32.cpp", FOLDER / "quant_linear_i8.cpp")
-HEADERS = (FOLDER / "vec.h",)
+HEADERS = (FOLDER / "vec.h", FOLDER / "amx.h")
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
 # cpp_extension.load appends to the lists it is given, so it gets copies (the key hashes these).

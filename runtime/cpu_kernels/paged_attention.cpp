@@ -15,15 +15,19 @@
 #include <limits>
 #include <vector>
 
+#include "amx.h"
 #include "vec.h"
 
 namespace {
 
-using namespace jumpgate;  // W lanes (16 or 8: vec.h) for the dot product and the V accumulation
+using namespace jumpgate;  // amx_usable; W lanes (16 or 8: vec.h) for the dot product and the V accumulation
 
 constexpr int BLK = 32;       // keys per block
 constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V block
 constexpr int GROUP_ROWS = 16;  // rows of a prefix group that share each loaded shared block
+// The AMX path's tiles of one request: a block's K/V is made into tile operands once per tile, so
+// more rows share it (a 16-row tile spent as long preparing blocks as multiplying them)
+constexpr int AMX_TILE = 64;
 constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
@@ -229,6 +233,315 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       }
 }
 
+#if defined(JUMPGATE_AMX)
+// ---- The AMX path (tiles=true where the CPU has AMX: runtime/attention/cpu_backend.py says when) ----
+//
+// The same blocks of 32 keys, aligned to absolute position 0 and folded in order by the online
+// softmax, but each block's products are tile products: S^T = K Q^T (keys x states) and O = P V
+// (states x head dims), where a state is one query head of one row. Every float32 operand x is
+// split into bf16 words hi + lo (x - hi rounded again), and a product is hi*hi + lo*hi + hi*lo
+// (lo*lo, under 2^-16 of it, is dropped), each from its tile instruction's float32 sums: close to
+// float32, at a fraction of the vector path's cost. Scores come out with states along a vector's
+// lanes, so the softmax runs down the keys with no horizontal sums; only P (16 states x 32 keys)
+// is transposed, as 16 x 16 words of key pairs.
+//
+// Batch invariance holds as on the vector path: a tile instruction computes each output from its
+// own row and column, the softmax and the value sums of a state run in its own lane or row, so
+// neither a state's place in a tile nor its neighbours change its bits. A block inside a prefix
+// group's shared part is one K/V preparation for all the tile's states; outside it, each request
+// prepares its own.
+
+constexpr int TS = 16;  // states per tile chunk (tile rows and columns)
+static_assert(W == 16, "the AMX path runs on AVX-512");
+
+// Tile registers, all 16 rows of 64 bytes. Scores: 0-1 the block's two halves (16 keys x 16
+// states), 2-3 and 6-7 K hi/lo of each half (16 keys x 32 dims), 4-5 Q^T hi/lo (16 dim pairs x 16
+// states). Values: 0-1 the output of 32 dims (16 states x 16 dims each), 2-3 and 4-5 V hi/lo of
+// each (16 key pairs x 16 dims), 6-7 P hi/lo (16 states x 16 key pairs).
+struct alignas(64) AttentionTiles {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// x = hi + lo: both bf16 words, kept in the upper half of 32-bit lanes (the float they stand for).
+inline vu round_bf16_bits(vu u) { return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; }
+inline void split_bf16(vf x, vu& hi, vu& lo) {
+  vu u;
+  std::memcpy(&u, &x, sizeof u);
+  hi = round_bf16_bits(u);
+  vf h;
+  std::memcpy(&h, &hi, sizeof h);
+  const vf r = x - h;  // exact: x and its rounding share their leading bits
+  std::memcpy(&u, &r, sizeof u);
+  lo = round_bf16_bits(u);
+}
+inline uint16_t bf16_word(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return static_cast<uint16_t>(((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) >> 16);
+}
+inline float bf16_value(uint16_t w) {
+  const uint32_t u = static_cast<uint32_t>(w) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+// Two vectors of words (upper halves) -> one of pairs: element 2i + 0 from `even`, 2i + 1 from `odd`.
+inline vu pair_words(vu even, vu odd) { return (even >> 16) | odd; }
+inline void store_words(uint16_t* p, vu w) {
+  const vh h = __builtin_convertvector(w >> 16, vh);
+  std::memcpy(p, &h, sizeof h);
+}
+
+// In place: r[i][j] <- r[j][i] (16 x 16 32-bit elements), one bit of the row and column index
+// swapped per stage.
+inline void transpose16(vu* r) {
+#define JG_STAGE(d, ...)                                                                  \
+  for (int i = 0; i < 16; ++i)                                                            \
+    if (!(i & d)) {                                                                       \
+      const vu a = r[i], b = r[i + d];                                                    \
+      r[i] = __builtin_shufflevector(a, b, __VA_ARGS__);                                  \
+      r[i + d] = JG_HI_##d;                                                               \
+    }
+#define JG_HI_1 __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31)
+#define JG_HI_2 __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31)
+#define JG_HI_4 __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31)
+#define JG_HI_8 __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)
+  JG_STAGE(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+  JG_STAGE(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+  JG_STAGE(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+  JG_STAGE(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+#undef JG_STAGE
+#undef JG_HI_1
+#undef JG_HI_2
+#undef JG_HI_4
+#undef JG_HI_8
+}
+
+// One block's keys and values in tile layout (kc of its 32 keys real, the rest zero).
+struct BlockKV {
+  std::vector<uint16_t> k_hi, k_lo;  // [32 keys][D]: A operands, rows of 32 dims
+  std::vector<uint32_t> v_hi, v_lo;  // [16 key pairs][D]: B operands, a pair per dim
+  explicit BlockKV(int64_t D) : k_hi(BLK * D), k_lo(BLK * D), v_hi(BLK / 2 * D), v_lo(BLK / 2 * D) {}
+
+  // AVX512-BF16 converts 32 floats to words in one instruction (rounding to nearest even, as
+  // split_bf16); the remainders are converted the same way.
+  static inline void split32(const float* x, __m512i& hi, __m512i& lo) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
+  }
+
+  void fill(const float* const* kp, const float* const* vp, int kc, int64_t D) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int j = 0; j < BLK; ++j)
+      for (int64_t c = 0; c < D; c += 32) {
+        __m512i hi = zero, lo = zero;
+        if (j < kc) split32(kp[j] + c, hi, lo);
+        _mm512_storeu_si512(&k_hi[j * D + c], hi);
+        _mm512_storeu_si512(&k_lo[j * D + c], lo);
+      }
+    // words of key 2r and key 2r + 1 interleaved, dim by dim
+    alignas(64) static constexpr uint16_t FIRST[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i first = _mm512_load_si512(FIRST), second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    for (int r = 0; r < BLK / 2; ++r)
+      for (int64_t c = 0; c < D; c += 32) {
+        __m512i eh = zero, el = zero, oh = zero, ol = zero;
+        if (2 * r < kc) split32(vp[2 * r] + c, eh, el);
+        if (2 * r + 1 < kc) split32(vp[2 * r + 1] + c, oh, ol);
+        _mm512_storeu_si512(&v_hi[r * D + c], _mm512_permutex2var_epi16(eh, first, oh));
+        _mm512_storeu_si512(&v_hi[r * D + c + 16], _mm512_permutex2var_epi16(eh, second, oh));
+        _mm512_storeu_si512(&v_lo[r * D + c], _mm512_permutex2var_epi16(el, first, ol));
+        _mm512_storeu_si512(&v_lo[r * D + c + 16], _mm512_permutex2var_epi16(el, second, ol));
+      }
+  }
+};
+
+// Per work item: every state's Q^T words and its running max, sum and output.
+struct States {
+  int64_t count, stride;  // states; a row of qt (room for a chunk that starts at any state)
+  std::vector<uint32_t> qt_hi, qt_lo;  // [D / 32][16 dim pairs][stride]: B operands
+  std::vector<float> m, l, acc;        // [stride], [stride], [stride][D]
+  States(int64_t n, int64_t D)
+      : count(n), stride((n + 2 * TS - 1) / TS * TS), qt_hi(D / 2 * stride), qt_lo(D / 2 * stride),
+        m(stride, -std::numeric_limits<float>::infinity()), l(stride, 0.f), acc(stride * D, 0.f) {}
+
+  void set_q(int64_t st, const float* q, int64_t D) {
+    for (int64_t dp = 0; dp < D / 2; ++dp) {  // dim pair dp: chunk dp / 16, row dp % 16
+      uint32_t hi = 0, lo = 0;
+      for (int e = 0; e < 2; ++e) {
+        const float x = q[2 * dp + e];
+        const uint16_t h = bf16_word(x);
+        hi |= static_cast<uint32_t>(h) << (16 * e);
+        lo |= static_cast<uint32_t>(bf16_word(x - bf16_value(h))) << (16 * e);
+      }
+      qt_hi[dp * stride + st] = hi;
+      qt_lo[dp * stride + st] = lo;
+    }
+  }
+};
+
+// One block for states st0 .. st0 + n - 1 (n <= 16), state s seeing the block's first valid[s]
+// keys (lanes past n see them all and are never stored).
+void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n, const vi& valid) {
+  const int64_t D = a.dim, stride = s.stride;
+  alignas(64) float scores[BLK][TS];
+  alignas(64) uint32_t p_hi[TS][TS], p_lo[TS][TS];  // A operands: states x key pairs
+  std::vector<float>& acc = s.acc;
+  // S^T = K Q^T over 32 dims at a time
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t dc = 0; dc < D / 32; ++dc) {
+    _tile_loadd(4, &s.qt_hi[dc * 16 * stride + st0], stride * 4);
+    _tile_loadd(5, &s.qt_lo[dc * 16 * stride + st0], stride * 4);
+    _tile_loadd(2, &kv.k_hi[dc * 32], D * 2);
+    _tile_loadd(3, &kv.k_lo[dc * 32], D * 2);
+    _tile_loadd(6, &kv.k_hi[16 * D + dc * 32], D * 2);
+    _tile_loadd(7, &kv.k_lo[16 * D + dc * 32], D * 2);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(1, 6, 4);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(1, 7, 4);
+    _tile_dpbf16ps(0, 2, 5);
+    _tile_dpbf16ps(1, 6, 5);
+  }
+  _tile_stored(0, &scores[0][0], TS * 4);
+  _tile_stored(1, &scores[16][0], TS * 4);
+  // the online softmax, down the keys, a state per lane
+  vf m_old = splat(-std::numeric_limits<float>::infinity()), l_old = splat(0.f);
+  std::memcpy(&m_old, &s.m[st0], n * sizeof(float));
+  std::memcpy(&l_old, &s.l[st0], n * sizeof(float));
+  const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
+  vf sv[BLK], mx = neg_inf;
+  for (int j = 0; j < BLK; ++j) {
+    const vi key = {} ;
+    sv[j] = (key + j) < valid ? load(scores[j]) * a.scale : neg_inf;
+    mx = max_v(mx, sv[j]);
+  }
+  const vf m_new = max_v(m_old, mx);
+  vf sum = splat(0.f);
+  vu ph[BLK / 2], pl[BLK / 2];
+  for (int r = 0; r < BLK / 2; ++r) {  // exp(-inf - m) is exactly 0: keys past valid add nothing
+    const vf pe = exp_v(sv[2 * r] - m_new), po = exp_v(sv[2 * r + 1] - m_new);
+    sum = sum + pe;
+    sum = sum + po;
+    vu eh, el, oh, ol;
+    split_bf16(pe, eh, el);
+    split_bf16(po, oh, ol);
+    ph[r] = pair_words(eh, oh);
+    pl[r] = pair_words(el, ol);
+  }
+  // exp(-inf) is 0 (a state's first block); exp(0) is exactly 1
+  const vf alpha = m_old == m_new ? splat(1.f) : exp_v(m_old - m_new);
+  const vf l_new = l_old * alpha + sum;
+  transpose16(ph);
+  transpose16(pl);
+  std::memcpy(p_hi, ph, sizeof p_hi);
+  std::memcpy(p_lo, pl, sizeof p_lo);
+  _tile_loadd(6, p_hi, TS * 4);
+  _tile_loadd(7, p_lo, TS * 4);
+  // O += P V, 32 dims at a time (two independent sums in flight), then each state's rescale and
+  // sum in its own row
+  alignas(64) float pv[2][TS][W];
+  for (int64_t dt = 0; dt < D / 16; dt += 2) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, &kv.v_hi[dt * 16], D * 4);
+    _tile_loadd(4, &kv.v_hi[dt * 16 + 16], D * 4);
+    _tile_loadd(3, &kv.v_lo[dt * 16], D * 4);
+    _tile_loadd(5, &kv.v_lo[dt * 16 + 16], D * 4);
+    _tile_dpbf16ps(0, 6, 2);
+    _tile_dpbf16ps(1, 6, 4);
+    _tile_dpbf16ps(0, 7, 2);
+    _tile_dpbf16ps(1, 7, 4);
+    _tile_dpbf16ps(0, 6, 3);
+    _tile_dpbf16ps(1, 6, 5);
+    _tile_stored(0, &pv[0][0][0], W * 4);
+    _tile_stored(1, &pv[1][0][0], W * 4);
+    for (int i = 0; i < n; ++i) {
+      float* o = &acc[(st0 + i) * D + dt * 16];
+      store(o, load(o) * alpha[i] + load(pv[0][i]));
+      store(o + W, load(o + W) * alpha[i] + load(pv[1][i]));
+    }
+  }
+  std::memcpy(&s.m[st0], &m_new, n * sizeof(float));
+  std::memcpy(&s.l[st0], &l_new, n * sizeof(float));
+}
+
+void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
+  const int64_t G = a.group, D = a.dim;
+  segs += t.first_seg;
+  int64_t rows = 0, n_max = 0;
+  for (int64_t sg = 0; sg < t.num_segs; ++sg) {
+    rows += segs[sg].rows;
+    n_max = std::max(n_max, segs[sg].n0 + segs[sg].rows - 1);
+  }
+  States s(rows * G, D);
+  for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
+    for (int64_t i = 0; i < segs[sg].rows; ++i)
+      for (int64_t g = 0; g < G; ++g, ++st)
+        s.set_q(st, a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head, D);
+  // The blocks in order, each for all states (a shared block, seg -1) or one segment's; each
+  // block's K/V is made into operands one block ahead, so that the tile loads find its words in
+  // the cache, not still in flight from the vector stores (a load that waits on them stalls).
+  struct Job { int64_t base, seg, st0; };
+  std::vector<Job> jobs;
+  for (int64_t b = 0, base = 0; base < n_max; ++b, base += BLK) {
+    if (b < t.shared_blocks) { jobs.push_back({base, -1, 0}); continue; }
+    for (int64_t sg = 0, st0 = 0; sg < t.num_segs; st0 += segs[sg].rows * G, ++sg)
+      if (segs[sg].n0 + segs[sg].rows - 1 > base) jobs.push_back({base, sg, st0});
+  }
+  BlockKV kv[2] = {BlockKV(D), BlockKV(D)};
+  auto prepare = [&](const Job& job, BlockKV& dst) {
+    const Seg& sg = segs[job.seg < 0 ? 0 : job.seg];
+    const int64_t end = job.seg < 0 ? job.base + BLK : sg.n0 + sg.rows - 1;
+    const int kc = static_cast<int>(std::min<int64_t>(BLK, end - job.base));
+    const float* kp[BLK];
+    const float* vp[BLK];
+    for (int j = 0; j < kc; ++j) {
+      const int64_t off = (a.slots[sg.slot_off + job.base + j] * a.kv_heads + kvh) * D;
+      kp[j] = a.k + off;
+      vp[j] = a.v + off;
+    }
+    dst.fill(kp, vp, kc, D);
+  };
+  const vi all = {};
+  if (!jobs.empty()) prepare(jobs[0], kv[0]);
+  for (size_t x = 0; x < jobs.size(); ++x) {
+    if (x + 1 < jobs.size()) prepare(jobs[x + 1], kv[(x + 1) & 1]);
+    const Job& job = jobs[x];
+    const BlockKV& block = kv[x & 1];
+    if (job.seg < 0) {  // every state of the tile sees all 32 keys
+      for (int64_t st = 0; st < s.count; st += TS)
+        fold_chunk(a, s, block, st, static_cast<int>(std::min<int64_t>(TS, s.count - st)), all + BLK);
+      continue;
+    }
+    const Seg& seg = segs[job.seg];
+    const int64_t i0 = std::max<int64_t>(0, job.base - seg.n0 + 1);  // the first row that sees the block
+    for (int64_t st = job.st0 + i0 * G; st < job.st0 + seg.rows * G; st += TS) {
+      const int n = static_cast<int>(std::min<int64_t>(TS, job.st0 + seg.rows * G - st));
+      vi valid = all + BLK;
+      for (int k = 0; k < n; ++k) {
+        const int64_t i = (st + k - job.st0) / G;
+        valid[k] = static_cast<int32_t>(std::min<int64_t>(BLK, seg.n0 + i - job.base));
+      }
+      fold_chunk(a, s, block, st, n, valid);
+    }
+  }
+  for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
+    for (int64_t i = 0; i < segs[sg].rows; ++i)
+      for (int64_t g = 0; g < G; ++g, ++st) {
+        float* dst = a.out + ((segs[sg].row0 + i) * a.heads + kvh * G + g) * D;
+        for (int64_t c = 0; c < D; c += W) store(dst + c, load(&s.acc[st * D + c]) / s.l[st]);
+      }
+}
+#endif  // JUMPGATE_AMX
+
 using TileFn = void (*)(const Args&, const Seg*, const Tile&, int64_t);
 
 template <int NC>
@@ -248,8 +561,9 @@ TileFn pick(int nc, bool full) {
 // (first row of q, new tokens, visible length of its last row, offset of its row in `slots`,
 // prefix group or -1, the group's shared length). A group's members must hold the same first
 // `shared length` slots, all cached (runtime/attention/cascade.py finds such groups).
+// use_tiles: the AMX path where the CPU has it and head_dim is a multiple of 32 (else the vector path).
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor slots, torch::Tensor meta) {
+                              torch::Tensor slots, torch::Tensor meta, bool use_tiles) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_attention: shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "paged_attention: float32 only");
@@ -264,6 +578,11 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const int nc = static_cast<int>((D + W - 1) / W);
   TileFn fn = pick<1>(nc, D % W == 0);
   TORCH_CHECK(fn != nullptr, "paged_attention: head_dim above ", MAX_CHUNKS * W);
+  const bool amx = use_tiles && D % 32 == 0 && amx_usable();
+#if defined(JUMPGATE_AMX)
+  if (amx) fn = &run_tile_amx;
+#endif
+  const int64_t request_tile = amx ? AMX_TILE : MAX_TILE;  // rows of one request per tile
   auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
   Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
          slots.data_ptr<int64_t>(), out.data_ptr<float>(), KVH, H, H / KVH, D,
@@ -279,8 +598,8 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
     TORCH_CHECK(r[4] < 0 || (r[5] >= 0 && r[5] <= r[2] - r[1]), "paged_attention: meta row ", b,
                 ": the shared prefix must be cached");
     if (r[4] >= 0) { grouped.push_back(b); continue; }
-    for (int64_t i = 0; i < r[1]; i += MAX_TILE) {
-      const int64_t rows = std::min<int64_t>(MAX_TILE, r[1] - i), n0 = r[2] - r[1] + i + 1;
+    for (int64_t i = 0; i < r[1]; i += request_tile) {
+      const int64_t rows = std::min<int64_t>(request_tile, r[1] - i), n0 = r[2] - r[1] + i + 1;
       tiles.push_back({static_cast<int64_t>(segs.size()), 1, 0, rows * (n0 + rows)});
       segs.push_back({r[0] + i, rows, n0, r[3]});
     }
@@ -310,7 +629,14 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const int64_t items = static_cast<int64_t>(tiles.size()) * KVH;
   std::atomic<int64_t> next{0};
   auto work = [&](int64_t, int64_t) {
+#if defined(JUMPGATE_AMX)
+    static const AttentionTiles config;
+    if (amx) _tile_loadconfig(&config);
+#endif
     for (int64_t it; (it = next.fetch_add(1)) < items;) fn(a, segs.data(), tiles[it / KVH], it % KVH);
+#if defined(JUMPGATE_AMX)
+    if (amx) _tile_release();
+#endif
   };
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
   if (workers <= 1) work(0, 1); else at::parallel_for(0, workers, 1, work);
@@ -319,6 +645,6 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
 
 // A dispatcher op (not a pybind function), so torch.profiler sees it by name.
 TORCH_LIBRARY(jumpgate_cpu, m) {
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta) -> Tensor",
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False) -> Tensor",
         &paged_attention);
 }

@@ -35,27 +35,14 @@
 #include <utility>
 #include <vector>
 
+#include "amx.h"
 #include "vec.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 namespace {
 
-// Whether this process may use AMX tiles: built with them and granted by the kernel (Linux asks a
-// process to request the tile state once, arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
-bool amx_usable() {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return granted;
-#else
-  return false;
-#endif
-}
+using jumpgate::amx_usable;
 
 constexpr int64_t GROUP = 32;         // inputs per (scale, offset)
 constexpr int64_t QUADS = GROUP / 4;  // a 32-byte load holds 4 inputs of 16 columns
