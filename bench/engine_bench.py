@@ -1,5 +1,6 @@
 """`python -m bench engine [--formats fp32,auto,bf16,q8,q4] [--threads N]`: prefill and decode speed of
-our runtime per weight format, side by side in one run, with fp32 (eager) as the reference.
+our runtime per weight format, side by side in one run, with fp32 (eager) as the reference. A format
+written `auto+tiles` (or `q4+tiles`, ...) runs with --attention-tiles.
 
 One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens, the
 ratios to fp32 from the same run, and the split of a batch-1 decode step into linear layers,
@@ -77,10 +78,10 @@ def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, fl
     return {"forward_s": best, "linear_frac": linear / total, "attention_frac": attention / total}
 
 
-def _measure(fmt: str, quick: bool, threads: int | None) -> dict:
+def _measure(fmt: str, quick: bool, threads: int | None, tiles: bool = False) -> dict:
     new_tokens = 16 if quick else 64
     engine = Engine(device="cpu", kv_pool_tokens=16384, radix_cache=False, weights=fmt, num_threads=threads,
-                    max_running_requests=64).start()
+                    max_running_requests=64, attention_tiles=tiles).start()
     model, tok = engine.runner.model, engine.tokenizer
     greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)
@@ -131,13 +132,15 @@ def run(quick: bool = False, argv=None) -> None:
     done = set()
     cpu = torch.device("cpu")
     invariant = make_attention_backend("auto", cpu).batch_invariant  # what the engines will use
-    for fmt in args.formats.split(","):
+    for requested in args.formats.split(","):
+        fmt, _, tiles = requested.partition("+")
         resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32, invariant)
-        if resolved in done:  # auto chose a format measured already: report the choice only
-            emit({"bench": "engine", "requested": fmt, "weights": resolved, "weights_reason": reason})
+        if (resolved, tiles) in done:  # auto chose a format measured already: report the choice only
+            emit({"bench": "engine", "requested": requested, "weights": resolved, "weights_reason": reason})
             continue
-        done.add(resolved)
-        res = _measure(fmt, quick, args.threads)
+        done.add((resolved, tiles))
+        res = _measure(fmt, quick, args.threads, tiles=bool(tiles))
+        res["requested"] = requested
         ref = ref or res
         for key in [k for k in res if k.startswith(("prefill_tok_s", "decode_tok_s"))]:
             res[f"{key}_vs_{ref['weights']}"] = res[key] / ref[key]

@@ -32,6 +32,12 @@ TILES_TOL = 1e-4  # products as bf16 word pairs (hi*hi + lo*hi + hi*lo): close t
 TILES = [False, True]  # the vector path, then AMX tiles where the CPU has them
 
 
+def values_for(v: torch.Tensor, tiles: bool) -> torch.Tensor:
+    """V as the formats that take tiles write it (the qkv layer's bf16 output): the tile path
+    multiplies V's bf16 words and has no term for a remainder below them."""
+    return v.bfloat16().float() if tiles else v
+
+
 def backend_for(cpu_ops, tiles: bool) -> CpuPagedAttentionBackend:
     backend = CpuPagedAttentionBackend(cpu_ops)
     if tiles and not backend.enable_tiles("q4"):
@@ -87,6 +93,7 @@ MIXED = [(1, 1), (1, 37), (5, 40), (1, 300), (17, 17), (80, 200), (3, 64), (1, 6
 def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim, tiles):
     batch = make_batch(MIXED)
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
+    v = values_for(v, tiles)
     out = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     tol = TILES_TOL if tiles else TOL
     assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= tol
@@ -114,6 +121,7 @@ def rows_of(out, batch, request):
 def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops, tiles):
     heads, kv_heads, dim = 9, 3, 64
     _, k, v = random_qkv(0, heads, kv_heads, dim)
+    v = values_for(v, tiles)
     g = torch.Generator().manual_seed(7)
     slots = torch.randperm(4096, generator=g)[:150]
     q_all = torch.randn(150, heads, dim, generator=g)
@@ -163,6 +171,7 @@ def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim, tiles):
 
     batch = make_shared_batch(GROUPED)
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
+    v = values_for(v, tiles)
     plain = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
                                              CpuPagedAttentionBackend.max_short_extend, min_shared=16, min_saved=0)

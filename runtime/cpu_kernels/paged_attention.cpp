@@ -234,30 +234,35 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
 }
 
 #if defined(JUMPGATE_AMX)
-// ---- The AMX path (tiles=true where the CPU has AMX: runtime/attention/cpu_backend.py says when) ----
+// ---- The AMX path (use_tiles, where the CPU has AMX: runtime/attention/cpu_backend.py says when) ----
 //
 // The same blocks of 32 keys, aligned to absolute position 0 and folded in order by the online
 // softmax, but each block's products are tile products: S^T = K Q^T (keys x states) and O = P V
-// (states x head dims), where a state is one query head of one row. Every float32 operand x is
-// split into bf16 words hi + lo (x - hi rounded again), and a product is hi*hi + lo*hi + hi*lo
-// (lo*lo, under 2^-16 of it, is dropped), each from its tile instruction's float32 sums: close to
-// float32, at a fraction of the vector path's cost. Scores come out with states along a vector's
-// lanes, so the softmax runs down the keys with no horizontal sums; only P (16 states x 32 keys)
-// is transposed, as 16 x 16 words of key pairs.
+// (states x head dims), where a state is one query head of one row. q, k and p are float32, so
+// each is split into bf16 words hi + lo (x - hi, rounded again): a score is hi*hi + lo*hi + hi*lo
+// (lo*lo, under 2^-16 of it, is dropped) and a value sum phi*v + plo*v, each from its tile
+// instruction's float32 sums: close to float32 (tests/test_cpu_attention.py: within 1e-4 of
+// SDPA). V takes no remainder: in the formats that turn tiles on it is the qkv layer's bf16 output.
+// The scores are transposed to a row per state (2 x 16 x 16 words), so each state's softmax runs
+// in its own row and a decode's 3 states cost 3 rows, not a tile's 16.
 //
 // Batch invariance holds as on the vector path: a tile instruction computes each output from its
-// own row and column, the softmax and the value sums of a state run in its own lane or row, so
+// own row and column, and the softmax and the value sums of a state run in its own row, so
 // neither a state's place in a tile nor its neighbours change its bits. A block inside a prefix
 // group's shared part is one K/V preparation for all the tile's states; outside it, each request
-// prepares its own.
+// prepares its own, one block ahead of its use.
+//
+// Measured (bench/results/engine_attention_tiles_*.jsonl, docs/DEVELOPING.md): long prompts
+// prefill about 2x faster than on the vector path; a decode's few states per block pay the K/V
+// preparation alone and run slower, so the path is opt-in (--attention-tiles).
 
 constexpr int TS = 16;  // states per tile chunk (tile rows and columns)
 static_assert(W == 16, "the AMX path runs on AVX-512");
 
 // Tile registers, all 16 rows of 64 bytes. Scores: 0-1 the block's two halves (16 keys x 16
 // states), 2-3 and 6-7 K hi/lo of each half (16 keys x 32 dims), 4-5 Q^T hi/lo (16 dim pairs x 16
-// states). Values: 0-1 the output of 32 dims (16 states x 16 dims each), 2-3 and 4-5 V hi/lo of
-// each (16 key pairs x 16 dims), 6-7 P hi/lo (16 states x 16 key pairs).
+// states). Values: 0-1 the output of 32 dims (16 states x 16 dims each), 2 and 4 V of each (16 key
+// pairs x 16 dims), 6-7 P hi/lo (16 states x 16 key pairs).
 struct alignas(64) AttentionTiles {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
@@ -265,18 +270,6 @@ struct alignas(64) AttentionTiles {
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
-// x = hi + lo: both bf16 words, kept in the upper half of 32-bit lanes (the float they stand for).
-inline vu round_bf16_bits(vu u) { return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; }
-inline void split_bf16(vf x, vu& hi, vu& lo) {
-  vu u;
-  std::memcpy(&u, &x, sizeof u);
-  hi = round_bf16_bits(u);
-  vf h;
-  std::memcpy(&h, &hi, sizeof h);
-  const vf r = x - h;  // exact: x and its rounding share their leading bits
-  std::memcpy(&u, &r, sizeof u);
-  lo = round_bf16_bits(u);
-}
 inline uint16_t bf16_word(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
@@ -288,11 +281,37 @@ inline float bf16_value(uint16_t w) {
   std::memcpy(&x, &u, sizeof x);
   return x;
 }
-// Two vectors of words (upper halves) -> one of pairs: element 2i + 0 from `even`, 2i + 1 from `odd`.
-inline vu pair_words(vu even, vu odd) { return (even >> 16) | odd; }
-inline void store_words(uint16_t* p, vu w) {
-  const vh h = __builtin_convertvector(w >> 16, vh);
-  std::memcpy(p, &h, sizeof h);
+inline vi splat_i(int32_t x) { vi v = {}; return v + x; }
+
+// e^x for x <= 0 (a score minus its running max), ~1 ulp: n = round(x log2 e), r = x - n ln 2 in
+// two steps (Cody-Waite), Cephes' polynomial for e^r, then scalef for 2^n. Half the instructions
+// of exp_v (no integer exponent assembly); x below -87 gives about 1e-38, not 0 (callers zero
+// the keys they mask).
+inline vf exp_tiles(vf x) {
+  __m512 v = _mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
+  v = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), v);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(v, v), _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
+  return (vf)_mm512_scalef_ps(y, n);
+}
+
+// A row of 32 probabilities (p0: keys 0-15, p1: 16-31) -> its hi and lo words in key order, as an
+// A operand row (16 key pairs).
+inline void split_row(vf p0, vf p1, uint32_t* hi, uint32_t* lo) {
+  const __m512i h = (__m512i)_mm512_cvtne2ps_pbh((__m512)p1, (__m512)p0);
+  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+  const __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps((__m512)p1, h1), _mm512_sub_ps((__m512)p0, h0));
+  _mm512_store_si512(hi, h);
+  _mm512_store_si512(lo, l);
 }
 
 // In place: r[i][j] <- r[j][i] (16 x 16 32-bit elements), one bit of the row and column index
@@ -323,8 +342,8 @@ inline void transpose16(vu* r) {
 // One block's keys and values in tile layout (kc of its 32 keys real, the rest zero).
 struct BlockKV {
   std::vector<uint16_t> k_hi, k_lo;  // [32 keys][D]: A operands, rows of 32 dims
-  std::vector<uint32_t> v_hi, v_lo;  // [16 key pairs][D]: B operands, a pair per dim
-  explicit BlockKV(int64_t D) : k_hi(BLK * D), k_lo(BLK * D), v_hi(BLK / 2 * D), v_lo(BLK / 2 * D) {}
+  std::vector<uint32_t> v;            // [16 key pairs][D]: B operand, a pair per dim
+  explicit BlockKV(int64_t D) : k_hi(BLK * D), k_lo(BLK * D), v(BLK / 2 * D) {}
 
   // AVX512-BF16 converts 32 floats to words in one instruction (rounding to nearest even, as
   // split_bf16); the remainders are converted the same way.
@@ -345,19 +364,17 @@ struct BlockKV {
         _mm512_storeu_si512(&k_hi[j * D + c], hi);
         _mm512_storeu_si512(&k_lo[j * D + c], lo);
       }
-    // words of key 2r and key 2r + 1 interleaved, dim by dim
-    alignas(64) static constexpr uint16_t FIRST[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    const __m512i first = _mm512_load_si512(FIRST), second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    // V's words (rounded: in the formats tiles serve V is the qkv layer's bf16 output, so exact and
+    // with no lo part), key 2r's and key 2r + 1's interleaved dim by dim
+    alignas(64) static constexpr uint16_t PAIRS[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i pairs = _mm512_load_si512(PAIRS);
     for (int r = 0; r < BLK / 2; ++r)
-      for (int64_t c = 0; c < D; c += 32) {
-        __m512i eh = zero, el = zero, oh = zero, ol = zero;
-        if (2 * r < kc) split32(vp[2 * r] + c, eh, el);
-        if (2 * r + 1 < kc) split32(vp[2 * r + 1] + c, oh, ol);
-        _mm512_storeu_si512(&v_hi[r * D + c], _mm512_permutex2var_epi16(eh, first, oh));
-        _mm512_storeu_si512(&v_hi[r * D + c + 16], _mm512_permutex2var_epi16(eh, second, oh));
-        _mm512_storeu_si512(&v_lo[r * D + c], _mm512_permutex2var_epi16(el, first, ol));
-        _mm512_storeu_si512(&v_lo[r * D + c + 16], _mm512_permutex2var_epi16(el, second, ol));
+      for (int64_t c = 0; c < D; c += W) {
+        const __m512 even = 2 * r < kc ? _mm512_loadu_ps(vp[2 * r] + c) : _mm512_setzero_ps();
+        const __m512 odd = 2 * r + 1 < kc ? _mm512_loadu_ps(vp[2 * r + 1] + c) : _mm512_setzero_ps();
+        const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
+        _mm512_storeu_si512(&v[r * D + c], _mm512_permutexvar_epi16(pairs, words));
       }
   }
 };
@@ -412,37 +429,44 @@ void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n,
   }
   _tile_stored(0, &scores[0][0], TS * 4);
   _tile_stored(1, &scores[16][0], TS * 4);
-  // the online softmax, down the keys, a state per lane
-  vf m_old = splat(-std::numeric_limits<float>::infinity()), l_old = splat(0.f);
-  std::memcpy(&m_old, &s.m[st0], n * sizeof(float));
-  std::memcpy(&l_old, &s.l[st0], n * sizeof(float));
+  // The scores to a row per state (two 16 x 16 transposes), then each real state's online softmax
+  // in its own row: a short chunk (a decode's few states) costs only its own rows.
+  vu rows[2][TS];
+  std::memcpy(rows[0], &scores[0][0], sizeof rows[0]);
+  std::memcpy(rows[1], &scores[16][0], sizeof rows[1]);
+  transpose16(rows[0]);
+  transpose16(rows[1]);
   const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
-  vf sv[BLK], mx = neg_inf;
-  for (int j = 0; j < BLK; ++j) {
-    const vi key = {} ;
-    sv[j] = (key + j) < valid ? load(scores[j]) * a.scale : neg_inf;
-    mx = max_v(mx, sv[j]);
+  const vi key_lo = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, key_hi = key_lo + 16;
+  float alpha[TS];
+  for (int i = 0; i < n; ++i) {
+    vf s0, s1;
+    std::memcpy(&s0, &rows[0][i], sizeof s0);
+    std::memcpy(&s1, &rows[1][i], sizeof s1);
+    s0 = s0 * a.scale;
+    s1 = s1 * a.scale;
+    const bool all = valid[i] == BLK;  // most blocks: every key visible
+    const vi lim = splat_i(valid[i]);
+    if (!all) {
+      s0 = key_lo < lim ? s0 : neg_inf;
+      s1 = key_hi < lim ? s1 : neg_inf;
+    }
+    const float m_old = s.m[st0 + i], m_new = std::max(m_old, hmax(max_v(s0, s1)));
+    vf p0 = exp_tiles(s0 - m_new), p1 = exp_tiles(s1 - m_new);
+    if (!all) {  // keys past valid add exactly nothing
+      p0 = key_lo < lim ? p0 : splat(0.f);
+      p1 = key_hi < lim ? p1 : splat(0.f);
+    }
+    // exp(0) is exactly 1: most blocks leave the running max where it was
+    alpha[i] = std::isinf(m_old) ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
+    s.l[st0 + i] = s.l[st0 + i] * alpha[i] + hsum(p0 + p1);
+    s.m[st0 + i] = m_new;
+    split_row(p0, p1, p_hi[i], p_lo[i]);  // 32 keys in order: 16 key pairs
   }
-  const vf m_new = max_v(m_old, mx);
-  vf sum = splat(0.f);
-  vu ph[BLK / 2], pl[BLK / 2];
-  for (int r = 0; r < BLK / 2; ++r) {  // exp(-inf - m) is exactly 0: keys past valid add nothing
-    const vf pe = exp_v(sv[2 * r] - m_new), po = exp_v(sv[2 * r + 1] - m_new);
-    sum = sum + pe;
-    sum = sum + po;
-    vu eh, el, oh, ol;
-    split_bf16(pe, eh, el);
-    split_bf16(po, oh, ol);
-    ph[r] = pair_words(eh, oh);
-    pl[r] = pair_words(el, ol);
+  for (int i = n; i < TS; ++i) {  // rows of no state: zeros, whose sums are never stored
+    std::memset(p_hi[i], 0, sizeof p_hi[i]);
+    std::memset(p_lo[i], 0, sizeof p_lo[i]);
   }
-  // exp(-inf) is 0 (a state's first block); exp(0) is exactly 1
-  const vf alpha = m_old == m_new ? splat(1.f) : exp_v(m_old - m_new);
-  const vf l_new = l_old * alpha + sum;
-  transpose16(ph);
-  transpose16(pl);
-  std::memcpy(p_hi, ph, sizeof p_hi);
-  std::memcpy(p_lo, pl, sizeof p_lo);
   _tile_loadd(6, p_hi, TS * 4);
   _tile_loadd(7, p_lo, TS * 4);
   // O += P V, 32 dims at a time (two independent sums in flight), then each state's rescale and
@@ -451,16 +475,12 @@ void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n,
   for (int64_t dt = 0; dt < D / 16; dt += 2) {
     _tile_zero(0);
     _tile_zero(1);
-    _tile_loadd(2, &kv.v_hi[dt * 16], D * 4);
-    _tile_loadd(4, &kv.v_hi[dt * 16 + 16], D * 4);
-    _tile_loadd(3, &kv.v_lo[dt * 16], D * 4);
-    _tile_loadd(5, &kv.v_lo[dt * 16 + 16], D * 4);
+    _tile_loadd(2, &kv.v[dt * 16], D * 4);
+    _tile_loadd(4, &kv.v[dt * 16 + 16], D * 4);
     _tile_dpbf16ps(0, 6, 2);
     _tile_dpbf16ps(1, 6, 4);
     _tile_dpbf16ps(0, 7, 2);
     _tile_dpbf16ps(1, 7, 4);
-    _tile_dpbf16ps(0, 6, 3);
-    _tile_dpbf16ps(1, 6, 5);
     _tile_stored(0, &pv[0][0][0], W * 4);
     _tile_stored(1, &pv[1][0][0], W * 4);
     for (int i = 0; i < n; ++i) {
@@ -469,8 +489,6 @@ void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n,
       store(o + W, load(o + W) * alpha[i] + load(pv[1][i]));
     }
   }
-  std::memcpy(&s.m[st0], &m_new, n * sizeof(float));
-  std::memcpy(&s.l[st0], &l_new, n * sizeof(float));
 }
 
 void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
@@ -510,9 +528,23 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     }
     dst.fill(kp, vp, kc, D);
   };
+  // and the block after it is asked for ahead (a decode's context streams from memory)
+  auto prefetch = [&](const Job& job) {
+    const Seg& sg = segs[job.seg < 0 ? 0 : job.seg];
+    const int64_t end = job.seg < 0 ? job.base + BLK : sg.n0 + sg.rows - 1;
+    const int kc = static_cast<int>(std::min<int64_t>(BLK, end - job.base));
+    for (int j = 0; j < kc; ++j) {
+      const int64_t off = (a.slots[sg.slot_off + job.base + j] * a.kv_heads + kvh) * D;
+      for (int64_t c = 0; c < D; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(a.k + off + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a.v + off + c), _MM_HINT_T0);
+      }
+    }
+  };
   const vi all = {};
   if (!jobs.empty()) prepare(jobs[0], kv[0]);
   for (size_t x = 0; x < jobs.size(); ++x) {
+    if (x + 2 < jobs.size()) prefetch(jobs[x + 2]);
     if (x + 1 < jobs.size()) prepare(jobs[x + 1], kv[(x + 1) & 1]);
     const Job& job = jobs[x];
     const BlockKV& block = kv[x & 1];
