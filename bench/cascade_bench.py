@@ -65,6 +65,7 @@ def run(quick: bool = False, argv=None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--attention", default="auto", help="attention backend (default: the engine's, auto)")
+    ap.add_argument("--attention-tiles", action="store_true", help="the cpu kernel on AMX tiles (--attention-tiles)")
     ap.add_argument("--attention-only", action="store_true",
                     help="time the attention backend alone (one layer) instead of the whole model")
     args = ap.parse_args(argv or [])
@@ -75,7 +76,7 @@ def run(quick: bool = False, argv=None) -> None:
     mc = read_config(model_dir)
     pool = max(args.shared) + args.batch * args.private + 16
     cfg = EngineConfig(device=device.type, kv_pool_tokens=pool, max_running_requests=args.batch,
-                       attention_backend=args.attention)
+                       attention_backend=args.attention, attention_tiles=args.attention_tiles)
     runner = ModelRunner(cfg, model_dir, mc, device, pick_dtype("auto", device), pool)
     for layer in (*runner.kv.k, *runner.kv.v):
         layer.normal_()

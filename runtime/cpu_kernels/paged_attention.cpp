@@ -27,7 +27,7 @@ constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V 
 constexpr int GROUP_ROWS = 16;  // rows of a prefix group that share each loaded shared block
 // The AMX path's tiles of one request: a block's K/V is made into tile operands once per tile, so
 // more rows share it (a 16-row tile spent as long preparing blocks as multiplying them)
-constexpr int AMX_TILE = 64;
+constexpr int AMX_TILE = 128;
 constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
@@ -340,10 +340,25 @@ inline void transpose16(vu* r) {
 }
 
 // One block's keys and values in tile layout (kc of its 32 keys real, the rest zero).
+// A thread's buffers, kept from one work item to the next (a decode's items are short: allocating
+// and clearing them each time cost as much as their blocks). Grown, never cleared: every user
+// writes what it reads.
+template <typename T>
+T* scratch(std::vector<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 struct BlockKV {
-  std::vector<uint16_t> k_hi, k_lo;  // [32 keys][D]: A operands, rows of 32 dims
-  std::vector<uint32_t> v;            // [16 key pairs][D]: B operand, a pair per dim
-  explicit BlockKV(int64_t D) : k_hi(BLK * D), k_lo(BLK * D), v(BLK / 2 * D) {}
+  uint16_t *k_hi, *k_lo;  // [32 keys][D]: A operands, rows of 32 dims
+  uint32_t* v;            // [16 key pairs][D]: B operand, a pair per dim
+  BlockKV(int which, int64_t D) {
+    thread_local std::vector<uint16_t> keys[2][2];
+    thread_local std::vector<uint32_t> values[2];
+    k_hi = scratch(keys[which][0], BLK * D);
+    k_lo = scratch(keys[which][1], BLK * D);
+    v = scratch(values[which], BLK / 2 * D);
+  }
 
   // AVX512-BF16 converts 32 floats to words in one instruction (rounding to nearest even, as
   // split_bf16); the remainders are converted the same way.
@@ -382,11 +397,20 @@ struct BlockKV {
 // Per work item: every state's Q^T words and its running max, sum and output.
 struct States {
   int64_t count, stride;  // states; a row of qt (room for a chunk that starts at any state)
-  std::vector<uint32_t> qt_hi, qt_lo;  // [D / 32][16 dim pairs][stride]: B operands
-  std::vector<float> m, l, acc;        // [stride], [stride], [stride][D]
-  States(int64_t n, int64_t D)
-      : count(n), stride((n + 2 * TS - 1) / TS * TS), qt_hi(D / 2 * stride), qt_lo(D / 2 * stride),
-        m(stride, -std::numeric_limits<float>::infinity()), l(stride, 0.f), acc(stride * D, 0.f) {}
+  uint32_t *qt_hi, *qt_lo;  // [D / 32][16 dim pairs][stride]: B operands (columns past count: any)
+  float *m, *l, *acc;       // [count], [count], [count][D]
+  States(int64_t n, int64_t D) : count(n), stride((n + 2 * TS - 1) / TS * TS) {
+    thread_local std::vector<uint32_t> qt[2];
+    thread_local std::vector<float> running[3];
+    qt_hi = scratch(qt[0], D / 2 * stride);
+    qt_lo = scratch(qt[1], D / 2 * stride);
+    m = scratch(running[0], stride);
+    l = scratch(running[1], stride);
+    acc = scratch(running[2], stride * D);
+    std::fill(m, m + n, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + n, 0.f);
+    std::fill(acc, acc + n * D, 0.f);
+  }
 
   void set_q(int64_t st, const float* q, int64_t D) {
     for (int64_t dp = 0; dp < D / 2; ++dp) {  // dim pair dp: chunk dp / 16, row dp % 16
@@ -409,7 +433,7 @@ void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n,
   const int64_t D = a.dim, stride = s.stride;
   alignas(64) float scores[BLK][TS];
   alignas(64) uint32_t p_hi[TS][TS], p_lo[TS][TS];  // A operands: states x key pairs
-  std::vector<float>& acc = s.acc;
+  float* const acc = s.acc;
   // S^T = K Q^T over 32 dims at a time
   _tile_zero(0);
   _tile_zero(1);
@@ -508,13 +532,14 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
   // block's K/V is made into operands one block ahead, so that the tile loads find its words in
   // the cache, not still in flight from the vector stores (a load that waits on them stalls).
   struct Job { int64_t base, seg, st0; };
-  std::vector<Job> jobs;
+  thread_local std::vector<Job> jobs;
+  jobs.clear();
   for (int64_t b = 0, base = 0; base < n_max; ++b, base += BLK) {
     if (b < t.shared_blocks) { jobs.push_back({base, -1, 0}); continue; }
     for (int64_t sg = 0, st0 = 0; sg < t.num_segs; st0 += segs[sg].rows * G, ++sg)
       if (segs[sg].n0 + segs[sg].rows - 1 > base) jobs.push_back({base, sg, st0});
   }
-  BlockKV kv[2] = {BlockKV(D), BlockKV(D)};
+  BlockKV kv[2] = {BlockKV(0, D), BlockKV(1, D)};
   auto prepare = [&](const Job& job, BlockKV& dst) {
     const Seg& sg = segs[job.seg < 0 ? 0 : job.seg];
     const int64_t end = job.seg < 0 ? job.base + BLK : sg.n0 + sg.rows - 1;
