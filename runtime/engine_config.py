@@ -34,7 +34,8 @@ class EngineConfig:
         flag="--attention-backend", choices=("auto", "torch", "triton", "cpu"))
     attention_tiles: bool = setting(
         False, "run the cpu attention kernel's products on AMX tiles (q4, q8 and bf16 weights on a CPU with AMX): "
-        "long prompts prefill about 1.5x faster, decoding is slower (docs/DEVELOPING.md)", flag="--attention-tiles")
+        "prompts prefill faster (3k tokens: 1.6x), decoding over long unshared contexts slower (docs/DEVELOPING.md)",
+        flag="--attention-tiles")
     cuda_graphs: bool = setting(
         True, "run decode passes eagerly on CUDA instead of replaying CUDA graphs (graphs: CUDA + triton only)",
         flag="--no-cuda-graphs", negative=True)

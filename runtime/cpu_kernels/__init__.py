@@ -1,6 +1,7 @@
 """Builds and loads Jumpgate's C++ CPU kernels once per machine: `torch.ops.jumpgate_cpu`.
 
-- paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py);
+- paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py),
+  and paged_attention_tiles.h its path on AMX tiles;
 - layer_ops.cpp: a decoder layer's small ops fused for the q4/q8/bf16 formats, in bf16 or float32
   activations (runtime/model.py);
 - quant_linear.cpp: the q4 format's linear and logits layers (the GGUF's int4 and int8 codes) on
@@ -42,7 +43,7 @@ log = logging.getLogger("jumpgate.attention")
 FOLDER = Path(__file__).parent
 SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp",
            FOLDER / "quant_linear_f32.cpp", FOLDER / "quant_linear_i8.cpp")
-HEADERS = (FOLDER / "vec.h", FOLDER / "amx.h")
+HEADERS = (FOLDER / "vec.h", FOLDER / "amx.h", FOLDER / "paged_attention_tiles.h")
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
 # cpp_extension.load appends to the lists it is given, so it gets copies (the key hashes these).

@@ -1,0 +1,369 @@
+// The AMX path of paged_attention.cpp (included there, inside its anonymous namespace, after the
+// Args / Seg / Tile types and the vector path's helpers it shares).
+#pragma once
+
+#if defined(JUMPGATE_AMX)
+// ---- The AMX path (use_tiles, where the CPU has AMX: runtime/attention/cpu_backend.py says when) ----
+//
+// The same blocks of 32 keys, aligned to absolute position 0 and folded in order by the online
+// softmax, but each block's products are tile products: S^T = K Q^T (keys x states) and O = P V
+// (states x head dims), where a state is one query head of one row. q, k and p are float32, so
+// each is split into bf16 words hi + lo (x - hi, rounded again): a score is hi*hi + lo*hi + hi*lo
+// (lo*lo, under 2^-16 of it, is dropped) and a value sum phi*v + plo*v, each from its tile
+// instruction's float32 sums: close to float32 (tests/test_cpu_attention.py: within 1e-4 of
+// SDPA). V takes no remainder: in the formats that turn tiles on it is the qkv layer's bf16 output.
+// The scores are transposed to a row per state (2 x 16 x 16 words), so each state's softmax runs
+// in its own row and a decode's 3 states cost 3 rows, not a tile's 16.
+//
+// Batch invariance holds as on the vector path: a tile instruction computes each output from its
+// own row and column, and the softmax and the value sums of a state run in its own row, so
+// neither a state's place in a tile nor its neighbours change its bits. A block inside a prefix
+// group's shared part is one K/V preparation for all the tile's states; outside it, each request
+// prepares its own, one block ahead of its use.
+//
+// Measured (bench/results/engine_attention_tiles_*.jsonl, docs/DEVELOPING.md): long prompts
+// prefill about 2x faster than on the vector path; a decode's few states per block pay the K/V
+// preparation alone and run slower, so the path is opt-in (--attention-tiles).
+
+constexpr int TS = 16;  // states per tile chunk (tile rows and columns)
+static_assert(W == 16, "the AMX path runs on AVX-512");
+
+// Tile registers, all 16 rows of 64 bytes. Scores: 0-1 the block's two halves (16 keys x 16
+// states), 2-3 and 6-7 K hi/lo of each half (16 keys x 32 dims), 4-5 Q^T hi/lo (16 dim pairs x 16
+// states). Values: 0-1 the output of 32 dims (16 states x 16 dims each), 2 and 4 V of each (16 key
+// pairs x 16 dims), 6-7 P hi/lo (16 states x 16 key pairs).
+struct alignas(64) AttentionTiles {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+inline uint16_t bf16_word(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return static_cast<uint16_t>(((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) >> 16);
+}
+inline float bf16_value(uint16_t w) {
+  const uint32_t u = static_cast<uint32_t>(w) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+inline vi splat_i(int32_t x) { vi v = {}; return v + x; }
+
+// e^x for x <= 0 (a score minus its running max), ~1 ulp: n = round(x log2 e), r = x - n ln 2 in
+// two steps (Cody-Waite), Cephes' polynomial for e^r, then scalef for 2^n. Half the instructions
+// of exp_v (no integer exponent assembly); x below -87 gives about 1e-38, not 0 (callers zero
+// the keys they mask).
+inline vf exp_tiles(vf x) {
+  __m512 v = _mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
+  v = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), v);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(v, v), _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
+  return (vf)_mm512_scalef_ps(y, n);
+}
+
+// A row of 32 probabilities (p0: keys 0-15, p1: 16-31) -> its hi and lo words in key order, as an
+// A operand row (16 key pairs).
+inline void split_row(vf p0, vf p1, uint32_t* hi, uint32_t* lo) {
+  const __m512i h = (__m512i)_mm512_cvtne2ps_pbh((__m512)p1, (__m512)p0);
+  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+  const __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps((__m512)p1, h1), _mm512_sub_ps((__m512)p0, h0));
+  _mm512_store_si512(hi, h);
+  _mm512_store_si512(lo, l);
+}
+
+// In place: r[i][j] <- r[j][i] (16 x 16 32-bit elements), one bit of the row and column index
+// swapped per stage.
+inline void transpose16(vu* r) {
+#define JG_STAGE(d, ...)                                                                  \
+  for (int i = 0; i < 16; ++i)                                                            \
+    if (!(i & d)) {                                                                       \
+      const vu a = r[i], b = r[i + d];                                                    \
+      r[i] = __builtin_shufflevector(a, b, __VA_ARGS__);                                  \
+      r[i + d] = JG_HI_##d;                                                               \
+    }
+#define JG_HI_1 __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31)
+#define JG_HI_2 __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31)
+#define JG_HI_4 __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31)
+#define JG_HI_8 __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)
+  JG_STAGE(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+  JG_STAGE(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+  JG_STAGE(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+  JG_STAGE(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+#undef JG_STAGE
+#undef JG_HI_1
+#undef JG_HI_2
+#undef JG_HI_4
+#undef JG_HI_8
+}
+
+// One block's keys and values in tile layout (kc of its 32 keys real, the rest zero).
+// A thread's buffers, kept from one work item to the next (a decode's items are short: allocating
+// and clearing them each time cost as much as their blocks). Grown, never cleared: every user
+// writes what it reads.
+template <typename T>
+T* scratch(std::vector<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
+struct BlockKV {
+  uint16_t *k_hi, *k_lo;  // [32 keys][D]: A operands, rows of 32 dims
+  uint32_t* v;            // [16 key pairs][D]: B operand, a pair per dim
+  BlockKV(int which, int64_t D) {
+    thread_local std::vector<uint16_t> keys[2][2];
+    thread_local std::vector<uint32_t> values[2];
+    k_hi = scratch(keys[which][0], BLK * D);
+    k_lo = scratch(keys[which][1], BLK * D);
+    v = scratch(values[which], BLK / 2 * D);
+  }
+
+  // AVX512-BF16 converts 32 floats to words in one instruction (rounding to nearest even, as
+  // split_bf16); the remainders are converted the same way.
+  static inline void split32(const float* x, __m512i& hi, __m512i& lo) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
+  }
+
+  void fill(const float* const* kp, const float* const* vp, int kc, int64_t D) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int j = 0; j < BLK; ++j)
+      for (int64_t c = 0; c < D; c += 32) {
+        __m512i hi = zero, lo = zero;
+        if (j < kc) split32(kp[j] + c, hi, lo);
+        _mm512_storeu_si512(&k_hi[j * D + c], hi);
+        _mm512_storeu_si512(&k_lo[j * D + c], lo);
+      }
+    // V's words (rounded: in the formats tiles serve V is the qkv layer's bf16 output, so exact and
+    // with no lo part), key 2r's and key 2r + 1's interleaved dim by dim
+    alignas(64) static constexpr uint16_t PAIRS[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i pairs = _mm512_load_si512(PAIRS);
+    for (int r = 0; r < BLK / 2; ++r)
+      for (int64_t c = 0; c < D; c += W) {
+        const __m512 even = 2 * r < kc ? _mm512_loadu_ps(vp[2 * r] + c) : _mm512_setzero_ps();
+        const __m512 odd = 2 * r + 1 < kc ? _mm512_loadu_ps(vp[2 * r + 1] + c) : _mm512_setzero_ps();
+        const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
+        _mm512_storeu_si512(&v[r * D + c], _mm512_permutexvar_epi16(pairs, words));
+      }
+  }
+};
+
+// Per work item: every state's Q^T words and its running max, sum and output.
+struct States {
+  int64_t count, stride;  // states; a row of qt (room for a chunk that starts at any state)
+  uint32_t *qt_hi, *qt_lo;  // [D / 32][16 dim pairs][stride]: B operands (columns past count: any)
+  float *m, *l, *acc;       // [count], [count], [count][D]
+  States(int64_t n, int64_t D) : count(n), stride((n + 2 * TS - 1) / TS * TS) {
+    thread_local std::vector<uint32_t> qt[2];
+    thread_local std::vector<float> running[3];
+    qt_hi = scratch(qt[0], D / 2 * stride);
+    qt_lo = scratch(qt[1], D / 2 * stride);
+    m = scratch(running[0], stride);
+    l = scratch(running[1], stride);
+    acc = scratch(running[2], stride * D);
+    std::fill(m, m + n, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + n, 0.f);
+    std::fill(acc, acc + n * D, 0.f);
+  }
+
+  void set_q(int64_t st, const float* q, int64_t D) {
+    for (int64_t dp = 0; dp < D / 2; ++dp) {  // dim pair dp: chunk dp / 16, row dp % 16
+      uint32_t hi = 0, lo = 0;
+      for (int e = 0; e < 2; ++e) {
+        const float x = q[2 * dp + e];
+        const uint16_t h = bf16_word(x);
+        hi |= static_cast<uint32_t>(h) << (16 * e);
+        lo |= static_cast<uint32_t>(bf16_word(x - bf16_value(h))) << (16 * e);
+      }
+      qt_hi[dp * stride + st] = hi;
+      qt_lo[dp * stride + st] = lo;
+    }
+  }
+};
+
+// One block for states st0 .. st0 + n - 1 (n <= 16), state s seeing the block's first valid[s]
+// keys (lanes past n see them all and are never stored).
+void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n, const vi& valid) {
+  const int64_t D = a.dim, stride = s.stride;
+  alignas(64) float scores[BLK][TS];
+  alignas(64) uint32_t p_hi[TS][TS], p_lo[TS][TS];  // A operands: states x key pairs
+  float* const acc = s.acc;
+  // S^T = K Q^T over 32 dims at a time
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t dc = 0; dc < D / 32; ++dc) {
+    _tile_loadd(4, &s.qt_hi[dc * 16 * stride + st0], stride * 4);
+    _tile_loadd(5, &s.qt_lo[dc * 16 * stride + st0], stride * 4);
+    _tile_loadd(2, &kv.k_hi[dc * 32], D * 2);
+    _tile_loadd(3, &kv.k_lo[dc * 32], D * 2);
+    _tile_loadd(6, &kv.k_hi[16 * D + dc * 32], D * 2);
+    _tile_loadd(7, &kv.k_lo[16 * D + dc * 32], D * 2);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(1, 6, 4);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(1, 7, 4);
+    _tile_dpbf16ps(0, 2, 5);
+    _tile_dpbf16ps(1, 6, 5);
+  }
+  _tile_stored(0, &scores[0][0], TS * 4);
+  _tile_stored(1, &scores[16][0], TS * 4);
+  // The scores to a row per state (two 16 x 16 transposes), then each real state's online softmax
+  // in its own row: a short chunk (a decode's few states) costs only its own rows.
+  vu rows[2][TS];
+  std::memcpy(rows[0], &scores[0][0], sizeof rows[0]);
+  std::memcpy(rows[1], &scores[16][0], sizeof rows[1]);
+  transpose16(rows[0]);
+  transpose16(rows[1]);
+  const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
+  const vi key_lo = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, key_hi = key_lo + 16;
+  float alpha[TS];
+  for (int i = 0; i < n; ++i) {
+    vf s0, s1;
+    std::memcpy(&s0, &rows[0][i], sizeof s0);
+    std::memcpy(&s1, &rows[1][i], sizeof s1);
+    s0 = s0 * a.scale;
+    s1 = s1 * a.scale;
+    const bool all = valid[i] == BLK;  // most blocks: every key visible
+    const vi lim = splat_i(valid[i]);
+    if (!all) {
+      s0 = key_lo < lim ? s0 : neg_inf;
+      s1 = key_hi < lim ? s1 : neg_inf;
+    }
+    const float m_old = s.m[st0 + i], m_new = std::max(m_old, hmax(max_v(s0, s1)));
+    vf p0 = exp_tiles(s0 - m_new), p1 = exp_tiles(s1 - m_new);
+    if (!all) {  // keys past valid add exactly nothing
+      p0 = key_lo < lim ? p0 : splat(0.f);
+      p1 = key_hi < lim ? p1 : splat(0.f);
+    }
+    // exp(0) is exactly 1: most blocks leave the running max where it was
+    alpha[i] = std::isinf(m_old) ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
+    s.l[st0 + i] = s.l[st0 + i] * alpha[i] + hsum(p0 + p1);
+    s.m[st0 + i] = m_new;
+    split_row(p0, p1, p_hi[i], p_lo[i]);  // 32 keys in order: 16 key pairs
+  }
+  for (int i = n; i < TS; ++i) {  // rows of no state: zeros, whose sums are never stored
+    std::memset(p_hi[i], 0, sizeof p_hi[i]);
+    std::memset(p_lo[i], 0, sizeof p_lo[i]);
+  }
+  _tile_loadd(6, p_hi, TS * 4);
+  _tile_loadd(7, p_lo, TS * 4);
+  // O += P V, 32 dims at a time (two independent sums in flight), then each state's rescale and
+  // sum in its own row
+  alignas(64) float pv[2][TS][W];
+  for (int64_t dt = 0; dt < D / 16; dt += 2) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, &kv.v[dt * 16], D * 4);
+    _tile_loadd(4, &kv.v[dt * 16 + 16], D * 4);
+    _tile_dpbf16ps(0, 6, 2);
+    _tile_dpbf16ps(1, 6, 4);
+    _tile_dpbf16ps(0, 7, 2);
+    _tile_dpbf16ps(1, 7, 4);
+    _tile_stored(0, &pv[0][0][0], W * 4);
+    _tile_stored(1, &pv[1][0][0], W * 4);
+    for (int i = 0; i < n; ++i) {
+      float* o = &acc[(st0 + i) * D + dt * 16];
+      store(o, load(o) * alpha[i] + load(pv[0][i]));
+      store(o + W, load(o + W) * alpha[i] + load(pv[1][i]));
+    }
+  }
+}
+
+void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
+  const int64_t G = a.group, D = a.dim;
+  segs += t.first_seg;
+  int64_t rows = 0, n_max = 0;
+  for (int64_t sg = 0; sg < t.num_segs; ++sg) {
+    rows += segs[sg].rows;
+    n_max = std::max(n_max, segs[sg].n0 + segs[sg].rows - 1);
+  }
+  States s(rows * G, D);
+  for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
+    for (int64_t i = 0; i < segs[sg].rows; ++i)
+      for (int64_t g = 0; g < G; ++g, ++st)
+        s.set_q(st, a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head, D);
+  // The blocks in order, each for all states (a shared block, seg -1) or one segment's; each
+  // block's K/V is made into operands one block ahead, so that the tile loads find its words in
+  // the cache, not still in flight from the vector stores (a load that waits on them stalls).
+  struct Job { int64_t base, seg, st0; };
+  thread_local std::vector<Job> jobs;
+  jobs.clear();
+  for (int64_t b = 0, base = 0; base < n_max; ++b, base += BLK) {
+    if (b < t.shared_blocks) { jobs.push_back({base, -1, 0}); continue; }
+    for (int64_t sg = 0, st0 = 0; sg < t.num_segs; st0 += segs[sg].rows * G, ++sg)
+      if (segs[sg].n0 + segs[sg].rows - 1 > base) jobs.push_back({base, sg, st0});
+  }
+  BlockKV kv[2] = {BlockKV(0, D), BlockKV(1, D)};
+  auto prepare = [&](const Job& job, BlockKV& dst) {
+    const Seg& sg = segs[job.seg < 0 ? 0 : job.seg];
+    const int64_t end = job.seg < 0 ? job.base + BLK : sg.n0 + sg.rows - 1;
+    const int kc = static_cast<int>(std::min<int64_t>(BLK, end - job.base));
+    const float* kp[BLK];
+    const float* vp[BLK];
+    for (int j = 0; j < kc; ++j) {
+      const int64_t off = (a.slots[sg.slot_off + job.base + j] * a.kv_heads + kvh) * D;
+      kp[j] = a.k + off;
+      vp[j] = a.v + off;
+    }
+    dst.fill(kp, vp, kc, D);
+  };
+  // and the block after it is asked for ahead (a decode's context streams from memory)
+  auto prefetch = [&](const Job& job) {
+    const Seg& sg = segs[job.seg < 0 ? 0 : job.seg];
+    const int64_t end = job.seg < 0 ? job.base + BLK : sg.n0 + sg.rows - 1;
+    const int kc = static_cast<int>(std::min<int64_t>(BLK, end - job.base));
+    for (int j = 0; j < kc; ++j) {
+      const int64_t off = (a.slots[sg.slot_off + job.base + j] * a.kv_heads + kvh) * D;
+      for (int64_t c = 0; c < D; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(a.k + off + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a.v + off + c), _MM_HINT_T0);
+      }
+    }
+  };
+  const vi all = {};
+  if (!jobs.empty()) prepare(jobs[0], kv[0]);
+  for (size_t x = 0; x < jobs.size(); ++x) {
+    if (x + 2 < jobs.size()) prefetch(jobs[x + 2]);
+    if (x + 1 < jobs.size()) prepare(jobs[x + 1], kv[(x + 1) & 1]);
+    const Job& job = jobs[x];
+    const BlockKV& block = kv[x & 1];
+    if (job.seg < 0) {  // every state of the tile sees all 32 keys
+      for (int64_t st = 0; st < s.count; st += TS)
+        fold_chunk(a, s, block, st, static_cast<int>(std::min<int64_t>(TS, s.count - st)), all + BLK);
+      continue;
+    }
+    const Seg& seg = segs[job.seg];
+    const int64_t i0 = std::max<int64_t>(0, job.base - seg.n0 + 1);  // the first row that sees the block
+    for (int64_t st = job.st0 + i0 * G; st < job.st0 + seg.rows * G; st += TS) {
+      const int n = static_cast<int>(std::min<int64_t>(TS, job.st0 + seg.rows * G - st));
+      vi valid = all + BLK;
+      for (int k = 0; k < n; ++k) {
+        const int64_t i = (st + k - job.st0) / G;
+        valid[k] = static_cast<int32_t>(std::min<int64_t>(BLK, seg.n0 + i - job.base));
+      }
+      fold_chunk(a, s, block, st, n, valid);
+    }
+  }
+  for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
+    for (int64_t i = 0; i < segs[sg].rows; ++i)
+      for (int64_t g = 0; g < G; ++g, ++st) {
+        float* dst = a.out + ((segs[sg].row0 + i) * a.heads + kvh * G + g) * D;
+        for (int64_t c = 0; c < D; c += W) store(dst + c, load(&s.acc[st * D + c]) / s.l[st]);
+      }
+}
+#endif  // JUMPGATE_AMX
