@@ -85,9 +85,11 @@ class ModelRunner:
         self.attn = make_attention_backend(cfg.attention_backend, device)
         self.model = load_model(model_dir, mc, cfg.weights, device, dtype,  # .weights / .weights_reason: which, why
                                 invariant_attention=self.attn.batch_invariant)
-        if cfg.attention_tiles and not self.attn.enable_tiles(self.model.weights):
-            log.warning("--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights "
-                        "and a CPU with AMX; here %s attention, %s weights)", self.attn.name, self.model.weights)
+        # the kernel's float32 passes only (other dtypes go through torch)
+        if cfg.attention_tiles and not (dtype == torch.float32 and self.attn.enable_tiles(self.model.weights)):
+            log.warning("--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights, "
+                        "float32 activations and a CPU with AMX; here %s attention, %s weights, %s)",
+                        self.attn.name, self.model.weights, dtype)
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, device)
         self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device)
