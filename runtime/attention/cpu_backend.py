@@ -57,9 +57,9 @@ class CpuPagedAttentionBackend(AttentionBackend):
     max_short_extend = TorchAttentionBackend.max_short_extend  # longest extend that joins a group
     batch_invariant = True  # for float32 passes; other dtypes go through torch
 
-    def __init__(self, ext: Any, tiles: bool = False):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
+    def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext
-        self.tiles = tiles  # AMX tile products where the CPU has them (see the module docstring)
+        self.tiles = False  # AMX tile products: set by enable_tiles (see the module docstring)
         self.batch: ForwardBatch | None = None
         self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes
 

@@ -19,10 +19,10 @@
 // own row and column, and the softmax and the value sums of a state run in its own row, so
 // neither a state's place in a tile nor its neighbours change its bits. A block inside a prefix
 // group's shared part is one K/V preparation for all the tile's states; outside it, each request
-// prepares its own, one block ahead of its use.
+// prepares its own.
 //
 // Measured (bench/results/engine_attention_tiles_*.jsonl, docs/DEVELOPING.md): long prompts
-// prefill about 2x faster than on the vector path; a decode's few states per block pay the K/V
+// prefill faster (3k tokens: 1.6x end to end); a decode's few states per block pay the K/V
 // preparation alone and run slower, so the path is opt-in (--attention-tiles).
 
 constexpr int TS = 16;  // states per tile chunk (tile rows and columns)
@@ -72,15 +72,13 @@ inline vf exp_tiles(vf x) {
   return (vf)_mm512_scalef_ps(y, n);
 }
 
-// A row of 32 probabilities (p0: keys 0-15, p1: 16-31) -> its hi and lo words in key order, as an
-// A operand row (16 key pairs).
-inline void split_row(vf p0, vf p1, uint32_t* hi, uint32_t* lo) {
-  const __m512i h = (__m512i)_mm512_cvtne2ps_pbh((__m512)p1, (__m512)p0);
-  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
-  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-  const __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps((__m512)p1, h1), _mm512_sub_ps((__m512)p0, h0));
-  _mm512_store_si512(hi, h);
-  _mm512_store_si512(lo, l);
+// 32 floats (x0: the first 16, x1: the next) -> their hi and lo bf16 words in order, in one
+// AVX512-BF16 conversion each (rounding to nearest even); lo is the remainder x - hi, rounded.
+inline void split_words(__m512 x0, __m512 x1, __m512i& hi, __m512i& lo) {
+  hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+  lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
 }
 
 // In place: r[i][j] <- r[j][i] (16 x 16 32-bit elements), one bit of the row and column index
@@ -108,7 +106,6 @@ inline void transpose16(vu* r) {
 #undef JG_HI_8
 }
 
-// One block's keys and values in tile layout (kc of its 32 keys real, the rest zero).
 // A thread's buffers, kept from one work item to the next (a decode's items are short: allocating
 // and clearing them each time cost as much as their blocks). Grown, never cleared: every user
 // writes what it reads.
@@ -118,25 +115,16 @@ T* scratch(std::vector<T>& buffer, size_t n) {
   return buffer.data();
 }
 
+// One block's keys and values in tile layout (kc of its 32 keys real, the rest zero).
 struct BlockKV {
   uint16_t *k_hi, *k_lo;  // [32 keys][D]: A operands, rows of 32 dims
   uint32_t* v;            // [16 key pairs][D]: B operand, a pair per dim
-  BlockKV(int which, int64_t D) {
-    thread_local std::vector<uint16_t> keys[2][2];
-    thread_local std::vector<uint32_t> values[2];
-    k_hi = scratch(keys[which][0], BLK * D);
-    k_lo = scratch(keys[which][1], BLK * D);
-    v = scratch(values[which], BLK / 2 * D);
-  }
-
-  // AVX512-BF16 converts 32 floats to words in one instruction (rounding to nearest even, as
-  // split_bf16); the remainders are converted the same way.
-  static inline void split32(const float* x, __m512i& hi, __m512i& lo) {
-    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-    hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-    const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
-    const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
-    lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
+  explicit BlockKV(int64_t D) {
+    thread_local std::vector<uint16_t> keys[2];
+    thread_local std::vector<uint32_t> values;
+    k_hi = scratch(keys[0], BLK * D);
+    k_lo = scratch(keys[1], BLK * D);
+    v = scratch(values, BLK / 2 * D);
   }
 
   void fill(const float* const* kp, const float* const* vp, int kc, int64_t D) {
@@ -144,7 +132,7 @@ struct BlockKV {
     for (int j = 0; j < BLK; ++j)
       for (int64_t c = 0; c < D; c += 32) {
         __m512i hi = zero, lo = zero;
-        if (j < kc) split32(kp[j] + c, hi, lo);
+        if (j < kc) split_words(_mm512_loadu_ps(kp[j] + c), _mm512_loadu_ps(kp[j] + c + 16), hi, lo);
         _mm512_storeu_si512(&k_hi[j * D + c], hi);
         _mm512_storeu_si512(&k_lo[j * D + c], lo);
       }
@@ -254,7 +242,10 @@ void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n,
     alpha[i] = std::isinf(m_old) ? 0.f : m_old == m_new ? 1.f : std::exp(m_old - m_new);
     s.l[st0 + i] = s.l[st0 + i] * alpha[i] + hsum(p0 + p1);
     s.m[st0 + i] = m_new;
-    split_row(p0, p1, p_hi[i], p_lo[i]);  // 32 keys in order: 16 key pairs
+    __m512i h, l;
+    split_words((__m512)p0, (__m512)p1, h, l);  // 32 keys in order: an A row of 16 key pairs
+    _mm512_store_si512(p_hi[i], h);
+    _mm512_store_si512(p_lo[i], l);
   }
   for (int i = n; i < TS; ++i) {  // rows of no state: zeros, whose sums are never stored
     std::memset(p_hi[i], 0, sizeof p_hi[i]);
@@ -298,8 +289,7 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       for (int64_t g = 0; g < G; ++g, ++st)
         s.set_q(st, a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head, D);
   // The blocks in order, each for all states (a shared block, seg -1) or one segment's; each
-  // block's K/V is made into operands one block ahead, so that the tile loads find its words in
-  // the cache, not still in flight from the vector stores (a load that waits on them stalls).
+  // block's K/V is made into tile operands once for all the states that read it.
   struct Job { int64_t base, seg, st0; };
   thread_local std::vector<Job> jobs;
   jobs.clear();
@@ -308,50 +298,30 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     for (int64_t sg = 0, st0 = 0; sg < t.num_segs; st0 += segs[sg].rows * G, ++sg)
       if (segs[sg].n0 + segs[sg].rows - 1 > base) jobs.push_back({base, sg, st0});
   }
-  BlockKV kv[2] = {BlockKV(0, D), BlockKV(1, D)};
-  auto prepare = [&](const Job& job, BlockKV& dst) {
-    const Seg& sg = segs[job.seg < 0 ? 0 : job.seg];
-    const int64_t end = job.seg < 0 ? job.base + BLK : sg.n0 + sg.rows - 1;
+  BlockKV block(D);
+  for (size_t x = 0; x < jobs.size(); ++x) {
+    const Job& job = jobs[x];
+    const Seg& owner = segs[job.seg < 0 ? 0 : job.seg];  // whose slots address the block
+    const int64_t end = job.seg < 0 ? job.base + BLK : owner.n0 + owner.rows - 1;
     const int kc = static_cast<int>(std::min<int64_t>(BLK, end - job.base));
     const float* kp[BLK];
     const float* vp[BLK];
     for (int j = 0; j < kc; ++j) {
-      const int64_t off = (a.slots[sg.slot_off + job.base + j] * a.kv_heads + kvh) * D;
+      const int64_t off = (a.slots[owner.slot_off + job.base + j] * a.kv_heads + kvh) * D;
       kp[j] = a.k + off;
       vp[j] = a.v + off;
     }
-    dst.fill(kp, vp, kc, D);
-  };
-  // and the block after it is asked for ahead (a decode's context streams from memory)
-  auto prefetch = [&](const Job& job) {
-    const Seg& sg = segs[job.seg < 0 ? 0 : job.seg];
-    const int64_t end = job.seg < 0 ? job.base + BLK : sg.n0 + sg.rows - 1;
-    const int kc = static_cast<int>(std::min<int64_t>(BLK, end - job.base));
-    for (int j = 0; j < kc; ++j) {
-      const int64_t off = (a.slots[sg.slot_off + job.base + j] * a.kv_heads + kvh) * D;
-      for (int64_t c = 0; c < D; c += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(a.k + off + c), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(a.v + off + c), _MM_HINT_T0);
-      }
-    }
-  };
-  const vi all = {};
-  if (!jobs.empty()) prepare(jobs[0], kv[0]);
-  for (size_t x = 0; x < jobs.size(); ++x) {
-    if (x + 2 < jobs.size()) prefetch(jobs[x + 2]);
-    if (x + 1 < jobs.size()) prepare(jobs[x + 1], kv[(x + 1) & 1]);
-    const Job& job = jobs[x];
-    const BlockKV& block = kv[x & 1];
+    block.fill(kp, vp, kc, D);
     if (job.seg < 0) {  // every state of the tile sees all 32 keys
       for (int64_t st = 0; st < s.count; st += TS)
-        fold_chunk(a, s, block, st, static_cast<int>(std::min<int64_t>(TS, s.count - st)), all + BLK);
+        fold_chunk(a, s, block, st, static_cast<int>(std::min<int64_t>(TS, s.count - st)), splat_i(BLK));
       continue;
     }
     const Seg& seg = segs[job.seg];
     const int64_t i0 = std::max<int64_t>(0, job.base - seg.n0 + 1);  // the first row that sees the block
     for (int64_t st = job.st0 + i0 * G; st < job.st0 + seg.rows * G; st += TS) {
       const int n = static_cast<int>(std::min<int64_t>(TS, job.st0 + seg.rows * G - st));
-      vi valid = all + BLK;
+      vi valid = splat_i(BLK);
       for (int k = 0; k < n; ++k) {
         const int64_t i = (st + k - job.st0) / G;
         valid[k] = static_cast<int32_t>(std::min<int64_t>(BLK, seg.n0 + i - job.base));
