@@ -196,20 +196,22 @@ void expand_all(const Packed& p, int64_t quads, std::vector<uint16_t>& buffer) {
     }
 }
 
+// The tile rows for M rows (as quant_linear configures them).
+inline int tile_rows_for(int64_t M) { return M <= 1 ? 1 : M <= 4 ? 4 : M <= 8 ? 8 : static_cast<int>(AMX_ROWS); }
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // Tile registers: 0 the group's sums (R rows x 16 fp32), 1 the activations (R rows x 32 bf16),
-// 2 the codes (16 input pairs x 16 columns x 2 bf16). Each thread loads this before its tiles.
+// 2 the codes (16 input pairs x 16 columns x 2 bf16); amx_streamed also uses 3 (a second column
+// vector's codes) and 4 (its sums).
+// Each thread loads this before its tiles.
 // R: rows of the sums and activation tiles (1, 4, 8 or 16: a short call multiplies few zero rows).
 template <int R>
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64};
-  uint8_t rows[16] = {R, R, 16};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64};
+  uint8_t rows[16] = {R, R, 16, 16, R};
 };
-
-// The tile rows for M rows (as quant_linear configures them).
-inline int tile_rows_for(int64_t M) { return M <= 1 ? 1 : M <= 4 ? 4 : M <= 8 ? 8 : static_cast<int>(AMX_ROWS); }
 
 // One tile configuration per row count (a call sets it on each of its threads).
 inline void configure_tiles(int64_t M) {
@@ -226,31 +228,18 @@ inline void configure_tiles(int64_t M) {
 // (Expanded<C>'s layout: input pair p of vector c at (p * C + c) * WORDS, so a group's 16 pairs are
 // one tile at a stride of C vectors), R rows at a time (R: the configured tile rows). Per group
 // and R rows: one tile product from zero, then the same scale and offset steps as tile_rows.
-// `expanded` null (one tile of rows): each group's codes are expanded where they are used, into a
-// 1 KB tile that stays in L1, instead of the whole tile's codes into a buffer first.
-template <int R, int C, int S, typename Packed>
-void amx_rows(const Packed& p, const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K,
-              const float* sums, const float* scale_offset, uint16_t* out, int64_t ldy) {
+template <int R, int C, int S>
+void amx_rows(const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K, const float* sums,
+              const float* scale_offset, uint16_t* out, int64_t ldy) {
   const int64_t groups = K / GROUP;
   alignas(64) float part[R * COLS];
-  alignas(64) uint16_t codes[GROUP / 2 * WORDS];
   for (int c = 0; c < C; ++c)
     for (int64_t m0 = 0; m0 < M; m0 += R) {
       __m512 y[R];
       for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
       for (int64_t g = 0; g < groups; ++g) {
         _tile_loadd(1, xpad + m0 * K + g * GROUP, K * sizeof(uint16_t));
-        if (expanded != nullptr) {
-          _tile_loadd(2, expanded + (g * (GROUP / 2) * C + c) * WORDS, C * WORDS * sizeof(uint16_t));
-        } else {
-          for (int64_t j = 0; j < QUADS; ++j) {
-            __m512i first, second;
-            p.get(g * QUADS + j, c, first, second);
-            _mm512_store_si512(codes + 2 * j * WORDS, first);
-            _mm512_store_si512(codes + (2 * j + 1) * WORDS, second);
-          }
-          _tile_loadd(2, codes, WORDS * sizeof(uint16_t));
-        }
+        _tile_loadd(2, expanded + (g * (GROUP / 2) * C + c) * WORDS, C * WORDS * sizeof(uint16_t));
         _tile_zero(0);
         _tile_dpbf16ps(0, 1, 2);
         _tile_stored(0, part, COLS * sizeof(float));
@@ -268,6 +257,74 @@ void amx_rows(const Packed& p, const uint16_t* expanded, const uint16_t* xpad, i
     }
 }
 
+// One tile of rows (M <= R), each group's codes expanded where they are used (into 1-2 KB that stay
+// in L1, instead of the whole column tile's codes into a buffer first), as a software pipeline. A
+// group's product must be stored before the next group's scale step (each group has its own
+// scales), so done one step at a time the tile unit waits on vector stores and the vector unit on
+// tile stores (neither forwards). Here, while group g's products run, group g+1's codes are
+// expanded into the other half of a double buffer and group g-1's sums are read back.
+// The same products and the same scale and offset steps, group after group: amx_rows' bits.
+template <int R, int C, int S, typename Packed>
+void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, const float* sums,
+                  const float* scale_offset, uint16_t* out, int64_t ldy) {
+  static_assert(C == 1 || C == 2);
+  // Column vectors per pass: 16 rows of sums for two vectors would need all 32 vector registers.
+  constexpr int V = R * C <= 16 ? C : 1;
+  constexpr int64_t TILE_WORDS = GROUP / 2 * WORDS;  // one group's codes of one column vector
+  constexpr int64_t BYTES = WORDS * sizeof(uint16_t);
+  const int64_t groups = K / GROUP;
+  alignas(64) uint16_t codes[2][V][TILE_WORDS];  // [buffer][vector of the pass]
+  alignas(64) float part[2][V][R * COLS];        // [buffer][vector of the pass]
+  for (int c0 = 0; c0 < C; c0 += V) {
+    __m512 y[V][R];
+    for (int v = 0; v < V; ++v)
+      for (int r = 0; r < R; ++r) y[v][r] = _mm512_setzero_ps();
+    const auto expand = [&](int64_t g, uint16_t (*into)[TILE_WORDS]) {
+      for (int v = 0; v < V; ++v)
+        for (int64_t j = 0; j < QUADS; ++j) {
+          __m512i first, second;
+          p.get(g * QUADS + j, c0 + v, first, second);
+          _mm512_store_si512(into[v] + 2 * j * WORDS, first);
+          _mm512_store_si512(into[v] + (2 * j + 1) * WORDS, second);
+        }
+    };
+    const auto accumulate = [&](int64_t g, const float (*from)[R * COLS]) {
+      for (int v = 0; v < V; ++v) {
+        const float* so = scale_offset + (((c0 + v) * groups + g) * S) * COLS;
+        const __m512 d = _mm512_loadu_ps(so);
+        for (int r = 0; r < R; ++r) y[v][r] = _mm512_fmadd_ps(_mm512_load_ps(from[v] + r * COLS), d, y[v][r]);
+        if constexpr (S == 2) {
+          const __m512 o = _mm512_loadu_ps(so + COLS);
+          for (int r = 0; r < R; ++r) y[v][r] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[v][r]);
+        }
+      }
+    };
+    expand(0, codes[0]);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int b = g & 1;
+      // Tiles: activations 1; codes 2 and 3 (the pass's vectors 0 and 1); sums 0 and 4.
+      _tile_loadd(1, x + g * GROUP, K * sizeof(uint16_t));
+      _tile_loadd(2, codes[b][0], BYTES);
+      _tile_zero(0);
+      _tile_dpbf16ps(0, 1, 2);
+      if constexpr (V == 2) {
+        _tile_loadd(3, codes[b][1], BYTES);
+        _tile_zero(4);
+        _tile_dpbf16ps(4, 1, 3);
+      }
+      if (g + 1 < groups) expand(g + 1, codes[b ^ 1]);
+      if (g > 0) accumulate(g - 1, part[b ^ 1]);
+      _tile_stored(0, part[b][0], COLS * sizeof(float));
+      if constexpr (V == 2) _tile_stored(4, part[b][1], COLS * sizeof(float));
+    }
+    accumulate(groups - 1, part[(groups - 1) & 1]);
+    for (int v = 0; v < V; ++v)
+      for (int r = 0; r < R && r < M; ++r)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldy + (c0 + v) * COLS),
+                            (__m256i)_mm512_cvtneps_pbh(y[v][r]));
+  }
+}
+
 // The C column vectors from column n0 on, for every row, on tiles: a call of up to 16 rows expands
 // each group's codes where it is used; more rows expand the column tile's codes once into `buffer`
 // (Expanded<C>'s layout) and run every 16 rows over them. `xpad`: x with zero rows up to whole tiles.
@@ -276,14 +333,14 @@ void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, 
                   int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
   const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
   switch (tile_rows_for(M)) {
-    case 1: return amx_rows<1, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
-    case 4: return amx_rows<4, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
-    case 8: return amx_rows<8, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+    case 1: return amx_streamed<1, C, S>(p, xpad, M, K, sums, so, out + n0, N);
+    case 4: return amx_streamed<4, C, S>(p, xpad, M, K, sums, so, out + n0, N);
+    case 8: return amx_streamed<8, C, S>(p, xpad, M, K, sums, so, out + n0, N);
     default: break;
   }
-  if (M <= AMX_ROWS) return amx_rows<AMX_ROWS, C, S>(p, nullptr, xpad, M, K, sums, so, out + n0, N);
+  if (M <= AMX_ROWS) return amx_streamed<AMX_ROWS, C, S>(p, xpad, M, K, sums, so, out + n0, N);
   expand_all<C>(p, K / 4, buffer);
-  amx_rows<AMX_ROWS, C, S>(p, buffer.data(), xpad, M, K, sums, so, out + n0, N);
+  amx_rows<AMX_ROWS, C, S>(buffer.data(), xpad, M, K, sums, so, out + n0, N);
 }
 #endif
 
@@ -324,13 +381,16 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   const float* so = scale_offset.data_ptr<float>();
   uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
 
-  // AMX: the rows padded with zeros to whole tiles (their outputs are never written).
-  const int64_t rows = amx ? (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : M;
-  std::vector<uint16_t> xpad(amx ? rows * K : 0);
-  if (amx) {
+  // AMX: the rows padded with zeros to whole tiles of the rows configured for M (their outputs are
+  // never written); x itself where it already is (a decode's single row needs no copy).
+  const int64_t tile_rows = amx ? tile_rows_for(M) : 1;
+  const int64_t rows = (M + tile_rows - 1) / tile_rows * tile_rows;
+  std::vector<uint16_t> xpad(rows > M ? rows * K : 0);
+  if (rows > M) {
     std::memcpy(xpad.data(), xp, M * K * sizeof(uint16_t));
     std::memset(xpad.data() + M * K, 0, (rows - M) * K * sizeof(uint16_t));
   }
+  const uint16_t* xtiles = rows > M ? xpad.data() : xp;
   // Each row's input sum per group, in one fixed order (16 lanes, then the lane tree).
   std::vector<float> sums(S == 2 ? rows * groups : 0);
   if (S == 2)
@@ -350,8 +410,8 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
     if (amx) {
       configure_tiles(M);
       for (int64_t t = b; t < e; ++t) {
-        if (wide == 2) run_tile_amx<2, S>(all, t * 2 * COLS, buffer, xpad.data(), M, K, sums.data(), so, N, yp);
-        else run_tile_amx<1, S>(all, t * COLS, buffer, xpad.data(), M, K, sums.data(), so, N, yp);
+        if (wide == 2) run_tile_amx<2, S>(all, t * 2 * COLS, buffer, xtiles, M, K, sums.data(), so, N, yp);
+        else run_tile_amx<1, S>(all, t * COLS, buffer, xtiles, M, K, sums.data(), so, N, yp);
       }
       _tile_release();
       return;
