@@ -14,6 +14,9 @@ One JSON line per result. Sections:
 - `bitmask`: the mask kernel on 64 x 128256 logits (target < 20 us).
 - `decode_attention`: our decode attention (slot-table gather) vs torch SDPA on contiguous KV of
   the same lengths (target: within 2x).
+- `cascade`: shared-prefix decode (32 decodes under a 3k-token prefix, ~100 private tokens each)
+  through the Triton kernels equals the torch backend; its step time with cascade on and off
+  against the same batch over the private tokens alone (issue #15's ratio, target <= 1.5).
 
 It imports only runtime modules that need nothing but torch and triton (no xgrammar, litestar,
 msgspec or transformers), because the GPU machine has only those; the last line says which
@@ -38,6 +41,9 @@ FULL = dict(
     kernel_cases=dict(shapes=[(64, (32, 32), "bf16 fp32"), (64, (32, 8), "bf16 fp16 fp32"), (64, (32, 4), "bf16"),
                               (128, (32, 8), "bf16 fp16"), (128, (32, 32), "bf16")], long=3000, slots=12_000),
     graph_sizes=(1, 2, 4, 8, 16, 32, 64), iters=50,
+    # issue #15's agent step: 32 decodes under a 3k-token shared prefix, ~100 private tokens each;
+    # SmolLM2-135M's heads and the ~1.2B model's
+    cascade=dict(members=32, shared=3000, private=100, shapes=[(9, 3, 64), (32, 8, 64)]),
 )
 SMOKE = dict(  # batch 3 replays through the padded size-4 path
     model=dict(vocab=512, hidden=64, inter=128, layers=2, heads=4, kv_heads=2),
@@ -45,6 +51,7 @@ SMOKE = dict(  # batch 3 replays through the padded size-4 path
     bitmask=(4, 1000), bitmask_blocks=(256,), attn_cases=((2, 40),),
     kernel_cases=dict(shapes=[(16, (8, 2), "fp32 fp16 bf16")], long=70, slots=600),
     graph_sizes=(1, 2, 4), iters=1,
+    cascade=dict(members=5, shared=40, private=6, shapes=[(6, 2, 16)]),
 )
 FORBIDDEN = ("xgrammar", "litestar", "msgspec", "transformers", "tokenizers", "safetensors", "uvicorn", "gguf",
              "jsonschema")
@@ -399,6 +406,88 @@ def bench_decode_attention(sizes, device) -> None:
         emit(**rec)
 
 
+# ------------------------------------------------------------------------------------------ cascade
+
+
+def shared_prefix_case(members, shared, private, others, heads, kv_heads, dim, dtype, device, seed):
+    """`members` decodes over one shared prefix of `shared` slots plus `private` of their own each,
+    and `others` private decodes of `shared` + `private` positions; slots scattered over the pool.
+    Returns q, k, v, the batch and its prefix groups (found as the engine finds them)."""
+    import torch
+
+    from runtime.attention.cascade import find_prefix_groups
+    from runtime.forward_batch import ForwardBatch
+
+    g = torch.Generator().manual_seed(seed)
+    b = members + others
+    slots = shared + b * private + others * shared
+    perm = torch.randperm(slots, generator=g)
+    prefix, used, rows = perm[:shared], shared, []
+    for i in range(b):
+        own = perm[used:used + private + (shared if i >= members else 0)]
+        used += own.numel()
+        rows.append(torch.cat([prefix, own]) if i < members else own)
+    gd = torch.Generator(device=device).manual_seed(seed)
+    k = torch.randn(slots + 1, kv_heads, dim, generator=gd, device=device).to(dtype)
+    v = torch.randn(slots + 1, kv_heads, dim, generator=gd, device=device).to(dtype)
+    q = torch.randn(b, heads, dim, generator=gd, device=device).to(dtype)
+    zeros = torch.zeros(b, dtype=torch.int64, device=device)
+    lens = [r.numel() for r in rows]
+    batch = ForwardBatch(zeros, zeros, zeros, [1] * b, lens, rows, torch.arange(b, device=device))
+    groups = find_prefix_groups([1] * b, lens, rows, max_extend=1, min_shared=16, min_saved=0)
+    return q, k, v, batch, groups
+
+
+def bench_cascade(sizes, device) -> bool:
+    """Shared-prefix decode through the Triton kernels: equal to the torch backend's plain
+    attention, and the step time of `members` decodes over a long shared prefix (cascade on and
+    off) against the same batch over private contexts of the suffix length alone (issue #15's
+    ratio, target <= 1.5)."""
+    import torch
+
+    from runtime.attention import TorchAttentionBackend
+    from runtime.attention.triton_backend import TritonAttentionBackend
+
+    c = sizes["cascade"]
+    tol = {torch.float32: 2e-3 if device.type == "cuda" else 1e-5, torch.bfloat16: 3e-2}
+    ok = True
+    for heads, kv_heads, dim in c["shapes"]:
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, v, batch, groups = shared_prefix_case(c["members"], c["shared"], c["private"], 3, heads, kv_heads,
+                                                        dim, dtype, device, seed=heads)
+            ref = TorchAttentionBackend()
+            ref.prepare(batch)
+            want = ref.forward(q, k, v).float()
+            batch.prefix_groups = groups
+            tri = TritonAttentionBackend()
+            tri.prepare(batch)
+            got = tri.forward(q, k, v).float()
+            err = (got - want).abs().max().item()
+            good = bool(groups) and tri.decode.prefix is not None and err <= tol[dtype]
+            ok &= good
+            emit(check="cascade", heads=heads, kv_heads=kv_heads, dim=dim, dtype=str(dtype)[6:],
+                 groups=[len(gr.members) for gr in groups], max_abs_err=err, ok=good)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        rec = dict(section="cascade", heads=heads, kv_heads=kv_heads, dim=dim, dtype=str(dtype)[6:],
+                   batch=c["members"], shared=c["shared"], private=c["private"])
+        for name, shared, cascade in (("shared_cascade", c["shared"], True), ("shared_plain", c["shared"], False),
+                                      ("private_only", 0, False)):
+            q, k, v, batch, groups = shared_prefix_case(c["members"], shared, c["private"], 0, heads, kv_heads, dim,
+                                                        dtype, device, seed=1)
+            batch.prefix_groups = groups if cascade else []
+            attn = TritonAttentionBackend()
+            attn.prepare(batch)
+            attn.forward(q, k, v)  # sizes the splits and the prefix tasks
+            fn = lambda: attn.forward(q, k, v)  # noqa: E731 (bound per case)
+            rec[f"{name}_us"] = time_us(fn, device, sizes["iters"])
+            rec[f"{name}_graph_us"] = graph_time_us(fn, device, sizes["iters"])
+        best = lambda n: rec[f"{n}_graph_us"] or rec[f"{n}_us"]  # noqa: E731
+        rec.update(cascade_vs_private=best("shared_cascade") / best("private_only"),
+                   plain_vs_private=best("shared_plain") / best("private_only"), target="<= 1.5")
+        emit(**rec)
+    return ok
+
+
 # ------------------------------------------------------------------------------------------ AOT
 
 
@@ -441,10 +530,15 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
                     jobs.append((f"extend {tname[dtype]} d{dim} h{heads}/{kvh}", ta.extend_kernel, types, ext))
                     _, split, merge = ta.decode_config(heads, kvh, dim, dtype, on_gpu=True)
                     types = dict(Q=p, K=p, V=p, MidO="*fp32", MidLse="*fp32", QRows="*i32", SeqLen="*i32",
-                                 NumSplits="*i32", Table="*i32", sm_scale="fp32")
+                                 KvStart="*i32", NumSplits="*i32", Table="*i32", sm_scale="fp32")
                     jobs.append((f"decode {tname[dtype]} d{dim} h{heads}/{kvh}", ta.decode_split_kernel, types, split))
+                    prefix = ta.prefix_config(heads, kvh, dim, dtype, on_gpu=True)
+                    types = dict(Q=p, K=p, V=p, MidO="*fp32", MidLse="*fp32", QRows="*i32", Members="*i32",
+                                 SharedLen="*i32", NumSplits="*i32", Table="*i32", sm_scale="fp32")
+                    jobs.append((f"prefix {tname[dtype]} d{dim} h{heads}/{kvh}", ta.prefix_split_kernel, types, prefix))
                     if heads == 32 and kvh == 8:
-                        types = dict(MidO="*fp32", MidLse="*fp32", O=p, QRows="*i32", SeqLen="*i32", NumSplits="*i32")
+                        types = dict(MidO="*fp32", MidLse="*fp32", O=p, QRows="*i32", SeqLen="*i32", KvStart="*i32",
+                                     NumSplits="*i32", PrefixSplits="*i32")
                         jobs.append((f"merge {tname[dtype]} d{dim}", ta.decode_merge_kernel, types, merge))
             jobs.append((f"bitmask {tname[dtype]}", tb.bitmask_kernel,
                          dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=2048, WORDS=False, num_warps=4)))
@@ -468,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under TRITON_INTERPRET=1")
     ap.add_argument("--aot", metavar="ARCHS", help="only compile the kernels for these SM archs, e.g. 80,90")
     ap.add_argument("--quick", action="store_true", help="with --aot: bf16 kernels and the float32 mask only")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: check,model,bitmask,attention")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: check,model,bitmask,attention,cascade")
     args = ap.parse_args(argv)
     if args.aot:
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -494,11 +588,12 @@ def main(argv: list[str] | None = None) -> int:
          torch=torch.__version__, triton=__import__("triton").__version__, smoke=args.smoke)
     t_all = time.perf_counter()
     failed = []
-    sections = [
+    sections = [  # the checks first, then the issue ratios, then the slower model bench
         ("check", lambda: check_attention(sizes, device) & check_bitmask(sizes, device)),
-        ("model", lambda: bench_model(sizes, device, args.smoke)),
-        ("bitmask", lambda: bench_bitmask(sizes, device)),
+        ("cascade", lambda: bench_cascade(sizes, device)),
         ("attention", lambda: bench_decode_attention(sizes, device)),
+        ("bitmask", lambda: bench_bitmask(sizes, device)),
+        ("model", lambda: bench_model(sizes, device, args.smoke)),
     ]
     for name, fn in sections:
         if name in skip:

@@ -10,9 +10,11 @@ tokenizer files come from DIR (the default model's cache folder). One JSON line 
 
 - `engine_check`: greedy outputs of the fp32 engine with Triton attention + CUDA graphs equal the
   fp32 engine with the torch attention backend, token for token, on requests sharing a prefix
-  (so radix hits, extend-after-prefix and graph-replayed decode are all on the path).
+  (so radix hits, extend-after-prefix, shared-prefix decode of the batch and graph-replayed decode
+  of the first request alone are all on the path).
 - `engine_bench`: completion tokens/s of 64 requests sharing a 512-token prefix (bf16), with the
-  Triton backend with and without CUDA graphs and with the torch backend; and batch 1.
+  Triton backend with and without CUDA graphs, with graphs but no shared-prefix kernel (so every
+  decode step replays a graph), and with the torch backend; and batch 1.
 """
 
 from __future__ import annotations
@@ -141,11 +143,15 @@ def bench_engine(model_dir: Path, device: str, smoke: bool) -> None:
     n, prefix, max_tokens = (3, 40, 4) if smoke else (64, 512, 128)
     dtype = "float32" if smoke else "bfloat16"
     rates = {}
-    for name, backend, graphs in (("triton_graphs", "triton", True), ("triton_eager", "triton", False),
-                                  ("torch", "torch", False), ("triton_graphs_profiled", "triton", True)):
+    # cascade on: decode steps whose requests share the prefix run eagerly with the shared-prefix
+    # kernel; off: every pure decode step replays a CUDA graph
+    for name, backend, graphs, cascade in (
+            ("triton_graphs", "triton", True, True), ("triton_graphs_no_cascade", "triton", True, False),
+            ("triton_eager", "triton", False, True), ("torch", "torch", False, True),
+            ("triton_graphs_profiled", "triton", True, True)):
         profile = cProfile.Profile() if name.endswith("_profiled") else None
         eng = make_engine(model_dir, device, profile=profile, dtype=dtype, attention_backend=backend,
-                          cuda_graphs=graphs)
+                          cuda_graphs=graphs, cascade_attention=cascade)
         ids = prompts(eng.tokenizer, n + 1, prefix, 32)
         run_batch(eng, ids[:1], 8)  # warm-up: kernels compiled, prefix cached
         res, wall = run_batch(eng, ids[1:], max_tokens)
@@ -161,8 +167,10 @@ def bench_engine(model_dir: Path, device: str, smoke: bool) -> None:
         emit(section="engine_bench", config=name, dtype=dtype, requests=n, shared_prefix=prefix,
              max_tokens=max_tokens, tok_s=toks / wall, wall_s=wall, steps_per_s=max_tokens / wall,
              cached_frac=sum(r.cached_tokens for r in res) / sum(r.prompt_tokens for r in res),
-             batch1_tok_s=one[0].completion_tokens / wall1, cuda_graphs=graphs and device == "cuda")
+             batch1_tok_s=one[0].completion_tokens / wall1, cuda_graphs=graphs and device == "cuda",
+             cascade=cascade)
     emit(section="engine_bench", graphs_vs_eager=rates["triton_graphs"] / rates["triton_eager"],
+         cascade_vs_graphs_without=rates["triton_graphs"] / rates["triton_graphs_no_cascade"],
          triton_vs_torch=rates["triton_graphs"] / rates["torch"])
 
 

@@ -40,15 +40,17 @@ class _StaticDecodeAttention(AttentionBackend):
 
     name = "triton-graph"
 
-    def __init__(self, q_rows: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, max_splits: int,
-                 min_split_tokens: int):
-        self.q_rows, self.seq_lens, self.table = q_rows, seq_lens, table
+    def __init__(self, q_rows: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, zeros: torch.Tensor,
+                 max_splits: int, min_split_tokens: int):
+        self.q_rows, self.seq_lens, self.table, self.zeros = q_rows, seq_lens, table, zeros
         self.max_splits, self.min_split_tokens = max_splits, min_split_tokens
         self.meta: DecodeMetadata | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
         splits = num_kv_splits(self.seq_lens, self.max_splits, self.min_split_tokens)  # device ops only
-        self.meta = DecodeMetadata(self.q_rows, self.seq_lens, self.table, splits, self.max_splits)
+        # every position is the request's own: no shared-prefix tasks in a graph (see can_run)
+        self.meta = DecodeMetadata(self.q_rows, self.seq_lens, self.table, splits, self.max_splits,
+                                   kv_start=self.zeros, prefix_splits=self.zeros)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -83,12 +85,13 @@ class DecodeCudaGraphs:
         self.out_slots = torch.full((n,), kv.scratch_slot, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.q_rows = torch.arange(n, dtype=torch.int32, device=device)
+        self.zeros = torch.zeros(n, dtype=torch.int32, device=device)
         self.logits_index = torch.arange(n, dtype=torch.int64, device=device)
         self.table = torch.full((n, max_seq_len), kv.scratch_slot, dtype=torch.int32, device=device)
         cfg = model.cfg
         _, head_blocks, _ = decode_head_blocks(cfg.num_heads, cfg.num_kv_heads)
         self.attn = {
-            bs: _StaticDecodeAttention(self.q_rows[:bs], self.seq_lens[:bs], self.table[:bs],
+            bs: _StaticDecodeAttention(self.q_rows[:bs], self.seq_lens[:bs], self.table[:bs], self.zeros[:bs],
                                        max_kv_splits or default_max_splits(bs, head_blocks, device), min_split_tokens)
             for bs in self.sizes
         }
@@ -121,8 +124,9 @@ class DecodeCudaGraphs:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         b = batch.batch_size
+        # A pass with shared-prefix groups runs eagerly: its prefix tasks vary from step to step.
         return (0 < b <= self.max_bs and batch.num_tokens == b and batch.logits_index.numel() == b
-                and max(batch.seq_lens) <= self.max_seq_len)
+                and max(batch.seq_lens) <= self.max_seq_len and not batch.prefix_groups)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [B, vocab] of a pure decode batch (`can_run`). The result is a view of the graph's

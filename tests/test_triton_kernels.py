@@ -100,6 +100,71 @@ def test_split_counts(kernels):
         ta.decode_head_blocks(6, 4)
 
 
+# ------------------------------------------------------------------------------- shared prefix (cascade)
+
+# (shared prefix, private positions, new tokens) per request, as tests/test_cascade_attention.py
+# builds them: group A of 20 decodes (two prefix tasks when 16 fit one: 4 query heads per KV head),
+# a draft and a prompt chunk after A's prefix (extends: never in a Triton group), group B over
+# scattered slots with one member holding no private past, private decodes and a fresh prefill.
+_A, _B, _C = ("A", 70, True), ("B", 45, False), ("C", 33, True)
+CASCADE_MIXED = ([(_A, 3 + 2 * i, 1) for i in range(20)] + [(_A, 20, 5), (_A, 90, 80)]
+                 + [(None, 30, 1), (None, 9, 4)] + [(_B, 7, 1), (_B, 15, 1), (_B, 1, 1)]
+                 + [(_C, 4, 1), (None, 100, 100)])
+
+
+def _cascade_case(dtype, heads, kv_heads, dim, seed):
+    from tests.test_cascade_attention import make_batch, random_qkv
+
+    batch = make_batch(CASCADE_MIXED, seed=seed)
+    q, k, v = (x.to(device=DEV, dtype=dtype) for x in random_qkv(batch, heads, kv_heads, dim, seed=seed))
+    batch.input_ids = batch.input_ids.to(DEV)
+    return batch, q, k, v
+
+
+@pytest.mark.parametrize("dtype,heads,kv_heads,dim,atol", [
+    (torch.float32, 8, 2, 16, FP32_TOL),
+    (torch.float32, 9, 3, 24, FP32_TOL),
+    (torch.bfloat16, 4, 4, 16, 2e-2),
+])
+def test_shared_prefix_decode_equals_plain_attention(kernels, dtype, heads, kv_heads, dim, atol):
+    from runtime.attention.cascade import find_prefix_groups
+
+    batch, q, k, v = _cascade_case(dtype, heads, kv_heads, dim, seed=heads)
+    ref = TorchAttentionBackend()
+    ref.prepare(batch)  # no groups: every request over its whole row
+    want = ref.forward(q, k, v).float()
+    ta = kernels.attn
+    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
+                                             ta.TritonAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    assert sorted((len(g.members), g.shared_len) for g in batch.prefix_groups) == [(3, 45), (20, 70)]
+    members = 64 // (heads // kv_heads)
+    for splits in (1, 4):
+        tri = ta.TritonAttentionBackend(max_kv_splits=splits, min_split_tokens=16)
+        tri.prepare(batch)
+        got = tri.forward(q, k, v)
+        d = tri.decode
+        assert d.prefix is not None and d.prefix.members.shape[0] == 1 + (20 > members) + 1
+        assert int((d.kv_start > 0).sum()) == 23 and int(d.prefix.num_splits.max()) == min(splits, 5)
+        torch.testing.assert_close(got.float(), want, atol=atol, rtol=0, msg=f"kv splits {splits}")
+
+
+def test_shared_prefix_groups_given_by_hand(kernels):
+    """A group shorter than the common prefix, a group holding an extend (which the extend kernel
+    takes whole) and one decode (no task: nothing to share), next to a plain decode batch."""
+    from runtime.forward_batch import PrefixGroup
+
+    batch, q, k, v = _cascade_case(torch.float32, 6, 2, 32, seed=5)
+    ref = TorchAttentionBackend()
+    ref.prepare(batch)
+    want = ref.forward(q, k, v)
+    batch.prefix_groups = [PrefixGroup(40, list(range(10)) + [20]), PrefixGroup(45, [24, 21])]
+    tri = kernels.attn.TritonAttentionBackend(max_kv_splits=2, min_split_tokens=16)
+    tri.prepare(batch)
+    torch.testing.assert_close(tri.forward(q, k, v), want, atol=FP32_TOL, rtol=0)
+    assert tri.groups == [(40, list(range(10)))]  # the extend (20) and the lone decode left out
+    assert tri.decode.kv_start.tolist()[:11] == [40] * 10 + [0]
+
+
 # ------------------------------------------------------------------------------------------ bitmask
 
 
@@ -376,4 +441,4 @@ def test_kernels_compile_for_sm90():
                           env=_env(), capture_output=True, text=True, timeout=300)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines and all(r["ok"] for r in lines), proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert {r["kernel"].split()[0] for r in lines} == {"extend", "decode", "merge", "bitmask"}
+    assert {r["kernel"].split()[0] for r in lines} == {"extend", "decode", "prefix", "merge", "bitmask"}

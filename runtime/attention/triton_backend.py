@@ -12,6 +12,13 @@ request b's position i), so no request ever has a contiguous copy of its KV:
   KV head, KV split): grouped-query heads share each K/V tile they load, and long contexts are split
   over the KV length (split-K / flash-decoding); a second kernel merges the splits by their
   log-sum-exp.
+- shared prefix (cascade): decode requests holding the same cached prefix slots
+  (ForwardBatch.prefix_groups) read them once per layer for all of them. One program per (task of
+  up to `prefix_members` members, KV head, prefix split) multiplies every member's query heads of
+  that KV head by each prefix K/V tile it loads; the split-K decode kernel then covers only each
+  member's own positions, and the merge kernel folds the prefix partials in with the rest (the
+  same log-sum-exp merge as split-K, so no extra pass). Extends in a group (jump-forward drafts,
+  prompt chunks) take the extend kernel over their whole row.
 
 The K/V of this pass are already in the pool when `forward` runs (the model writes them first), so
 the extend kernel reads every key, cached or new, from the pool.
@@ -126,7 +133,7 @@ def extend_kernel(
 
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, MidO, MidLse, QRows, SeqLen, NumSplits, Table, sm_scale,
+    Q, K, V, MidO, MidLse, QRows, SeqLen, KvStart, NumSplits, Table, sm_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEADS_PER_PROG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -136,10 +143,11 @@ def decode_split_kernel(
     hblk = tl.program_id(1)
     split = tl.program_id(2)
     seq = tl.load(SeqLen + req)
+    kv0 = tl.load(KvStart + req)  # positions before it are a shared prefix (prefix_split_kernel)
     n_splits = tl.load(NumSplits + req)
     # A split is a whole number of BLOCK_N tiles; trailing splits of a short request may be empty.
-    per_split = tl.cdiv(tl.cdiv(seq, n_splits), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    per_split = tl.cdiv(tl.cdiv(seq - kv0, n_splits), BLOCK_N) * BLOCK_N
+    start = kv0 + split * per_split
     end = tl.minimum(start + per_split, seq)
     if (split < n_splits) & (end > start):
         row = tl.load(QRows + req).to(tl.int64)
@@ -177,32 +185,103 @@ def decode_split_kernel(
 
 
 @triton.jit
+def prefix_split_kernel(
+    Q, K, V, MidO, MidLse, QRows, Members, SharedLen, NumSplits, Table, sm_scale, prefix_col,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, stride_pm,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+    GROUP: tl.constexpr, MEMBERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Partial attention of up to MEMBERS decode requests (Members[task], -1 padded) over the
+    first SharedLen[task] positions of the first member's row, which they all share: row r of the
+    query tile is member r // GROUP's query head kv_head * GROUP + r % GROUP. Written at split
+    column prefix_col + split, as the split-K kernel writes its own."""
+    task = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    shared = tl.load(SharedLen + task)
+    n_splits = tl.load(NumSplits + task)
+    per_split = tl.cdiv(tl.cdiv(shared, n_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, shared)
+    if (split < n_splits) & (end > start):
+        offs_r = tl.arange(0, BLOCK_R)
+        member_i = offs_r // GROUP
+        member = tl.load(Members + task * stride_pm + member_i, mask=member_i < MEMBERS, other=-1)
+        mask_r = (member_i < MEMBERS) & (member >= 0)
+        heads = kv_head * GROUP + offs_r % GROUP
+        owner = tl.load(Members + task * stride_pm)  # its row of the slot table holds the prefix
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < HEAD_DIM
+        offs_n0 = tl.arange(0, BLOCK_N)
+        row = tl.load(QRows + member, mask=mask_r, other=0).to(tl.int64)
+        q = tl.load(Q + row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        m_i = tl.zeros([BLOCK_R], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+        for start_n in range(start, end, BLOCK_N):
+            offs_n = start_n + offs_n0
+            mask_n = offs_n < end
+            slot, k = _load_keys(K, Table, owner, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt,
+                                 stride_kh, UPCAST)
+            s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
+            s = tl.where(mask_n[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
+                                   stride_vh, UPCAST, IEEE)
+            m_i = m_new
+        safe = tl.where(mask_r, member, 0).to(tl.int64)
+        mid = safe * stride_mb + heads * stride_mh + (prefix_col + split) * stride_ms
+        tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None], mask=mask_r[:, None] & mask_d[None, :])
+        tl.store(MidLse + safe * stride_lb + heads * stride_lh + prefix_col + split, m_i + tl.log(l_i), mask=mask_r)
+
+
+@triton.jit
+def _merge_split(acc, total, m, MidO, MidLse, mid_o, mid_lse, offs_d, mask_d):
+    """Fold one split's partial output (weight exp(lse)) into the running merge."""
+    lse = tl.load(MidLse + mid_lse)
+    o = tl.load(MidO + mid_o + offs_d, mask=mask_d, other=0.0)
+    m_new = tl.maximum(m, lse)
+    scale = tl.exp(m - m_new)
+    w = tl.exp(lse - m_new)
+    return acc * scale + w * o, total * scale + w, m_new
+
+
+@triton.jit
 def decode_merge_kernel(
-    MidO, MidLse, O, QRows, SeqLen, NumSplits,
+    MidO, MidLse, O, QRows, SeqLen, KvStart, NumSplits, PrefixSplits, prefix_col,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.load(SeqLen + req)
+    kv0 = tl.load(KvStart + req)
     n_splits = tl.load(NumSplits + req)
+    n_prefix = tl.load(PrefixSplits + req)
     row = tl.load(QRows + req).to(tl.int64)
-    per_split = tl.cdiv(tl.cdiv(seq, n_splits), BLOCK_N) * BLOCK_N
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     m = -float("inf")
     total = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    o_base = req * stride_mb + head * stride_mh
+    l_base = req * stride_lb + head * stride_lh
+    # the splits' emptiness rules (decode_split_kernel, prefix_split_kernel)
+    per_split = tl.cdiv(tl.cdiv(seq - kv0, n_splits), BLOCK_N) * BLOCK_N
     for split in range(0, n_splits):
-        if split * per_split < seq:  # the split kernel's emptiness rule
-            lse = tl.load(MidLse + req * stride_lb + head * stride_lh + split)
-            o = tl.load(MidO + req * stride_mb + head * stride_mh + split * stride_ms + offs_d, mask=mask_d, other=0.0)
-            m_new = tl.maximum(m, lse)
-            scale = tl.exp(m - m_new)
-            w = tl.exp(lse - m_new)
-            acc = acc * scale + w * o
-            total = total * scale + w
-            m = m_new
+        if split * per_split < seq - kv0:
+            acc, total, m = _merge_split(acc, total, m, MidO, MidLse, o_base + split * stride_ms, l_base + split,
+                                         offs_d, mask_d)
+    per_prefix = tl.cdiv(tl.cdiv(kv0, tl.maximum(n_prefix, 1)), BLOCK_N) * BLOCK_N
+    for split in range(0, n_prefix):
+        if split * per_prefix < kv0:
+            col = prefix_col + split
+            acc, total, m = _merge_split(acc, total, m, MidO, MidLse, o_base + col * stride_ms, l_base + col,
+                                         offs_d, mask_d)
     tl.store(O + row * stride_ot + head * stride_oh + offs_d, acc / total, mask=mask_d)
 
 
@@ -221,6 +300,16 @@ class ExtendMetadata:
 
 
 @dataclass
+class PrefixTasks:
+    """Shared prefixes of decode requests (cascade), as prefix_split_kernel's tasks."""
+
+    members: torch.Tensor  # int32 [T, MEMBERS] decode indices (-1: none); the first one's row holds the prefix
+    shared_lens: torch.Tensor  # int32 [T]
+    num_splits: torch.Tensor  # int32 [T] prefix splits per task, 1..max_splits
+    max_splits: int  # grid size over prefix splits
+
+
+@dataclass
 class DecodeMetadata:
     """Requests with one new token each."""
 
@@ -229,6 +318,11 @@ class DecodeMetadata:
     slot_table: torch.Tensor  # int32 [B, >= max seq_len]
     num_splits: torch.Tensor | None  # int32 [B] KV splits per request, 1..max_splits (None: not yet sized)
     max_splits: int  # grid size over splits (fixed for a CUDA graph)
+    # Cascade: where each request's own positions start (0: no shared prefix) and how many prefix
+    # splits its merge folds in (0: none); `prefix` the tasks that compute those (None: no groups).
+    kv_start: torch.Tensor  # int32 [B]
+    prefix_splits: torch.Tensor  # int32 [B]
+    prefix: PrefixTasks | None = None
 
 
 @functools.lru_cache(maxsize=256)
@@ -274,6 +368,20 @@ def decode_config(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gp
     return head_blocks, split, merge
 
 
+@functools.lru_cache(maxsize=256)
+def prefix_config(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool,
+                  block_n: int | None = None) -> dict:
+    """prefix_split_kernel's parameters: MEMBERS requests' query heads of one KV head fill a query
+    tile of up to 64 rows (at least 16: tl.dot's minimum); BLOCK_N as the decode kernels' (the
+    merge kernel applies the same emptiness rule to prefix splits)."""
+    _, split, _ = decode_config(heads, kv_heads, dim, dtype, on_gpu, block_n)
+    group = heads // kv_heads
+    members = max(1, 64 // group)
+    return dict(GROUP=group, MEMBERS=members, HEAD_DIM=dim, BLOCK_D=split["BLOCK_D"],
+                BLOCK_R=max(16, triton.next_power_of_2(members * group)), BLOCK_N=split["BLOCK_N"],
+                UPCAST=split["UPCAST"], IEEE=split["IEEE"], num_warps=4, num_stages=2)
+
+
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      meta: ExtendMetadata, block_m: int | None = None, block_n: int | None = None) -> None:
     """Write the extend rows of `out` ([T, H, D], like q). Caches: [num_slots, KVH, D]."""
@@ -298,22 +406,32 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if batch == 0:
         return
     _, heads, dim = q.shape
-    head_blocks, split_cfg, merge_cfg = decode_config(heads, k_cache.shape[1], dim, q.dtype,
-                                                      q.device.type == "cuda", block_n)
+    on_gpu = q.device.type == "cuda"
+    head_blocks, split_cfg, merge_cfg = decode_config(heads, k_cache.shape[1], dim, q.dtype, on_gpu, block_n)
     splits = meta.max_splits
-    mid_o = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
+    columns = splits + (meta.prefix.max_splits if meta.prefix is not None else 0)  # prefix partials after the splits
+    mid_o = torch.empty(batch, heads, columns, dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, heads, columns, dtype=torch.float32, device=q.device)
+    sm_scale = 1.0 / math.sqrt(dim)
+    mid_strides = (mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
     decode_split_kernel[(batch, head_blocks, splits)](
-        q, k_cache, v_cache, mid_o, mid_lse, meta.q_rows, meta.seq_lens, meta.num_splits, meta.slot_table,
-        1.0 / math.sqrt(dim),
+        q, k_cache, v_cache, mid_o, mid_lse, meta.q_rows, meta.seq_lens, meta.kv_start, meta.num_splits,
+        meta.slot_table, sm_scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        meta.slot_table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1), **split_cfg,
+        meta.slot_table.stride(0), *mid_strides, **split_cfg,
     )
+    if meta.prefix is not None:
+        p = meta.prefix
+        prefix_split_kernel[(p.members.shape[0], k_cache.shape[1], p.max_splits)](
+            q, k_cache, v_cache, mid_o, mid_lse, meta.q_rows, p.members, p.shared_lens, p.num_splits,
+            meta.slot_table, sm_scale, splits,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            meta.slot_table.stride(0), p.members.stride(0), *mid_strides,
+            **prefix_config(heads, k_cache.shape[1], dim, q.dtype, on_gpu, block_n),
+        )
     decode_merge_kernel[(batch, heads)](
-        mid_o, mid_lse, out, meta.q_rows, meta.seq_lens, meta.num_splits,
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), **merge_cfg,
+        mid_o, mid_lse, out, meta.q_rows, meta.seq_lens, meta.kv_start, meta.num_splits, meta.prefix_splits, splits,
+        *mid_strides, out.stride(0), out.stride(1), **merge_cfg,
     )
 
 
@@ -343,13 +461,17 @@ def _slot_table(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 
 class TritonAttentionBackend(AttentionBackend):
-    """Extend requests through the extend kernel, single-token requests through split-K decode.
+    """Extend requests through the extend kernel, single-token requests through split-K decode,
+    and decode requests in a prefix group through the shared-prefix kernel plus split-K decode
+    over their own positions.
 
     `prepare` builds the int32 index tensors (request offsets, lengths, padded slot tables) once
     per pass; every layer's `forward` reuses them.
     """
 
     name = "triton"
+    supports_prefix_groups = True
+    max_short_extend = 1  # only decode requests join a prefix group (see the module docstring)
 
     def __init__(self, max_kv_splits: int | None = None, min_split_tokens: int = 256,
                  extend_blocks: tuple[int, int] | None = None, decode_block_n: int | None = None):
@@ -359,6 +481,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.decode_block_n = decode_block_n
         self.extend: ExtendMetadata | None = None
         self.decode: DecodeMetadata | None = None
+        self.groups: list[tuple[int, list[int]]] = []  # (shared_len, decode indices) until the first forward
 
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
@@ -368,6 +491,7 @@ class TritonAttentionBackend(AttentionBackend):
             (dec_rows if ext == 1 else ext_rows).append((i, offset))
             offset += ext
         self.extend = self.decode = None
+        self.groups = []
         if ext_rows:
             idx = [i for i, _ in ext_rows]
             ext = [batch.extend_lens[i] for i in idx]
@@ -377,11 +501,46 @@ class TritonAttentionBackend(AttentionBackend):
                                          _slot_table([batch.slot_rows[i] for i in idx], device), max(ext))
         if dec_rows:
             idx = [i for i, _ in dec_rows]
-            ints = torch.tensor([[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx]],
+            decode_index = {i: d for d, i in enumerate(idx)}
+            kv_start = [0] * len(idx)
+            for g in batch.prefix_groups:
+                members = [decode_index[i] for i in g.members if i in decode_index]
+                if len(members) >= 2:
+                    self.groups.append((g.shared_len, members))
+                    for d in members:
+                        kv_start[d] = g.shared_len
+            ints = torch.tensor([[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx], kv_start],
                                 dtype=torch.int32).to(device, non_blocking=True)
-            # The split count needs the head layout, which the first `forward` brings.
+            # The split counts need the head layout, which the first `forward` brings.
             self.decode = DecodeMetadata(ints[0], ints[1], _slot_table([batch.slot_rows[i] for i in idx], device),
-                                         num_splits=None, max_splits=0)
+                                         num_splits=None, max_splits=0, kv_start=ints[2], prefix_splits=ints[2])
+
+    def _size_splits(self, heads: int, kv_heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """The split counts of this pass's decode requests and their shared-prefix tasks."""
+        d = self.decode
+        _, head_blocks, _ = decode_head_blocks(heads, kv_heads)
+        # Sized for the batch rounded up to a power of two, as the decode CUDA graphs are,
+        # so eager and replayed passes split the same way.
+        d.max_splits = self.max_kv_splits or default_max_splits(
+            triton.next_power_of_2(d.seq_lens.shape[0]), head_blocks, device)
+        d.num_splits = num_kv_splits(d.seq_lens - d.kv_start, d.max_splits, self.min_split_tokens)
+        if not self.groups:
+            d.prefix_splits = torch.zeros_like(d.kv_start)
+            return
+        per_task = prefix_config(heads, kv_heads, dim, dtype, device.type == "cuda", self.decode_block_n)["MEMBERS"]
+        tasks = [(shared, members[i : i + per_task]) for shared, members in self.groups
+                 for i in range(0, len(members), per_task)]
+        most = self.max_kv_splits or default_max_splits(len(tasks), kv_heads, device)
+        task_splits = [min(most, max(1, -(-shared // self.min_split_tokens))) for shared, _ in tasks]
+        table = torch.full((len(tasks), per_task), -1, dtype=torch.int32)
+        request_splits = [0] * d.seq_lens.shape[0]
+        for t, ((_, members), n) in enumerate(zip(tasks, task_splits)):
+            table[t, : len(members)] = torch.tensor(members, dtype=torch.int32)
+            for m in members:
+                request_splits[m] = n
+        ints = torch.tensor([[shared for shared, _ in tasks], task_splits], dtype=torch.int32).to(device)
+        d.prefix = PrefixTasks(table.to(device), ints[0], ints[1], max(task_splits))
+        d.prefix_splits = torch.tensor(request_splits, dtype=torch.int32).to(device)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -390,12 +549,6 @@ class TritonAttentionBackend(AttentionBackend):
             extend_attention(q, k_cache, v_cache, out, self.extend, bm, bn)
         if self.decode is not None:
             if self.decode.num_splits is None:
-                d = self.decode
-                _, head_blocks, _ = decode_head_blocks(q.shape[1], k_cache.shape[1])
-                # Sized for the batch rounded up to a power of two, as the decode CUDA graphs are,
-                # so eager and replayed passes split the same way.
-                d.max_splits = self.max_kv_splits or default_max_splits(
-                    triton.next_power_of_2(d.seq_lens.shape[0]), head_blocks, q.device)
-                d.num_splits = num_kv_splits(d.seq_lens, d.max_splits, self.min_split_tokens)
+                self._size_splits(q.shape[1], k_cache.shape[1], q.shape[2], q.dtype, q.device)
             decode_attention(q, k_cache, v_cache, out, self.decode, self.decode_block_n)
         return out
