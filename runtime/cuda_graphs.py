@@ -11,6 +11,10 @@ inputs into the buffers and replays the smallest graph that holds it.
   every KV length; the kernels stop at each request's own length.
 - Only pure decode batches (one new token and one logits row per request) are replayed; extend and
   jump-forward passes run eagerly.
+- Each size has a second graph for steps with shared-prefix (cascade) groups: the prefix kernel's
+  grid is fixed (one task per row at most, a fixed number of splits) and a step writes its tasks
+  into static buffers; tasks it does not use have zero splits, so their programs return at once.
+  Steps without groups replay the first graph, which has no prefix kernel at all.
 
 `capture=False` keeps the static-buffer path but runs it eagerly: tests use it on CPU (Triton
 interpreter) to check the padding logic without a GPU. Nothing here touches CUDA unless capturing.
@@ -27,7 +31,8 @@ from runtime.attention import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.attention.triton_backend import (
-    DecodeMetadata, decode_head_blocks, decode_attention, default_max_splits, num_kv_splits,
+    DecodeMetadata, PrefixTasks, decode_attention, decode_groups, decode_head_blocks, default_max_splits,
+    num_kv_splits, plan_prefix_tasks, prefix_config, prefix_max_splits,
 )
 
 log = logging.getLogger("jumpgate.cuda_graphs")
@@ -40,17 +45,18 @@ class _StaticDecodeAttention(AttentionBackend):
 
     name = "triton-graph"
 
-    def __init__(self, q_rows: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, zeros: torch.Tensor,
-                 max_splits: int, min_split_tokens: int):
-        self.q_rows, self.seq_lens, self.table, self.zeros = q_rows, seq_lens, table, zeros
+    def __init__(self, q_rows: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, kv_start: torch.Tensor,
+                 prefix_splits: torch.Tensor, prefix: PrefixTasks | None, max_splits: int, min_split_tokens: int):
+        self.q_rows, self.seq_lens, self.table = q_rows, seq_lens, table
+        self.kv_start, self.prefix_splits, self.prefix = kv_start, prefix_splits, prefix
         self.max_splits, self.min_split_tokens = max_splits, min_split_tokens
         self.meta: DecodeMetadata | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
-        splits = num_kv_splits(self.seq_lens, self.max_splits, self.min_split_tokens)  # device ops only
-        # every position is the request's own: no shared-prefix tasks in a graph (see can_run)
+        # device ops only
+        splits = num_kv_splits(self.seq_lens - self.kv_start, self.max_splits, self.min_split_tokens)
         self.meta = DecodeMetadata(self.q_rows, self.seq_lens, self.table, splits, self.max_splits,
-                                   kv_start=self.zeros, prefix_splits=self.zeros)
+                                   kv_start=self.kv_start, prefix_splits=self.prefix_splits, prefix=self.prefix)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -85,18 +91,32 @@ class DecodeCudaGraphs:
         self.out_slots = torch.full((n,), kv.scratch_slot, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.q_rows = torch.arange(n, dtype=torch.int32, device=device)
-        self.zeros = torch.zeros(n, dtype=torch.int32, device=device)
         self.logits_index = torch.arange(n, dtype=torch.int64, device=device)
         self.table = torch.full((n, max_seq_len), kv.scratch_slot, dtype=torch.int32, device=device)
         cfg = model.cfg
         _, head_blocks, _ = decode_head_blocks(cfg.num_heads, cfg.num_kv_heads)
-        self.attn = {
-            bs: _StaticDecodeAttention(self.q_rows[:bs], self.seq_lens[:bs], self.table[:bs], self.zeros[:bs],
-                                       max_kv_splits or default_max_splits(bs, head_blocks, device), min_split_tokens)
-            for bs in self.sizes
-        }
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        # shared-prefix tasks (at most one per row) and where each row's own positions start
+        self.min_split_tokens = min_split_tokens
+        self.per_task = prefix_config(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv.dtype,
+                                      device.type == "cuda")["MEMBERS"]
+        self.prefix_most = prefix_max_splits(max_kv_splits, cfg.num_kv_heads, device)
+        self.kv_start = torch.zeros(n, dtype=torch.int32, device=device)
+        self.prefix_splits = torch.zeros(n, dtype=torch.int32, device=device)
+        self.task_members = torch.full((n, self.per_task), -1, dtype=torch.int32, device=device)
+        self.task_ints = torch.zeros(2, n, dtype=torch.int32, device=device)  # shared lens, splits
+        zeros = torch.zeros(n, dtype=torch.int32, device=device)  # never written: no shared prefix
+        self.attn: dict[tuple[int, bool], _StaticDecodeAttention] = {}  # (batch size, cascade)
+        for bs in self.sizes:
+            splits = max_kv_splits or default_max_splits(bs, head_blocks, device)
+            rows = (self.q_rows[:bs], self.seq_lens[:bs], self.table[:bs])
+            self.attn[bs, False] = _StaticDecodeAttention(*rows, zeros[:bs], zeros[:bs], None, splits,
+                                                          min_split_tokens)
+            tasks = PrefixTasks(self.task_members[:bs], self.task_ints[0, :bs], self.task_ints[1, :bs],
+                                self.prefix_most)
+            self.attn[bs, True] = _StaticDecodeAttention(*rows, self.kv_start[:bs], self.prefix_splits[:bs], tasks,
+                                                         splits, min_split_tokens)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
         if capture:
             self._capture_all()
 
@@ -109,24 +129,46 @@ class DecodeCudaGraphs:
     def _capture_all(self) -> None:
         t0 = time.perf_counter()
         pool = None
-        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
-            fb, attn = self._static_batch(bs), self.attn[bs]
+        for key in sorted(self.attn, reverse=True):  # largest first: smaller graphs reuse its memory pool
+            fb, attn = self._static_batch(key[0]), self.attn[key]
             for _ in range(2):  # compile the Triton kernels, set up cuBLAS, outside the capture
                 self.model.forward(fb, self.kv, attn)
             torch.cuda.synchronize(self.kv.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.model.forward(fb, self.kv, attn)
+                self.outputs[key] = self.model.forward(fb, self.kv, attn)
             pool = graph.pool() if pool is None else pool
-            self.graphs[bs] = graph
+            self.graphs[key] = graph
         torch.cuda.synchronize(self.kv.device)
         log.info("captured decode CUDA graphs for batch sizes %s in %.1fs", self.sizes, time.perf_counter() - t0)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         b = batch.batch_size
-        # A pass with shared-prefix groups runs eagerly: its prefix tasks vary from step to step.
         return (0 < b <= self.max_bs and batch.num_tokens == b and batch.logits_index.numel() == b
-                and max(batch.seq_lens) <= self.max_seq_len and not batch.prefix_groups)
+                and max(batch.seq_lens) <= self.max_seq_len)
+
+    def _write_prefix_tasks(self, batch: ForwardBatch) -> bool:
+        """The step's shared-prefix tasks into the static buffers (every row is a decode: batch
+        index = decode index), every row and task of them, so nothing of an earlier step is left.
+        False: the step has none (the graph without the prefix kernel runs)."""
+        groups = decode_groups(batch.prefix_groups, {i: i for i in range(batch.batch_size)})
+        if not groups:
+            return False
+        n = self.max_bs
+        plan = plan_prefix_tasks(groups, n, self.per_task, self.prefix_most, self.min_split_tokens)
+        tasks = len(plan.members)
+        members = torch.full((n, self.per_task), -1, dtype=torch.int32)
+        members[:tasks] = torch.tensor(plan.members, dtype=torch.int32)
+        ints = torch.zeros(4, n, dtype=torch.int32)
+        ints[0, :tasks] = torch.tensor(plan.shared_lens, dtype=torch.int32)
+        ints[1, :tasks] = torch.tensor(plan.task_splits, dtype=torch.int32)
+        ints[2] = torch.tensor(plan.kv_start, dtype=torch.int32)
+        ints[3] = torch.tensor(plan.request_splits, dtype=torch.int32)
+        self.task_members.copy_(members, non_blocking=True)
+        self.task_ints.copy_(ints[:2], non_blocking=True)
+        self.kv_start.copy_(ints[2], non_blocking=True)
+        self.prefix_splits.copy_(ints[3], non_blocking=True)
+        return True
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [B, vocab] of a pure decode batch (`can_run`). The result is a view of the graph's
@@ -142,7 +184,8 @@ class DecodeCudaGraphs:
         if bs > b:  # padded rows: stale rows of an earlier batch must not write into real slots
             self.out_slots[b:bs].fill_(self.kv.scratch_slot)
             self.seq_lens[b:bs].fill_(1)
+        key = (bs, self._write_prefix_tasks(batch))
         if not self.capture:
-            return self.model.forward(self._static_batch(bs), self.kv, self.attn[bs])[:b]
-        self.graphs[bs].replay()
-        return self.outputs[bs][:b]
+            return self.model.forward(self._static_batch(bs), self.kv, self.attn[key])[:b]
+        self.graphs[key].replay()
+        return self.outputs[key][:b]

@@ -289,6 +289,56 @@ def test_decode_graph_buffers_and_padding_match_eager(kernels):
     assert not graphs.can_run(extend)  # extend passes run eagerly
 
 
+def test_decode_graph_with_shared_prefix_groups_matches_eager(kernels):
+    """Decode steps whose requests share a cached prefix replay the graph with the prefix kernel
+    (eager on CPU): three requests over one 20-token prefix next to a private one, then two of
+    them in the same padded graph (the third's task and start must not linger), then a step with
+    no group (the graph without the prefix kernel)."""
+    from runtime.attention.cascade import find_prefix_groups
+
+    model, kv = _tiny_model()
+    vocab = model.cfg.vocab_size
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.arange(0, 20)
+    own = [torch.arange(20 + 12 * i, 32 + 12 * i) for i in range(4)]  # 12 private slots each
+    rows = [torch.cat([prefix, own[i]]) for i in range(3)] + [own[3]]
+    lens = [23, 25, 21, 9]  # positions written so far (request 3 has no shared part)
+    torch_attn = TorchAttentionBackend()
+    for r in range(4):  # prefill: the first request writes the prefix, the others extend after it
+        start = 0 if r in (0, 3) else 20
+        n = lens[r] - start
+        model.forward(ForwardBatch(torch.randint(0, vocab, (n,), generator=g).to(DEV),
+                                   torch.arange(start, lens[r]).to(DEV), rows[r][start:lens[r]], [n], [lens[r]],
+                                   [rows[r][: lens[r]]], torch.tensor([n - 1], device=DEV)), kv, torch_attn)
+    graphs = kernels.graphs.DecodeCudaGraphs(model, kv, 4, 64, batch_sizes=(1, 4), capture=ON_GPU,
+                                             min_split_tokens=4, max_kv_splits=2)
+
+    def decode(reqs):
+        nxt = torch.randint(0, vocab, (len(reqs),), generator=g)
+        batch = ForwardBatch(nxt.to(DEV), torch.tensor([lens[r] for r in reqs], device=DEV),
+                             torch.stack([rows[r][lens[r]] for r in reqs]), [1] * len(reqs),
+                             [lens[r] + 1 for r in reqs], [rows[r][: lens[r] + 1] for r in reqs],
+                             torch.arange(len(reqs), device=DEV))
+        batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 1,
+                                                 min_shared=8, min_saved=0)
+        return batch
+
+    for reqs, members in (([0, 3, 1, 2], [0, 2, 3]), ([2, 0], [0, 1]), ([3], None)):
+        batch = decode(reqs)
+        assert [gr.members for gr in batch.prefix_groups] == ([members] if members else [])
+        assert graphs.can_run(batch)
+        before = [t.clone() for t in kv.k + kv.v]
+        got = graphs.run(batch).clone()
+        for t, b in zip(kv.k + kv.v, before):
+            t.copy_(b)
+        want = model.forward(batch, kv, torch_attn)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        if members:
+            assert int(graphs.kv_start[: len(reqs)].count_nonzero()) == len(members)
+        for r in reqs:
+            lens[r] += 1
+
+
 class _ThreeTokens:
     """A toy grammar for the engine test: step i allows exactly the tokens in `allowed(i)`."""
 

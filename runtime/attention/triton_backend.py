@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from runtime.attention.base import AttentionBackend
-from runtime.forward_batch import ForwardBatch
+from runtime.forward_batch import ForwardBatch, PrefixGroup
 
 
 @triton.jit
@@ -200,8 +200,8 @@ def prefix_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     shared = tl.load(SharedLen + task)
-    n_splits = tl.load(NumSplits + task)
-    per_split = tl.cdiv(tl.cdiv(shared, n_splits), BLOCK_N) * BLOCK_N
+    n_splits = tl.load(NumSplits + task)  # 0: an unused task of a CUDA graph's fixed grid
+    per_split = tl.cdiv(tl.cdiv(shared, tl.maximum(n_splits, 1)), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, shared)
     if (split < n_splits) & (end > start):
@@ -441,6 +441,51 @@ def num_kv_splits(seq_lens: torch.Tensor, max_splits: int, min_split_tokens: int
     return torch.clamp((seq_lens + (min_split_tokens - 1)) // min_split_tokens, 1, max_splits).to(torch.int32)
 
 
+@dataclass
+class PrefixPlan:
+    """Shared-prefix tasks on the host: at most `per_task` members each (-1 padded)."""
+
+    members: list[list[int]]
+    shared_lens: list[int]
+    task_splits: list[int]
+    request_splits: list[int]  # per decode request: its task's prefix splits (0: in no group)
+    kv_start: list[int]  # per decode request: where its own positions start
+
+
+def plan_prefix_tasks(groups: list[tuple[int, list[int]]], batch: int, per_task: int, most: int,
+                      min_split_tokens: int) -> PrefixPlan:
+    """Tasks for `groups` ((shared_len, decode indices) each): members in chunks of `per_task`,
+    one split per `min_split_tokens` prefix positions, at most `most`."""
+    plan = PrefixPlan([], [], [], [0] * batch, [0] * batch)
+    for shared, members in groups:
+        splits = min(most, max(1, -(-shared // min_split_tokens)))
+        for i in range(0, len(members), per_task):
+            chunk = members[i : i + per_task]
+            plan.members.append(chunk + [-1] * (per_task - len(chunk)))
+            plan.shared_lens.append(shared)
+            plan.task_splits.append(splits)
+            for m in chunk:
+                plan.request_splits[m], plan.kv_start[m] = splits, shared
+    return plan
+
+
+def decode_groups(prefix_groups: list[PrefixGroup], decode_index: dict[int, int]) -> list[tuple[int, list[int]]]:
+    """(shared_len, decode indices) of each prefix group's decode members (`decode_index`: batch
+    index -> decode index), where at least two share the prefix (extends take the extend kernel)."""
+    out = []
+    for g in prefix_groups:
+        members = [decode_index[i] for i in g.members if i in decode_index]
+        if len(members) >= 2:
+            out.append((g.shared_len, members))
+    return out
+
+
+def prefix_max_splits(max_kv_splits: int | None, kv_heads: int, device: torch.device) -> int:
+    """Grid size over prefix splits: enough for one task's programs to give every SM about two
+    (fixed per device, so eager passes and CUDA-graph replays split a prefix the same way)."""
+    return max_kv_splits or default_max_splits(1, kv_heads, device)
+
+
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -501,14 +546,11 @@ class TritonAttentionBackend(AttentionBackend):
                                          _slot_table([batch.slot_rows[i] for i in idx], device), max(ext))
         if dec_rows:
             idx = [i for i, _ in dec_rows]
-            decode_index = {i: d for d, i in enumerate(idx)}
+            self.groups = decode_groups(batch.prefix_groups, {i: d for d, i in enumerate(idx)})
             kv_start = [0] * len(idx)
-            for g in batch.prefix_groups:
-                members = [decode_index[i] for i in g.members if i in decode_index]
-                if len(members) >= 2:
-                    self.groups.append((g.shared_len, members))
-                    for d in members:
-                        kv_start[d] = g.shared_len
+            for shared, members in self.groups:
+                for d in members:
+                    kv_start[d] = shared
             ints = torch.tensor([[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx], kv_start],
                                 dtype=torch.int32).to(device, non_blocking=True)
             # The split counts need the head layout, which the first `forward` brings.
@@ -528,19 +570,11 @@ class TritonAttentionBackend(AttentionBackend):
             d.prefix_splits = torch.zeros_like(d.kv_start)
             return
         per_task = prefix_config(heads, kv_heads, dim, dtype, device.type == "cuda", self.decode_block_n)["MEMBERS"]
-        tasks = [(shared, members[i : i + per_task]) for shared, members in self.groups
-                 for i in range(0, len(members), per_task)]
-        most = self.max_kv_splits or default_max_splits(len(tasks), kv_heads, device)
-        task_splits = [min(most, max(1, -(-shared // self.min_split_tokens))) for shared, _ in tasks]
-        table = torch.full((len(tasks), per_task), -1, dtype=torch.int32)
-        request_splits = [0] * d.seq_lens.shape[0]
-        for t, ((_, members), n) in enumerate(zip(tasks, task_splits)):
-            table[t, : len(members)] = torch.tensor(members, dtype=torch.int32)
-            for m in members:
-                request_splits[m] = n
-        ints = torch.tensor([[shared for shared, _ in tasks], task_splits], dtype=torch.int32).to(device)
-        d.prefix = PrefixTasks(table.to(device), ints[0], ints[1], max(task_splits))
-        d.prefix_splits = torch.tensor(request_splits, dtype=torch.int32).to(device)
+        most = prefix_max_splits(self.max_kv_splits, kv_heads, device)
+        plan = plan_prefix_tasks(self.groups, d.seq_lens.shape[0], per_task, most, self.min_split_tokens)
+        ints = torch.tensor([plan.shared_lens, plan.task_splits], dtype=torch.int32).to(device)
+        d.prefix = PrefixTasks(torch.tensor(plan.members, dtype=torch.int32).to(device), ints[0], ints[1], most)
+        d.prefix_splits = torch.tensor(plan.request_splits, dtype=torch.int32).to(device)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
