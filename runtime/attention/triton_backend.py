@@ -80,6 +80,30 @@ def _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_
 
 
 @triton.jit
+def _attend_span(q, start, end, K, V, Table, req, kv_head, offs_d, mask_d, sm_scale, stride_tb, stride_kt,
+                 stride_kh, stride_vt, stride_vh, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Online softmax of q's ROWS rows over key positions [start, end) of request `req`'s slot
+    row, every key visible: (unnormalised output, row sums, row maxima)."""
+    m_i = tl.zeros([ROWS], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        mask_n = offs_n < end
+        slot, k = _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh,
+                             UPCAST)
+        s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
+                               stride_vh, UPCAST, IEEE)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def extend_kernel(
     Q, K, V, O, QStart, ExtLen, SeqLen, Table, sm_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_tb,
@@ -158,26 +182,14 @@ def decode_split_kernel(
         mask_h = offs_h < HEADS_PER_PROG  # tl.dot wants >= 16 rows: the head group is padded
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
-        offs_n0 = tl.arange(0, BLOCK_N)
 
         q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=mask_h[:, None] & mask_d[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
-        m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-        for start_n in range(start, end, BLOCK_N):
-            offs_n = start_n + offs_n0
-            mask_n = offs_n < end
-            slot, k = _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt,
-                                 stride_kh, UPCAST)
-            s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
-                                   stride_vh, UPCAST, IEEE)
-            m_i = m_new
+        acc, l_i, m_i = _attend_span(q, start, end, K, V, Table, req, kv_head, offs_d, mask_d, sm_scale, stride_tb,
+                                     stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, BLOCK_D, BLOCK_N, UPCAST,
+                                     IEEE)
         mid = req * stride_mb + heads * stride_mh + split * stride_ms
         tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None],
                  mask=mask_h[:, None] & mask_d[None, :])
@@ -213,26 +225,14 @@ def prefix_split_kernel(
         owner = tl.load(Members + task * stride_pm)  # its row of the slot table holds the prefix
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
-        offs_n0 = tl.arange(0, BLOCK_N)
         row = tl.load(QRows + member, mask=mask_r, other=0).to(tl.int64)
         q = tl.load(Q + row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=mask_r[:, None] & mask_d[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
-        m_i = tl.zeros([BLOCK_R], dtype=tl.float32) - float("inf")
-        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-        for start_n in range(start, end, BLOCK_N):
-            offs_n = start_n + offs_n0
-            mask_n = offs_n < end
-            slot, k = _load_keys(K, Table, owner, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt,
-                                 stride_kh, UPCAST)
-            s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
-                                   stride_vh, UPCAST, IEEE)
-            m_i = m_new
+        acc, l_i, m_i = _attend_span(q, start, end, K, V, Table, owner, kv_head, offs_d, mask_d, sm_scale, stride_tb,
+                                     stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_R, BLOCK_D, BLOCK_N, UPCAST,
+                                     IEEE)
         safe = tl.where(mask_r, member, 0).to(tl.int64)
         mid = safe * stride_mb + heads * stride_mh + (prefix_col + split) * stride_ms
         tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None], mask=mask_r[:, None] & mask_d[None, :])
