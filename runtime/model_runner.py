@@ -137,7 +137,8 @@ class ModelRunner:
             logits_index=torch.tensor(logits_index, dtype=torch.int64, device=self.device),
         )
         if self.cascade and len(plan) > 1:
-            batch.prefix_groups = find_prefix_groups(ext_lens, seq_lens, slot_rows, self.attn.max_short_extend)
+            batch.prefix_groups = find_prefix_groups(ext_lens, seq_lens, slot_rows, self.attn.max_short_extend,
+                                                     min_saved=self.attn.min_saved_prefix_reads)
         # Always run the pass, even when no row's logits are wanted (a pass of only mid-prompt
         # prefill chunks): the forward is what writes this pass's K/V into the pool.
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):

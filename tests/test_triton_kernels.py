@@ -381,6 +381,48 @@ class _ThreeTokens:
         return None
 
 
+def test_engine_forms_groups_by_the_backends_threshold_and_cascade_keeps_the_tokens(kernels, tiny_model_dir,
+                                                                                     monkeypatch):
+    """Three requests decoding together under a cached 70-token prefix: the runner forms groups
+    only when they save the backend's min_saved_prefix_reads (either default is too high for this
+    step: no group; 0 forms them), and with groups the Triton engine's greedy tokens equal its own
+    without and the torch backend's with them."""
+    from runtime import model_runner
+    from runtime.api import GenerateRequest
+    from runtime.engine import Engine
+    from runtime.sampling import SamplingParams
+
+    formed = []
+    real = model_runner.find_prefix_groups
+
+    def observed(*args, **kwargs):
+        groups = real(*args, **kwargs)
+        formed.extend(groups)
+        return groups
+
+    monkeypatch.setattr(model_runner, "find_prefix_groups", observed)
+    g = torch.Generator().manual_seed(9)
+    shared = torch.randint(100, 40000, (70,), generator=g).tolist()
+    prompts = [shared + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (2, 5, 3)]
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for backend, min_saved in (("torch", 0), ("triton", None), ("triton", 0)):
+        engine = Engine(model=str(tiny_model_dir), device=DEV.type, dtype="float32", attention_backend=backend,
+                        kv_pool_tokens=512, max_running_requests=4, debug_invariants=True)
+        if min_saved is not None:
+            engine.runner.attn.min_saved_prefix_reads = min_saved
+        formed.clear()
+        try:
+            engine.generate(prompts[0], SamplingParams(max_new_tokens=1, temperature=0.0))  # caches the prefix
+            outs[backend, min_saved] = [r.token_ids for r in engine.generate_many(
+                [GenerateRequest(p, greedy) for p in prompts])]
+        finally:
+            engine.shutdown()
+        decode_groups = [gr for gr in formed if len(gr.members) == 3]
+        assert bool(decode_groups) == (min_saved == 0), (backend, min_saved)
+    assert outs["triton", 0] == outs["triton", None] == outs["torch", 0]
+
+
 def test_engine_greedy_tokens_equal_torch_backend(kernels, tiny_model_dir):
     """Chunked prefill (extends after cached prefixes), a shared prefix hit, then batched decode
     with one grammar-constrained request among free ones (the mask applies to that row only)."""

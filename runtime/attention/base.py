@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from runtime.attention.cascade import MIN_SAVED_TOKENS
 from runtime.forward_batch import ForwardBatch
 
 
@@ -22,6 +23,9 @@ class AttentionBackend(ABC):
     name = "abstract"
     # True: `prepare` honours ForwardBatch.prefix_groups (shared-prefix / cascade attention)
     supports_prefix_groups = False
+    # The fewest prefix reads a group must save for the model runner to form it (measured on the
+    # CPU backends; a backend may need more to pay)
+    min_saved_prefix_reads = MIN_SAVED_TOKENS
     # True: a row's output is bitwise the same whatever else is in the pass (alone, batched, as a
     # decode or inside an extend); weight formats that round activations rely on it
     batch_invariant = False
