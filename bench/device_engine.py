@@ -10,11 +10,12 @@ tokenizer files come from DIR (the default model's cache folder). One JSON line 
 
 - `engine_check`: greedy outputs of the fp32 engine with Triton attention + CUDA graphs equal the
   fp32 engine with the torch attention backend, token for token, on requests sharing a prefix
-  (so radix hits, extend-after-prefix, shared-prefix decode of the batch and graph-replayed decode
-  of the first request alone are all on the path).
+  (so radix hits, extend-after-prefix and graph-replayed decode are all on the path; the batch
+  forms no shared-prefix group: it saves fewer prefix reads than the Triton backend's threshold).
 - `engine_bench`: completion tokens/s of 64 requests sharing a 512-token prefix (bf16), with the
-  Triton backend with and without CUDA graphs, with graphs but no shared-prefix kernel (so every
-  decode step replays a graph), and with the torch backend; and batch 1.
+  Triton backend with and without CUDA graphs, with graphs and cascade off, and with the torch
+  backend; and batch 1. (bench/results/gpu_h200_device_engine_f4d31d4.jsonl and _bench_e79fc87
+  ran before the Triton threshold, when this workload formed groups.)
 """
 
 from __future__ import annotations
