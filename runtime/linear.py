@@ -120,10 +120,15 @@ class Int4Linear:
             self.packed = pack_int4_tiles(w.codes)
             # the kernel's codes are 128 + q: w = (q - 8) * scale + zero = (128 + q) * scale + (zero - 136 * scale)
             scales = w.scales.float()
-            offsets = w.zeros.float() - 136 * scales
+            if _q4_1_halves(w):
+                # a GGUF's Q4_1 blocks: their own fp16 (d, m), half the bytes a decode streams with
+                # the codes; the kernel forms zero - 136 * scale = (m + 8d) - 136d with the same
+                # float32 roundings as the line below
+                pair = [w.scales.half(), w.mins.half()]
+            else:
+                pair = [scales, w.zeros.float() - 136 * scales]
             # [N / 16, K / group, 2, 16]: a column vector's scales and offsets group after group
-            self.scale_offset = torch.stack([scales, offsets]).reshape(2, n // TILE, TILE, -1) \
-                .permute(1, 3, 0, 2).contiguous()
+            self.scale_offset = torch.stack(pair).reshape(2, n // TILE, TILE, -1).permute(1, 3, 0, 2).contiguous()
             self.scales_zeros = None
         else:
             self.kernel = "aten._weight_int4pack_mm_for_cpu"
@@ -150,6 +155,16 @@ class Int4Linear:
 
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
+
+
+def _q4_1_halves(w: Int4Codes) -> bool:
+    """Whether `w`'s scales and offsets are a Q4_1 block's fp16 d and m (zero = m + 8d, as
+    Int4Codes.from_q4_1 makes it), so the int4 kernel can take them as stored."""
+    if w.mins is None:
+        return False
+    d, m = w.scales.float(), w.mins.float()
+    return (torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)
+            and torch.equal(w.zeros.float(), m + 8 * d))
 
 
 def pack_int4_tiles(codes: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,31 @@ def test_equals_the_dequantized_weights_within_the_output_rounding(bf16_kernels,
     assert ((got.double() - exact).abs() <= bound).all()
 
 
+def q4_1_blocks(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF's Q4_1 blocks: fp16 d and m per group of 32, codes 0..15."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // INT4_GROUP, generator=g) * 0.01 + 1e-4).half()
+    m = (-torch.rand(n, k // INT4_GROUP, generator=g) * 0.08).half()
+    return d, m, torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("m", [1, 4, 7, 16, 40])
+def test_q4_1_scales_kept_as_fp16_give_the_float32_layouts_bits(bf16_kernels, m):
+    """Q4_1 blocks keep their own fp16 (d, m) (half the scale bytes); the kernel forms the offset
+    with the roundings linear.py uses for float32 storage, so every row count gives the same bits."""
+    d, mins, q = q4_1_blocks(96, 576)
+    half = Int4Linear(Int4Codes.from_q4_1(d, mins, q), None)
+    w = Int4Codes.from_q4_1(d, mins, q)
+    float32 = Int4Linear(Int4Codes(w.codes, w.scales, w.zeros, w.group, None), None)  # no mins: float32 storage
+    assert half.scale_offset.dtype == torch.float16 and float32.scale_offset.dtype == torch.float32
+    assert half.nbytes < float32.nbytes
+    x = activations(m, 576, seed=m)
+    assert torch.equal(half.native(x), float32.native(x))
+    exact = x.double() @ w.dequantize().double().t()
+    bound = exact.abs() * 2.0**-8 + (x.double().abs() @ w.dequantize().double().abs().t()) * 1e-6
+    assert ((half.native(x).double() - exact).abs() <= bound).all()
+
+
 def test_amx_tiles_run_where_the_cpu_has_them(bf16_kernels):
     from runtime.weight_format import AMX_TILES, cpu_flags
 

@@ -11,7 +11,8 @@
 // twice the fp32 FMA rate). For int4, c = 128 + q is the bf16 word 0x4300 | q, so a code becomes an
 // operand with one OR, and offset' = offset - 128 scale; an int8 code is exact in bf16 as it is.
 // A code times a bf16 activation is exact in fp32, so the weights stay the GGUF's own (scale and
-// offset in fp32, nothing rounded). Runs of a few rows expand the codes at each use; longer runs
+// offset in fp32, nothing rounded; a Q4_1 block's fp16 d and m are kept as they are, half the
+// bytes a decode reads besides the codes, and made into the same fp32 scale and offset here). Runs of a few rows expand the codes at each use; longer runs
 // expand a tile of columns once into a buffer and run every row over it.
 //
 // Batch invariance: a row's output is computed alone, in one fixed order (pairs of inputs in
@@ -113,13 +114,32 @@ struct Packed8 {
   }
 };
 
+// A column vector's scale d (and, S = 2, offset o) for one group, as 16 float32 lanes. Stored as
+// float32 (scale, offset), or as a Q4_1 block's own fp16 (d, m) (ScaleHalf): half the bytes, which a
+// decode streams from memory with the codes. The offset for codes 128 + q is then
+// o = (m + 8d) - 136d, each step one float32 rounding (8d and 136d are exact), as linear.py
+// computes it for float32 storage: the same bits either way.
+using ScaleHalf = uint16_t;
+template <int S>
+inline void scale_and_offset(const float* so, __m512& d, __m512& o) {
+  d = _mm512_loadu_ps(so);
+  o = S == 2 ? _mm512_loadu_ps(so + COLS) : _mm512_setzero_ps();
+}
+template <int S>
+inline void scale_and_offset(const ScaleHalf* so, __m512& d, __m512& o) {
+  static_assert(S == 2, "fp16 storage holds Q4_1's (d, m)");
+  d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(so)));
+  const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(so + COLS)));
+  o = _mm512_fnmadd_ps(_mm512_set1_ps(136.0f), d, _mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, m));
+}
+
 // R rows x C column vectors over every group. x: R rows of bf16 inputs (stride ldx); sums: the
 // rows' per-group input sums (stride groups; unused without offsets); scale_offset:
 // [C][groups][S][16] (the tile's column vectors' scales, then offsets where S = 2); out: bf16
 // rows (stride ldy).
-template <int R, int C, int S, typename Weights>
+template <int R, int C, int S, typename Weights, typename Scale>
 void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* sums, int64_t groups,
-               const float* scale_offset, uint16_t* out, int64_t ldy) {
+               const Scale* scale_offset, uint16_t* out, int64_t ldy) {
   __m512 y[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[r][c] = _mm512_setzero_ps();
@@ -139,11 +159,10 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
       }
     }
     for (int c = 0; c < C; ++c) {
-      const float* so = scale_offset + ((c * groups + g) * S) * COLS;
-      const __m512 d = _mm512_loadu_ps(so);
+      __m512 d, o;
+      scale_and_offset<S>(scale_offset + ((c * groups + g) * S) * COLS, d, o);
       for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(acc[r][c], d, y[r][c]);
       if constexpr (S == 2) {
-        const __m512 o = _mm512_loadu_ps(so + COLS);
         for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[r][c]);
       }
     }
@@ -154,8 +173,8 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
 }
 
 // Every row over one tile's weights, ROWS at a time, the rest in one smaller step.
-template <int C, int S, typename Weights>
-void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const float* scale_offset,
+template <int C, int S, typename Weights, typename Scale>
+void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const Scale* scale_offset,
           int64_t N, uint16_t* out) {
   const int64_t groups = K / GROUP;
   auto step = [&](auto rows, int64_t m) {
@@ -175,8 +194,8 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
 
 // The codes (Packed4 or Packed8 over the whole weight) and scale_offset entries (S a group) of the
 // column tile that starts at column n0.
-template <int S, typename Packed>
-std::pair<Packed, const float*> column_tile(const Packed& all, int64_t n0, int64_t K, const float* scale_offset) {
+template <int S, typename Packed, typename Scale>
+std::pair<Packed, const Scale*> column_tile(const Packed& all, int64_t n0, int64_t K, const Scale* scale_offset) {
   const int64_t quads = K / 4;
   return {Packed{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads},
           scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS};
@@ -228,9 +247,9 @@ inline void configure_tiles(int64_t M) {
 // (Expanded<C>'s layout: input pair p of vector c at (p * C + c) * WORDS, so a group's 16 pairs are
 // one tile at a stride of C vectors), R rows at a time (R: the configured tile rows). Per group
 // and R rows: one tile product from zero, then the same scale and offset steps as tile_rows.
-template <int R, int C, int S>
+template <int R, int C, int S, typename Scale>
 void amx_rows(const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K, const float* sums,
-              const float* scale_offset, uint16_t* out, int64_t ldy) {
+              const Scale* scale_offset, uint16_t* out, int64_t ldy) {
   const int64_t groups = K / GROUP;
   alignas(64) float part[R * COLS];
   for (int c = 0; c < C; ++c)
@@ -243,11 +262,10 @@ void amx_rows(const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t
         _tile_zero(0);
         _tile_dpbf16ps(0, 1, 2);
         _tile_stored(0, part, COLS * sizeof(float));
-        const float* so = scale_offset + ((c * groups + g) * S) * COLS;
-        const __m512 d = _mm512_loadu_ps(so);
+        __m512 d, o;
+        scale_and_offset<S>(scale_offset + ((c * groups + g) * S) * COLS, d, o);
         for (int r = 0; r < R; ++r) y[r] = _mm512_fmadd_ps(_mm512_load_ps(part + r * COLS), d, y[r]);
         if constexpr (S == 2) {
-          const __m512 o = _mm512_loadu_ps(so + COLS);
           for (int r = 0; r < R; ++r)
             y[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[(m0 + r) * groups + g]), y[r]);
         }
@@ -264,9 +282,9 @@ void amx_rows(const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t
 // tile stores (neither forwards). Here, while group g's products run, group g+1's codes are
 // expanded into the other half of a double buffer and group g-1's sums are read back.
 // The same products and the same scale and offset steps, group after group: amx_rows' bits.
-template <int R, int C, int S, typename Packed>
+template <int R, int C, int S, typename Packed, typename Scale>
 void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, const float* sums,
-                  const float* scale_offset, uint16_t* out, int64_t ldy) {
+                  const Scale* scale_offset, uint16_t* out, int64_t ldy) {
   static_assert(C == 1 || C == 2);
   // Column vectors per pass: 16 rows of sums for two vectors would need all 32 vector registers.
   constexpr int V = R * C <= 16 ? C : 1;
@@ -290,11 +308,10 @@ void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, cons
     };
     const auto accumulate = [&](int64_t g, const float (*from)[R * COLS]) {
       for (int v = 0; v < V; ++v) {
-        const float* so = scale_offset + (((c0 + v) * groups + g) * S) * COLS;
-        const __m512 d = _mm512_loadu_ps(so);
+        __m512 d, o;
+        scale_and_offset<S>(scale_offset + (((c0 + v) * groups + g) * S) * COLS, d, o);
         for (int r = 0; r < R; ++r) y[v][r] = _mm512_fmadd_ps(_mm512_load_ps(from[v] + r * COLS), d, y[v][r]);
         if constexpr (S == 2) {
-          const __m512 o = _mm512_loadu_ps(so + COLS);
           for (int r = 0; r < R; ++r) y[v][r] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[v][r]);
         }
       }
@@ -328,9 +345,9 @@ void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, cons
 // The C column vectors from column n0 on, for every row, on tiles: a call of up to 16 rows expands
 // each group's codes where it is used; more rows expand the column tile's codes once into `buffer`
 // (Expanded<C>'s layout) and run every 16 rows over them. `xpad`: x with zero rows up to whole tiles.
-template <int C, int S, typename Packed>
+template <int C, int S, typename Packed, typename Scale>
 void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* xpad, int64_t M,
-                  int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
+                  int64_t K, const float* sums, const Scale* scale_offset, int64_t N, uint16_t* out) {
   const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
   switch (tile_rows_for(M)) {
     case 1: return amx_streamed<1, C, S>(p, xpad, M, K, sums, so, out + n0, N);
@@ -346,9 +363,9 @@ void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, 
 
 // The C column vectors from column n0 on, for every row. `Packed`: Packed4 or Packed8 over the
 // whole weight; S: scale_offset entries per group.
-template <int C, int S, typename Packed>
+template <int C, int S, typename Packed, typename Scale>
 void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
-              int64_t K, const float* sums, const float* scale_offset, int64_t N, uint16_t* out) {
+              int64_t K, const float* sums, const Scale* scale_offset, int64_t N, uint16_t* out) {
   const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
   if (M <= EXPAND_ROWS) return tile<C, S>(p, x, M, K, sums, so, N, out + n0);
   expand_all<C>(p, K / 4, buffer);
@@ -357,7 +374,7 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
 
 // Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
 // odd number of vectors).
-template <int S, typename Packed>
+template <int S, typename Packed, typename Scale>
 torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
   const bool amx = amx_usable();
   constexpr at::ScalarType code_type = Packed::DTYPE;
@@ -368,9 +385,10 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / GROUP;
   TORCH_CHECK(K % GROUP == 0 && packed.size(1) * inputs_per_row == K, name,
               ": K must be a multiple of 32 and match the weights");
-  TORCH_CHECK(scale_offset.scalar_type() == at::kFloat && scale_offset.dim() == 4 &&
+  constexpr at::ScalarType scale_type = std::is_same_v<Scale, float> ? at::kFloat : at::kHalf;
+  TORCH_CHECK(scale_offset.scalar_type() == scale_type && scale_offset.dim() == 4 &&
               scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == S &&
-              scale_offset.size(3) == COLS, name, ": scale_offset [N/16, K/32, ", S, ", 16], float32");
+              scale_offset.size(3) == COLS, name, ": scale_offset [N/16, K/32, ", S, ", 16], ", c10::toString(scale_type));
   x = x.contiguous();
   packed = packed.contiguous();
   scale_offset = scale_offset.contiguous();
@@ -378,7 +396,7 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   if (M == 0) return out;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const Packed all{reinterpret_cast<const typename Packed::Code*>(packed.data_ptr()), K / 4};
-  const float* so = scale_offset.data_ptr<float>();
+  const Scale* so = reinterpret_cast<const Scale*>(scale_offset.data_ptr());
   uint16_t* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
 
   // AMX: the rows padded with zeros to whole tiles of the rows configured for M (their outputs are
@@ -428,16 +446,18 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 }  // namespace
 
 // x bf16 [M, K]; packed uint8 [N/16, K/4, 32] (runtime/linear.py's pack_int4_tiles); scale_offset
-// float32 [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets
-// (w = q * scale + offset).
+// [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets for the kernel's
+// codes 128 + q, float32; or float16, a Q4_1 block's own d then m (w = d q + m; scale_and_offset).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
-  return quant_linear<2, Packed4>("int4_linear", x, packed, scale_offset);
+  if (scale_offset.scalar_type() == at::kHalf)
+    return quant_linear<2, Packed4, ScaleHalf>("int4_linear", x, packed, scale_offset);
+  return quant_linear<2, Packed4, float>("int4_linear", x, packed, scale_offset);
 }
 
 // x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/32, 1, 16]
 // (w = q * scale).
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
-  return quant_linear<1, Packed8>("int8_linear", x, packed, scales);
+  return quant_linear<1, Packed8, float>("int8_linear", x, packed, scales);
 }
 
 bool int4_linear_available() { return true; }
