@@ -102,6 +102,24 @@ def engine_idle_check(real_engine):
     real_engine.call(real_engine.check_invariant).result(timeout=60)
 
 
+@pytest.fixture
+def formed_groups(monkeypatch) -> list:
+    """Every shared-prefix group the model runner forms while the test runs (the real
+    find_prefix_groups, observed)."""
+    from runtime import model_runner
+
+    formed = []
+    real = model_runner.find_prefix_groups
+
+    def observed(*args, **kwargs):
+        groups = real(*args, **kwargs)
+        formed.extend(groups)
+        return groups
+
+    monkeypatch.setattr(model_runner, "find_prefix_groups", observed)
+    return formed
+
+
 def chat_ids(tokenizer, user: str, system: str | None = None) -> list[int]:
     msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)

@@ -174,8 +174,7 @@ def test_cli_flag_turns_cascade_off():
 # ------------------------------------------------------------------------------- the real model
 
 @pytest.mark.e2e
-def test_greedy_tokens_equal_with_cascade_on_and_off(real_engine, tokenizer, smollm_dir, monkeypatch):
-    from runtime import model_runner
+def test_greedy_tokens_equal_with_cascade_on_and_off(real_engine, tokenizer, smollm_dir, formed_groups):
     from runtime.api import GenerateRequest
     from runtime.engine import Engine
     from runtime.sampling import SamplingParams
@@ -190,16 +189,7 @@ def test_greedy_tokens_equal_with_cascade_on_and_off(real_engine, tokenizer, smo
     assert len(prompts[0]) > 400
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
 
-    formed = []  # every group the runner builds (the real function, observed)
-    real = model_runner.find_prefix_groups
-
-    def observed(*args, **kwargs):
-        groups = real(*args, **kwargs)
-        formed.extend(groups)
-        return groups
-
-    monkeypatch.setattr(model_runner, "find_prefix_groups", observed)
-
+    formed = formed_groups
     def outputs(engine):
         engine.generate(prompts[0], greedy)  # caches the system prompt
         return [r.token_ids for r in engine.generate_many([GenerateRequest(p, greedy) for p in prompts])]

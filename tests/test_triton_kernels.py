@@ -382,25 +382,16 @@ class _ThreeTokens:
 
 
 def test_engine_forms_groups_by_the_backends_threshold_and_cascade_keeps_the_tokens(kernels, tiny_model_dir,
-                                                                                     monkeypatch):
+                                                                                     formed_groups):
     """Three requests decoding together under a cached 70-token prefix: the runner forms groups
     only when they save the backend's min_saved_prefix_reads (either default is too high for this
     step: no group; 0 forms them), and with groups the Triton engine's greedy tokens equal its own
     without and the torch backend's with them."""
-    from runtime import model_runner
     from runtime.api import GenerateRequest
     from runtime.engine import Engine
     from runtime.sampling import SamplingParams
 
-    formed = []
-    real = model_runner.find_prefix_groups
-
-    def observed(*args, **kwargs):
-        groups = real(*args, **kwargs)
-        formed.extend(groups)
-        return groups
-
-    monkeypatch.setattr(model_runner, "find_prefix_groups", observed)
+    formed = formed_groups
     g = torch.Generator().manual_seed(9)
     shared = torch.randint(100, 40000, (70,), generator=g).tolist()
     prompts = [shared + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (2, 5, 3)]
