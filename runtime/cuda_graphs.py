@@ -32,7 +32,7 @@ from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.attention.triton_backend import (
     DecodeMetadata, PrefixTasks, decode_attention, decode_groups, decode_head_blocks, default_max_splits,
-    num_kv_splits, plan_prefix_tasks, prefix_config, prefix_max_splits,
+    num_kv_splits, own_starts, plan_prefix_tasks, prefix_config, prefix_max_splits,
 )
 
 log = logging.getLogger("jumpgate.cuda_graphs")
@@ -100,10 +100,11 @@ class DecodeCudaGraphs:
         self.per_task = prefix_config(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv.dtype,
                                       device.type == "cuda")["MEMBERS"]
         self.prefix_most = prefix_max_splits(max_kv_splits, cfg.num_kv_heads, device)
-        self.kv_start = torch.zeros(n, dtype=torch.int32, device=device)
-        self.prefix_splits = torch.zeros(n, dtype=torch.int32, device=device)
+        # rows: each task's shared length and prefix splits, each row's own start and prefix splits
+        # (one buffer: a step writes them in one copy)
+        self.prefix_ints = torch.zeros(4, n, dtype=torch.int32, device=device)
+        shared_lens, task_splits, self.kv_start, prefix_splits = self.prefix_ints
         self.task_members = torch.full((n, self.per_task), -1, dtype=torch.int32, device=device)
-        self.task_ints = torch.zeros(2, n, dtype=torch.int32, device=device)  # shared lens, splits
         zeros = torch.zeros(n, dtype=torch.int32, device=device)  # never written: no shared prefix
         self.attn: dict[tuple[int, bool], _StaticDecodeAttention] = {}  # (batch size, cascade)
         for bs in self.sizes:
@@ -111,9 +112,8 @@ class DecodeCudaGraphs:
             rows = (self.q_rows[:bs], self.seq_lens[:bs], self.table[:bs])
             self.attn[bs, False] = _StaticDecodeAttention(*rows, zeros[:bs], zeros[:bs], None, splits,
                                                           min_split_tokens)
-            tasks = PrefixTasks(self.task_members[:bs], self.task_ints[0, :bs], self.task_ints[1, :bs],
-                                self.prefix_most)
-            self.attn[bs, True] = _StaticDecodeAttention(*rows, self.kv_start[:bs], self.prefix_splits[:bs], tasks,
+            tasks = PrefixTasks(self.task_members[:bs], shared_lens[:bs], task_splits[:bs], self.prefix_most)
+            self.attn[bs, True] = _StaticDecodeAttention(*rows, self.kv_start[:bs], prefix_splits[:bs], tasks,
                                                          splits, min_split_tokens)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
@@ -156,18 +156,12 @@ class DecodeCudaGraphs:
             return False
         n = self.max_bs
         plan = plan_prefix_tasks(groups, n, self.per_task, self.prefix_most, self.min_split_tokens)
-        tasks = len(plan.members)
-        members = torch.full((n, self.per_task), -1, dtype=torch.int32)
-        members[:tasks] = torch.tensor(plan.members, dtype=torch.int32)
-        ints = torch.zeros(4, n, dtype=torch.int32)
-        ints[0, :tasks] = torch.tensor(plan.shared_lens, dtype=torch.int32)
-        ints[1, :tasks] = torch.tensor(plan.task_splits, dtype=torch.int32)
-        ints[2] = torch.tensor(plan.kv_start, dtype=torch.int32)
-        ints[3] = torch.tensor(plan.request_splits, dtype=torch.int32)
-        self.task_members.copy_(members, non_blocking=True)
-        self.task_ints.copy_(ints[:2], non_blocking=True)
-        self.kv_start.copy_(ints[2], non_blocking=True)
-        self.prefix_splits.copy_(ints[3], non_blocking=True)
+        unused = n - len(plan.members)  # tasks of the fixed grid with nothing to do: zero splits
+        members = plan.members + [[-1] * self.per_task] * unused
+        ints = [plan.shared_lens + [0] * unused, plan.task_splits + [0] * unused, own_starts(groups, n),
+                plan.request_splits]
+        self.task_members.copy_(torch.tensor(members, dtype=torch.int32), non_blocking=True)
+        self.prefix_ints.copy_(torch.tensor(ints, dtype=torch.int32), non_blocking=True)
         return True
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:

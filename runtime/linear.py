@@ -119,13 +119,13 @@ class Int4Linear:
             self.kernel = "jumpgate_cpu.int4_linear"
             self.packed = pack_int4_tiles(w.codes)
             # the kernel's codes are 128 + q: w = (q - 8) * scale + zero = (128 + q) * scale + (zero - 136 * scale)
-            scales = w.scales.float()
             if _q4_1_halves(w):
                 # a GGUF's Q4_1 blocks: their own fp16 (d, m), half the bytes a decode streams with
                 # the codes; the kernel forms zero - 136 * scale = (m + 8d) - 136d with the same
                 # float32 roundings as the line below
                 pair = [w.scales.half(), w.mins.half()]
             else:
+                scales = w.scales.float()
                 pair = [scales, w.zeros.float() - 136 * scales]
             # [N / 16, K / group, 2, 16]: a column vector's scales and offsets group after group
             self.scale_offset = torch.stack(pair).reshape(2, n // TILE, TILE, -1).permute(1, 3, 0, 2).contiguous()

@@ -14,7 +14,7 @@ request b's position i), so no request ever has a contiguous copy of its KV:
   log-sum-exp.
 - shared prefix (cascade): decode requests holding the same cached prefix slots
   (ForwardBatch.prefix_groups) read them once per layer for all of them. One program per (task of
-  up to `prefix_members` members, KV head, prefix split) multiplies every member's query heads of
+  up to MEMBERS members (prefix_config), KV head, prefix split) multiplies every member's query heads of
   that KV head by each prefix K/V tile it loads; the split-K decode kernel then covers only each
   member's own positions, and the merge kernel folds the prefix partials in with the rest (the
   same log-sum-exp merge as split-K, so no extra pass). Extends in a group (jump-forward drafts,
@@ -77,6 +77,14 @@ def _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
     return acc, l_i
+
+
+@triton.jit
+def _split_len(length, n_splits, BLOCK_N: tl.constexpr):
+    """Positions per split when `length` positions are cut into `n_splits` splits of whole BLOCK_N
+    tiles (trailing splits of a short span may be empty). The split kernels and the merge kernel
+    apply it alike, so the merge skips exactly the splits that wrote nothing; 0 splits is none."""
+    return tl.cdiv(tl.cdiv(length, tl.maximum(n_splits, 1)), BLOCK_N) * BLOCK_N
 
 
 @triton.jit
@@ -169,8 +177,7 @@ def decode_split_kernel(
     seq = tl.load(SeqLen + req)
     kv0 = tl.load(KvStart + req)  # positions before it are a shared prefix (prefix_split_kernel)
     n_splits = tl.load(NumSplits + req)
-    # A split is a whole number of BLOCK_N tiles; trailing splits of a short request may be empty.
-    per_split = tl.cdiv(tl.cdiv(seq - kv0, n_splits), BLOCK_N) * BLOCK_N
+    per_split = _split_len(seq - kv0, n_splits, BLOCK_N)
     start = kv0 + split * per_split
     end = tl.minimum(start + per_split, seq)
     if (split < n_splits) & (end > start):
@@ -213,7 +220,7 @@ def prefix_split_kernel(
     split = tl.program_id(2)
     shared = tl.load(SharedLen + task)
     n_splits = tl.load(NumSplits + task)  # 0: an unused task of a CUDA graph's fixed grid
-    per_split = tl.cdiv(tl.cdiv(shared, tl.maximum(n_splits, 1)), BLOCK_N) * BLOCK_N
+    per_split = _split_len(shared, n_splits, BLOCK_N)
     start = split * per_split
     end = tl.minimum(start + per_split, shared)
     if (split < n_splits) & (end > start):
@@ -270,13 +277,13 @@ def decode_merge_kernel(
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     o_base = req * stride_mb + head * stride_mh
     l_base = req * stride_lb + head * stride_lh
-    # the splits' emptiness rules (decode_split_kernel, prefix_split_kernel)
-    per_split = tl.cdiv(tl.cdiv(seq - kv0, n_splits), BLOCK_N) * BLOCK_N
+    # the splits' emptiness rule (_split_len), as decode_split_kernel and prefix_split_kernel cut them
+    per_split = _split_len(seq - kv0, n_splits, BLOCK_N)
     for split in range(0, n_splits):
         if split * per_split < seq - kv0:
             acc, total, m = _merge_split(acc, total, m, MidO, MidLse, o_base + split * stride_ms, l_base + split,
                                          offs_d, mask_d)
-    per_prefix = tl.cdiv(tl.cdiv(kv0, tl.maximum(n_prefix, 1)), BLOCK_N) * BLOCK_N
+    per_prefix = _split_len(kv0, n_prefix, BLOCK_N)
     for split in range(0, n_prefix):
         if split * per_prefix < kv0:
             col = prefix_col + split
@@ -321,7 +328,7 @@ class DecodeMetadata:
     # Cascade: where each request's own positions start (0: no shared prefix) and how many prefix
     # splits its merge folds in (0: none); `prefix` the tasks that compute those (None: no groups).
     kv_start: torch.Tensor  # int32 [B]
-    prefix_splits: torch.Tensor  # int32 [B]
+    prefix_splits: torch.Tensor | None  # int32 [B] (None: not yet sized)
     prefix: PrefixTasks | None = None
 
 
@@ -449,14 +456,13 @@ class PrefixPlan:
     shared_lens: list[int]
     task_splits: list[int]
     request_splits: list[int]  # per decode request: its task's prefix splits (0: in no group)
-    kv_start: list[int]  # per decode request: where its own positions start
 
 
 def plan_prefix_tasks(groups: list[tuple[int, list[int]]], batch: int, per_task: int, most: int,
                       min_split_tokens: int) -> PrefixPlan:
     """Tasks for `groups` ((shared_len, decode indices) each): members in chunks of `per_task`,
     one split per `min_split_tokens` prefix positions, at most `most`."""
-    plan = PrefixPlan([], [], [], [0] * batch, [0] * batch)
+    plan = PrefixPlan([], [], [], [0] * batch)
     for shared, members in groups:
         splits = min(most, max(1, -(-shared // min_split_tokens)))
         for i in range(0, len(members), per_task):
@@ -465,8 +471,17 @@ def plan_prefix_tasks(groups: list[tuple[int, list[int]]], batch: int, per_task:
             plan.shared_lens.append(shared)
             plan.task_splits.append(splits)
             for m in chunk:
-                plan.request_splits[m], plan.kv_start[m] = splits, shared
+                plan.request_splits[m] = splits
     return plan
+
+
+def own_starts(groups: list[tuple[int, list[int]]], batch: int) -> list[int]:
+    """Per decode request: where its own positions start (its group's shared length; 0 in none)."""
+    starts = [0] * batch
+    for shared, members in groups:
+        for m in members:
+            starts[m] = shared
+    return starts
 
 
 def decode_groups(prefix_groups: list[PrefixGroup], decode_index: dict[int, int]) -> list[tuple[int, list[int]]]:
@@ -552,15 +567,12 @@ class TritonAttentionBackend(AttentionBackend):
         if dec_rows:
             idx = [i for i, _ in dec_rows]
             self.groups = decode_groups(batch.prefix_groups, {i: d for d, i in enumerate(idx)})
-            kv_start = [0] * len(idx)
-            for shared, members in self.groups:
-                for d in members:
-                    kv_start[d] = shared
-            ints = torch.tensor([[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx], kv_start],
+            ints = torch.tensor([[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx],
+                                 own_starts(self.groups, len(idx))],
                                 dtype=torch.int32).to(device, non_blocking=True)
             # The split counts need the head layout, which the first `forward` brings.
             self.decode = DecodeMetadata(ints[0], ints[1], _slot_table([batch.slot_rows[i] for i in idx], device),
-                                         num_splits=None, max_splits=0, kv_start=ints[2], prefix_splits=ints[2])
+                                         num_splits=None, max_splits=0, kv_start=ints[2], prefix_splits=None)
 
     def _size_splits(self, heads: int, kv_heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """The split counts of this pass's decode requests and their shared-prefix tasks."""

@@ -12,8 +12,9 @@
 // operand with one OR, and offset' = offset - 128 scale; an int8 code is exact in bf16 as it is.
 // A code times a bf16 activation is exact in fp32, so the weights stay the GGUF's own (scale and
 // offset in fp32, nothing rounded; a Q4_1 block's fp16 d and m are kept as they are, half the
-// bytes a decode reads besides the codes, and made into the same fp32 scale and offset here). Runs of a few rows expand the codes at each use; longer runs
-// expand a tile of columns once into a buffer and run every row over it.
+// bytes a decode reads besides the codes, and made into the same fp32 scale and offset here).
+// Runs of a few rows expand the codes at each use; longer runs expand a tile of columns once into
+// a buffer and run every row over it.
 //
 // Batch invariance: a row's output is computed alone, in one fixed order (pairs of inputs in
 // order inside a group, groups in order, the scale term then the offset term), by one thread per
