@@ -144,12 +144,13 @@ def bench_engine(model_dir: Path, device: str, smoke: bool) -> None:
     n, prefix, max_tokens = (3, 40, 4) if smoke else (64, 512, 128)
     dtype = "float32" if smoke else "bfloat16"
     rates = {}
-    # cascade on: decode steps whose requests share the prefix run eagerly with the shared-prefix
-    # kernel; off: every pure decode step replays a CUDA graph
-    # a first, unreported run: Triton compiles a kernel again for each new integer specialization
-    # (a stride or length divisible by 16, ...), which would land in whichever config ran first
+    # cascade off: no step forms shared-prefix groups (with it on, steps that do replay the graph
+    # holding the prefix kernel). A first, unreported run: Triton compiles a kernel again for each
+    # new integer specialization (a stride or length divisible by 16, ...), which would land in
+    # whichever config ran first.
     for name, backend, graphs, cascade in (
-            ("warmup", "triton", True, True), ("triton_graphs", "triton", True, True), ("triton_graphs_no_cascade", "triton", True, False),
+            ("warmup", "triton", True, True), ("triton_graphs", "triton", True, True),
+            ("triton_graphs_no_cascade", "triton", True, False),
             ("triton_eager", "triton", False, True), ("torch", "torch", False, True),
             ("triton_graphs_profiled", "triton", True, True)):
         profile = cProfile.Profile() if name.endswith("_profiled") else None
