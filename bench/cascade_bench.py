@@ -65,7 +65,8 @@ def run(quick: bool = False, argv=None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--attention", default="auto", help="attention backend (default: the engine's, auto)")
-    ap.add_argument("--attention-tiles", action="store_true", help="the cpu kernel on AMX tiles (--attention-tiles)")
+    ap.add_argument("--attention-tiles", default="auto", choices=("auto", "on", "off"),
+                    help="the cpu kernel on AMX tiles (the engine's --attention-tiles; default auto)")
     ap.add_argument("--attention-only", action="store_true",
                     help="time the attention backend alone (one layer) instead of the whole model")
     args = ap.parse_args(argv or [])

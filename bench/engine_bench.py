@@ -1,6 +1,7 @@
 """`python -m bench engine [--formats fp32,auto,bf16,q8,q4] [--threads N]`: prefill and decode speed of
 our runtime per weight format, side by side in one run, with fp32 (eager) as the reference. A format
-written `auto+tiles` (or `q4+tiles`, ...) runs with --attention-tiles.
+written `auto+tiles` (or `q4+tiles`, ...) runs with `--attention-tiles on`, `auto+vector` with
+`--attention-tiles off` (the float32 vector code); a plain format with the engine's default (auto).
 
 One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens, the
 ratios to fp32 from the same run, and the split of a batch-1 decode step into linear layers,
@@ -78,7 +79,10 @@ def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, fl
     return {"forward_s": best, "linear_frac": linear / total, "attention_frac": attention / total}
 
 
-def _measure(fmt: str, quick: bool, threads: int | None, tiles: bool = False) -> dict:
+TILES_SUFFIX = {"": "auto", "tiles": "on", "vector": "off"}  # format suffix -> --attention-tiles
+
+
+def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") -> dict:
     new_tokens = 16 if quick else 64
     engine = Engine(device="cpu", kv_pool_tokens=16384, radix_cache=False, weights=fmt, num_threads=threads,
                     max_running_requests=64, attention_tiles=tiles).start()
@@ -134,12 +138,14 @@ def run(quick: bool = False, argv=None) -> None:
     invariant = make_attention_backend("auto", cpu).batch_invariant  # what the engines will use
     for requested in args.formats.split(","):
         fmt, _, tiles = requested.partition("+")
+        if tiles not in TILES_SUFFIX:
+            ap.error(f"{requested}: a format's suffix is +tiles or +vector")
         resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32, invariant)
         if (resolved, tiles) in done:  # auto chose a format measured already: report the choice only
             emit({"bench": "engine", "requested": requested, "weights": resolved, "weights_reason": reason})
             continue
         done.add((resolved, tiles))
-        res = _measure(fmt, quick, args.threads, tiles=bool(tiles))
+        res = _measure(fmt, quick, args.threads, tiles=TILES_SUFFIX[tiles])
         res["requested"] = requested
         ref = ref or res
         for key in [k for k in res if k.startswith(("prefill_tok_s", "decode_tok_s"))]:

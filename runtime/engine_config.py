@@ -32,10 +32,11 @@ class EngineConfig:
         "auto", "auto: triton on CUDA; on CPU cpu, a batch-invariant C++ kernel built on first use (torch "
         "where it cannot be built); torch: SDPA (triton on CPU needs TRITON_INTERPRET=1)",
         flag="--attention-backend", choices=("auto", "torch", "triton", "cpu"))
-    attention_tiles: bool = setting(
-        False, "run the cpu attention kernel's products on AMX tiles (q4, q8 and bf16 weights on a CPU with AMX): "
-        "prompts prefill faster (3k tokens: 1.6x), decoding over long unshared contexts slower (docs/DEVELOPING.md)",
-        flag="--attention-tiles")
+    attention_tiles: str = setting(
+        "auto", "the cpu attention kernel's products on AMX tiles (q4, q8 and bf16 weights on a CPU with AMX): "
+        "long prompts prefill faster and a shared prefix's decode costs less, decoding over long unshared contexts "
+        "more (docs/DEVELOPING.md); auto: on wherever it can run, on: the same but say where it cannot",
+        flag="--attention-tiles", choices=("auto", "on", "off"))
     cuda_graphs: bool = setting(
         True, "run decode passes eagerly on CUDA instead of replaying CUDA graphs (graphs: CUDA + triton only)",
         flag="--no-cuda-graphs", negative=True)

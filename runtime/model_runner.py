@@ -86,7 +86,8 @@ class ModelRunner:
         self.model = load_model(model_dir, mc, cfg.weights, device, dtype,  # .weights / .weights_reason: which, why
                                 invariant_attention=self.attn.batch_invariant)
         # the kernel's float32 passes only (other dtypes go through torch)
-        if cfg.attention_tiles and not (dtype == torch.float32 and self.attn.enable_tiles(self.model.weights)):
+        tiles = cfg.attention_tiles != "off" and dtype == torch.float32 and self.attn.enable_tiles(self.model.weights)
+        if cfg.attention_tiles == "on" and not tiles:
             log.warning("--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights, "
                         "float32 activations and a CPU with AMX; here %s attention, %s weights, %s)",
                         self.attn.name, self.model.weights, dtype)

@@ -1,9 +1,10 @@
 """--attention-tiles end to end (the cpu attention kernel on AMX tiles; runtime/attention/cpu_backend.py).
 
-With the real SmolLM2 in q4 on a CPU with AMX, the engine keeps the equalities the batch-invariant
+The default (`auto`) takes tiles wherever they can run. With the real SmolLM2 in q4 on a CPU with
+AMX, the engine keeps the equalities the batch-invariant
 kernel exists for: jump-forward `verify` gives `off`'s tokens, a prompt served from the prefix
-cache gives the tokens it gave cold, and strict outputs validate. Elsewhere the flag is refused
-with one log line and the engine runs as without it (tiny model). The kernel's own checks are in
+cache gives the tokens it gave cold, and strict outputs validate. Elsewhere `on` is refused with
+one log line, `auto` says nothing, and the engine runs as with `off` (tiny model). The kernel's own checks are in
 tests/test_cpu_attention.py; its drift from fp32 in tests/test_weight_formats.py.
 """
 
@@ -47,7 +48,7 @@ def tiles_engine(smollm_dir, cpu_ops):
 
     if not cpu_ops.int4_linear_amx():
         pytest.skip("no AMX tiles on this CPU")
-    engine = Engine(kv_pool_tokens=8192, attention_tiles=True, debug_invariants=True).start()
+    engine = Engine(kv_pool_tokens=8192, debug_invariants=True).start()  # the default: auto
     assert engine.info.weights == "q4" and engine.info.attention_backend == "cpu-amx"
     yield engine
     engine.shutdown()
@@ -80,16 +81,16 @@ def test_the_flag_is_refused_with_one_log_line_where_it_cannot_run(tiny_model_di
 
     greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     outs = []
-    for tiles in (True, False):
+    for tiles in ("on", "auto", "off"):
         with caplog.at_level(logging.WARNING, logger="jumpgate.engine"):
             caplog.clear()
             engine = Engine(model=str(tiny_model_dir), device="cpu", weights="fp32", attention_tiles=tiles,
                             kv_pool_tokens=256)
         try:
             refused = [r for r in caplog.records if "--attention-tiles: not used" in r.getMessage()]
-            assert len(refused) == (1 if tiles else 0)
+            assert len(refused) == (1 if tiles == "on" else 0)  # auto falls back quietly
             assert engine.runner.attn.name in ("cpu", "torch")
             outs.append(engine.generate([5, 6, 7, 8], greedy).token_ids)
         finally:
             engine.shutdown()
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]

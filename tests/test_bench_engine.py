@@ -25,6 +25,17 @@ def expected_auto() -> str:
                           make_attention_backend("auto", cpu).batch_invariant)[0]
 
 
+def expected_attention(weights: str) -> str:
+    """The engine's attention backend by default for `weights` (AMX tiles where they can run)."""
+    import torch
+
+    from runtime.attention import make_attention_backend
+
+    backend = make_attention_backend("auto", torch.device("cpu"))
+    backend.enable_tiles(weights)
+    return backend.name
+
+
 @pytest.mark.e2e
 def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     out = subprocess.run([sys.executable, "-m", "bench", "--quick", "engine", "--formats", "fp32,q4,auto"],
@@ -33,7 +44,8 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     ref, chosen, auto = lines
     assert ref["weights"] == "fp32" and chosen["weights"] == "q4" and chosen["weights_reason"]
-    assert ref["attention"] == chosen["attention"] in ("cpu", "torch")
+    assert ref["attention"] == expected_attention("fp32") in ("cpu", "torch")
+    assert chosen["attention"] == expected_attention("q4") in ("cpu", "cpu-amx", "torch")
     # auto chose one of the two measured formats: reported, not measured again
     assert auto == {"bench": "engine", "requested": "auto", "weights": expected_auto(),
                     "weights_reason": auto["weights_reason"]}

@@ -15,7 +15,6 @@ import torch
 
 from grammar import GrammarSpec
 from runtime.api import GenerateRequest
-from runtime.attention import make_attention_backend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.sampler import apply_token_bitmask
@@ -62,8 +61,7 @@ def own_logits(engine, ids: list[int]) -> torch.Tensor:
         kv = KVPool(mc.num_layers, n + 1, mc.num_kv_heads, mc.head_dim, engine.dtype, engine.device)
         slots = kv.allocator.alloc(n)
         batch = ForwardBatch(torch.tensor(ids), torch.arange(n), slots, [n], [n], [slots], torch.arange(n))
-        return engine.runner.model.forward(batch, kv, make_attention_backend(engine.config.attention_backend,
-                                                                             engine.device)).float()
+        return engine.runner.model.forward(batch, kv, engine.runner.attn).float()  # the engine's own backend
     return engine.call(run).result(timeout=300)
 
 
