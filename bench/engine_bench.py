@@ -59,7 +59,8 @@ def _prefill_rate(engine, ids: list[int]) -> float:
 def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, float]:
     """Seconds of one batch-1 decode pass at `context` tokens through the engine's attention
     backend, and the profiler's shares of it."""
-    kv = KVPool(cfg.num_layers, context + 2, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
+    kv = KVPool(cfg.num_layers, context + 2, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
+                head_major=attn.kv_head_major)  # as the engine keeps it
     slots = torch.arange(context + 1, device=model.device)
     batch = ForwardBatch(torch.tensor([42]), torch.tensor([context]), slots[context:], [1], [context + 1], [slots],
                          torch.tensor([0]))

@@ -56,10 +56,15 @@ class KVPool:
 
     The last row (`scratch_slot`) is never handed out: padded rows of a CUDA-graph decode batch
     write their K/V there, so padding can never touch a slot that a request or the cache owns.
+
+    `head_major`: each layer's buffer is [kv_heads, num_slots + 1, head_dim], seen through a
+    transposed view with the same [slot, head, dim] indexing. Attention reads one KV head of
+    consecutive slots at a time; head-major those are one run of memory instead of every
+    kv_heads-th piece of it, which the cpu kernel reads markedly faster (docs/DEVELOPING.md).
     """
 
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", head_major: bool = False):
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.kv_heads = kv_heads
@@ -68,8 +73,15 @@ class KVPool:
         self.device = torch.device(device)
         self.scratch_slot = num_slots
         rows = num_slots + 1
-        self.k = [torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v = [torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.head_major = head_major
+
+        def layer() -> torch.Tensor:
+            if head_major:
+                return torch.zeros(kv_heads, rows, head_dim, dtype=dtype, device=self.device).transpose(0, 1)
+            return torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=self.device)
+
+        self.k = [layer() for _ in range(num_layers)]
+        self.v = [layer() for _ in range(num_layers)]
         self.allocator = SlotAllocator(num_slots)
 
     @staticmethod

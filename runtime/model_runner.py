@@ -93,7 +93,8 @@ class ModelRunner:
                         self.attn.name, self.model.weights, dtype)
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, device)
-        self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device)
+        self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device,
+                         head_major=self.attn.kv_head_major)
         self.req_table = ReqToTokenTable(cfg.max_running_requests, max_context + cfg.max_jump_forward_tokens + 2)
         # shared-prefix groups are built only for a backend that reads them
         self.cascade = cfg.cascade_attention and self.attn.supports_prefix_groups

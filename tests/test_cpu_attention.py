@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from runtime.attention import TorchAttentionBackend, make_attention_backend
 from runtime.attention.cpu_backend import CpuPagedAttentionBackend
-from runtime.forward_batch import ForwardBatch
+from runtime.forward_batch import ForwardBatch, PrefixGroup
 
 CPU = torch.device("cpu")
 TOL = 1e-5
@@ -110,6 +110,28 @@ def test_reads_the_pool_in_place_and_takes_a_strided_q(cpu_ops):
     q = qkv[:, : 9 * 64].view(-1, 9, 64)
     out = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
     assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= TOL
+
+
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same [slot, head, dim] values in KVPool's head-major layout (a transposed view)."""
+    return cache.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+@pytest.mark.parametrize("tiles", TILES)
+def test_a_head_major_pool_gives_the_same_bits(cpu_ops, tiles):
+    """The layout only moves where a slot's K/V live; every row's arithmetic stays as it was,
+    grouped or not. A pool whose K and V are laid out differently is refused, not misread."""
+    batch = make_batch(MIXED + [(1, 700), (1, 700)])
+    batch.prefix_groups = [PrefixGroup(640, [10, 11])]
+    batch.slot_rows[11][:640] = batch.slot_rows[10][:640]
+    q, k, v = random_qkv(batch.num_tokens, 9, 3, 64)
+    v = values_for(v, tiles)
+    backend = backend_for(cpu_ops, tiles)
+    hk, hv = head_major(k), head_major(v)
+    assert hk.stride() != k.stride() and torch.equal(hk, k)
+    assert torch.equal(run(backend, batch, q, hk, hv), run(backend, batch, q, k, v))
+    with pytest.raises(RuntimeError, match="K and V alike"):
+        run(backend, batch, q, hk, v)
 
 
 def rows_of(out, batch, request):

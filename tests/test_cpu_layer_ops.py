@@ -63,6 +63,20 @@ def rope_inputs(t, heads=9, kv_heads=3, dim=64, num_slots=512, seed=2):
     return rope, qkv, positions, slots, caches
 
 
+def test_rope_store_writes_a_head_major_pool_as_it_reads(cpu_ops):
+    """KVPool's head-major layout (runtime/kv_pool.py): the same values at the same [slot, head]."""
+    from runtime.kv_pool import KVPool
+
+    heads, kv_heads, dim, t = 9, 3, 64, 21
+    rope, qkv, positions, slots, (kc, vc) = rope_inputs(t, heads, kv_heads, dim)
+    pool = KVPool(1, kc.shape[0] - 1, kv_heads, dim, head_major=True)
+    assert pool.k[0].shape == kc.shape and pool.k[0].stride(1) == kc.shape[0] * dim
+    cos, sin = rope.tables(positions)
+    q = cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, heads)
+    assert torch.equal(cpu_ops.rope_store(qkv, cos, sin, slots, pool.k[0], pool.v[0], heads), q)
+    assert torch.equal(pool.k[0], kc) and torch.equal(pool.v[0], vc)
+
+
 def test_rope_store_rotates_like_torch_and_writes_only_its_slots(cpu_ops):
     heads, kv_heads, dim, t = 9, 3, 64, 21
     rope, qkv, positions, slots, (kc, vc) = rope_inputs(t, heads, kv_heads, dim)

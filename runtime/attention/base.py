@@ -29,6 +29,8 @@ class AttentionBackend(ABC):
     # True: a row's output is bitwise the same whatever else is in the pass (alone, batched, as a
     # decode or inside an extend); weight formats that round activations rely on it
     batch_invariant = False
+    # the KV pool's layout this backend reads fastest (runtime/kv_pool.py)
+    kv_head_major = False
 
     def enable_tiles(self, weights: str) -> bool:
         """Run the products on matrix tiles for a model with `weights` (--attention-tiles); False

@@ -56,6 +56,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
     supports_prefix_groups = True
     max_short_extend = TorchAttentionBackend.max_short_extend  # longest extend that joins a group
     batch_invariant = True  # for float32 passes; other dtypes go through torch
+    kv_head_major = True  # a KV head's slots in one run: each block's K/V reads stream
 
     def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext

@@ -141,8 +141,8 @@ template <typename Act>
 torch::Tensor rope_store_as(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor slots,
                             torch::Tensor k_cache, torch::Tensor v_cache, int64_t heads) {
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == at::kFloat &&
-              v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "rope_store: caches [S, KVH, D], float32, contiguous");
+              v_cache.scalar_type() == at::kFloat && k_cache.strides() == v_cache.strides() && k_cache.stride(2) == 1,
+              "rope_store: caches [S, KVH, D], float32, head_dim contiguous, K and V alike");
   const int64_t T = qkv.size(0), KVH = k_cache.size(1), D = k_cache.size(2), S = k_cache.size(0);
   TORCH_CHECK(qkv.size(1) == (heads + 2 * KVH) * D && D % 2 == 0, "rope_store: qkv width is not (H+2KVH)D");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin_signed.scalar_type() == at::kFloat && cos.numel() == T * D &&
@@ -161,7 +161,8 @@ torch::Tensor rope_store_as(torch::Tensor qkv, torch::Tensor cos, torch::Tensor 
   float* qp = q.data_ptr<float>();
   float* kp = k_cache.data_ptr<float>();
   float* vp = v_cache.data_ptr<float>();
-  const int64_t half = D / 2, width = qkv.size(1);
+  // slot-major ([S, KVH, D] contiguous) or head-major (a [KVH, S, D] buffer seen as [S, KVH, D]): KVPool
+  const int64_t half = D / 2, width = qkv.size(1), slot_stride = k_cache.stride(0), head_stride = k_cache.stride(1);
   for_rows(T, [&](int64_t t) {
     const Act* row = xp + t * width;
     const float* c = cp + t * D;
@@ -175,9 +176,9 @@ torch::Tensor rope_store_as(torch::Tensor qkv, torch::Tensor cos, torch::Tensor 
     };
     for (int64_t h = 0; h < heads; ++h) rotate(row + h * D, qp + (t * heads + h) * D);
     for (int64_t h = 0; h < KVH; ++h) {
-      rotate(row + (heads + h) * D, kp + (sp[t] * KVH + h) * D);
+      rotate(row + (heads + h) * D, kp + sp[t] * slot_stride + h * head_stride);
       const Act* v = row + (heads + KVH + h) * D;
-      float* dst = vp + (sp[t] * KVH + h) * D;
+      float* dst = vp + sp[t] * slot_stride + h * head_stride;
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(v[d]);
     }
   });

@@ -100,7 +100,8 @@ struct Args {
   const float* v;
   const int64_t* slots;
   float* out;
-  int64_t kv_heads, heads, group, dim;
+  int64_t slot_stride, head_stride;  // of the caches, in floats: slot-major or head-major (KVPool)
+  int64_t heads, group, dim;
   float scale;
 };
 
@@ -148,7 +149,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
   auto address = [&](const Seg& sg, int64_t base, int64_t end) {
     const int kc = static_cast<int>(std::min<int64_t>(BLK, end - base));
     for (int j = 0; j < kc; ++j) {
-      const int64_t off = (a.slots[sg.slot_off + base + j] * a.kv_heads + kvh) * D;
+      const int64_t off = a.slots[sg.slot_off + base + j] * a.slot_stride + kvh * a.head_stride;
       kp[j] = a.k + off;
       vp[j] = a.v + off;
     }
@@ -249,7 +250,8 @@ TileFn pick(int nc, bool full) {
 
 }  // namespace
 
-// q [T, H, D] float32 (head_dim contiguous); k_cache, v_cache [S, KVH, D] float32 contiguous;
+// q [T, H, D] float32 (head_dim contiguous); k_cache, v_cache [S, KVH, D] float32, head_dim contiguous
+// (slot-major, or head-major: each KV head's slots one after another, as KVPool keeps them on CPU);
 // slots: int64, all requests' slot rows one after another; meta [B, 6] int64 per request:
 // (first row of q, new tokens, visible length of its last row, offset of its row in `slots`,
 // prefix group or -1, the group's shared length). A group's members must hold the same first
@@ -260,7 +262,8 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_attention: shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "paged_attention: float32 only");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_attention: contiguous caches");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.stride(2) == 1,
+              "paged_attention: caches with head_dim contiguous, K and V alike");
   TORCH_CHECK(slots.scalar_type() == at::kLong && meta.scalar_type() == at::kLong, "paged_attention: int64 tables");
   TORCH_CHECK(meta.dim() == 2 && meta.size(1) == 6, "paged_attention: meta is [B, 6]");
   if (q.stride(2) != 1) q = q.contiguous();
@@ -278,7 +281,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const int64_t request_tile = amx ? AMX_TILE : MAX_TILE;  // rows of one request per tile
   auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
   Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-         slots.data_ptr<int64_t>(), out.data_ptr<float>(), KVH, H, H / KVH, D,
+         slots.data_ptr<int64_t>(), out.data_ptr<float>(), k_cache.stride(0), k_cache.stride(1), H, H / KVH, D,
          static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
   const int64_t* mt = meta.data_ptr<int64_t>();
   std::vector<Seg> segs;

@@ -307,7 +307,7 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     const float* kp[BLK];
     const float* vp[BLK];
     for (int j = 0; j < kc; ++j) {
-      const int64_t off = (a.slots[owner.slot_off + job.base + j] * a.kv_heads + kvh) * D;
+      const int64_t off = a.slots[owner.slot_off + job.base + j] * a.slot_stride + kvh * a.head_stride;
       kp[j] = a.k + off;
       vp[j] = a.v + off;
     }
