@@ -183,9 +183,9 @@ class LlamaModel:
         next_norm(h) in it."""
         ops, cfg, t = self.fused_ops, self.cfg, h.shape[0]
         q = ops.rope_store(layer.qkv.native(x), cos, sin, batch.out_slots, kv.k[li], kv.v[li], cfg.num_heads)
-        o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
+        o = attn.forward_as(q, kv.k[li], kv.v[li], self._act).reshape(t, self.q_size)  # o_proj's input dtype
         # a bf16 delta into the float32 stream is an exact widening
-        x = self._add_norm(h, layer.o_proj.native(o.to(self._act)), layer.post_norm, cfg.rms_norm_eps)
+        x = self._add_norm(h, layer.o_proj.native(o), layer.post_norm, cfg.rms_norm_eps)
         return self._add_norm(h, layer.down.native(self._silu_mul(layer.gate_up.native(x))), next_norm,
                               cfg.rms_norm_eps)
 

@@ -134,6 +134,22 @@ def test_a_head_major_pool_gives_the_same_bits(cpu_ops, tiles):
         run(backend, batch, q, hk, v)
 
 
+@pytest.mark.parametrize("tiles", TILES)
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 2, 24), (4, 1, 40)])
+def test_bf16_output_is_the_float32_output_rounded(cpu_ops, heads, kv_heads, dim, tiles):
+    """forward_as(bfloat16), the model's fused path: written as bf16 by the kernel, the same bits as
+    float32 output then .to(bfloat16), head_dim tails included; other dtypes convert after."""
+    batch = make_batch(MIXED)
+    q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
+    v = values_for(v, tiles)
+    backend = backend_for(cpu_ops, tiles)
+    backend.prepare(batch)
+    out = backend.forward_as(q, k, v, torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert torch.equal(out, backend.forward(q, k, v).to(torch.bfloat16))
+    assert torch.equal(backend.forward_as(q, k, v, torch.float16), backend.forward(q, k, v).half())
+
+
 def rows_of(out, batch, request):
     start = sum(batch.extend_lens[:request])
     return out[start : start + batch.extend_lens[request]]

@@ -95,3 +95,10 @@ class CpuPagedAttentionBackend(AttentionBackend):
                 self.fallback.prepare(self.batch)
             return self.fallback.forward(q, k_cache, v_cache)
         return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta, self.tiles)
+
+    def forward_as(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
+        if dtype == torch.bfloat16 and q.dtype == torch.float32 and k_cache.dtype == torch.float32:
+            # written as bf16 by the kernel: the same values as float32 then .to(bfloat16)
+            return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta, self.tiles, True)
+        return super().forward_as(q, k_cache, v_cache, dtype)

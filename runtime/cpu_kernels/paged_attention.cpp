@@ -99,11 +99,19 @@ struct Args {
   const float* k;
   const float* v;
   const int64_t* slots;
-  float* out;
+  float* out;                // [T, H, D], or null when the output is bf16:
+  c10::BFloat16* out_bf16;   // rounded to nearest even as c10::BFloat16 does (the next layer's input)
   int64_t slot_stride, head_stride;  // of the caches, in floats: slot-major or head-major (KVPool)
   int64_t heads, group, dim;
   float scale;
 };
+
+// Output element `at` of the [T, H, D] result: `lanes` values (W, or a head's last chunk).
+inline void put(const Args& a, int64_t at, vf o, int lanes) {
+  if (a.out_bf16 != nullptr) store_bf16(a.out_bf16 + at, o, lanes);
+  else if (lanes == W) store(a.out + at, o);
+  else store_part(a.out + at, o, lanes);
+}
 
 // A run of consecutive query rows of one request: row i sees n0 + i keys.
 struct Seg {
@@ -226,11 +234,8 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
   for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
     for (int64_t i = 0; i < segs[sg].rows; ++i)
       for (int64_t g = 0; g < G; ++g, ++st) {
-        float* dst = a.out + ((segs[sg].row0 + i) * a.heads + kvh * G + g) * D;
-        for (int c = 0; c < NC; ++c) {
-          vf o = acc[st * NC + c] / l[st];
-          if (FULL || c < NC - 1) store(dst + c * W, o); else store_part(dst + c * W, o, tail);
-        }
+        const int64_t dst = ((segs[sg].row0 + i) * a.heads + kvh * G + g) * D;
+        for (int c = 0; c < NC; ++c) put(a, dst + c * W, acc[st * NC + c] / l[st], FULL || c < NC - 1 ? W : tail);
       }
 }
 
@@ -257,8 +262,10 @@ TileFn pick(int nc, bool full) {
 // prefix group or -1, the group's shared length). A group's members must hold the same first
 // `shared length` slots, all cached (runtime/attention/cascade.py finds such groups).
 // use_tiles: the AMX path where the CPU has it and head_dim is a multiple of 32 (else the vector path).
+// bf16_out: the result in bf16 (what the next layer takes in the bf16-activation formats), saving a
+// conversion pass per layer; the same values as float32 output then .to(bfloat16).
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor slots, torch::Tensor meta, bool use_tiles) {
+                              torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_attention: shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "paged_attention: float32 only");
@@ -279,9 +286,11 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   if (amx) fn = &run_tile_amx;
 #endif
   const int64_t request_tile = amx ? AMX_TILE : MAX_TILE;  // rows of one request per tile
-  auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  auto out = torch::empty({T, H, D}, q.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat)
+                                         .memory_format(at::MemoryFormat::Contiguous));
   Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-         slots.data_ptr<int64_t>(), out.data_ptr<float>(), k_cache.stride(0), k_cache.stride(1), H, H / KVH, D,
+         slots.data_ptr<int64_t>(), bf16_out ? nullptr : out.data_ptr<float>(),
+         bf16_out ? out.data_ptr<c10::BFloat16>() : nullptr, k_cache.stride(0), k_cache.stride(1), H, H / KVH, D,
          static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
   const int64_t* mt = meta.data_ptr<int64_t>();
   std::vector<Seg> segs;
@@ -341,6 +350,6 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
 
 // A dispatcher op (not a pybind function), so torch.profiler sees it by name.
 TORCH_LIBRARY(jumpgate_cpu, m) {
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False) -> Tensor",
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False) -> Tensor",
         &paged_attention);
 }
