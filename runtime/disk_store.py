@@ -66,9 +66,12 @@ class CorruptPage(Exception):
 
 
 def model_identity(model_dir: str | Path, dtype: torch.dtype, num_layers: int, kv_heads: int,
-                   head_dim: int) -> str:
+                   head_dim: int, numerics: str = "") -> str:
     """A fingerprint of the model whose KV the pages hold: config, weight files (name, size and
-    their first and last MiB), dtype and KV shape. Another model never reads these pages."""
+    their first and last MiB), dtype and KV shape. Another model never reads these pages.
+    `numerics` names what else decides the KV's bits (the weight format and the attention
+    arithmetic, runtime/hiradix_cache.py): an fp32 engine must not read a q4 engine's pages, nor
+    the vector kernel's the tiles' (layer l's K/V come from layers < l's attention outputs)."""
     model_dir = Path(model_dir)
     h = hashlib.sha256(b"jumpgate-kv-v1\0")
     config = model_dir / "config.json"
@@ -83,7 +86,7 @@ def model_identity(model_dir: str | Path, dtype: torch.dtype, num_layers: int, k
             if size > 2 << 20:
                 f.seek(size - (1 << 20))
                 h.update(f.read(1 << 20))
-    h.update(f"{dtype}\0{num_layers}\0{kv_heads}\0{head_dim}".encode())
+    h.update(f"{dtype}\0{num_layers}\0{kv_heads}\0{head_dim}\0{numerics}".encode())
     return h.hexdigest()
 
 

@@ -128,7 +128,8 @@ class Engine:
         if cfg.host_pool_tokens > 0:
             from runtime.hiradix_cache import build_hiradix_cache
 
-            return build_hiradix_cache(cfg, self.runner.kv, self.model_dir)
+            numerics = f"{self.runner.model.weights} {self.runner.attn.name}"
+            return build_hiradix_cache(cfg, self.runner.kv, self.model_dir, numerics)
         return RadixCache(allocator, page_size=cfg.page_size)
 
     # ------------------------------------------------------------------ lifecycle

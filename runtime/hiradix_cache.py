@@ -290,11 +290,12 @@ class HiRadixCache(BasePrefixCache):
         self.host_tier.check_invariant(nodes)
 
 
-def build_hiradix_cache(cfg: Any, kv: KVPool, model_dir: Any) -> HiRadixCache:
-    """The tiered cache for an engine config (`host_pool_tokens > 0`)."""
+def build_hiradix_cache(cfg: Any, kv: KVPool, model_dir: Any, numerics: str = "") -> HiRadixCache:
+    """The tiered cache for an engine config (`host_pool_tokens > 0`); `numerics`: the weight
+    format and attention backend, part of the disk pages' identity (disk_store.model_identity)."""
     page = cfg.hicache_page_tokens  # EngineConfig checked it (>= 1, a multiple of page_size)
     host = HostKVPool.like(kv, cfg.host_pool_tokens)
-    identity = model_identity(model_dir, kv.dtype, kv.num_layers, kv.kv_heads, kv.head_dim)
+    identity = model_identity(model_dir, kv.dtype, kv.num_layers, kv.kv_heads, kv.head_dim, numerics)
     disk = None
     if cfg.disk_cache_dir:
         disk = DiskStore(cfg.disk_cache_dir, identity, page, kv.num_layers, kv.kv_heads, kv.head_dim,

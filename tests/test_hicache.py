@@ -362,6 +362,25 @@ def test_restart_reuses_the_disk_tier(tiny_model_dir, tmp_path, expected):
     assert stats.tier_counters["hicache_prefetched_pages"] > 0  # read ahead when the request was queued
 
 
+def test_another_weight_format_never_reads_the_pages(tiny_model_dir, tmp_path, expected):
+    """The pages' identity includes the weight format and the attention arithmetic: a bf16 engine
+    does not read an fp32 engine's KV (it would answer with fp32's prefix bits, not its own)."""
+    from runtime.disk_store import model_identity
+
+    prompts, want = expected
+    with tiered(tiny_model_dir, tmp_path, weights="fp32", hicache_write_policy="write_back") as e:
+        _serve(e, prompts[:2])
+    with tiered(tiny_model_dir, tmp_path, weights="bf16") as e:
+        assert e.explain_prefix(prompts[0]).by_tier["disk"] == 0
+        bf16_stats = e.stats()
+    assert bf16_stats.tier_counters["hicache_loaded_disk_tokens"] == 0
+    with tiered(tiny_model_dir, tmp_path, weights="fp32") as e:  # its own pages are still there
+        assert e.explain_prefix(prompts[0]).by_tier["disk"] > 0
+        assert [ids for ids, _ in _serve(e, prompts[:2])] == want[:2]
+    ids = {model_identity(tiny_model_dir, torch.float32, 2, 2, 16, n) for n in ("", "q4 cpu", "q4 cpu-amx", "fp32 cpu")}
+    assert len(ids) == 4
+
+
 def test_corrupt_pages_after_restart_are_recomputed(tiny_model_dir, tmp_path, expected, caplog):
     prompts, want = expected
     with tiered(tiny_model_dir, tmp_path) as e:
