@@ -25,14 +25,18 @@ value sums as three passes, so one row's short dependent chains overlap the next
 changes no bit of the output (unlike the torch backend's cascade, which merges two softmaxes).
 float32 only: other dtypes (e.g. --dtype bfloat16 on CPU) go through the torch backend.
 
-AMX tiles (`enable_tiles`, the engine's --attention-tiles; q4, q8 and bf16 weights on a CPU with
-AMX): every row's block products run as bf16 tile products instead (runtime/cpu_kernels/
-paged_attention_tiles.h), float32 operands split into two bf16 words, close to float32 (tests:
-within 1e-4 of SDPA). Same blocks, same fold order, so the invariance above holds on that path
-too; only formats that round the attention output to bf16 next may take it (TILE_FORMATS), and
-once on, every pass takes it. Long prompts prefill faster (3k tokens: 1.6x end to end); a decode's
-few rows per block pay the K/V preparation alone and run slower, so it is opt-in (figures in
-docs/DEVELOPING.md).
+AMX tiles (`enable_tiles`, the engine's --attention-tiles, on by default where it can run: q4, q8
+and bf16 weights on a CPU with AMX): every row's block products run as bf16 tile products instead
+(runtime/cpu_kernels/paged_attention_tiles.h), float32 operands split into two bf16 words, close to
+float32 (tests: within 1e-4 of SDPA). Same blocks, same fold order, so the invariance above holds on
+that path too; only formats that round the attention output to bf16 next may take it
+(TILE_FORMATS), and once on, every pass takes it. Long prompts prefill faster and a prefix group's
+shared blocks cost less; a decode's few rows per block pay the K/V preparation alone, so decoding
+long unshared contexts costs more (figures in docs/DEVELOPING.md).
+
+The pool is read in place, head-major (`kv_head_major`: each KV head's slots in one run of
+memory, runtime/kv_pool.py), and `forward_as` writes the output straight in bf16 when the next
+layer takes bf16.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@
 // group's shared part is one K/V preparation for all the tile's states; outside it, each request
 // prepares its own.
 //
-// Measured (bench/results/engine_attention_tiles_*.jsonl, docs/DEVELOPING.md): long prompts
-// prefill faster (3k tokens: 1.6x end to end); a decode's few states per block pay the K/V
-// preparation alone and run slower, so the path is opt-in (--attention-tiles).
+// Measured (docs/DEVELOPING.md): long prompts prefill faster and a prefix group's shared blocks
+// cost less; a decode's few states per block pay the K/V preparation alone and run slower. The
+// engine takes this path by default where it can run (--attention-tiles auto).
 
 constexpr int TS = 16;  // states per tile chunk (tile rows and columns)
 static_assert(W == 16, "the AMX path runs on AVX-512");
