@@ -86,20 +86,37 @@ def sdpa_reference(batch, q, k, v):
 
 
 MIXED = [(1, 1), (1, 37), (5, 40), (1, 300), (17, 17), (80, 200), (3, 64), (1, 65), (33, 33), (65, 129)]
+# With tiles on, rows that see more than the kernel's tiles_min_keys() (512) keys take them; the
+# rest stay on the vector path. These see more, or cross it within their extend (40 rows, 491-530).
+LONG = [(1, 521), (1, 513), (80, 640), (33, 560), (40, 530)]  # 3,650 slots with MIXED, of 4,096
+
+
+def mixed_for(tiles: bool):
+    return MIXED + LONG if tiles else MIXED
+
+
+def rows_seeing(batch, more_than: int) -> torch.Tensor:
+    """A mask over the pass's rows: those that see more than `more_than` keys."""
+    n = [seq - ext + 1 + i for ext, seq in zip(batch.extend_lens, batch.seq_lens) for i in range(ext)]
+    return torch.tensor(n) > more_than
 
 
 @pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (8, 2, 24), (6, 2, 128), (4, 1, 40), (4, 2, 32)])
 def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim, tiles):
-    batch = make_batch(MIXED)
+    batch = make_batch(mixed_for(tiles))
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
     v = values_for(v, tiles)
     out = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     tol = TILES_TOL if tiles else TOL
     assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= tol
     assert (out - run(TorchAttentionBackend(), batch, q, k, v)).abs().max().item() <= tol
-    if tiles:  # other bits than the vector path's, except where head_dim keeps it on that path
-        assert torch.equal(out, run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)) == (dim % 32 != 0)
+    if tiles:  # other bits than the vector path's where a row sees enough keys and head_dim allows
+        vector = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
+        long = rows_seeing(batch, cpu_ops.tiles_min_keys())
+        assert 0 < long.sum() < long.numel()
+        assert torch.equal(out[~long], vector[~long])
+        assert torch.equal(out[long], vector[long]) == (dim % 32 != 0)
 
 
 def test_reads_the_pool_in_place_and_takes_a_strided_q(cpu_ops):
@@ -139,7 +156,7 @@ def test_a_head_major_pool_gives_the_same_bits(cpu_ops, tiles):
 def test_bf16_output_is_the_float32_output_rounded(cpu_ops, heads, kv_heads, dim, tiles):
     """forward_as(bfloat16), the model's fused path: written as bf16 by the kernel, the same bits as
     float32 output then .to(bfloat16), head_dim tails included; other dtypes convert after."""
-    batch = make_batch(MIXED)
+    batch = make_batch(mixed_for(tiles))
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
     v = values_for(v, tiles)
     backend = backend_for(cpu_ops, tiles)
@@ -161,13 +178,15 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops
     _, k, v = random_qkv(0, heads, kv_heads, dim)
     v = values_for(v, tiles)
     g = torch.Generator().manual_seed(7)
-    slots = torch.randperm(4096, generator=g)[:150]
-    q_all = torch.randn(150, heads, dim, generator=g)
+    total = 700  # past tiles_min_keys (512): with tiles on, rows of both paths, and extends crossing it
+    slots = torch.randperm(4096, generator=g)[:total]
+    q_all = torch.randn(total, heads, dim, generator=g)
     backend = backend_for(cpu_ops, tiles)
     # the whole sequence as one prefill: row i sees i + 1 keys
-    full = run(backend, pass_of([150], [150], [slots]), q_all, k, v)
-    others = make_batch([(1, 500), (40, 90), (3, 3)], seed=3)
-    for prefix, ext_len in [(149, 1), (100, 50), (0, 150), (120, 5), (31, 2), (63, 65)]:
+    full = run(backend, pass_of([total], [total], [slots]), q_all, k, v)
+    others = make_batch([(1, 500), (40, 90), (3, 3), (2, 800)], seed=3)
+    for prefix, ext_len in [(699, 1), (100, 50), (0, 700), (120, 5), (31, 2), (63, 65), (480, 60), (511, 1),
+                            (512, 1), (600, 37)]:
         rows = slots[: prefix + ext_len]
         alone = pass_of([ext_len], [prefix + ext_len], [rows])
         q = q_all[prefix : prefix + ext_len]
@@ -183,7 +202,7 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops
 
 @pytest.mark.parametrize("tiles", TILES)
 def test_the_thread_count_changes_nothing(cpu_ops, tiles):
-    batch = make_batch(MIXED)
+    batch = make_batch(mixed_for(tiles))
     q, k, v = random_qkv(batch.num_tokens, 9, 3, 64)
     before = torch.get_num_threads()
     try:
@@ -196,9 +215,15 @@ def test_the_thread_count_changes_nothing(cpu_ops, tiles):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-A, B = ("A", 70, True), ("B", 45, False)
-GROUPED = [(A, 12, 1), (A, 3, 1), (A, 20, 5), (None, 30, 1), (B, 7, 1), (B, 15, 1), (B, 1, 1),
-           (A, 90, 65), (None, 100, 100), (A, 0, 1)] + [(A, i, 1) for i in range(40)]  # A: more than one tile
+def grouped_specs(a_len: int, b_len: int):
+    a, b = ("A", a_len, True), ("B", b_len, False)
+    return [(a, 12, 1), (a, 3, 1), (a, 20, 5), (None, 30, 1), (b, 7, 1), (b, 15, 1), (b, 1, 1),
+            (a, 90, 65), (None, 100, 100), (a, 0, 1)] + [(a, i, 1) for i in range(40)]  # A: more than one tile
+
+
+# With tiles, A's rows all see more than 512 keys (the AMX path), and B's members fall either side
+# (508, 516, 502 keys: a member on the vector path leaves the group, which changes no bit either)
+GROUPED = {False: grouped_specs(70, 45), True: grouped_specs(600, 500)}
 
 
 @pytest.mark.parametrize("tiles", TILES)
@@ -207,7 +232,7 @@ def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim, tiles):
     from runtime.attention.cascade import find_prefix_groups
     from tests.test_cascade_attention import make_batch as make_shared_batch
 
-    batch = make_shared_batch(GROUPED)
+    batch = make_shared_batch(GROUPED[tiles])
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
     v = values_for(v, tiles)
     plain = run(backend_for(cpu_ops, tiles), batch, q, k, v)

@@ -28,6 +28,11 @@ constexpr int GROUP_ROWS = 16;  // rows of a prefix group that share each loaded
 // The AMX path's tiles of one request: a block's K/V is made into tile operands once per tile, so
 // more rows share it (a 16-row tile spent as long preparing blocks as multiplying them)
 constexpr int AMX_TILE = 128;
+// With tiles on, a row that sees at most this many keys still takes the vector path: its few
+// blocks gain nothing from tiles in a prefill (where such rows are a small share of the work),
+// and a decode over a short context runs faster on vector code. The path is a function of the
+// row's own visible length, so a row gets the same bits alone, batched, or inside an extend.
+constexpr int64_t TILES_MIN_KEYS = 512;
 constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
@@ -122,6 +127,7 @@ struct Seg {
 // first `shared_blocks` key blocks), one KV head.
 struct Tile {
   int64_t first_seg, num_segs, shared_blocks, cost;
+  bool amx;  // on the AMX path (else the vector one)
 };
 
 // Folds every row of `tile` over its keys, block by block; the query heads of KV head `kvh`
@@ -261,7 +267,8 @@ TileFn pick(int nc, bool full) {
 // (first row of q, new tokens, visible length of its last row, offset of its row in `slots`,
 // prefix group or -1, the group's shared length). A group's members must hold the same first
 // `shared length` slots, all cached (runtime/attention/cascade.py finds such groups).
-// use_tiles: the AMX path where the CPU has it and head_dim is a multiple of 32 (else the vector path).
+// use_tiles: the AMX path, for rows that see more than TILES_MIN_KEYS keys, where the CPU has it and
+// head_dim is a multiple of 32 (else the vector path).
 // bf16_out: the result in bf16 (what the next layer takes in the bf16-activation formats), saving a
 // conversion pass per layer; the same values as float32 output then .to(bfloat16).
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -282,10 +289,10 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   TileFn fn = pick<1>(nc, D % W == 0);
   TORCH_CHECK(fn != nullptr, "paged_attention: head_dim above ", MAX_CHUNKS * W);
   const bool amx = use_tiles && D % 32 == 0 && amx_usable();
+  TileFn amx_fn = fn;
 #if defined(JUMPGATE_AMX)
-  if (amx) fn = &run_tile_amx;
+  if (amx) amx_fn = &run_tile_amx;
 #endif
-  const int64_t request_tile = amx ? AMX_TILE : MAX_TILE;  // rows of one request per tile
   auto out = torch::empty({T, H, D}, q.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat)
                                          .memory_format(at::MemoryFormat::Contiguous));
   Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
@@ -296,18 +303,28 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   std::vector<Seg> segs;
   std::vector<Tile> tiles;
   std::vector<int64_t> grouped;  // requests in a group, by group then batch order
+  // A request's first rows that see at most TILES_MIN_KEYS keys (none with tiles off)
+  auto vector_rows = [&](const int64_t* r) {
+    return amx ? std::clamp<int64_t>(TILES_MIN_KEYS - r[2] + r[1], 0, r[1]) : int64_t{0};
+  };
+  // Rows [i0, i1) of request r, `per_tile` rows of it to a tile
+  auto add_tiles = [&](const int64_t* r, int64_t i0, int64_t i1, int64_t per_tile, bool on_amx) {
+    for (int64_t i = i0; i < i1; i += per_tile) {
+      const int64_t rows = std::min<int64_t>(per_tile, i1 - i), n0 = r[2] - r[1] + i + 1;
+      tiles.push_back({static_cast<int64_t>(segs.size()), 1, 0, rows * (n0 + rows), on_amx});
+      segs.push_back({r[0] + i, rows, n0, r[3]});
+    }
+  };
   for (int64_t b = 0; b < B; ++b) {
     const int64_t* r = mt + 6 * b;
     TORCH_CHECK(r[0] >= 0 && r[0] + r[1] <= T && r[1] <= r[2] && r[3] >= 0 && r[3] + r[2] <= slots.numel(),
                 "paged_attention: meta row ", b, " out of range");
     TORCH_CHECK(r[4] < 0 || (r[5] >= 0 && r[5] <= r[2] - r[1]), "paged_attention: meta row ", b,
                 ": the shared prefix must be cached");
-    if (r[4] >= 0) { grouped.push_back(b); continue; }
-    for (int64_t i = 0; i < r[1]; i += request_tile) {
-      const int64_t rows = std::min<int64_t>(request_tile, r[1] - i), n0 = r[2] - r[1] + i + 1;
-      tiles.push_back({static_cast<int64_t>(segs.size()), 1, 0, rows * (n0 + rows)});
-      segs.push_back({r[0] + i, rows, n0, r[3]});
-    }
+    const int64_t few = vector_rows(r);
+    add_tiles(r, 0, few, MAX_TILE, false);
+    if (r[4] >= 0 && few < r[1]) { grouped.push_back(b); continue; }  // the rest joins its group
+    add_tiles(r, few, r[1], amx ? AMX_TILE : MAX_TILE, amx);
   }
   std::stable_sort(grouped.begin(), grouped.end(),
                    [mt](int64_t x, int64_t y) { return mt[6 * x + 4] < mt[6 * y + 4]; });
@@ -315,11 +332,11 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   for (size_t k = 0; k < grouped.size(); ++k) {
     const int64_t* r = mt + 6 * grouped[k];
     bool new_group = k == 0 || mt[6 * grouped[k - 1] + 4] != r[4];
-    for (int64_t i = 0; i < r[1]; i += MAX_TILE) {
+    for (int64_t i = vector_rows(r); i < r[1]; i += MAX_TILE) {
       const int64_t rows = std::min<int64_t>(MAX_TILE, r[1] - i), n0 = r[2] - r[1] + i + 1;
       if (new_group || tile_rows + rows > GROUP_ROWS) {
         // segment 0 of each tile addresses the shared blocks (any member's slots would do)
-        tiles.push_back({static_cast<int64_t>(segs.size()), 0, r[5] / BLK, 0});
+        tiles.push_back({static_cast<int64_t>(segs.size()), 0, r[5] / BLK, 0, amx});
         tile_rows = 0;
         new_group = false;
       }
@@ -338,7 +355,10 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
     static const AttentionTiles config;
     if (amx) _tile_loadconfig(&config);
 #endif
-    for (int64_t it; (it = next.fetch_add(1)) < items;) fn(a, segs.data(), tiles[it / KVH], it % KVH);
+    for (int64_t it; (it = next.fetch_add(1)) < items;) {
+      const Tile& t = tiles[it / KVH];
+      (t.amx ? amx_fn : fn)(a, segs.data(), t, it % KVH);
+    }
 #if defined(JUMPGATE_AMX)
     if (amx) _tile_release();
 #endif
@@ -350,6 +370,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
 
 // A dispatcher op (not a pybind function), so torch.profiler sees it by name.
 TORCH_LIBRARY(jumpgate_cpu, m) {
+  m.def("tiles_min_keys() -> int", []() -> int64_t { return TILES_MIN_KEYS; });
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False) -> Tensor",
         &paged_attention);
 }
