@@ -22,7 +22,8 @@ import xgrammar as xgr
 from bench.common import default_tokenizer
 from grammar.closing import ClosingVocab
 from grammar.compact_json import compact_json_grammar
-from grammar.llg_matcher import LLGuidanceMatcher, LLGuidanceTokenizer, compile_llguidance
+from grammar.llg_matcher import LLGuidanceMatcher, compile_llguidance
+from grammar.llg_tokenizer import LLGuidanceTokenizer
 from grammar.llg_schema import llguidance_grammar
 from grammar.matcher import XGrammarMatcher
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids

@@ -115,7 +115,7 @@ def summarize(verdicts: list[Verdict]) -> dict[str, Any]:
 def _llg_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from grammar.llg_matcher import LLGuidanceTokenizer
+    from grammar.llg_tokenizer import LLGuidanceTokenizer
     from runtime.loader import read_config, resolve_model_dir
 
     folder = resolve_model_dir()

@@ -21,12 +21,10 @@ does on xgrammar's matcher, plans included.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import llguidance
-import llguidance.hf
 
 from grammar.closing import ClosingVocab
 from grammar.draft_split import Encode
@@ -35,22 +33,6 @@ from grammar.rollback_check import RollbackCheck, RollbackRules
 from grammar.strict import StrictMethods
 from grammar.token_mask import allow_only, row_address
 from grammar.value_check import ValueCheck, without_repeats
-
-
-class LLGuidanceTokenizer:
-    """The llguidance view of the model's tokenizer, built on first use (about 1.5 s)."""
-
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        self._args = (hf_tokenizer, vocab_size, list(stop_token_ids))
-        self._built: llguidance.LLTokenizer | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> llguidance.LLTokenizer:
-        with self._lock:
-            if self._built is None:
-                hf_tokenizer, vocab_size, stop_ids = self._args
-                self._built = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=stop_ids)
-            return self._built
 
 
 def compile_llguidance(tokenizer: llguidance.LLTokenizer, grammar: str, what: str, param: str | None):
@@ -176,7 +158,8 @@ class LLGuidanceMatcher(StrictMethods):
         self._write_mask(*row_address(bitmask, row))
         if self.values is not None:
             self.values.ban(bitmask, row)
-        self._ban_rewrites(bitmask, row)
+        if self.rechecks is not None:  # (StrictMethods._ban_rewrites, inlined: this runs per token)
+            self.rechecks.ban(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
         ok = self._accept(token_id)

@@ -49,7 +49,8 @@ from grammar.draft_split import DraftSplitter
 from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity, uses_rollback
 from grammar.rollback_check import DEFAULT_VALUE_RETRIES, RollbackCheck, RollbackRules, RollbackVocab
-from grammar.llg_matcher import LLGuidanceHandle, LLGuidanceTokenizer, compile_llguidance
+from grammar.llg_matcher import LLGuidanceHandle, compile_llguidance
+from grammar.llg_tokenizer import LLGuidanceTokenizer
 from grammar.llg_schema import llguidance_grammar
 from grammar.matcher import XGrammarMatcher
 from grammar.spec import GrammarSpec, tokenizer_fingerprint

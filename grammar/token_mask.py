@@ -23,16 +23,28 @@ def row_address(bitmask: torch.Tensor, row: int) -> tuple[int, int]:
     """(address, byte size) of `bitmask[row]`, for an engine that writes the row in place
     (llguidance's `unsafe_compute_mask_ptr`). The checks are those of `llguidance.torch.
     fill_next_token_bitmask` (int32, CPU, 2-D, contiguous, `row` in range, negative counting from
-    the end) without its `bitmask[row]` view, which alone cost ~1.7 us of a ~7 us mask."""
-    shape = bitmask.shape
-    if bitmask.dtype is not _INT32 or not bitmask.is_cpu or len(shape) != 2 or not bitmask.is_contiguous():
-        raise ValueError("a token bitmask must be a contiguous 2-D int32 CPU tensor")
+    the end) without its `bitmask[row]` view, which alone cost ~1.7 us of a ~7 us mask. The
+    tensor last checked is remembered with its address and shape: a batch's rows, and the next
+    step's, are written into the same tensor, and only a change of either (a resize) can move
+    or shrink what was checked, so they are compared at every call and the rest only on a change."""
+    global _checked
+    checked_tensor, checked_ptr, checked_shape = _checked
+    ptr, shape = bitmask.data_ptr(), bitmask.shape
+    if checked_tensor is not bitmask or ptr != checked_ptr or shape != checked_shape:
+        if bitmask.dtype is not _INT32 or not bitmask.is_cpu or len(shape) != 2 or not bitmask.is_contiguous():
+            raise ValueError("a token bitmask must be a contiguous 2-D int32 CPU tensor")
+        _checked = (bitmask, ptr, shape)
     rows, words = shape
     if row < 0:
         row += rows
     if not 0 <= row < rows:
         raise IndexError(f"bitmask row {row} out of range for {rows} rows")
-    return bitmask.data_ptr() + 4 * words * row, 4 * words
+    return ptr + 4 * words * row, 4 * words
+
+
+# (tensor, data_ptr, shape) of the bitmask row_address last validated; one tuple, replaced whole,
+# so a thread reads a consistent one
+_checked: tuple = (None, 0, None)
 
 
 def allowed_among(words: np.ndarray, ids: np.ndarray) -> np.ndarray:

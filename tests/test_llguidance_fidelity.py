@@ -12,7 +12,8 @@ import pytest
 
 from grammar import GrammarSpec
 from grammar.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
-from grammar.llg_matcher import LLGuidanceHandle, LLGuidanceTokenizer, compile_llguidance
+from grammar.llg_matcher import LLGuidanceHandle, compile_llguidance
+from grammar.llg_tokenizer import LLGuidanceTokenizer
 from grammar.llg_schema import llguidance_grammar, llguidance_refusal
 from runtime.loader import read_config
 from tests.test_fidelity_classifier import NOT_MASKED_CASES
