@@ -7,9 +7,10 @@ of an int32 [1, ceil(vocab/32)] tensor (timed), then the token is accepted. One 
 schema (median microseconds per token over the repetitions, each on a fresh matcher after one
 untimed warm-up pass), then a summary line with the median and the worst llguidance/xgrammar ratio.
 
-llguidance runs twice, side by side: as the server runs it, encoding forced text through
-grammar/llg_tokenizer.py's memo (which the warm-up pass fills, as a schema's earlier requests
-would), and with llguidance's own uncached tokenizer (`llguidance_uncached_us`).
+llguidance runs twice, side by side, through matchers of one `LLGuidanceHandle` as the server
+makes them: encoding forced text through grammar/llg_tokenizer.py's memo (which the warm-up pass
+fills, as a schema's earlier requests would), and with llguidance's own uncached tokenizer
+(`llguidance_uncached_us`). Both share the handle's start-state mask, as the server's requests do.
 
   python -m bench grammar_engines [--quick] [--reps N]
 """
@@ -25,7 +26,7 @@ import xgrammar as xgr
 from bench.common import default_tokenizer, emit, mask_walk_us
 from bench.workloads import corpus_examples
 from grammar.compact_json import compact_json_grammar
-from grammar.llg_matcher import LLGuidanceMatcher, compile_llguidance
+from grammar.llg_matcher import LLGuidanceHandle, compile_llguidance
 from grammar.llg_tokenizer import LLGuidanceTokenizer
 from grammar.llg_schema import llguidance_grammar, llguidance_refusal
 from grammar.matcher import XGrammarMatcher
@@ -63,8 +64,10 @@ class MaskTimer:
     def llguidance_us(self, schema: dict, text: str, reps: int, cached: bool = True) -> float | None:
         """The same with llguidance's matcher (`cached`: encoding forced text through the memo)."""
         tokenizer = self.llg_tokenizer if cached else self.llg_uncached
-        start = compile_llguidance(tokenizer, llguidance_grammar(schema, strict=True), "JSON schema", None)
-        return mask_walk_us(lambda: LLGuidanceMatcher(start, frozenset(self.stop_ids)),
+        grammar = llguidance_grammar(schema, strict=True)
+        handle = LLGuidanceHandle("bench", "json_schema", grammar,
+                                  compile_llguidance(tokenizer, grammar, "JSON schema", None), frozenset(self.stop_ids))
+        return mask_walk_us(handle.new_matcher,
                          self.encode(text) + self.stop_ids, self.words, reps)
 
 

@@ -17,14 +17,20 @@ xgrammar. The stop token is never handed to llguidance, by the matcher or the pl
 
 The value check (grammar/value_check.py: no repeated names or unique items) rides along as it
 does on xgrammar's matcher, plans included.
+
+Masks: written by llguidance straight into the bitmask row; along the grammar's forced path from
+the start (the same states in every request), copied from a `ForcedPath` the grammar's matchers
+share, since llguidance would compute those, its costliest masks, afresh for each request.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import llguidance
+import numpy as np
 
 from grammar.closing import ClosingVocab
 from grammar.draft_split import Encode
@@ -33,6 +39,10 @@ from grammar.rollback_check import RollbackCheck, RollbackRules
 from grammar.strict import StrictMethods
 from grammar.token_mask import allow_only, row_address
 from grammar.value_check import ValueCheck, without_repeats
+
+# How deep a grammar's forced path is kept (ForcedPath): a schema's opening (`{"name":"`) takes a
+# few tokens; a long constant prefix is computed past this depth as any other position.
+FORCED_DEPTH_KEPT = 32
 
 
 def compile_llguidance(tokenizer: llguidance.LLTokenizer, grammar: str, what: str, param: str | None):
@@ -68,7 +78,8 @@ class LLGuidanceHandle:
     def new_matcher(self) -> "LLGuidanceMatcher":
         values = ValueCheck(self.value_check, self.navigator) if self.value_check is not None else None
         rechecks = RollbackCheck(self.rollback_rules) if self.rollback_rules is not None else None
-        return LLGuidanceMatcher(self.start, self.stop_ids, values, self.closing, self.encode, rechecks)
+        return LLGuidanceMatcher(self.start, self.stop_ids, values, self.closing, self.encode, rechecks,
+                                 self._memo.setdefault("forced_path", ForcedPath()))
 
     def without_value_check(self) -> "LLGuidanceHandle":
         """The same grammar with its matchers not followed by the value check (for comparisons)."""
@@ -84,8 +95,10 @@ class LLGuidanceHandle:
     @property
     def memory_size_bytes(self) -> int:
         # llguidance builds its lexer lazily and does not report its size; the grammar text
-        # times a generous factor keeps the LRU's byte bound meaningful
-        return 64 * 1024 + 16 * len(self.grammar)
+        # times a generous factor keeps the LRU's byte bound meaningful, and the forced path
+        # keeps at most FORCED_DEPTH_KEPT mask rows
+        rows = FORCED_DEPTH_KEPT * 4 * ((self.closing.vocab_size + 31) // 32) if self.closing is not None else 0
+        return 64 * 1024 + 16 * len(self.grammar) + rows
 
 
 class LLGuidancePlanMatcher:
@@ -128,14 +141,47 @@ class LLGuidancePlanMatcher:
         return b""  # llguidance shows no parser state: masks alone tell states apart
 
 
+def _only_token(row: bytes) -> int | None:
+    """The one token a mask row allows, or None if it allows none or several."""
+    words = np.frombuffer(row, dtype=np.uint32)
+    nonzero = np.flatnonzero(words)
+    if len(nonzero) != 1:
+        return None
+    word = int(words[nonzero[0]])
+    return int(nonzero[0]) * 32 + word.bit_length() - 1 if word & (word - 1) == 0 else None
+
+
+class ForcedPath:
+    """The masks along a grammar's forced path from its start, shared by the grammar's matchers
+    (`LLGuidanceHandle`). Each token of the path (`{"`, `name`, `":"` of a schema whose first
+    property is required) is the only one its mask allows, so the path is one sequence and its
+    states are the same in every request: the mask at each depth, down to the first with a choice,
+    is computed by llguidance once and copied after (llguidance computes forced positions afresh
+    each time, and they are its costliest masks on JSON schemas). Entries are set once and never
+    change; two threads computing the same one store equal rows."""
+
+    __slots__ = ("rows", "only")
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[int, int], bytes] = {}  # (depth, row bytes) -> the mask row
+        self.only: dict[int, int | None] = {}  # depth -> the one token its mask allows (None: a choice)
+
+
 class LLGuidanceMatcher(StrictMethods):
+    """`forced_path`: the grammar's shared ForcedPath; the matcher is on it while every token it
+    holds was the path's, and copies the masks there."""
+
     __slots__ = ("_matcher", "_write_mask", "_try_consume", "_stop_ids", "_terminated", "values", "_plan",
-                 "_closing", "rechecks")
+                 "_closing", "rechecks", "_forced", "_consumed", "_on_path")
 
     def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int], values: ValueCheck | None = None,
                  closing: ClosingVocab | None = None, encode: Encode | None = None,
-                 rechecks: RollbackCheck | None = None) -> None:
+                 rechecks: RollbackCheck | None = None,
+                 forced_path: ForcedPath | None = None) -> None:
         self._matcher = start.deep_copy()
+        self._forced = forced_path
+        self._consumed = 0  # tokens accepted and not rolled back
+        self._on_path = 0  # how many of them, from the first, are the forced path's
         self.rechecks = rechecks  # check-and-roll-back of the whole output (None: nothing to check)
         # the two per-token calls, bound once (each lookup through the matcher costs ~0.1 us)
         self._write_mask = self._matcher.unsafe_compute_mask_ptr
@@ -155,14 +201,33 @@ class LLGuidanceMatcher(StrictMethods):
             return
         # straight into the row: the same write as llguidance.torch.fill_next_token_bitmask
         # (same checks, grammar/token_mask.py) without its per-call tensor view
-        self._write_mask(*row_address(bitmask, row))
+        address, size = row_address(bitmask, row)
+        if self._forced is not None and self._on_path == self._consumed < FORCED_DEPTH_KEPT:
+            self._fill_on_forced_path(address, size)
+        else:
+            self._write_mask(address, size)
         if self.values is not None:
             self.values.ban(bitmask, row)
         if self.rechecks is not None:  # (StrictMethods._ban_rewrites, inlined: this runs per token)
             self.rechecks.ban(bitmask, row)
 
+    def _fill_on_forced_path(self, address: int, size: int) -> None:
+        key = (self._consumed, size)
+        kept = self._forced.rows.get(key)
+        if kept is not None:
+            ctypes.memmove(address, kept, size)
+            return
+        self._write_mask(address, size)
+        written = ctypes.string_at(address, size)
+        self._forced.only.setdefault(self._consumed, _only_token(written))
+        self._forced.rows.setdefault(key, written)
+
     def accept(self, token_id: int) -> bool:
         ok = self._accept(token_id)
+        if ok:
+            if self._on_path == self._consumed and self._forced is not None:
+                self._on_path += self._forced.only.get(self._consumed, -1) == int(token_id)
+            self._consumed += 1
         if ok and self.values is not None:
             self.values.accept(int(token_id))
         if ok and self.rechecks is not None:
@@ -186,6 +251,8 @@ class LLGuidanceMatcher(StrictMethods):
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return
+        self._consumed -= num_tokens
+        self._on_path = min(self._on_path, self._consumed)
         if self.values is not None:
             self.values.rollback(num_tokens)
         if self.rechecks is not None:

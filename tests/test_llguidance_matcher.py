@@ -177,3 +177,95 @@ def test_row_address_refuses_what_the_direct_write_cannot_take():
                 torch.zeros(5, dtype=torch.int32), torch.zeros((1, 2, 5), dtype=torch.int32)):
         with pytest.raises(ValueError):
             row_address(bad, 0)
+
+
+# -- the forced path's masks, computed once per grammar (grammar/llg_matcher.py ForcedPath) -------
+
+def _row(matcher, words: int) -> torch.Tensor:
+    bitmask = torch.zeros((1, words), dtype=torch.int32)
+    matcher.fill_bitmask(bitmask, 0)
+    return bitmask[0].clone()
+
+
+def test_only_token_reads_a_singleton_row():
+    import numpy as np
+    from grammar.llg_matcher import _only_token
+
+    row = np.zeros(4, dtype=np.uint32)
+    assert _only_token(row.tobytes()) is None
+    row[2] = 1 << 31
+    assert _only_token(row.tobytes()) == 2 * 32 + 31
+    row[2] |= 1
+    assert _only_token(row.tobytes()) is None
+    row[2], row[0] = 0, 4
+    row[3] = 1
+    assert _only_token(row.tobytes()) is None
+
+
+def test_forced_path_masks_equal_llguidances_own_and_stop_at_the_first_choice(service, tokenizer):
+    """Matchers of one handle copy the masks along the forced path `{"id":` … and compute the rest;
+    every mask equals a matcher's without the shared path, through walks that leave the path,
+    roll back onto it, take path tokens without a mask (as jump-forward does) and interleave."""
+    from grammar.llg_matcher import ForcedPath, LLGuidanceMatcher
+
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}},
+              "required": ["id", "tag"], "additionalProperties": False}
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert isinstance(handle, LLGuidanceHandle)
+    words = (len(tokenizer) + 31) // 32
+
+    def plain():
+        return LLGuidanceMatcher(handle.start, handle.stop_ids)
+
+    first, reference = handle.new_matcher(), plain()
+    text = ids(tokenizer, '{"id":12,"tag":"b"}') + [tokenizer.eos_token_id]
+    for token in text:
+        assert torch.equal(_row(first, words), _row(reference, words)), tokenizer.decode([token])
+        assert first.accept(token) and reference.accept(token)
+    path = handle._memo["forced_path"]
+    assert isinstance(path, ForcedPath)
+    # `{"` and `id` are forced, one token each (`":` is not: it might merge with what follows)
+    depth = next(d for d in sorted(path.only) if path.only[d] is None)
+    assert [path.only[d] for d in range(depth)] == text[:depth] and depth >= 2
+    assert {d for d, _ in path.rows} == set(range(depth + 1))
+
+    # a second matcher copies the path's rows and computes past them; each mask equals llguidance's
+    second, reference = handle.new_matcher(), plain()
+    other = ids(tokenizer, '{"id":7,"tag":"a"}')
+    for token in other:
+        assert torch.equal(_row(second, words), _row(reference, words))
+        assert second.accept(token) and reference.accept(token)
+    second.rollback(len(other) - 1)  # back onto the path, then along the first answer
+    reference.rollback(len(other) - 1)
+    for token in text[1:]:
+        assert torch.equal(_row(second, words), _row(reference, words))
+        assert second.accept(token) and reference.accept(token)
+    assert second.is_terminated()
+
+    # path tokens taken without a mask (jump-forward) keep a fresh matcher on the path
+    third, reference = handle.new_matcher(), plain()
+    for token in text[:depth]:
+        assert third.accept(token) and reference.accept(token)
+    assert third._on_path == depth
+    assert torch.equal(_row(third, words), _row(reference, words))
+    rows_before = dict(path.rows)
+    assert third.accept(text[depth]) and reference.accept(text[depth])
+    assert third._on_path == depth  # the model's choice leaves the path
+    assert torch.equal(_row(third, words), _row(reference, words))
+    assert path.rows == rows_before  # nothing off the path is kept
+
+
+def test_the_forced_path_is_kept_to_a_bounded_depth(service, tokenizer, monkeypatch):
+    import grammar.llg_matcher as module
+
+    monkeypatch.setattr(module, "FORCED_DEPTH_KEPT", 1)
+    schema = {"type": "object", "properties": {"code": {"type": "integer"}, "name": {"type": "string", "pattern": "^[a-z]+$",
+                                                                                      "maxLength": 4}},
+              "required": ["code", "name"], "additionalProperties": False}
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+    assert isinstance(handle, LLGuidanceHandle)
+    matcher, words = handle.new_matcher(), (len(tokenizer) + 31) // 32
+    for token in ids(tokenizer, '{"code":4,"name":"ab"}'):
+        _row(matcher, words)
+        assert matcher.accept(token)
+    assert {depth for depth, _ in handle._memo["forced_path"].rows} == {0}
