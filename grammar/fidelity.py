@@ -273,13 +273,15 @@ def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
 
 def spec_fidelity(kind: str, payload: Any, strict: bool = True, retries: int = 0) -> FidelityReport | None:
     """The report for a grammar spec's kind and payload; None for kinds without a schema.
-    `retries` > 0: a JSON schema's `checked` keywords are kept by check-and-roll-back with that many
-    rewrites (routing then prefers llguidance for the rest, and the report says so)."""
+    `retries` > 0: a JSON schema's or a tool's `checked` keywords are kept by check-and-roll-back
+    with that many rewrites (for a JSON schema routing then prefers llguidance for the rest, and
+    the report says so; tool calls compile with xgrammar)."""
     if kind == "json_schema":
         report = routed_schema_fidelity(payload, strict=strict, rollback=retries > 0)
         return with_rollback(report, retries) if retries and needs_rollback(report) else report
     if kind == "tool_calls" and isinstance(payload, dict):
-        return tools_fidelity(payload.get("tools") or [])
+        report = tools_fidelity(payload.get("tools") or [])
+        return with_rollback(report, retries) if retries and needs_rollback(report) else report
     return None
 
 

@@ -4,7 +4,10 @@ output and rewriting the value that breaks them.
 For a JSON schema whose fidelity report leaves keywords `checked` (an overlapping `oneOf`, a
 general `if`/`then`/`else`, `patternProperties`, a `format` no mask spells, ...), the matcher
 carries a `RollbackCheck`. When the output is whole (the stop token accepted) the matcher asks
-for its verdict: the text is validated with jsonschema (formats checked). On a violation
+for its verdict: the text is validated with jsonschema (formats checked); for tool calls
+(`ToolCallRollbackRules`) each call's arguments are validated against its function's parameters,
+the calls found by their opening marker and their values told apart by the call's index. On a
+violation
 
 1. the failing value is found: the value at the error's instance path (of several errors, the one
    that starts last in the text, so the least is rewritten; for `uniqueItems`, the first item
@@ -97,6 +100,9 @@ class RollbackVocab:
             return self._by_prefix
 
 
+Failure = tuple[int, int, "tuple | None"]  # (start, end) of a value to rewrite, its path (None: a repeated name)
+
+
 class RollbackRules:
     """What every output of one schema is checked against (shared by its matchers)."""
 
@@ -104,6 +110,48 @@ class RollbackRules:
         self.validator = schema_validator(schema)
         self.vocab = vocab
         self.max_retries = max_retries
+
+    def failures(self, data: bytes) -> list[Failure] | None:
+        """Every value of the output `data` that breaks the schema, and every repeated name; None
+        when `data` is not JSON (the grammar's business; validation after generation reports it)."""
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+        spans, repeats = scan_json(data)
+        return ([_span(spans, _failing_path(e)) for e in self.validator.iter_errors(value)]
+                + [(s, e, None) for s, e in repeats])
+
+
+class ToolCallRollbackRules(RollbackRules):
+    """The same for tool calls: each call's arguments (`<tool_call>{"name":…,"arguments":{…}}`) are
+    checked against its function's parameters, the calls' values told apart by the call's index."""
+
+    def __init__(self, parameters: dict[str, Any], call_begin: str, vocab: RollbackVocab, max_retries: int) -> None:
+        self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
+        self.call_begin = call_begin.encode()
+        self.vocab = vocab
+        self.max_retries = max_retries
+
+    def failures(self, data: bytes) -> list[Failure] | None:
+        found: list[Failure] = []
+        index, at = 0, data.find(self.call_begin)
+        while at >= 0:
+            start = at + len(self.call_begin)
+            try:
+                spans, repeats = scan_json(data[start:])
+                whole = spans[()]
+                call = json.loads(data[start + whole[0]:start + whole[1]])
+            except (ValueError, IndexError, KeyError, RecursionError):
+                return None  # a call that is not whole JSON: the grammar's business
+            validator = self.validators.get(call.get("name")) if isinstance(call, dict) else None
+            if validator is not None and "arguments" in call:
+                for error in validator.iter_errors(call["arguments"]):
+                    s, e, path = _span(spans, ("arguments",) + _failing_path(error))
+                    found.append((start + s, start + e, (index,) + path))
+            found += [(start + s, start + e, None) for s, e in repeats]
+            index, at = index + 1, data.find(self.call_begin, start + whole[1])
+        return found
 
 
 class RollbackCheck:
@@ -142,18 +190,13 @@ class RollbackCheck:
         to roll back to rewrite the failing value (the caller rolls them back, this check's
         included), or EXHAUSTED when the rewrites are spent (nothing is rolled back)."""
         data = bytes(self._text)
-        try:
-            value = json.loads(data)
-        except (ValueError, RecursionError):
-            return None  # not JSON: the grammar's business, and validation after generation reports it
-        spans, repeats = scan_json(data)
-        errors = list(self._rules.validator.iter_errors(value))
-        if not errors and not repeats:
+        candidates = self._rules.failures(data)
+        if not candidates:
             return None
         if self.retries >= self._rules.max_retries:
             return EXHAUSTED
-        # a repeated name is rewritten from its opening quote, the same name banned there
-        candidates = [_span(spans, _failing_path(e)) for e in errors] + [(s, e, None) for s, e in repeats]
+        # the value that starts last is rewritten (a repeated name from its opening quote, the same
+        # name banned there)
         start, end, path = max(candidates, key=lambda s: s[:2])
         if path is not None and data[end - 1] in b"}]" and path not in self._reopened:
             self._reopened.add(path)

@@ -48,11 +48,14 @@ from grammar.compile_process import CompileProcess
 from grammar.draft_split import DraftSplitter
 from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
 from grammar.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity, uses_rollback
-from grammar.rollback_check import DEFAULT_VALUE_RETRIES, RollbackCheck, RollbackRules, RollbackVocab
+from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
+from grammar.kinds.tool_calls.grammar import arguments_schema
 from grammar.llg_matcher import LLGuidanceHandle, compile_llguidance
-from grammar.llg_tokenizer import LLGuidanceTokenizer
 from grammar.llg_schema import llguidance_grammar
+from grammar.llg_tokenizer import LLGuidanceTokenizer
 from grammar.matcher import XGrammarMatcher
+from grammar.rollback_check import DEFAULT_VALUE_RETRIES, RollbackCheck, RollbackRules, RollbackVocab, \
+    ToolCallRollbackRules
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
 from grammar.validate import validate_spec
@@ -418,10 +421,15 @@ class GrammarService:
             self._stats.compile_seconds_max = max(self._stats.compile_seconds_max, elapsed)
 
     def _rollback_rules(self, spec: GrammarSpec | None, fidelity: FidelityReport | None) -> RollbackRules | None:
-        """Check-and-roll-back for a JSON schema whose report counts on it (keywords only
+        """Check-and-roll-back for a JSON schema or tools whose report counts on it (keywords only
         validation detects, with `value_retries` > 0: grammar/fidelity.py's `spec_fidelity`)."""
         if spec is None or not uses_rollback(fidelity):
             return None
+        if spec.kind == "tool_calls":
+            functions = [t["function"] for t in spec.payload.get("tools") or []]
+            fmt = get_tool_call_format(spec.payload.get("format", HERMES_TOOL_CALL_FORMAT.name))
+            return ToolCallRollbackRules({f["name"]: arguments_schema(f) for f in functions}, fmt.call_begin,
+                                         self._rollback_vocab, self.value_retries)
         return RollbackRules(spec.payload, self._rollback_vocab, self.value_retries)
 
     def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar,

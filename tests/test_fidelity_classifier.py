@@ -315,6 +315,20 @@ def test_tools_report_roots_each_tool_and_keeps_its_strictness():
     assert report.as_dict()["guaranteed"] is False
 
 
+def test_a_tools_checked_keywords_are_kept_by_rollback_when_rewrites_are_allowed():
+    from grammar.fidelity import ROLLBACK, spec_fidelity
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "array", "items": {"type": "object"}, "uniqueItems": True}}}}}]
+    payload = {"tools": tools, "tool_choice": "auto", "parallel_tool_calls": True, "format": "hermes"}
+    refused = spec_fidelity("tool_calls", payload, retries=0).refused_in_strict
+    assert [(k.pointer, k.status) for k in refused] == [("/0/function/parameters/properties/x/uniqueItems", CHECKED)]
+    kept = spec_fidelity("tool_calls", payload, retries=4)
+    assert kept.refused_in_strict == ()
+    unique = next(k for k in kept.keywords if k.keyword == "uniqueItems")
+    assert (unique.status, unique.engine) == (ENFORCED, ROLLBACK) and "4 times" in unique.reason
+
+
 def test_annotations_are_not_classified():
     schema = {"type": "string", "title": "t", "description": "d", "examples": ["x"], "default": "x",
               "contentEncoding": "base64", "x-vendor": 1}

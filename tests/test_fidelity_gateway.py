@@ -441,12 +441,21 @@ def test_strict_takes_every_checkable_keyword_by_rollback(rollback_client, fake_
     assert entry["status"] == "enforced" and entry["engine"] == "check_and_rollback"
 
 
-def test_strict_tools_still_refuse_what_only_a_check_detects(rollback_client):
-    """Tool-call arguments are not checked whole (several calls, one grammar): no rollback there."""
+def test_strict_tools_take_what_a_check_detects_and_refuse_what_none_does(rollback_client, fake_engine):
+    """Each call's arguments are checked against its function's parameters and a failing value
+    rewritten (tests/test_rollback_e2e.py runs it): strict tools take `uniqueItems`; a format no
+    check detects is still a 400 naming the tool's pointer."""
     tool = {"type": "function", "function": {"name": "f", "parameters": UNIQUE}}
-    error = chat(rollback_client, tools=[tool]).json()["error"]
-    assert error["code"] == "schema_not_enforceable"
-    assert "'uniqueItems' at '/0/function/parameters/properties/ids/uniqueItems'" in error["message"]
+    fake_engine.reply = lambda req: '<tool_call>{"name":"f","arguments":{"ids":[1,2]}}</tool_call>'
+    resp = chat(rollback_client, tools=[tool])
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["jumpgate"]["schema_valid"] is True
+    phone = {"type": "function", "function": {"name": "g", "parameters": {
+        "type": "object", "properties": {"phone": {"type": "string", "format": "phone"}}, "required": ["phone"]}}}
+    error = chat(rollback_client, tools=[tool, phone]).json()["error"]
+    assert error["code"] == "schema_not_enforceable" and error["param"] == "tools"
+    assert "'format' at '/1/function/parameters/properties/phone/format'" in error["message"]
+    assert "uniqueItems" not in error["message"]
 
 
 def test_strict_still_refuses_a_keyword_no_check_detects(rollback_client):

@@ -156,3 +156,61 @@ def test_a_repeated_name_is_rewritten_from_its_quote_with_that_name_banned():
     c.ban(mask, 0)
     assert not int(words[ord("a") >> 5]) >> (ord("a") & 31) & 1  # ... but not spell "a" again
     assert int(words[ord("c") >> 5]) >> (ord("c") & 31) & 1
+
+
+# -- tool calls: each call's arguments against its function's parameters ------------------------
+
+TOOL_TEXTS = [b"<tool_call>", b'{"name":"f","arguments":', b'{"name":"g","arguments":', b"{", b'"a', b'":', b"1",
+              b"2", b"}", b"}</tool_call>", b"\n", b"", b"Sure. "]
+TOOL_ID = {t: i for i, t in enumerate(TOOL_TEXTS)}
+
+
+def tool_check(retries=2) -> RollbackCheck:
+    from grammar.rollback_check import ToolCallRollbackRules
+
+    rules = ToolCallRollbackRules({"f": AT_LEAST_2, "g": {"type": "object"}}, "<tool_call>",
+                                  RollbackVocab(TOOL_TEXTS), retries)
+    return RollbackCheck(rules)
+
+
+def call(c: RollbackCheck, name: bytes, digit: bytes) -> None:
+    for t in (b"<tool_call>", name, b"{", b'"a', b'":', digit, b"}", b"}</tool_call>"):
+        c.accept(TOOL_ID[t])
+
+
+def test_tool_calls_that_fit_their_functions_stand():
+    c = tool_check()
+    c.accept(TOOL_ID[b"Sure. "])
+    call(c, b'{"name":"f","arguments":', b"2")
+    c.accept(TOOL_ID[b"\n"])
+    call(c, b'{"name":"g","arguments":', b"1")  # g takes any object
+    c.accept(TOOL_ID[b""])
+    assert c.verdict() is None
+
+
+def test_a_tool_calls_failing_argument_rolls_back_to_its_first_token_in_the_whole_output():
+    c = tool_check()
+    c.accept(TOOL_ID[b"Sure. "])
+    call(c, b'{"name":"f","arguments":', b"2")
+    c.accept(TOOL_ID[b"\n"])
+    call(c, b'{"name":"f","arguments":', b"1")  # the second call's a breaks minimum 2
+    c.accept(TOOL_ID[b""])
+    before = c.text
+    assert c.verdict() == 4  # `1`, `}`, `}</tool_call>` and the stop token
+    start, failed = c.failed[0]
+    assert failed == before[:start + 1] and before[start:start + 1] == b"1"
+    c.rollback(4)
+    assert c.text.endswith(b'<tool_call>{"name":"f","arguments":{"a":')
+    c.accept(TOOL_ID[b"1"])  # the same digit again may only go on to another number (12)
+    mask = torch.zeros((1, 1), dtype=torch.int32)
+    words = mask[0].numpy().view(np.uint32)
+    words[0] = (1 << TOOL_ID[b"}"]) | (1 << TOOL_ID[b"2"])
+    c.ban(mask, 0)
+    assert int(words[0]) == 1 << TOOL_ID[b"2"]  # the failed `1` may not end there again
+
+
+def test_a_tool_call_that_is_not_whole_json_is_left_to_the_grammar():
+    c = tool_check()
+    for t in (b"<tool_call>", b'{"name":"f","arguments":', b"{", b'"a', b'":', b"1"):
+        c.accept(TOOL_ID[t])
+    assert c.verdict() is None

@@ -187,3 +187,71 @@ def test_a_value_never_fixed_is_a_422_and_the_server_goes_on(jumpgate_server):
     assert after["rewrites"] >= before["rewrites"] + 4 and after["tokens"] > before["tokens"]
     schema, prompt = CASES["dependent_schemas"]
     validate(schema, client.chat.completions.create(**ask(schema, prompt)).choices[0].message.content)
+
+
+# -- tool calls: each call's arguments checked against its function's parameters ----------------
+
+# name -> (function, prompt): a tool whose parameters hold a keyword only the check keeps
+TOOL_CASES = {
+    # a pydantic `set[Guest]` field: unique items that are objects
+    "unique_objects": ({"name": "invite", "description": "", "parameters": {
+        "type": "object", "required": ["people"], "properties": {"people": {
+            "type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"}, "role": {"type": "string"}}}}}}},
+        "Invite Ann and Ann as guests."),
+    "if_then": ({"name": "get_weather", "description": "", "parameters": {
+        "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}, "units": {"type": "string"}},
+        "if": {"required": ["city"]}, "then": {"required": ["units"]}}},
+        "What is the weather in Paris?"),
+}
+
+
+def tool_request(handle, tokenizer, name: str) -> GenerateRequest:
+    from grammar.kinds.tool_calls.format import render_tools_prompt
+
+    function, prompt = TOOL_CASES[name]
+    return GenerateRequest(chat_ids(tokenizer, prompt, render_tools_prompt([{"type": "function", "function": function}])),
+                           SamplingParams(max_new_tokens=128, temperature=0.0), constraint=handle, strict=True,
+                           refuse_unfit=True)
+
+
+def arguments_of(text: str, name: str) -> str:
+    from grammar.kinds.tool_calls.parser import parse_tool_calls
+
+    _, calls = parse_tool_calls(text)
+    assert len(calls) == 1 and calls[0].name == TOOL_CASES[name][0]["name"], text
+    return calls[0].arguments
+
+
+@pytest.mark.parametrize("name", list(TOOL_CASES))
+def test_a_tool_calls_arguments_are_checked_and_rewritten(real_engine, service, tokenizer, engine_idle_check, name):
+    """The tools report keeps the keyword by check-and-roll-back (strict mode takes it); without the
+    check the model's call breaks it, with it the call's arguments validate."""
+    function = TOOL_CASES[name][0]
+    spec = GrammarSpec.tool_calls([{"type": "function", "function": function}], "required", parallel_tool_calls=False)
+    handle = service.compile(spec)
+    assert handle.rollback_rules is not None and handle.fidelity.refused_in_strict == ()
+    assert any(k.engine == ROLLBACK for k in handle.fidelity.keywords)
+    control = dataclasses.replace(handle, rollback_rules=None, _memo={})
+    without, checked = real_engine.generate_many([tool_request(h, tokenizer, name) for h in (control, handle)],
+                                                 timeout=900)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(function["parameters"], arguments_of(without.text, name))
+    assert checked.finish_reason == "stop", checked
+    validate(function["parameters"], arguments_of(checked.text, name))
+
+
+def test_the_server_answers_a_checked_tool_call_whole_and_streamed(jumpgate_server):
+    client = openai_client(jumpgate_server)
+    function, prompt = TOOL_CASES["unique_objects"]
+    ask_tool = {"model": MODEL, "temperature": 0, "max_tokens": 128, "tool_choice": "required",
+                "tools": [{"type": "function", "function": function}], "parallel_tool_calls": False,
+                "messages": [{"role": "user", "content": prompt}]}
+    whole = client.chat.completions.create(**ask_tool)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    call = whole.choices[0].message.tool_calls[0]
+    validate(function["parameters"], call.function.arguments)
+    chunks = list(client.chat.completions.create(**ask_tool, stream=True))
+    streamed = "".join(tc.function.arguments or "" for c in chunks if c.choices
+                       for tc in c.choices[0].delta.tool_calls or [])
+    assert streamed == call.function.arguments
