@@ -153,8 +153,8 @@ def _only_token(row: bytes) -> int | None:
 
 class ForcedPath:
     """The masks along a grammar's forced path from its start, shared by the grammar's matchers
-    (`LLGuidanceHandle`). Each token of the path (`{"`, `name`, `":"` of a schema whose first
-    property is required) is the only one its mask allows, so the path is one sequence and its
+    (`LLGuidanceHandle`). Each token of the path (`{"` and `name` of a schema whose first
+    property is `name`, required) is the only one its mask allows, so the path is one sequence and its
     states are the same in every request: the mask at each depth, down to the first with a choice,
     is computed by llguidance once and copied after (llguidance computes forced positions afresh
     each time, and they are its costliest masks on JSON schemas). Entries are set once and never

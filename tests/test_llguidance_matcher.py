@@ -203,12 +203,13 @@ def test_only_token_reads_a_singleton_row():
 
 
 def test_forced_path_masks_equal_llguidances_own_and_stop_at_the_first_choice(service, tokenizer):
-    """Matchers of one handle copy the masks along the forced path `{"id":` … and compute the rest;
-    every mask equals a matcher's without the shared path, through walks that leave the path,
-    roll back onto it, take path tokens without a mask (as jump-forward does) and interleave."""
+    """Matchers of one handle copy the masks along the forced path (`{"`, `id`) and compute the
+    rest; every mask equals a matcher's without the shared path, through walks that leave the
+    path, roll back onto it and take path tokens without a mask (as jump-forward does)."""
     from grammar.llg_matcher import ForcedPath, LLGuidanceMatcher
 
-    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}},
+    tag = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": tag},
               "required": ["id", "tag"], "additionalProperties": False}
     handle = service.compile(GrammarSpec("json_schema", schema, True))
     assert isinstance(handle, LLGuidanceHandle)
@@ -259,8 +260,8 @@ def test_the_forced_path_is_kept_to_a_bounded_depth(service, tokenizer, monkeypa
     import grammar.llg_matcher as module
 
     monkeypatch.setattr(module, "FORCED_DEPTH_KEPT", 1)
-    schema = {"type": "object", "properties": {"code": {"type": "integer"}, "name": {"type": "string", "pattern": "^[a-z]+$",
-                                                                                      "maxLength": 4}},
+    name = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
+    schema = {"type": "object", "properties": {"code": {"type": "integer"}, "name": name},
               "required": ["code", "name"], "additionalProperties": False}
     handle = service.compile(GrammarSpec("json_schema", schema, True))
     assert isinstance(handle, LLGuidanceHandle)

@@ -210,7 +210,8 @@ def tool_request(handle, tokenizer, name: str) -> GenerateRequest:
     from grammar.kinds.tool_calls.format import render_tools_prompt
 
     function, prompt = TOOL_CASES[name]
-    return GenerateRequest(chat_ids(tokenizer, prompt, render_tools_prompt([{"type": "function", "function": function}])),
+    tools_prompt = render_tools_prompt([{"type": "function", "function": function}])
+    return GenerateRequest(chat_ids(tokenizer, prompt, tools_prompt),
                            SamplingParams(max_new_tokens=128, temperature=0.0), constraint=handle, strict=True,
                            refuse_unfit=True)
 
