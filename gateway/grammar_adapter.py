@@ -28,11 +28,13 @@ from grammar.canonical import canonical_json, canonical_tool
 from grammar.limits import check_json_limits
 from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 from grammar.rollback_check import schema_validator
+from grammar.kinds.tool_calls.grammar import arguments_schema
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 
 FORMAT = HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
 
 __all__ = [
+    "arguments_schema",
     "FidelityReport",
     "KeywordFidelity",
     "schema_fidelity",

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import APIError, bad_request
-from gateway.grammar_adapter import FidelityReport, KeywordFidelity, schema_fidelity, schema_validator, tools_fidelity
+from gateway.grammar_adapter import FidelityReport, KeywordFidelity, arguments_schema, schema_fidelity, schema_validator, \
+    tools_fidelity
 from gateway.protocol import ChoiceValidity, SchemaViolation
 
 log = logging.getLogger("jumpgate.gateway.validation")
@@ -224,9 +225,9 @@ def _function(tool: Any) -> dict:
 
 
 def _parameters(tool: Any) -> Any:
-    """A tool's parameters as its grammar compiles them (none, or no type: any object)."""
-    params = _function(tool).get("parameters") or {}
-    return params if "type" in params else {"type": "object", **params}
+    """A tool's parameters as its grammar compiles them and check-and-roll-back checks them (none,
+    or no type: any object)."""
+    return arguments_schema(_function(tool))
 
 
 def _tool_index(keyword: KeywordFidelity) -> int:
