@@ -2,12 +2,12 @@
 
 At a position where the grammar forces text (`"error":{"code":` after `{"`), llguidance's mask is
 the one token that begins the text's canonical encoding, so it encodes that text with the model's
-tokenizer at every such position: 2–8 µs a call through the Hugging Face tokenizer, the largest
-part of llguidance's mask time on JSON schemas (`python -m bench grammar_engines`). The same
-forced texts come back at every request of a schema (its property names and separators), so
-`MemoEncoder` answers llguidance's encode calls from an LRU cache of the Hugging Face tokenizer's
-own encodings: the same ids, so the same masks (tests/test_llg_tokenizer.py compares them along
-the corpus walks), for a Python callback of ~0.5 µs on a hit.
+tokenizer at every such position, through the Hugging Face tokenizer: a large part of llguidance's
+mask time on JSON schemas (`python -m bench grammar_engines` reports it with and without this
+memo, `llguidance_uncached_us`). The same forced texts come back at every request of a schema
+(its property names and separators), so `MemoEncoder` answers llguidance's encode calls from an
+LRU cache of the Hugging Face tokenizer's own encodings: the same ids, so the same masks
+(tests/test_llg_tokenizer.py compares them along the corpus walks), for a Python callback on a hit.
 
 The vocabulary (token bytes, special tokens, stop tokens) is copied from the tokenizer that
 `llguidance.hf` builds from the same Hugging Face tokenizer; `build_llguidance_tokenizer` checks
@@ -101,8 +101,9 @@ def build_llguidance_tokenizer(hf_tokenizer: Any, vocab_size: int, stop_token_id
 
 
 class LLGuidanceTokenizer:
-    """The llguidance view of the model's tokenizer, built on first use (about 2 s); `encoder` is
-    its MemoEncoder once built (None: llguidance encodes uncached)."""
+    """The llguidance view of the model's tokenizer, built on first use (llguidance's own view, then
+    the memoized one over it); `encoder` is its MemoEncoder once built (None: llguidance encodes
+    uncached)."""
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
                  entries: int = ENCODINGS_KEPT) -> None:
