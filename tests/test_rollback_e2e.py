@@ -256,3 +256,21 @@ def test_the_server_answers_a_checked_tool_call_whole_and_streamed(jumpgate_serv
     streamed = "".join(tc.function.arguments or "" for c in chunks if c.choices
                        for tc in c.choices[0].delta.tool_calls or [])
     assert streamed == call.function.arguments
+
+
+def test_a_tool_call_never_fixed_fails_the_request_and_frees_its_slots(engine_idle_check, service, tokenizer):
+    """The bad input of this path: a strict tool whose checked keyword the model cannot satisfy
+    within the rewrites fails `value_retries_exhausted` (a 422 over HTTP) and keeps no KV slot."""
+    from grammar.kinds.tool_calls.format import render_tools_prompt
+
+    schema, prompt = NEVER_FIXED
+    tool = {"type": "function", "function": {"name": "record_scores", "description": "", "parameters": schema}}
+    handle = service.compile(GrammarSpec.tool_calls([tool], "required", parallel_tool_calls=False))
+    assert handle.rollback_rules is not None
+    before = engine_idle_check.stats().value_rewrites_exhausted
+    request = GenerateRequest(chat_ids(tokenizer, prompt, render_tools_prompt([tool])),
+                              SamplingParams(max_new_tokens=128, temperature=0.0), constraint=handle, strict=True,
+                              refuse_unfit=True)
+    with pytest.raises(EngineError, match=VALUE_RETRIES_EXHAUSTED):
+        engine_idle_check.generate_many([request], timeout=600)
+    assert engine_idle_check.stats().value_rewrites_exhausted == before + 1
