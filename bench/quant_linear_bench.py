@@ -13,6 +13,12 @@ kernels (runtime/cpu_kernels/quant_linear.cpp) against what they replaced, side 
   activation kernels (the logits layer is q4's there) against fp32 `F.linear` on the same weights.
 
 One JSON line per (part, rows): milliseconds of each and the ratio.
+
+`--stream` instead measures what limits a one-row decode: the bytes a second our int4 kernel
+streams over working sets too large for the caches, as a few large calls or many small ones, with
+one thread and with two, against fp32 `F.linear` (MKL's GEMV) over about the same bytes in the
+same call counts. One JSON line per (kernel, calls, threads): the weight bytes, and `gb_s` those
+read a second.
 """
 
 from __future__ import annotations
@@ -44,7 +50,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.quant_linear_bench")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,16,64,512")
+    ap.add_argument("--stream", action="store_true", help="bytes a second at one row over large working sets")
     args = ap.parse_args(argv)
+    if args.stream:
+        return stream()
     torch.set_num_threads(args.threads)
     from runtime.loader import read_gguf_codes, resolve_model_dir, source_gguf
 
@@ -88,6 +97,38 @@ def compare(rows: list[int], threads: int, part: str, ours_name: str, ours: list
         print(json.dumps({"bench": "quant_linear", "part": part, "rows": m, "threads": threads,
                           ours_name: round(mine, 3), theirs_name: round(other, 3),
                           "speedup": round(other / mine, 3)}), flush=True)
+
+
+# (calls, output columns) of K = 576 inputs: ~71 MB of int4 codes and fp16 scales either way, past
+# what the caches keep, as 64 calls the size of the fused gate/up layer or 384 of a sixth of it
+STREAM_SETS = [(64, 3072), (384, 512)]
+
+
+def stream(sets=STREAM_SETS) -> None:
+    import torch.nn.functional as F
+
+    if quant_kernels() is None:
+        print(json.dumps({"bench": "quant_linear", "part": "stream", "skipped": "no AVX512-BF16 kernels here"}))
+        return
+    k, g = 576, torch.Generator().manual_seed(2)
+    for calls, n in sets:
+        layers = [Int4Linear(Int4Codes.quantize(torch.randn(n, k, generator=g) * 0.05), None) for _ in range(calls)]
+        x = torch.randn(1, k, generator=g).to(torch.bfloat16)
+        int4_bytes = sum(lin.nbytes for lin in layers)
+        # fp32 over the same bytes in as many calls: 3/16 of the columns (4 bytes a weight against the
+        # int4 layers' 3/4: half a byte of code, 8 bytes of float32 scale and offset a group of 32)
+        dense = [torch.randn(n * 3 // 16, k, generator=g) for _ in range(calls)]
+        xf = torch.randn(1, k, generator=g)
+        fp32_bytes = sum(w.nbytes for w in dense)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for kernel, run, nbytes in (("int4", lambda: [lin.native(x) for lin in layers], int4_bytes),
+                                        ("fp32", lambda: [F.linear(xf, w) for w in dense], fp32_bytes)):
+                ms = best_ms(run, 8)
+                print(json.dumps({"bench": "quant_linear", "part": "stream", "kernel": kernel, "calls": calls,
+                                  "bytes": nbytes, "threads": threads, "ms": round(ms, 4),
+                                  "gb_s": round(nbytes / ms / 1e6, 2)}), flush=True)
+        del layers, dense
 
 
 if __name__ == "__main__":
