@@ -23,10 +23,14 @@ from runtime.loader import read_config, resolve_model_dir
 from runtime.model_runner import ModelRunner, pick_device, pick_dtype
 
 
-def decode_batch(batch: int, shared: int, private: int, device: torch.device) -> ForwardBatch:
+def decode_batch(batch: int, shared: int, private: int, device: torch.device,
+                 distinct: int | None = None) -> ForwardBatch:
     """Slots [0, shared) are the shared prefix; request i's private slots follow in one block, its
-    last slot being the token this step decodes."""
-    rows = [torch.cat([torch.arange(shared), torch.arange(shared + i * private, shared + (i + 1) * private)])
+    last slot being the token this step decodes. `distinct`: the prefix's slots repeat the first
+    `distinct` (the same work over K/V that stays in the caches: a timing without memory, not a
+    meaningful attention)."""
+    prefix = torch.arange(shared) if distinct is None else torch.arange(shared) % distinct
+    rows = [torch.cat([prefix, torch.arange(shared + i * private, shared + (i + 1) * private)])
             for i in range(batch)]
     seq_lens = [r.numel() for r in rows]
     return ForwardBatch(
@@ -69,6 +73,9 @@ def run(quick: bool = False, argv=None) -> None:
                     help="the cpu kernel on AMX tiles (the engine's --attention-tiles; default auto)")
     ap.add_argument("--attention-only", action="store_true",
                     help="time the attention backend alone (one layer) instead of the whole model")
+    ap.add_argument("--shared-distinct", type=int, default=None,
+                    help="the shared prefix repeats this many slots (its K/V stays in the caches: the "
+                         "kernel's time without memory; timing only)")
     args = ap.parse_args(argv or [])
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -89,7 +96,7 @@ def run(quick: bool = False, argv=None) -> None:
           "mode": "short", "step_ms": short * 1e3, "device": device.type, "threads": torch.get_num_threads(),
           "attention": runner.attn.name, "weights": runner.model.weights})
     for shared in args.shared:
-        batch = decode_batch(args.batch, shared, args.private, device)
+        batch = decode_batch(args.batch, shared, args.private, device, args.shared_distinct)
         # on: the runner's rule (it may decline to group); forced: one group of all, whatever it saves
         modes = {
             "cascade_off": [],
@@ -101,5 +108,5 @@ def run(quick: bool = False, argv=None) -> None:
             batch.prefix_groups = groups
             t = step_seconds(runner, batch, args.reps, q)
             emit({"bench": "cascade", "scope": scope, "batch": args.batch, "shared": shared, "private": args.private,
-                  "mode": mode, "grouped": bool(batch.prefix_groups), "step_ms": t * 1e3,
+                  **({"shared_distinct": args.shared_distinct} if args.shared_distinct else {}), "mode": mode, "grouped": bool(batch.prefix_groups), "step_ms": t * 1e3,
                   "ratio_vs_short": t / short, "device": device.type, "threads": torch.get_num_threads()})
