@@ -77,7 +77,10 @@ def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, fl
     total = sum(e.self_cpu_time_total for e in events)
     linear = sum(e.cpu_time_total for e in events if e.key in LINEAR_OPS)
     attention = sum(e.cpu_time_total for e in events if e.key in ATTENTION_OPS)
-    return {"forward_s": best, "linear_frac": linear / total, "attention_frac": attention / total}
+    # cpu_time_total counts an op's children and `total` only self times: on a busy machine the two
+    # shares could add past 1 and leave a negative rest, so they are capped at the whole together
+    scale = max(1.0, (linear + attention) / total)
+    return {"forward_s": best, "linear_frac": linear / total / scale, "attention_frac": attention / total / scale}
 
 
 TILES_SUFFIX = {"": "auto", "tiles": "on", "vector": "off"}  # format suffix -> --attention-tiles
