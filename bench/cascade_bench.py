@@ -107,6 +107,7 @@ def run(quick: bool = False, argv=None) -> None:
         for mode, groups in modes.items():
             batch.prefix_groups = groups
             t = step_seconds(runner, batch, args.reps, q)
+            distinct = {"shared_distinct": args.shared_distinct} if args.shared_distinct else {}
             emit({"bench": "cascade", "scope": scope, "batch": args.batch, "shared": shared, "private": args.private,
-                  **({"shared_distinct": args.shared_distinct} if args.shared_distinct else {}), "mode": mode, "grouped": bool(batch.prefix_groups), "step_ms": t * 1e3,
+                  **distinct, "mode": mode, "grouped": bool(batch.prefix_groups), "step_ms": t * 1e3,
                   "ratio_vs_short": t / short, "device": device.type, "threads": torch.get_num_threads()})

@@ -16,8 +16,8 @@ One JSON line per (part, rows): milliseconds of each and the ratio.
 
 `--stream` instead measures what limits a one-row decode: the bytes a second our int4 kernel
 streams over working sets too large for the caches, as a few large calls or many small ones, with
-one thread and with two, against fp32 `F.linear` (MKL's GEMV) over about the same bytes in the
-same call counts, and (`int4_cached`) the int4 kernel over one of the layers as many times, whose
+one thread and with two, against fp32 `F.linear` (MKL's GEMV) over the same bytes in the same
+call counts, and (`int4_cached`) the int4 kernel over one of the layers as many times, whose
 bytes stay in the caches. One JSON line per (kernel, calls, threads): the weight bytes, and `gb_s`
 those read a second.
 """
@@ -100,8 +100,9 @@ def compare(rows: list[int], threads: int, part: str, ours_name: str, ours: list
                           "speedup": round(other / mine, 3)}), flush=True)
 
 
-# (calls, output columns) of K = 576 inputs: ~71 MB of int4 codes and fp16 scales either way, past
-# what the caches keep, as 64 calls the size of the fused gate/up layer or 384 of a sixth of it
+# (calls, output columns) of K = 576 inputs: ~85 MB of int4 codes and float32 scales and offsets
+# either way, past what the caches keep, as 64 calls the size of the fused gate/up layer or 384 of a
+# sixth of it
 STREAM_SETS = [(64, 3072), (384, 512)]
 
 
