@@ -77,6 +77,8 @@ def run(quick: bool = False, argv=None) -> None:
                     help="the shared prefix repeats this many slots (its K/V stays in the caches: the "
                          "kernel's time without memory; timing only)")
     args = ap.parse_args(argv or [])
+    if args.shared_distinct is not None and args.shared_distinct < 1:
+        ap.error("--shared-distinct: at least 1 slot")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
