@@ -9,6 +9,10 @@ attention, the model's other ops, and the engine's share (sampling, scheduling, 
 The split: torch.profiler shares of five model passes (linear, attention, other ops), applied to the
 model runner's own time per pass in the batch-1 run (EngineStats.forward_seconds); the engine's share is
 the rest of the step (sampling, grammar, scheduling, detokenizing, emitting).
+The prefill split (`prefill_split_*`): one 3k-token prefill (1k with --quick) in the engine's chunks,
+model passes only, split by the profiler into linear layers and attention; on each line
+`prefill_split_ceiling_vs_<reference>` is the reference's prefill over this format's attention alone,
+the most the prefill ratio could reach if this format's linear layers took no time.
 """
 
 from __future__ import annotations
@@ -56,6 +60,21 @@ def _prefill_rate(engine, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t0)
 
 
+def _profiled_shares(forward, passes: int) -> dict[str, float]:
+    """The profiler's linear and attention shares of `passes` calls of `forward`."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(passes):  # several passes: one is at the mercy of a scheduler hiccup
+            forward()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    linear = sum(e.cpu_time_total for e in events if e.key in LINEAR_OPS)
+    attention = sum(e.cpu_time_total for e in events if e.key in ATTENTION_OPS)
+    # cpu_time_total counts an op's children and `total` only self times: on a busy machine the two
+    # shares could add past 1 and leave a negative rest, so they are capped at the whole together
+    scale = max(1.0, (linear + attention) / total)
+    return {"linear_frac": linear / total / scale, "attention_frac": attention / total / scale}
+
+
 def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, float]:
     """Seconds of one batch-1 decode pass at `context` tokens through the engine's attention
     backend, and the profiler's shares of it."""
@@ -70,17 +89,31 @@ def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, fl
         t0 = time.perf_counter()
         model.forward(batch, kv, attn)
         best = min(best, time.perf_counter() - t0)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(5):  # several passes: one is at the mercy of a scheduler hiccup
-            model.forward(batch, kv, attn)
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    linear = sum(e.cpu_time_total for e in events if e.key in LINEAR_OPS)
-    attention = sum(e.cpu_time_total for e in events if e.key in ATTENTION_OPS)
-    # cpu_time_total counts an op's children and `total` only self times: on a busy machine the two
-    # shares could add past 1 and leave a negative rest, so they are capped at the whole together
-    scale = max(1.0, (linear + attention) / total)
-    return {"forward_s": best, "linear_frac": linear / total / scale, "attention_frac": attention / total / scale}
+    return {"forward_s": best, **_profiled_shares(lambda: model.forward(batch, kv, attn), 5)}
+
+
+def _prefill_split(model, cfg, attn, ids: list[int], chunk: int) -> dict[str, float]:
+    """Seconds of one prefill of `ids` in the engine's chunks (model passes only), and the
+    profiler's shares of it: what bounds the prefill ratio (attention is the same kernel for every
+    weight format, so with linears that took no time the ratio could reach at most the reference's
+    prefill over this format's attention)."""
+    n = len(ids)
+    kv = KVPool(cfg.num_layers, n + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
+                head_major=attn.kv_head_major)
+    slots = torch.arange(n, device=model.device)
+    tokens = torch.tensor(ids)
+
+    def prefill():
+        for start in range(0, n, chunk):
+            end = min(n, start + chunk)
+            model.forward(ForwardBatch(tokens[start:end], torch.arange(start, end), slots[start:end], [end - start],
+                                       [end], [slots[:end]], torch.tensor([end - start - 1])), kv, attn)
+
+    prefill()  # warm-up
+    t0 = time.perf_counter()
+    prefill()
+    seconds = time.perf_counter() - t0
+    return {"prefill_s": seconds, **_profiled_shares(prefill, 1)}
 
 
 TILES_SUFFIX = {"": "auto", "tiles": "on", "vector": "off"}  # format suffix -> --attention-tiles
@@ -118,6 +151,9 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
     context = len(b1[0].last.token_ids) + 40
     attn = engine.runner.attn
     split = engine.call(lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10)).result()
+    long_ids = text_ids[:1024 if quick else 3072]
+    pre = engine.call(lambda: _prefill_split(model, engine.model_config, attn, long_ids,
+                                             engine.config.chunked_prefill_tokens)).result()
     engine.shutdown()
     step = 1.0 / out["decode_tok_s_b1"]
     fwd = min(forward_b1, step)  # the profiled pass gives the shares of the forward, the run its length
@@ -127,6 +163,10 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
     out["step_other_model_ops_ms"] = fwd * (1 - split["linear_frac"] - split["attention_frac"]) * 1e3
     out["step_engine_ms"] = (step - fwd) * 1e3  # sampling, grammar, scheduling, detokenizing
     out["step_overhead_frac"] = (out["step_other_model_ops_ms"] + out["step_engine_ms"]) / out["step_ms_b1"]
+    out["prefill_split_tokens"] = len(long_ids)
+    out["prefill_split_ms"] = pre["prefill_s"] * 1e3
+    out["prefill_split_linear_ms"] = pre["prefill_s"] * pre["linear_frac"] * 1e3
+    out["prefill_split_attention_ms"] = pre["prefill_s"] * pre["attention_frac"] * 1e3
     return out
 
 
@@ -154,4 +194,6 @@ def run(quick: bool = False, argv=None) -> None:
         ref = ref or res
         for key in [k for k in res if k.startswith(("prefill_tok_s", "decode_tok_s"))]:
             res[f"{key}_vs_{ref['weights']}"] = res[key] / ref[key]
+        # the most the prefill ratio could reach with this attention and linears that took no time
+        res[f"prefill_split_ceiling_vs_{ref['weights']}"] = ref["prefill_split_ms"] / res["prefill_split_attention_ms"]
         emit(res)
