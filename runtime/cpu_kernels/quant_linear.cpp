@@ -14,7 +14,8 @@
 // offset in fp32, nothing rounded; a Q4_1 block's fp16 d and m are kept as they are, half the
 // bytes a decode reads besides the codes, and made into the same fp32 scale and offset here).
 // Runs of a few rows expand the codes at each use; longer runs expand a tile of columns once into
-// a buffer and run every row over it.
+// a buffer and run every row over it. A single row (a decode) takes four column vectors a task, so
+// that enough independent accumulations are in flight.
 //
 // Batch invariance: a row's output is computed alone, in one fixed order (pairs of inputs in
 // order inside a group, groups in order, the scale term then the offset term), by one thread per
@@ -373,8 +374,19 @@ void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, cons
   tile<C, S>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
 }
 
+// One row (a decode) over four column vectors (64 columns) instead of two: four independent
+// accumulation chains instead of two, so the vdpbf16ps latency is hidden, where a decode's task has
+// little else to overlap it with. Each output's arithmetic is tile_rows' for any C, so the bits are
+// those of the two-vector tiles.
+template <int S, typename Packed, typename Scale>
+void run_one_row_wide(const Packed& all, int64_t n0, const uint16_t* x, int64_t K, const float* sums,
+                      const Scale* scale_offset, int64_t N, uint16_t* out) {
+  const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
+  tile_rows<1, 4, S>(p, x, K, sums, K / GROUP, so, out + n0, N);
+}
+
 // Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
-// odd number of vectors).
+// odd number of vectors; 64 for a single row where N is a multiple of 64).
 template <int S, typename Packed, typename Scale>
 torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
   const bool amx = amx_usable();
@@ -421,7 +433,7 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
         }
     });
 
-  const int64_t wide = (N / COLS) % 2 == 0 ? 2 : 1;
+  const int64_t wide = !amx && M == 1 && (N / COLS) % 4 == 0 ? 4 : (N / COLS) % 2 == 0 ? 2 : 1;
   const int64_t tiles = N / (COLS * wide);
   at::parallel_for(0, tiles, 1, [&](int64_t b, int64_t e) {
     std::vector<uint16_t> buffer;
@@ -437,7 +449,8 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
     }
 #endif
     for (int64_t t = b; t < e; ++t) {
-      if (wide == 2) run_tile<2, S>(all, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+      if (wide == 4) run_one_row_wide<S>(all, t * 4 * COLS, xp, K, sums.data(), so, N, yp);
+      else if (wide == 2) run_tile<2, S>(all, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
       else run_tile<1, S>(all, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
     }
   });
