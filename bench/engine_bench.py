@@ -6,6 +6,8 @@ written `auto+tiles` (or `q4+tiles`, ...) runs with `--attention-tiles on`, `aut
 One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens, the
 ratios to fp32 from the same run, and the split of a batch-1 decode step into linear layers,
 attention, the model's other ops, and the engine's share (sampling, scheduling, detokenizing).
+`forward_b16_*`: one model pass of 16 decoding requests at the decode runs' mean context, with the
+profiler's linear and attention shares of it.
 The split: torch.profiler shares of five model passes (linear, attention, other ops), applied to the
 model runner's own time per pass in the batch-1 run (EngineStats.forward_seconds); the engine's share is
 the rest of the step (sampling, grammar, scheduling, detokenizing, emitting).
@@ -75,14 +77,16 @@ def _profiled_shares(forward, passes: int) -> dict[str, float]:
     return {"linear_frac": linear / total / scale, "attention_frac": attention / total / scale}
 
 
-def _forward_split(model, cfg, attn, context: int, repeats: int) -> dict[str, float]:
-    """Seconds of one batch-1 decode pass at `context` tokens through the engine's attention
-    backend, and the profiler's shares of it."""
-    kv = KVPool(cfg.num_layers, context + 2, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
+def _forward_split(model, cfg, attn, context: int, repeats: int, batch_size: int = 1) -> dict[str, float]:
+    """Seconds of one decode pass of `batch_size` requests at `context` tokens each (own slots,
+    nothing shared) through the engine's attention backend, and the profiler's shares of it."""
+    row = context + 1
+    kv = KVPool(cfg.num_layers, batch_size * row + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
                 head_major=attn.kv_head_major)  # as the engine keeps it
-    slots = torch.arange(context + 1, device=model.device)
-    batch = ForwardBatch(torch.tensor([42]), torch.tensor([context]), slots[context:], [1], [context + 1], [slots],
-                         torch.tensor([0]))
+    rows = [torch.arange(r * row, (r + 1) * row, device=model.device) for r in range(batch_size)]
+    batch = ForwardBatch(torch.full((batch_size,), 42), torch.full((batch_size,), context),
+                         torch.stack([r[context] for r in rows]), [1] * batch_size, [row] * batch_size, rows,
+                         torch.arange(batch_size))
     model.forward(batch, kv, attn)
     best = float("inf")
     for _ in range(repeats):
@@ -148,9 +152,11 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
         out[f"decode_tok_s_b{b}"] = _decode_rate(run_timed(engine, [GenerateRequest(p, greedy) for p in prompts]))
     # on the engine's own thread: a pass on this one would start a second OpenMP team, which slows
     # the next format's engine (runtime/torch_thread.py)
-    context = len(b1[0].last.token_ids) + 40
+    context = len(prompt) + new_tokens // 2  # the decode runs' mean context
     attn = engine.runner.attn
     split = engine.call(lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10)).result()
+    split16 = engine.call(lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10,
+                                                 batch_size=16)).result()
     long_ids = text_ids[:1024 if quick else 3072]
     pre = engine.call(lambda: _prefill_split(model, engine.model_config, attn, long_ids,
                                              engine.config.chunked_prefill_tokens)).result()
@@ -163,6 +169,11 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
     out["step_other_model_ops_ms"] = fwd * (1 - split["linear_frac"] - split["attention_frac"]) * 1e3
     out["step_engine_ms"] = (step - fwd) * 1e3  # sampling, grammar, scheduling, detokenizing
     out["step_overhead_frac"] = (out["step_other_model_ops_ms"] + out["step_engine_ms"]) / out["step_ms_b1"]
+    # a batch-16 decode pass alone (model only, the profiler's shares of its best time): where the
+    # b16 ratio goes, since attention there reads every row's K/V
+    out["forward_b16_ms"] = split16["forward_s"] * 1e3
+    out["forward_b16_linear_ms"] = split16["forward_s"] * split16["linear_frac"] * 1e3
+    out["forward_b16_attention_ms"] = split16["forward_s"] * split16["attention_frac"] * 1e3
     out["prefill_split_tokens"] = len(long_ids)
     out["prefill_split_ms"] = pre["prefill_s"] * 1e3
     out["prefill_split_linear_ms"] = pre["prefill_s"] * pre["linear_frac"] * 1e3

@@ -56,6 +56,10 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     assert all(chosen[p] >= 0 for p in parts)
     assert sum(chosen[p] for p in parts) == pytest.approx(chosen["step_ms_b1"], rel=1e-3)
     assert 0 <= chosen["step_overhead_frac"] <= 1
+    # the batch-16 pass: its linear and attention parts within the whole
+    for line in (ref, chosen):
+        assert 0 < line["forward_b16_linear_ms"] and 0 < line["forward_b16_attention_ms"]
+        assert line["forward_b16_linear_ms"] + line["forward_b16_attention_ms"] <= line["forward_b16_ms"] * 1.001
     # the prefill split: its parts within the whole, and the ceiling is the reference over the attention
     for line in (ref, chosen):
         assert line["prefill_split_tokens"] == 1024
