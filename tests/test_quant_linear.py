@@ -100,8 +100,8 @@ def test_no_less_exact_than_aten(bf16_kernels):
 
 
 def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(bf16_kernels):
-    """Batch sizes on both sides of the expansion threshold (6 rows) and of the register block (a
-    row alone, on the vector path, runs over four column vectors at once where the rest run over
+    """Batch sizes on both sides of the expansion threshold (6 rows), in steps of 8 rows with each
+    remainder, and on both sides of the register block (a row alone, on the vector path, runs over four column vectors at once where the rest run over
     two: 960 columns are 60 vectors); with AMX, of the tile sizes (1, 4, 8 and 16 rows expanding codes per group, then several tiles over
     an expanded buffer, the last one padded)."""
     w = codes(960, 576)
@@ -112,7 +112,7 @@ def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            for m in (2, 3, 6, 7, 13, 16, 17, 33, 40):
+            for m in (2, 3, 6, 7, 13, 14, 15, 16, 17, 33, 40):  # steps of 8 rows, every remainder
                 assert torch.equal(lin.native(x[:m]), alone[:m]), (threads, m)
     finally:
         torch.set_num_threads(before)
