@@ -169,8 +169,8 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
     out["step_other_model_ops_ms"] = fwd * (1 - split["linear_frac"] - split["attention_frac"]) * 1e3
     out["step_engine_ms"] = (step - fwd) * 1e3  # sampling, grammar, scheduling, detokenizing
     out["step_overhead_frac"] = (out["step_other_model_ops_ms"] + out["step_engine_ms"]) / out["step_ms_b1"]
-    # a batch-16 decode pass alone (model only, the profiler's shares of its best time): where the
-    # b16 ratio goes, since attention there reads every row's K/V
+    # a batch-16 decode pass alone (model only, the profiler's shares of its best time): what the
+    # b16 ratio is made of
     out["forward_b16_ms"] = split16["forward_s"] * 1e3
     out["forward_b16_linear_ms"] = split16["forward_s"] * split16["linear_frac"] * 1e3
     out["forward_b16_attention_ms"] = split16["forward_s"] * split16["attention_frac"] * 1e3

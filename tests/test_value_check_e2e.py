@@ -14,6 +14,7 @@ import pytest
 from grammar import GrammarSpec
 from grammar.fidelity import routed_schema_fidelity
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT
+from grammar.kinds.tool_calls.parser import parse_tool_calls
 from runtime.api import GenerateRequest
 from runtime.sampling import SamplingParams
 from tests.conftest import chat_ids
@@ -120,16 +121,9 @@ def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, s
          for h in (handle.without_value_check(), handle)], timeout=900)
 
     def calls(text: str) -> list[str]:
-        """Each call's JSON, read to where the JSON itself ends: a string in it may hold the end
-        marker (greedy q4 writes a name `...'}}</tool_call>You can use...`), as the gateway's
-        streaming parser knows."""
-        found, begin, decoder = [], HERMES_TOOL_CALL_FORMAT.call_begin, json.JSONDecoder()
-        at = text.find(begin)
-        while at >= 0:
-            _, end = decoder.raw_decode(text, at + len(begin))
-            found.append(text[at + len(begin):end])
-            at = text.find(begin, end)
-        return found
+        """Each call's arguments as the gateway reads them (a string in them may hold the end
+        marker: greedy q4 writes a name `...'}}</tool_call>You can use...`)."""
+        return [call.arguments for call in parse_tool_calls(text, HERMES_TOOL_CALL_FORMAT)[1]]
 
     assert any(repeated_names(call) for call in calls(control.text)), control.text
     assert calls(checked.text) and not any(repeated_names(call) for call in calls(checked.text)), checked.text
