@@ -37,6 +37,12 @@ import torch.nn.functional as F
 from runtime.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
 
 TILE = 16  # output columns per vector in cpu_kernels/quant_linear.cpp
+# How runtime/cpu_kernels/decoder_layers.cpp runs a layer (its LinearKind values): a kernel by name,
+# or aten's int8 and dense matmuls. A layer's `loop_spec()` is (kind, a, b, bias), what that call
+# takes, or None where only Python can run it.
+LOOP_KINDS = {"jumpgate_cpu.int4_linear": 0, "jumpgate_cpu.int8_linear": 1, "jumpgate_cpu.int4_linear_f32": 2,
+              "jumpgate_cpu.int8_linear_f32": 3, "jumpgate_cpu.int4_linear_i8": 4, "aten._weight_int8pack_mm": 5,
+              "aten.linear": 6}
 
 
 class DenseLinear:
@@ -55,6 +61,9 @@ class DenseLinear:
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    def loop_spec(self):
+        return LOOP_KINDS["aten.linear"], self.weight, None, self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.dtype:
@@ -85,6 +94,9 @@ class Int8Linear:
     def native(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
         return y if self.bias is None else y + self.bias
+
+    def loop_spec(self):
+        return LOOP_KINDS["aten._weight_int8pack_mm"], self.qweight, self.scales, self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x.to(torch.bfloat16)).to(x.dtype)
@@ -145,6 +157,11 @@ class Int4Linear:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
         return y if self.bias is None else y + self.bias
 
+    def loop_spec(self):
+        if self._ops is None:
+            return None  # aten's int4 kernel takes a group size: not one of the loop's kinds
+        return LOOP_KINDS[self.kernel], self.packed, self.scale_offset, self.bias
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x.to(torch.bfloat16)).to(x.dtype)
 
@@ -203,6 +220,9 @@ class Int8GroupLinear:
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         return self._ops.int8_linear(x, self.packed, self.scales)
+
+    def loop_spec(self):
+        return LOOP_KINDS[self.kernel], self.packed, self.scales, None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x.to(torch.bfloat16)).to(x.dtype)
@@ -276,6 +296,9 @@ class PackedCodesLinear:
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     native = __call__
+
+    def loop_spec(self):  # float32 activations in, float32 out: the casts of __call__ do nothing there
+        return LOOP_KINDS[self.kernel], self.packed, self.scales, self.bias
 
     @property
     def nbytes(self) -> int:

@@ -10,7 +10,10 @@ the matmuls run fused (runtime/cpu_kernels/layer_ops.cpp), in the layers' activa
 float32 for q4 through the AVX2 kernels): the norm writes the matmul's input, one op rotates q and k and writes K/V into the pool, silu(gate) * up is one
 op, and each residual add takes the bf16 output as it is and runs with the norm after it. That is
 9 dispatcher ops a layer instead of ~40, whose dispatch was a third of a batch-1 step. (q4's linear
-layers run runtime/cpu_kernels/quant_linear.cpp, through runtime/linear.py.) Each fused op
+layers run runtime/cpu_kernels/quant_linear.cpp, through runtime/linear.py.) Where every linear
+layer is one that runtime/cpu_kernels/decoder_layers.cpp can call, all layers of a pass run in that
+one call (the same kernels in the same order, so the same bits): ~13 calls from Python a layer,
+2.5-3 us each, were ~1 ms of a batch-1 step. Each fused op
 computes a row alone, in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
 the bit-for-bit reference.
 """
@@ -126,6 +129,25 @@ class LlamaModel:
             self._norm = ops.rms_norm_bf16 if bf16 else ops.rms_norm_f32
             self._add_norm = ops.add_rms_norm_bf16 if bf16 else ops.add_rms_norm_f32
             self._silu_mul = ops.silu_mul_bf16 if bf16 else ops.silu_mul_f32
+        self._loop = self._layer_loop_args()
+
+    def _layer_loop_args(self) -> tuple[list[int], list[torch.Tensor | None]] | None:
+        """(kinds, params) of every layer for runtime/cpu_kernels/decoder_layers.cpp, which runs the
+        fused layers in one call; None where some linear layer only runs from Python (or takes
+        another activation dtype)."""
+        if self.fused_ops is None:
+            return None
+        kinds, params = [], []
+        after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, after):
+            for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+                spec = lin.loop_spec()
+                if spec is None or lin.act_dtype != self._act:
+                    return None
+                kinds.append(spec[0])
+                params.extend(spec[1:])
+            params.extend([layer.post_norm, next_norm])
+        return kinds, params
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend) -> torch.Tensor:
@@ -157,9 +179,15 @@ class LlamaModel:
         one's the final norm) as one op; a zero pad row normalizes to zeros, as before."""
         eps = self.cfg.rms_norm_eps
         x = self._norm(h, self.layers[0].input_norm, eps)
-        after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
-        for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
-            x = self._fused_layer(li, layer, h, x, next_norm, cos, sin, batch, kv, attn)
+        tables = attn.paged_tables() if self._loop is not None else None
+        if tables is not None:  # every layer in one call: the same kernels, the same bits
+            slots, meta, tiles = tables
+            x = self.fused_ops.decoder_layers(h, x, cos, sin, batch.out_slots, kv.k, kv.v, *self._loop, slots, meta,
+                                              tiles, self.cfg.num_heads, eps)
+        else:
+            after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+            for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
+                x = self._fused_layer(li, layer, h, x, next_norm, cos, sin, batch, kv, attn)
         logits = self.lm_head.native(self._pad_small(batch.logits_rows(x)).to(self.lm_head.act_dtype))
         return logits[: batch.logits_index.shape[0]].float()
 

@@ -50,3 +50,9 @@ class AttentionBackend(ABC):
         """`forward`'s result in `dtype` (the next layer's input dtype); a backend that can write it
         so directly saves the conversion pass."""
         return self.forward(q, k_cache, v_cache).to(dtype)
+
+    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool] | None:
+        """(slots, meta, tiles) of the prepared pass, what the cpu kernel takes, for a caller that
+        runs every layer in C++ (runtime/cpu_kernels/decoder_layers.cpp); None where this backend
+        is not that kernel."""
+        return None

@@ -100,6 +100,9 @@ class CpuPagedAttentionBackend(AttentionBackend):
             return self.fallback.forward(q, k_cache, v_cache)
         return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta, self.tiles)
 
+    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        return self.slots, self.meta, self.tiles  # float32 q and caches only: the loop's pool is float32
+
     def forward_as(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    dtype: torch.dtype) -> torch.Tensor:
         if dtype == torch.bfloat16 and q.dtype == torch.float32 and k_cache.dtype == torch.float32:

@@ -8,6 +8,8 @@
   bf16 dot-product instructions (AVX512-BF16; runtime/linear.py);
 - quant_linear_f32.cpp: the same with float32 activations, on AVX2 + FMA (CPUs without native bf16);
 - quant_linear_i8.cpp: the int4 layers on integer dot products (activations as two int8 digits), on AVX2 + FMA;
+- decoder_layers.cpp: all decoder layers of a pass in one call (the fused formats' layer loop, runtime/model.py),
+  calling the kernels above through ops.h, their C++ entry points;
 - vec.h: the vector helpers the others use (16 lanes with AVX-512, else 8);
 - amx.h: whether this process may use AMX tiles (paged_attention.cpp and quant_linear.cpp use them).
 
@@ -42,8 +44,8 @@ log = logging.getLogger("jumpgate.attention")
 
 FOLDER = Path(__file__).parent
 SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp",
-           FOLDER / "quant_linear_f32.cpp", FOLDER / "quant_linear_i8.cpp")
-HEADERS = (FOLDER / "vec.h", FOLDER / "amx.h", FOLDER / "paged_attention_tiles.h")
+           FOLDER / "quant_linear_f32.cpp", FOLDER / "quant_linear_i8.cpp", FOLDER / "decoder_layers.cpp")
+HEADERS = (FOLDER / "vec.h", FOLDER / "amx.h", FOLDER / "paged_attention_tiles.h", FOLDER / "ops.h")
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
 # cpp_extension.load appends to the lists it is given, so it gets copies (the key hashes these).

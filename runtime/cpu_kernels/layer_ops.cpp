@@ -8,6 +8,8 @@
 // a row's result does not depend on the batch, the row count or the thread split (the engine's
 // batch invariance holds through them as through the attention kernel).
 #include <torch/extension.h>
+
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

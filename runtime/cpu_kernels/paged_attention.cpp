@@ -6,6 +6,8 @@
 // batch, the work split and the thread count only change which thread runs a row, never the
 // arithmetic. Plain GCC vector types (no fast-math) keep every operation's order as written.
 #include <torch/extension.h>
+
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

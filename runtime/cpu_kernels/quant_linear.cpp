@@ -31,6 +31,8 @@
 // rows. These bits differ from the vector path's, so on one CPU every call takes the same path.
 // `python -m bench.quant_linear_bench` measures both against aten's kernel.
 #include <torch/extension.h>
+
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>

@@ -17,6 +17,8 @@
 // at each use (one or two rows over two tiles at once); more rows dequantize a tile once into a
 // buffer and run every row over it.
 #include <torch/extension.h>
+
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>

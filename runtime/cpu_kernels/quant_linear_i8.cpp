@@ -17,6 +17,8 @@
 // the thread split (a tile of 16 columns is one thread's), and a row's coding depends on that row
 // alone: a row's bits are the same in any batch.
 #include <torch/extension.h>
+
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -1,0 +1,113 @@
+// Every decoder layer of one model pass in one call, for the fused formats (q4, q8, bf16) on CPU.
+//
+// runtime/model.py's fused layer is 13 calls from Python a layer (4 linears, rope_store, attention,
+// two add_rms_norm, silu_mul, the caches' lookups); at batch 1 each cost 2.5-3 us of dispatch
+// against well under a microsecond of work, ~1 ms of a 6 ms step (tests and figures: docs/DEVELOPING.md).
+// Here the same kernels run in the same order on the same tensors, called directly, so every output
+// bit is the one the Python loop gives (tests/test_decoder_layers.py compares them). Each call is a
+// profiler scope named as its dispatcher op, so `python -m bench engine`'s split still sees the
+// linear layers and attention by name.
+#include <torch/extension.h>
+#include <ATen/record_function.h>
+
+#include "ops.h"
+
+namespace {
+
+// How one linear layer runs (runtime/linear.py's `loop_spec`): one of our kernels over (a, b), or
+// aten's int8 or dense matmul. The output then takes the bias, as the Python `native` does.
+enum LinearKind : int64_t {
+  INT4 = 0,         // int4_linear(x, packed, scale_offset), bf16 activations
+  INT8 = 1,         // int8_linear(x, packed, scales), bf16
+  INT4_F32 = 2,     // int4_linear_f32(x, packed, scales), float32
+  INT8_F32 = 3,     // int8_linear_f32(x, packed, scales), float32
+  INT4_I8 = 4,      // int4_linear_i8(x, packed, scales), float32
+  ATEN_INT8 = 5,    // aten::_weight_int8pack_mm(x, qweight, scales), bf16
+  DENSE = 6,        // aten::linear(x, weight, bias), bf16
+};
+constexpr int64_t LINEARS = 4;              // qkv, o_proj, gate_up, down
+constexpr int64_t PER_LINEAR = 3;           // a, b, bias
+constexpr int64_t PER_LAYER = LINEARS * PER_LINEAR + 2;  // + post_norm, the next norm
+
+using Params = c10::List<std::optional<at::Tensor>>;
+
+at::Tensor param(const Params& p, int64_t i) {
+  std::optional<at::Tensor> t = p.get(i);
+  return t.has_value() ? *t : at::Tensor();
+}
+
+at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {
+  at::Tensor y;
+  switch (kind) {
+    case INT4: { RECORD_FUNCTION("jumpgate_cpu::int4_linear", {}); y = int4_linear(x, a, b); break; }
+    case INT8: { RECORD_FUNCTION("jumpgate_cpu::int8_linear", {}); y = int8_linear(x, a, b); break; }
+    case INT4_F32: { RECORD_FUNCTION("jumpgate_cpu::int4_linear_f32", {}); y = int4_linear_f32(x, a, b); break; }
+    case INT8_F32: { RECORD_FUNCTION("jumpgate_cpu::int8_linear_f32", {}); y = int8_linear_f32(x, a, b); break; }
+    case INT4_I8: { RECORD_FUNCTION("jumpgate_cpu::int4_linear_i8", {}); y = int4_linear_i8(x, a, b); break; }
+    case ATEN_INT8: y = at::_weight_int8pack_mm(x, a, b); break;
+    case DENSE: return at::linear(x, a, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+    default: TORCH_CHECK(false, "decoder_layers: unknown linear kind ", kind);
+  }
+  return bias.defined() ? y + bias : y;
+}
+
+}  // namespace
+
+// h [T, D] float32, the residual stream (grows in place); x = the first layer's input norm of h, in
+// the activation dtype (bf16, or float32 for the AVX2 kernels). Per layer i: kinds[4i .. 4i + 3]
+// and params[14i ..]: (a, b, bias) of qkv, o_proj, gate_up, down, then post_norm and the norm
+// after the layer (the next layer's input norm, the last one's the final norm). The pass's rope
+// tables, its new tokens' slots and the attention backend's tables (runtime/attention/cpu_backend.py)
+// as the Python loop gives them. Returns the last norm's output, the logits layer's input.
+torch::Tensor decoder_layers(torch::Tensor h, torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed,
+                             torch::Tensor out_slots, std::vector<torch::Tensor> k_caches,
+                             std::vector<torch::Tensor> v_caches, std::vector<int64_t> kinds, Params params,
+                             torch::Tensor attn_slots, torch::Tensor attn_meta, bool tiles, int64_t heads, double eps) {
+  const int64_t layers = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(v_caches.size() == k_caches.size() && static_cast<int64_t>(kinds.size()) == LINEARS * layers &&
+                  static_cast<int64_t>(params.size()) == PER_LAYER * layers,
+              "decoder_layers: ", layers, " layers need ", LINEARS * layers, " kinds and ", PER_LAYER * layers,
+              " params");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || x.scalar_type() == at::kFloat, "decoder_layers: activations are bf16 or float32");
+  const int64_t t = h.size(0), q_width = heads * k_caches[0].size(2);
+  auto add_norm = [&](const at::Tensor& delta, const at::Tensor& w) {
+    RECORD_FUNCTION(bf16 ? "jumpgate_cpu::add_rms_norm_bf16" : "jumpgate_cpu::add_rms_norm_f32", {});
+    return bf16 ? add_rms_norm_bf16(h, delta, w, eps) : add_rms_norm_f32(h, delta, w, eps);
+  };
+  for (int64_t li = 0; li < layers; ++li) {
+    const int64_t* kind = kinds.data() + LINEARS * li;
+    const int64_t p0 = PER_LAYER * li;
+    auto run = [&](int64_t j, const at::Tensor& in) {
+      const int64_t at = p0 + PER_LINEAR * j;
+      return linear(kind[j], in, param(params, at), param(params, at + 1), param(params, at + 2));
+    };
+    at::Tensor q;
+    {
+      const at::Tensor qkv = run(0, x);
+      RECORD_FUNCTION("jumpgate_cpu::rope_store", {});
+      q = rope_store(qkv, cos, sin_signed, out_slots, k_caches[li], v_caches[li], heads);
+    }
+    at::Tensor o;
+    {
+      RECORD_FUNCTION("jumpgate_cpu::paged_attention", {});
+      o = paged_attention(q, k_caches[li], v_caches[li], attn_slots, attn_meta, tiles, bf16).reshape({t, q_width});
+    }
+    x = add_norm(run(1, o), param(params, p0 + LINEARS * PER_LINEAR));
+    at::Tensor act;
+    {
+      const at::Tensor gate_up = run(2, x);
+      RECORD_FUNCTION(bf16 ? "jumpgate_cpu::silu_mul_bf16" : "jumpgate_cpu::silu_mul_f32", {});
+      act = bf16 ? silu_mul_bf16(gate_up) : silu_mul_f32(gate_up);
+    }
+    x = add_norm(run(3, act), param(params, p0 + LINEARS * PER_LINEAR + 1));
+  }
+  return x;
+}
+
+TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
+  m.def("decoder_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin_signed, Tensor out_slots, "
+        "Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, int[] kinds, Tensor?[] params, Tensor attn_slots, "
+        "Tensor attn_meta, bool tiles, int heads, float eps) -> Tensor",
+        &decoder_layers);
+}
