@@ -8,9 +8,12 @@ ratios to fp32 from the same run, and the split of a batch-1 decode step into li
 attention, the model's other ops, and the engine's share (sampling, scheduling, detokenizing).
 `forward_b16_*`: one model pass of 16 decoding requests at the decode runs' mean context, with the
 profiler's linear and attention shares of it.
-The split: torch.profiler shares of five model passes (linear, attention, other ops), applied to the
-model runner's own time per pass in the batch-1 run (EngineStats.forward_seconds); the engine's share is
-the rest of the step (sampling, grammar, scheduling, detokenizing, emitting).
+The split: the time torch.profiler sees inside the linear and attention ops per pass (five
+profiled passes) as shares of the same pass unprofiled (its best of ten), the rest being the other
+ops; the shares applied to the model runner's own time per pass in the batch-1 run
+(EngineStats.forward_seconds); the engine's share is the rest of the step (sampling, grammar,
+scheduling, detokenizing, emitting). (Until stop 40 the shares were of the profiled passes' total,
+which counted the profiler's own cost per event as other ops.)
 The prefill split (`prefill_split_*`): one 3k-token prefill (1k with --quick) in the engine's chunks,
 model passes only, split by the profiler into linear layers and attention; on each line
 `prefill_split_ceiling_vs_<reference>` is the reference's prefill over this format's attention alone,
@@ -62,19 +65,21 @@ def _prefill_rate(engine, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t0)
 
 
-def _profiled_shares(forward, passes: int) -> dict[str, float]:
-    """The profiler's linear and attention shares of `passes` calls of `forward`."""
+def _profiled_shares(forward, passes: int, seconds: float) -> dict[str, float]:
+    """The linear and attention shares of one call of `forward`, which takes `seconds` unprofiled:
+    the profiler's time inside those ops per call (`passes` calls: one is at the mercy of a
+    scheduler hiccup) over `seconds`. Not over the profiled calls' own total: the profiler's cost
+    per event lands outside the kernels (in the ops around them, or the one C++ call that runs
+    them all), and would otherwise count as the step's other work."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(passes):  # several passes: one is at the mercy of a scheduler hiccup
+        for _ in range(passes):
             forward()
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    linear = sum(e.cpu_time_total for e in events if e.key in LINEAR_OPS)
-    attention = sum(e.cpu_time_total for e in events if e.key in ATTENTION_OPS)
-    # cpu_time_total counts an op's children and `total` only self times: on a busy machine the two
-    # shares could add past 1 and leave a negative rest, so they are capped at the whole together
-    scale = max(1.0, (linear + attention) / total)
-    return {"linear_frac": linear / total / scale, "attention_frac": attention / total / scale}
+    linear = sum(e.cpu_time_total for e in events if e.key in LINEAR_OPS) / passes * 1e-6
+    attention = sum(e.cpu_time_total for e in events if e.key in ATTENTION_OPS) / passes * 1e-6
+    # a profiled kernel can run a little slower than the unprofiled pass: cap the two at the whole
+    scale = max(1.0, (linear + attention) / seconds)
+    return {"linear_frac": linear / seconds / scale, "attention_frac": attention / seconds / scale}
 
 
 def _forward_split(model, cfg, attn, context: int, repeats: int, batch_size: int = 1) -> dict[str, float]:
@@ -93,7 +98,7 @@ def _forward_split(model, cfg, attn, context: int, repeats: int, batch_size: int
         t0 = time.perf_counter()
         model.forward(batch, kv, attn)
         best = min(best, time.perf_counter() - t0)
-    return {"forward_s": best, **_profiled_shares(lambda: model.forward(batch, kv, attn), 5)}
+    return {"forward_s": best, **_profiled_shares(lambda: model.forward(batch, kv, attn), 5, best)}
 
 
 def _prefill_split(model, cfg, attn, ids: list[int], chunk: int) -> dict[str, float]:
@@ -117,7 +122,7 @@ def _prefill_split(model, cfg, attn, ids: list[int], chunk: int) -> dict[str, fl
     t0 = time.perf_counter()
     prefill()
     seconds = time.perf_counter() - t0
-    return {"prefill_s": seconds, **_profiled_shares(prefill, 1)}
+    return {"prefill_s": seconds, **_profiled_shares(prefill, 1, seconds)}
 
 
 TILES_SUFFIX = {"": "auto", "tiles": "on", "vector": "off"}  # format suffix -> --attention-tiles

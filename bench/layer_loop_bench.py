@@ -1,0 +1,78 @@
+"""`python -m bench.layer_loop_bench [--batches 1,16,64] [--context 60] [--rounds 6]`: a decode pass
+of the real model with its decoder layers in one C++ call (runtime/cpu_kernels/decoder_layers.cpp)
+against the Python layer loop it replaces, in the default weight format.
+
+Both run in one engine on its own thread (one OpenMP team), alternated: each round times 40 passes
+of each (the median), the result is the median over rounds. The pass is built directly (random K/V
+over `context` slots per request, as `python -m bench engine`'s split passes are). One JSON line per
+batch size: `one_call_ms`, `python_loop_ms`, the milliseconds saved and `speedup`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bench.common import emit
+from runtime.engine import Engine
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+
+
+def compare(engine, batch_size: int, context: int, rounds: int) -> dict:
+    model, cfg, attn = engine.runner.model, engine.model_config, engine.runner.attn
+    loop = model._loop
+    row = context + 1
+    kv = KVPool(cfg.num_layers, batch_size * row + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
+                head_major=attn.kv_head_major)
+    rows = [torch.arange(r * row, (r + 1) * row) for r in range(batch_size)]
+    batch = ForwardBatch(torch.full((batch_size,), 42), torch.full((batch_size,), context),
+                         torch.stack([r[context] for r in rows]), [1] * batch_size, [row] * batch_size, rows,
+                         torch.arange(batch_size))
+    ms: dict[str, list[float]] = {"one_call": [], "python_loop": []}
+    try:
+        for _ in range(rounds):
+            for name in ms:
+                model._loop = loop if name == "one_call" else None
+                for _ in range(5):  # warm-up
+                    model.forward(batch, kv, attn)
+                times = []
+                for _ in range(40):
+                    t0 = time.perf_counter()
+                    model.forward(batch, kv, attn)
+                    times.append(time.perf_counter() - t0)
+                ms[name].append(statistics.median(times) * 1e3)
+    finally:
+        model._loop = loop
+    one, py = statistics.median(ms["one_call"]), statistics.median(ms["python_loop"])
+    return {"bench": "layer_loop", "weights": model.weights, "batch": batch_size, "context": context,
+            "threads": torch.get_num_threads(), "one_call_ms": one, "python_loop_ms": py, "saved_ms": py - one,
+            "speedup": py / one, "one_call_rounds_ms": [round(x, 3) for x in ms["one_call"]],
+            "python_loop_rounds_ms": [round(x, 3) for x in ms["python_loop"]]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.layer_loop_bench")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--context", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--weights", default="auto")
+    args = ap.parse_args(argv)
+    engine = Engine(device="cpu", kv_pool_tokens=4096, radix_cache=False, weights=args.weights,
+                    max_running_requests=64).start()
+    try:
+        if engine.runner.model._loop is None:
+            emit({"bench": "layer_loop", "weights": engine.runner.model.weights,
+                  "skipped": "this format's layers run the Python loop only"})
+            return
+        for b in (int(x) for x in args.batches.split(",")):
+            emit(engine.call(lambda: compare(engine, b, args.context, args.rounds)).result())
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
