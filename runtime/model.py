@@ -129,9 +129,11 @@ class LlamaModel:
             self._norm = ops.rms_norm_bf16 if bf16 else ops.rms_norm_f32
             self._add_norm = ops.add_rms_norm_bf16 if bf16 else ops.add_rms_norm_f32
             self._silu_mul = ops.silu_mul_bf16 if bf16 else ops.silu_mul_f32
-        self._loop = self._layer_loop_args()
+        # made once: each pass would otherwise convert every layer's tensors from a Python list
+        loop = self.layer_loop_spec()
+        self._loop = None if loop is None else torch.classes.jumpgate_cpu.DecoderWeights(*loop)
 
-    def _layer_loop_args(self) -> tuple[list[int], list[torch.Tensor | None]] | None:
+    def layer_loop_spec(self) -> tuple[list[int], list[torch.Tensor | None]] | None:
         """(kinds, params) of every layer for runtime/cpu_kernels/decoder_layers.cpp, which runs the
         fused layers in one call; None where some linear layer only runs from Python (or takes
         another activation dtype)."""
@@ -182,7 +184,7 @@ class LlamaModel:
         tables = attn.paged_tables() if self._loop is not None else None
         if tables is not None:  # every layer in one call: the same kernels, the same bits
             slots, meta, tiles = tables
-            x = self.fused_ops.decoder_layers(h, x, cos, sin, batch.out_slots, kv.k, kv.v, *self._loop, slots, meta,
+            x = self.fused_ops.decoder_layers(h, x, cos, sin, batch.out_slots, kv.k, kv.v, self._loop, slots, meta,
                                               tiles, self.cfg.num_heads, eps)
         else:
             after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]

@@ -118,25 +118,28 @@ def test_a_linear_only_python_can_run_keeps_the_python_loop(cpu_ops, smollm_dir)
     layer.o_proj = Int4Linear.__new__(Int4Linear)
     layer.o_proj.__dict__.update(codes.__dict__, _ops=None)
     assert layer.o_proj.loop_spec() is None
-    assert model._layer_loop_args() is None
+    assert model.layer_loop_spec() is None
 
 
 def test_bad_tables_raise_instead_of_running(cpu_ops, smollm_dir):
     cfg = read_config(smollm_dir)
     model = load_model(smollm_dir, cfg, "q4", CPU, torch.float32)
-    kinds, params = model._loop
+    kinds, params = model.layer_loop_spec()
+    weights = torch.classes.jumpgate_cpu.DecoderWeights
+    with pytest.raises(RuntimeError, match="kinds"):
+        weights(kinds[:-1], params)
+    bad = list(kinds)
+    bad[0] = 99
+    with pytest.raises(RuntimeError, match="unknown linear kind 99"):
+        weights(bad, params)
     h = torch.zeros(1, cfg.hidden_size)
     x = torch.zeros(1, cfg.hidden_size, dtype=torch.bfloat16)
     kv = KVPool(cfg.num_layers, 4, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU, head_major=True)
     cos = sin = torch.zeros(1, cfg.head_dim)
     meta = torch.tensor([[0, 1, 1, 0, -1, 0]])
-    args = (cos, sin, torch.tensor([0]), kv.k, kv.v)
-    with pytest.raises(RuntimeError, match="kinds"):
-        cpu_ops.decoder_layers(h, x, *args, kinds[:-1], params, torch.tensor([0]), meta, False, cfg.num_heads, 1e-5)
-    bad = list(kinds)
-    bad[0] = 99
-    with pytest.raises(RuntimeError, match="unknown linear kind 99"):
-        cpu_ops.decoder_layers(h, x, *args, bad, params, torch.tensor([0]), meta, False, cfg.num_heads, 1e-5)
+    with pytest.raises(RuntimeError, match="caches"):
+        cpu_ops.decoder_layers(h, x, cos, sin, torch.tensor([0]), kv.k[:-1], kv.v[:-1], model._loop, torch.tensor([0]),
+                               meta, False, cfg.num_heads, 1e-5)
     with pytest.raises(RuntimeError, match="slot out of range"):
-        cpu_ops.decoder_layers(h, x, cos, sin, torch.tensor([9]), kv.k, kv.v, kinds, params, torch.tensor([0]), meta,
+        cpu_ops.decoder_layers(h, x, cos, sin, torch.tensor([9]), kv.k, kv.v, model._loop, torch.tensor([0]), meta,
                                False, cfg.num_heads, 1e-5)

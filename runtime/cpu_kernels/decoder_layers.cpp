@@ -29,12 +29,27 @@ constexpr int64_t LINEARS = 4;              // qkv, o_proj, gate_up, down
 constexpr int64_t PER_LINEAR = 3;           // a, b, bias
 constexpr int64_t PER_LAYER = LINEARS * PER_LINEAR + 2;  // + post_norm, the next norm
 
-using Params = c10::List<std::optional<at::Tensor>>;
+// Every layer's linear kinds and tensors, made once when the model loads (runtime/model.py), so a
+// pass does not convert the 14 tensors a layer (420 for SmolLM2's 30) from a Python list again.
+struct DecoderWeights : torch::CustomClassHolder {
+  std::vector<int64_t> kinds;     // LINEARS a layer
+  std::vector<at::Tensor> params;  // PER_LAYER a layer; an undefined tensor: no bias
+  int64_t layers;
 
-at::Tensor param(const Params& p, int64_t i) {
-  std::optional<at::Tensor> t = p.get(i);
-  return t.has_value() ? *t : at::Tensor();
-}
+  DecoderWeights(std::vector<int64_t> kinds_, c10::List<std::optional<at::Tensor>> params_)
+      : kinds(std::move(kinds_)), layers(static_cast<int64_t>(kinds.size()) / LINEARS) {
+    TORCH_CHECK(layers > 0 && static_cast<int64_t>(kinds.size()) == LINEARS * layers &&
+                    static_cast<int64_t>(params_.size()) == PER_LAYER * layers,
+                "decoder_layers: ", layers, " layers need ", LINEARS * layers, " kinds and ", PER_LAYER * layers,
+                " params, not ", kinds.size(), " and ", params_.size());
+    for (const int64_t k : kinds) TORCH_CHECK(k >= INT4 && k <= DENSE, "decoder_layers: unknown linear kind ", k);
+    params.reserve(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      std::optional<at::Tensor> t = params_.get(i);
+      params.push_back(t.has_value() ? *t : at::Tensor());
+    }
+  }
+};
 
 at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {
   at::Tensor y;
@@ -46,7 +61,7 @@ at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& a, const 
     case INT4_I8: { RECORD_FUNCTION("jumpgate_cpu::int4_linear_i8", {}); y = int4_linear_i8(x, a, b); break; }
     case ATEN_INT8: y = at::_weight_int8pack_mm(x, a, b); break;
     case DENSE: return at::linear(x, a, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
-    default: TORCH_CHECK(false, "decoder_layers: unknown linear kind ", kind);
+    default: TORCH_CHECK(false, "decoder_layers: unknown linear kind ", kind);  // DecoderWeights checked
   }
   return bias.defined() ? y + bias : y;
 }
@@ -54,20 +69,20 @@ at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& a, const 
 }  // namespace
 
 // h [T, D] float32, the residual stream (grows in place); x = the first layer's input norm of h, in
-// the activation dtype (bf16, or float32 for the AVX2 kernels). Per layer i: kinds[4i .. 4i + 3]
-// and params[14i ..]: (a, b, bias) of qkv, o_proj, gate_up, down, then post_norm and the norm
-// after the layer (the next layer's input norm, the last one's the final norm). The pass's rope
-// tables, its new tokens' slots and the attention backend's tables (runtime/attention/cpu_backend.py)
-// as the Python loop gives them. Returns the last norm's output, the logits layer's input.
+// the activation dtype (bf16, or float32 for the AVX2 kernels). Per layer i of `weights`: kinds
+// [4i .. 4i + 3] and params [14i ..]: (a, b, bias) of qkv, o_proj, gate_up, down, then post_norm
+// and the norm after the layer (the next layer's input norm, the last one's the final norm). The
+// pass's rope tables, its new tokens' slots and the attention backend's tables
+// (runtime/attention/cpu_backend.py) as the Python loop gives them. Returns the last norm's output,
+// the logits layer's input.
 torch::Tensor decoder_layers(torch::Tensor h, torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed,
                              torch::Tensor out_slots, std::vector<torch::Tensor> k_caches,
-                             std::vector<torch::Tensor> v_caches, std::vector<int64_t> kinds, Params params,
+                             std::vector<torch::Tensor> v_caches, const c10::intrusive_ptr<DecoderWeights>& weights,
                              torch::Tensor attn_slots, torch::Tensor attn_meta, bool tiles, int64_t heads, double eps) {
-  const int64_t layers = static_cast<int64_t>(k_caches.size());
-  TORCH_CHECK(v_caches.size() == k_caches.size() && static_cast<int64_t>(kinds.size()) == LINEARS * layers &&
-                  static_cast<int64_t>(params.size()) == PER_LAYER * layers,
-              "decoder_layers: ", layers, " layers need ", LINEARS * layers, " kinds and ", PER_LAYER * layers,
-              " params");
+  const int64_t layers = weights->layers;
+  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == layers && v_caches.size() == k_caches.size(),
+              "decoder_layers: ", layers, " layers need as many K and V caches, not ", k_caches.size(), " and ",
+              v_caches.size());
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(bf16 || x.scalar_type() == at::kFloat, "decoder_layers: activations are bf16 or float32");
   const int64_t t = h.size(0), q_width = heads * k_caches[0].size(2);
@@ -76,11 +91,11 @@ torch::Tensor decoder_layers(torch::Tensor h, torch::Tensor x, torch::Tensor cos
     return bf16 ? add_rms_norm_bf16(h, delta, w, eps) : add_rms_norm_f32(h, delta, w, eps);
   };
   for (int64_t li = 0; li < layers; ++li) {
-    const int64_t* kind = kinds.data() + LINEARS * li;
-    const int64_t p0 = PER_LAYER * li;
+    const int64_t* kind = weights->kinds.data() + LINEARS * li;
+    const at::Tensor* p = weights->params.data() + PER_LAYER * li;
     auto run = [&](int64_t j, const at::Tensor& in) {
-      const int64_t at = p0 + PER_LINEAR * j;
-      return linear(kind[j], in, param(params, at), param(params, at + 1), param(params, at + 2));
+      const at::Tensor* w = p + PER_LINEAR * j;
+      return linear(kind[j], in, w[0], w[1], w[2]);
     };
     at::Tensor q;
     {
@@ -93,21 +108,23 @@ torch::Tensor decoder_layers(torch::Tensor h, torch::Tensor x, torch::Tensor cos
       RECORD_FUNCTION("jumpgate_cpu::paged_attention", {});
       o = paged_attention(q, k_caches[li], v_caches[li], attn_slots, attn_meta, tiles, bf16).reshape({t, q_width});
     }
-    x = add_norm(run(1, o), param(params, p0 + LINEARS * PER_LINEAR));
+    x = add_norm(run(1, o), p[LINEARS * PER_LINEAR]);
     at::Tensor act;
     {
       const at::Tensor gate_up = run(2, x);
       RECORD_FUNCTION(bf16 ? "jumpgate_cpu::silu_mul_bf16" : "jumpgate_cpu::silu_mul_f32", {});
       act = bf16 ? silu_mul_bf16(gate_up) : silu_mul_f32(gate_up);
     }
-    x = add_norm(run(3, act), param(params, p0 + LINEARS * PER_LINEAR + 1));
+    x = add_norm(run(3, act), p[LINEARS * PER_LINEAR + 1]);
   }
   return x;
 }
 
 TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
+  m.class_<DecoderWeights>("DecoderWeights")
+      .def(torch::init<std::vector<int64_t>, c10::List<std::optional<at::Tensor>>>());
   m.def("decoder_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin_signed, Tensor out_slots, "
-        "Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, int[] kinds, Tensor?[] params, Tensor attn_slots, "
-        "Tensor attn_meta, bool tiles, int heads, float eps) -> Tensor",
+        "Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, __torch__.torch.classes.jumpgate_cpu.DecoderWeights weights, "
+        "Tensor attn_slots, Tensor attn_meta, bool tiles, int heads, float eps) -> Tensor",
         &decoder_layers);
 }
