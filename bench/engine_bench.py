@@ -82,16 +82,24 @@ def _profiled_shares(forward, passes: int, seconds: float) -> dict[str, float]:
     return {"linear_frac": linear / seconds / scale, "attention_frac": attention / seconds / scale}
 
 
-def _forward_split(model, cfg, attn, context: int, repeats: int, batch_size: int = 1) -> dict[str, float]:
-    """Seconds of one decode pass of `batch_size` requests at `context` tokens each (own slots,
-    nothing shared) through the engine's attention backend, and the profiler's shares of it."""
+def decode_pass(model, cfg, attn, batch_size: int, context: int) -> tuple[ForwardBatch, KVPool]:
+    """A pass of `batch_size` requests each decoding one token at `context` tokens (own slots,
+    nothing shared, the pool's K/V as it comes: attention's cost does not depend on the values),
+    and a pool laid out as the engine keeps it for `attn`."""
     row = context + 1
     kv = KVPool(cfg.num_layers, batch_size * row + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
-                head_major=attn.kv_head_major)  # as the engine keeps it
+                head_major=attn.kv_head_major)
     rows = [torch.arange(r * row, (r + 1) * row, device=model.device) for r in range(batch_size)]
     batch = ForwardBatch(torch.full((batch_size,), 42), torch.full((batch_size,), context),
                          torch.stack([r[context] for r in rows]), [1] * batch_size, [row] * batch_size, rows,
                          torch.arange(batch_size))
+    return batch, kv
+
+
+def _forward_split(model, cfg, attn, context: int, repeats: int, batch_size: int = 1) -> dict[str, float]:
+    """Seconds of one decode pass of `batch_size` requests at `context` tokens each (`decode_pass`)
+    through the engine's attention backend, and the profiler's shares of it."""
+    batch, kv = decode_pass(model, cfg, attn, batch_size, context)
     model.forward(batch, kv, attn)
     best = float("inf")
     for _ in range(repeats):

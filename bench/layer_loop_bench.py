@@ -1,11 +1,13 @@
 """`python -m bench.layer_loop_bench [--batches 1,16,64] [--context 60] [--rounds 6]`: a decode pass
-of the real model with its decoder layers in one C++ call (runtime/cpu_kernels/decoder_layers.cpp)
-against the Python layer loop it replaces, in the default weight format.
+of the real model (`bench.engine_bench.decode_pass`) with its decoder layers in one C++ call
+(runtime/cpu_kernels/decoder_layers.cpp) against the Python layer loop it replaces, in the default
+weight format.
 
 Both run in one engine on its own thread (one OpenMP team), alternated: each round times 40 passes
-of each (the median), the result is the median over rounds. The pass is built directly (random K/V
-over `context` slots per request, as `python -m bench engine`'s split passes are). One JSON line per
-batch size: `one_call_ms`, `python_loop_ms`, the milliseconds saved and `speedup`.
+of each (the median), the result is the median over rounds. The pass is built directly, as
+`python -m bench engine`'s split passes are (`context` slots per request, the pool's K/V as it
+comes). One JSON line per batch size: `one_call_ms`, `python_loop_ms`, the milliseconds saved and
+`speedup`.
 """
 
 from __future__ import annotations
@@ -17,21 +19,14 @@ import time
 import torch
 
 from bench.common import emit
+from bench.engine_bench import decode_pass
 from runtime.engine import Engine
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
 
 
 def compare(engine, batch_size: int, context: int, rounds: int) -> dict:
     model, cfg, attn = engine.runner.model, engine.model_config, engine.runner.attn
     loop = model._loop
-    row = context + 1
-    kv = KVPool(cfg.num_layers, batch_size * row + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
-                head_major=attn.kv_head_major)
-    rows = [torch.arange(r * row, (r + 1) * row) for r in range(batch_size)]
-    batch = ForwardBatch(torch.full((batch_size,), 42), torch.full((batch_size,), context),
-                         torch.stack([r[context] for r in rows]), [1] * batch_size, [row] * batch_size, rows,
-                         torch.arange(batch_size))
+    batch, kv = decode_pass(model, cfg, attn, batch_size, context)
     ms: dict[str, list[float]] = {"one_call": [], "python_loop": []}
     try:
         for _ in range(rounds):
