@@ -91,6 +91,7 @@ from grammar.value_rules import (
     dependent_required_exact,
     names_only_dependencies,
     required_conditional,
+    strict_closes,
     unique_items_exact,
 )
 
@@ -579,7 +580,7 @@ def _allows_additional_names(node: dict, types: set[str] | None, strict: bool) -
         return True  # a name matching a pattern may be written again, whatever else closes the object
     if node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False:
         return False
-    return not (strict and "properties" in node)  # strict closes every object that declares properties
+    return not (strict and strict_closes(node))  # strict closes an object of declared names only
 
 
 def _branch_types_within(branches: Any, declared: Any) -> bool:

@@ -292,7 +292,7 @@ class SchemaNavigator:
         if node.get("patternProperties"):
             return False  # a name matching a pattern may be written twice, even with no other names allowed
         return (node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False
-                or (self._strict and "properties" in node))
+                or (self._strict and strict_closes(node)))
 
     def dependent_names(self, object_nodes: tuple[dict, ...]) -> DependentNames | None:
         """The dependentRequired rule of an object described by `object_nodes` (None: none, or the
@@ -430,6 +430,16 @@ def unique_items_exact(schema: dict, navigator: SchemaNavigator) -> str | None:
     return None
 
 
+def strict_closes(node: dict) -> bool:
+    """Does strict mode close `node`'s names to its declared properties? Only where it declares
+    some and says nothing else: both engines keep an explicit `additionalProperties` or
+    `unevaluatedProperties` (true or a schema: names beyond the declared ones, so perhaps one
+    twice), and llguidance's strict grammar (grammar/llg_schema.py) leaves `properties: {}` open."""
+    props = node.get("properties")
+    return (isinstance(props, dict) and bool(props)
+            and "additionalProperties" not in node and "unevaluatedProperties" not in node)
+
+
 def names_only_dependencies(node: dict) -> dict | None:
     """`node`'s draft-7 `dependencies` when every entry is a list of names (then it is
     dependentRequired by another spelling); None otherwise."""
@@ -478,7 +488,7 @@ def dependent_required_exact(node: dict, strict: bool) -> str | None:
     and declared, and each dependent is required or comes after its trigger, so banning the close
     and any name past a missing dependent always leaves that dependent to write); else why not."""
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    closed = node.get("additionalProperties") is False or (strict and bool(props))
+    closed = node.get("additionalProperties") is False or (strict and strict_closes(node))
     if not closed or "patternProperties" in node or "maxProperties" in node:
         return ("dependentRequired is kept by the mask only in objects whose names are all declared "
                 "(strict mode or additionalProperties: false), without patternProperties or maxProperties")

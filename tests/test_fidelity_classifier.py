@@ -23,6 +23,7 @@ from grammar.fidelity import (
     schema_fidelity,
     tools_fidelity,
 )
+from grammar.value_rules import dependent_required_exact
 
 DATA = Path(__file__).parent / "data"
 _COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)  # strings only, no vocabulary
@@ -213,6 +214,22 @@ def test_open_objects_report_the_duplicate_key_risk_the_grammar_really_has():
     assert schema_fidelity(declared, strict=True).guaranteed
     assert not grammar_accepts(declared, '{"a":1,"a":2}', strict=False)
     assert ("", DUPLICATE_KEYS, CHECKED) in _not_masked(schema_fidelity(declared, strict=False, value_check=False))
+
+
+@pytest.mark.parametrize("extra", [{"additionalProperties": True}, {"additionalProperties": {"type": "integer"}},
+                                   {"unevaluatedProperties": {"type": "integer"}}])
+def test_strict_mode_keeps_an_explicit_open_object_open_and_reports_its_names(extra):
+    # strict closes only objects that declare properties and say nothing else: an explicit
+    # additionalProperties / unevaluatedProperties still admits any other name, so perhaps one twice
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, **extra}
+    assert grammar_accepts(schema, '{"a":1,"b":2,"b":3}', strict=True)
+    names = [k for k in schema_fidelity(schema, strict=True).keywords if k.keyword == DUPLICATE_KEYS]
+    assert [(k.pointer, k.status, k.engine) for k in names] == [("", ENFORCED, VALUE_CHECK)]
+    assert ("", DUPLICATE_KEYS, CHECKED) in _not_masked(schema_fidelity(schema, strict=True, value_check=False))
+    # and so the mask cannot keep a dependentRequired there (the value check leaves such objects)
+    both = {**schema, "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]}}
+    assert "names are all declared" in dependent_required_exact(both, strict=True)
 
 
 @pytest.mark.parametrize("items", [

@@ -110,6 +110,59 @@ def test_a_mask_the_check_would_empty_is_left_as_the_grammar_gave_it():
     assert check.dead_ends == 1
 
 
+def _open_object(**more) -> dict:
+    return {"type": "object", "properties": {"c": {"type": "integer"}}, **more}
+
+
+# name -> (schema, the text before the object whose names repeat): every shape of object the
+# grammar may write a name twice in (strict mode, SchemaNavigator's default, unless said)
+REPEATABLE = {
+    "no schema (json_object, tool calls)": (None, []),
+    "free-form object": ({"type": "object"}, []),
+    "no properties at all": ({"additionalProperties": {"type": "integer"}}, []),
+    "declared and additionalProperties true": (_open_object(additionalProperties=True), []),
+    "declared and additionalProperties schema": (_open_object(additionalProperties={"type": "integer"}), []),
+    "declared and unevaluatedProperties schema": (_open_object(unevaluatedProperties={"type": "integer"}), []),
+    "declared and patternProperties": (_open_object(patternProperties={"^a": {"type": "integer"}}), []),
+    "patternProperties only": ({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": False}, []),
+    "empty properties (llguidance leaves it open)": ({"type": "object", "properties": {}}, []),
+    "nested in a declared property": ({"type": "object", "properties": {"c": _open_object(additionalProperties=True)}},
+                                      ["{", '"c"', ":"]),
+    "free object under additionalProperties": ({"type": "object", "additionalProperties": {"type": "object"}},
+                                               ["{", '"c"', ":"]),
+    "items of an array": ({"type": "array", "items": _open_object(additionalProperties=True)}, ["[", "{", "}", ","]),
+    "an anyOf branch": ({"anyOf": [{"type": "null"}, _open_object(additionalProperties=True)]}, []),
+    "a $ref'd definition": ({"$defs": {"o": _open_object(additionalProperties={"type": "integer"})},
+                             "type": "object", "properties": {"c": {"$ref": "#/$defs/o"}}}, ["{", '"c"', ":"]),
+    "declared, outside strict mode": ("loose", []),
+}
+
+
+@pytest.mark.parametrize("shape", list(REPEATABLE))
+def test_a_name_written_again_is_masked_out_in_every_object_that_admits_it(shape):
+    schema, before = REPEATABLE[shape]
+    navigator = SchemaNavigator(_open_object(), strict=False) if schema == "loose" else (
+        SchemaNavigator(schema) if schema is not None else None)
+    check = ValueCheck(VOCAB, navigator)
+    for piece in before + ["{", '"ab"', ":", "1", ","]:
+        check.accept(ID[piece])
+    assert '"ab"' in banned(check)  # the same name whole in one token
+    check.accept(ID['"a'])
+    assert 'b"' in banned(check)  # its closing quote
+    assert 'c"' not in banned(check)  # another name is fine
+
+
+@pytest.mark.parametrize("schema", [
+    _open_object(),  # strict mode closes an object that declares properties and says nothing else
+    _open_object(additionalProperties=False),
+    {"type": "object", "unevaluatedProperties": False},
+    {"type": "object", "maxProperties": 1},
+])
+def test_objects_whose_names_cannot_repeat_are_not_followed(schema):
+    navigator = SchemaNavigator(schema)
+    assert not navigator.names_may_repeat(navigator.root_nodes())
+
+
 # -- unique items ----------------------------------------------------------------------------
 
 STRINGS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
