@@ -2,22 +2,28 @@
 
 The disk copy makes a restart warm (deserializing takes about a millisecond, compiling can take
 seconds). Files are written atomically (temp file + os.replace), so a crash never leaves a half
-file under a real name; a file that is corrupt or from another xgrammar version is discarded
-with a warning and the grammar recompiled. The folder is bounded in bytes: a hit sets its file's
-mtime to now (atime is often off or relaxed), and after each write the files with the oldest mtime
-go until the rest fit. Several servers may share the folder: only finished files are ever evicted
-(temp files belong to their writer until the 10-minute stale rule), and a file evicted under a
-reader reads as a miss.
+file under a real name. The folder may be shared by servers of other models, tokenizers, xgrammar
+or Jumpgate versions: each writes only under its own namespace folder (`disk_namespace`: a hash of
+the tokenizer fingerprint, the xgrammar version and the file format), and reads, lists, evicts and
+cleans only there, so another's files are never opened as ours, let alone deleted. A file in our
+own namespace that cannot be read is therefore genuinely corrupt (truncated, damaged): it is
+discarded with a warning and the grammar recompiled. Each namespace is bounded in bytes: a hit sets
+its file's mtime to now (atime is often off or relaxed), and after each write the files with the
+oldest mtime go until the rest fit. Several servers of one namespace (replicas) may share it: only
+finished files are ever evicted (temp files belong to their writer until the 10-minute stale rule),
+and a file evicted under a reader reads as a miss.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
 import threading
 import time
 from collections import OrderedDict
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
@@ -29,6 +35,24 @@ V = TypeVar("V")
 
 # what deserializing refuses: InvalidJSON / DeserializeFormat / DeserializeVersion
 DESERIALIZE_ERRORS = (RuntimeError, ValueError, TypeError)
+
+
+# how a grammar file is laid out; bump it when that changes, so older files sit in another namespace
+DISK_FORMAT = 1
+
+
+def xgrammar_version() -> str:
+    try:
+        return version("xgrammar")
+    except PackageNotFoundError:  # a source tree without package metadata
+        return "unknown"
+
+
+def disk_namespace(fingerprint: str) -> str:
+    """The folder (under the cache root) of grammars compiled for the tokenizer with `fingerprint`
+    by this xgrammar version, in this file format: nothing else can deserialize them."""
+    digest = hashlib.sha256(f"{fingerprint}|xgrammar={xgrammar_version()}|format={DISK_FORMAT}".encode())
+    return "xgr-" + digest.hexdigest()[:32]
 
 
 def grammar_from_json(text: str, tokenizer_info: xgr.TokenizerInfo) -> xgr.CompiledGrammar:
@@ -117,15 +141,21 @@ def remove_stale_temp_files(directory: Path, pattern: str, older_than_s: float =
 
 
 class DiskGrammarCache:
-    """`<dir>/<key>.json` holding `CompiledGrammar.serialize_json()` for one tokenizer."""
+    """`<root>/<namespace>/<key>.json` holding `CompiledGrammar.serialize_json()` for one tokenizer
+    (`namespace`: `disk_namespace` of its fingerprint). Everything outside `directory`, the
+    namespace's folder, belongs to other tokenizers or versions and is never touched."""
 
     SUFFIX = ".json"
     TEMP_PATTERN = ".*.tmp"
 
-    def __init__(self, directory: Path, tokenizer_info: xgr.TokenizerInfo, max_bytes: int | None = None) -> None:
+    def __init__(self, root: Path, tokenizer_info: xgr.TokenizerInfo, namespace: str,
+                 max_bytes: int | None = None) -> None:
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
-        self.directory = Path(directory)
+        if not namespace or "/" in namespace or namespace.startswith("."):
+            raise ValueError(f"invalid grammar cache namespace {namespace!r}")
+        self.root = Path(root)
+        self.directory = self.root / namespace
         self.directory.mkdir(parents=True, exist_ok=True)
         self._tokenizer_info = tokenizer_info
         self.max_bytes = max_bytes
@@ -136,7 +166,8 @@ class DiskGrammarCache:
         return self.directory / f"{key}{self.SUFFIX}"
 
     def load(self, key: str) -> xgr.CompiledGrammar | None:
-        """The stored grammar, or None if absent; an unreadable file is deleted (and logged)."""
+        """The stored grammar, or None if absent; an unreadable file is deleted (and logged): in our
+        namespace it can only be a damaged one of ours."""
         path = self.path(key)
         try:
             text = path.read_text(encoding="utf-8")

@@ -41,7 +41,7 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.cache import DiskGrammarCache, MemoryLRU, grammar_from_json
+from grammar.cache import DiskGrammarCache, MemoryLRU, disk_namespace, grammar_from_json
 from grammar.closing import ClosingVocab
 from grammar.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.compile_process import CompileProcess
@@ -113,6 +113,7 @@ class CompiledGrammarHandle:
 class GrammarServiceStats:
     memory_hits: int = 0
     disk_hits: int = 0
+    disk_loaded: int = 0  # grammars read from disk into memory at start-up (warm_from_disk)
     misses: int = 0  # compiles started (neither memory nor disk had the key)
     compile_errors: int = 0  # specs refused (validation or xgrammar)
     compile_timeouts: int = 0
@@ -169,7 +170,9 @@ class GrammarService:
         # Bounded in bytes too: one 20k-value enum compiles to ~60 MB of token masks.
         self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(
             max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes)
-        self._disk = (DiskGrammarCache(Path(cache_dir), self.tokenizer_info, max_disk_bytes)
+        # the disk folder may be shared with other models: ours is the namespace of our fingerprint
+        self._disk = (DiskGrammarCache(Path(cache_dir), self.tokenizer_info, disk_namespace(self.fingerprint),
+                                       max_disk_bytes)
                       if cache_dir is not None else None)
         self._tokenizer_json: str | None = None  # what a compile process builds its compiler from
         self._pool = CompileWorkerPool(workers, self._new_compile_process)
@@ -233,6 +236,11 @@ class GrammarService:
         key = self.key(spec)
         return self._with_spec(key, self._memory.get(key), spec)
 
+    @property
+    def disk_folder(self) -> Path | None:
+        """This service's own folder of the disk cache (its namespace under the cache root), or None."""
+        return self._disk.directory if self._disk is not None else None
+
     def warm_from_disk(self, max_entries: int | None = None) -> int:
         """Load the newest disk entries into memory (e.g. at start-up); returns how many."""
         if self._disk is None:
@@ -244,6 +252,8 @@ class GrammarService:
             if compiled is not None:
                 self._memory.put(key, self._handle(key, "unknown", compiled))
                 loaded += 1
+        with self._lock:
+            self._stats.disk_loaded += loaded
         return loaded
 
     def stats(self) -> GrammarServiceStats:

@@ -82,6 +82,31 @@ def tiny_model_dir(tmp_path_factory, smollm_dir) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm_dir)
 
 
+OTHER_TOKEN = "<|jumpgate_other|>"  # what makes the other tokenizer's vocabulary (and fingerprint) differ
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny random Llama with another tokenizer: SmolLM2's plus one added token, so its
+    fingerprint, vocabulary size and compiled grammars differ from the default model's (a second
+    model sharing the default folders)."""
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = tmp_path_factory.mktemp("other-tokenizer")
+    other = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    other.add_tokens([OTHER_TOKEN])
+    other.save_pretrained(str(tokenizer_dir))
+    return make_tiny_llama(tmp_path_factory.mktemp("other-model"), tokenizer_dir,
+                           vocab_size=(len(other) + 63) // 64 * 64)
+
+
+@pytest.fixture(scope="session")
+def other_tokenizer(other_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(other_model_dir))
+
+
 @pytest.fixture(scope="session")
 def real_engine(smollm_dir):
     """The real SmolLM2 through the real runtime, shared by the whole session."""

@@ -71,9 +71,9 @@ def test_disk_cache_survives_a_restart(make_service, tmp_path, tokenizer):
     first = make_service(cache_dir=tmp_path)
     spec = GrammarSpec.json_schema(SCHEMA)
     first.compile(spec)
-    files = list(tmp_path.glob("*.json"))
-    assert [f.name for f in files] == [f"{first.key(spec)}.json"]
-    assert not list(tmp_path.glob(".*"))  # no temp file left behind
+    files = list(tmp_path.rglob("*.json"))
+    assert files == [first.disk_folder / f"{first.key(spec)}.json"]  # in the tokenizer's own namespace
+    assert not list(first.disk_folder.glob(".*"))  # no temp file left behind
 
     second = make_service(cache_dir=tmp_path)  # "restart": a new service on the same folder
     handle = second.compile(spec)
@@ -90,8 +90,9 @@ def test_disk_cache_survives_a_restart(make_service, tmp_path, tokenizer):
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "version"])
 def test_a_corrupt_cache_file_is_discarded_and_recompiled(damage, make_service, tmp_path, tokenizer, caplog):
     spec = GrammarSpec.json_schema(SCHEMA)
-    make_service(cache_dir=tmp_path).compile(spec)
-    path = next(tmp_path.glob("*.json"))
+    first = make_service(cache_dir=tmp_path)
+    first.compile(spec)
+    path = next(first.disk_folder.glob("*.json"))
     text = path.read_text()
     if damage == "garbage":
         path.write_bytes(b"\x00\xffnot json")
@@ -113,13 +114,43 @@ def test_a_corrupt_cache_file_is_discarded_and_recompiled(damage, make_service, 
 
 
 def test_stale_temp_files_in_the_disk_cache_are_removed_at_start(make_service, tmp_path):
-    stale, fresh = tmp_path / ".0123456789abcdef.killed.tmp", tmp_path / ".0123456789abcdef.live.tmp"
+    folder = make_service(cache_dir=tmp_path).disk_folder
+    stale, fresh = folder / ".0123456789abcdef.killed.tmp", folder / ".0123456789abcdef.live.tmp"
     for f in (stale, fresh):
         f.write_text("{")
     old = time.time() - 3600
     os.utime(stale, (old, old))
     make_service(cache_dir=tmp_path)
     assert not stale.exists() and fresh.exists()
+
+
+def test_another_tokenizers_grammars_are_skipped_and_kept(make_service, tmp_path, tokenizer, other_tokenizer,
+                                                          other_model_dir):
+    """Two models share the cache folder: neither opens, evicts nor deletes the other's grammars."""
+    from runtime.loader import read_config
+
+    spec = GrammarSpec.json_schema(SCHEMA)
+    first = make_service(cache_dir=tmp_path)
+    first.compile(spec)
+    ours = {p: p.read_bytes() for p in tmp_path.rglob("*.json")}
+    assert len(ours) == 1
+
+    other = GrammarService(other_tokenizer, read_config(other_model_dir).vocab_size, cache_dir=tmp_path,
+                           max_disk_bytes=1)  # a budget too small for anything but its own newest file
+    try:
+        assert other.warm_from_disk() == 0  # the first model's grammar is not its to load
+        other.compile(spec)
+        assert (other.stats().disk_hits, other.stats().misses) == (0, 1)
+        assert other.disk_folder != first.disk_folder
+    finally:
+        other.close()
+    assert {p: p.read_bytes() for p in ours} == ours  # still there, unchanged
+    assert len(list(tmp_path.rglob("*.json"))) == 2  # and the other's beside it
+
+    again = make_service(cache_dir=tmp_path)  # the first model's next start uses its grammar
+    assert again.warm_from_disk() == 1 and again.stats().disk_loaded == 1
+    assert accepts(again.compile(spec), tokenizer, '{"name":"Ada"}')
+    assert again.stats().misses == 0
 
 
 def test_memory_lru_is_bounded(make_service):
