@@ -103,6 +103,7 @@ ENGINE_COUNTERS = (
 GRAMMAR_COUNTERS = (
     ("memory_hits", "jumpgate_grammar_cache_hits", "Grammar cache hits in memory."),
     ("disk_hits", "jumpgate_grammar_cache_disk_hits", "Grammar cache hits served from disk."),
+    ("disk_loaded", "jumpgate_grammar_cache_disk_loaded", "Compiled grammars loaded from disk at start-up."),
     ("misses", "jumpgate_grammar_cache_misses", "Grammar cache misses (compiled)."),
     ("compile_errors", "jumpgate_grammar_compile_errors", "Grammar specs refused."),
     ("compile_timeouts", "jumpgate_grammar_compile_timeouts", "Grammar compiles over the time limit."),
