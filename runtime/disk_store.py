@@ -19,7 +19,11 @@ File layout: a 64-byte header (magic, version, token count, payload size, CRC-32
 the page hash) and the payload, the `[2, layers, page_tokens, kv_heads, head_dim]` KV tensor as
 raw bytes. Writes go to a temp file and `os.replace` it, so a reader never sees half a file; a
 file that is torn or corrupt anyway (checksum, size or header mismatch) is a miss, counted: it is
-deleted (unless another writer replaced it meanwhile) and the prefix recomputed. A failed write
+deleted (unless another writer replaced it meanwhile) and the prefix recomputed. The folder may be
+shared with other models and Jumpgate versions too: each reads and writes only its identity's
+subfolder (`model_identity` covers the model, its numerics and the file format `VERSION`), so their
+pages are never opened; a page file with our magic but another format version (a version that did
+not bump the identity) is a miss that is left in place, never deleted. A failed write
 (disk full, ENOSPC) is a logged warning and a miss.
 
 Threads: writes run on one writer thread (the engine only queues a copy of the data), reads on a
@@ -62,6 +66,10 @@ class CorruptPage(Exception):
         self.inode = inode  # the file that was read: a newer one under the same name is kept
 
 
+class ForeignPage(Exception):
+    """A well-formed page file of another format version: not ours to read, nor to delete."""
+
+
 # ------------------------------------------------------------------------------ hashing
 
 
@@ -73,7 +81,7 @@ def model_identity(model_dir: str | Path, dtype: torch.dtype, num_layers: int, k
     arithmetic, runtime/hiradix_cache.py): an fp32 engine must not read a q4 engine's pages, nor
     the vector kernel's the tiles' (layer l's K/V come from layers < l's attention outputs)."""
     model_dir = Path(model_dir)
-    h = hashlib.sha256(b"jumpgate-kv-v1\0")
+    h = hashlib.sha256(f"jumpgate-kv-v{VERSION}\0".encode())  # another file format: another folder
     config = model_dir / "config.json"
     if config.exists():
         h.update(config.read_bytes())
@@ -122,10 +130,11 @@ class DiskStore:
         self._pending: dict[bytes, torch.Tensor] = {}  # queued writes: readable before they land
         self._pending_bytes = 0
         # disk_pages_adopted: pages this process did not know of (another process wrote them) found
-        # by a lookup; disk_temps_removed: abandoned temp files of dead writers deleted
+        # by a lookup; disk_temps_removed: abandoned temp files of dead writers deleted;
+        # disk_foreign_pages: page files of another format version met (read as misses, kept)
         self.stats = {"disk_pages_written": 0, "disk_pages_read": 0, "disk_write_errors": 0,
                       "disk_writes_dropped": 0, "disk_corrupt_pages": 0, "disk_pages_evicted": 0,
-                      "disk_pages_adopted": 0, "disk_temps_removed": 0}
+                      "disk_pages_adopted": 0, "disk_temps_removed": 0, "disk_foreign_pages": 0}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="jumpgate-kv-write")
         self._readers = ThreadPoolExecutor(read_workers, thread_name_prefix="jumpgate-kv-read")
         self._synced_at = 0.0
@@ -207,6 +216,13 @@ class DiskStore:
         except CorruptPage as e:
             self.discard_corrupt(h, str(e), e.inode)
             return None
+        except ForeignPage as e:
+            log.warning("disk KV cache: page file %s is %s; left in place, treated as a miss",
+                        self._path(h).name, e)
+            self._forget(h)
+            with self._lock:
+                self.stats["disk_foreign_pages"] += 1
+            return None
         except OSError as e:
             log.warning("disk KV cache: reading page %s failed (%s); treated as a miss", h.hex()[:12], e)
             return None
@@ -232,7 +248,9 @@ class DiskStore:
         if got != size or size < _HEADER.size:
             raise CorruptPage(f"truncated file ({got} bytes)", inode)
         magic, version, _, tokens, nbytes, crc, key = _HEADER.unpack_from(buf)
-        if magic != MAGIC or version != VERSION:
+        if magic == MAGIC and version != VERSION:
+            raise ForeignPage(f"format version {version}, this server reads {VERSION}")
+        if magic != MAGIC:
             raise CorruptPage("bad header", inode)
         if key != h or tokens != self.page_tokens or nbytes != self.page_bytes:
             raise CorruptPage("header does not match the page", inode)

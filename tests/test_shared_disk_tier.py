@@ -207,6 +207,45 @@ def test_temp_files_of_live_writers_are_kept_and_abandoned_ones_removed(tmp_path
     assert store.stats["disk_temps_removed"] == 2
 
 
+def test_a_page_of_another_format_version_is_a_miss_left_in_place(tmp_path):
+    import struct
+
+    root = tmp_path / "kv"
+    a = open_store(root)
+    a.write(page_hash(1), page_data(1), block=True)
+    a.flush()
+    path = page_files(root)[0]
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<H", raw, 4, 99)  # the header's format version: a later Jumpgate's page
+    path.write_bytes(bytes(raw))
+    b = open_store(root)
+    assert b.read(page_hash(1)) is None
+    assert b.stats["disk_foreign_pages"] == 1 and b.stats["disk_corrupt_pages"] == 0
+    assert path.read_bytes() == bytes(raw)  # kept, unchanged
+
+
+def test_another_models_pages_are_never_read_or_evicted(tmp_path):
+    root = tmp_path / "kv"
+    a = open_store(root)
+    for i in (1, 2):
+        a.write(page_hash(i), page_data(i), block=True)
+    a.flush()
+    theirs = {f: f.read_bytes() for f in page_files(root)}
+    b = open_store(root, max_bytes=1, identity="cd" * 32)  # another model, a budget of nothing
+    assert b.num_pages == 0 and not b.contains(page_hash(1))
+    b.write(page_hash(3), page_data(3), block=True)
+    b.flush()
+    assert {f: f.read_bytes() for f in theirs} == theirs
+
+
+def test_the_model_identity_follows_the_page_format_version(tiny_model_dir, monkeypatch):
+    from runtime import disk_store
+
+    identity = disk_store.model_identity(tiny_model_dir, torch.float32, 2, 2, 16)
+    monkeypatch.setattr(disk_store, "VERSION", disk_store.VERSION + 1)
+    assert disk_store.model_identity(tiny_model_dir, torch.float32, 2, 2, 16) != identity
+
+
 # ------------------------------------------------------------------------------ two engines
 
 
