@@ -30,6 +30,7 @@ from grammar.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, t
 from grammar.rollback_check import schema_validator
 from grammar.kinds.tool_calls.grammar import arguments_schema
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
+from grammar.spec import tokenizer_fingerprint
 
 FORMAT = HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
 
@@ -55,6 +56,7 @@ __all__ = [
     "render_tool_result",
     "render_tools_prompt",
     "strict_closing",
+    "tokenizer_fingerprint",
     "valid_tool_name",
 ]
 

@@ -60,6 +60,7 @@ class PreviousTurn(Protocol):
     prompt_ids: list[int]
     output_text: str
     output_ids: list[int]
+    tokenizer: str  # fingerprint of the tokenizer whose ids these are ("": not recorded)
 
 
 class BoundedMemo:
@@ -243,6 +244,8 @@ class PromptRenderer:
         generated ids, which the radix cache holds; only the text after them is tokenized anew.
         Re-tokenizing the whole text could split the earlier output differently and lose the hit."""
         full = self.render_chat(messages, tools, instructions, schema)
+        if previous.tokenizer != self.tokenizer_fingerprint:
+            return full  # another model's ids (the store is shared), or unrecorded: only the text is ours
         head_ids = list(previous.prompt_ids) + list(previous.output_ids)
         generated = self.decode(previous.output_ids)
         if generated != previous.output_text:  # a trailing stop token: its text follows the output
@@ -256,6 +259,11 @@ class PromptRenderer:
         ids = head_ids + self.encode(full.text[len(head_text):])
         return RenderedPrompt(text=full.text, token_ids=ids, system_text=full.system_text,
                               schema_text_level=full.schema_text_level)
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        """What a stored turn's ids are tagged with (computed once per tokenizer)."""
+        return grammar_adapter.tokenizer_fingerprint(self.tokenizer)
 
     # ----------------------------------------------------------------- plain text
 

@@ -45,6 +45,9 @@ class StoredTurn(Struct, kw_only=True):
     prompt_ids: list[int]  # the exact ids the engine ran
     output_text: str  # the generated text, raw (tool calls in the model's format)
     output_ids: list[int]  # the generated ids, a stop token included
+    # the fingerprint of the tokenizer the ids belong to: the store may be shared by servers of other
+    # models, whose next turn then renders the messages afresh instead of splicing foreign ids
+    tokenizer: str = ""
 
 
 class StoredResponse(Struct, kw_only=True):

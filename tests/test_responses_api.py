@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from gateway.prompt import PromptRenderer
@@ -14,6 +15,7 @@ from gateway.protocol_responses import OutputMessage, OutputText, ResponseObject
 from gateway.response_items import input_messages
 from gateway.response_store import ResponseStore, StoredResponse, StoredTurn, new_response_id
 from gateway.errors import APIError
+from tests.conftest import OTHER_TOKEN
 
 MODEL = "SmolLM2-135M-Instruct"
 CALL_TEXT = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
@@ -259,7 +261,8 @@ def test_render_continuation_extends_the_exact_ids(tokenizer):
     output_ids = [tokenizer.convert_tokens_to_ids(t) for t in tokenizer.tokenize(output_text)]
     output_ids = output_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     turn = StoredTurn(messages=first + [AssistantMessage(content=output_text)], prompt_text=prompt.text,
-                      prompt_ids=prompt.token_ids, output_text=output_text, output_ids=output_ids)
+                      prompt_ids=prompt.token_ids, output_text=output_text, output_ids=output_ids,
+                      tokenizer=renderer.tokenizer_fingerprint)
     chained = turn.messages + [UserMessage(content="Another.")]
     rendered = renderer.render_continuation(chained, None, None, turn)
     head = prompt.token_ids + output_ids
@@ -268,6 +271,29 @@ def test_render_continuation_extends_the_exact_ids(tokenizer):
     # different instructions change the earlier turns: a plain render, not a spliced one
     other = renderer.render_continuation(chained, None, "Use JSON.", turn)
     assert other.token_ids == renderer.render_chat(chained, None, "Use JSON.").token_ids
+
+
+def test_a_turn_another_tokenizer_stored_is_rendered_afresh(tokenizer, other_tokenizer):
+    """The store is shared by servers of other models: a turn whose ids another tokenizer made keeps
+    its messages, never its ids (spliced in, they would be another vocabulary's tokens)."""
+    theirs, ours = PromptRenderer(other_tokenizer), PromptRenderer(tokenizer)
+    assert theirs.tokenizer_fingerprint != ours.tokenizer_fingerprint
+    first = [UserMessage(content=f"Say {OTHER_TOKEN} a number.")]  # one token of their vocabulary only
+    prompt = theirs.render_chat(first, None, None)
+    assert other_tokenizer.convert_tokens_to_ids(OTHER_TOKEN) in prompt.token_ids
+    output_text = " 12"
+    output_ids = theirs.encode(output_text) + [other_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    turn = StoredTurn(messages=first + [AssistantMessage(content=output_text)], prompt_text=prompt.text,
+                      prompt_ids=prompt.token_ids, output_text=output_text, output_ids=output_ids,
+                      tokenizer=theirs.tokenizer_fingerprint)
+    chained = turn.messages + [UserMessage(content="Another.")]
+    spliced = theirs.render_continuation(chained, None, None, turn).token_ids  # their own next turn: spliced
+    assert spliced[: len(prompt.token_ids) + len(output_ids)] == prompt.token_ids + output_ids
+    rendered = ours.render_continuation(chained, None, None, turn)
+    assert rendered.token_ids == ours.render_chat(chained, None, None).token_ids
+    assert max(rendered.token_ids) < len(tokenizer)  # no id of the other vocabulary
+    untagged = msgspec.structs.replace(turn, tokenizer="")  # a record from before turns were tagged
+    assert ours.render_continuation(chained, None, None, untagged).token_ids == rendered.token_ids
 
 
 def test_store_flags_reach_the_settings_and_the_store_folder(tmp_path):

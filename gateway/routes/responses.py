@@ -93,7 +93,8 @@ class ResponsesController(Controller):
             assert prepared is not None and plan is not None
             history: list[Message] = plan.history + [AssistantMessage(content=outcome.text)]
             turn = StoredTurn(messages=history, prompt_text=prepared.prompt_text or "",
-                              prompt_ids=prepared.prompt_ids, output_text=outcome.text, output_ids=outcome.token_ids)
+                              prompt_ids=prepared.prompt_ids, output_text=outcome.text, output_ids=outcome.token_ids,
+                              tokenizer=s.renderer.tokenizer_fingerprint)
             store.put(tenant, StoredResponse(response=response, turn=turn))
 
         def respond(outcomes: list[Outcome]) -> ResponseObject:
