@@ -311,8 +311,13 @@ def upload_loop(server: JumpgateServer, stop: threading.Event, acked: list, work
                 acked.append((payload, resp.json()["id"]))
 
 
+def grammar_files(server) -> set[str]:
+    """The compiled grammars on disk, as paths under the cache folder (each tokenizer's in its namespace)."""
+    return {str(p.relative_to(server.grammar_cache_dir)) for p in server.grammar_cache_dir.rglob("*.json")}
+
+
 def test_registry_survives_sigkill_and_damaged_files_are_ignored_then_rebuilt(server):
-    grammar_files_before = set(os.listdir(server.grammar_cache_dir))
+    grammar_files_before = grammar_files(server)
     acked: list = []
     stop = threading.Event()
     workers = [threading.Thread(target=upload_loop, args=(server, stop, acked, w), daemon=True) for w in range(2)]
@@ -352,7 +357,7 @@ def test_registry_survives_sigkill_and_damaged_files_are_ignored_then_rebuilt(se
     damaged_payload, damaged_id = acked_now[0]
     entry_path = next(server.registry_dir.rglob(f"{damaged_id}.json"))
     entry_path.write_bytes(b'{"id": "sch_')
-    new_grammars = sorted(set(os.listdir(server.grammar_cache_dir)) - grammar_files_before)
+    new_grammars = sorted(grammar_files(server) - grammar_files_before)
     assert new_grammars, "the uploads compiled no grammar"
     grammar_path = server.grammar_cache_dir / new_grammars[0]
     grammar_path.write_text("not a compiled grammar")
