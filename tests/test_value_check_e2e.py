@@ -47,6 +47,27 @@ CASES = {
 }
 
 
+def basket(**extra) -> dict:
+    """An object that declares a property and admits others: strict mode leaves it open."""
+    return {"type": "object", "properties": {"basket": {"type": "string"}}, "required": ["basket"], **extra}
+
+
+BASKET = "basket=blue, item=apple, item=pear, item=plum."
+# name -> (schema, prompt): declared properties beside additionalProperties, whose names the check
+# did not follow in strict mode (issue #42 item 3), at the top, in array items and behind a $ref
+CASES.update({
+    "declared_and_additional": (basket(additionalProperties={"type": "string"}), "Make a JSON object: " + BASKET),
+    "declared_and_additional_in_items": (
+        {"type": "object", "required": ["orders"],
+         "properties": {"orders": {"type": "array", "items": basket(additionalProperties={"type": "string"})}}},
+        "Make a JSON object with orders: " + BASKET),
+    "declared_and_additional_behind_a_ref": (
+        {"$defs": {"b": basket(additionalProperties={"type": "string"})}, "type": "object",
+         "properties": {"order": {"$ref": "#/$defs/b"}}, "required": ["order"]},
+        "Make a JSON object: order with " + BASKET),
+})
+
+
 def repeated_names(text: str) -> list[str]:
     found: list[str] = []
 
