@@ -348,19 +348,19 @@ def test_a_grammar_too_big_to_serialize_is_compiled_in_process_for_memory_only(m
     handle = svc.compile(spec)
     assert accepts(handle, tokenizer, "{" + ",".join(f'"p{i}":{i}' for i in range(4000)) + "}")
     assert svc.compile(spec) is handle  # served from memory
-    assert not list(tmp_path.iterdir())  # never on disk (nor a temp file)
+    assert not list(svc.disk_folder.iterdir())  # never on disk (nor a temp file)
     stats = svc.stats()
     assert (stats.misses, stats.memory_hits, stats.compile_unserializable) == (1, 1, 1)
     assert (stats.compile_errors, stats.compile_memory_errors, stats.compile_timeouts) == (0, 0, 0)
 
     svc.compile(GrammarSpec.regex("evict[0-9]"))  # a normal grammar: on disk, and evicts the big one
-    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert len(list(svc.disk_folder.glob("*.json"))) == 1
     replaced = svc.stats().compile_processes_replaced
     again = svc.compile(spec)  # a miss again: compiled in-process directly, no serialization retried
     assert again is not handle and again.memory_size_bytes == handle.memory_size_bytes
     stats = svc.stats()
     assert (stats.misses, stats.compile_unserializable, stats.compile_processes_replaced) == (3, 2, replaced)
-    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert len(list(svc.disk_folder.glob("*.json"))) == 1
 
 
 def test_concurrent_identical_requests_share_one_compile(make_service):
