@@ -1,10 +1,15 @@
 """What a serving process builds around its engine: the grammar service (with its disk cache
-warmed) and the start-up banner. Shared by single-process `jumpgate serve` and cluster replicas."""
+warmed) and the start-up banner. Shared by single-process `jumpgate serve` and cluster replicas.
+Also the checks `jumpgate serve` runs before loading the model (the port, the folders it writes),
+so a start-up that cannot succeed fails in a second with one line naming the problem."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import socket
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
 from gateway.settings import Settings
 from grammar.settings import GrammarSettings
@@ -13,6 +18,39 @@ if TYPE_CHECKING:  # runtime.api imports torch; `jumpgate serve --help` should n
     from runtime.api import EngineClient
 
 log = logging.getLogger("jumpgate")
+
+
+class StartupError(Exception):
+    """A start-up that cannot succeed; the message is the one line `jumpgate serve` prints."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound now (before the model loads) and handed to uvicorn, so
+    a port in use fails at once and no other process can take it while the model loads."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise StartupError(f"--host {host}: cannot resolve the address ({e.strerror})") from e
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise StartupError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from e
+    return sock
+
+
+def check_folders(folders: Iterable[tuple[str, Path]]) -> None:
+    """Each (flag, folder) the server writes exists or can be made, and takes a new file."""
+    for flag, folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            raise StartupError(f"{flag} {folder}: cannot write there ({e.strerror or e})") from e
 
 
 def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> Any:

@@ -78,7 +78,21 @@ class Engine:
         self._torch = TorchThread("jumpgate-engine")
         self._loop_future: concurrent.futures.Future | None = None
         self._closed = False
-        _LIVE.add(self)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        try:
+            self._load(cfg)
+        except BaseException:  # a model that cannot load: nothing is left running, nothing to shut down at exit
+            self._closed = True
+            self._torch.close()
+            if hasattr(self, "cache"):
+                self.cache.close()
+            raise
+        _LIVE.add(self)  # only a whole engine: exit's shutdown() needs every part
+
+    def _load(self, cfg: EngineConfig) -> None:
+        """Model, tokenizer, runner, caches, scheduler and decoder (on failure __init__ releases them)."""
         self.device = pick_device(cfg.device)
         self.dtype = pick_dtype(cfg.dtype, self.device)
         self.model_dir = resolve_model_dir(cfg.model)
@@ -86,11 +100,7 @@ class Engine:
         self.model_name = _model_name(cfg.model, self.model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.max_context = min(cfg.max_context or mc.max_position_embeddings, mc.max_position_embeddings)
-        try:
-            self.runner = self._torch.run(self._build_runner)
-        except BaseException:
-            self._torch.close()
-            raise
+        self.runner = self._torch.run(self._build_runner)
         self.kv_pool_tokens = self.runner.kv_pool_tokens
         self.limits = Limits(self.max_context, self.kv_pool_tokens, mc.vocab_size)
 
@@ -110,10 +120,6 @@ class Engine:
             attention_backend=self.runner.attn.name, kv_pool_tokens=self.kv_pool_tokens,
             max_context=self.max_context, vocab_size=mc.vocab_size, eos_token_ids=tuple(sorted(eos)),
         )
-
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
 
     def _build_runner(self) -> ModelRunner:
         cfg = self.config
@@ -176,7 +182,8 @@ class Engine:
     def new_request(self, spec: GenerateRequest, emit: Emit) -> Req:
         """The engine's state for a validated `spec` (its matcher, strict guard, generator)."""
         return new_request(spec, emit, self.tokenizer, default_jump_forward=self.config.jump_forward,
-                           loop_breaking=self.config.loop_breaking)
+                           loop_breaking=self.config.loop_breaking,
+                           max_number_digits=self.config.max_number_digits)
 
     def enqueue(self, spec: GenerateRequest, emit: Emit) -> None:
         """Queue `spec`; `emit` gets its events on the engine thread. Refusals raise EngineError
