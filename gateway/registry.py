@@ -8,6 +8,11 @@ touch a path, so no id can escape the folder; another tenant's id is simply not 
 
 A pinned entry (uploaded with `"pin": true`) also has `<id>.pin.json` beside it, holding the system
 prompt it was pinned with, so the server re-applies its pins at start (`pinned()`).
+
+Entries belong to no model, so servers of several models share the folder. A file that is not
+whole JSON is damaged (writes are atomic, so only outside damage makes one): it reads as absent and
+an upload of the same entry rewrites it. A whole JSON entry this version cannot read was written by
+another Jumpgate version: it reads as absent here, and is never overwritten (`ForeignEntry`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ log = logging.getLogger("jumpgate.gateway.registry")
 
 ID_RE = re.compile(r"^sch_[0-9a-f]{16,64}$")
 _PIN_SUFFIX = ".pin.json"
+
+
+class ForeignEntry(Exception):
+    """The entry's file holds an entry this version cannot read, written by another version."""
+
+    def __init__(self, entry_id: str):
+        super().__init__(entry_id)
+        self.entry_id = entry_id
 
 
 class PinRecord(msgspec.Struct, kw_only=True):
@@ -92,6 +105,8 @@ class SchemaRegistry:
             existing = self._read(path)
             if existing is not None:
                 return existing, False
+            if self._foreign(path):
+                raise ForeignEntry(entry_id)
             entry = SchemaEntry(
                 id=entry_id, kind=kind, payload=payload, created=int(time.time()), name=name,  # type: ignore[arg-type]
                 schema_mode=schema_mode,  # type: ignore[arg-type]
@@ -166,12 +181,24 @@ class SchemaRegistry:
         return entries
 
     @staticmethod
+    def _foreign(path: Path) -> bool:
+        """Whether `path` holds whole JSON (so not a damaged file) that `_read` refused."""
+        try:
+            return isinstance(msgspec.json.decode(path.read_bytes()), dict)
+        except (msgspec.DecodeError, OSError):
+            return False
+
+    @staticmethod
     def _read(path: Path) -> SchemaEntry | None:
         try:
             return msgspec.json.decode(path.read_bytes(), type=SchemaEntry)
         except FileNotFoundError:
             return None
-        except (msgspec.DecodeError, msgspec.ValidationError, OSError) as e:
+        except msgspec.ValidationError as e:  # whole JSON, another version's entry: kept as it is
+            log.warning("schema registry: skipping entry %s, which another Jumpgate version wrote (%s)",
+                        path, str(e)[:200])
+            return None
+        except (msgspec.DecodeError, OSError) as e:
             # a damaged file reads as absent; a fresh upload rewrites it
             log.warning("schema registry: ignoring damaged entry %s (%s: %s); upload it again to rebuild it",
                         path, type(e).__name__, str(e)[:200])

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from gateway.grammar_adapter import canonical_payload_text
-from gateway.registry import SchemaRegistry, schema_id, valid_id
+from gateway.registry import ForeignEntry, SchemaRegistry, schema_id, valid_id
 
 SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}}
 
@@ -66,6 +67,26 @@ def test_damaged_file_reads_as_absent_and_is_rewritten(tmp_path):
     path.write_text("{half")
     assert reg.get("", entry.id) is None and reg.list("") == []
     assert put(reg)[1] is True and reg.get("", entry.id) is not None
+
+
+def another_versions_entry(path) -> bytes:
+    """Whole JSON of the same entry as a later Jumpgate wrote it: a field in a form this one cannot read."""
+    data = json.loads(path.read_text())
+    data.update(schema_mode={"mode": "strict", "since": 2}, added_by_v2=True)
+    return json.dumps(data).encode()
+
+
+def test_an_entry_of_another_version_is_skipped_and_never_overwritten(tmp_path):
+    reg = SchemaRegistry(tmp_path)
+    entry, _ = put(reg)
+    path = next(tmp_path.rglob(f"{entry.id}.json"))
+    theirs = another_versions_entry(path)
+    path.write_bytes(theirs)
+    again = SchemaRegistry(tmp_path)  # a restart of this version on the shared folder
+    assert again.get("", entry.id) is None and again.list("") == []
+    with pytest.raises(ForeignEntry):
+        put(again)
+    assert path.read_bytes() == theirs
 
 
 def test_tenants_are_isolated(tmp_path):

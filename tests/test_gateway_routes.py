@@ -214,6 +214,21 @@ def test_models(gateway_client):
 # ------------------------------------------------------------------ schema registry
 
 
+def test_an_upload_over_another_versions_entry_is_a_clear_409_and_keeps_it(gateway_client, tmp_path):
+    client = gateway_client()
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    entry = client.post("/v1/schemas", json={"schema": schema}).json()
+    path = next((tmp_path / "registry").rglob(f"{entry['id']}.json"))
+    theirs = json.dumps({**json.loads(path.read_text()), "schema_mode": {"mode": "strict"}}).encode()
+    path.write_bytes(theirs)  # the same entry as another Jumpgate version (sharing the folder) wrote it
+    again = client.post("/v1/schemas", json={"schema": schema})
+    assert again.status_code == 409, again.text
+    assert again.json()["error"]["code"] == "schema_stored_by_other_version"
+    assert path.read_bytes() == theirs
+    assert client.delete(f"/v1/schemas/{entry['id']}").status_code == 200  # the user may still replace it
+    assert client.post("/v1/schemas", json={"schema": schema}).status_code == 201
+
+
 def test_schema_registry_roundtrip(gateway_client, fake_engine):
     client = gateway_client()
     schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}

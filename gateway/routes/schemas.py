@@ -20,6 +20,7 @@ from gateway.errors import APIError, bad_request, not_found
 from gateway.output_validation import build_output_check
 from gateway.pinning import pin_schema, unpin_schema
 from gateway.protocol import SchemaCheck, SchemaCheckRequest, SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
+from gateway.registry import ForeignEntry
 from gateway.services import GatewayServices
 
 
@@ -72,7 +73,12 @@ class SchemasController(Controller):
         # strict (the default) refuses a schema whose keywords the mask does not all enforce
         check = build_output_check(plan, constraint, data.schema_mode)
         canonical = grammar_adapter.canonical_payload_text(kind, payload)
-        entry, created = services.registry.put(tenant, kind, payload, canonical, data.name, data.schema_mode)
+        try:
+            entry, created = services.registry.put(tenant, kind, payload, canonical, data.name, data.schema_mode)
+        except ForeignEntry as e:
+            raise APIError(409, f"Schema '{e.entry_id}' is stored by another Jumpgate version, in a form this "
+                           "server cannot read; it is kept as it is. Upload it through that version, or delete "
+                           "it first.", code="schema_stored_by_other_version") from None
         if data.pin:
             try:
                 pinned = await pin_schema(services.engine, services.renderer, cache_namespace(tenant, None),
