@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import uuid
@@ -463,10 +464,16 @@ def test_metrics_text(server, client, http):
 # --------------------------------------------------------------------------- disconnects
 
 
+# A request the client leaves must still be generating when it leaves, whatever the host's speed: it
+# ignores EOS and asks for the server's whole max_tokens limit (4096 decode steps), and the client
+# leaves as soon as the server reports it running, not after a fixed time.
+LONG = {"max_tokens": 4096, "ignore_eos": True}
+
+
 def test_client_disconnect_mid_stream_frees_kv(server):
     cancelled_before = server.metrics().get('jumpgate_requests_total{outcome="cancelled",route="chat"}', 0.0)
     body = chat_body(messages=[{"role": "user", "content": "Write a very long story about dragons."}],
-                     max_tokens=400, stream=True)
+                     stream=True, **LONG)
     with httpx.Client(base_url=server.url, timeout=60) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -488,12 +495,28 @@ def test_client_disconnect_mid_stream_frees_kv(server):
 
 
 def test_client_timeout_on_whole_response_frees_kv(server):
-    body = chat_body(messages=[{"role": "user", "content": "Write a very long story about wizards."}], max_tokens=400)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.5))
+    """A client that gives up waiting for a whole (non-streamed) answer, as a read timeout does:
+    its connection closes while the answer is generated. The request is aborted and its KV freed.
+    The client is a plain socket, so it leaves exactly when the server reports the request running
+    and holding KV (no timer racing the decode)."""
+    cancelled_before = server.metrics().get('jumpgate_requests_total{outcome="cancelled",route="chat"}', 0.0)
+    body = json.dumps(chat_body(messages=[{"role": "user", "content": "Write a very long story about wizards."}],
+                                **LONG)).encode()
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (url.host.encode(), url.port, len(body), body))
+        during = server.wait_metrics(lambda m: m["jumpgate_running_requests"] >= 1
+                                     and m["jumpgate_kv_slots_request_only"] >= 1, timeout_s=60, interval_s=0.02)
+        assert during["jumpgate_running_requests"] >= 1 and during["jumpgate_kv_slots_request_only"] >= 1, during
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no answer yet: the client leaves mid-generation
+            sock.recv(1)
     m = server.wait_metrics(timeout_s=10)
     assert m["jumpgate_running_requests"] == 0, m
     assert m["jumpgate_kv_slots_request_only"] == 0, m
+    assert m["jumpgate_gateway_in_flight_requests"] == 0, m
+    assert m['jumpgate_requests_total{outcome="cancelled",route="chat"}'] == cancelled_before + 1
 
 
 # --------------------------------------------------------------------------- examples

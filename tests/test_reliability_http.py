@@ -59,7 +59,8 @@ def chat_body(content: str, **fields) -> dict:
 def test_full_queue_is_refused_at_once_and_health_stays_fast(server):
     """MAX_RUNNING requests run and MAX_WAITING wait; the next one is a 503 with Retry-After at once
     (the queue is bounded, nothing piles up), and /health keeps answering within 100 ms."""
-    long_body = chat_body("Write a very long story about a lighthouse keeper.", max_tokens=1500, ignore_eos=True,
+    # 3500 tokens each, EOS ignored: the held requests outlast the checks below on any host (two fit the pool)
+    long_body = chat_body("Write a very long story about a lighthouse keeper.", max_tokens=3500, ignore_eos=True,
                           stream=True)
     held = MAX_RUNNING + MAX_WAITING
 
