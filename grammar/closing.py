@@ -337,12 +337,15 @@ def fill_plan_bitmask(bitmask: torch.Tensor, row: int, token_id: int) -> None:
 
 def fill_value_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor,
                                row: int) -> bool:
-    """Loop breaking: allow only tokens that end the current value; False if none is allowed now
-    (the row then holds the grammar's plain mask)."""
+    """Loop breaking: allow only tokens that end the current value (the stop token where the value
+    is the whole output and complete, a top-level number); False if none is allowed now (the row
+    then holds the grammar's plain mask)."""
     matcher.fill_mask(bitmask, row)
     here = _State(bitmask[row], matcher, vocab)
     keep = _progress_members(matcher, vocab, bitmask[row], here,
                              [vocab.structural, vocab.quoted, vocab.comma_closers], limit=64)
+    if not keep and matcher.is_completed():
+        keep = allowed_subset(bitmask[row], vocab.stop_ids).tolist()
     if keep:
         allow_only(bitmask, row, keep)
         return True

@@ -8,6 +8,11 @@ the model choosing among them. Separately, when the output degenerates into repe
 token pattern again and again, a number growing digit by digit), the current value is steered to
 close at the next point the grammar allows; inside a string, repetition is also judged on its
 characters (a URL or a path that keeps re-growing), and a run without whitespace has a length cap.
+A run of digits (a number's integer part, fraction or exponent) is bounded: once it holds
+`max_number_digits` (16 by default, `--max-number-digits`) the number ends at the next token the
+grammar allows: a closer, or the stop token where the number is the whole output (so no run is
+longer where each digit is one token, as in SmolLM2's vocabulary); where no token can end it yet
+(a `minimum` not reached), the shortest completion plan leads it to the nearest end.
 Neither fires on well-behaved output, so such output is identical to plain constrained decoding.
 """
 
@@ -35,7 +40,7 @@ FAR_TOKENS = MAX_BOUND + CHECK_SLACK + RECHECK_EVERY
 MIN_REPEATS = 3
 MIN_SPAN = 12
 MAX_PERIOD = 16
-MAX_DIGITS = 16  # a number longer than this is a runaway
+MAX_DIGITS = 16  # a run of this many digits must end: a runaway number (the default of --max-number-digits)
 
 # Repetition inside a string, judged on characters (token splits of a repeated URL or path vary
 # from copy to copy): within the last TEXT_WINDOW characters of the current text run, a span
@@ -62,13 +67,18 @@ def has_periodic_suffix(ids: list[int], min_repeats: int = MIN_REPEATS, min_span
     return False
 
 
-def runaway_number(text_tail: str) -> bool:
+def trailing_digits(text_tail: str) -> int:
+    """How many digits end `text_tail` (an ASCII run: a number's integer part, fraction or exponent)."""
     digits = 0
     for ch in reversed(text_tail):
-        if not ch.isdigit():
+        if not "0" <= ch <= "9":
             break
         digits += 1
-    return digits > MAX_DIGITS
+    return digits
+
+
+def runaway_number(text_tail: str, max_digits: int = MAX_DIGITS) -> bool:
+    return trailing_digits(text_tail) >= max_digits
 
 
 def current_run(text_tail: str) -> str:
@@ -109,12 +119,14 @@ class CompletionGuard:
     its own path), and only the stored one is known to fit the budget."""
 
     loop_breaking: bool = True
+    max_number_digits: int = MAX_DIGITS
     closing: bool = False  # budget closing: stays on until the value is complete
     close_value: bool = False  # loop breaking: close the current value at the next chance
     bound: int | None = None
     tight: bool = False
     checked_at: int = -1
     loops_broken: int = 0
+    in_digits: bool = False  # the loop being broken ends in a digit run: it must end even where no closer fits yet
     plan: list[int] | None = None  # the last plan's tokens (None: unknown, or left by the output)
     plan_at: int = 0  # output length when `plan` was made
     _next: int | None = None  # closing: index in `plan` of the token being chosen
@@ -123,7 +135,7 @@ class CompletionGuard:
 
     def restart(self) -> None:
         """Forget plans and closing after the output was rolled back (a value written again)."""
-        self.closing = self.close_value = self.tight = False
+        self.closing = self.close_value = self.tight = self.in_digits = False
         self.bound = self.plan = self._next = self._vetted = None
         self.checked_at = -1
         self.plan_at = self._at = 0
@@ -217,9 +229,10 @@ class CompletionGuard:
         if self.close_value and closed_value:
             self.close_value = False
         if self.loop_breaking and not self.closing and not self.close_value:
-            if (has_periodic_suffix(output_ids) or runaway_number(text_tail) or repetitive_text(text_tail)
-                    or runaway_run(text_tail)):
+            if (has_periodic_suffix(output_ids) or runaway_number(text_tail, self.max_number_digits)
+                    or repetitive_text(text_tail) or runaway_run(text_tail)):
                 self.close_value = True
+                self.in_digits = trailing_digits(text_tail) > 0
                 self.loops_broken += 1
 
     def fill_mask(self, matcher: TokenMatcher, mask: torch.Tensor, row: int) -> None:
@@ -233,7 +246,11 @@ class CompletionGuard:
             else:
                 matcher.fill_closing_bitmask(mask, row, self.tight)
         elif self.close_value:
-            if not matcher.fill_value_closing_bitmask(mask, row):
+            if matcher.fill_value_closing_bitmask(mask, row):
+                return
+            if self.in_digits:  # nothing ends the number yet: the shortest way to an end, not more digits
+                matcher.fill_closing_bitmask(mask, row, False)
+            else:
                 matcher.fill_bitmask(mask, row)
         else:
             matcher.fill_bitmask(mask, row)

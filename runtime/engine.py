@@ -182,7 +182,8 @@ class Engine:
     def new_request(self, spec: GenerateRequest, emit: Emit) -> Req:
         """The engine's state for a validated `spec` (its matcher, strict guard, generator)."""
         return new_request(spec, emit, self.tokenizer, default_jump_forward=self.config.jump_forward,
-                           loop_breaking=self.config.loop_breaking)
+                           loop_breaking=self.config.loop_breaking,
+                           max_number_digits=self.config.max_number_digits)
 
     def enqueue(self, spec: GenerateRequest, emit: Emit) -> None:
         """Queue `spec`; `emit` gets its events on the engine thread. Refusals raise EngineError

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.completeness import MAX_DIGITS
 from runtime.settings_fields import check_settings, flag_of, setting
 
 TIERS = "hierarchical KV cache (host and disk tiers, pinning)"
@@ -70,6 +71,9 @@ class EngineConfig:
     loop_breaking: bool = setting(
         True, "do not close a strict JSON value that repeats itself (loop breaking)",
         flag="--no-loop-breaking", negative=True)
+    max_number_digits: int = setting(
+        MAX_DIGITS, "loop breaking ends a strict JSON number after this many digits in a row (integer part, "
+        "fraction or exponent)", flag="--max-number-digits", min=1)
     num_threads: int | None = setting(
         None, "torch intra-op threads", flag="--num-threads", type=int, min=1, optional=True,
         default_text="torch's")

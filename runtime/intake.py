@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from runtime.api import EngineError, GenerateRequest, StreamEvent
-from runtime.completeness import CompletionGuard
+from runtime.completeness import MAX_DIGITS, CompletionGuard
 from runtime.decoding import JUMP_FORWARD_MODES
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.request import Req
@@ -60,7 +60,7 @@ def validate(spec: GenerateRequest, limits: Limits) -> GenerateRequest:
 
 
 def new_request(spec: GenerateRequest, emit: Callable[[StreamEvent], None], tokenizer, *,
-                default_jump_forward: str, loop_breaking: bool) -> Req:
+                default_jump_forward: str, loop_breaking: bool, max_number_digits: int = MAX_DIGITS) -> Req:
     """The engine's state for a validated `spec`: its matcher, strict guard and generator."""
     gen = None
     if not spec.sampling.greedy:
@@ -69,7 +69,7 @@ def new_request(spec: GenerateRequest, emit: Callable[[StreamEvent], None], toke
     matcher = spec.constraint.new_matcher() if spec.constraint is not None else None
     guard = None
     if matcher is not None and spec.strict and matcher.supports_strict:
-        guard = CompletionGuard(loop_breaking=loop_breaking)
+        guard = CompletionGuard(loop_breaking=loop_breaking, max_number_digits=max_number_digits)
     return Req(
         spec=spec, emit=emit, detok=IncrementalDetokenizer(tokenizer, spec.sampling.stop),
         matcher=matcher, guard=guard,

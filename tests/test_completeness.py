@@ -63,8 +63,8 @@ def test_periodic_suffix_needs_three_copies_over_twelve_tokens():
 
 
 def test_runaway_number_counts_trailing_digits_only():
-    assert not runaway_number("1" * MAX_DIGITS)
-    assert runaway_number("x" + "1" * (MAX_DIGITS + 1))
+    assert not runaway_number("1" * (MAX_DIGITS - 1))
+    assert runaway_number("x" + "1" * MAX_DIGITS)  # the run is full: the number ends next
     assert not runaway_number("1" * 20 + ".")  # the number ended
     assert not runaway_number("abc")
     assert not runaway_number("")
