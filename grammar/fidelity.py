@@ -375,6 +375,14 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
                                        "closed objects and arrays, with printable ASCII values",
                      exact_in_llguidance=True)
                 continue
+            if keyword == "patternProperties" and isinstance(value, dict) and any(
+                    leading_lookaheads(k) is not None for k in value):
+                # no engine's name regexes have lookaheads: the grammar writes the names without
+                # them (grammar/string_algebra.py), validation after generation keeps them
+                mark(keyword, CHECKED, NEVER_MASKED[keyword] + "; a name pattern that opens with lookaheads is "
+                                       "masked without them (no engine writes lookaheads in names)")
+                children += [(v, join_pointer(here, keyword, k), None) for k, v in value.items()]
+                continue
             if keyword == "patternProperties" and isinstance(value, dict):
                 # llguidance matches names against the patterns exactly (and refuses patterns two
                 # of which a name could match, which then stay refused here)

@@ -98,7 +98,9 @@ def _check_node(node: dict, pointer: str, *, root: dict, strict: bool) -> None:
         validate_regex(node["pattern"], param=None, pointer=join_pointer(pointer, "pattern"), leading_lookaheads=True)
     if isinstance(node.get("patternProperties"), dict):
         for name in node["patternProperties"]:
-            validate_regex(name, param=None, pointer=join_pointer(pointer, "patternProperties", name))
+            # a name's pattern may open with lookaheads as a value's may: checked after generation
+            validate_regex(name, param=None, pointer=join_pointer(pointer, "patternProperties", name),
+                           leading_lookaheads=True)
     _check_bounds(node, pointer)
     if node.get("enum") == []:
         raise GrammarSpecError("enum is empty, so no value can match", join_pointer(pointer, "enum"))

@@ -24,8 +24,10 @@ text is the value, so the regexes apply to it as written, and Python's `re` (whi
 output) agrees with llguidance's on every class there (`\\w`, `\\d`, `\\s`, `.`). Values are thus a
 subset of what the schema allows: every one of them is valid.
 
-For xgrammar (best effort only: strict schemas with these go to llguidance or are refused)
-`without_lookaheads` keeps just `^R$`, a superset, which validation after generation checks.
+For xgrammar (best effort, or strict with check-and-roll-back keeping the whole pattern)
+`without_lookaheads` keeps just `^R$`, a superset, which validation after generation checks. A
+`patternProperties` name pattern of this form is only ever written so: neither engine's name
+regexes have lookaheads (issue #42).
 """
 
 from __future__ import annotations
@@ -167,11 +169,30 @@ def schema_needs_lark(schema: Any) -> bool:
 
 
 def without_lookaheads(schema: Any) -> Any:
-    """`schema` with each such pattern's lookaheads dropped (for xgrammar, in best effort)."""
+    """`schema` with each such pattern's lookaheads dropped (for xgrammar, whose regexes have none:
+    in best effort, or with check-and-roll-back keeping the whole pattern), in `pattern` and in
+    `patternProperties` names (which no engine's mask writes with lookaheads)."""
     def drop(node: dict) -> dict:
         form = leading_lookaheads(node.get("pattern"))
-        return node if form is None else {**node, "pattern": form.without()}
+        if form is not None:
+            node = {**node, "pattern": form.without()}
+        names = node.get("patternProperties")
+        if isinstance(names, dict) and any(leading_lookaheads(k) is not None for k in names):
+            node = {**node, "patternProperties": _names_without_lookaheads(names)}
+        return node
     return rewrite_bottom_up(schema, drop)
+
+
+def _names_without_lookaheads(names: dict) -> dict:
+    out: dict = {}
+    for key, sub in names.items():
+        form = leading_lookaheads(key)
+        if form is not None:
+            key = form.without()
+            if key in names or key in out:  # `^(?!x)[a-z]+$` beside `^[a-z]+$`: the same names, kept apart
+                key = f"^(?:{form.body})" + ("$" if form.to_end else "")
+        out[key] = sub
+    return out
 
 
 def lark_grammar(schema: Any) -> str:
