@@ -23,6 +23,7 @@ accepted budget hold for outputs whose next items must differ from the earlier o
 from __future__ import annotations
 
 from grammar.closing import (
+    allowed_subset,
     completion_bound,
     completion_bound_after,
     completion_plan,
@@ -93,8 +94,27 @@ class StrictMethods:
         return plan if self.values.first_violation(plan) is None else None
 
     def may_expand(self, token_id: int) -> bool:
-        """Whether `token_id` may commit the output to more structure (so its budget is checked)."""
-        return self._closing is not None and token_id in self._closing.expanding
+        """Whether `token_id` may commit the output to more than it needs now (so its budget is
+        checked): a token with structure in it (`,` `[` `{` `"` a newline), or any token where no
+        open string could end now. There a token without structure still chooses a branch: a
+        tool's name (`create` needs a date-time or two more than `calc`), a property's name, an
+        enum member. Only inside text that may end here (a free string) does content leave the
+        shortest completion as it was."""
+        if self._closing is None:
+            return False
+        if token_id in self._closing.expanding:
+            return True
+        return self._chooses_branch()
+
+    def _chooses_branch(self) -> bool:
+        """Is there a choice here that a token without structure could make? Not where the
+        grammar forces the text (there is one way on), nor where a string closer is allowed (an
+        open string, or text, that may end now: content leaves the shortest completion as it was)."""
+        if self.is_terminated() or self._plan.forced_tokens():
+            return False
+        mask = new_bitmask(self._closing.vocab_size)
+        self._plan.fill_mask(mask, 0)
+        return not allowed_subset(mask[0], self._closing.quoted).numel()
 
     def completion_bound_after(self, token_id: int) -> int | None:
         """`completion_bound` after accepting `token_id` (on a fork; None if refused or unknown).
