@@ -18,7 +18,10 @@ package is not installed is left out and said so). The bench starts its own `jum
    `duplicate_keys` counts answers whose raw text repeats an object's name; `closed_at_budget`,
    the answers strict closing completed as `--max-tokens` neared (they end `stop`, with
    `jumpgate.closed_at_budget` on the choice); `valid_at_length`, valid answers that still say
-   `length` (none should: a strict value that completes ends `stop`).
+   `length` (none should: a strict value that completes ends `stop`). `decode_ms_per_token` is the
+   server's mean decode step for the answer (its x-jumpgate-decode-ms-per-token header: ms per
+   output token from the first to the last, no queueing or prefill); the totals give the median,
+   the slowest schema and slowest / median.
 
 The server runs under a memory limit (`--server-memory-mb`, bench/fidelity_client.py's
 ServerGuard): past it, it is stopped and started again (at most `--max-restarts` times). A check
@@ -116,6 +119,8 @@ def answer_line(entry: Entry, check: Check, answer: Answer, commit: str | None =
            **({"commit": commit} if commit else {}),
            "engine": check.engine, "outcome": verdict.outcome, "finish_reason": answer.finish_reason,
            "completion_tokens": answer.completion_tokens, "elapsed_s": answer.elapsed}
+    if answer.decode_ms is not None:
+        out["decode_ms_per_token"] = round(answer.decode_ms, 2)
     if answer.closed_at_budget:
         out["closed_at_budget"] = True
     if verdict.duplicate_keys:
@@ -182,10 +187,25 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "mask_us_per_token_p50": percentile([r.mask_us for r in rows if r.mask_us is not None], 0.5),
         "mask_samples": sum(r.mask_us is not None for r in rows),
         "latency_p50_s": percentile([a.elapsed for a in answered], 0.5),
+        **decode_steps(rows),
         "mean_prompt_tokens": sum(a.prompt_tokens for a in answered) / len(answered) if answered else None,
         "mean_completion_tokens": sum(a.completion_tokens for a in answered) / len(answered) if answered else None,
         "answered_validly_frac": outcomes.get("valid", 0) / n if n else None,
     }
+
+
+def decode_steps(rows: list[Row]) -> dict[str, Any]:
+    """Each answered schema's mean decode step (the server's, first token to last): the median,
+    the slowest schema and slowest / median (issue #42's target: at most 5)."""
+    timed = [r for r in rows if r.answer.status == 200 and r.answer.decode_ms is not None]
+    if not timed:
+        return {"decode_ms_per_token_p50": None, "decode_slowest": None, "decode_slowest_over_p50": None}
+    median = percentile([r.answer.decode_ms for r in timed], 0.5)
+    slowest = max(timed, key=lambda r: r.answer.decode_ms)
+    return {"decode_ms_per_token_p50": round(median, 2),
+            "decode_slowest": {"name": slowest.entry.name, "ms_per_token": round(slowest.answer.decode_ms, 2),
+                               "completion_tokens": slowest.answer.completion_tokens},
+            "decode_slowest_over_p50": round(slowest.answer.decode_ms / median, 2) if median else None}
 
 
 def detail(row: Row) -> dict[str, Any] | None:

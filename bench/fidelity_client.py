@@ -19,6 +19,7 @@ from grammar.fidelity import DUPLICATE_KEYS, ENFORCED, XGRAMMAR
 COMPILE_SECONDS = "jumpgate_grammar_compile_seconds_total"
 SERVER_MEMORY, NOT_ASKED = "server_memory", "not_asked"  # the bench's own codes
 PROMPT_TOO_LONG = "context_length_exceeded"  # the server's code for a prompt past the context
+DECODE_HEADER = "x-jumpgate-decode-ms-per-token"  # gateway/access_log.py
 _MESSAGE = 300
 
 
@@ -50,6 +51,9 @@ class Answer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed: float = 0.0
+    # the server's mean decode step, ms per output token from the first to the last (no queueing,
+    # no prefill): its x-jumpgate-decode-ms-per-token header (None: under two tokens)
+    decode_ms: float | None = None
 
 
 def short(text: Any) -> str | None:
@@ -219,7 +223,14 @@ async def answer_one(client: httpx.AsyncClient, entry: Entry, max_tokens: int) -
     return Answer(200, content=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
                   server_valid=extension.get("schema_valid"), closed_at_budget=bool(extension.get("closed_at_budget")),
                   prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
-                  elapsed=elapsed)
+                  elapsed=elapsed, decode_ms=_float(resp.headers.get(DECODE_HEADER)))
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
 
 
 async def answer_all(client: httpx.AsyncClient, entries: list[Entry], max_tokens: int, concurrency: int,

@@ -18,6 +18,7 @@ from gateway.generation import RequestLog
 log = logging.getLogger("jumpgate.access")
 
 SCOPE_KEY = "jumpgate.request_log"
+DECODE_HEADER = b"x-jumpgate-decode-ms-per-token"  # the mean decode step (RequestLog.decode_ms_per_token)
 
 
 def request_log_of(scope: Any) -> RequestLog:
@@ -41,10 +42,12 @@ def access_log_middleware(app: ASGIApp) -> ASGIApp:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = list(message.get("headers", []))
                 if record.request_id != "-":
-                    headers = list(message.get("headers", []))
                     headers.append((b"x-request-id", record.request_id.encode()))
-                    message["headers"] = headers  # type: ignore[typeddict-unknown-key]
+                if record.decode_ms_per_token is not None:  # a whole answer (a stream starts before it)
+                    headers.append((DECODE_HEADER, f"{record.decode_ms_per_token:.3f}".encode()))
+                message["headers"] = headers  # type: ignore[typeddict-unknown-key]
             await send(message)
 
         try:
@@ -65,6 +68,8 @@ def access_log_middleware(app: ASGIApp) -> ASGIApp:
                 )
             if record.outcome:
                 parts.append(f"outcome={record.outcome}")
+            if record.decode_ms_per_token is not None:
+                parts.append(f"decode_ms_per_token={record.decode_ms_per_token:.2f}")
             parts.append(f"time_ms={elapsed_ms:.1f}")
             log.info(" ".join(parts))
 

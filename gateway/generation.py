@@ -59,6 +59,7 @@ class Outcome:
     completion_tokens: int = 0
     error: str | None = None
     closed_at_budget: bool = False  # strict closing completed the value (runtime.api.StreamEvent)
+    decode_seconds: float = 0.0  # first output token to the last (runtime.api.StreamEvent)
     token_ids: list[int] = field(default_factory=list)  # generated ids (a stop token included)
     # requests that asked for logprobs: the records so far, and the tokenizer's texts to show them
     logprobs: list[TokenLogprob] | None = None
@@ -135,6 +136,7 @@ class EngineStream:
             o.finish_reason = event.finish_reason
             o.error = event.error
             o.closed_at_budget = event.closed_at_budget
+            o.decode_seconds = event.decode_seconds
             self._record_final()
 
     def _record_final(self) -> None:
@@ -268,8 +270,14 @@ class RequestLog:
     completion_tokens: int = 0
     outcome: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # the slowest choice's mean decode step (ms per output token after the first; None: no choice
+    # had two tokens), sent as x-jumpgate-decode-ms-per-token where headers follow the answer
+    decode_ms_per_token: float | None = None
 
     def add(self, o: Outcome) -> None:
         self.prompt_tokens += o.prompt_tokens
         self.cached_tokens += o.cached_tokens
         self.completion_tokens += o.completion_tokens
+        if o.completion_tokens > 1 and o.decode_seconds > 0:
+            step = o.decode_seconds * 1e3 / (o.completion_tokens - 1)
+            self.decode_ms_per_token = max(step, self.decode_ms_per_token or 0.0)

@@ -76,6 +76,9 @@ class StreamEvent:
     # The last event of a strict request whose value budget closing completed: it ended `stop`
     # (the grammar finished) but the budget, not the model, decided where (runtime/completeness.py).
     closed_at_budget: bool = False
+    # The last event: seconds from the step that chose the first output token to the one that
+    # chose the last (so divided by completion_tokens - 1, the mean decode step).
+    decode_seconds: float = 0.0
     # One record per token of the new text (the final EOS / stop token has none, as it has no
     # text); None unless the request's sampling asked for logprobs.
     logprobs: list[TokenLogprob] | None = None

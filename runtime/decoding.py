@@ -159,8 +159,9 @@ class Decoder:
         self.counters.jump_forward_tokens += accepted_draft
         self.counters.jump_forward_rejected += rejected
         r.jump_forward_tokens += accepted_draft
+        r.last_token_at = time.monotonic()
         if r.first_token_at is None:
-            r.first_token_at = time.monotonic()
+            r.first_token_at = r.last_token_at
             self.counters.ttft_seconds_sum += r.first_token_at - r.arrival
         return finish if finish is not None else self.plan_jump_forward(r)
 

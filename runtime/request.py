@@ -44,6 +44,7 @@ class Req:
     prompt_cached_tokens: int | None = None  # reported cached_tokens (set at first admission)
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    last_token_at: float | None = None  # the last step that accepted output tokens
     finished: bool = False
     finish_reason: str | None = None
     jump_forward_tokens: int = 0
@@ -127,8 +128,15 @@ class Req:
             rid=self.rid, text=text, token_ids=ids, finished=True, finish_reason=self.finish_reason,
             prompt_tokens=len(self.prompt_ids), cached_tokens=self.prompt_cached_tokens or 0,
             completion_tokens=len(self.output_ids), error=error, logprobs=self.take_logprobs(),
-            closed_at_budget=self.closed_at_budget,
+            closed_at_budget=self.closed_at_budget, decode_seconds=self.decode_seconds,
         )
+
+    @property
+    def decode_seconds(self) -> float:
+        """From the first output token to the last (no queueing, no prefill)."""
+        if self.first_token_at is None or self.last_token_at is None:
+            return 0.0
+        return self.last_token_at - self.first_token_at
 
     @property
     def closed_at_budget(self) -> bool:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bench.fidelity_bench import AnswerLog, Row, answer_line, classify, detail, parse_args, pick, summarize
+from bench.fidelity_bench import AnswerLog, Row, answer_line, classify, decode_steps, detail, parse_args, pick, summarize
 from bench.fidelity_corpus import select
 from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
 from bench.fidelity_corpus import Entry
@@ -126,6 +126,21 @@ def test_summary_and_details():
     assert lines[2]["outcome"] == "cut_off" and lines[3] is None and lines[4] is None
     assert lines[5]["refused_keywords"] == ["not"]
     assert all(line["kind"] == "detail" and line["name"] for line in lines[1:] if line is not None)
+
+
+def test_decode_steps_say_the_median_the_slowest_schema_and_their_ratio():
+    xgr = Check(200, engine="xgrammar", strict_accepted=True)
+    steps = [20.0, 30.0, 40.0, None, 200.0]
+    rows = [Row(Entry("s", f"e{i}", SCHEMA), xgr, a, classify(SCHEMA, a))
+            for i, a in enumerate(Answer(200, content='{"n": 1}', finish_reason="stop", completion_tokens=9,
+                                         decode_ms=ms) for ms in steps)]
+    rows.append(Row(Entry("s", "refused", SCHEMA), xgr, Answer(400, decode_ms=900.0), classify(SCHEMA, Answer(400))))
+    s = decode_steps(rows)  # the untimed answer and the refusal are left out
+    assert s == {"decode_ms_per_token_p50": 35.0, "decode_slowest_over_p50": 5.71,
+                 "decode_slowest": {"name": "e4", "ms_per_token": 200.0, "completion_tokens": 9}}
+    assert summarize(rows)["decode_slowest"]["name"] == "e4"
+    assert answer_line(rows[4].entry, xgr, rows[4].answer)["decode_ms_per_token"] == 200.0
+    assert decode_steps(rows[3:4])["decode_ms_per_token_p50"] is None
 
 
 def test_answer_lines_say_each_verdict_and_go_where_asked(tmp_path, capsys):
