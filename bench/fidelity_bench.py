@@ -63,7 +63,7 @@ from bench.common import emit, git_commit
 from bench.fidelity_client import (PROMPT_TOO_LONG, SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all,
                                    short)
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
-from bench.fidelity_tally import answered, refused
+from bench.fidelity_tally import answered, decode_summary, refused
 from bench.fidelity_tally import run as tally_run
 from bench.serve_bench import exit_on_sigterm, percentile
 from bench.server_process import MODEL, JumpgateServer
@@ -179,6 +179,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "refused_by_code": dict(sorted(Counter(r.answer.code or "?" for r in rows
                                                if r.verdict.outcome == "refused").items())),
         "prompt_length_refusals": sum(r.verdict.prompt_length for r in rows),
+        "value_retries_exhausted": sum(r.answer.code == "value_retries_exhausted" for r in rows),
         "duplicate_keys": sum(r.verdict.duplicate_keys for r in rows),
         "server_verdict_disagrees": sum(r.verdict_disagrees for r in rows),
         "compile_ms_p50": percentile([r.check.compile_ms for r in rows if r.check.compile_ms is not None], 0.5),
@@ -197,15 +198,8 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
 def decode_steps(rows: list[Row]) -> dict[str, Any]:
     """Each answered schema's mean decode step (the server's, first token to last): the median,
     the slowest schema and slowest / median (issue #42's target: at most 5)."""
-    timed = [r for r in rows if r.answer.status == 200 and r.answer.decode_ms is not None]
-    if not timed:
-        return {"decode_ms_per_token_p50": None, "decode_slowest": None, "decode_slowest_over_p50": None}
-    median = percentile([r.answer.decode_ms for r in timed], 0.5)
-    slowest = max(timed, key=lambda r: r.answer.decode_ms)
-    return {"decode_ms_per_token_p50": round(median, 2),
-            "decode_slowest": {"name": slowest.entry.name, "ms_per_token": round(slowest.answer.decode_ms, 2),
-                               "completion_tokens": slowest.answer.completion_tokens},
-            "decode_slowest_over_p50": round(slowest.answer.decode_ms / median, 2) if median else None}
+    return decode_summary([(r.entry.name, r.answer.decode_ms, r.answer.completion_tokens) for r in rows
+                           if r.answer.status == 200 and r.answer.decode_ms is not None])
 
 
 def detail(row: Row) -> dict[str, Any] | None:

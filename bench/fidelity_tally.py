@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -50,6 +51,18 @@ def refused(paths: Iterable[str | Path]) -> set[tuple[str, str]]:
     return {key for key, line in answer_lines(paths).items() if line["outcome"] == "refused"}
 
 
+def decode_summary(steps: Sequence[tuple[str, float, int]]) -> dict[str, Any]:
+    """(name, mean decode step in ms, completion tokens) of each timed answer: the median step,
+    the slowest schema and slowest / median (issue #42's target: at most 5)."""
+    if not steps:
+        return {"decode_ms_per_token_p50": None, "decode_slowest": None, "decode_slowest_over_p50": None}
+    median = statistics.median(ms for _, ms, _ in steps)
+    name, ms, tokens = max(steps, key=lambda s: s[1])
+    return {"decode_ms_per_token_p50": round(median, 2),
+            "decode_slowest": {"name": name, "ms_per_token": round(ms, 2), "completion_tokens": tokens},
+            "decode_slowest_over_p50": round(ms / median, 2) if median else None}
+
+
 def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[str, Any]:
     outcomes = Counter(line["outcome"] for line in lines)
     out: dict[str, Any] = {"answered": len(lines)}
@@ -64,7 +77,11 @@ def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[st
         valid_at_length=sum(line["outcome"] == "valid" and line.get("finish_reason") == "length" for line in lines),
         prompt_length_refusals=sum(line["outcome"] == "refused"
                                    and str(line.get("message", "")).startswith(PROMPT_TOO_LONG) for line in lines),
+        value_retries_exhausted=sum(str(line.get("message", "")).startswith("value_retries_exhausted")
+                                    for line in lines),
         answered_validly_frac=outcomes.get("valid", 0) / len(lines) if lines else None,
+        **decode_summary([(line["name"], line["decode_ms_per_token"], line.get("completion_tokens", 0))
+                          for line in lines if line.get("decode_ms_per_token") is not None]),
     )
     return out
 

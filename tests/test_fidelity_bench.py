@@ -138,8 +138,17 @@ def test_decode_steps_say_the_median_the_slowest_schema_and_their_ratio():
     s = decode_steps(rows)  # the untimed answer and the refusal are left out
     assert s == {"decode_ms_per_token_p50": 35.0, "decode_slowest_over_p50": 5.71,
                  "decode_slowest": {"name": "e4", "ms_per_token": 200.0, "completion_tokens": 9}}
+    spent = Answer(422, code="value_retries_exhausted", message="the output kept breaking 'pattern'")
+    rows.append(Row(Entry("s", "spent", SCHEMA), xgr, spent, classify(SCHEMA, spent)))
     assert summarize(rows)["decode_slowest"]["name"] == "e4"
-    assert answer_line(rows[4].entry, xgr, rows[4].answer)["decode_ms_per_token"] == 200.0
+    assert summarize(rows)["value_retries_exhausted"] == 1
+    assert tally([answer_line(rows[-1].entry, xgr, spent)])["value_retries_exhausted"] == 1
+    line = answer_line(rows[4].entry, xgr, rows[4].answer)
+    assert line["decode_ms_per_token"] == 200.0
+    assert {k: v for k, v in tally([line, answer_line(rows[0].entry, xgr, rows[0].answer)]).items()
+            if k.startswith("decode")} == {"decode_ms_per_token_p50": 110.0, "decode_slowest_over_p50": 1.82,
+                                           "decode_slowest": {"name": "e4", "ms_per_token": 200.0,
+                                                              "completion_tokens": 9}}
     assert decode_steps(rows[3:4])["decode_ms_per_token_p50"] is None
 
 
