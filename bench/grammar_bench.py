@@ -183,9 +183,9 @@ def jump_forward(engine: Engine, svc: GrammarService, quick: bool) -> dict:
             runs[mode].append({"tok_s": s.generated_tokens / s.engine_seconds,
                                "tok_cpu_s": s.generated_tokens / cpu,
                                "ppt": sum(len(tl.events) for tl in lines) / tokens,
-                               "batch_ppt": s["forward_passes"] / s["generated_tokens"],
-                               "drafted": s.get("jump_forward_tokens", 0) + s.get("jump_forward_rejected", 0),
-                               "rejected": s.get("jump_forward_rejected", 0), "tokens": tokens})
+                               "batch_ppt": s.forward_passes / s.generated_tokens,
+                               "drafted": s.jump_forward_tokens + s.jump_forward_rejected,
+                               "rejected": s.jump_forward_rejected, "tokens": tokens})
             outputs[mode] = [[t for ev in tl.events for t in ev.token_ids] for tl in lines]
     med = lambda mode, key: statistics.median(r[key] for r in runs[mode])
     rec = {"metric": "jump_forward", "requests": len(prompts), "max_tokens": max_tokens,
