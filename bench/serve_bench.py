@@ -74,6 +74,7 @@ class Result:
     cached_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    error_code: str | None = None  # the OpenAI error object's code (e.g. engine_stopped), where one came
     saw_done: bool = False
 
 
@@ -89,7 +90,8 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
         if resp.status_code != 200:
             raw = await resp.aread()
             try:
-                r.error = json.loads(raw)["error"]["message"]
+                err = json.loads(raw)["error"]
+                r.error, r.error_code = err["message"], err.get("code")
             except (ValueError, KeyError, TypeError):
                 r.error = raw[:200].decode(errors="replace")
             r.elapsed = time.perf_counter() - t0
@@ -106,6 +108,7 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
             events += 1
             if "error" in obj:
                 r.error = obj["error"].get("message", "stream error")
+                r.error_code = obj["error"].get("code")
                 continue
             if obj.get("usage"):
                 u = obj["usage"]
@@ -131,6 +134,35 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
             if on_event is not None and await on_event(events):
                 break
     r.elapsed = time.perf_counter() - t0
+    return r
+
+
+async def post_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Result:
+    """POST a non-streamed chat request; the same `Result` as `stream_chat` (saw_done: a whole body)."""
+    r = Result()
+    t0 = time.perf_counter()
+    resp = await client.post("/v1/chat/completions", json={**body, "stream": False})
+    r.status, r.elapsed = resp.status_code, time.perf_counter() - t0
+    try:
+        obj = resp.json()
+    except ValueError:
+        r.error = resp.text[:200]
+        return r
+    if resp.status_code != 200 or "error" in obj:
+        err = obj.get("error") if isinstance(obj, dict) else None
+        r.error = (err or {}).get("message", resp.text[:200]) if isinstance(err, dict) else resp.text[:200]
+        r.error_code = err.get("code") if isinstance(err, dict) else None
+        return r
+    r.saw_done = True
+    choice = obj["choices"][0]
+    msg = choice.get("message") or {}
+    r.content = msg.get("content") or ""
+    for i, tc in enumerate(msg.get("tool_calls") or []):
+        r.tool_calls[i] = {"id": tc.get("id", ""), "name": tc["function"]["name"],
+                           "arguments": tc["function"]["arguments"]}
+    r.finish_reason = choice.get("finish_reason")
+    u = obj.get("usage") or {}
+    r.prompt_tokens, r.completion_tokens = u.get("prompt_tokens", 0), u.get("completion_tokens", 0)
     return r
 
 

@@ -1,19 +1,30 @@
 """`python -m bench soak`: many concurrent clients against a server with a small KV pool.
 
-Starts `jumpgate serve --kv-pool-tokens 4096` and, for a bounded time (default 120 s, --quick
-40 s), runs 64 concurrent streaming clients. Each client repeatedly picks: 20% a valid request it
-hangs up on part-way (after a few SSE events, or while still queued), 10% a bad request (malformed
-JSON, wrong types, unknown model or schema id, invalid schema or regex, missing tool, oversized
-body, ...), and otherwise a valid request whose output is checked against its schema: agent-tools
-(short system prompt + the 8 tools of schemas/agent_tools.json, tool_choice "required", one call)
-or json-extract (a shared document, a 5-field strict schema). A background thread hits /health every 100 ms and samples the server's RSS.
-At the deadline the requests still in flight are cancelled (one more wave of disconnects), the
-server is given time to go idle, and /metrics is read for slots left behind.
+Starts `jumpgate serve --kv-pool-tokens 4096` with the host and disk KV tiers on (the disk tier in
+a temp folder) and, for a bounded time (default 120 s, --quick 40 s), runs 64 concurrent clients.
+Each client repeatedly picks: 20% a valid request it hangs up on part-way (after a few SSE events,
+or while still queued), 10% a bad request (malformed JSON, wrong types, unknown model or schema id,
+invalid schema or regex, missing tool, oversized body, ...), and otherwise a valid request whose
+output is checked against its schema: agent-tools (short system prompt + the 8 tools of
+schemas/agent_tools.json, tool_choice "required", one call, streamed), json-extract (a shared
+document, a 5-field strict schema, streamed or not), a registry upload (POST /v1/schemas of a
+schema no other upload has, then a request naming it by `schema_id`, streamed or not) or a stored
+response (/v1/responses, strict json_schema, store: true). A background thread hits /health every
+100 ms and samples the server's RSS. At the deadline the requests still in flight are cancelled
+(one more wave of disconnects), the server is given time to go idle, /metrics is read for slots
+left behind, and every acknowledged upload and stored response is read back.
+
+`--cluster` runs the same clients against `jumpgate serve --replicas 2` on Ray Serve (the gateway
+replicas share the registry and responses folders, the engines the grammar cache and disk tier)
+and SIGKILLs one replica every `--kill-every` seconds (`bench/replica_killer.py`): a request that
+fails with the clear 503 `engine_stopped` while a replica died under it counts as
+`killed_in_flight`; any other failure is a server error.
 
 One JSON line: requests, completed_ok, server_errors (5xx or an error event in a stream),
 invalid_outputs, leaked_slots (KV slots held only by requests once idle), running_after_idle,
 rss_growth_mb (mean RSS over the last third of the run minus the mean over the second third),
-p99_health_ms, and the counts behind them.
+p99_health_ms, uploads_lost / responses_lost (acknowledged, not readable at the end), and the counts
+behind them.
 """
 
 from __future__ import annotations
@@ -32,11 +43,13 @@ from typing import Any, Sequence
 import httpx
 
 from bench.common import emit
+from bench.replica_killer import ReplicaKiller, descendants
 from bench.server_process import JumpgateServer
 from bench.serve_bench import (
     EXTRACT_SCHEMA_PATH,
     MODEL,
     DOCUMENT_PEOPLE,
+    post_chat,
     Result,
     exit_on_sigterm,
     json_valid,
@@ -57,6 +70,17 @@ CONTACT_SCHEMA = {
 }
 AGENT_SYSTEM = ("You are Atlas, an operations agent for a logistics company. Call exactly the tool that the "
                 "user's request needs, with precise arguments.")
+
+
+def upload_schema(tag: str, n: int) -> dict[str, Any]:
+    """The n-th upload's schema: each one its own registry id and grammar (bounds and description differ)."""
+    return {
+        "type": "object", "description": f"soak upload {tag}-{n}",
+        "properties": {"full_name": {"type": "string", "maxLength": 24 + n % 32},
+                       "city": {"type": "string", "maxLength": 40},
+                       "years_in_role": {"type": "integer", "minimum": 0, "maximum": 40 + n % 60}},
+        "required": ["full_name", "city", "years_in_role"], "additionalProperties": False,
+    }
 
 
 def short_document() -> str:
@@ -83,6 +107,14 @@ class Counters:
     client_errors: int = 0  # unexpected 4xx on valid requests
     transport_errors: int = 0
     cancelled_at_end: int = 0
+    non_streamed: int = 0
+    uploads: int = 0
+    uploads_acknowledged: int = 0
+    uploads_lost: int = 0  # acknowledged, then not readable at the end
+    responses_stored: int = 0
+    responses_lost: int = 0
+    killed_in_flight: int = 0  # --cluster: the clear 503 engine_stopped of a request a killed replica held
+    killed_by_status: dict[str, int] = field(default_factory=dict)
     by_status: dict[str, int] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
 
@@ -105,6 +137,10 @@ class Soak:
         self.extract_schema = CONTACT_SCHEMA
         self.document = short_document()
         self.bad = self._bad_requests()
+        self.killer: ReplicaKiller | None = None
+        self.uploaded: dict[str, dict[str, Any]] = {}  # acknowledged schema id -> schema
+        self.stored: list[str] = []  # acknowledged stored response ids
+        self.upload_seq = 0
 
     # ------------------------------------------------------------------ request bodies
 
@@ -144,26 +180,38 @@ class Soak:
 
     # ------------------------------------------------------------------ one action of a client
 
-    def _record_stream(self, kind: str, r: Result) -> None:
+    def failed(self, what: str, status: int, code: str | None, started: float, detail: str) -> None:
+        """A 5xx, an error event in a stream, or a stream cut: with --cluster, the clear 503
+        `engine_stopped` of a request a killed replica may have held is the chaos working."""
+        c = self.c
+        if self.killer is not None and self.killer.near_a_kill(started, time.monotonic(), self.args.kill_window):
+            key = f"{status}/{code}"
+            c.killed_by_status[key] = c.killed_by_status.get(key, 0) + 1
+            if status in (0, 200, 503) and code == "engine_stopped":
+                c.killed_in_flight += 1
+                return
+        c.server_errors += 1
+        c.sample(f"{what}: HTTP {status} ({code}): {detail}")
+
+    def _record_stream(self, kind: str, r: Result, started: float, schema: dict[str, Any] | None = None) -> None:
         c = self.c
         c.status(r.status)
         if r.status >= 500:
-            c.server_errors += 1
-            c.sample(f"{kind}: HTTP {r.status}: {r.error}")
+            self.failed(kind, r.status, r.error_code, started, str(r.error))
             return
         if r.status != 200:
             c.client_errors += 1
             c.sample(f"{kind}: HTTP {r.status}: {r.error}")
             return
         if r.error is not None or not r.saw_done:
-            c.server_errors += 1  # an error event inside the stream, or a stream cut by the server
-            c.sample(f"{kind}: stream error: {r.error} (done={r.saw_done})")
+            # an error event inside the stream, or a stream cut by the server
+            self.failed(kind + "/stream", r.status, r.error_code, started, f"{r.error} (done={r.saw_done})")
             return
         if kind == "agent":
             calls = [(x["name"], x["arguments"]) for _, x in sorted(r.tool_calls.items())]
             valid = tool_calls_valid(calls, self.tool_params)
         else:
-            valid = json_valid(r.content, self.extract_schema)
+            valid = json_valid(r.content, schema or self.extract_schema)
         if r.finish_reason == "length":
             c.incomplete += 1
         if valid:
@@ -172,11 +220,98 @@ class Soak:
             c.invalid_outputs += 1
             c.sample(f"{kind}: invalid output (finish={r.finish_reason}): {r.content[:120]} {r.tool_calls}")
 
+    async def chat(self, client: httpx.AsyncClient, kind: str, body: dict[str, Any], stream: bool,
+                   schema: dict[str, Any] | None = None) -> None:
+        started = time.monotonic()
+        if not stream:
+            self.c.non_streamed += 1
+        call = stream_chat(client, body) if stream else post_chat(client, body)
+        r = await asyncio.wait_for(call, timeout=self.args.request_timeout)
+        self._record_stream(kind, r, started, schema)
+
     async def valid(self, client: httpx.AsyncClient, rng: random.Random) -> None:
-        kind, body = self.valid_body(rng)
         self.c.valid_requests += 1
-        r = await asyncio.wait_for(stream_chat(client, body), timeout=self.args.request_timeout)
-        self._record_stream(kind, r)
+        roll = rng.random()
+        if roll < self.args.upload_frac:
+            await self.upload(client, rng)
+        elif roll < self.args.upload_frac + self.args.responses_frac:
+            await self.stored_response(client, rng)
+        else:
+            kind, body = self.valid_body(rng)
+            await self.chat(client, kind, body, stream=kind == "agent" or rng.random() < 0.5)
+
+    async def upload(self, client: httpx.AsyncClient, rng: random.Random) -> None:
+        """POST /v1/schemas a new schema, then a strict request naming it by id (streamed or not)."""
+        n, self.upload_seq = self.upload_seq, self.upload_seq + 1
+        schema = upload_schema(str(self.args.seed), n)
+        self.c.uploads += 1
+        started = time.monotonic()
+        resp = await client.post("/v1/schemas", json={"name": f"soak-{n}", "schema": schema})
+        self.c.status(resp.status_code)
+        if resp.status_code >= 500:
+            self.failed("upload", resp.status_code, error_code(resp), started, resp.text[:200])
+            return
+        if resp.status_code not in (200, 201):
+            self.c.client_errors += 1
+            self.c.sample(f"upload: HTTP {resp.status_code}: {resp.text[:200]}")
+            return
+        schema_id = resp.json()["id"]
+        self.uploaded[schema_id] = schema
+        self.c.uploads_acknowledged += 1
+        name = DOCUMENT_PEOPLE[rng.randrange(4)][0]
+        body = {"model": MODEL, "temperature": 0, "max_tokens": self.args.max_tokens, "schema_id": schema_id,
+                "messages": [{"role": "system", "content": self.document},
+                             {"role": "user", "content": f"Extract the record of {name}."}]}
+        await self.chat(client, "registry", body, stream=rng.random() < 0.5, schema=schema)
+
+    async def stored_response(self, client: httpx.AsyncClient, rng: random.Random) -> None:
+        """/v1/responses, strict json_schema, store: true; the id must be readable at the end."""
+        name = DOCUMENT_PEOPLE[rng.randrange(4)][0]
+        body = {"model": MODEL, "temperature": 0, "max_output_tokens": self.args.max_tokens, "store": True,
+                "instructions": self.document, "input": f"Extract the record of {name}.",
+                "text": {"format": {"type": "json_schema", "name": "record", "strict": True,
+                                    "schema": self.extract_schema}}}
+        started = time.monotonic()
+        self.c.non_streamed += 1
+        resp = await client.post("/v1/responses", json=body)
+        c = self.c
+        c.status(resp.status_code)
+        if resp.status_code >= 500:
+            self.failed("responses", resp.status_code, error_code(resp), started, resp.text[:200])
+            return
+        if resp.status_code != 200:
+            c.client_errors += 1
+            c.sample(f"responses: HTTP {resp.status_code}: {resp.text[:200]}")
+            return
+        obj = resp.json()
+        if obj.get("error"):
+            self.failed("responses", resp.status_code, obj["error"].get("code"), started, str(obj["error"]))
+            return
+        self.stored.append(obj["id"])
+        c.responses_stored += 1
+        text = "".join(part.get("text", "") for item in obj.get("output", []) if item.get("type") == "message"
+                       for part in item.get("content", []))
+        if obj.get("status") == "incomplete":
+            c.incomplete += 1
+        if json_valid(text, self.extract_schema):
+            c.completed_ok += 1
+        else:
+            c.invalid_outputs += 1
+            c.sample(f"responses: invalid output (status={obj.get('status')}): {text[:120]}")
+
+    async def read_back(self) -> None:
+        """Every acknowledged upload and stored response must still be readable."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
+            for schema_id in self.uploaded:
+                resp = await client.get(f"/v1/schemas/{schema_id}")
+                if resp.status_code != 200:
+                    self.c.uploads_lost += 1
+                    self.c.sample(f"upload {schema_id} lost: HTTP {resp.status_code}: {resp.text[:200]}")
+            for rid in self.stored:
+                resp = await client.get(f"/v1/responses/{rid}")
+                if resp.status_code != 200:
+                    self.c.responses_lost += 1
+                    self.c.sample(f"response {rid} lost: HTTP {resp.status_code}: {resp.text[:200]}")
 
     async def disconnect(self, client: httpx.AsyncClient, rng: random.Random) -> None:
         kind, body = self.valid_body(rng)
@@ -187,14 +322,14 @@ class Soak:
         async def hang_up(n: int) -> bool:
             return n >= after_events
 
+        started = time.monotonic()
         try:
             r = await asyncio.wait_for(stream_chat(client, body, on_event=hang_up), timeout=after_s)
         except asyncio.TimeoutError:
             return
         if r.status >= 500:
             self.c.status(r.status)
-            self.c.server_errors += 1
-            self.c.sample(f"disconnect/{kind}: HTTP {r.status}: {r.error}")
+            self.failed(f"disconnect/{kind}", r.status, r.error_code, started, str(r.error))
 
     async def bad_request(self, client: httpx.AsyncClient, rng: random.Random) -> None:
         name, kwargs = self.bad[rng.randrange(len(self.bad))]
@@ -229,12 +364,17 @@ class Soak:
             action = (self.disconnect if roll < self.args.disconnect_frac else
                       self.bad_request if roll < self.args.disconnect_frac + self.args.bad_frac else self.valid)
             self.c.requests += 1
+            started = time.monotonic()
             try:
                 await action(client, rng)
             except asyncio.CancelledError:
                 self.c.cancelled_at_end += 1
                 raise
             except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+                if self.killer is not None and self.killer.near_a_kill(started, time.monotonic(),
+                                                                       self.args.kill_window):
+                    key = f"transport/{type(exc).__name__}"
+                    self.c.killed_by_status[key] = self.c.killed_by_status.get(key, 0) + 1
                 self.c.transport_errors += 1
                 self.c.sample(f"{action.__name__}: {type(exc).__name__}: {exc}")
 
@@ -253,9 +393,10 @@ class Soak:
 class Poller(threading.Thread):
     """/health every `interval` s (latency in ms) and the server's RSS once a second."""
 
-    def __init__(self, server: JumpgateServer, interval: float = 0.1):
+    def __init__(self, server: JumpgateServer, rss: Any, interval: float = 0.1):
         super().__init__(name="soak-poller", daemon=True)
         self.server = server
+        self.rss_mb = rss
         self.interval = interval
         self.health_ms: list[float] = []
         self.health_failures = 0
@@ -278,13 +419,32 @@ class Poller(threading.Thread):
                     self.health_failures += 1
                 now = time.monotonic()
                 if now - last_rss >= 1.0:
-                    self.rss.append((now, self.server.rss_mb()))
+                    self.rss.append((now, self.rss_mb()))
                     last_rss = now
                 self._halt.wait(max(0.0, self.interval - elapsed))
 
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=10)
+
+
+def error_code(resp: httpx.Response) -> str | None:
+    try:
+        return resp.json()["error"].get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of `root` and every process below it (with --cluster: Ray and its replicas)."""
+    total = 0.0
+    for pid in [root, *descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0) / 1024.0
+        except OSError:
+            pass
+    return total
 
 
 def mean(xs: list[float]) -> float | None:
@@ -305,6 +465,22 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--idle-timeout", type=float, default=60.0, help="seconds to wait for the server to go idle")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--upload-frac", type=float, default=0.2,
+                    help="share of valid requests that upload a new schema and then use it by id")
+    ap.add_argument("--responses-frac", type=float, default=0.15,
+                    help="share of valid requests that are stored /v1/responses (read back at the end)")
+    ap.add_argument("--host-pool-tokens", type=int, default=8192, help="host KV tier (0: tiers off)")
+    ap.add_argument("--no-disk-tier", action="store_true", help="no disk KV tier (it is on, in a temp folder)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="two engine replicas on Ray Serve, one killed every --kill-every s (chaos)")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--gateway-replicas", type=int, default=2,
+                    help="--cluster: gateway replicas (they share the registry and responses folders)")
+    ap.add_argument("--kill-every", type=float, default=20.0 if quick else 120.0)
+    ap.add_argument("--kill", default="engine",
+                    help="--cluster: deployments whose replicas are killed in turn (engine, gateway)")
+    ap.add_argument("--kill-window", type=float, default=90.0,
+                    help="--cluster: seconds after a kill during which engine_stopped is the kill's doing")
     return ap.parse_args(list(argv or []))
 
 
@@ -312,8 +488,8 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     args = parse_args(quick, argv)
     exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="jumpgate-soak-") as tmp:
-        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300,
-                                extra_args=["--max-running-requests", str(args.max_running_requests)])
+        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=600,
+                                extra_args=server_args(args, Path(tmp)))
         with server:
             soak = Soak(server.url, args)
             # warm-up outside the measured window: compile both grammars once
@@ -328,15 +504,22 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                             await stream_chat(client, {**body, "max_tokens": args.max_tokens})
             asyncio.run(warm())
 
-            poller = Poller(server)
+            poller = Poller(server, rss=(lambda: tree_rss_mb(server.pid)) if args.cluster else server.rss_mb)
+            if args.cluster:
+                soak.killer = ReplicaKiller(server.pid, args.kill_every, tuple(args.kill.split(",")), seed=args.seed)
             t_start = time.monotonic()
             poller.start()
+            if soak.killer is not None:
+                soak.killer.start()
             asyncio.run(soak.run(t_start + args.duration))
             t_end = time.monotonic()
+            if soak.killer is not None:
+                soak.killer.stop()
             after = server.wait_metrics(timeout_s=args.idle_timeout, interval_s=0.25)
             idle_wait = time.monotonic() - t_end
+            asyncio.run(soak.read_back())
             poller.stop()
-            rss_final = server.rss_mb()
+            rss_final = poller.rss_mb()
 
     third = (t_end - t_start) / 3.0
     second = [mb for t, mb in poller.rss if t_start + third <= t < t_start + 2 * third]
@@ -344,7 +527,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     m2, m3 = mean(second), mean(last)
     c = soak.c
     emit({
-        "bench": "soak", "duration_s": t_end - t_start, "clients": args.clients, "kv_pool_tokens": args.kv_pool_tokens,
+        "bench": "soak", "mode": "cluster" if args.cluster else "single", "duration_s": t_end - t_start, "clients": args.clients, "kv_pool_tokens": args.kv_pool_tokens,
         "max_running_requests": args.max_running_requests,
         "requests": c.requests, "completed_ok": c.completed_ok, "server_errors": c.server_errors,
         "invalid_outputs": c.invalid_outputs,
@@ -365,5 +548,30 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
         "cancelled_at_end": c.cancelled_at_end,
         "tokens_generated": int(after.get("jumpgate_generation_tokens_total", 0)),
         "retractions": int(after.get("jumpgate_engine_retractions", 0)),
+        "non_streamed": c.non_streamed, "uploads": c.uploads, "uploads_acknowledged": c.uploads_acknowledged,
+        "uploads_lost": c.uploads_lost, "responses_stored": c.responses_stored, "responses_lost": c.responses_lost,
+        "disk_tier": not args.no_disk_tier and args.host_pool_tokens > 0, "host_pool_tokens": args.host_pool_tokens,
+        "disk_tier_counts": {k: int(v) for k, v in after.items() if "disk_pages" in k or "disk_corrupt" in k},
+        **({"replicas": args.replicas, "gateway_replicas": args.gateway_replicas, "kill_every_s": args.kill_every,
+            "kills": len(soak.killer.kills) if soak.killer else 0,
+            "kills_by_deployment": {d: sum(k.deployment == d for k in soak.killer.kills) for d in args.kill.split(",")}
+            if soak.killer else {},
+            "kill_skipped": soak.killer.skipped if soak.killer else 0,
+            "killed_in_flight": c.killed_in_flight, "killed_by_status": c.killed_by_status} if args.cluster else {}),
         "by_status": c.by_status, "error_samples": c.error_samples,
     })
+
+
+def server_args(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The serve flags: batch limit, KV tiers (disk in `tmp`), room for every stored response, and
+    with --cluster the replicas on Ray Serve (half a core each: the host has few)."""
+    flags = ["--max-running-requests", str(args.max_running_requests), "--responses-max-stored", "1000000",
+             "--responses-max-bytes", str(1 << 40)]
+    if args.host_pool_tokens:
+        flags += ["--host-pool-tokens", str(args.host_pool_tokens)]
+        if not args.no_disk_tier:
+            flags += ["--disk-cache-dir", str(tmp / "kv-disk")]
+    if args.cluster:
+        flags += ["--replicas", str(args.replicas), "--replica-cpus", "0.5", "--gateway-replicas",
+                  str(args.gateway_replicas), "--num-threads", "1", "--router-stats-period", "1"]
+    return flags

@@ -1,0 +1,57 @@
+"""bench/replica_killer.py, the chaos of `python -m bench soak --cluster`, against a real process
+tree standing in for Ray's: workers titled as Ray Serve titles its replicas, under the process the
+bench started. The killer must find them there, kill only the deployment it is asked for, and
+attribute a failure to a kill only when the kill could have caused it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from bench.replica_killer import Kill, ReplicaKiller, replica_pids
+
+TREE = ("(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "
+        "(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "
+        "(exec -a ray::ServeReplica:jumpgate:gateway sleep 600) & wait")
+
+
+def wait_for(predicate, what: str):
+    for _ in range(200):  # a bound, not a timing assertion: bash needs a moment to exec its children
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(what)
+
+
+def test_kills_one_replica_of_the_named_deployment_inside_the_tree():
+    root = subprocess.Popen(["bash", "-c", TREE], start_new_session=True)
+    outsider = subprocess.Popen(["bash", "-c", "exec -a ray::ServeReplica:jumpgate:engine sleep 600"])
+    try:
+        engines = wait_for(lambda: len(replica_pids(root.pid, "engine")) == 2 and replica_pids(root.pid, "engine"),
+                           "two engine replicas")
+        gateways = replica_pids(root.pid, "gateway")
+        assert len(gateways) == 1 and outsider.pid not in engines  # only the tree below root
+        killer = ReplicaKiller(root.pid, every_s=3600, targets=("engine",))
+        kill = killer.kill_one("engine")
+        assert kill is not None and kill.pid in engines and kill.deployment == "engine"
+        wait_for(lambda: replica_pids(root.pid, "engine") == [p for p in engines if p != kill.pid],
+                 "the killed engine gone")
+        assert replica_pids(root.pid, "gateway") == gateways and outsider.poll() is None
+        assert killer.kill_one("nothing-of-that-name") is None and killer.skipped == 1
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)  # root leads its own group: bash and its children
+        outsider.kill()
+        root.wait()
+        outsider.wait()
+
+
+def test_a_failure_is_the_kills_doing_only_near_a_kill():
+    killer = ReplicaKiller(server_pid=1, every_s=3600)
+    killer.kills.append(Kill(at=100.0, deployment="engine", pid=2))
+    assert killer.near_a_kill(started=90.0, ended=105.0, window_s=30)  # running when it died
+    assert killer.near_a_kill(started=120.0, ended=121.0, window_s=30)  # routed before the router learnt
+    assert not killer.near_a_kill(started=140.0, ended=150.0, window_s=30)  # long after
+    assert not killer.near_a_kill(started=10.0, ended=99.0, window_s=30)  # over before it
