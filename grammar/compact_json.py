@@ -16,7 +16,7 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
-from grammar.regex_check import escaped_controls
+from grammar.regex_check import xgrammar_regex
 from grammar.schema_walk import rewrite_bottom_up
 from grammar.string_algebra import without_lookaheads
 from grammar.lowering import lower_for_masks
@@ -35,9 +35,9 @@ def _patterns_xgrammar_reads(schema: Any) -> Any:
     xgrammar's EBNF lexer can read) and lookaheads dropped (best effort only: grammar/string_algebra.py)."""
     def rewrite(node: dict) -> dict:
         if isinstance(node.get("pattern"), str):
-            node = {**node, "pattern": escaped_controls(node["pattern"])}
+            node = {**node, "pattern": xgrammar_regex(node["pattern"])}
         if isinstance(node.get("patternProperties"), dict):
-            node = {**node, "patternProperties": {escaped_controls(k): v for k, v in node["patternProperties"].items()}}
+            node = {**node, "patternProperties": {xgrammar_regex(k): v for k, v in node["patternProperties"].items()}}
         return node
     return rewrite_bottom_up(without_lookaheads(schema), rewrite)
 

@@ -62,10 +62,51 @@ def escaped_controls(pattern: str) -> str:
     return "".join(out)
 
 
+def optional_groups_counted(pattern: str) -> str:
+    """`pattern` with each optional group `(...)?` written `(...){0,1}`: the same regex, which
+    xgrammar 0.2.9 reads right. Its regex-to-EBNF step makes the group's first item optional on
+    its own when the group ends in a repeat: `1(xy+)?` takes `1yy`, and the semantic-version
+    pattern `...(-[0-9A-Za-z.-]+)?$` took `2.1.1.1.0`, so the mask let out values the pattern
+    refuses. A lazy or possessive `)??` / `)?+` is left as written."""
+    if ")?" not in pattern:
+        return pattern
+    out: list[str] = []
+    escaping = in_class = False
+    n = len(pattern)
+    for i, ch in enumerate(pattern):
+        if escaping:
+            escaping = False
+        elif ch == "\\":
+            escaping = True
+        elif in_class:
+            in_class = ch != "]" or (out and out[-1] == "[")  # `[]...]`: a leading `]` is a member
+        elif ch == "[":
+            in_class = True
+        elif ch == "?" and out and out[-1] == ")" and not _escaped_at(pattern, i - 1) \
+                and (i + 1 >= n or pattern[i + 1] not in "?+"):
+            out.append("{0,1}")
+            continue
+        out.append(ch)
+    return "".join(out)
+
+
+def _escaped_at(pattern: str, i: int) -> bool:
+    """Is `pattern[i]` preceded by an odd run of backslashes (written as a literal)?"""
+    run = 0
+    while i - 1 - run >= 0 and pattern[i - 1 - run] == "\\":
+        run += 1
+    return run % 2 == 1
+
+
+def xgrammar_regex(pattern: str) -> str:
+    """`pattern` as xgrammar must be given it to enforce exactly that regex."""
+    return optional_groups_counted(escaped_controls(pattern))
+
+
 def _xgrammar_regex_error(pattern: str) -> str | None:
     """xgrammar's complaint about `pattern`, or None if it parses."""
     try:
-        xgrammar.Grammar.from_regex(escaped_controls(pattern))
+        xgrammar.Grammar.from_regex(xgrammar_regex(pattern))
     except (RuntimeError, ValueError) as e:
         return xgrammar_message(e)
     return None

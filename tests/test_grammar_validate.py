@@ -165,3 +165,56 @@ def test_a_raw_line_feed_in_a_character_class_compiles(service, tokenizer):
     regex = service.compile(GrammarSpec("regex", "x[\r\n]y"))
     matcher = regex.new_matcher()
     assert all(matcher.accept(t) for t in tokenizer.encode("x\ny", add_special_tokens=False))
+
+
+@pytest.mark.parametrize("pattern, counted", [
+    ("^(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$", "^(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+){0,1}$"),
+    ("(?:ab+)?c", "(?:ab+){0,1}c"),
+    ("a\\)?b", "a\\)?b"),  # an escaped parenthesis is a character
+    ("a\\\\(b)?", "a\\\\(b){0,1}"),  # after an escaped backslash it closes a group
+    ("[)?]x", "[)?]x"),  # inside a class
+    ("(a)??", "(a)??"),  # lazy: left as written
+    ("^[a-z]+$", "^[a-z]+$"),
+])
+def test_optional_groups_are_written_as_counted_groups(pattern, counted):
+    import re
+
+    from grammar.regex_check import optional_groups_counted
+
+    assert optional_groups_counted(pattern) == counted
+    for text in ("", "c", "abc", "abbc", "a)b", "ab", "a\\", "a\\b", ")x", "0", "0-rc.1", "0.1"):
+        assert bool(re.fullmatch(pattern, text)) == bool(re.fullmatch(counted, text))  # the same regex
+
+
+SEMVER = "^(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$"
+
+
+def test_the_mask_keeps_an_optional_group_that_ends_in_a_repeat(service, tokenizer):
+    """xgrammar 0.2.9 read `(-[0-9A-Za-z.-]+)?` as if its `-` were optional on its own, so a
+    strict answer closed at the budget wrote the version `2.1.1.1.0` (issue #42 item 1): every
+    prefix the mask lets through must complete, by the closing plan, to a value the pattern takes."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"version": {"type": "string", "pattern": SEMVER}},
+              "required": ["version"], "additionalProperties": False}
+    handle = service.compile(GrammarSpec("json_schema", schema, True))
+
+    def accepts(text: str) -> bool:
+        matcher = handle.new_matcher()
+        return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert not accepts('{"version":"2.1.1.1')
+    assert accepts('{"version":"2.1.1-rc.1"}') and accepts('{"version":"10.0.3"}')
+    for prefix in ('{"version":"2.1.1', '{"version":"2.1.1.', '{"version":"2.1.1-rc', '{"version":"2.'):
+        matcher = handle.new_matcher()
+        ids = tokenizer.encode(prefix, add_special_tokens=False)
+        if not all(matcher.accept(t) for t in ids):
+            continue  # refused by the mask: nothing to close
+        plan = matcher.completion_plan()
+        assert plan is not None, prefix
+        text = tokenizer.decode(ids + plan)
+        jsonschema.validate(json.loads(text), schema)  # closing keeps the pattern the mask keeps
+    regex = service.compile(GrammarSpec("regex", "1(xy+)?"))  # the regex kind reads patterns the same way
+    for text, ok in (("1yy", False), ("1xyy", True)):
+        matcher = regex.new_matcher()
+        assert all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False)) == ok, text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xgrammar as xgr
 
 from grammar.kinds.base import ConstraintKind, SpecLike
-from grammar.regex_check import escaped_controls, validate_regex
+from grammar.regex_check import validate_regex, xgrammar_regex
 
 
 class RegexKind(ConstraintKind):
@@ -21,7 +21,7 @@ class RegexKind(ConstraintKind):
         validate_regex(spec.payload, param=spec.param)
 
     def compile(self, compiler: xgr.GrammarCompiler, spec: SpecLike) -> xgr.CompiledGrammar:
-        return compiler.compile_regex(escaped_controls(spec.payload))
+        return compiler.compile_regex(xgrammar_regex(spec.payload))
 
 
 KIND = RegexKind()
