@@ -57,7 +57,8 @@ class Prepared:
         requests = []
         for i in range(n):
             sampling = SamplingParams(**{**self.sampling.__dict__, "stop": list(self.sampling.stop),
-                                         "stop_token_ids": list(self.sampling.stop_token_ids)})
+                                         "stop_token_ids": list(self.sampling.stop_token_ids),
+                                         "logit_bias": dict(self.sampling.logit_bias)})
             if sampling.seed is not None:
                 sampling.seed = sampling.seed + i
             requests.append(
@@ -88,13 +89,25 @@ def check_model(model: str, engine: EngineClient, settings: Settings) -> str:
 
 
 def check_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = getattr(req, name)
-        if value not in (None, 0, 0.0):
-            raise bad_request(f"'{name}' is not supported by this server (use 0 or leave it out).", name)
-    if req.logit_bias:
-        raise bad_request("'logit_bias' is not supported by this server.", "logit_bias")
+    logit_bias(req)
     logprob_count(req)
+
+
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+
+
+def logit_bias(req: ChatCompletionRequest | CompletionRequest) -> dict[int, float]:
+    """`logit_bias` with its keys as token ids (OpenAI sends them as strings)."""
+    if not req.logit_bias:
+        return {}
+    if len(req.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise bad_request(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries.", "logit_bias")
+    out = {}
+    for key, bias in req.logit_bias.items():
+        if not key.strip().isdigit():
+            raise bad_request(f"'logit_bias' keys must be token ids; got {key!r}.", "logit_bias")
+        out[int(key)] = float(bias)
+    return out
 
 
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy `logprobs` of text completions
@@ -176,6 +189,12 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_new_toke
         stop=stop,
         ignore_eos=req.ignore_eos,
         logprobs=logprob_count(req),
+        presence_penalty=float(req.presence_penalty or 0.0),
+        frequency_penalty=float(req.frequency_penalty or 0.0),
+        repetition_penalty=1.0 if req.repetition_penalty is None else float(req.repetition_penalty),
+        logit_bias=logit_bias(req),
+        min_tokens=req.min_tokens or 0,
+        stop_token_ids=list(req.stop_token_ids or []),
     )
     try:
         params.validate()

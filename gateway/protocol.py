@@ -23,6 +23,8 @@ Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(gt=0, le=1)]
 MinP = Annotated[float, Meta(ge=0, le=1)]
 PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+RepetitionPenalty = Annotated[float, Meta(gt=0, le=2)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 
 
@@ -170,6 +172,9 @@ class _SamplingFields(Struct, kw_only=True):
     top_k: int | None = None
     min_p: MinP | None = None
     ignore_eos: bool = False
+    repetition_penalty: RepetitionPenalty | None = None  # vLLM's and SGLang's extension
+    min_tokens: NonNegInt | None = None
+    stop_token_ids: list[NonNegInt] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
-from gateway.protocol import ChatTokenLogprob, JumpForward, MinP, Temperature, TopP
+from gateway.protocol import (ChatTokenLogprob, JumpForward, MinP, NonNegInt, Penalty, RepetitionPenalty, Temperature,
+                              TopP)
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 
@@ -138,6 +139,13 @@ class ResponseRequest(Struct, kw_only=True):
     cache_salt: str | None = None
     top_k: int | None = None
     min_p: MinP | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: NonNegInt | None = None
+    stop_token_ids: list[NonNegInt] | None = None
+    ignore_eos: bool = False
 
 
 # --------------------------------------------------------------------------- response

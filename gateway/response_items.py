@@ -216,6 +216,9 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
         top_p=req.top_p, seed=req.seed, stop=req.stop, user=req.user, response_format=response_format,
         tools=tools, tool_choice=choice, parallel_tool_calls=parallel, jump_forward=req.jump_forward,
         cache_salt=req.cache_salt, top_k=req.top_k, min_p=req.min_p,
+        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+        repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
+        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         logprobs=True if wants_logprobs(req) else None,
         top_logprobs=(req.top_logprobs or 0) if wants_logprobs(req) else None,
     )

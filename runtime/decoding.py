@@ -19,6 +19,7 @@ from runtime.api import VALUE_RETRIES_EXHAUSTED, TokenLogprob
 from runtime.completeness import TEXT_TAIL
 from runtime.counters import EngineCounters
 from runtime.logprobs import forced_logprob, masked_log_softmax, token_logprobs
+from runtime.penalties import adjust_logits_, hold_stop_
 from runtime.request import Req
 from runtime.sampler import apply_token_bitmask, sample_token
 
@@ -56,6 +57,10 @@ class Decoder:
         if logits is None or not greedy:
             return {}
         sel = logits[torch.tensor([row for _, row in greedy], device=logits.device)]
+        adjusted = [i for i, (r, _) in enumerate(greedy) if r.spec.sampling.adjusts_logits]
+        for i in adjusted:
+            r = greedy[i][0]
+            adjust_logits_(sel[i], r.spec.sampling, r.prompt_ids, r.output_ids, self.eos_ids)
         constrained = [i for i, (r, _) in enumerate(greedy) if r.matcher is not None]
         if constrained:
             mask = torch.full((len(greedy), (sel.shape[-1] + 31) // 32), -1, dtype=torch.int32)
@@ -65,6 +70,8 @@ class Decoder:
                 except Exception as e:
                     failed[greedy[i][0].rid] = e
             apply_token_bitmask(sel, mask, torch.tensor(constrained))
+        for i in adjusted:
+            hold_stop_(sel[i], greedy[i][0].spec.sampling, len(greedy[i][0].output_ids), self.eos_ids)
         asking = [i for i, (r, _) in enumerate(greedy) if r.spec.sampling.logprobs is not None]
         # before vetting, which changes rows of `sel` in place
         logp = masked_log_softmax(sel[torch.tensor(asking, device=sel.device)]) if asking else None
@@ -105,10 +112,15 @@ class Decoder:
     def choose(self, r: Req, logits_row: torch.Tensor) -> tuple[int, TokenLogprob | None]:
         """The next token from one row, with its logprob record if the request asked for one."""
         row = logits_row.clone().unsqueeze(0)
+        p = r.spec.sampling
+        if p.adjusts_logits:
+            adjust_logits_(row[0], p, r.prompt_ids, r.output_ids, self.eos_ids)
         if r.matcher is not None:
             mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
             self.fill_mask(r, mask, 0)
             apply_token_bitmask(row, mask)
+        if p.adjusts_logits:
+            hold_stop_(row[0], p, len(r.output_ids), self.eos_ids)
         top_count = r.spec.sampling.logprobs
         logp = masked_log_softmax(row) if top_count is not None else None
         tok = sample_token(row[0], r.spec.sampling, r.generator)

@@ -47,6 +47,11 @@ def validate(spec: GenerateRequest, limits: Limits) -> GenerateRequest:
         raise EngineError(f"jump_forward: must be one of {', '.join(JUMP_FORWARD_MODES)}", param="jump_forward")
     if not all(0 <= t < limits.vocab_size for t in spec.prompt_ids):
         raise EngineError("prompt holds token ids outside the vocabulary", param="prompt")
+    for param, ids in (("logit_bias", spec.sampling.logit_bias), ("stop_token_ids", spec.sampling.stop_token_ids)):
+        outside = [t for t in ids if not 0 <= t < limits.vocab_size]
+        if outside:
+            raise EngineError(f"{param}: token id {outside[0]} is outside the vocabulary (0..{limits.vocab_size - 1})",
+                              param=param)
     # The output may use whatever room the context leaves.
     max_new = min(spec.sampling.max_new_tokens, limit - n)
     if spec.strict and spec.constraint is not None:

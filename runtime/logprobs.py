@@ -1,7 +1,8 @@
 """Log-probabilities of chosen tokens, for requests that ask for them (`SamplingParams.logprobs`).
 
 What Jumpgate reports: the log-softmax of the logits row the token was chosen from, AFTER the
-grammar mask (and a strict request's closing / loop-breaking mask) and BEFORE temperature,
+request's penalties, logit_bias and min_tokens (runtime/penalties.py: they are part of the choice)
+and the grammar mask (and a strict request's closing / loop-breaking mask) and BEFORE temperature,
 top-k, top-p and min-p. So the values are the model's own log-probabilities renormalised over the
 tokens the grammar allows: a masked-out token never appears in `top`, and a token the grammar
 forces reports 0.0. Sampling settings do not change them (OpenAI reports the model's values too).

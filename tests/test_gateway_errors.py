@@ -108,10 +108,16 @@ def test_max_tokens_over_limit_is_400(gateway_client):
     assert_error(chat(gateway_client(max_tokens_limit=100), max_tokens=101), 400, "max_tokens")
 
 
-def test_unsupported_options_are_400(gateway_client):
+def test_bad_penalties_and_biases_are_400(gateway_client):
     client = gateway_client()
-    assert_error(chat(client, logit_bias={"7": 1.0}), 400, "logit_bias")
-    assert_error(chat(client, frequency_penalty=0.5), 400, "frequency_penalty")
+    assert_error(chat(client, logit_bias={"seven": 1.0}), 400, "logit_bias")  # keys are token ids
+    assert_error(chat(client, logit_bias={"7": 101.0}), 400, "logit_bias")  # OpenAI's range: [-100, 100]
+    assert_error(chat(client, logit_bias={str(i): 1.0 for i in range(301)}), 400, "logit_bias")
+    assert_error(chat(client, frequency_penalty=2.5), 400, "frequency_penalty")
+    assert_error(chat(client, presence_penalty=-3), 400, "presence_penalty")
+    assert_error(chat(client, repetition_penalty=0), 400, "repetition_penalty")
+    assert_error(chat(client, min_tokens=50, max_tokens=10), 400, "min_tokens")
+    assert_error(chat(client, stop_token_ids=[-1]), 400, "stop_token_ids[0]")
 
 
 def test_invalid_schema_has_pointer_in_message(gateway_client):
