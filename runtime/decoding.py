@@ -60,7 +60,7 @@ class Decoder:
         adjusted = [i for i, (r, _) in enumerate(greedy) if r.spec.sampling.adjusts_logits]
         for i in adjusted:
             r = greedy[i][0]
-            adjust_logits_(sel[i], r.spec.sampling, r.prompt_ids, r.output_ids, self.eos_ids)
+            adjust_logits_(sel[i], r.spec.sampling, r.prompt_ids, r.output_ids)
         constrained = [i for i, (r, _) in enumerate(greedy) if r.matcher is not None]
         if constrained:
             mask = torch.full((len(greedy), (sel.shape[-1] + 31) // 32), -1, dtype=torch.int32)
@@ -114,7 +114,7 @@ class Decoder:
         row = logits_row.clone().unsqueeze(0)
         p = r.spec.sampling
         if p.adjusts_logits:
-            adjust_logits_(row[0], p, r.prompt_ids, r.output_ids, self.eos_ids)
+            adjust_logits_(row[0], p, r.prompt_ids, r.output_ids)
         if r.matcher is not None:
             mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
             self.fill_mask(r, mask, 0)

@@ -13,8 +13,7 @@ import torch
 from runtime.sampling import SamplingParams
 
 
-def adjust_logits_(row: torch.Tensor, p: SamplingParams, prompt_ids: list[int], output_ids: list[int],
-                   stop_ids: set[int] | frozenset[int]) -> None:
+def adjust_logits_(row: torch.Tensor, p: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> None:
     """Apply `p`'s penalties and biases to `row` ([V] logits) in place."""
     vocab = row.shape[-1]
     if p.logit_bias:

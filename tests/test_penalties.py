@@ -23,20 +23,20 @@ from tests.conftest import chat_ids, openai_client
 
 def test_presence_and_frequency_follow_openai():
     row = torch.zeros(6)
-    adjust_logits_(row, SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [], [1, 1, 1, 4], set())
+    adjust_logits_(row, SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [], [1, 1, 1, 4])
     # token 1 thrice: 0.5 + 3 * 0.25; token 4 once: 0.5 + 0.25; the rest untouched
     assert row.tolist() == [0.0, -1.25, 0.0, 0.0, -0.75, 0.0]
 
 
 def test_repetition_penalty_shrinks_seen_logits_toward_less_likely():
     row = torch.tensor([2.0, -2.0, 2.0, -2.0])
-    adjust_logits_(row, SamplingParams(repetition_penalty=2.0), [0], [1], set())
+    adjust_logits_(row, SamplingParams(repetition_penalty=2.0), [0], [1])
     assert row.tolist() == [1.0, -4.0, 2.0, -2.0]  # prompt and output tokens; unseen ones untouched
 
 
 def test_a_bias_never_unmasks_a_token():
     row = torch.tensor([0.0, float("-inf"), 1.0])
-    adjust_logits_(row, SamplingParams(logit_bias={1: 100.0, 0: -5.0}), [], [], set())
+    adjust_logits_(row, SamplingParams(logit_bias={1: 100.0, 0: -5.0}), [], [])
     assert row.tolist() == [-5.0, float("-inf"), 1.0]
 
 
