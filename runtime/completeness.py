@@ -152,8 +152,11 @@ class CompletionGuard:
         self._at = produced
         self._vetted = None
         if not self.closing:
-            due = (self.bound is None or produced - self.checked_at >= RECHECK_EVERY
-                   or remaining <= self.bound + CHECK_SLACK)
+            # Where the last plan found none (no completion within MAX_BOUND tokens: a schema
+            # whose greedy plan writes optional properties), replanning on every token would walk
+            # that far again for each one (seconds a token on a large schema): every RECHECK_EVERY.
+            due = (self.checked_at < 0 or produced - self.checked_at >= RECHECK_EVERY
+                   or (self.bound is not None and remaining <= self.bound + CHECK_SLACK))
             if due:
                 self._replan(matcher, produced)
                 self.checked_at = produced

@@ -146,6 +146,28 @@ def test_guard_stays_out_of_the_way_far_from_the_budget():
     assert m.plans_made <= 2  # the bound is re-checked every RECHECK_EVERY tokens only
 
 
+class PlanlessMatcher(FakeMatcher):
+    """A state from which the planner finds no completion within its limit (a large schema whose
+    greedy plan writes optional properties): each try walked MAX_PLAN_TOKENS steps."""
+
+    def completion_plan(self):
+        self.plans_made += 1
+        return None
+
+
+def test_a_failed_plan_is_tried_again_every_recheck_only():
+    """Where no plan was found the guard re-planned on every token: a second or more of grammar
+    work per token on SchemaStore's citation-file-format (issue #42 item 2)."""
+    g, m, out = CompletionGuard(), PlanlessMatcher([]), []
+    for i in range(48):
+        drive(g, m, out, max_new=64, token=50 + i)
+    assert m.plans_made == 3  # at 0, 16 and 32 tokens
+    assert not g.closing and g.bound is None
+    g.restart()  # a rewind forgets what was known: plan at once
+    drive(g, m, out, max_new=64, token=7)
+    assert m.plans_made == 4
+
+
 def test_guard_closes_when_the_budget_comes_within_the_bound():
     plan = [11, 12, 13, 14, 15]
     g, m, out = CompletionGuard(), FakeMatcher(plan), []
