@@ -97,7 +97,7 @@ class ReplicaKiller(threading.Thread):
         self._halt.set()
         self.join(timeout=10)
 
-    def near_a_kill(self, started: float, ended: float, window_s: float) -> bool:
-        """Whether a request that ran from `started` to `ended` (monotonic) may have been on a killed
-        replica: a kill fell inside it, or shortly before it began (the router learns late)."""
-        return any(started - window_s <= k.at <= ended for k in self.kills)
+    def kill_near(self, started: float, ended: float, window_s: float) -> Kill | None:
+        """The latest kill that a request running from `started` to `ended` (monotonic) may have met
+        on its replica: one inside it, or shortly before it began (the router learns late); else None."""
+        return next((k for k in reversed(self.kills) if started - window_s <= k.at <= ended), None)

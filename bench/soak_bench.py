@@ -184,10 +184,11 @@ class Soak:
         """A 5xx, an error event in a stream, or a stream cut: with --cluster, the clear 503
         `engine_stopped` of a request a killed replica may have held is the chaos working."""
         c = self.c
-        if self.killer is not None and self.killer.near_a_kill(started, time.monotonic(), self.args.kill_window):
-            key = f"{status}/{code}"
+        kill = self.killer.kill_near(started, time.monotonic(), self.args.kill_window) if self.killer else None
+        if kill is not None:
+            key = f"{kill.deployment}:{status}/{code}"
             c.killed_by_status[key] = c.killed_by_status.get(key, 0) + 1
-            if status in (0, 200, 503) and code == "engine_stopped":
+            if status in (200, 503) and code == "engine_stopped":
                 c.killed_in_flight += 1
                 return
         c.server_errors += 1
@@ -371,9 +372,9 @@ class Soak:
                 self.c.cancelled_at_end += 1
                 raise
             except (httpx.HTTPError, asyncio.TimeoutError) as exc:
-                if self.killer is not None and self.killer.near_a_kill(started, time.monotonic(),
-                                                                       self.args.kill_window):
-                    key = f"transport/{type(exc).__name__}"
+                kill = self.killer.kill_near(started, time.monotonic(), self.args.kill_window) if self.killer else None
+                if kill is not None:
+                    key = f"{kill.deployment}:transport/{type(exc).__name__}"
                     self.c.killed_by_status[key] = self.c.killed_by_status.get(key, 0) + 1
                 self.c.transport_errors += 1
                 self.c.sample(f"{action.__name__}: {type(exc).__name__}: {exc}")

@@ -50,8 +50,10 @@ def test_kills_one_replica_of_the_named_deployment_inside_the_tree():
 
 def test_a_failure_is_the_kills_doing_only_near_a_kill():
     killer = ReplicaKiller(server_pid=1, every_s=3600)
-    killer.kills.append(Kill(at=100.0, deployment="engine", pid=2))
-    assert killer.near_a_kill(started=90.0, ended=105.0, window_s=30)  # running when it died
-    assert killer.near_a_kill(started=120.0, ended=121.0, window_s=30)  # routed before the router learnt
-    assert not killer.near_a_kill(started=140.0, ended=150.0, window_s=30)  # long after
-    assert not killer.near_a_kill(started=10.0, ended=99.0, window_s=30)  # over before it
+    engine, gateway = Kill(at=100.0, deployment="engine", pid=2), Kill(at=200.0, deployment="gateway", pid=3)
+    killer.kills += [engine, gateway]
+    assert killer.kill_near(started=90.0, ended=105.0, window_s=30) is engine  # running when it died
+    assert killer.kill_near(started=120.0, ended=121.0, window_s=30) is engine  # routed before the router learnt
+    assert killer.kill_near(started=140.0, ended=150.0, window_s=30) is None  # long after
+    assert killer.kill_near(started=10.0, ended=99.0, window_s=30) is None  # over before it
+    assert killer.kill_near(started=95.0, ended=210.0, window_s=30) is gateway  # the latest it met
