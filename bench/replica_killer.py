@@ -17,17 +17,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.server_process import proc_stats
+
 
 def descendants(root: int) -> list[int]:
     """Every process below `root` (by parent id), read from /proc."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for pid, fields in proc_stats():
+        children.setdefault(int(fields[1]), []).append(pid)
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):

@@ -236,18 +236,22 @@ class VllmServer(JumpgateServer):
         return out.stdout.strip() or "unknown"
 
 
-def _session_pids(leader: int) -> list[int]:
-    """The processes whose session id is `leader` (what `start_new_session` started, and its children)."""
-    pids = []
+def proc_stats() -> list[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the name: state, ppid, pgrp, session, ...) of every
+    process there is now (one that ends while being read is left out)."""
+    out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                out.append((int(entry.name), (entry / "stat").read_text().rsplit(")", 1)[1].split()))
             except OSError:
                 continue
-            if int(fields[3]) == leader:  # after the name: state, ppid, pgrp, session
-                pids.append(int(entry.name))
-    return pids or [leader]
+    return out
+
+
+def _session_pids(leader: int) -> list[int]:
+    """The processes whose session id is `leader` (what `start_new_session` started, and its children)."""
+    return [pid for pid, fields in proc_stats() if int(fields[3]) == leader] or [leader]
 
 
 def _rss_mb(pid: int) -> float:
