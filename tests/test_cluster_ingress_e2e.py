@@ -90,10 +90,11 @@ def test_metrics_show_the_ingress_routers_decisions(server, client):
 def test_a_client_gone_mid_stream_aborts_the_engine_request(server):
     """The proxy sees the disconnect, Serve cancels the ingress request, the gateway cancels its
     handle call, and the replica aborts the engine request. The request cannot end before the client
-    leaves on any host: it ignores EOS and asks for 4096 tokens (clamped to the KV pool's room)."""
+    leaves on any host: it ignores EOS and asks for 2900 tokens (the most this server's 3072-token
+    KV pool leaves room for; a larger max_tokens is refused with a 400)."""
     cancelled = 'jumpgate_requests_total{outcome="cancelled",route="chat"}'
     before = server.metrics().get(cancelled, 0.0)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 4096,
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2900,
             "ignore_eos": True, "temperature": 0, "stream": True}
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as resp:
