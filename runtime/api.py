@@ -31,6 +31,8 @@ class EngineError(Exception):
 # value enforces (check-and-roll-back), every rewrite spent: "value_retries_exhausted: <why>".
 VALUE_RETRIES_EXHAUSTED = "value_retries_exhausted"
 
+BACKGROUND_PRIORITY = 1  # GenerateRequest.priority of work that yields to online requests (batches)
+
 @dataclass
 class GenerateRequest:
     prompt_ids: list[int]
@@ -43,6 +45,9 @@ class GenerateRequest:
     refuse_unfit: bool = False
     namespace: str = ""  # cache namespace (tenant + cache_salt): no prefix is shared across namespaces
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # admission class: waiting requests of a lower value are admitted first (0 online traffic,
+    # BACKGROUND_PRIORITY the Batch API's lines), and a background request is retracted first
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,14 @@ class SchedulePolicy:
         self.rng = random.Random(seed)
 
     def order(self, waiting: list[Req], index: PrefixIndex) -> list[Req]:
+        """The policy's order, then by priority (stable): online requests before background ones
+        whenever both wait, each class in the policy's order."""
+        ordered = self.policy_order(waiting, index)
+        if any(r.spec.priority for r in waiting):
+            ordered.sort(key=lambda r: r.spec.priority)
+        return ordered
+
+    def policy_order(self, waiting: list[Req], index: PrefixIndex) -> list[Req]:
         if self.policy == "fcfs" or (self.policy == "lpm" and len(waiting) > LPM_FALLBACK_QUEUE_LEN):
             return list(waiting)
         if self.policy == "random":

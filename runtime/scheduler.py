@@ -162,12 +162,12 @@ class Scheduler:
                    for p in in_prefill)
 
     def retract_one(self) -> bool:
-        """Out of slots while decoding: send the request holding most private slots (latest
-        arrival on ties) back to the head of the queue. Its computed prefix stays in the cache,
+        """Out of slots while decoding: send a background request before an online one, then the
+        request holding most private slots (latest arrival on ties), back to the head of the queue. Its computed prefix stays in the cache,
         so resuming it is mostly a cache hit."""
         if len(self.running) <= 1:
             return False
-        victim = max(self.running, key=lambda r: (r.owned_slots, r.arrival))
+        victim = max(self.running, key=lambda r: (r.spec.priority, r.owned_slots, r.arrival))
         victim.draft = []
         self.cache.release(victim)
         self.running.remove(victim)
