@@ -19,7 +19,7 @@
 - `Int4LinearI8`: the Q4_1 codes on integer dot products, through runtime/cpu_kernels/quant_linear_i8.cpp
   (AVX2 + FMA): each row coded per block of 32 inputs as two int8 digits (15 bits). q4's layers on
   CPUs without native bf16: at one row 1.8x faster than `CodesLinearF32` (`python -m
-  bench.quant_linear_bench`, layers_i8 against layers_f32, stop 25), equal at 16 and 64 rows, slower
+  bench.probes.quant_linear_bench`, layers_i8 against layers_f32, stop 25), equal at 16 and 64 rows, slower
   at 512; on the drift test's positions its greedy tokens all equal fp32's (`make_q4_linear` picks it).
 
 Calling a layer keeps the caller's dtype (the residual stream stays in the engine dtype); the

@@ -8,7 +8,7 @@ CPU-only installs never load triton.
 
 Two layouts of the same work, chosen by `WORDS`: `WORDS=False` has each lane load the word of its
 own token (32 lanes share one cached word); `WORDS=True` loads each word once and unpacks it into a
-`[BLOCK // 32, 32]` tile (as XGrammar's kernel does). `bench/device_check.py` times both at several
+`[BLOCK // 32, 32]` tile (as XGrammar's kernel does). `bench/probes/device_check.py` times both at several
 block sizes on the GPU; `DEFAULT_CONFIG` is the fastest it measured on an H200 (one run).
 """
 

@@ -1,4 +1,4 @@
-"""`python -m bench.quant_linear_bench --stream` prints what it promises: a line per (kernel, calls,
+"""`python -m bench.probes.quant_linear_bench --stream` prints what it promises: a line per (kernel, calls,
 threads) whose bytes a second are the bytes it read over the time it took (the bench is run by hand;
 this keeps it from rotting)."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from bench.quant_linear_bench import stream
+from bench.probes.quant_linear_bench import stream
 from runtime.linear import quant_kernels
 
 

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.device_check import SMOKE, attention_case, build_model
+from bench.probes.device_check import SMOKE, attention_case, build_model
 from runtime.attention import TorchAttentionBackend, make_attention_backend, triton_interpreter_enabled
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
@@ -520,7 +520,7 @@ def test_device_check_smoke_runs_on_cpu(smollm_dir):
 @pytest.mark.slow
 def test_kernels_compile_for_sm90():
     """Ahead-of-time compile (triton ships ptxas): catches GPU-only compile errors here."""
-    proc = subprocess.run([sys.executable, "-m", "bench.device_check", "--aot", "90", "--quick"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "bench.probes.device_check", "--aot", "90", "--quick"], cwd=ROOT,
                           env=_env(), capture_output=True, text=True, timeout=300)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines and all(r["ok"] for r in lines), proc.stdout[-3000:] + proc.stderr[-2000:]

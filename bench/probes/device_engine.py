@@ -1,8 +1,8 @@
 """The whole engine on a GPU: scheduler, radix cache, Triton attention and decode CUDA graphs
-together, as `jumpgate serve --device cuda` runs them (bench/device_check.py checks the parts).
+together, as `jumpgate serve --device cuda` runs them (bench/probes/device_check.py checks the parts).
 
-    python -m bench.device_engine --tokenizer-dir DIR          # CUDA machine
-    python -m bench.device_engine --tokenizer-dir DIR --smoke  # CPU, tiny model, Triton interpreter
+    python -m bench.probes.device_engine --tokenizer-dir DIR          # CUDA machine
+    python -m bench.probes.device_engine --tokenizer-dir DIR --smoke  # CPU, tiny model, Triton interpreter
 
 The model has SmolLM2-135M's shape (30 layers, 9 heads, 3 KV heads, vocab 49152) with random
 weights, because the GPU machine cannot fetch the real ones and they are too large to carry; the
@@ -30,7 +30,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.device_check import emit
+from bench.probes.device_check import emit
 
 SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                      num_attention_heads=9, num_key_value_heads=3)
@@ -181,7 +181,7 @@ def bench_engine(model_dir: Path, device: str, smoke: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.device_engine", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.probes.device_engine", description=__doc__.split("\n")[0])
     ap.add_argument("--tokenizer-dir", required=True, help="folder with the default model's tokenizer.json")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, Triton interpreter")
     ap.add_argument("--skip", default="", help="comma-separated: check,bench")

@@ -1,4 +1,4 @@
-"""`python -m bench.layer_loop_bench [--batches 1,16,64] [--context 60] [--rounds 6]`: a decode pass
+"""`python -m bench.probes.layer_loop_bench [--batches 1,16,64] [--context 60] [--rounds 6]`: a decode pass
 of the real model (`bench.engine_bench.decode_pass`) with its decoder layers in one C++ call
 (runtime/cpu_kernels/decoder_layers.cpp) against the Python layer loop it replaces, in the default
 weight format.
@@ -50,7 +50,7 @@ def compare(engine, batch_size: int, context: int, rounds: int) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.layer_loop_bench")
+    ap = argparse.ArgumentParser(prog="python -m bench.probes.layer_loop_bench")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--context", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=6)

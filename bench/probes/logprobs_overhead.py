@@ -1,4 +1,4 @@
-"""`python -m bench.logprobs_overhead`: what asking for logprobs costs the engine.
+"""`python -m bench.probes.logprobs_overhead`: what asking for logprobs costs the engine.
 
 The same greedy decode batch (8 chat prompts x 32 tokens, SmolLM2 in-process) without logprobs,
 with logprobs and no alternatives, and with 20 alternatives; alternating runs, best of each.

@@ -1,4 +1,4 @@
-"""`python -m bench.guard_cost`: what the strict guard's budget checks cost on a large schema.
+"""`python -m bench.probes.guard_cost`: what the strict guard's budget checks cost on a large schema.
 
 Since the fix for cut-off strict outputs (runtime/completeness.py), every token that may expand the
 output is checked against the budget (`completion_bound_after`, a fork and a plan) whenever the

@@ -2,7 +2,7 @@
 
     bash bench/device_check.sh            # on a CUDA machine (H100/H200: a few minutes)
     bash bench/device_check.sh --smoke    # anywhere: tiny sizes on CPU under TRITON_INTERPRET=1
-    python -m bench.device_check --aot 80,90   # compile every kernel for those SM archs (no GPU needed)
+    python -m bench.probes.device_check --aot 80,90   # compile every kernel for those SM archs (no GPU needed)
 
 One JSON line per result. Sections:
 - `check`: extend/decode attention vs `TorchAttentionBackend` (mixed lengths, cached prefixes,
@@ -193,7 +193,7 @@ def check_bitmask(sizes, device) -> bool:
 def build_model(spec, device, dtype, max_positions: int):
     import torch
 
-    from runtime.model import LlamaModel
+    from runtime.models.decoder import DecoderModel
     from runtime.model_config import ModelConfig
 
     h, inter, heads, kvh = spec["hidden"], spec["inter"], spec["heads"], spec["kv_heads"]
@@ -217,7 +217,7 @@ def build_model(spec, device, dtype, max_positions: int):
             p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
             p + "mlp.down_proj.weight": rand(h, inter),
         })
-    model = LlamaModel(cfg, w, device, dtype)
+    model = DecoderModel(cfg, w, device, dtype)
     del w
     params = sum(t.numel() for t in [model.embed, model.norm] + [
         x for layer in model.layers for x in (layer.qkv, layer.o_proj, layer.gate_up, layer.down,
@@ -558,7 +558,7 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.device_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.probes.device_check", description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under TRITON_INTERPRET=1")
     ap.add_argument("--aot", metavar="ARCHS", help="only compile the kernels for these SM archs, e.g. 80,90")
     ap.add_argument("--quick", action="store_true", help="with --aot: bf16 kernels and the float32 mask only")

@@ -1,4 +1,4 @@
-"""`python -m bench.closing_plan_cost`: what a completion plan costs on a large strict schema.
+"""`python -m bench.probes.closing_plan_cost`: what a completion plan costs on a large strict schema.
 
 The schema is the 48-required-property, three-level one of tests/test_completeness_large.py. Prints
 one JSON line per engine (xgrammar, then llguidance on the same schema, both through

@@ -1,4 +1,4 @@
-"""`python -m bench.quant_linear_bench [--threads N] [--rows 1,16,64,512]`: the q4 format's linear
+"""`python -m bench.probes.quant_linear_bench [--threads N] [--rows 1,16,64,512]`: the q4 format's linear
 kernels (runtime/cpu_kernels/quant_linear.cpp) against what they replaced, side by side in one run.
 
 - `layers`: all 120 decoder linears of SmolLM2-135M's shapes (random 4-bit codes; the weights do
@@ -48,7 +48,7 @@ def best_ms(fn, reps: int) -> float:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.quant_linear_bench")
+    ap = argparse.ArgumentParser(prog="python -m bench.probes.quant_linear_bench")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,16,64,512")
     ap.add_argument("--stream", action="store_true", help="bytes a second at one row over large working sets")
