@@ -1,13 +1,15 @@
 """Request fields → one grammar spec (or none), checked for conflicts, compiled through `grammar`.
 
-Sources of a constraint: `response_format` (json_object / json_schema), `tools` + `tool_choice`,
-and Jumpgate's `regex`, `ebnf`, `schema_id` (a registered schema, regex, EBNF grammar or tool set).
-At most one may shape the output; tools with tool_choice "none" are shown in the prompt only.
+Sources of a constraint: `response_format` (json_object / json_schema / structural_tag), `tools` +
+`tool_choice`, Jumpgate's `regex`, `ebnf`, `schema_id` (a registered schema, regex, EBNF grammar or
+tool set), and vLLM's forms (`structured_outputs`, `guided_*`). At most one may shape the output;
+tools with tool_choice "none" are shown in the prompt only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,7 @@ from gateway.protocol import (
     NamedToolChoice,
     ResponseFormatJsonObject,
     ResponseFormatJsonSchema,
+    ResponseFormatStructuralTag,
     ToolDefinition,
 )
 from gateway.registry import SchemaRegistry, valid_id
@@ -89,6 +92,16 @@ def _format_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tupl
         # strict unless the client says otherwise: no free extra properties for a small model to loop on
         strict = js.strict is not False
         sources.append(("response_format.json_schema.schema", "json_schema", js.schema, f"schema '{js.name}'", strict))
+    elif isinstance(rf, ResponseFormatStructuralTag):
+        if rf.format is not None:
+            tag: Any = {"format": rf.format}
+        elif rf.structures is not None:
+            tag = {"structures": rf.structures, "triggers": rf.triggers or []}
+        else:
+            raise bad_request("A structural_tag response_format needs 'format' (or the legacy 'structures' "
+                              "with 'triggers').", "response_format")
+        sources.append(("response_format", "structural_tag", tag, "structural tag",
+                        grammar_adapter.strict_closing("structural_tag")))
     if req.regex is not None:
         if not req.regex:
             raise bad_request("'regex' must not be empty.", "regex")
@@ -97,6 +110,59 @@ def _format_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tupl
         if not req.ebnf.strip():
             raise bad_request("'ebnf' must not be empty.", "ebnf")
         sources.append(("ebnf", "ebnf", req.ebnf, "EBNF grammar", grammar_adapter.strict_closing("ebnf")))
+    sources += _vllm_sources(req)
+    return sources
+
+
+def _json_value(value: Any, param: str) -> Any:
+    """A JSON object given as itself or as its text (vLLM takes both)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise bad_request(f"'{param}' is not valid JSON: {exc}", param) from exc
+    if not isinstance(value, dict):
+        raise bad_request(f"'{param}' must be a JSON object.", param)
+    return value
+
+
+def _vllm_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tuple[str, str, Any, str, bool]]:
+    """vLLM's `structured_outputs` fields and the older `guided_*` fields, as constraint sources."""
+    so = req.structured_outputs
+    fields: list[tuple[str, Any, str]] = [
+        ("guided_json", req.guided_json, "json_schema"),
+        ("guided_regex", req.guided_regex, "regex"),
+        ("guided_choice", req.guided_choice, "choice"),
+        ("guided_grammar", req.guided_grammar, "ebnf"),
+    ]
+    whitespace = [("guided_whitespace_pattern", req.guided_whitespace_pattern)]
+    if so is not None:
+        fields += [
+            ("structured_outputs.json", so.json, "json_schema"),
+            ("structured_outputs.regex", so.regex, "regex"),
+            ("structured_outputs.choice", so.choice, "choice"),
+            ("structured_outputs.grammar", so.grammar, "ebnf"),
+            ("structured_outputs.structural_tag", so.structural_tag, "structural_tag"),
+        ]
+        whitespace.append(("structured_outputs.whitespace_pattern", so.whitespace_pattern))
+    for param, pattern in whitespace:
+        if pattern is not None:
+            raise bad_request(f"'{param}' is not supported: JSON is written without free whitespace.", param,
+                              code="unsupported")
+    sources: list[tuple[str, str, Any, str, bool]] = []
+    for param, value, kind in fields:
+        if value is None:
+            continue
+        if kind in ("json_schema", "structural_tag"):
+            value = _json_value(value, param)
+        elif isinstance(value, str) and not value.strip():
+            raise bad_request(f"'{param}' must not be empty.", param)
+        # a schema is strict, as response_format's is by default; other kinds as their own field
+        strict = True if kind == "json_schema" else grammar_adapter.strict_closing(kind)
+        sources.append((param, kind, value, param, strict))
+    if so is not None and so.json_object:
+        sources.append(("structured_outputs.json_object", "json_object", None, "structured_outputs.json_object",
+                        grammar_adapter.strict_closing("json_object")))
     return sources
 
 
@@ -205,7 +271,10 @@ def spec_error(plan: ConstraintPlan, exc: grammar_adapter.GrammarSpecError) -> A
     message = exc.message
     if exc.pointer:
         message = f"{message} (at JSON pointer '{exc.pointer}')"
-    # a registered schema / an upload names its own field; otherwise trust the grammar's param
-    param = plan.param if plan.param in ("schema_id", "schema") else (exc.param or plan.param)
+    # a registered schema / an upload names its own field, and so does a constraint given by another
+    # field than its kind's usual one (guided_json); otherwise trust the grammar's param
+    usual = grammar_adapter.kind_param(plan.kind or "")
+    moved = exc.param == usual and plan.param is not None and not plan.param.startswith(usual or "")
+    param = plan.param if plan.param in ("schema_id", "schema") or moved else (exc.param or plan.param)
     return bad_request(f"Invalid {plan.label}: {message}", param, code=grammar_adapter.error_code(plan.kind))
 

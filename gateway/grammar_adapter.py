@@ -96,6 +96,12 @@ def error_code(kind: str | None) -> str:
     return "invalid_schema" if known is None else known.error_code
 
 
+def kind_param(kind: str) -> str | None:
+    """The request parameter a kind's refusals point at by default."""
+    known = KINDS.get(kind)
+    return None if known is None else known.param
+
+
 def strict_closing(kind: str) -> bool:
     """Whether a strict constraint of `kind` runs under the runtime's completion guard."""
     known = KINDS.get(kind)

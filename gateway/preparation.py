@@ -88,9 +88,30 @@ def check_model(model: str, engine: EngineClient, settings: Settings) -> str:
     return model
 
 
-def check_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+def check_sampling_fields(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuse bad logit_bias / logprobs before the prompt is rendered (cheap checks first)."""
     logit_bias(req)
     logprob_count(req)
+
+
+# arguments of apply_chat_template itself, or the variables Jumpgate sets: not the client's to set
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "bos_token", "eos_token",
+})
+
+
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """`chat_template_kwargs` checked: variables for the template, none that Jumpgate sets."""
+    kwargs = req.chat_template_kwargs
+    if not kwargs:
+        return None
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
+            raise bad_request(f"'chat_template_kwargs' may not set {key!r}: the server sets it, or it is "
+                              "not a template variable name.", "chat_template_kwargs")
+    return dict(kwargs)
 
 
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
@@ -237,7 +258,8 @@ async def prepare_chat(
     check_model(req.model, engine, settings)
     if not req.messages:
         raise bad_request("'messages' must contain at least one message.", "messages")
-    check_unsupported(req)
+    check_sampling_fields(req)
+    extra_vars = template_kwargs(req)
     check_n(req.n, settings)
     stop = stop_list(req.stop)
     if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
@@ -249,7 +271,9 @@ async def prepare_chat(
     # template rendering (jinja) and tokenizing are CPU work: keep them off the event loop
     schema = (plan.kind, plan.payload) if plan.kind else None  # lets a long schema's text be compacted
     render = render or renderer.render_chat
-    rendered = await anyio.to_thread.run_sync(lambda: render(req.messages, plan.tools, plan.instructions, schema))
+    extra = {"template_kwargs": extra_vars} if extra_vars else {}
+    rendered = await anyio.to_thread.run_sync(
+        lambda: render(req.messages, plan.tools, plan.instructions, schema, **extra))
     max_new = token_budget(len(rendered.token_ids), requested, requested_param, engine, settings)
     sampling = sampling_params(req, max_new, stop)
     constraint = await compile_plan(plan, services.grammar, settings.grammar_compile_timeout_s) if compile else None

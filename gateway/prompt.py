@@ -221,11 +221,14 @@ class PromptRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
         instructions: str | None = None,
         schema: Schema | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> RenderedPrompt:
-        """`schema` (kind, payload) lets a schema's instructions be compacted to the budget."""
+        """`schema` (kind, payload) lets a schema's instructions be compacted to the budget;
+        `template_kwargs` are extra variables of the chat template (`chat_template_kwargs`)."""
         turns, system, level = self.chat_turns(messages, tools, instructions, schema)
         try:
-            text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True,
+                                                      **(template_kwargs or {}))
         except Exception as exc:  # jinja raises for role orders a template refuses
             raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
         return RenderedPrompt(text=text, token_ids=self.encode(text), system_text=system,

@@ -137,7 +137,34 @@ class ResponseFormatJsonSchema(Struct, tag="json_schema", tag_field="type"):
     json_schema: JsonSchemaFormat
 
 
-ResponseFormat = Union[ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema]
+class ResponseFormatStructuralTag(Struct, tag="structural_tag", tag_field="type"):
+    """XGrammar's structural tag as vLLM and SGLang accept it: `format` (current form), or the
+    legacy `structures` ({begin, schema, end}) with `triggers`."""
+
+    format: dict[str, Any] | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+
+
+ResponseFormat = Union[ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema,
+                       ResponseFormatStructuralTag]
+
+
+class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs` (its `StructuredOutputsParams`): one of the constraint fields."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    whitespace_pattern: str | None = None  # refused: Jumpgate's JSON whitespace is fixed
+    # accepted without effect: Jumpgate never falls back to unconstrained output, writes JSON
+    # without free whitespace, and a strict schema admits no undeclared property already
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
 
 
 class StreamOptions(Struct):
@@ -175,6 +202,15 @@ class _SamplingFields(Struct, kw_only=True):
     repetition_penalty: RepetitionPenalty | None = None  # vLLM's and SGLang's extension
     min_tokens: NonNegInt | None = None
     stop_token_ids: list[NonNegInt] | None = None
+    # vLLM's request forms of a constraint (docs/structured-output.md): `structured_outputs`, and
+    # the `guided_*` fields older clients still send (vLLM dropped them in 0.12)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None  # refused, as structured_outputs.whitespace_pattern
+    guided_decoding_backend: str | None = None  # accepted, unused: the server picks its engines
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -187,6 +223,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0..20, needs logprobs: true
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables of the chat template
 
 
 # msgspec allows one array-like type per union, so the four OpenAI prompt shapes (str, [str],

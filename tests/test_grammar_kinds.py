@@ -24,6 +24,15 @@ EXAMPLES = {
     "json_object": (None, '{"a":1}', "[1]", {"type": "object"}),
     "regex": ("[a-c]+x", "abcx", "abd", "(unclosed"),
     "ebnf": ('root ::= "yes" | "no"', "yes", "maybe", "   "),
+    "choice": (["yes", "no", "not sure"], "not sure", "maybe", []),
+    "structural_tag": (
+        {"format": {"type": "sequence", "elements": [
+            {"type": "const_string", "value": "Answer: "},
+            {"type": "json_schema", "json_schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                    "required": ["n"]}},
+        ]}},
+        'Answer: {"n": 3}', "Answer: 3", {"format": {"type": "no_such_format"}},
+    ),
     "tool_calls": (
         {"tools": [WEATHER_TOOL], "tool_choice": "required", "parallel_tool_calls": False},
         '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>',
@@ -115,7 +124,7 @@ def test_prompt_instructions_come_from_the_kind():
 ])
 def test_an_unknown_kind_is_refused_clearly(build):
     with pytest.raises(GrammarSpecError, match=r"unknown grammar kind 'yaml'; expected one of json_schema, "
-                                               r"json_object, regex, ebnf, tool_calls"):
+                                               r"json_object, regex, ebnf, choice, structural_tag, tool_calls"):
         build()
 
 

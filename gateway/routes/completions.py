@@ -14,7 +14,7 @@ from gateway.errors import bad_request
 from gateway.generation import RequestLog
 from gateway.output_validation import build_output_check
 from gateway.preparation import (
-    check_model, check_n, check_unsupported, completion_prompts, new_id, prepare_completion, schema_mode_of,
+    check_model, check_n, check_sampling_fields, completion_prompts, new_id, prepare_completion, schema_mode_of,
     vocab_size,
 )
 from gateway.protocol import Completion, CompletionRequest
@@ -45,7 +45,7 @@ class CompletionsController(Controller):
         async def prepare():
             nonlocal check
             check_model(data.model, s.engine, s.settings)
-            check_unsupported(data)
+            check_sampling_fields(data)
             check_n(data.n, s.settings)
             if data.suffix:
                 raise bad_request("'suffix' is not supported by this server.", "suffix")

@@ -4,11 +4,13 @@ which also says how to add one)."""
 from __future__ import annotations
 
 from grammar.errors import GrammarSpecError
-from grammar.kinds import ebnf, json_object, json_schema, regex, tool_calls
+from grammar.kinds import choice, ebnf, json_object, json_schema, regex, structural_tag, tool_calls
 from grammar.kinds.base import ConstraintKind
 
 KINDS: dict[str, ConstraintKind] = {
-    k.name: k for k in (json_schema.KIND, json_object.KIND, regex.KIND, ebnf.KIND, tool_calls.KIND)
+    k.name: k
+    for k in (json_schema.KIND, json_object.KIND, regex.KIND, ebnf.KIND, choice.KIND, structural_tag.KIND,
+              tool_calls.KIND)
 }
 
 __all__ = ["KINDS", "ConstraintKind", "kind_for"]
