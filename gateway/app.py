@@ -20,6 +20,8 @@ from gateway.access_log import access_log_middleware, request_log_of
 from gateway.auth import Authenticator, provide_tenant, require_api_key
 from gateway.errors import exception_handlers
 from gateway.generation import ConcurrencyLimiter, RequestLog
+from gateway.messages.errors import with_messages_errors
+from gateway.messages.route import MessagesController
 from gateway.metrics import GatewayMetrics
 from gateway.pinning import restore_pins
 from gateway.prompt import PromptRenderer, schema_budget_tokens
@@ -99,7 +101,7 @@ def create_app(
     v1 = Router(
         path="/v1",
         route_handlers=[ChatController, CompletionsController, ResponsesController, ModelsController, SchemasController,
-                        CacheController],
+                        CacheController, MessagesController],
         guards=[require_api_key],
     )
     return Litestar(
@@ -110,7 +112,7 @@ def create_app(
             "tenant": Provide(provide_tenant, sync_to_thread=False),
             "request_log": Provide(provide_request_log, sync_to_thread=False),
         },
-        exception_handlers=exception_handlers(settings.retry_after_s),
+        exception_handlers=with_messages_errors(exception_handlers(settings.retry_after_s)),
         middleware=[access_log_middleware],
         on_startup=[reapply_pins],
         request_max_body_size=settings.max_body_bytes,
