@@ -18,6 +18,7 @@ from litestar.openapi import OpenAPIConfig
 
 from gateway.access_log import access_log_middleware, request_log_of
 from gateway.auth import Authenticator, provide_tenant, require_api_key
+from gateway.batches.api import BatchAPI, build_batch_api
 from gateway.errors import exception_handlers
 from gateway.generation import ConcurrencyLimiter, RequestLog
 from gateway.messages.errors import with_messages_errors
@@ -28,9 +29,11 @@ from gateway.prompt import PromptRenderer, schema_budget_tokens
 from gateway.registry import SchemaRegistry
 from gateway.request_body import JumpgateRequest
 from gateway.response_store import ResponseStore
+from gateway.routes.batches import BatchesController
 from gateway.routes.cache import CacheController
 from gateway.routes.chat import ChatController
 from gateway.routes.completions import CompletionsController
+from gateway.routes.files import files_controller
 from gateway.routes.health import health
 from gateway.routes.metrics import metrics
 from gateway.routes.models import ModelsController
@@ -52,6 +55,12 @@ def build_response_store(settings: Settings) -> ResponseStore:
     """Stored responses live beside the schema registry: `<registry's parent>/responses`."""
     registry = Path(settings.registry_dir) if settings.registry_dir else default_registry_dir()
     return ResponseStore(registry.parent / "responses", settings.responses_max_stored, settings.responses_max_bytes)
+
+
+def data_root(settings: Settings) -> Path:
+    """The folder holding the gateway's per-tenant data beside the registry (responses, files, batches)."""
+    registry = Path(settings.registry_dir) if settings.registry_dir else default_registry_dir()
+    return registry.parent
 
 
 def build_services(engine: EngineClient, grammar_service: Any, settings: Settings, tokenizer: Any = None) -> GatewayServices:
@@ -86,12 +95,21 @@ def create_app(
     settings = settings or Settings()
     services = services or build_services(engine, grammar_service, settings, tokenizer)
     response_store = build_response_store(services.settings)
+    batch_api = build_batch_api(data_root(services.settings), services.settings, services.metrics.registry)
 
     def provide_services() -> GatewayServices:
         return services  # type: ignore[return-value]
 
     def provide_response_store() -> ResponseStore:
         return response_store
+
+    def provide_batch_api() -> BatchAPI:
+        return batch_api
+
+    def start_batches(app: Litestar) -> None:
+        """Batch lines are answered by in-process requests to this app, from a task on its loop."""
+        batch_api.caller.app = app
+        batch_api.runner.start()
 
     async def reapply_pins() -> None:
         """Pins recorded in the registry come back before the first request is served."""
@@ -101,7 +119,8 @@ def create_app(
     v1 = Router(
         path="/v1",
         route_handlers=[ChatController, CompletionsController, ResponsesController, ModelsController, SchemasController,
-                        CacheController, MessagesController],
+                        CacheController, MessagesController, files_controller(settings.batch_file_max_bytes),
+                        BatchesController],
         guards=[require_api_key],
     )
     return Litestar(
@@ -109,12 +128,14 @@ def create_app(
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False, use_cache=True),
             "response_store": Provide(provide_response_store, sync_to_thread=False, use_cache=True),
+            "batch_api": Provide(provide_batch_api, sync_to_thread=False, use_cache=True),
             "tenant": Provide(provide_tenant, sync_to_thread=False),
             "request_log": Provide(provide_request_log, sync_to_thread=False),
         },
         exception_handlers=with_messages_errors(exception_handlers(settings.retry_after_s)),
         middleware=[access_log_middleware],
-        on_startup=[reapply_pins],
+        on_startup=[reapply_pins, start_batches],
+        on_shutdown=[batch_api.runner.stop],  # before the engine stops: lines in flight run again next start
         request_max_body_size=settings.max_body_bytes,
         request_class=JumpgateRequest,
         openapi_config=OpenAPIConfig(

@@ -69,8 +69,17 @@ def _presented_key(headers: Any) -> str | None:
     return key.strip() if key else None
 
 
+# An in-process request the server makes itself (a Batch API line) names its tenant in its ASGI
+# scope; HTTP clients cannot set scope keys, only headers.
+INTERNAL_TENANT_SCOPE_KEY = "jumpgate.tenant"
+
+
 def require_api_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Litestar guard: resolves the tenant (or raises 401) before the body is read."""
+    internal = connection.scope.get(INTERNAL_TENANT_SCOPE_KEY)  # type: ignore[call-overload]
+    if isinstance(internal, str):
+        connection.state.tenant = internal
+        return
     authenticator: Authenticator = connection.app.state.authenticator
     connection.state.tenant = authenticator.tenant_for(connection.headers)
 

@@ -61,7 +61,9 @@ def written_folders(config: ServeSettings) -> list[tuple[str, Path]]:
     from gateway.app import default_registry_dir
 
     registry = Path(config.gateway.registry_dir) if config.gateway.registry_dir else default_registry_dir()
-    folders = [("--registry-dir", registry), ("the responses folder beside --registry-dir", registry.parent / "responses")]
+    folders = [("--registry-dir", registry), ("the responses folder beside --registry-dir", registry.parent / "responses"),
+               ("the files folder beside --registry-dir", registry.parent / "files"),
+               ("the batches folder beside --registry-dir", registry.parent / "batches")]
     grammars = config.grammar.cache_path()
     if grammars is not None:
         folders.append(("--grammar-cache-dir", grammars))

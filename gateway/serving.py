@@ -21,6 +21,10 @@ from gateway.services import GatewayServices, outcome_of
 from gateway.streaming import SSEResponse, once
 from runtime.api import GenerateRequest
 
+# the engine admission class (runtime.api.GenerateRequest.priority) of an in-process request; HTTP
+# clients cannot set scope keys, so online traffic is always priority 0
+PRIORITY_SCOPE_KEY = "jumpgate.priority"
+
 Events = Callable[[list[EngineStream], Callable[[str], None]], AsyncIterator[bytes]]
 
 
@@ -43,7 +47,12 @@ async def serve_generation(
     handed_over = False
     error: BaseException | None = None
     try:
-        streams = open_streams(s.engine, await prepare(), s.metrics, s.settings.retry_after_s)
+        engine_requests = await prepare()
+        priority = request.scope.get(PRIORITY_SCOPE_KEY)  # type: ignore[call-overload]
+        if isinstance(priority, int):  # an in-process request of the server's own (a Batch API line)
+            for r in engine_requests:
+                r.priority = priority
+        streams = open_streams(s.engine, engine_requests, s.metrics, s.settings.retry_after_s)
         if stream:
             # Headers and the first event go out now, while the request waits in the engine's queue:
             # a queued client sees its stream start instead of a silent connection it may time out.

@@ -54,6 +54,13 @@ class Settings:
                                         flag="--responses-max-stored", min=1)
     responses_max_bytes: int = setting(64 * 1024 * 1024, "bytes of stored /v1/responses per tenant (oldest "
                                        "dropped beyond it)", flag="--responses-max-bytes", min=1024)
+    # the Batch API: files and batches per tenant in folders beside the registry (gateway/batches/)
+    batch_file_max_bytes: int = setting(200 * 1024 * 1024, "largest file /v1/files accepts (413 beyond)",
+                                        flag="--batch-file-max-bytes", min=1024)
+    batch_max_requests: int = setting(50000, "most lines in one batch's input file", flag="--batch-max-requests",
+                                      min=1)
+    batch_concurrency: int = setting(16, "batch lines in flight at once (at background priority: online "
+                                     "requests are admitted first)", flag="--batch-concurrency", min=1)
     schema_prompt_budget: float = setting(
         0.5, "tokens the tools/schema text may take in a prompt: up to 1 a fraction of the context, above 1 a "
         "count; beyond it the text is compacted (the grammar still enforces the whole schema)",
