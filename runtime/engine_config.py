@@ -36,7 +36,7 @@ class EngineConfig:
     attention_tiles: str = setting(
         "auto", "the cpu attention kernel's products on AMX tiles (q4, q8 and bf16 weights on a CPU with AMX): "
         "long prompts prefill faster and a shared prefix's decode costs less, decoding over long unshared contexts "
-        "more (docs/DEVELOPING.md); auto: on wherever it can run, on: the same but say where it cannot",
+        "more (docs/perf-log.md); auto: on wherever it can run, on: the same but say where it cannot",
         flag="--attention-tiles", choices=("auto", "on", "off"))
     cuda_graphs: bool = setting(
         True, "run decode passes eagerly on CUDA instead of replaying CUDA graphs (graphs: CUDA + triton only)",

@@ -60,7 +60,7 @@ class KVPool:
     `head_major`: each layer's buffer is [kv_heads, num_slots + 1, head_dim], seen through a
     transposed view with the same [slot, head, dim] indexing. Attention reads one KV head of
     consecutive slots at a time; head-major those are one run of memory instead of every
-    kv_heads-th piece of it, which the cpu kernel reads markedly faster (docs/DEVELOPING.md).
+    kv_heads-th piece of it, which the cpu kernel reads markedly faster (docs/perf-log.md).
     """
 
     def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,

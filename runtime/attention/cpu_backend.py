@@ -32,7 +32,7 @@ float32 (tests: within 1e-4 of SDPA). Same blocks, same fold order, so the invar
 that path too; only formats that round the attention output to bf16 next may take it
 (TILE_FORMATS), and once on, every pass takes it. Long prompts prefill faster and a prefix group's
 shared blocks cost less; a decode's few rows per block pay the K/V preparation alone, so decoding
-long unshared contexts costs more (figures in docs/DEVELOPING.md).
+long unshared contexts costs more (figures in docs/perf-log.md).
 
 The pool is read in place, head-major (`kv_head_major`: each KV head's slots in one run of
 memory, runtime/kv_pool.py), and `forward_as` writes the output straight in bf16 when the next

@@ -532,7 +532,7 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_prefix_groups = True
     max_short_extend = 1  # only decode requests join a prefix group (see the module docstring)
-    # On the H200 (bench/results/gpu_h200_*, docs/DEVELOPING.md) 64 decodes under a 512-token
+    # On the H200 (bench/results/gpu_h200_*, docs/perf-log.md) 64 decodes under a 512-token
     # prefix (32k reads saved) ran 10% slower with groups than without, the step's host work of
     # forming them outweighing the attention saved; 32 under 3k (95k saved) saved about as much
     # kernel time per step (0.28 ms over 30 layers) as that work costs. Groups form from here on.
