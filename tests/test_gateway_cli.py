@@ -167,9 +167,14 @@ def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
     assert made["compile_memory_bytes"] is None  # 0: no limit
 
 
-def test_readme_options_table_names_real_flags():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Serving options"):readme.index("To serve another model:")]
+def test_docs_name_only_real_flags():
+    """docs/serving.md's options tables and the README name only flags `jumpgate serve` has."""
+    root = Path(__file__).resolve().parent.parent
+    serving = (root / "docs" / "serving.md").read_text()
+    readme = (root / "README.md").read_text()
     known = {spec.flag for layer in LAYERS for _, spec in declared(layer)}
-    mentioned = set(re.findall(r"`(--[a-z-]+)", section))
-    assert "--weights" in mentioned and mentioned <= known, mentioned - known
+    options = set(re.findall(r"`(--[a-z-]+)", serving[serving.index("## Options"):serving.index("## Folders")]))
+    assert {"--weights", "--host-pool-tokens", "--value-retries", "--api-key"} <= options and options <= known, \
+        options - known
+    mentioned = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", readme + serving))
+    assert mentioned <= known | {"--help"}, mentioned - known
