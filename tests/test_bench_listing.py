@@ -19,7 +19,9 @@ HELPERS = {"__init__", "__main__", "common", "fidelity_classify", "fidelity_clie
 def test_every_bench_module_is_a_suite_or_a_helper():
     suites = {module.removeprefix("bench.") for module in SUITES.values()}
     modules = {p.stem for p in (ROOT / "bench").glob("*.py")}
-    assert modules - HELPERS == suites
+    assert modules - HELPERS == suites, (
+        f"not a suite: {sorted(modules - HELPERS - suites)} (list it in bench/__main__.py's SUITES and SUITE_HELP and "
+        "in tests/test_bench_suites.py's TRIM, or move it to bench/probes/ and PROBES, or add a helper to HELPERS)")
 
 
 def test_every_probe_is_listed():
