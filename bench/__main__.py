@@ -22,6 +22,7 @@ SUITES = {
     "validation": "bench.validation_bench",
     "fidelity": "bench.fidelity_bench",
     "cluster": "bench.cluster_bench",
+    "batch": "bench.batch_bench",
 }
 
 
@@ -39,6 +40,7 @@ SUITE_HELP = {
     "validation": "what validation after generation costs a real server, per corpus schema",
     "fidelity": "strict answers to real-world schemas (Kubernetes, SchemaStore, BFCL) through a server",
     "cluster": "prefix-aware vs round-robin vs power-of-two routing over 2 replicas on Ray Serve",
+    "batch": "the Batch API vs the same extraction requests online at concurrency 4: req/s ratio, cached fraction",
 }
 # Probes: `python -m bench.probes.NAME [...]`, no --quick, not run by CI (bench/probes/__init__.py).
 PROBES = {
