@@ -166,3 +166,17 @@ def test_tenants_see_only_their_own_files_and_batches(gateway_client):
     assert_error(client.post("/v1/batches", json=body, headers=b), 404, "input_file_id")
     created = client.post("/v1/batches", json=body, headers=a).json()
     assert_error(client.get(f"/v1/batches/{created['id']}", headers=b), 404)
+
+
+def test_text_completion_lines_answer_like_the_online_route(client):
+    lines = [{"custom_id": f"t{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": MODEL, "prompt": f"Shared header\nrow {i}", "max_tokens": 4}} for i in range(3)]
+    f = upload(client, jsonl(lines)).json()
+    batch = wait_final(client, client.post("/v1/batches", json={
+        "input_file_id": f["id"], "endpoint": "/v1/completions", "completion_window": "24h"}).json()["id"])
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 3
+    out = [json.loads(x) for x in client.get(f"/v1/files/{batch['output_file_id']}/content").content.splitlines()]
+    online = client.post("/v1/completions", json=lines[0]["body"]).json()
+    first = next(x["response"]["body"] for x in out if x["custom_id"] == "t0")
+    assert first["object"] == online["object"] == "text_completion"
+    assert first["choices"] == online["choices"] and first["usage"] == online["usage"]
