@@ -147,15 +147,17 @@ def test_stop_sequence_is_reported(gateway_client, fake_engine, tokenizer):
     fake_engine.reply = lambda req: "Hello "
     client = gateway_client()
     ids = tokenizer.encode("Hello END", add_special_tokens=False)
-    fake_engine_events = fake_engine._events  # noqa: SLF001 -- the test's own fake, not a module's private
+    submit = fake_engine.submit
 
-    async def with_ids(req):
-        async for event in fake_engine_events(req):
-            if event.finished:
-                event.token_ids = ids
-            yield event
+    def ending_on_the_stop_string(req):  # the engine's ids run on past the text: the stop string's
+        async def events():
+            async for event in submit(req):
+                if event.finished:
+                    event.token_ids = ids
+                yield event
+        return events()
 
-    fake_engine.submit = lambda req: (fake_engine.submitted.append(req), with_ids(req))[1]
+    fake_engine.submit = ending_on_the_stop_string
     body = create(client, stop_sequences=["END"]).json()
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
     events = events_of(create(client, stop_sequences=["END"], stream=True))
@@ -174,3 +176,26 @@ def test_cache_control_breakpoint_is_pinned(gateway_client, fake_engine):
     assert key[1].startswith("messages:")
     prompt = fake_engine.submitted[0].prompt_ids
     assert 0 < tokens < len(prompt)  # the system block, not the user turn
+
+
+def test_breakpoint_pins_make_room_and_expire(fake_engine, monkeypatch):
+    import asyncio
+
+    from gateway.messages import cache_pins
+
+    fake_engine.pin_budget = 10
+    pins = cache_pins.MessagePins(fake_engine)
+
+    async def run():
+        await pins.pin(lambda: [1] * 6, "", "5m")
+        await pins.pin(lambda: [2] * 6, "", "5m")  # does not fit beside the first: the first gives way
+        assert sorted(fake_engine.pins.values()) == [6] and len(pins.expiry) == 1
+        monkeypatch.setitem(cache_pins.TTL_S, "5m", 0.0)  # what is pinned from now on expires at once
+        await pins.pin(lambda: [3] * 2, "", "5m")
+        await pins.release_expired()
+        assert len(fake_engine.pins) == 1 and len(pins.expiry) == 1  # the 6-token pin is left, not expired
+        fake_engine.pin_budget = None  # an engine without a prefix cache: stop asking
+        await pins.pin(lambda: [4] * 2, "ns", "5m")
+        assert pins.off
+
+    asyncio.run(run())

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from functools import partial
 from typing import Any, Callable
 
 import anyio
@@ -73,17 +74,20 @@ class MessagePins:
         task.add_done_callback(self.tasks.discard)
 
     async def pin(self, make_ids: Callable[[], list[int]], namespace: str, ttl: str) -> None:
-        async with self.lock:
-            try:
-                ids = await anyio.to_thread.run_sync(make_ids)
+        try:
+            ids = await anyio.to_thread.run_sync(make_ids)
+            if not ids:
+                return
+            key = (namespace, NAME_PREFIX + hashlib.sha256(repr(ids).encode()).hexdigest()[:24])
+            ttl_s = TTL_S.get(ttl, TTL_S["5m"])
+            async with self.lock:
                 await self.release(expired_only=True)
-                if not ids:
-                    return
-                key = (namespace, NAME_PREFIX + hashlib.sha256(repr(ids).encode()).hexdigest()[:24])
+                if self.expiry.get(key, 0.0) - time.monotonic() > ttl_s / 2:
+                    return  # pinned a moment ago: the engine need not be asked again yet
                 for _ in range(2):
                     try:
                         await anyio.to_thread.run_sync(
-                            lambda: self.engine.pin_prefix(ids, namespace=key[0], name=key[1]))
+                            partial(self.engine.pin_prefix, ids, namespace=key[0], name=key[1]))
                     except EngineError as exc:
                         off = exc.code == "pinning_unavailable" or "pinning is off" in exc.message
                         if exc.code == "pin_budget_exceeded" and self.expiry and not off:
@@ -93,10 +97,24 @@ class MessagePins:
                         log.debug("breakpoint not pinned: %s", exc.message)
                         return
                     self.expiry.pop(key, None)  # refreshed: it moves to the end (the newest)
-                    self.expiry[key] = time.monotonic() + TTL_S.get(ttl, 300.0)
+                    self.expiry[key] = time.monotonic() + ttl_s
+                    # released when it expires even if no request comes to find it expired
+                    asyncio.get_running_loop().call_later(ttl_s + 1, self.expire)
                     return
-            except Exception:  # best effort: a pin never fails the request it follows
-                log.exception("pinning a cache_control breakpoint failed")
+        except Exception:  # best effort: a pin never fails the request it follows
+            log.exception("pinning a cache_control breakpoint failed")
+
+    def expire(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.release_expired())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def release_expired(self) -> None:
+        try:
+            async with self.lock:
+                await self.release(expired_only=True)
+        except Exception:
+            log.exception("releasing expired cache_control pins failed")
 
     async def release(self, expired_only: bool) -> None:
         now = time.monotonic()
@@ -104,7 +122,8 @@ class MessagePins:
             if expired_only and expires > now:
                 continue
             del self.expiry[key]
-            await anyio.to_thread.run_sync(lambda: self.engine.unpin_prefix(namespace=key[0], name=key[1]))
+            namespace, name = key
+            await anyio.to_thread.run_sync(partial(self.engine.unpin_prefix, namespace=namespace, name=name))
             if not expired_only:
                 return
 
