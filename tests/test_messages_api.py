@@ -124,7 +124,7 @@ def test_overloaded_and_too_long(gateway_client, fake_engine):
 
 def test_api_keys_x_api_key_and_bearer(gateway_client):
     client = gateway_client(api_keys=["sekret"])
-    assert_error(create(client), 401, "authentication_error")
+    assert_error(create(client), 401, "authentication_error", "x-api-key")
     assert_error(create(client, headers={"x-api-key": "wrong"}), 401, "authentication_error")
     assert create(client, headers={"x-api-key": "sekret"}).status_code == 200
     assert create(client, headers={"Authorization": "Bearer sekret"}).status_code == 200
@@ -199,3 +199,15 @@ def test_breakpoint_pins_make_room_and_expire(fake_engine, monkeypatch):
         assert pins.off
 
     asyncio.run(run())
+
+
+def test_sampling_extensions_reach_the_engine(gateway_client, fake_engine):
+    resp = create(gateway_client(), temperature=0.5, top_k=4, seed=3, presence_penalty=0.5, frequency_penalty=0.25,
+                  repetition_penalty=1.1, logit_bias={"42": -100}, min_tokens=2, stop_token_ids=[7], ignore_eos=True,
+                  stop_sequences=["END"])
+    assert resp.status_code == 200, resp.text
+    p = fake_engine.submitted[0].sampling
+    assert (p.temperature, p.top_k, p.seed, p.max_new_tokens, p.stop) == (0.5, 4, 3, 16, ["END"])
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, 0.25, 1.1)
+    assert (p.logit_bias, p.min_tokens, p.stop_token_ids, p.ignore_eos) == ({42: -100.0}, 2, [7], True)
+    assert_error(create(gateway_client(), logit_bias={"x": 1}), 400, "invalid_request_error", "logit_bias")

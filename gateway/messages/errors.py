@@ -64,8 +64,10 @@ def anthropic_shaped(handler: Callable[..., Response[Any]]) -> Callable[..., Res
             if exc.param and exc.param not in exc.message:  # Anthropic's body has no `param`: say it
                 exc.message = f"{exc.message.rstrip('.')} (at '{exc.param}')."
         response = handler(request, exc)
-        detail = response.content.error  # gateway.protocol.ErrorBody
-        return anthropic_response(response.status_code, detail.message, response.headers)
+        message = response.content.error.message  # gateway.protocol.ErrorBody
+        if response.status_code == 401 and "Authorization header" in message:
+            message = message.replace("in the Authorization header", "in the x-api-key header or the Authorization header")
+        return anthropic_response(response.status_code, message, response.headers)
 
     return handle
 
