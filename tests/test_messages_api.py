@@ -211,3 +211,8 @@ def test_sampling_extensions_reach_the_engine(gateway_client, fake_engine):
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, 0.25, 1.1)
     assert (p.logit_bias, p.min_tokens, p.stop_token_ids, p.ignore_eos) == ({42: -100.0}, 2, [7], True)
     assert_error(create(gateway_client(), logit_bias={"x": 1}), 400, "invalid_request_error", "logit_bias")
+
+
+def test_a_body_over_the_limit_is_request_too_large(gateway_client):
+    client = gateway_client(max_body_bytes=2048)
+    assert_error(create(client, system="x" * 4096), 413, "request_too_large")
