@@ -12,7 +12,8 @@
 The rules below were established against xgrammar 0.2.9 itself (a violating instance fed to a
 GrammarMatcher, one per rule: tests/test_fidelity_classifier.py keeps them honest):
 - siblings beside `$ref`, `anyOf`, `oneOf` or `allOf` are dropped; `allOf` with more than one
-  branch compiles as "any JSON value"; `oneOf` is compiled as `anyOf`, so it is exact only where
+  branch compiles as "any JSON value", except where grammar/all_of.py writes it as the one object
+  schema it equals (branches of only type, properties, required, min/maxProperties); `oneOf` is compiled as `anyOf`, so it is exact only where
   grammar/one_of.py proves it equal to the `anyOf` of exclusive branches (which both engines then
   compile): distinct consts, a const discriminator, or JSON types (a type several unconstrained
   branches share is taken out of them: Kubernetes' `[string|null, integer|null]` is `string|integer`);
@@ -79,6 +80,7 @@ from typing import Any, Iterable
 
 import jsonschema
 
+from grammar.all_of import merged_all_of
 from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
@@ -449,6 +451,16 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         rest = [i for i in range(len(value)) if i not in conditionals]
         if len(rest) == 1:  # the one other branch is walked as a single-branch allOf's would be
             children.append((value[rest[0]], join_pointer(here, "allOf", rest[0]), None))
+    elif combinator == "allOf" and merged_all_of(node, document):
+        # compiled as the one object schema it equals (grammar/all_of.py): each branch's keywords
+        # and the ones beside it are kept as written
+        mark("allOf", ENFORCED)
+        children += _subschemas(node, "allOf", here)
+        for keyword in siblings:
+            mark(keyword, ENFORCED)
+            if keyword == "properties":
+                children += _subschemas(node, keyword, here)
+        return entries, children
     elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
     elif combinator == "oneOf" and exclusive is None:

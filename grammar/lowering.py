@@ -1,12 +1,14 @@
 """The exact rewrites both engines compile a JSON schema through (each module proves its own):
 
-1. grammar/one_of.py: a `oneOf` with provably exclusive branches as their `anyOf`;
-2. grammar/listed_values.py: `enum`/`const` cut to the values that fit the other keywords, and
+1. grammar/all_of.py: an `allOf` of object schemas as the one object schema it equals;
+2. grammar/one_of.py: a `oneOf` with provably exclusive branches as their `anyOf`;
+3. grammar/listed_values.py: `enum`/`const` cut to the values that fit the other keywords, and
    optional properties no value fits left out of closed objects;
-3. grammar/formats.py: `format: byte` as its base64 pattern.
+4. grammar/formats.py: `format: byte` as its base64 pattern.
 
-The order matters: `oneOf` is judged on the branches as written (as grammar/fidelity.py judges
-it), before listed values are cut. grammar/fidelity.py classifies the schema as written and says
+The order matters: an `allOf` is merged as written (as grammar/fidelity.py judges it; merging only
+makes a `oneOf`'s branches plainer), and `oneOf` is judged on the branches as written, before
+listed values are cut. grammar/fidelity.py classifies the schema as written and says
 `enforced` for what these rewrites make exact.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grammar.all_of import lower_all_of
 from grammar.canonical import canonical_schema
 from grammar.formats import lower_formats
 from grammar.listed_values import lower_listed_values
@@ -22,4 +25,4 @@ from grammar.one_of import lower_one_of
 
 def lower_for_masks(schema: Any, strict: bool) -> Any:
     """The canonical form of `schema` with every rewrite above applied."""
-    return lower_formats(lower_listed_values(lower_one_of(canonical_schema(schema)), strict=strict))
+    return lower_formats(lower_listed_values(lower_one_of(lower_all_of(canonical_schema(schema))), strict=strict))

@@ -38,7 +38,7 @@ REFUSED = {k for k in json.loads((DATA / "schema_corpus_refusals.json").read_tex
 SCHEMAS = {p.stem: json.loads(p.read_text()) for p in sorted((DATA / "schema_corpus").glob("*.json"))}
 REGEXES = {r["name"]: r["pattern"] for r in json.loads((DATA / "regex_corpus.json").read_text())}
 # see tests/test_grammar_e2e.py: keywords xgrammar compiles without enforcing them
-UNENFORCED = {"allof_base_and_extension": {"allOf"}, "if_then_else_country_postal": {"if", "then", "else"},
+UNENFORCED = {"if_then_else_country_postal": {"if", "then", "else"},
               "numeric_bounds_sensor": {"multipleOf"}}
 
 

@@ -1,0 +1,134 @@
+"""An `allOf` of object schemas merged into the one object schema it equals; both engines compile that.
+
+xgrammar compiles an `allOf` of several branches as any JSON value, so SchemaStore's common
+`allOf: [{"$ref": "#/definitions/base"}, {"properties": {...}, "required": [...]}]` left the whole
+value to check-and-roll-back, whose rewrites could spend themselves on scalars (`"image": true`).
+Where every branch, and the node's own keywords beside `allOf`, say only `type`, `properties`,
+`required`, `minProperties`, `maxProperties` and annotations, the `allOf` is exactly the object
+with the intersection of the types, the union of the properties and of the required names, the
+largest `minProperties` and the smallest `maxProperties`. A name declared by several branches takes
+their subschemas merged the same way (identical ones are kept once); where that merge is not
+possible, nothing is merged. A branch that is only a local `$ref` stands for the definition it
+names (one link; the definition's own `$ref`s stay references). Anything else in a branch
+(`additionalProperties`, `patternProperties`, conditionals, combinators, `$defs`) ties its meaning
+to that branch's own names, which one object cannot say: such an `allOf` is left as it is.
+
+`lower_all_of` rewrites every such `allOf` of a schema (grammar/lowering.py); grammar/fidelity.py
+reports an `allOf` enforced exactly when `merged_all_of` is not None for it as written.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grammar.schema_walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_bottom_up
+
+MERGED_KEYWORDS = frozenset({"type", "properties", "required", "minProperties", "maxProperties"})
+# annotations that would change how references resolve if moved out of their branch
+_SCOPE_KEYWORDS = frozenset({"$id", "$schema", "$anchor"})
+_PARENT_ONLY = frozenset({"$defs", "definitions"})  # kept where they are, beside the merged object
+# a value's JSON type, numbers split into integers and numbers with a fraction
+_TYPE_CLASSES = {"null": {"null"}, "boolean": {"boolean"}, "object": {"object"}, "array": {"array"},
+                 "string": {"string"}, "integer": {"integer"}, "number": {"integer", "fraction"}}
+
+
+def merged_all_of(node: Any, root: Any) -> dict | None:
+    """The object schema `node`'s `allOf` (with `node`'s own keywords) equals, or None where that
+    cannot be written as one object schema (see the module docstring)."""
+    if not isinstance(node, dict) or not isinstance(node.get("allOf"), list) or not node["allOf"]:
+        return None
+    own = {k: v for k, v in node.items() if k != "allOf"}
+    if len(node["allOf"]) == 1 and not set(own) - _PARENT_ONLY - ANNOTATION_KEYWORDS:
+        return None  # a lone branch: both engines compile it as it is
+    parts = [{k: v for k, v in own.items() if k not in _PARENT_ONLY}]
+    for branch in node["allOf"]:
+        target = follow_local_refs(branch, root, only_bare=True)
+        if target is True or target == {}:
+            continue
+        if not isinstance(target, dict) or "$ref" in target:
+            return None
+        parts.append({k: v for k, v in target.items() if k not in _SCOPE_KEYWORDS})
+    if any(k not in MERGED_KEYWORDS and k not in ANNOTATION_KEYWORDS for part in parts for k in part):
+        return None
+    merged = _merge(parts, root)
+    if merged is None:
+        return None
+    return {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, **merged}
+
+
+def _merge(parts: list[dict], root: Any) -> dict | None:
+    out: dict[str, Any] = {}
+    for part in parts:  # annotations: the first one written wins (they constrain nothing)
+        for key in ANNOTATION_KEYWORDS - _SCOPE_KEYWORDS:
+            if key in part and key not in out:
+                out[key] = part[key]
+    types = [_classes(p["type"]) for p in parts if "type" in p]
+    if types:
+        if any(t is None for t in types):
+            return None
+        common = set.intersection(*types)
+        written = _type_of(common)
+        if written is None:
+            return None
+        out["type"] = written
+    properties: dict[str, list] = {}
+    for part in parts:
+        declared = part.get("properties", {})
+        if not isinstance(declared, dict):
+            return None
+        for name, sub in declared.items():
+            properties.setdefault(name, []).append(sub)
+    if properties:
+        out["properties"] = {}
+        for name, subs in properties.items():
+            unique = list({json.dumps(s, sort_keys=True): s for s in subs}.values())
+            if len(unique) == 1:
+                out["properties"][name] = unique[0]
+                continue
+            sub = merged_all_of({"allOf": unique}, root)
+            if sub is None:
+                return None
+            out["properties"][name] = sub
+    required: list[str] = []
+    for part in parts:
+        names = part.get("required", [])
+        if not isinstance(names, list):
+            return None
+        required += [n for n in names if n not in required]
+    if required:
+        out["required"] = required
+    lows = [p["minProperties"] for p in parts if "minProperties" in p]
+    highs = [p["maxProperties"] for p in parts if "maxProperties" in p]
+    if lows:
+        out["minProperties"] = max(lows)
+    if highs:
+        out["maxProperties"] = min(highs)
+    return out
+
+
+def _classes(written: Any) -> set[str] | None:
+    names = [written] if isinstance(written, str) else written
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in _TYPE_CLASSES for n in names):
+        return None
+    return set().union(*(_TYPE_CLASSES[n] for n in names))
+
+
+def _type_of(classes: set[str]) -> str | list[str] | None:
+    """`type` for a set of classes; None where none can say it (empty, or fractions without integers)."""
+    if "fraction" in classes and "integer" not in classes:
+        return None
+    names = sorted((classes - {"integer", "fraction"}) | ({"number"} if "fraction" in classes else
+                                                          {"integer"} if "integer" in classes else set()))
+    if not names:
+        return None
+    return names[0] if len(names) == 1 else names
+
+
+def lower_all_of(schema: Any) -> Any:
+    """`schema` with every mergeable `allOf` replaced by the object schema it equals (references
+    resolved in `schema` as written)."""
+    def rewrite(node: dict) -> Any:
+        merged = merged_all_of(node, schema)
+        return node if merged is None else merged
+    return rewrite_bottom_up(schema, rewrite)
