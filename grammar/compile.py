@@ -15,8 +15,9 @@ from grammar.kinds import kind_for
 
 # Bump when the way specs are compiled changes: it is part of the cache key, so grammars
 # compiled under an older policy are never loaded from disk.
-COMPILE_POLICY_VERSION = 4  # 2: length-bounded JSON strings refuse raw control characters; 3: the exact
-# rewrites of grammar/lowering.py; 4: optional regex groups as {0,1} (grammar/regex_check.py)
+COMPILE_POLICY_VERSION = 5  # 2: length-bounded JSON strings refuse raw control characters; 3: the exact
+# rewrites of grammar/lowering.py; 4: optional regex groups as {0,1} (grammar/regex_check.py);
+# 5: an allOf of object schemas as one object (grammar/all_of.py)
 
 
 def compile_spec(compiler: xgr.GrammarCompiler, spec: Any) -> xgr.CompiledGrammar:
