@@ -24,6 +24,7 @@ from gateway.generation import ConcurrencyLimiter, RequestLog
 from gateway.messages.errors import with_messages_errors
 from gateway.messages.route import MessagesController
 from gateway.metrics import GatewayMetrics
+from gateway.model_formats import configure_formats
 from gateway.pinning import restore_pins
 from gateway.prompt import PromptRenderer, schema_budget_tokens
 from gateway.registry import SchemaRegistry
@@ -65,10 +66,14 @@ def data_root(settings: Settings) -> Path:
 
 def build_services(engine: EngineClient, grammar_service: Any, settings: Settings, tokenizer: Any = None) -> GatewayServices:
     settings.validate()
+    tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+    # before the renderer reads the template: --chat-template, and the model's tool-call format
+    formats = configure_formats(tokenizer, settings.tool_call_format, settings.reasoning_format,
+                                settings.chat_template)
     return GatewayServices(
         engine=engine,
         grammar=grammar_service,
-        renderer=PromptRenderer(tokenizer if tokenizer is not None else engine.tokenizer,
+        renderer=PromptRenderer(tokenizer,
                                 schema_budget_tokens(settings.schema_prompt_budget, engine.info.max_context)),
         registry=SchemaRegistry(settings.registry_dir or default_registry_dir()),
         settings=settings,
@@ -76,6 +81,7 @@ def build_services(engine: EngineClient, grammar_service: Any, settings: Setting
         limiter=ConcurrencyLimiter(settings.max_concurrent_requests, settings.retry_after_s),
         authenticator=Authenticator(settings.api_keys),
         started_at=int(time.time()),
+        formats=formats,
     )
 
 

@@ -98,7 +98,7 @@ def serve(config: ServeSettings, cluster: ClusterSettings | None = None) -> int:
             try:
                 grammar_service = build_grammar_service(engine, config.grammar)
                 app = create_app(engine, grammar_service, settings)
-            except OSError as e:  # a folder that changed under us since check_folders
+            except (OSError, ValueError) as e:  # a folder that changed under us; --chat-template / formats
                 raise StartupError(str(e)) from e
             bound = dataclasses.replace(settings, port=listener.getsockname()[1])  # --port 0: the port it got
             print(banner(engine, bound), flush=True)

@@ -20,8 +20,12 @@ from grammar import (
     GrammarSpecError,
     ToolCallArgumentsDelta,
     ToolCallStartDelta,
-    ToolCallStreamParser,
+    detect_reasoning_format,
+    detect_tool_call_format,
+    get_tool_call_format,
     kind_for,
+    stream_parser,
+    tool_call_format_names,
 )
 from grammar import parse_tool_calls as parse_with_format
 from grammar.canonical import canonical_json, canonical_tool
@@ -32,7 +36,11 @@ from grammar.kinds.tool_calls.grammar import arguments_schema
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
 from grammar.spec import tokenizer_fingerprint
 
-FORMAT = HERMES_TOOL_CALL_FORMAT  # the tool-call format shown to (and parsed from) the model
+# The tool-call format shown to (and parsed from) the model, and its reasoning format: set once at
+# start-up from the model's chat template (`use_formats`); one process serves one model.
+FORMAT: Any = HERMES_TOOL_CALL_FORMAT
+REASONING_FORMAT = "none"
+REASONING_FORMATS = ("none", "qwen_3", "deepseek_r1", "harmony")
 
 __all__ = [
     "arguments_schema",
@@ -58,6 +66,12 @@ __all__ = [
     "strict_closing",
     "tokenizer_fingerprint",
     "valid_tool_name",
+    "use_formats",
+    "detect_formats",
+    "tool_call_format_name",
+    "reasoning_format_name",
+    "uses_own_tools_text",
+    "canonical_tools",
 ]
 
 
@@ -148,6 +162,42 @@ def grammar_stats(service: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- tool-call format
 
 
+def detect_formats(template: str | None, special_tokens: list[str]) -> tuple[str, str]:
+    """(tool-call format, reasoning format) a chat template and its special tokens show."""
+    return detect_tool_call_format(template, special_tokens), detect_reasoning_format(template, special_tokens)
+
+
+def use_formats(tool_call_format: str, reasoning_format: str) -> None:
+    """Set the formats of the served model (ValueError naming the known ones for a bad name)."""
+    global FORMAT, REASONING_FORMAT
+    try:
+        fmt = get_tool_call_format(tool_call_format)
+    except GrammarSpecError:
+        raise ValueError(f"--tool-call-format {tool_call_format!r}: unknown; known: "
+                         f"{', '.join(tool_call_format_names())}") from None
+    if reasoning_format not in REASONING_FORMATS:
+        raise ValueError(f"--reasoning-format {reasoning_format!r}: unknown; known: {', '.join(REASONING_FORMATS)}")
+    FORMAT, REASONING_FORMAT = fmt, reasoning_format
+
+
+def tool_call_format_name() -> str:
+    return FORMAT.name
+
+
+def reasoning_format_name() -> str:
+    return REASONING_FORMAT
+
+
+def uses_own_tools_text() -> bool:
+    """Whether the format is Jumpgate's own (hermes: its tools text goes in the system block)."""
+    return FORMAT is HERMES_TOOL_CALL_FORMAT
+
+
+def canonical_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools as handed to a chat template: canonical (sorted keys), so equal tools give equal tokens."""
+    return [canonical_tool(t) for t in tools]
+
+
 def valid_tool_name(name: str) -> bool:
     """OpenAI's rule for function names, as the tool_calls kind checks it."""
     return bool(TOOL_NAME_RE.match(name))
@@ -175,9 +225,16 @@ def render_tool_result(name: str | None, tool_call_id: str, content: str) -> str
     return FORMAT.render_tool_response(content)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedToolCall]]:
-    """(content outside the calls or None, calls) of a finished generation."""
-    content, calls = parse_with_format(text, FORMAT)
+def _schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict] | None:
+    if not tools:
+        return None
+    return {t["function"]["name"]: arguments_schema(t["function"]) for t in tools if isinstance(t.get("function"), dict)}
+
+
+def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, list[ParsedToolCall]]:
+    """(content outside the calls or None, calls) of a finished generation (`tools` type the
+    arguments of formats that write them as markup)."""
+    content, calls = parse_with_format(text, FORMAT, schemas=_schemas(tools))
     return (content or None), [ParsedToolCall(c.id, c.name, c.arguments) for c in calls]
 
 
@@ -188,8 +245,8 @@ class ToolCallStream:
     """Streamed text → (content piece, [tool-call deltas]) as OpenAI streams them: per call first
     (index, id, name), then argument pieces whose concatenation is the arguments JSON."""
 
-    def __init__(self) -> None:
-        self._parser = ToolCallStreamParser(FORMAT)
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        self._parser = stream_parser(FORMAT, _schemas(tools))
         self.num_calls = 0
 
     def feed(self, text: str) -> tuple[str, list[ToolDelta]]:

@@ -38,16 +38,17 @@ def schema_prefix_ids(renderer: PromptRenderer, kind: str, payload: Any, system_
     tools = list(payload) if kind == "tools" else None
     instructions = schema_instructions(kind, payload)
     head = [SystemMessage(content=system_prompt)] if system_prompt else []
-    template = renderer.tokenizer.apply_chat_template
+    def template(turns: list[dict[str, Any]], **kwargs: Any) -> str:
+        return renderer.apply_template(turns, tools, **kwargs)
 
     def render(user: str) -> tuple[str, list[dict[str, str]]]:
         turns, _, _ = renderer.chat_turns([*head, UserMessage(content=user)], tools, instructions, (kind, payload))
-        return template(turns, tokenize=False, add_generation_prompt=True), turns
+        return template(turns, add_generation_prompt=True), turns
 
     text, turns = render("")
     cut = 0
     if turns and turns[0]["role"] == "system":
-        system_only = template(turns[:1], tokenize=False, add_generation_prompt=False)
+        system_only = template(turns[:1], add_generation_prompt=False)
         if text.startswith(system_only):
             cut = len(system_only)
     if not cut:  # no system turn of ours (the template may add its own): the text both renders share

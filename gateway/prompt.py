@@ -104,6 +104,26 @@ class PromptRenderer:
         if not isinstance(template, str):  # some tokenizers keep a dict of named templates
             template = json.dumps(template)
         self.has_tool_role = "'tool'" in template or '"tool"' in template
+        # the model's own tool format and a template that takes `tools=`: tools, past calls and
+        # results go through the template (the model's own prompt); else Jumpgate's tools text
+        self.template_takes_tools = "tools" in template
+        self.template_takes_calls = "tool_calls" in template
+
+    def native_tools(self) -> bool:
+        """Whether tools go through the chat template (`tools=`) rather than Jumpgate's text."""
+        return self.template_takes_tools and not grammar_adapter.uses_own_tools_text()
+
+    def template_tools(self, tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """The `tools=` handed to the chat template: canonical JSON, so equal tools give equal tokens."""
+        return grammar_adapter.canonical_tools(list(tools)) if tools and self.native_tools() else None
+
+    def apply_template(self, turns: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
+                       **kwargs: Any) -> str:
+        """The chat template over `turns` (with `tools=` where the template takes them)."""
+        template_tools = self.template_tools(tools)
+        if template_tools is not None:
+            kwargs["tools"] = template_tools
+        return self.tokenizer.apply_chat_template(turns, tokenize=False, **kwargs)
 
     # ----------------------------------------------------------------- chat
 
@@ -165,9 +185,11 @@ class PromptRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
         instructions: str | None = None,
         schema: Schema | None = None,
-    ) -> tuple[list[dict[str, str]], str | None, int]:
+    ) -> tuple[list[dict[str, Any]], str | None, int]:
         """The role/content turns handed to the chat template, the system block, and the
-        compaction level of its tools/schema text."""
+        compaction level of its tools/schema text. With the model's own tool format and a template
+        that takes tools, the tools are not in the system block (`apply_template` hands them over),
+        past calls are `tool_calls` and results `tool` turns where the template knows them."""
         if not messages:
             raise bad_request("'messages' must contain at least one message.", "messages")
         leading: list[str] = []
@@ -175,8 +197,10 @@ class PromptRenderer:
         while i < len(messages) and isinstance(messages[i], (SystemMessage, DeveloperMessage)):
             leading.append(content_text(messages[i].content))
             i += 1
-        system, level = self.system_block("\n\n".join(leading) if leading else None, tools, instructions, schema)
-        turns: list[dict[str, str]] = []
+        native = bool(tools) and self.native_tools()
+        system, level = self.system_block("\n\n".join(leading) if leading else None,
+                                          None if native else tools, instructions, schema)
+        turns: list[dict[str, Any]] = []
         if system is not None:
             turns.append({"role": "system", "content": system})
 
@@ -192,7 +216,10 @@ class PromptRenderer:
             msg = messages[index]
             if isinstance(msg, ToolMessage):
                 text = content_text(msg.content)
-                if self.has_tool_role:
+                if native and self.has_tool_role:
+                    turns.append({"role": "tool", "content": text, "tool_call_id": msg.tool_call_id,
+                                  "name": call_names.get(msg.tool_call_id)})
+                elif self.has_tool_role:
                     turns.append({"role": "tool", "content": text})
                 else:
                     name = call_names.get(msg.tool_call_id)
@@ -205,6 +232,14 @@ class PromptRenderer:
                 turns.append({"role": "user", "content": content_text(msg.content)})
             elif isinstance(msg, AssistantMessage):
                 text = content_text(msg.content)
+                if msg.tool_calls and native and self.template_takes_calls:
+                    for call in msg.tool_calls:
+                        call_names[call.id] = call.function.name
+                    turns.append({"role": "assistant", "content": text, "tool_calls": [
+                        {"id": c.id, "type": "function",
+                         "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                        for c in msg.tool_calls]})
+                    continue
                 if msg.tool_calls:
                     calls = []
                     for call in msg.tool_calls:
@@ -227,8 +262,7 @@ class PromptRenderer:
         `template_kwargs` are extra variables of the chat template (`chat_template_kwargs`)."""
         turns, system, level = self.chat_turns(messages, tools, instructions, schema)
         try:
-            text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True,
-                                                      **(template_kwargs or {}))
+            text = self.apply_template(turns, tools, add_generation_prompt=True, **(template_kwargs or {}))
         except Exception as exc:  # jinja raises for role orders a template refuses
             raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
         return RenderedPrompt(text=text, token_ids=self.encode(text), system_text=system,
@@ -289,3 +323,12 @@ class PromptRenderer:
         before = self.decode(token_ids[max(0, index - window) : index])[-BOUNDARY_CONTEXT_CHARS:]
         after = self.decode(token_ids[index : index + window])[:BOUNDARY_CONTEXT_CHARS]
         return before, after
+
+
+def _arguments(arguments: str) -> Any:
+    """A past call's arguments as the template takes them: the object (key order kept), or the
+    text as given when it is not JSON."""
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments

@@ -409,6 +409,15 @@ class Model(Struct):
     owned_by: str = "jumpgate"
     object: Literal["model"] = "model"
     max_model_len: int | None = None
+    jumpgate: "ModelFormatsInfo | UnsetType" = UNSET  # the formats the model is served with
+
+
+class ModelFormatsInfo(Struct):
+    """The served model's formats, by xgrammar's names (`hermes`: Jumpgate's own)."""
+
+    tool_call_format: str
+    reasoning_format: str
+    detected: bool  # from the chat template; False: set by --tool-call-format / --reasoning-format
 
 
 class ModelList(Struct):

@@ -65,6 +65,17 @@ class Settings:
         0.5, "tokens the tools/schema text may take in a prompt: up to 1 a fraction of the context, above 1 a "
         "count; beyond it the text is compacted (the grammar still enforces the whole schema)",
         flag="--schema-prompt-budget", above=0, metavar="FRACTION|TOKENS")
+    # the model's own tool-call / reasoning format (docs/tool-formats.md)
+    tool_call_format: str | None = setting(
+        None, "tool-call format the model writes: an xgrammar model format (llama, qwen_3, qwen_3_coder, harmony, "
+        "...) or hermes", flag="--tool-call-format", optional=True, metavar="NAME",
+        default_text="detected from the chat template")
+    reasoning_format: str | None = setting(
+        None, "reasoning format the model writes (none, qwen_3, deepseek_r1, harmony)", flag="--reasoning-format",
+        optional=True, metavar="NAME", default_text="detected from the chat template")
+    chat_template: str | None = setting(
+        None, "Jinja chat template file, for a model that ships none (or to replace its own)",
+        flag="--chat-template", optional=True, metavar="FILE")
     log_level: str = setting("info", "log verbosity", flag="--log-level", choices=("debug", "info", "warning", "error"))
     openapi: bool = setting(True, "disable the OpenAPI docs at /docs", flag="--no-docs", negative=True)
 

@@ -74,6 +74,8 @@ def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> An
 
 
 def banner(engine: EngineClient, settings: Settings) -> str:
+    from gateway import grammar_adapter  # imports xgrammar: not for `jumpgate serve --help`
+
     info = engine.info
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key (open)"
     lines = [
@@ -82,6 +84,8 @@ def banner(engine: EngineClient, settings: Settings) -> str:
         f"  weights    {info.weights}: {info.weights_reason}",
         f"  context    {info.max_context} tokens",
         f"  KV pool    {info.kv_pool_tokens} tokens",
+        f"  formats    tool calls {grammar_adapter.tool_call_format_name()}, "
+        f"reasoning {grammar_adapter.reasoning_format_name()}",
         f"  listening  http://{settings.host}:{settings.port}/v1  ({auth})",
     ]
     if settings.openapi:

@@ -9,7 +9,8 @@ Public API (everything else is internal):
 - checks:     validate_spec, validate_json_schema, validate_regex
 - compiling:  GrammarService, CompiledGrammarHandle, GrammarServiceStats, build_tokenizer_info
 - decoding:   XGrammarMatcher
-- tool calls: ToolCallFormat, HERMES_TOOL_CALL_FORMAT, render_tools_prompt,
+- tool calls: ToolCallFormat, HERMES_TOOL_CALL_FORMAT, render_tools_prompt, get_tool_call_format,
+              tool_call_format_names, detect_tool_call_format, detect_reasoning_format, stream_parser,
               tool_calls_grammar_spec, parse_tool_calls, ToolCallStreamParser, ToolCall,
               ContentDelta, ToolCallStartDelta, ToolCallArgumentsDelta
 """
@@ -36,6 +37,10 @@ _EXPORTS = {
     "HERMES_TOOL_CALL_FORMAT": "grammar.kinds.tool_calls.format",
     "ToolCallFormat": "grammar.kinds.tool_calls.format",
     "get_tool_call_format": "grammar.kinds.tool_calls.format",
+    "tool_call_format_names": "grammar.kinds.tool_calls.format",
+    "detect_tool_call_format": "grammar.kinds.tool_calls.detect",
+    "detect_reasoning_format": "grammar.kinds.tool_calls.detect",
+    "stream_parser": "grammar.kinds.tool_calls.parser",
     "render_tools_prompt": "grammar.kinds.tool_calls.format",
     "ContentDelta": "grammar.kinds.tool_calls.parser",
     "ToolCall": "grammar.kinds.tool_calls.parser",

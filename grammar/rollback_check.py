@@ -38,6 +38,7 @@ Only the accepted text is kept here; the check costs nothing per token until a p
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -151,6 +152,38 @@ class ToolCallRollbackRules(RollbackRules):
                     found.append((start + s, start + e, (index,) + path))
             found += [(start + s, start + e, None) for s, e in repeats]
             index, at = index + 1, data.find(self.call_begin, start + whole[1])
+        return found
+
+
+class TagCallRollbackRules(RollbackRules):
+    """The same for a model format whose calls are `header NAME ... {arguments}` (tag_format.py):
+    `header` is a bytes regex of a call's header, each alternative naming the tool in a group,
+    ending where the arguments object starts."""
+
+    def __init__(self, parameters: dict[str, Any], header: "re.Pattern[bytes]", vocab: RollbackVocab,
+                 max_retries: int) -> None:
+        self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
+        self.header = header
+        self.vocab = vocab
+        self.max_retries = max_retries
+
+    def failures(self, data: bytes) -> list[Failure] | None:
+        found: list[Failure] = []
+        for index, m in enumerate(self.header.finditer(data)):
+            start = m.end()
+            name = next((v for v in m.groupdict().values() if v), b"").decode("utf-8", "replace")
+            try:
+                spans, repeats = scan_json(data[start:])
+                whole = spans[()]
+                args = json.loads(data[start + whole[0]:start + whole[1]])
+            except (ValueError, IndexError, KeyError, RecursionError):
+                return None  # arguments that are not whole JSON: the grammar's business
+            validator = self.validators.get(name)
+            if validator is not None:
+                for error in validator.iter_errors(args):
+                    s, e, path = _span(spans, _failing_path(error))
+                    found.append((start + s, start + e, (index,) + path))
+            found += [(start + s, start + e, None) for s, e in repeats]
         return found
 
 

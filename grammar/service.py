@@ -55,12 +55,12 @@ from grammar.llg_schema import llguidance_grammar
 from grammar.llg_tokenizer import LLGuidanceTokenizer
 from grammar.matcher import XGrammarMatcher
 from grammar.rollback_check import DEFAULT_VALUE_RETRIES, RollbackCheck, RollbackRules, RollbackVocab, \
-    ToolCallRollbackRules
+    TagCallRollbackRules, ToolCallRollbackRules
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
 from grammar.validate import validate_spec
 from grammar.value_check import ValueCheck, ValueCheckVocab
-from grammar.value_rules import VALUE_CHECK_KINDS, SchemaNavigator, navigator_for, value_check_begin
+from grammar.value_rules import VALUE_CHECK_KINDS, SchemaNavigator, navigator_for, value_check_begin, value_checked
 from grammar.worker_pool import CompileFn, CompileJob, CompileWorkerPool
 
 log = logging.getLogger("jumpgate.grammar")
@@ -438,8 +438,12 @@ class GrammarService:
         if spec.kind == "tool_calls":
             functions = [t["function"] for t in spec.payload.get("tools") or []]
             fmt = get_tool_call_format(spec.payload.get("format", HERMES_TOOL_CALL_FORMAT.name))
-            return ToolCallRollbackRules({f["name"]: arguments_schema(f) for f in functions}, fmt.call_begin,
-                                         self._rollback_vocab, self.value_retries)
+            schemas = {f["name"]: arguments_schema(f) for f in functions}
+            if fmt is HERMES_TOOL_CALL_FORMAT:
+                return ToolCallRollbackRules(schemas, fmt.call_begin, self._rollback_vocab, self.value_retries)
+            if not fmt.value_checked:
+                return None  # markup arguments: the mask only (docs/tool-formats.md)
+            return TagCallRollbackRules(schemas, fmt.header_re(), self._rollback_vocab, self.value_retries)
         return RollbackRules(spec.payload, self._rollback_vocab, self.value_retries)
 
     def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar,
@@ -447,7 +451,7 @@ class GrammarService:
         if fidelity is None and spec is not None:
             fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict, self.value_retries)
         rules = self._rollback_rules(spec, fidelity)
-        json_kind = kind in VALUE_CHECK_KINDS
+        json_kind = kind in VALUE_CHECK_KINDS and (spec is None or value_checked(kind, spec.payload))
         return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
                                      _splitter=self.draft_splitter, fidelity=fidelity, rollback_rules=rules,
                                      value_check=self._value_vocab if json_kind else None,

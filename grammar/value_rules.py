@@ -556,6 +556,15 @@ def value_check_begin(kind: str, payload: Any) -> bytes | None:
     return get_tool_call_format(name or HERMES_TOOL_CALL_FORMAT.name).call_begin.encode()
 
 
+def value_checked(kind: str, payload: Any) -> bool:
+    """Whether the value check can follow `kind`'s output: not tool calls in a markup format."""
+    if kind != "tool_calls" or not isinstance(payload, dict):
+        return True
+    from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
+
+    return get_tool_call_format(payload.get("format") or HERMES_TOOL_CALL_FORMAT.name).value_checked
+
+
 def navigator_for(kind: str, payload: Any, strict: bool) -> SchemaNavigator | None:
     """The schema side of the value check (None: no schema, every object's names are kept unique)."""
     return SchemaNavigator(payload, strict) if kind == "json_schema" else None

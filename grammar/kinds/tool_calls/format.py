@@ -5,9 +5,10 @@ The default is the Hermes/Qwen style, written compact so the grammar forces long
 
     <tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>
 
-Several calls are separated by one newline. A model family with its own convention gets its own
-`ToolCallFormat` in TOOL_CALL_FORMATS; the grammar (grammar.py) and the parser (parser.py) read
-everything they need from it.
+Several calls are separated by one newline. It is the format of a model without one of its own
+(SmolLM2). A model family with its own convention uses the format xgrammar describes for it
+(`get_model_structural_tag`, tag_format.py: llama, qwen_3, qwen_3_coder, harmony, kimi, ...), plus
+`mistral`, written here in the same form; `get_tool_call_format` knows both.
 """
 
 from __future__ import annotations
@@ -67,15 +68,33 @@ class ToolCallFormat:
         return "}" + self.call_end
 
 
+    @property
+    def value_checked(self) -> bool:
+        return True  # the calls are JSON
+
+
 HERMES_TOOL_CALL_FORMAT = ToolCallFormat()
 TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {HERMES_TOOL_CALL_FORMAT.name: HERMES_TOOL_CALL_FORMAT}
 
 
-def get_tool_call_format(name: str) -> ToolCallFormat:
-    try:
-        return TOOL_CALL_FORMATS[name]
-    except KeyError:
-        raise GrammarSpecError(f"unknown tool-call format {name!r}; known: {', '.join(TOOL_CALL_FORMATS)}") from None
+def tool_call_format_names() -> list[str]:
+    """Every format name: Jumpgate's hermes, then xgrammar's model formats and mistral."""
+    from grammar.kinds.tool_calls.tag_format import tag_format_names
+
+    return [*TOOL_CALL_FORMATS, *tag_format_names()]
+
+
+def get_tool_call_format(name: str):
+    """The format named `name`: a ToolCallFormat (hermes) or a TagToolCallFormat."""
+    found = TOOL_CALL_FORMATS.get(name)
+    if found is not None:
+        return found
+    from grammar.kinds.tool_calls.tag_format import get_tag_format
+
+    tag = get_tag_format(name) if isinstance(name, str) else None
+    if tag is None:
+        raise GrammarSpecError(f"unknown tool-call format {name!r}; known: {', '.join(tool_call_format_names())}")
+    return tag
 
 
 def render_tools_prompt(tools: list[dict], fmt: ToolCallFormat = HERMES_TOOL_CALL_FORMAT) -> str:

@@ -7,6 +7,8 @@
 - {"type": "function", "function": {"name": N}}: exactly one call of N.
 
 Each call's arguments are compact JSON of the tool's parameters schema (grammar/compact_json.py).
+A model format from xgrammar's registry builds its own tag (tag_format.py), with the same
+arguments grammar wherever its arguments are JSON.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def arguments_schema(function: dict) -> dict:
 
 
 def structural_tag(fmt: ToolCallFormat, tools: list[dict], tool_choice: str | dict, parallel_tool_calls: bool) -> dict:
-    """xgrammar structural tag for a validated payload."""
+    """xgrammar structural tag for a validated payload (a model format's own: tag_format.py)."""
+    if not isinstance(fmt, ToolCallFormat):
+        return fmt.structural_tag(tools, tool_choice, parallel_tool_calls)
 
     def tag(tool: dict) -> dict:
         function = tool["function"]

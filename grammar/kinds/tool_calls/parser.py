@@ -270,6 +270,10 @@ class ToolCallStreamParser:
         self._emit_args(out, args_text)
 
 
+JsonObjectScanner = _JsonObjectScanner  # shared with the structural-tag parser (tag_parser.py)
+CallInProgress = _CallInProgress
+
+
 def _safe_text_cut(text: str, marker: str) -> int:
     """How much of `text` can be emitted now: hold back a possible start of `marker` at the end,
     and trailing whitespace (dropped if a call follows)."""
@@ -281,11 +285,23 @@ def _safe_text_cut(text: str, marker: str) -> int:
     return len(text[:cut].rstrip())
 
 
+def stream_parser(fmt=HERMES_TOOL_CALL_FORMAT, schemas: dict[str, dict] | None = None,
+                  id_factory: Callable[[], str] = new_tool_call_id):
+    """The stream parser of a format: Hermes's own, or the structural-tag parser of a model format
+    (`schemas`: each tool's parameters, to type markup arguments)."""
+    if isinstance(fmt, ToolCallFormat):
+        return ToolCallStreamParser(fmt, id_factory)
+    from grammar.kinds.tool_calls.tag_parser import TagToolCallParser
+
+    return TagToolCallParser(fmt.shape, schemas, id_factory)
+
+
 def parse_tool_calls(
-    text: str, fmt: ToolCallFormat = HERMES_TOOL_CALL_FORMAT, id_factory: Callable[[], str] = new_tool_call_id
+    text: str, fmt=HERMES_TOOL_CALL_FORMAT, id_factory: Callable[[], str] = new_tool_call_id,
+    schemas: dict[str, dict] | None = None,
 ) -> tuple[str, list[ToolCall]]:
     """(content text, tool calls) of a whole output; same result as streaming it."""
-    parser = ToolCallStreamParser(fmt, id_factory)
+    parser = stream_parser(fmt, schemas, id_factory)
     parser.feed(text)
     parser.finish()
     return parser.content, parser.tool_calls
