@@ -38,9 +38,10 @@ def usage_of(outcomes: list[Outcome]) -> Usage:
 
 
 def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCheck | None = None,
-                answer_tool: str | None = None) -> ChatChoice:
+                answer_tool: str | None = None, tools: list | None = None) -> ChatChoice:
+    """`tools`: the request's, to type arguments a model format writes as markup."""
     if parse_tools:
-        content, calls = grammar_adapter.parse_tool_calls(outcome.text)
+        content, calls = grammar_adapter.parse_tool_calls(outcome.text, tools)
         answers = [c for c in calls if c.name == answer_tool]  # the final answer, as content
         if answers:
             content = (content or "") + "".join(c.arguments for c in answers)
@@ -67,10 +68,11 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCh
     )
 
 
-def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bool) -> ChoiceValidity | None:
+def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bool,
+                    tools: list | None = None) -> ChoiceValidity | None:
     """The jumpgate validity of one finished choice (None: nothing structured to validate)."""
     if parse_tools:
-        return _calls_validity(check, outcome, grammar_adapter.parse_tool_calls(outcome.text)[1])
+        return _calls_validity(check, outcome, grammar_adapter.parse_tool_calls(outcome.text, tools)[1])
     if check is None or check.kind != "json_schema":
         return None
     return _noted(check.check_text(outcome.text, outcome.finish_reason), outcome)
@@ -95,8 +97,8 @@ def chat_completion(prepared: Prepared, outcomes: list[Outcome], answer_tool: st
         id=prepared.request_id,
         created=prepared.created,
         model=prepared.model,
-        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check, answer_tool)
-                 for i, o in enumerate(outcomes)],
+        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check, answer_tool,
+                             prepared.plan.tools) for i, o in enumerate(outcomes)],
         usage=usage_of(outcomes),
     )
 

@@ -151,7 +151,8 @@ def chat_events(
 ) -> AsyncGenerator[bytes, None]:
     """`answer_tool`: the final-answer tool (gateway.answer_tool); its arguments stream as content."""
     n = len(streams)
-    parsers = [grammar_adapter.ToolCallStream() if prepared.plan.parse_tool_calls else None for _ in range(n)]
+    parsers = [grammar_adapter.ToolCallStream(prepared.plan.tools) if prepared.plan.parse_tool_calls else None
+               for _ in range(n)]
     answer_index: list[int | None] = [None] * n  # which call of each choice is the final answer
     finished = [False] * n
 
@@ -193,7 +194,8 @@ def chat_events(
         has_calls = parser is not None and parser.num_calls > (answer_index[index] is not None)
         reason = streams[index].outcome.finish_reason
         # validated before the final chunk goes out, which carries the verdict
-        validity = choice_validity(prepared.output_check, streams[index].outcome, parser is not None)
+        validity = choice_validity(prepared.output_check, streams[index].outcome, parser is not None,
+                                   prepared.plan.tools)
         out.append(chunk(index, ChoiceDelta(), "length" if reason == "length" else finish_reason(reason, has_calls),
                          validity))
         return out

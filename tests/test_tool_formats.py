@@ -46,6 +46,13 @@ def compiler(tokenizer):
     return xgr.GrammarCompiler(info, max_threads=1), tokenizer.eos_token_id
 
 
+@pytest.fixture(autouse=True)
+def back_to_hermes(tokenizer):
+    """The served format is process-wide: each test leaves SmolLM2's hermes behind it."""
+    yield
+    configure_formats(tokenizer)
+
+
 def grammar_of(compiler, fmt, choice, parallel=True):
     return compiler[0].compile_structural_tag(fmt.structural_tag(TOOLS, choice, parallel)), compiler[1]
 
@@ -168,8 +175,7 @@ def qwen3_tokenizer(tokenizer):
 
     tok = deepcopy(tokenizer)
     configure_formats(tok, chat_template=str(TEMPLATES / "qwen3.jinja"))
-    yield tok
-    configure_formats(tokenizer)  # back to SmolLM2's hermes for the other tests
+    return tok
 
 
 def test_tools_go_through_the_models_template_canonically(qwen3_tokenizer):
@@ -192,3 +198,30 @@ def test_tools_go_through_the_models_template_canonically(qwen3_tokenizer):
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>' in out.text
     assert "<tool_response>\nsunny\n</tool_response>" in out.text
     assert out.text.startswith(a.text[: a.text.index("<|im_start|>user")])  # the tools prefix is shared
+
+
+def test_markup_arguments_are_typed_by_the_tools_schema():
+    fmt = get_tool_call_format("qwen_3_coder")
+    text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\n3\n</parameter>\n" \
+           "</function>\n</tool_call>"
+    schemas = {"get_weather": TOOLS[0]["function"]["parameters"]}
+    (call,) = parse_tool_calls(text, fmt, schemas=schemas)[1]
+    assert json.loads(call.arguments) == {"city": "42", "days": 3}  # a string where the schema says so
+    (untyped,) = parse_tool_calls(text, fmt)[1]
+    assert json.loads(untyped.arguments) == {"city": 42, "days": 3}  # without the schema: read as JSON
+    gemma = get_tool_call_format("gemma_4")
+    (nested,) = parse_tool_calls('<|tool_call>call:f{a:{b:[1,<|"|>x, y<|"|>]},c:true}<tool_call|>', gemma)[1]
+    assert json.loads(nested.arguments) == {"a": {"b": [1, "x, y"]}, "c": True}
+
+
+def test_a_bad_chat_template_file_is_refused_naming_the_flag(tokenizer, tmp_path):
+    from copy import deepcopy
+
+    tok = deepcopy(tokenizer)
+    with pytest.raises(ValueError, match="--chat-template .*missing.jinja: cannot read it"):
+        configure_formats(tok, chat_template=str(tmp_path / "missing.jinja"))
+    (tmp_path / "empty.jinja").write_text("  \n")
+    with pytest.raises(ValueError, match="the file is empty"):
+        configure_formats(tok, chat_template=str(tmp_path / "empty.jinja"))
+    formats = configure_formats(tok, tool_call_format="llama")  # a flag wins over detection
+    assert (formats.tool_call, formats.detected) == ("llama", False)
