@@ -225,3 +225,15 @@ def test_a_bad_chat_template_file_is_refused_naming_the_flag(tokenizer, tmp_path
         configure_formats(tok, chat_template=str(tmp_path / "empty.jinja"))
     formats = configure_formats(tok, tool_call_format="llama")  # a flag wins over detection
     assert (formats.tool_call, formats.detected) == ("llama", False)
+
+
+def test_text_that_only_looks_like_a_call_stays_content():
+    fmt = get_tool_call_format("llama")
+    text = 'The JSON {"name": "a b"} is not a call; ' + fmt.render_calls([ADD])
+    content, calls = parse_tool_calls(text, fmt)
+    assert content == 'The JSON {"name": "a b"} is not a call;'
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1})]
+    parser = stream_parser(fmt)
+    streamed = "".join(d.text for ch in text for d in parser.feed(ch) if type(d).__name__ == "ContentDelta")
+    streamed += "".join(d.text for d in parser.finish() if type(d).__name__ == "ContentDelta")
+    assert streamed == content

@@ -27,7 +27,7 @@ from grammar.kinds.tool_calls.parser import (
 )
 from grammar.kinds.tool_calls.tag_format import CallShape, TagShape
 
-HEADER_SLACK = 96  # characters past a header's literal start within which its regex must match
+HEADER_SLACK = 64 + 48  # past a header's literal parts: the longest tool name, and what arg_prefix matches
 
 
 class TagToolCallParser:
@@ -149,9 +149,10 @@ class TagToolCallParser:
         if isinstance(what, CallShape):
             m = what.head_re.match(self._buf, idx)
             if m is None:
-                if not final and len(self._buf) - idx < len(literal) + HEADER_SLACK:
-                    self._emit_text(out, before.rstrip())  # maybe a header still arriving
-                    self._buf = self._buf[idx:]
+                if not final and len(self._buf) - idx < len(literal) + len(what.head_suffix) + HEADER_SLACK:
+                    kept = before.rstrip()  # maybe a header still arriving: hold the space before it
+                    self._emit_text(out, kept)
+                    self._buf = self._buf[len(kept):]
                     return False
                 self._emit_text(out, self._buf[:idx + 1])  # not a call: its first character is text
                 self._buf = self._buf[idx + 1:]
