@@ -13,8 +13,10 @@ names (one link; the definition's own `$ref`s stay references). Anything else in
 (`additionalProperties`, `patternProperties`, conditionals, combinators, `$defs`) ties its meaning
 to that branch's own names, which one object cannot say: such an `allOf` is left as it is.
 
-`lower_all_of` rewrites every such `allOf` of a schema (grammar/lowering.py); grammar/fidelity.py
-reports an `allOf` enforced exactly when `merged_all_of` is not None for it as written.
+The same merge distributes keywords beside an `anyOf` into its branches (`distributed_any_of`).
+`lower_all_of` rewrites every such node of a schema (grammar/lowering.py); grammar/fidelity.py
+reports an `allOf` (an `anyOf` and the keywords beside it) enforced exactly when `merged_all_of`
+(`distributed_any_of`) is not None for it as written.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Any
 from grammar.schema_walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_bottom_up
 
 MERGED_KEYWORDS = frozenset({"type", "properties", "required", "minProperties", "maxProperties"})
+# what a part may say about the names it does not declare: exact only in the one part that declares
+# names, where nothing else declares any (its additionalProperties then means the same merged)
+OPEN_KEYWORDS = frozenset({"additionalProperties", "patternProperties", "propertyNames"})
 # annotations that would change how references resolve if moved out of their branch
 _SCOPE_KEYWORDS = frozenset({"$id", "$schema", "$anchor"})
 _PARENT_ONLY = frozenset({"$defs", "definitions"})  # kept where they are, beside the merged object
@@ -49,9 +54,15 @@ def merged_all_of(node: Any, root: Any) -> dict | None:
         if not isinstance(target, dict) or "$ref" in target:
             return None
         parts.append({k: v for k, v in target.items() if k not in _SCOPE_KEYWORDS})
-    if any(k not in MERGED_KEYWORDS and k not in ANNOTATION_KEYWORDS for part in parts for k in part):
+    if any(k not in MERGED_KEYWORDS | OPEN_KEYWORDS and k not in ANNOTATION_KEYWORDS for part in parts for k in part):
+        return None
+    naming = [p for p in parts if "properties" in p or OPEN_KEYWORDS & set(p)]
+    opened = [p for p in naming if OPEN_KEYWORDS & set(p)]
+    if opened and len(naming) > 1:
         return None
     merged = _merge(parts, root)
+    if merged is not None and opened:
+        merged.update({k: v for k, v in opened[0].items() if k in OPEN_KEYWORDS})
     if merged is None:
         return None
     return {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, **merged}
@@ -125,10 +136,33 @@ def _type_of(classes: set[str]) -> str | list[str] | None:
     return names[0] if len(names) == 1 else names
 
 
+def distributed_any_of(node: Any, root: Any) -> dict | None:
+    """`node`'s `anyOf` with the keywords beside it merged into each branch (A and (B1 or B2) is
+    (A and B1) or (A and B2)), where every branch merges: xgrammar compiles only the `anyOf` of
+    a node that has both, so taskfile's root (its properties, closed, beside `anyOf` of
+    `{"required": [...]}`) let any name in. None where a branch does not merge."""
+    if not isinstance(node, dict) or not isinstance(node.get("anyOf"), list) or not node["anyOf"]:
+        return None
+    beside = {k: v for k, v in node.items() if k != "anyOf" and k not in _PARENT_ONLY and k not in ANNOTATION_KEYWORDS}
+    if not beside:
+        return None
+    branches = []
+    for branch in node["anyOf"]:
+        merged = merged_all_of({"allOf": [beside, branch]}, root)
+        if merged is None:
+            return None
+        branches.append(merged)
+    kept = {k: v for k, v in node.items() if k in _PARENT_ONLY or k in ANNOTATION_KEYWORDS}
+    return {**kept, "anyOf": branches}
+
+
 def lower_all_of(schema: Any) -> Any:
-    """`schema` with every mergeable `allOf` replaced by the object schema it equals (references
+    """`schema` with every mergeable `allOf` replaced by the object schema it equals, and every
+    `anyOf` with keywords beside it that distribute into its branches so distributed (references
     resolved in `schema` as written)."""
     def rewrite(node: dict) -> Any:
         merged = merged_all_of(node, schema)
+        if merged is None and "allOf" not in node:
+            merged = distributed_any_of(node, schema)
         return node if merged is None else merged
     return rewrite_bottom_up(schema, rewrite)

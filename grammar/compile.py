@@ -17,7 +17,7 @@ from grammar.kinds import kind_for
 # compiled under an older policy are never loaded from disk.
 COMPILE_POLICY_VERSION = 5  # 2: length-bounded JSON strings refuse raw control characters; 3: the exact
 # rewrites of grammar/lowering.py; 4: optional regex groups as {0,1} (grammar/regex_check.py);
-# 5: an allOf of object schemas as one object (grammar/all_of.py)
+# 5: an allOf of object schemas as one object, keywords beside an anyOf in its branches (grammar/all_of.py)
 
 
 def compile_spec(compiler: xgr.GrammarCompiler, spec: Any) -> xgr.CompiledGrammar:

@@ -80,7 +80,7 @@ from typing import Any, Iterable
 
 import jsonschema
 
-from grammar.all_of import merged_all_of
+from grammar.all_of import distributed_any_of, merged_all_of
 from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
 from grammar.formats import FORMAT_PATTERNS, pattern_for
@@ -463,6 +463,17 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         return entries, children
     elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
+    elif combinator == "anyOf" and siblings and distributed_any_of(node, document):
+        # the keywords beside are merged into each branch (grammar/all_of.py): they are classified
+        # where they are written, each branch with the names declared beside it
+        mark("anyOf", ENFORCED)
+        beside = {k: v for k, v in node.items() if k != "anyOf"}
+        children.append((beside, here, None))
+        declared = {"properties": {name: {} for name in beside.get("properties") or {}}}
+        for i, branch in enumerate(value):
+            with_names = merged_all_of({"allOf": [declared, branch]}, document)
+            children.append((with_names if with_names is not None else branch, join_pointer(here, "anyOf", i), None))
+        return entries, children
     elif combinator == "oneOf" and exclusive is None:
         mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
     else:

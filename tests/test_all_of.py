@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.all_of import lower_all_of, merged_all_of
+from grammar.all_of import distributed_any_of, lower_all_of, merged_all_of
 from grammar.fidelity import ENFORCED, spec_fidelity
 
 BASE = {"type": "object", "properties": {"name": {"type": "string"}, "uid": {"type": "integer"}},
@@ -106,3 +106,33 @@ def test_the_mask_keeps_a_scalar_out_of_an_object_or_string_value(service, token
     assert writes('{"image":{"name":"node","password":"p","username":"u"}}')
     assert not writes('{"image":true')  # before: any JSON value, left to the check
     assert not writes('{"image":{"uid":1}')  # `name` is required by the base
+
+
+# taskfile's root, cut down: closed properties beside an anyOf of "at least one of these names"
+AT_LEAST_ONE = {"type": "object", "additionalProperties": False, "required": ["version"],
+                "properties": {"version": {"type": "string"}, "includes": {"type": "object"},
+                               "tasks": {"type": "object"}},
+                "anyOf": [{"required": ["includes"]}, {"required": ["tasks"]}]}
+
+
+def test_keywords_beside_an_any_of_distribute_into_its_branches():
+    spread = distributed_any_of(AT_LEAST_ONE, AT_LEAST_ONE)
+    assert [b["required"] for b in spread["anyOf"]] == [["version", "includes"], ["version", "tasks"]]
+    assert all(b["additionalProperties"] is False and set(b["properties"]) == {"version", "includes", "tasks"}
+               for b in spread["anyOf"])
+    # a branch naming properties of its own would change what additionalProperties: false means
+    assert distributed_any_of({**AT_LEAST_ONE, "anyOf": [{"properties": {"x": {}}}]}, {}) is None
+    report = spec_fidelity("json_schema", AT_LEAST_ONE, strict=True)
+    assert report.refused_in_strict == ()
+
+
+def test_the_mask_keeps_names_beside_an_any_of(service, tokenizer):
+    handle = service.compile(GrammarSpec("json_schema", AT_LEAST_ONE, True))
+
+    def writes(text: str) -> bool:
+        matcher = handle.new_matcher()
+        return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert writes('{"version":"3","tasks":{}}')
+    assert not writes('{"{":100')  # before: only the anyOf was compiled, any name went
+    assert not writes('{"version":"3"}')  # neither includes nor tasks
