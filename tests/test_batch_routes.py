@@ -180,3 +180,4 @@ def test_text_completion_lines_answer_like_the_online_route(client):
     first = next(x["response"]["body"] for x in out if x["custom_id"] == "t0")
     assert first["object"] == online["object"] == "text_completion"
     assert first["choices"] == online["choices"] and first["usage"] == online["usage"]
+

@@ -107,3 +107,56 @@ def test_recover_answered_cuts_a_torn_last_line(tmp_path):
     assert out.read_bytes() == ok
     assert json.loads(ok)["response"] == {"status_code": 200, "request_id": "chatcmpl-1", "body": {"id": "chatcmpl-1"}}
     assert recover_answered(tmp_path / "missing.jsonl") == set()
+
+
+class ScriptedCaller:
+    """Answers lines in order; raises on the custom_ids in `fail`, like a bug under the route."""
+
+    def __init__(self, fail=()):
+        self.fail, self.calls = set(fail), []
+
+    async def post(self, path, body, tenant, priority=1):
+        content = json.loads(body)["messages"][-1]["content"]
+        self.calls.append(content)
+        if content in self.fail:
+            raise RuntimeError("boom")
+        return 200, json.dumps({"id": "chatcmpl-" + content, "object": "chat.completion"}).encode()
+
+
+def run_batch(tmp_path, caller, lines):
+    import asyncio
+    import time
+
+    from gateway.batches.runner import BatchRunner
+
+    files, store = FileStore(tmp_path / "files"), BatchStore(tmp_path / "batches")
+    f = files.create("", io.BytesIO(b"".join(json.dumps(x).encode() + b"\n" for x in lines)), "in.jsonl", "batch")
+    b = BatchObject(id=new_batch_id(), endpoint=EP, input_file_id=f.id, completion_window="24h",
+                    status="validating", created_at=int(time.time()), expires_at=int(time.time()) + 60)
+    store.add("", b)
+
+    async def go():
+        runner = BatchRunner(store, files, caller, None, concurrency=2, max_requests=100)
+        runner.start()
+        for _ in range(200):
+            if b.status == "completed":
+                break
+            await asyncio.sleep(0.02)
+        await runner.stop()
+
+    asyncio.run(go())
+    return files, b
+
+
+def test_the_runner_answers_in_prefix_order_and_keeps_a_raising_line(tmp_path):
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": EP, "body": {
+        "model": "m", "messages": [{"role": "system", "content": "AB"[i % 2] * 300}, {"role": "user", "content": f"u{i}"}]}}
+        for i in range(6)]
+    caller = ScriptedCaller(fail={"u3"})
+    files, b = run_batch(tmp_path, caller, lines)
+    assert b.status == "completed" and (b.request_counts.completed, b.request_counts.failed) == (5, 1)
+    assert caller.calls == ["u0", "u2", "u4", "u1", "u3", "u5"]  # each prefix's lines together
+    out = files.content_path("", b.output_file_id).read_bytes().splitlines()
+    [err] = files.content_path("", b.error_file_id).read_bytes().splitlines()
+    assert len(out) == 5 and json.loads(err)["custom_id"] == "c3"
+    assert json.loads(err)["response"]["status_code"] == 500

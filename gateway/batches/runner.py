@@ -146,6 +146,9 @@ class BatchRunner:
         if batch.status == "in_progress":
             await self._run(tenant, batch)
             if batch.status == "in_progress":
+                counts = batch.request_counts
+                if time.time() < batch.expires_at and counts.completed + counts.failed < counts.total:
+                    return  # a line went unanswered: the next round runs what the files lack
                 if time.time() >= batch.expires_at:
                     self.store.transition(tenant, batch, "expired")
                     await asyncio.to_thread(self._finish_files, tenant, batch)
@@ -207,7 +210,13 @@ class BatchRunner:
                     self.metrics.in_flight.inc()
                 try:
                     while True:
-                        status, body = await self.caller.post(line.url, msgspec.json.encode(line.body), tenant)
+                        try:
+                            status, body = await self.caller.post(line.url, msgspec.json.encode(line.body), tenant)
+                        except Exception as e:  # the app answers errors itself; this is a bug, kept with its line
+                            log.exception("batch %s line %s failed", batch.id, line.custom_id)
+                            status, body = 500, msgspec.json.encode({"error": {
+                                "message": f"The server failed on this line: {type(e).__name__}", "type": "server_error",
+                                "param": None, "code": "internal_error"}})
                         if status != 503:
                             break
                         await asyncio.sleep(OVERLOADED_RETRY_S)  # queue full or engine stopping: run it again
