@@ -156,14 +156,9 @@ def mistral_tag(tools: list[dict], tool_choice: Any, parallel: bool) -> dict:
 HAND_WRITTEN = {"mistral": mistral_tag}
 
 
-# xgrammar 0.2.9's model formats (it has no public listing; tests check each one builds)
-XGRAMMAR_FORMATS = ("llama", "kimi", "kimi_k3", "deepseek_r1", "deepseek_v3_1", "qwen_3_coder", "qwen_3_5", "mimo",
-                    "qwen_3", "harmony", "deepseek_v3_2", "minimax", "minimax_m3", "glm_4_7", "gemma_4",
-                    "deepseek_v4", "deepseek_v4_1", "cohere", "exaone")
-
-
-# those whose argument styles the parser reads (json, qwen_xml, glm_xml, gemma); the other
-# markup styles (deepseek_xml, minimax_xml, kimi_k3_xml) and cohere are not offered yet
+# xgrammar 0.2.9's model formats whose argument styles the parser reads (json, qwen_xml, glm_xml,
+# gemma), plus mistral; its kimi_k3, deepseek_v3_2, deepseek_v4, deepseek_v4_1, minimax and
+# minimax_m3 (other markup styles) and cohere (another tag layout) are not offered yet
 SUPPORTED_FORMATS = ("qwen_3", "llama", "qwen_3_coder", "qwen_3_5", "mimo", "harmony", "deepseek_r1", "deepseek_v3_1",
                      "kimi", "glm_4_7", "gemma_4", "exaone", "mistral")
 
@@ -182,7 +177,9 @@ def tag_shape(name: str) -> TagShape:
     placeholder = [{"type": "function", "function": {"name": PLACEHOLDER, "parameters": {"type": "object"}}}]
     shape: dict[str, list] = {"calls": [], "markers": [], "channels": [], "group": [], "separator": []}
     _walk(xgrammar_tag(name, placeholder, "auto", True)["format"], shape)
-    channels = tuple(c for c in shape["channels"])
+    channels = tuple(shape["channels"])
+    # harmony: xgrammar's tag (reasoning disabled) names only the final channel; the analysis
+    # channel is written the same way, and read as reasoning
     reasoning = tuple((b.replace("final", "analysis"), ends) for b, ends in channels if "final" in b)
     markers = tuple(dict.fromkeys(m for m in shape["markers"]))
     group = shape["group"][0] if shape["group"] else ("", "")
