@@ -14,7 +14,8 @@ to compile, past 3 GB to serialize). So the child reports `compiled` (with the c
 soon as the compile is done, and serializes under a tighter soft address-space limit
 (`SERIALIZE_MIN_BYTES`, or `SERIALIZE_FACTOR` times the grammar's size if more, never above the
 compile's limit). A serialization that fails that limit, or would leave the parent too little of the
-deadline to compile the spec itself, raises `GrammarUnserializable`: not a refusal, the service then
+deadline to compile the spec itself, or take longer than compiling it again (`SERIALIZE_WORTH_*`:
+reading the text back would cost more than that too), raises `GrammarUnserializable`: not a refusal, the service then
 compiles the spec in-process (the child has just shown the compile fits the limits) and keeps the
 grammar in memory only.
 
@@ -66,6 +67,12 @@ SERIALIZE_FACTOR = 24  # times CompiledGrammar.memory_size_bytes
 # The parent stops waiting for the serialized text when less than this many times the compile's own
 # seconds are left before the deadline (it needs about that long to compile the spec itself).
 FALLBACK_MARGIN = 1.5
+# ... and once the text is later than this many times the compile's seconds (at least the floor):
+# reading it back would then cost more than compiling again (SchemaStore's bitbucket-pipelines:
+# 0.2 s to compile, 5.7 s to serialize to 56 MB and 2.6 s to read back, past the 10 s limit on a
+# loaded machine). Such a grammar is compiled in-process and kept in memory only.
+SERIALIZE_WORTH_FACTOR = 2.0
+SERIALIZE_WORTH_FLOOR_S = 0.5
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload([__name__])  # has effect only before the fork server first starts
@@ -119,13 +126,17 @@ class CompileProcess:
         if status == "compiled":  # now serializing; the text (or why not) comes next
             compile_s = detail[0]
             margin = FALLBACK_MARGIN * compile_s
-            # Wait for the text while the parent could still compile the spec itself in time; when
-            # not even that is left, only the text can make it: wait for it until the deadline.
+            worth_until = time.monotonic() + max(SERIALIZE_WORTH_FLOOR_S, SERIALIZE_WORTH_FACTOR * compile_s)
+            # Wait for the text while the parent could still compile the spec itself in time and
+            # the text is worth more than a compile here; when not even that time is left, only
+            # the text can make it: wait for it until the deadline.
             fallback = deadline() - margin > time.monotonic()
-            reply = self._reply(spec, (lambda: deadline() - margin) if fallback else deadline, " while serializing")
+            until = (lambda: min(deadline() - margin, worth_until)) if fallback else deadline
+            reply = self._reply(spec, until, " while serializing")
             if reply is None:
                 if fallback:
-                    raise GrammarUnserializable("serializing the grammar took too long", compile_s)
+                    raise GrammarUnserializable("serializing the grammar costs more than compiling it again",
+                                                compile_s)
                 raise GrammarCompileTimeout("grammar compile killed at its time limit", "", spec.param)
             status, *detail = reply
             if status == "unserializable":

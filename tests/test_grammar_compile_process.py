@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from grammar import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpec
+from grammar import compile_process
 from grammar.compile_process import CompileProcess
 from grammar.errors import GrammarUnserializable
 from grammar.worker_pool import CompileWorkerPool
@@ -80,9 +81,11 @@ def test_a_job_past_the_memory_cap_fails_clearly_and_the_worker_recovers(make_po
     assert pool.processes_replaced == 1
 
 
-def test_a_grammar_that_cannot_be_serialized_is_reported_and_the_worker_recovers(make_pool):
+def test_a_grammar_that_cannot_be_serialized_is_reported_and_the_worker_recovers(make_pool, monkeypatch):
     """1000 required properties compile in ~0.1 s but serializing needs ~2.4 GB: past the 1 GiB the
-    child allows serializing, so it says so (with the compile's seconds) instead of failing."""
+    child allows serializing, so it says so (with the compile's seconds) instead of failing. (The
+    parent waits for the text as long as the deadline allows here, not only as long as it is worth.)"""
+    monkeypatch.setattr(compile_process, "SERIALIZE_WORTH_FLOOR_S", 60.0)
     pool = make_pool(3 << 30)
     t0 = time.monotonic()
     error = run(pool, GrammarSpec.json_schema(required_integers(1000)))
@@ -91,6 +94,18 @@ def test_a_grammar_that_cannot_be_serialized_is_reported_and_the_worker_recovers
     assert time.monotonic() - t0 < 20
     assert isinstance(run(pool, GrammarSpec.regex("[0-9]+")), str)
     assert pool.processes_replaced == 1
+
+
+def test_a_text_that_costs_more_than_a_compile_is_not_waited_for(pool):
+    """200 required properties compile in well under a second; their text takes several times
+    that to write (and to read back): the parent stops waiting once the text costs more than a
+    compile here would, and the child, still writing, is replaced."""
+    [pid] = pool.pids()
+    error = run(pool, GrammarSpec.json_schema(required_integers(400)))
+    assert isinstance(error, GrammarUnserializable), error
+    assert "costs more than compiling it again" in error.why and 0 < error.compile_s < 5
+    assert not pid_alive(pid) and pool.processes_replaced == 1
+    assert isinstance(run(pool, GrammarSpec.json_schema(required_integers(3))), str)  # a small text still comes
 
 
 def test_a_child_killed_from_outside_is_replaced(pool):
