@@ -34,7 +34,7 @@ from runtime.engine import Engine
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.loader import resolve_model_dir
-from runtime.model import resolve_format
+from runtime.models.decoder import resolve_format
 from runtime.sampling import SamplingParams
 
 TOPICS = ["rivers", "volcanoes", "bridges", "owls", "comets", "glaciers", "deserts", "coral reefs",

@@ -25,7 +25,7 @@
 Calling a layer keeps the caller's dtype (the residual stream stays in the engine dtype); the
 quantized kernels other than `CodesLinearF32` compute in bf16, their fast CPU path (aten's
 fp32-activation int4 path is ~20x slower).
-`native(x)` skips both casts: x already in `act_dtype`, y returned in it (runtime/model.py's fused
+`native(x)` skips both casts: x already in `act_dtype`, y returned in it (runtime/models/decoder.py's fused
 CPU path feeds it the bf16 outputs of runtime/cpu_kernels/layer_ops.cpp).
 """
 

@@ -1,7 +1,11 @@
 """Find a model and make it loadable: a Hugging Face folder as is, or a GGUF file dequantized once.
 
 A GGUF file is converted on first use into a cache folder (config.json, model.safetensors,
-tokenizer.json) keyed by the file's fingerprint, so later starts read safetensors in seconds.
+tokenizer.json) keyed by the file's fingerprint, so later starts read safetensors in seconds. The
+file's architecture picks the model family (runtime/models/registry.py), which names its tensors.
+A Llama 3.x GGUF carries its rope scaling as llama.cpp's `rope_freqs.weight` divisors, which the
+folder's config.json keeps as `rope_scaling: {"rope_type": "rope_freqs", "freq_factors": [...]}`
+(a Jumpgate reading, runtime/rope.py; transformers does not read it).
 The folder also names its source GGUF (`SOURCE_FILE`), whose Q4_1 blocks a q4 model reads as they
 are (`read_gguf_codes`, with its Q8_0 blocks) instead of re-quantizing the dequantized copy.
 Nothing is ever fetched from a model hub.
@@ -19,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from runtime.model_config import ModelConfig, ModelLoadError
+from runtime.models.registry import family_for_gguf_arch, model_config, supported_gguf_archs
 
 log = logging.getLogger("jumpgate.loader")
 
@@ -66,7 +71,7 @@ def read_config(model_dir: Path) -> ModelConfig:
         raise ModelLoadError(f"{cfg_path}: missing") from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{cfg_path}: not valid JSON ({e})") from e
-    return ModelConfig.from_hf(cfg, source=str(cfg_path))
+    return model_config(cfg, source=str(cfg_path))
 
 
 def _check_hf_folder(path: Path) -> None:
@@ -136,30 +141,25 @@ def source_gguf(model_dir: Path) -> Path | None:
         return None
 
 
-# GGUF tensor names -> Hugging Face Llama names ("{i}" is the layer index).
-_GGUF_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
-}
-
-
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, names: dict[str, str]) -> str | None:
+    """The Hugging Face name of a GGUF tensor (`names`: the family's map, "{i}" the layer index)."""
     parts = gguf_name.split(".")
     if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
         templ = ".".join(["blk", "{i}", *parts[2:]])
-        target = _GGUF_NAMES.get(templ)
+        target = names.get(templ)
         return target.format(i=parts[1]) if target else None
-    return _GGUF_NAMES.get(gguf_name)
+    return names.get(gguf_name)
+
+
+def _gguf_family(gguf_path: Path, reader):
+    """The model family of a GGUF file's `general.architecture`, or a ModelLoadError naming the supported ones."""
+    f = reader.fields.get("general.architecture")
+    arch = None if f is None else f.contents()
+    family = family_for_gguf_arch(arch)
+    if family is None:
+        raise ModelLoadError(f"{gguf_path}: unsupported GGUF architecture {arch!r} "
+                             f"(supported: {', '.join(supported_gguf_archs())})")
+    return arch, family
 
 
 def _unpermute_rope(w, n_heads: int):
@@ -169,7 +169,8 @@ def _unpermute_rope(w, n_heads: int):
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a Llama-architecture GGUF into a Hugging Face folder (fp32 safetensors)."""
+    """Dequantize a GGUF of a supported architecture (runtime/models/registry.py) into a Hugging
+    Face folder (fp32 safetensors)."""
     import numpy as np
     import torch
     from gguf import GGUFReader
@@ -186,48 +187,63 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         f = reader.fields.get(name)
         return default if f is None else f.contents()
 
-    arch = field("general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"{gguf_path}: unsupported GGUF architecture {arch!r} (supported: llama)")
-    n_heads = int(field("llama.attention.head_count"))
-    n_kv = int(field("llama.attention.head_count_kv", n_heads))
-    hidden = int(field("llama.embedding_length"))
+    arch, family = _gguf_family(gguf_path, reader)
+
+    def arch_field(name, default=None):
+        return field(f"{arch}.{name}", default)
+
+    try:
+        n_heads = int(arch_field("attention.head_count"))
+        hidden = int(arch_field("embedding_length"))
+        n_layers = int(arch_field("block_count"))
+        n_ff = int(arch_field("feed_forward_length"))
+    except TypeError as e:  # a field missing: int(None)
+        raise ModelLoadError(f"{gguf_path}: GGUF metadata misses a {arch}.* model field ({e})") from e
+    n_kv = int(arch_field("attention.head_count_kv", n_heads))
     tensors = {t.name: t for t in reader.tensors}
-    vocab = int(field("llama.vocab_size", len(field("tokenizer.ggml.tokens", []))))
+    vocab = int(arch_field("vocab_size", len(field("tokenizer.ggml.tokens", []))))
     cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [family.hf_architecture],
+        "model_type": family.model_types[0],
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(field("llama.feed_forward_length")),
-        "num_hidden_layers": int(field("llama.block_count")),
+        "intermediate_size": n_ff,
+        "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
-        "head_dim": hidden // n_heads,
-        "rms_norm_eps": float(field("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(field("llama.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(field("llama.context_length", 2048)),
+        "head_dim": int(arch_field("attention.key_length", hidden // n_heads)),
+        "rms_norm_eps": float(arch_field("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(arch_field("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(arch_field("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": field("tokenizer.ggml.bos_token_id"),
         "eos_token_id": field("tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
         "hidden_act": "silu",
-        "attention_bias": False,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": False,
     }
-    scaling_type = field("llama.rope.scaling.type")
+    scaling_type = arch_field("rope.scaling.type")
     if scaling_type and scaling_type != "none":
-        cfg["rope_scaling"] = {"rope_type": scaling_type, "factor": float(field("llama.rope.scaling.factor", 1.0))}
+        cfg["rope_scaling"] = {"rope_type": scaling_type, "factor": float(arch_field("rope.scaling.factor", 1.0))}
+    def values(name):  # a small tensor (rope factors) as a list of floats
+        t = tensors.get(name)
+        return None if t is None else np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1).tolist()
 
+    if "rope_freqs.weight" in tensors:  # Llama 3.x: llama.cpp stores its rope scaling as per-frequency divisors
+        cfg["rope_scaling"] = {"rope_type": "rope_freqs", "freq_factors": values("rope_freqs.weight")}
+    cfg.update(family.gguf_config(arch_field, values))
+
+    names = family.gguf_tensor_names()
     state = {}
     for t in tqdm(reader.tensors, desc=f"dequantizing {gguf_path.name}", unit="tensor"):
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, names)
         if name is None:
             continue
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if name.endswith("q_proj.weight"):
+        if family.gguf_permuted_qk and name.endswith("q_proj.weight"):
             w = _unpermute_rope(w, n_heads)
-        elif name.endswith("k_proj.weight"):
+        elif family.gguf_permuted_qk and name.endswith("k_proj.weight"):
             w = _unpermute_rope(w, n_kv)
         state[name] = torch.from_numpy(np.ascontiguousarray(w))
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
@@ -235,7 +251,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as e:  # transformers raises many kinds for a tokenizer it cannot rebuild
+        raise ModelLoadError(f"{gguf_path}: cannot read its tokenizer ({type(e).__name__}: {e})") from e
     tok.save_pretrained(str(out_dir))
     (out_dir / "generation_config.json").write_text(
         json.dumps({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]})
@@ -245,7 +264,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 def read_gguf_codes(gguf_path: Path) -> dict:
     """The GGUF's own quantized codes by Hugging Face name: Q4_1 tensors as `Int4Codes` (Q/K rows
-    unpermuted like the dequantized copy), Q8_0 tensors as `Int8Codes`; other types are not in the
+    unpermuted like the dequantized copy where the family's are permuted), Q8_0 tensors as `Int8Codes`; other types are not in the
     result."""
     import numpy as np
     import torch
@@ -254,17 +273,20 @@ def read_gguf_codes(gguf_path: Path) -> dict:
     from runtime.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
 
     reader = GGUFReader(str(gguf_path))
-    field = reader.fields.get("llama.attention.head_count")
+    arch, family = _gguf_family(gguf_path, reader)
+    field = reader.fields.get(f"{arch}.attention.head_count")
     n_heads = int(field.contents())
-    kv_field = reader.fields.get("llama.attention.head_count_kv")
+    kv_field = reader.fields.get(f"{arch}.attention.head_count_kv")
     n_kv = int(kv_field.contents()) if kv_field is not None else n_heads
+    names = family.gguf_tensor_names()
     out = {}
     for t in reader.tensors:
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, names)
         if name is None or t.tensor_type not in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
             continue
         rows = int(t.shape[1])  # GGUF lists dims innermost first: (K, N)
-        heads = n_heads if name.endswith("q_proj.weight") else n_kv if name.endswith("k_proj.weight") else None
+        heads = (None if not family.gguf_permuted_qk else n_heads if name.endswith("q_proj.weight")
+                 else n_kv if name.endswith("k_proj.weight") else None)
         if t.tensor_type == GGMLQuantizationType.Q8_0:
             blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 2 + INT4_GROUP)
             d = blocks[..., 0:2].copy().view(np.float16)[..., 0]

@@ -1,12 +1,11 @@
-"""The decoder shape the runtime needs, read from a Hugging Face `config.json`."""
+"""The decoder shape the runtime needs, read from a Hugging Face `config.json` (through
+runtime/models/registry.py's `model_config`, which picks the family and adds what it reads
+differently)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
+from typing import Any, Callable
 
 class ModelLoadError(RuntimeError):
     """A model folder or file that cannot be served; the message names the file and the problem."""
@@ -27,18 +26,21 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rope
+    rotary_dim: int | None = None  # dims of a head that rope turns (Phi-4-mini: 3/4); None: all
     model_type: str = "llama"
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
+    def __post_init__(self):
+        if self.rotary_dim is None:
+            self.rotary_dim = self.head_dim
+
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+    def from_hf(cls, cfg: dict[str, Any], source: str = "config.json",
+                family_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> "ModelConfig":
+        """The fields every family reads alike, then `family_fields(cfg)` over them."""
         model_type = cfg.get("model_type", "")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelLoadError(
-                f"{source}: unsupported architecture model_type={model_type!r} "
-                f"(architectures={cfg.get('architectures')}); supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -46,7 +48,7 @@ class ModelConfig:
             rope = cfg.get("rope_parameters") or {}
             eos = cfg.get("eos_token_id")
             eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
-            return cls(
+            fields = dict(
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(cfg["intermediate_size"]),
@@ -59,10 +61,13 @@ class ModelConfig:
                 rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+                attention_bias=bool(cfg.get("attention_bias", False)),
                 model_type=model_type,
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
             )
+            if family_fields is not None:
+                fields.update(family_fields(cfg))
+            return cls(**fields)
         except (KeyError, TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: missing or invalid field {e}") from e

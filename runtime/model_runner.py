@@ -23,7 +23,7 @@ from runtime.attention.cascade import find_prefix_groups
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool, ReqToTokenTable
-from runtime.model import load_model
+from runtime.models.decoder import load_model
 from runtime.model_config import ModelConfig
 from runtime.request import Req
 

@@ -18,7 +18,7 @@ def expected_auto() -> str:
 
     from runtime.attention import make_attention_backend
     from runtime.loader import resolve_model_dir
-    from runtime.model import resolve_format
+    from runtime.models.decoder import resolve_format
 
     cpu = torch.device("cpu")
     return resolve_format(resolve_model_dir(None), "auto", cpu, torch.float32,

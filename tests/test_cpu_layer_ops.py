@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
-from runtime.model import rms_norm
+from runtime.models.decoder import rms_norm
 from runtime.rope import RotaryEmbedding
 
 BF16_STEP = 2.0 ** -7  # relative spacing of bf16 values: one rounding differs by at most this
@@ -135,7 +135,7 @@ def test_bad_inputs_raise_instead_of_writing_out_of_bounds(cpu_ops):
 def test_q4_model_fused_path_matches_its_torch_path(cpu_ops, smollm_dir, tokenizer):
     from runtime.attention import make_attention_backend
     from runtime.loader import read_config
-    from runtime.model import load_model
+    from runtime.models.decoder import load_model
     from tests.conftest import chat_ids
 
     cfg = read_config(smollm_dir)
@@ -179,7 +179,7 @@ def test_add_rms_norm_is_the_residual_add_then_the_norm_bit_for_bit(cpu_ops):
 
 def test_float32_forms(cpu_ops):
     """rms_norm_f32 / silu_mul_f32 / add_rms_norm_f32 / rope_store over float32 qkv: the ops q4 runs
-    with float32 activations (runtime/model.py, where quant_linear_f32.cpp runs the layers)."""
+    with float32 activations (runtime/models/decoder.py, where quant_linear_f32.cpp runs the layers)."""
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(13, 576, generator=g) * 3, torch.randn(576, generator=g)
     got = cpu_ops.rms_norm_f32(x, w, 1e-5)

@@ -1,5 +1,5 @@
 """All decoder layers in one C++ call (runtime/cpu_kernels/decoder_layers.cpp) against the Python
-layer loop it replaces (runtime/model.py's `_fused_layer`): the same kernels in the same order, so
+layer loop it replaces (runtime/models/decoder.py's `_fused_layer`): the same kernels in the same order, so
 the logits and every K/V written are bit for bit the same, for each fused format, a mixed pass
 (prefill chunks over cached prefixes, decodes, a prefix group read once), and q/k/v biases.
 """
@@ -14,7 +14,7 @@ from runtime.attention.cascade import find_prefix_groups
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.loader import read_config
-from runtime.model import load_model
+from runtime.models.decoder import load_model
 from tests.conftest import make_tiny_llama
 
 CPU = torch.device("cpu")

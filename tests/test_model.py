@@ -9,13 +9,13 @@ from runtime.attention import TorchAttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.loader import read_config
-from runtime.model import LlamaModel, load_weights
+from runtime.models.decoder import DecoderModel, load_weights
 from tests.conftest import chat_ids, make_tiny_llama
 
 
 def _load(model_dir):
     cfg = read_config(model_dir)
-    return cfg, LlamaModel(cfg, load_weights(model_dir), torch.device("cpu"), torch.float32)
+    return cfg, DecoderModel(cfg, load_weights(model_dir), torch.device("cpu"), torch.float32)
 
 
 def _prefill(model, cfg, ids, kv=None, slots=None):

@@ -43,9 +43,30 @@ def unsupported_model(folder: Path) -> Path:
     return folder
 
 
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")  # runtime/models/registry.py
+
+
 def test_unsupported_model(tmp_path):
     line = one_error_line(start(tmp_path, "--model", str(unsupported_model(tmp_path / "neox")), "--port", "0"))
     assert "gpt_neox" in line and "unsupported architecture" in line
+    assert all(name in line for name in SUPPORTED_MODEL_TYPES), line
+
+
+def test_unsupported_gguf_architecture(tmp_path):
+    """A GGUF file of an architecture no family reads: refused before any tensor is converted."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny-gemma.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    line = one_error_line(start(tmp_path, "--model", str(path), "--port", "0"))
+    assert "unsupported GGUF architecture 'gemma'" in line and "qwen3" in line, line
 
 
 def test_missing_model(tmp_path):

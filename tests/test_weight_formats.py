@@ -30,7 +30,7 @@ from runtime.kv_pool import KVPool
 from runtime.linear import DenseLinear, Int4Linear, Int8Linear
 from runtime.quant_codes import Int4Codes
 from runtime.loader import read_config, read_gguf_codes, source_gguf
-from runtime.model import LlamaModel, load_model, load_weights
+from runtime.models.decoder import DecoderModel, load_model, load_weights
 from runtime.model_config import ModelLoadError
 from runtime.weight_format import choose_format
 from tests.conftest import chat_ids
@@ -124,7 +124,7 @@ def test_a_float_source_is_quantized_when_q4_is_requested(tiny_model_dir, tokeni
     assert (model.weights, model.weights_reason) == ("q4", "requested")
     assert load_model(tiny_model_dir, cfg, "auto", CPU, torch.float32, invariant_attention=True).weights == "fp32"
     ids = chat_ids(tokenizer, "hello")
-    ref = LlamaModel(cfg, load_weights(tiny_model_dir), CPU, torch.float32)
+    ref = DecoderModel(cfg, load_weights(tiny_model_dir), CPU, torch.float32)
     assert (_prefill(model, cfg, ids) - _prefill(ref, cfg, ids)).abs().max() < 1.0
 
 
@@ -193,7 +193,7 @@ def _decode_steps(model, cfg, ids, n_prompt, attn=None):
 def reference(smollm_dir, tokenizer):
     """The dequantized fp32 model's logits at the 64 continuation positions of each case."""
     cfg = read_config(smollm_dir)
-    model = LlamaModel(cfg, load_weights(smollm_dir), CPU, torch.float32)
+    model = DecoderModel(cfg, load_weights(smollm_dir), CPU, torch.float32)
     out = []
     for prompt, answer in CASES:
         ids = chat_ids(tokenizer, prompt)

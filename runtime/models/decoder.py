@@ -1,6 +1,8 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) in plain torch, over the KV pool.
+"""The shared decoder of every model family (runtime/models/registry.py) in plain torch, over the KV pool.
 
-Weights use Hugging Face names on disk; at load time Q/K/V and gate/up are fused into one matrix
+Weights use Hugging Face Llama names (a family renames or splits its own first, `Family.weights`);
+a family may add per-head q/k RMSNorm before rope (Qwen3), q/k/v biases (Qwen2) and rope variants
+(runtime/rope.py); at load time Q/K/V and gate/up are fused into one matrix
 each, which halves the number of matmul calls per layer (decode on CPU is call- and memory-bound).
 Linear layers run in one weight format (runtime/linear.py, chosen by runtime/weight_format.py);
 norms, embedding, rope and the residual stream stay in the engine dtype.
@@ -15,7 +17,8 @@ layer is one that runtime/cpu_kernels/decoder_layers.cpp can call, all layers of
 one call (the same kernels in the same order, so the same bits): ~13 calls from Python a layer,
 2.5-3 us each, were ~1 ms of a batch-1 step. Each fused op
 computes a row alone, in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
-the bit-for-bit reference.
+the bit-for-bit reference. A model with q/k norms (Qwen3) runs the fused ops layer by layer, the
+norms between the qkv matmul and rope in torch: the one-call layer loop has no step for them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from runtime.kv_pool import KVPool
 from runtime.linear import DenseLinear, make_int8_group_linear, make_q4_linear, make_q8_linear
 from runtime.quant_codes import Int4Codes, Int8Codes
 from runtime.model_config import ModelConfig, ModelLoadError
+from runtime.models.registry import family_for_model_type
 from runtime.rope import RotaryEmbedding
 from runtime.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
 
@@ -73,6 +77,8 @@ class DecoderLayer:
         self.o_proj = linear(["self_attn.o_proj.weight"])
         self.gate_up = linear(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
         self.down = linear(["mlp.down_proj.weight"])
+        self.q_norm = w["self_attn.q_norm.weight"] if cfg.qk_norm else None  # over each head's dims
+        self.k_norm = w["self_attn.k_norm.weight"] if cfg.qk_norm else None
 
 
 # The logits layer's format per linear format. int4 would cost the logits too much accuracy. Under
@@ -83,7 +89,7 @@ class DecoderLayer:
 LM_HEAD_FORMATS = {"q4": "bf16", "q8": "q8"}
 
 
-class LlamaModel:
+class DecoderModel:
     """`fmt` None: every linear layer dense in `dtype` (the reference). `codes`: the GGUF's own codes
     by Hugging Face name (`read_gguf_codes`: Int4Codes of Q4_1 tensors, Int8Codes of Q8_0 ones),
     used by fmt q4. `weights` / `weights_reason` report the format and why."""
@@ -96,7 +102,10 @@ class LlamaModel:
         self.dtype = dtype
         self.weights = fmt or DTYPE_FORMATS.get(dtype, str(dtype))
         self.weights_reason = reason
-        w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        family = family_for_model_type(cfg.model_type)
+        if family is None:  # models.registry.model_config refuses these; a hand-made config may not
+            raise ModelLoadError(f"model_type {cfg.model_type!r}: no model family")
+        w = {k: v.to(device=device, dtype=dtype) for k, v in family.weights(weights, cfg).items()}
         codes = codes or {}
         try:
             self.embed = w["model.embed_tokens.weight"]
@@ -137,7 +146,7 @@ class LlamaModel:
         """(kinds, params) of every layer for runtime/cpu_kernels/decoder_layers.cpp, which runs the
         fused layers in one call; None where some linear layer only runs from Python (or takes
         another activation dtype)."""
-        if self.fused_ops is None:
+        if self.fused_ops is None or self.cfg.qk_norm:  # the C++ loop has no q/k norm step
             return None
         kinds, params = [], []
         after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
@@ -200,6 +209,8 @@ class LlamaModel:
         q = qkv[:, : self.q_size].view(t, cfg.num_heads, cfg.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, cfg.num_kv_heads, cfg.head_dim)
+        if layer.q_norm is not None:
+            q, k = rms_norm(q, layer.q_norm, cfg.rms_norm_eps), rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
         kv.write(li, batch.out_slots, k, v)
         o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
@@ -212,12 +223,25 @@ class LlamaModel:
         """x: this layer's normed input (in the activation dtype); h grows in place; returns
         next_norm(h) in it."""
         ops, cfg, t = self.fused_ops, self.cfg, h.shape[0]
-        q = ops.rope_store(layer.qkv.native(x), cos, sin, batch.out_slots, kv.k[li], kv.v[li], cfg.num_heads)
+        qkv = layer.qkv.native(x)
+        if layer.q_norm is not None:
+            qkv = self._qk_norm(layer, qkv)
+        q = ops.rope_store(qkv, cos, sin, batch.out_slots, kv.k[li], kv.v[li], cfg.num_heads)
         o = attn.forward_as(q, kv.k[li], kv.v[li], self._act).reshape(t, self.q_size)  # o_proj's input dtype
         # a bf16 delta into the float32 stream is an exact widening
         x = self._add_norm(h, layer.o_proj.native(o), layer.post_norm, cfg.rms_norm_eps)
         return self._add_norm(h, layer.down.native(self._silu_mul(layer.gate_up.native(x))), next_norm,
                               cfg.rms_norm_eps)
+
+
+    def _qk_norm(self, layer, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv (activation dtype) with each q and k head RMS-normed, in float32 as the torch path."""
+        cfg, t = self.cfg, qkv.shape[0]
+        q = qkv[:, : self.q_size].float().view(t, cfg.num_heads, cfg.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].float().view(t, cfg.num_kv_heads, cfg.head_dim)
+        q, k = rms_norm(q, layer.q_norm, cfg.rms_norm_eps), rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        return torch.cat([q.reshape(t, -1).to(qkv.dtype), k.reshape(t, -1).to(qkv.dtype),
+                          qkv[:, self.q_size + self.kv_size :]], dim=1)
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -237,11 +261,11 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: Path, cfg: ModelConfig, weights: str, device: torch.device, dtype: torch.dtype,
-               invariant_attention: bool = False) -> LlamaModel:
+               invariant_attention: bool = False) -> DecoderModel:
     """The model in the requested weight format (`auto` chooses, knowing whether the attention
     backend is batch-invariant; `model.weights_reason` says why)."""
     fmt, reason, codes = _resolve(model_dir, weights, device, dtype, invariant_attention)
-    return LlamaModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, codes if fmt == "q4" else None)
+    return DecoderModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, codes if fmt == "q4" else None)
 
 
 def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype,
