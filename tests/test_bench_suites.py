@@ -36,7 +36,7 @@ TRIM = {
     # The repo's own schemas: the other sources' packages are an optional extra (pyproject's `corpus`)
     "fidelity": ["--sources", "handmade", "--per-source", "1", "--mask-sample", "0"],
     "cluster": ["--requests", "4", "--prefix-tokens", "64", "--policies", "prefix,round_robin"],
-    "batch": ["--requests", "8", "--max-tokens", "24"],
+    "batch": ["--requests", "4", "--max-tokens", "24"],
 }
 COVERED_ELSEWHERE = {"engine"}
 
