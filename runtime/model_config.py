@@ -4,8 +4,10 @@ differently)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+
 
 class ModelLoadError(RuntimeError):
     """A model folder or file that cannot be served; the message names the file and the problem."""
@@ -38,7 +40,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], source: str = "config.json",
-                family_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> "ModelConfig":
+                family_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> ModelConfig:
         """The fields every family reads alike, then `family_fields(cfg)` over them."""
         model_type = cfg.get("model_type", "")
         try:

@@ -33,12 +33,11 @@ from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.linear import DenseLinear, make_int8_group_linear, make_q4_linear, make_q8_linear
-from runtime.quant_codes import Int4Codes, Int8Codes
 from runtime.model_config import ModelConfig, ModelLoadError
 from runtime.models.registry import family_for_model_type
+from runtime.quant_codes import Int4Codes, Int8Codes
 from runtime.rope import RotaryEmbedding
 from runtime.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
-
 
 SMALL_GEMM_ROWS = 4
 FUSED_FORMATS = frozenset({"q4", "q8", "bf16"})  # linear layers with bf16 activations

@@ -8,8 +8,9 @@ turned into such a folder by runtime/loader.py through `gguf_names` and `gguf_co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -60,7 +60,7 @@ def _weights(weights: Weights, cfg) -> Weights:
             out[name] = w
     if cfg.rotary_dim < cfg.head_dim:
         for name in list(out):
-            if name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads
                 out[name] = _reorder_rows(out[name], heads, cfg.head_dim, cfg.rotary_dim)
     return out
