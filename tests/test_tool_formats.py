@@ -237,3 +237,16 @@ def test_text_that_only_looks_like_a_call_stays_content():
     streamed = "".join(d.text for ch in text for d in parser.feed(ch) if type(d).__name__ == "ContentDelta")
     streamed += "".join(d.text for d in parser.finish() if type(d).__name__ == "ContentDelta")
     assert streamed == content
+
+
+def test_harmony_reads_each_header_variant_and_required_needs_a_call(compiler):
+    fmt = get_tool_call_format("harmony")
+    variants = [" to=functions.add<|channel|>commentary json<|message|>{\"a\":1}<|call|>",
+                " to=functions.add<|channel|>commentary <|constrain|>json<|message|>{\"a\":1}<|call|>",
+                "<|channel|>commentary to=functions.add<|constrain|>json<|message|>{\"a\":1}<|call|>"]
+    for text in variants:
+        assert calls_of(text, fmt) == [("add", {"a": 1})], text
+        assert grammar_accepts(grammar_of(compiler, fmt, "required"), text)
+    assert not grammar_accepts(grammar_of(compiler, fmt, "required"), "")
+    final = "<|channel|>final<|message|>It is sunny.<|return|>"
+    assert parse_tool_calls(final, fmt) == ("It is sunny.", [])

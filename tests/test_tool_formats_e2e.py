@@ -12,6 +12,7 @@ others are unit-tested in tests/test_tool_formats.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import jsonschema
@@ -36,6 +37,16 @@ SYSTEM = ("You are the weather desk of a travel agency. Answer each traveller's 
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather in Paris?"}]
 # (xgrammar format, template file, whether --tool-call-format names it: else detected)
 FORMATS = [("llama", "llama3_json.jinja", False), ("qwen_3_coder", "qwen3_coder.jinja", True)]
+# JUMPGATE_TOOL_FORMATS_E2E=all: every format with a template in tests/data/templates (minutes; not CI's)
+MORE_FORMATS = [("qwen_3", "qwen3.jinja", False), ("harmony", "harmony.jinja", False),
+                ("deepseek_v3_1", "deepseek_v3_1.jinja", False), ("kimi", "kimi_k2.jinja", False),
+                ("glm_4_7", "glm_4_7.jinja", False), ("gemma_4", "gemma4.jinja", False),
+                ("mistral", "mistral.jinja", False)]
+if os.environ.get("JUMPGATE_TOOL_FORMATS_E2E") == "all":
+    FORMATS += MORE_FORMATS
+# formats whose markers SmolLM2's vocabulary spells in many tokens need more room for one call
+MAX_TOKENS = {"deepseek_v3_1": 128, "kimi": 128, "harmony": 96}
+REASONING = {"qwen_3": "qwen_3", "harmony": "harmony", "deepseek_v3_1": "deepseek_r1"}  # what the template shows
 N = 4  # choices per request
 
 
@@ -74,13 +85,14 @@ def test_the_models_entry_names_its_formats(served):
     entry = client.models.list().data[0]
     formats = entry.model_extra["jumpgate"]
     assert formats["tool_call_format"] == name
-    assert formats["reasoning_format"] == "none"
+    assert formats["reasoning_format"] == REASONING.get(name, "none")
     assert srv.log_path.read_text().count(f"tool calls {name}") == 1  # the start-up banner
 
 
 def test_required_named_and_single_calls_parse_and_validate(served):
-    _, _, client, model = served
-    body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 64, "n": N, "temperature": 1.0}
+    name, _, client, model = served
+    body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "max_tokens": MAX_TOKENS.get(name, 64), "n": N,
+            "temperature": 1.0}
     required = client.chat.completions.create(**body, tool_choice="required", seed=1)  # parallel calls allowed
     named = client.chat.completions.create(**body, tool_choice={"type": "function", "function": {"name": "add"}},
                                            seed=2)
@@ -94,8 +106,9 @@ def test_required_named_and_single_calls_parse_and_validate(served):
 
 
 def test_a_streamed_answer_equals_the_whole_one(served):
-    _, _, client, model = served
-    body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "max_tokens": 64,
+    name, _, client, model = served
+    body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+            "max_tokens": MAX_TOKENS.get(name, 64),
             "temperature": 0}
     whole = checked_calls(client.chat.completions.create(**body).choices[0])
     calls: dict[int, dict] = {}
@@ -114,8 +127,9 @@ def test_a_streamed_answer_equals_the_whole_one(served):
 
 
 def test_the_same_tools_again_come_from_the_cache(served):
-    _, _, client, model = served
-    body = {"model": model, "tools": TOOLS, "tool_choice": "required", "max_tokens": 64, "temperature": 0}
+    name, _, client, model = served
+    body = {"model": model, "tools": TOOLS, "tool_choice": "required", "max_tokens": MAX_TOKENS.get(name, 64),
+            "temperature": 0}
     client.chat.completions.create(messages=[MESSAGES[0], {"role": "user", "content": "Oslo please"}], **body)
     again = client.chat.completions.create(messages=[MESSAGES[0], {"role": "user", "content": "Lima now"}], **body)
     usage = again.usage

@@ -233,6 +233,8 @@ class TagToolCallFormat:
         functions = {t["function"]["name"]: t["function"] for t in tools}
         tag = xgrammar_tag(self.name, tools, tool_choice, parallel_tool_calls)
         tag["format"] = _compact_arguments(tag["format"], functions, self.shape.calls)
+        if tool_choice == "required" and tag["format"].get("type") in ("tags_with_separator", "triggered_tags"):
+            tag["format"]["at_least_one"] = True  # xgrammar's harmony tag lets "required" end with no call
         return tag
 
     def header_re(self) -> re.Pattern[bytes]:

@@ -147,9 +147,17 @@ class TagToolCallParser:
         idx, literal, what = best
         before = self._buf[:idx]
         if isinstance(what, CallShape):
-            m = what.head_re.match(self._buf, idx)
+            # several call shapes may share the literal start (harmony's ` to=functions.`): any may match
+            shapes = [w for lit, w in self._starts if isinstance(w, CallShape) and self._buf.startswith(lit, idx)]
+            m = None
+            for shape in shapes:
+                m = shape.head_re.match(self._buf, idx)
+                if m is not None:
+                    what = shape
+                    break
             if m is None:
-                if not final and len(self._buf) - idx < len(literal) + len(what.head_suffix) + HEADER_SLACK:
+                longest = max(len(w.head_prefix) + len(w.head_suffix) for w in shapes)
+                if not final and len(self._buf) - idx < longest + HEADER_SLACK:
                     kept = before.rstrip()  # maybe a header still arriving: hold the space before it
                     self._emit_text(out, kept)
                     self._buf = self._buf[len(kept):]
