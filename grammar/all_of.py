@@ -136,6 +136,34 @@ def _type_of(classes: set[str]) -> str | list[str] | None:
     return names[0] if len(names) == 1 else names
 
 
+def mergeable_part(target: Any) -> bool:
+    """Whether a branch (its definition, for a bare local `$ref`) says only what a merge keeps.
+    Judged on its keywords as written: a branch with its own `allOf`/`anyOf` never is."""
+    if target is True or target == {}:
+        return True
+    return isinstance(target, dict) and all(k in MERGED_KEYWORDS | OPEN_KEYWORDS or k in ANNOTATION_KEYWORDS
+                                            for k in target)
+
+
+def partly_merged_all_of(node: Any, root: Any) -> dict | None:
+    """For xgrammar's mask only: `node`'s `allOf` with the branches that cannot merge left out
+    (a general `if`/`then`/`else`, a combinator), the rest merged with the keywords beside it. The
+    mask then admits more than the schema, and check-and-roll-back keeps the branches left out
+    (grammar/fidelity.py reports the `allOf` checked), where xgrammar alone would compile the
+    whole node as any JSON value (dependabot's root, woodpecker-ci's steps). None where all
+    branches merge (`merged_all_of`) or nothing would be kept."""
+    branches = node.get("allOf") if isinstance(node, dict) else None
+    if not isinstance(branches, list) or not branches:
+        return None
+    kept = [b for b in branches if mergeable_part(follow_local_refs(b, root, only_bare=True))]
+    if len(kept) == len(branches):
+        return None
+    own = {k: v for k, v in node.items() if k != "allOf"}
+    if not set(own) - _PARENT_ONLY - ANNOTATION_KEYWORDS and len(kept) < 2:
+        return None
+    return merged_all_of({**own, "allOf": kept or [{}]}, root)
+
+
 def distributed_any_of(node: Any, root: Any) -> dict | None:
     """`node`'s `anyOf` with the keywords beside it merged into each branch (A and (B1 or B2) is
     (A and B1) or (A and B2)), where every branch merges: xgrammar compiles only the `anyOf` of
@@ -156,12 +184,15 @@ def distributed_any_of(node: Any, root: Any) -> dict | None:
     return {**kept, "anyOf": branches}
 
 
-def lower_all_of(schema: Any) -> Any:
+def lower_all_of(schema: Any, partial: bool = False) -> Any:
     """`schema` with every mergeable `allOf` replaced by the object schema it equals, and every
     `anyOf` with keywords beside it that distribute into its branches so distributed (references
-    resolved in `schema` as written)."""
+    resolved in `schema` as written). `partial` (xgrammar's mask): an `allOf` some of whose
+    branches cannot merge is merged without them (`partly_merged_all_of`)."""
     def rewrite(node: dict) -> Any:
         merged = merged_all_of(node, schema)
+        if merged is None and partial:
+            merged = partly_merged_all_of(node, schema)
         if merged is None and "allOf" not in node:
             merged = distributed_any_of(node, schema)
         return node if merged is None else merged

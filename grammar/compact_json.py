@@ -44,7 +44,7 @@ def _patterns_xgrammar_reads(schema: Any) -> Any:
 
 def _xgrammar_json_grammar(schema: Any, strict: bool) -> xgr.Grammar:
     return xgr.Grammar.from_json_schema(
-        json.dumps(lower_for_masks(_patterns_xgrammar_reads(schema), strict)),
+        json.dumps(lower_for_masks(_patterns_xgrammar_reads(schema), strict, partial_all_of=True)),
         any_whitespace=False,
         separators=COMPACT_SEPARATORS,
         strict_mode=strict,

@@ -80,9 +80,10 @@ from typing import Any, Iterable
 
 import jsonschema
 
-from grammar.all_of import distributed_any_of, merged_all_of
+from grammar.all_of import distributed_any_of, merged_all_of, mergeable_part, partly_merged_all_of
 from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
+from grammar.schema_walk import follow_local_refs
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
 from grammar.string_algebra import excluded_strings, leading_lookaheads
@@ -435,6 +436,8 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
     # a oneOf is compiled as the anyOf of its exclusive branches (grammar/one_of.py), where known
     exclusive = exclusive_branches(value, document) if combinator == "oneOf" else None
     conditionals = allof_conditionals(node, document) if combinator == "allOf" else None
+    # an allOf some of whose branches merge: xgrammar masks those and the keywords beside it
+    partial = combinator == "allOf" and partly_merged_all_of(node, document) is not None
     if conditionals:
         # an allOf of conditionals on one listed property: llguidance enforces it as one anyOf
         # (grammar/conditionals.py); each conditional's keywords are reported where they are written
@@ -461,6 +464,12 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
             if keyword == "properties":
                 children += _subschemas(node, keyword, here)
         return entries, children
+    elif partial and isinstance(value, list) and len(value) > 1:
+        # xgrammar masks the branches that merge (grammar/all_of.py); the rest are kept by the check
+        mark("allOf", CHECKED, "allOf branches that are not plain object schemas are not masked by xgrammar",
+             exact_in_llguidance=True)
+        children += [(b, join_pointer(here, "allOf", i), None) for i, b in enumerate(value)
+                     if mergeable_part(follow_local_refs(b, document, only_bare=True))]
     elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
     elif combinator == "anyOf" and siblings and distributed_any_of(node, document):
@@ -480,6 +489,11 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         mark(combinator, ENFORCED)
         children += _subschemas(node, combinator, here)
     for keyword in siblings:
+        if partial:  # merged with the branches that merge (grammar/all_of.py)
+            mark(keyword, ENFORCED)
+            if keyword == "properties":
+                children += _subschemas(node, keyword, here)
+            continue
         if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(
                 value if exclusive is None else exclusive, node["type"]):
             mark(keyword, ENFORCED)  # every branch already has one of these types

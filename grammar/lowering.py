@@ -23,6 +23,9 @@ from grammar.listed_values import lower_listed_values
 from grammar.one_of import lower_one_of
 
 
-def lower_for_masks(schema: Any, strict: bool) -> Any:
-    """The canonical form of `schema` with every rewrite above applied."""
-    return lower_formats(lower_listed_values(lower_one_of(lower_all_of(canonical_schema(schema))), strict=strict))
+def lower_for_masks(schema: Any, strict: bool, partial_all_of: bool = False) -> Any:
+    """The canonical form of `schema` with every rewrite above applied. `partial_all_of`
+    (xgrammar): an `allOf` is merged without the branches that cannot be, which are left to
+    check-and-roll-back (llguidance enforces those branches, so it gets them)."""
+    merged = lower_all_of(canonical_schema(schema), partial=partial_all_of)
+    return lower_formats(lower_listed_values(lower_one_of(merged), strict=strict))

@@ -136,3 +136,28 @@ def test_the_mask_keeps_names_beside_an_any_of(service, tokenizer):
     assert writes('{"version":"3","tasks":{}}')
     assert not writes('{"{":100')  # before: only the anyOf was compiled, any name went
     assert not writes('{"version":"3"}')  # neither includes nor tasks
+
+
+# dependabot's root, cut down: closed properties beside an allOf of a conditional, which no mask keeps
+# (not on a listed property, so llguidance does not keep it either: the schema stays with xgrammar)
+CONDITIONAL = {"type": "object", "additionalProperties": False, "required": ["version"],
+               "properties": {"version": {"type": "integer"}, "beta": {"type": "boolean"},
+                              "updates": {"type": "array", "items": {"type": "string"}}},
+               "allOf": [{"if": {"properties": {"version": {"minimum": 3}}, "required": ["version"]},
+                          "then": {}, "else": {"properties": {"updates": {"maxItems": 1}}}}]}
+
+
+def test_an_all_of_that_cannot_merge_still_masks_what_is_beside_it(service, tokenizer):
+    report = spec_fidelity("json_schema", CONDITIONAL, strict=True, retries=0)
+    statuses = {k.pointer: k.status for k in report.keywords}
+    assert statuses["/allOf/0/if"] != ENFORCED and statuses["/allOf/0/else"] != ENFORCED  # the check keeps it
+    assert all(statuses[f"/{k}"] == ENFORCED for k in ("type", "properties", "required", "additionalProperties"))
+    handle = service.compile(GrammarSpec("json_schema", CONDITIONAL, True))
+
+    def writes(text: str) -> bool:
+        matcher = handle.new_matcher()
+        return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert writes('{"version":2,"updates":["a","b"]}')  # the conditional is left to the check
+    assert not writes('{"versio":')  # before: the node compiled as any JSON value
+    assert not writes('{"updates":[]}')  # version is required
