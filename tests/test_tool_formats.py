@@ -78,6 +78,8 @@ def test_the_grammar_takes_each_tool_choice_as_the_format_writes_it(name, compil
     assert grammar_accepts(grammar_of(compiler, fmt, "required", parallel=False), one)
     assert grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}), one)
     assert not grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}),
+                               fmt.render_calls([ADD, ADD]))  # a named function: exactly one call
+    assert not grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}),
                                fmt.render_calls([WEATHER]))
     # the arguments are each tool's schema: a wrong type or a missing property is refused
     assert not grammar_accepts(grammar_of(compiler, fmt, "required"), fmt.render_calls([("add", '{"a":"x"}')]))

@@ -231,7 +231,10 @@ class TagToolCallFormat:
         if tool_choice == "none" or not tools:
             return {"type": "structural_tag", "format": {"type": "any_text", "excludes": []}}
         functions = {t["function"]["name"]: t["function"] for t in tools}
-        tag = xgrammar_tag(self.name, tools, tool_choice, parallel_tool_calls)
+        # a named function is exactly one call of it, as in the hermes format (xgrammar's harmony
+        # tag otherwise allows several)
+        parallel = parallel_tool_calls and not isinstance(tool_choice, dict)
+        tag = xgrammar_tag(self.name, tools, tool_choice, parallel)
         tag["format"] = _compact_arguments(tag["format"], functions, self.shape.calls)
         if tool_choice == "required" and tag["format"].get("type") in ("tags_with_separator", "triggered_tags"):
             tag["format"]["at_least_one"] = True  # xgrammar's harmony tag lets "required" end with no call
