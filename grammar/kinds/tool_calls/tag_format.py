@@ -236,8 +236,11 @@ class TagToolCallFormat:
         parallel = parallel_tool_calls and not isinstance(tool_choice, dict)
         tag = xgrammar_tag(self.name, tools, tool_choice, parallel)
         tag["format"] = _compact_arguments(tag["format"], functions, self.shape.calls)
-        if tool_choice == "required" and tag["format"].get("type") in ("tags_with_separator", "triggered_tags"):
-            tag["format"]["at_least_one"] = True  # xgrammar's harmony tag lets "required" end with no call
+        if tool_choice == "required":  # xgrammar's harmony tag lets "required" end with no call
+            while tag["format"].get("type") == "optional":
+                tag["format"] = tag["format"]["content"]
+            if tag["format"].get("type") in ("tags_with_separator", "triggered_tags"):
+                tag["format"]["at_least_one"] = True
         return tag
 
     def header_re(self) -> re.Pattern[bytes]:
