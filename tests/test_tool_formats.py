@@ -251,5 +251,6 @@ def test_harmony_reads_each_header_variant_and_required_needs_a_call(compiler):
         assert grammar_accepts(grammar_of(compiler, fmt, "required"), text)
     assert not grammar_accepts(grammar_of(compiler, fmt, "required"), "")
     assert not grammar_accepts(grammar_of(compiler, fmt, "required", parallel=False), "")
+    assert not grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}), "")
     final = "<|channel|>final<|message|>It is sunny.<|return|>"
     assert parse_tool_calls(final, fmt) == ("It is sunny.", [])

@@ -236,7 +236,7 @@ class TagToolCallFormat:
         parallel = parallel_tool_calls and not isinstance(tool_choice, dict)
         tag = xgrammar_tag(self.name, tools, tool_choice, parallel)
         tag["format"] = _compact_arguments(tag["format"], functions, self.shape.calls)
-        if tool_choice == "required":  # xgrammar's harmony tag lets "required" end with no call
+        if tool_choice == "required" or isinstance(tool_choice, dict):  # harmony's tags let both end with no call
             while tag["format"].get("type") == "optional":
                 tag["format"] = tag["format"]["content"]
             if tag["format"].get("type") in ("tags_with_separator", "triggered_tags"):
