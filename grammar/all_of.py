@@ -4,9 +4,10 @@ xgrammar compiles an `allOf` of several branches as any JSON value, so SchemaSto
 `allOf: [{"$ref": "#/definitions/base"}, {"properties": {...}, "required": [...]}]` left the whole
 value to check-and-roll-back, whose rewrites could spend themselves on scalars (`"image": true`).
 Where every branch, and the node's own keywords beside `allOf`, say only `type`, `properties`,
-`required`, `minProperties`, `maxProperties` and annotations, the `allOf` is exactly the object
-with the intersection of the types, the union of the properties and of the required names, the
-largest `minProperties` and the smallest `maxProperties`. A name declared by several branches takes
+`required`, bounds (`minLength`, `maximum`, `minProperties`, ...), value keywords that one part
+says (`pattern`, `format`, `enum`, `items`, ...) and annotations, the `allOf` is exactly the
+schema with the intersection of the types, the union of the properties and of the required names,
+the tightest bounds and those value keywords. A name declared by several branches takes
 their subschemas merged the same way (identical ones are kept once); where that merge is not
 possible, nothing is merged. A branch that is only a local `$ref` stands for the definition it
 names (one link; the definition's own `$ref`s stay references). Anything else in a branch
@@ -15,8 +16,8 @@ to that branch's own names, which one object cannot say: such an `allOf` is left
 
 The same merge distributes keywords beside an `anyOf` into its branches (`distributed_any_of`).
 `lower_all_of` rewrites every such node of a schema (grammar/lowering.py); grammar/fidelity.py
-reports an `allOf` (an `anyOf` and the keywords beside it) enforced exactly when `merged_all_of`
-(`distributed_any_of`) is not None for it as written.
+classifies the merged node (each merged branch) where the `allOf` (`anyOf`) is written, so what
+xgrammar does with keywords put together (it drops `minLength` beside `pattern`) is reported.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from typing import Any
 
 from grammar.schema_walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_bottom_up
 
-MERGED_KEYWORDS = frozenset({"type", "properties", "required", "minProperties", "maxProperties"})
+# bounds merge to the tightest; the other value keywords only where one part says them (or all the same)
+LOWER_BOUNDS = frozenset({"minProperties", "minLength", "minItems", "minimum", "exclusiveMinimum"})
+UPPER_BOUNDS = frozenset({"maxProperties", "maxLength", "maxItems", "maximum", "exclusiveMaximum"})
+SAID_ONCE = frozenset({"pattern", "format", "enum", "const", "multipleOf", "uniqueItems", "items",
+                       "contentEncoding", "contentMediaType"})
+MERGED_KEYWORDS = frozenset({"type", "properties", "required"}) | LOWER_BOUNDS | UPPER_BOUNDS | SAID_ONCE
 # what a part may say about the names it does not declare: exact only in the one part that declares
 # names, where nothing else declares any (its additionalProperties then means the same merged)
 OPEN_KEYWORDS = frozenset({"additionalProperties", "patternProperties", "propertyNames"})
@@ -109,12 +115,18 @@ def _merge(parts: list[dict], root: Any) -> dict | None:
         required += [n for n in names if n not in required]
     if required:
         out["required"] = required
-    lows = [p["minProperties"] for p in parts if "minProperties" in p]
-    highs = [p["maxProperties"] for p in parts if "maxProperties" in p]
-    if lows:
-        out["minProperties"] = max(lows)
-    if highs:
-        out["maxProperties"] = min(highs)
+    for keyword in LOWER_BOUNDS | UPPER_BOUNDS:
+        bounds = [p[keyword] for p in parts if keyword in p]
+        if not bounds:
+            continue
+        if not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds):
+            return None  # draft-4's boolean exclusiveMinimum belongs with its minimum
+        out[keyword] = max(bounds) if keyword in LOWER_BOUNDS else min(bounds)
+    for keyword in SAID_ONCE:
+        said = {json.dumps(p[keyword], sort_keys=True): p[keyword] for p in parts if keyword in p}
+        if len(said) > 1:
+            return None
+        out.update({keyword: value for value in said.values()})
     return out
 
 

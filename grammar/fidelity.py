@@ -80,10 +80,9 @@ from typing import Any, Iterable
 
 import jsonschema
 
-from grammar.all_of import distributed_any_of, merged_all_of, mergeable_part, partly_merged_all_of
+from grammar.all_of import distributed_any_of, merged_all_of, partly_merged_all_of
 from grammar.conditionals import allof_conditionals, discriminator
 from grammar.errors import join_pointer
-from grammar.schema_walk import follow_local_refs
 from grammar.formats import FORMAT_PATTERNS, pattern_for
 from grammar.listed_values import fitting_values, omitted_properties
 from grammar.string_algebra import excluded_strings, leading_lookaheads
@@ -436,8 +435,12 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
     # a oneOf is compiled as the anyOf of its exclusive branches (grammar/one_of.py), where known
     exclusive = exclusive_branches(value, document) if combinator == "oneOf" else None
     conditionals = allof_conditionals(node, document) if combinator == "allOf" else None
-    # an allOf some of whose branches merge: xgrammar masks those and the keywords beside it
-    partial = combinator == "allOf" and partly_merged_all_of(node, document) is not None
+    # An allOf (an anyOf with keywords beside it) compiled as the object schema(s) it merges into
+    # (grammar/all_of.py) is classified as compiled: the merged node where it is written, whose
+    # keywords then show what xgrammar does with them together. `partial`: some allOf branches
+    # cannot merge; the merged node has the rest and the keywords beside, the check keeps them.
+    merged = merged_all_of(node, document) if combinator == "allOf" else None
+    partial = partly_merged_all_of(node, document) if combinator == "allOf" and merged is None else None
     if conditionals:
         # an allOf of conditionals on one listed property: llguidance enforces it as one anyOf
         # (grammar/conditionals.py); each conditional's keywords are reported where they are written
@@ -454,46 +457,28 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         rest = [i for i in range(len(value)) if i not in conditionals]
         if len(rest) == 1:  # the one other branch is walked as a single-branch allOf's would be
             children.append((value[rest[0]], join_pointer(here, "allOf", rest[0]), None))
-    elif combinator == "allOf" and merged_all_of(node, document):
-        # compiled as the one object schema it equals (grammar/all_of.py): each branch's keywords
-        # and the ones beside it are kept as written
+    elif merged is not None:
         mark("allOf", ENFORCED)
-        children += _subschemas(node, "allOf", here)
-        for keyword in siblings:
-            mark(keyword, ENFORCED)
-            if keyword == "properties":
-                children += _subschemas(node, keyword, here)
+        children.append((merged, here, None))
         return entries, children
-    elif partial and isinstance(value, list) and len(value) > 1:
-        # xgrammar masks the branches that merge (grammar/all_of.py); the rest are kept by the check
-        mark("allOf", CHECKED, "allOf branches that are not plain object schemas are not masked by xgrammar",
+    elif partial is not None and len(value) > 1:
+        mark("allOf", CHECKED, "allOf branches that are not plain schemas are not masked by xgrammar",
              exact_in_llguidance=True)
-        children += [(b, join_pointer(here, "allOf", i), None) for i, b in enumerate(value)
-                     if mergeable_part(follow_local_refs(b, document, only_bare=True))]
     elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
-    elif combinator == "anyOf" and siblings and distributed_any_of(node, document):
-        # the keywords beside are merged into each branch (grammar/all_of.py): they are classified
-        # where they are written, each branch with the names declared beside it
+    elif combinator == "anyOf" and siblings and (spread := distributed_any_of(node, document)) is not None:
         mark("anyOf", ENFORCED)
-        beside = {k: v for k, v in node.items() if k != "anyOf"}
-        children.append((beside, here, None))
-        declared = {"properties": {name: {} for name in beside.get("properties") or {}}}
-        for i, branch in enumerate(value):
-            with_names = merged_all_of({"allOf": [declared, branch]}, document)
-            children.append((with_names if with_names is not None else branch, join_pointer(here, "anyOf", i), None))
+        children += [(b, join_pointer(here, "anyOf", i), None) for i, b in enumerate(spread["anyOf"])]
         return entries, children
     elif combinator == "oneOf" and exclusive is None:
         mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
     else:
         mark(combinator, ENFORCED)
         children += _subschemas(node, combinator, here)
+    if partial is not None:  # the keywords beside are in the merged node
+        children.append((partial, here, None))
+        return entries, children
     for keyword in siblings:
-        if partial:  # merged with the branches that merge (grammar/all_of.py)
-            mark(keyword, ENFORCED)
-            if keyword == "properties":
-                children += _subschemas(node, keyword, here)
-            continue
         if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(
                 value if exclusive is None else exclusive, node["type"]):
             mark(keyword, ENFORCED)  # every branch already has one of these types
