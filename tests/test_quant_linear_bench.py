@@ -29,4 +29,5 @@ def test_stream_reports_both_kernels_at_one_and_two_threads(capsys):
     assert {d["bytes"] for d in lines} == {3 * 64 * 576 * 3 // 4}
     for d in lines:
         assert d["calls"] == 3 and d["ms"] > 0
-        assert d["gb_s"] == pytest.approx(d["bytes"] / d["ms"] / 1e6, rel=0.02)  # both rounded
+        # both rounded (gb_s to 0.01: on a loaded host a slow call reads as 0.00)
+        assert d["gb_s"] == pytest.approx(d["bytes"] / d["ms"] / 1e6, rel=0.02, abs=0.006)
