@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 ARGS   ?=
-# instructor (driven by tests/test_frameworks_e2e.py) and its requirements except jiter; see setup.
+# instructor (driven by tests/e2e/test_frameworks_e2e.py) and its requirements except jiter; see setup.
 INSTRUCTOR      := instructor==1.17.0
 INSTRUCTOR_DEPS := 'aiohttp>=3.14.3,<4' 'click>=8.3.3' 'docstring-parser>=0.16,<1' 'idna>=3.15' \
 	'jinja2>=3.1.4,<4' 'openai>=2,<4' 'pydantic>=2.8,<3' 'pydantic-core>=2.18,<3' 'regex>=2023,<2027' \

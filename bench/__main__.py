@@ -26,7 +26,7 @@ SUITES = {
 }
 
 
-# One line each for `--help` (tests/test_bench_listing.py checks every suite has one).
+# One line each for `--help` (tests/bench/test_bench_listing.py checks every suite has one).
 SUITE_HELP = {
     "engine": "prefill and decode tokens/s per weight format, side by side with fp32 (in-process)",
     "cache": "the prefix cache on agent-like workloads: hit rate, cold vs warm TTFT, LPM vs FCFS",

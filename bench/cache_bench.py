@@ -11,8 +11,8 @@ import time
 from bench.common import emit, run_timed
 from bench.workloads import FEW_SHOT, FEW_SHOT_QUESTIONS, USER_TASKS, agent_system_prompt, chat
 from runtime.api import GenerateRequest
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.decode.sampling import SamplingParams
 
 
 def _greedy(n):

@@ -19,8 +19,8 @@ from bench.common import emit
 from runtime.attention.cascade import find_prefix_groups
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch, PrefixGroup
-from runtime.loader import read_config, resolve_model_dir
-from runtime.model_runner import ModelRunner, pick_device, pick_dtype
+from runtime.model.loader import read_config, resolve_model_dir
+from runtime.model.runner import ModelRunner, pick_device, pick_dtype
 
 
 def decode_batch(batch: int, shared: int, private: int, device: torch.device,

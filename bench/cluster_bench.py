@@ -24,7 +24,7 @@ from gateway.cluster.settings import ClusterSettings
 from grammar.settings import GrammarSettings
 from runtime.api import GenerateRequest
 from runtime.engine_config import EngineConfig
-from runtime.sampling import SamplingParams
+from runtime.decode.sampling import SamplingParams
 
 
 def workload(tokenizer, prefixes: int, prefix_tokens: int, requests: int, seed: int) -> list[list[int]]:
@@ -103,7 +103,7 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
     from ray import serve
     import ray
 
-    from runtime.loader import load_tokenizer, resolve_model_dir
+    from runtime.model.loader import load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir())
     prompts = workload(tokenizer, args.prefixes, args.prefix_tokens, args.requests, seed=0)

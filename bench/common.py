@@ -30,7 +30,7 @@ def emit(record: dict, file=None) -> None:
 
 def default_tokenizer():
     """The default model's tokenizer and its vocabulary size (config.json's: the logits' width)."""
-    from runtime.loader import load_tokenizer, read_config, resolve_model_dir
+    from runtime.model.loader import load_tokenizer, read_config, resolve_model_dir
 
     model_dir = resolve_model_dir()
     return load_tokenizer(model_dir), read_config(model_dir).vocab_size

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .git/info/exclude
 
-gguf="$("$PY" -c 'from runtime.loader import default_model_path; print(default_model_path())')"
+gguf="$("$PY" -c 'from runtime.model.loader import default_model_path; print(default_model_path())')"
 rm -rf .devcarry/model .devcarry/wheels
 mkdir -p .devcarry/model .devcarry/wheels .devcarry/tokenizer
 half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
@@ -30,7 +30,7 @@ done
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .devcarry/wheels "${pkgs[@]}"
 
-tokdir="$("$PY" -c 'from runtime.loader import resolve_model_dir; print(resolve_model_dir())')"
+tokdir="$("$PY" -c 'from runtime.model.loader import resolve_model_dir; print(resolve_model_dir())')"
 for f in tokenizer.json tokenizer_config.json chat_template.jinja special_tokens_map.json generation_config.json; do
   [[ -f "$tokdir/$f" ]] && cp "$tokdir/$f" .devcarry/tokenizer/
 done

@@ -30,12 +30,12 @@ import torch
 from bench.common import emit, run_timed
 from runtime.api import GenerateRequest
 from runtime.attention import make_attention_backend
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
-from runtime.loader import resolve_model_dir
-from runtime.models.decoder import resolve_format
-from runtime.sampling import SamplingParams
+from runtime.kvcache.pool import KVPool
+from runtime.model.loader import resolve_model_dir
+from runtime.model.decoder import resolve_format
+from runtime.decode.sampling import SamplingParams
 
 TOPICS = ["rivers", "volcanoes", "bridges", "owls", "comets", "glaciers", "deserts", "coral reefs",
           "lighthouses", "tides", "forests", "storms", "caves", "islands", "canyons", "auroras"]
@@ -164,7 +164,7 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
         prompts = [_prompt(tok, TOPICS[i % len(TOPICS)]) + [i] for i in range(b)]
         out[f"decode_tok_s_b{b}"] = _decode_rate(run_timed(engine, [GenerateRequest(p, greedy) for p in prompts]))
     # on the engine's own thread: a pass on this one would start a second OpenMP team, which slows
-    # the next format's engine (runtime/torch_thread.py)
+    # the next format's engine (runtime/engine/torch_thread.py)
     context = len(prompt) + new_tokens // 2  # the decode runs' mean context
     attn = engine.runner.attn
     split = engine.call(lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10)).result()

@@ -12,7 +12,7 @@ package is not installed is left out and said so). The bench starts its own `jum
 2. **answer**, `--concurrency` at a time: a chat completion with `response_format` json_schema,
    `strict: true`, temperature 0, `--max-tokens`, and a short request for one example instance.
    Each answer is one of `valid` (parses, no object key twice, and validates with jsonschema and
-   its format checker, as gateway/output_validation.py validates: its OutputCheck does it here),
+   its format checker, as gateway/pipeline/output_validation.py validates: its OutputCheck does it here),
    `invalid`, `cut_off` (finish_reason "length" and not valid), `refused` (HTTP 4xx; a
    `context_length_exceeded` one is also a prompt-length refusal) or `error` (5xx, transport).
    `duplicate_keys` counts answers whose raw text repeats an object's name; `closed_at_budget`,
@@ -67,9 +67,9 @@ from bench.fidelity_tally import answered, decode_summary, refused
 from bench.fidelity_tally import run as tally_run
 from bench.serve_bench import exit_on_sigterm, percentile
 from bench.server_process import MODEL, JumpgateServer
-from gateway.grammar_adapter import FidelityReport
-from gateway.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
-from grammar.fidelity import LLGUIDANCE, XGRAMMAR
+from gateway.pipeline.grammar_adapter import FidelityReport
+from gateway.pipeline.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
+from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR
 
 NOT_VALID = ("invalid", "cut_off", "refused", "error")
 
@@ -93,7 +93,7 @@ class _Reasons:
 
 
 def classify(schema: Any, answer: Answer, name: str = "schema") -> Verdict:
-    """One answer's verdict, validated as the gateway validates (gateway/output_validation.py)."""
+    """One answer's verdict, validated as the gateway validates (gateway/pipeline/output_validation.py)."""
     if 400 <= answer.status < 500:
         return Verdict("refused", prompt_length=answer.code == PROMPT_TOO_LONG,
                        message=short(f"{answer.code}: {answer.message}"))

@@ -2,8 +2,8 @@
 
 Whether strict mode answers a schema is decided at compile time, so it can be measured on every
 corpus schema (bench/fidelity_corpus.py) without generating anything. For each schema this runs
-what the server runs for a strict `json_schema` request (grammar/service.py, then
-gateway/output_validation.py):
+what the server runs for a strict `json_schema` request (grammar/service/service.py, then
+gateway/pipeline/output_validation.py):
 
 1. `validate_spec`: meta-schema, `$ref`s, regexes xgrammar cannot parse, the size limit (a 400
    `invalid_schema`; its keyword is the last token of the error's pointer, or `size`);
@@ -32,8 +32,8 @@ from typing import Any, Sequence
 from bench.common import emit
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
 from grammar.errors import GrammarSpecError
-from grammar.fidelity import LLGUIDANCE, XGRAMMAR, spec_fidelity
-from grammar.rollback_check import DEFAULT_VALUE_RETRIES
+from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR, spec_fidelity
+from grammar.checks.rollback import DEFAULT_VALUE_RETRIES
 from grammar.spec import GrammarSpec
 from grammar.validate import validate_spec
 
@@ -86,13 +86,13 @@ class Classifier:
 
     def _compile(self, spec: GrammarSpec, engine: str) -> None:
         if engine == LLGUIDANCE and self.llg_tokenizer is not None:
-            from grammar.llg_matcher import compile_llguidance
-            from grammar.llg_schema import llguidance_grammar
+            from grammar.engines.llguidance.matcher import compile_llguidance
+            from grammar.engines.llguidance.schema import llguidance_grammar
 
             compile_llguidance(self.llg_tokenizer, llguidance_grammar(spec.payload, strict=True), "JSON schema",
                                spec.param)
         elif engine == XGRAMMAR and self.compiler is not None:
-            from grammar.compile import compile_spec
+            from grammar.service.compile import compile_spec
 
             compile_spec(self.compiler, spec)
 
@@ -115,8 +115,8 @@ def summarize(verdicts: list[Verdict]) -> dict[str, Any]:
 def _llg_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from grammar.llg_tokenizer import LLGuidanceTokenizer
-    from runtime.loader import read_config, resolve_model_dir
+    from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
+    from runtime.model.loader import read_config, resolve_model_dir
 
     folder = resolve_model_dir()
     hf = AutoTokenizer.from_pretrained(str(folder))

@@ -14,12 +14,12 @@ import httpx
 
 from bench.fidelity_corpus import Entry
 from bench.server_process import MODEL, JumpgateServer, ServerFailed, parse_metrics
-from grammar.fidelity import DUPLICATE_KEYS, ENFORCED, XGRAMMAR
+from grammar.validation.fidelity import DUPLICATE_KEYS, ENFORCED, XGRAMMAR
 
 COMPILE_SECONDS = "jumpgate_grammar_compile_seconds_total"
 SERVER_MEMORY, NOT_ASKED = "server_memory", "not_asked"  # the bench's own codes
 PROMPT_TOO_LONG = "context_length_exceeded"  # the server's code for a prompt past the context
-DECODE_HEADER = "x-jumpgate-decode-ms-per-token"  # gateway/access_log.py
+DECODE_HEADER = "x-jumpgate-decode-ms-per-token"  # gateway/http/access_log.py
 _MESSAGE = 300
 
 

@@ -30,8 +30,8 @@ from bench.common import emit, run_timed
 from bench.workloads import ROOT, chat
 from grammar import GrammarService, GrammarSpec
 from runtime.api import EngineStats, GenerateRequest
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.decode.sampling import SamplingParams
 
 DATA = ROOT / "tests" / "data"
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
@@ -204,7 +204,7 @@ def jump_forward(engine: Engine, svc: GrammarService, quick: bool) -> dict:
         rec[f"rejected_{mode}"] = runs[mode][-1]["rejected"]
     rec["output_tokens"] = runs["off"][-1]["tokens"]
     rec["verify_equals_off"] = outputs["verify"] == outputs["off"]
-    # The first repetition drafts with nothing learned yet (grammar/draft_split.py learns the
+    # The first repetition drafts with nothing learned yet (grammar/engines/draft_split.py learns the
     # model's split of forced text as it writes); the medians above include the later ones.
     rec["speedup_verify_first_rep"] = runs["verify"][0]["tok_s"] / runs["off"][0]["tok_s"]
     rec["passes_per_token_verify_first_rep"] = runs["verify"][0]["ppt"]

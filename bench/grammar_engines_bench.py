@@ -8,7 +8,7 @@ schema (median microseconds per token over the repetitions, each on a fresh matc
 untimed warm-up pass), then a summary line with the median and the worst llguidance/xgrammar ratio.
 
 llguidance runs twice, side by side, through matchers of one `LLGuidanceHandle` as the server
-makes them: encoding forced text through grammar/llg_tokenizer.py's memo (which the warm-up pass
+makes them: encoding forced text through grammar/engines/llguidance/tokenizer.py's memo (which the warm-up pass
 fills, as a schema's earlier requests would), and with llguidance's own uncached tokenizer
 (`llguidance_uncached_us`). Both share the handle's start-state mask, as the server's requests do.
 
@@ -25,12 +25,12 @@ import xgrammar as xgr
 
 from bench.common import default_tokenizer, emit, mask_walk_us
 from bench.workloads import corpus_examples
-from grammar.compact_json import compact_json_grammar
-from grammar.llg_matcher import LLGuidanceHandle, compile_llguidance
-from grammar.llg_tokenizer import LLGuidanceTokenizer
-from grammar.llg_schema import llguidance_grammar, llguidance_refusal
-from grammar.matcher import XGrammarMatcher
-from grammar.tokenizer_info import build_tokenizer_info
+from grammar.engines.xgrammar.schema import compact_json_grammar
+from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguidance
+from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
+from grammar.engines.llguidance.schema import llguidance_grammar, llguidance_refusal
+from grammar.engines.xgrammar.matcher import XGrammarMatcher
+from grammar.engines.xgrammar.tokenizer import build_tokenizer_info
 
 def load_cases(quick: bool) -> list[tuple[str, dict, str]]:
     """(name, schema, compact JSON of a valid example) for the corpus schemas both engines take."""

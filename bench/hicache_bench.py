@@ -33,13 +33,13 @@ import time
 from bench.common import emit, run_timed
 from bench.workloads import USER_TASKS, agent_system_prompt, chat
 from runtime.api import GenerateRequest
-from runtime.engine import Engine
-from runtime.hiradix_cache import HiRadixCache
-from runtime.host_pool import HostKVPool
-from runtime.kv_pool import KVPool
-from runtime.radix_cache import RadixCache
-from runtime.loader import load_tokenizer, resolve_model_dir
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.kvcache.hiradix_cache import HiRadixCache
+from runtime.kvcache.tiers.host_pool import HostKVPool
+from runtime.kvcache.pool import KVPool
+from runtime.kvcache.radix_cache import RadixCache
+from runtime.model.loader import load_tokenizer, resolve_model_dir
+from runtime.decode.sampling import SamplingParams
 
 OUT_TOKENS = 8
 

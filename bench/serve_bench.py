@@ -30,7 +30,7 @@ later line carries `*_vs_vllm-<dtype>` of the first of them; its lines say `"ser
 
 The agent-tools workload also runs in-process, after the server is stopped: the same prompts
 prepared by the gateway's own code (same rendering, same tool-call grammar), submitted straight to
-`runtime.engine.Engine` at the same concurrency; `http_vs_inprocess` = HTTP req_s / in-process
+`runtime.engine.engine.Engine` at the same concurrency; `http_vs_inprocess` = HTTP req_s / in-process
 req_s on the agent-tools line (the cost of HTTP, JSON, SSE and the gateway).
 """
 
@@ -409,14 +409,14 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
     `prepare_chat` (same template rendering, same tool-call grammar and sampling), no HTTP."""
     import msgspec
 
-    from gateway import grammar_adapter
+    from gateway.pipeline import grammar_adapter
     from gateway.cli import build_grammar_service
-    from gateway.preparation import PreparationServices, prepare_chat
-    from gateway.prompt import PromptRenderer
+    from gateway.pipeline.preparation import PreparationServices, prepare_chat
+    from gateway.pipeline.prompt import PromptRenderer
     from gateway.protocol import ChatCompletionRequest
     from gateway.settings import Settings
     from grammar.settings import GrammarSettings
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
 
     engine = Engine(kv_pool_tokens=kv_pool_tokens, weights=weights).start()
     grammar = build_grammar_service(engine, GrammarSettings(disk_cache=False))
@@ -514,7 +514,7 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
 def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     args = parse_args(quick, argv)
     exit_on_sigterm()
-    from runtime.loader import load_tokenizer, resolve_model_dir
+    from runtime.model.loader import load_tokenizer, resolve_model_dir
 
     tok = load_tokenizer(resolve_model_dir())
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -586,7 +586,7 @@ def serve_once(args, weights: str, workloads, warmup_body, wanted, tok,
 def serve_vllm(args, python: str, dtype: str, workloads, warmup_body) -> tuple[dict, list, dict]:
     """The chat workloads against a fresh vLLM server (no /v1/responses chain, no in-process run),
     returned as `serve_once` returns them."""
-    from runtime.loader import resolve_model_dir
+    from runtime.model.loader import resolve_model_dir
 
     with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-vllm-") as tmp:
         server = VllmServer(Path(tmp), python, resolve_model_dir(), dtype, threads_bind=args.vllm_threads_bind)

@@ -22,8 +22,8 @@ import httpx
 
 from bench.common import emit
 from bench.server_process import MODEL, JumpgateServer
-from gateway.constraints import ConstraintPlan
-from gateway.output_validation import build_output_check
+from gateway.pipeline.constraints import ConstraintPlan
+from gateway.pipeline.output_validation import build_output_check
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "schema_corpus"
 COST_SCHEMAS = ("person_basic", "order_with_line_items", "extract_12_fields", "kubernetes_pod_minimal", "recipe")

@@ -1,4 +1,4 @@
-"""`python -m bench value_check`: what the value check (grammar/value_check.py) adds to the mask time.
+"""`python -m bench value_check`: what the value check (grammar/checks/value_check.py) adds to the mask time.
 
 Each case walks one valid JSON text token by token through a real GrammarService matcher, twice:
 with the value check and without it (the same compiled grammar). At each position the mask is

@@ -16,30 +16,30 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from gateway.access_log import access_log_middleware, request_log_of
+from gateway.http.access_log import access_log_middleware, request_log_of
 from gateway.auth import Authenticator, provide_tenant, require_api_key
 from gateway.batches.api import BatchAPI, build_batch_api
 from gateway.errors import exception_handlers
-from gateway.generation import ConcurrencyLimiter, RequestLog
+from gateway.pipeline.generation import ConcurrencyLimiter, RequestLog
 from gateway.messages.errors import with_messages_errors
 from gateway.messages.route import MessagesController
 from gateway.metrics import GatewayMetrics
-from gateway.model_formats import configure_formats
-from gateway.pinning import restore_pins
-from gateway.prompt import PromptRenderer, schema_budget_tokens
-from gateway.registry import SchemaRegistry
-from gateway.request_body import JumpgateRequest
-from gateway.response_store import ResponseStore
-from gateway.routes.batches import BatchesController
-from gateway.routes.cache import CacheController
-from gateway.routes.chat import ChatController
-from gateway.routes.completions import CompletionsController
-from gateway.routes.files import files_controller
+from gateway.pipeline.model_formats import configure_formats
+from gateway.registry.pinning import restore_pins
+from gateway.pipeline.prompt import PromptRenderer, schema_budget_tokens
+from gateway.pipeline.schema_registry import SchemaRegistry
+from gateway.http.request_body import JumpgateRequest
+from gateway.responses.store import ResponseStore
+from gateway.batches.batches_route import BatchesController
+from gateway.cache_explain.route import CacheController
+from gateway.chat.chat_route import ChatController
+from gateway.chat.completions_route import CompletionsController
+from gateway.batches.files_route import files_controller
 from gateway.routes.health import health
 from gateway.routes.metrics import metrics
 from gateway.routes.models import ModelsController
-from gateway.routes.responses import ResponsesController
-from gateway.routes.schemas import SchemasController
+from gateway.responses.route import ResponsesController
+from gateway.registry.route import SchemasController
 from gateway.services import GatewayServices
 from gateway.settings import Settings
 from runtime.api import EngineClient

@@ -81,8 +81,8 @@ def serve(config: ServeSettings, cluster: ClusterSettings | None = None) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from runtime.engine import Engine
-    from runtime.model_config import ModelLoadError
+    from runtime.engine.engine import Engine
+    from runtime.model.config import ModelLoadError
 
     settings = config.gateway
     # The cheap checks first: a port in use or a folder it cannot write fails before the model loads.

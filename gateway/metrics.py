@@ -54,7 +54,7 @@ class GatewayMetrics:
         self.requests.labels(route=route, outcome=outcome).inc()
 
     def structured_output_invalid(self, mode: str, reason: str) -> None:
-        """One structured output that failed validation after generation (gateway/output_validation.py)."""
+        """One structured output that failed validation after generation (gateway/pipeline/output_validation.py)."""
         self.invalid_structured_outputs.labels(mode=mode, reason=reason).inc()
 
     def requests_counted(self, route: str, outcome: str) -> float:

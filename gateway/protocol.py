@@ -303,7 +303,7 @@ class ChatTokenLogprob(Struct):
 
 
 class ChoiceLogprobs(Struct):
-    """A chat choice's (or chunk's) `logprobs`: what Jumpgate reports is in gateway/logprobs.py."""
+    """A chat choice's (or chunk's) `logprobs`: what Jumpgate reports is in gateway/pipeline/logprobs.py."""
 
     content: list[ChatTokenLogprob] | None
     refusal: list[ChatTokenLogprob] | None = None

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.auth import Authenticator
-from gateway.generation import ConcurrencyLimiter, EngineStream, RequestLog
+from gateway.pipeline.generation import ConcurrencyLimiter, EngineStream, RequestLog
 from gateway.metrics import GatewayMetrics
-from gateway.model_formats import ModelFormats
-from gateway.preparation import PreparationServices
-from gateway.registry import SchemaRegistry
+from gateway.pipeline.model_formats import ModelFormats
+from gateway.pipeline.preparation import PreparationServices
+from gateway.pipeline.schema_registry import SchemaRegistry
 
 
 @dataclass(kw_only=True)
@@ -22,7 +22,7 @@ class GatewayServices(PreparationServices):
     limiter: ConcurrencyLimiter
     authenticator: Authenticator
     started_at: int = 0  # unix time the app was built (the models' `created`)
-    formats: ModelFormats | None = None  # the model's tool-call and reasoning formats (gateway/model_formats.py)
+    formats: ModelFormats | None = None  # the model's tool-call and reasoning formats (gateway/pipeline/model_formats.py)
 
     def finish(self, route: str, outcome: str, record: RequestLog, streams: list[EngineStream]) -> None:
         """Account one finished request (once): log record, outcome counter."""

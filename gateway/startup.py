@@ -54,7 +54,7 @@ def check_folders(folders: Iterable[tuple[str, Path]]) -> None:
 
 
 def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> Any:
-    from grammar.service import GrammarService
+    from grammar.service.service import GrammarService
 
     cache_dir = settings.cache_path()
     info = engine.info
@@ -74,7 +74,7 @@ def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> An
 
 
 def banner(engine: EngineClient, settings: Settings) -> str:
-    from gateway import grammar_adapter  # imports xgrammar: not for `jumpgate serve --help`
+    from gateway.pipeline import grammar_adapter  # imports xgrammar: not for `jumpgate serve --help`
 
     info = engine.info
     auth = f"{len(settings.api_keys)} API key(s)" if settings.api_keys else "no API key (open)"

@@ -56,7 +56,7 @@ class GrammarSpecError(GrammarError, ValueError):
 class GrammarCompileTimeout(GrammarSpecError):
     """Compiling took longer than the service's limit; the spec is refused as too complex.
 
-    The compile is killed at the limit (grammar/compile_process.py), so it never occupies a
+    The compile is killed at the limit (grammar/service/compile_process.py), so it never occupies a
     worker, the CPU or memory after its request has been answered.
     """
 
@@ -74,8 +74,8 @@ class GrammarServiceBusy(GrammarError):
 class GrammarUnserializable(GrammarError):
     """A compile process compiled the spec but could not send the grammar back: xgrammar's
     `serialize_json()` ran past the memory the process allows for it, or past the time left for it
-    (grammar/compile_process.py). Not a refusal: the service compiles the spec in-process instead
-    (grammar/service.py). `compile_s` is how long the compile itself took in the child."""
+    (grammar/service/compile_process.py). Not a refusal: the service compiles the spec in-process instead
+    (grammar/service/service.py). `compile_s` is how long the compile itself took in the child."""
 
     def __init__(self, why: str, compile_s: float) -> None:
         super().__init__(why)

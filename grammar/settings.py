@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from grammar.rollback_check import DEFAULT_VALUE_RETRIES
+from grammar.checks.rollback import DEFAULT_VALUE_RETRIES
 from runtime.settings_fields import check_settings, setting
 
 

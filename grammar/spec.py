@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from grammar.canonical import canonical_json
+from grammar.schema.canonical import canonical_json
 from grammar.errors import GrammarSpecError
 from grammar.kinds import KINDS, kind_for
-from grammar.limits import check_json_limits
+from grammar.schema.limits import check_json_limits
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Literal, Protocol
 
 from runtime.constraint import CompiledConstraint
-from runtime.sampling import SamplingParams
+from runtime.decode.sampling import SamplingParams
 
 JumpForwardMode = Literal["verify", "direct", "off"]
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -52,7 +52,7 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """The log-probability of one output token (see runtime/logprobs.py for which distribution).
+    """The log-probability of one output token (see runtime/decode/logprobs.py for which distribution).
 
     `top` holds the most likely tokens of the same distribution, best first (as many as the
     request's `logprobs` asked for; never a token the grammar masked out). `forced`: the token was
@@ -79,7 +79,7 @@ class StreamEvent:
     completion_tokens: int = 0
     error: str | None = None
     # The last event of a strict request whose value budget closing completed: it ended `stop`
-    # (the grammar finished) but the budget, not the model, decided where (runtime/completeness.py).
+    # (the grammar finished) but the budget, not the model, decided where (runtime/decode/completeness.py).
     closed_at_budget: bool = False
     # The last event: seconds from the step that chose the first output token to the one that
     # chose the last (so divided by completion_tokens - 1, the mean decode step).

@@ -44,7 +44,7 @@ class TokenMatcher(Protocol):
         its last n tokens (the runtime drops them and decodes on); < 0 if it still fails with
         every rewrite spent."""
 
-    # -- strict requests only (see runtime/completeness.py) ---------------------------------
+    # -- strict requests only (see runtime/decode/completeness.py) ---------------------------------
     @property
     def supports_strict(self) -> bool:
         """Whether the methods below are implemented (False: strict requests decode unguarded)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.completeness import MAX_DIGITS
+from runtime.decode.completeness import MAX_DIGITS
 from runtime.settings_fields import check_settings, flag_of, setting
 
 TIERS = "hierarchical KV cache (host and disk tiers, pinning)"
@@ -80,7 +80,7 @@ class EngineConfig:
     seed: int = setting(0, "scheduler and sampling seed", flag="--seed")
     debug_invariants: bool = setting(
         False, "check KV slot accounting after every step (slow; for tests)", flag="--debug-invariants")
-    # Hierarchical KV cache (runtime/hiradix_cache.py). host_pool_tokens = 0: tiers off (device only).
+    # Hierarchical KV cache (runtime/kvcache/hiradix_cache.py). host_pool_tokens = 0: tiers off (device only).
     host_pool_tokens: int = setting(
         0, "host-memory KV tier size in tokens, pinned memory on CUDA (0 = tiers off)",
         flag="--host-pool-tokens", min=0, group=TIERS)

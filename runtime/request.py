@@ -14,9 +14,9 @@ from typing import Any, Callable
 import torch
 
 from runtime.api import GenerateRequest, StreamEvent, TokenLogprob
-from runtime.completeness import CompletionGuard
+from runtime.decode.completeness import CompletionGuard
 from runtime.constraint import TokenMatcher
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.decode.detokenizer import IncrementalDetokenizer
 
 
 @dataclass

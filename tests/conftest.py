@@ -32,7 +32,7 @@ def cpu_ops():
 
 @pytest.fixture(scope="session")
 def smollm_dir() -> Path:
-    from runtime.loader import resolve_model_dir
+    from runtime.model.loader import resolve_model_dir
 
     return resolve_model_dir()
 
@@ -49,7 +49,7 @@ def service(tokenizer, smollm_dir):
     """A GrammarService for the real tokenizer (memory cache only), one per test module: each
     module starts with an empty grammar cache and nothing learned by the draft splitter."""
     from grammar import GrammarService
-    from runtime.loader import read_config
+    from runtime.model.loader import read_config
 
     svc = GrammarService(tokenizer, read_config(smollm_dir).vocab_size)
     yield svc
@@ -110,7 +110,7 @@ def other_tokenizer(other_model_dir):
 @pytest.fixture(scope="session")
 def real_engine(smollm_dir):
     """The real SmolLM2 through the real runtime, shared by the whole session."""
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
 
     engine = Engine(kv_pool_tokens=16384, debug_invariants=True).start()
     yield engine
@@ -131,7 +131,7 @@ def engine_idle_check(real_engine):
 def formed_groups(monkeypatch) -> list:
     """Every shared-prefix group the model runner forms while the test runs (the real
     find_prefix_groups, observed)."""
-    from runtime import model_runner
+    from runtime.model import runner as model_runner
 
     formed = []
     real = model_runner.find_prefix_groups
@@ -174,8 +174,8 @@ def gateway_grammar(tokenizer):
     """One real GrammarService for the gateway tests (compiles are cached across tests), with
     check-and-roll-back off (`--value-retries 0`): the fake engine runs no matcher, so these tests
     see strict mode refuse what the mask alone does not enforce; with the check on (the default)
-    see tests/test_rollback_e2e.py and `rollback_gateway_client`."""
-    from grammar.service import GrammarService
+    see tests/grammar/checks/test_rollback_e2e.py and `rollback_gateway_client`."""
+    from grammar.service.service import GrammarService
 
     service = GrammarService(tokenizer, len(tokenizer), value_retries=0)
     yield service

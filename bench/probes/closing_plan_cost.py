@@ -1,8 +1,8 @@
 """`python -m bench.probes.closing_plan_cost`: what a completion plan costs on a large strict schema.
 
-The schema is the 48-required-property, three-level one of tests/test_completeness_large.py. Prints
+The schema is the 48-required-property, three-level one of tests/runtime/decode/test_completeness_large.py. Prints
 one JSON line per engine (xgrammar, then llguidance on the same schema, both through
-grammar/closing.py's planner): the smallest instance's plan length, the median and max time of
+grammar/checks/closing.py's planner): the smallest instance's plan length, the median and max time of
 `completion_plan()` from every state along that plan (the guard replans every 16 tokens far from
 the budget and every token near it), one `completion_bound_after` (the budget check of an
 expanding token), and the median plain mask along the same path (what every constrained token
@@ -20,14 +20,14 @@ import torch
 import xgrammar as xgr
 
 from bench.common import default_tokenizer
-from grammar.closing import ClosingVocab
-from grammar.compact_json import compact_json_grammar
-from grammar.llg_matcher import LLGuidanceMatcher, compile_llguidance
-from grammar.llg_tokenizer import LLGuidanceTokenizer
-from grammar.llg_schema import llguidance_grammar
-from grammar.matcher import XGrammarMatcher
-from grammar.tokenizer_info import build_tokenizer_info, special_token_ids
-from tests.test_completeness_large import large_schema
+from grammar.checks.closing import ClosingVocab
+from grammar.engines.xgrammar.schema import compact_json_grammar
+from grammar.engines.llguidance.matcher import LLGuidanceMatcher, compile_llguidance
+from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
+from grammar.engines.llguidance.schema import llguidance_grammar
+from grammar.engines.xgrammar.matcher import XGrammarMatcher
+from grammar.engines.xgrammar.tokenizer import build_tokenizer_info, special_token_ids
+from tests.runtime.decode.test_completeness_large import large_schema
 
 
 def measure(engine: str, new_matcher: Callable, tokenizer, vocab: int) -> dict:

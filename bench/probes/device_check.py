@@ -167,8 +167,8 @@ def check_attention(sizes, device) -> bool:
 def check_bitmask(sizes, device) -> bool:
     import torch
 
-    from runtime.sampler import apply_bitmask_
-    from runtime.triton_bitmask import apply_token_bitmask_triton
+    from runtime.decode.sampler import apply_bitmask_
+    from runtime.decode.triton_bitmask import apply_token_bitmask_triton
 
     ok = True
     b, vocab = sizes["bitmask"]
@@ -193,8 +193,8 @@ def check_bitmask(sizes, device) -> bool:
 def build_model(spec, device, dtype, max_positions: int):
     import torch
 
-    from runtime.models.decoder import DecoderModel
-    from runtime.model_config import ModelConfig
+    from runtime.model.decoder import DecoderModel
+    from runtime.model.config import ModelConfig
 
     h, inter, heads, kvh = spec["hidden"], spec["inter"], spec["heads"], spec["kv_heads"]
     d = h // heads
@@ -263,8 +263,8 @@ class _Requests:
 def bench_model(sizes, device, smoke: bool) -> bool:
     import torch
 
-    from runtime.cuda_graphs import DecodeCudaGraphs
-    from runtime.kv_pool import KVPool
+    from runtime.model.cuda_graphs import DecodeCudaGraphs
+    from runtime.kvcache.pool import KVPool
     from runtime.attention.triton_backend import TritonAttentionBackend
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -328,8 +328,8 @@ def bench_bitmask(sizes, device) -> None:
     answer), so the default can be set from what this GPU measured."""
     import torch
 
-    from runtime.sampler import apply_bitmask_
-    from runtime.triton_bitmask import DEFAULT_CONFIG, apply_token_bitmask_triton
+    from runtime.decode.sampler import apply_bitmask_
+    from runtime.decode.triton_bitmask import DEFAULT_CONFIG, apply_token_bitmask_triton
 
     b, vocab = sizes["bitmask"]
     base = torch.randn(b, vocab, device=device)
@@ -500,7 +500,7 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
     from triton.compiler import ASTSource
 
     from runtime.attention import triton_backend as ta
-    from runtime import triton_bitmask as tb
+    from runtime.decode import triton_bitmask as tb
 
     shared_limit = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
     tname = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

@@ -88,7 +88,7 @@ def prompts(tokenizer, n: int, prefix_tokens: int, unique_tokens: int) -> list[l
 
 def run_batch(engine, ids_list, max_tokens: int):
     from runtime.api import GenerateRequest
-    from runtime.sampling import SamplingParams
+    from runtime.decode.sampling import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_new_tokens=max_tokens, ignore_eos=True)
     t = time.perf_counter()
@@ -97,7 +97,7 @@ def run_batch(engine, ids_list, max_tokens: int):
 
 
 def make_engine(model_dir: Path, device: str, profile=None, **kw):
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
 
     engine = Engine(model=str(model_dir), device=device, kv_pool_tokens=kw.pop("kv_pool_tokens", 65536),
                     max_running_requests=64, **kw).start()

@@ -1,9 +1,9 @@
 """`python -m bench.probes.guard_cost`: what the strict guard's budget checks cost on a large schema.
 
-Since the fix for cut-off strict outputs (runtime/completeness.py), every token that may expand the
+Since the fix for cut-off strict outputs (runtime/decode/completeness.py), every token that may expand the
 output is checked against the budget (`completion_bound_after`, a fork and a plan) whenever the
 budget left is within FAR_TOKENS; before, only within 2 x bound + CHECK_SLACK. This runs the real
-engine on the 48-required-property schema of tests/test_completeness_large.py (strict, greedy,
+engine on the 48-required-property schema of tests/runtime/decode/test_completeness_large.py (strict, greedy,
 `max_tokens` 384, two requests at once) under both rules, alternated, and prints one JSON line per
 run: wall seconds, completion tokens, finish reasons, and whether each output validates.
 """
@@ -15,13 +15,13 @@ import time
 
 import jsonschema
 
-import runtime.completeness as completeness
+import runtime.decode.completeness as completeness
 from bench.common import default_tokenizer
 from grammar import GrammarService, GrammarSpec
 from runtime.api import GenerateRequest
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
-from tests.test_completeness_large import PROFILE, SYSTEM, large_schema
+from runtime.engine.engine import Engine
+from runtime.decode.sampling import SamplingParams
+from tests.runtime.decode.test_completeness_large import PROFILE, SYSTEM, large_schema
 
 CURRENT = completeness.CompletionGuard.allows
 

@@ -20,7 +20,7 @@ import torch
 
 from bench.common import emit
 from bench.engine_bench import decode_pass
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 
 
 def compare(engine, batch_size: int, context: int, rounds: int) -> dict:

@@ -12,8 +12,8 @@ import time
 from bench.common import emit
 from bench.workloads import chat
 from runtime.api import GenerateRequest
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.decode.sampling import SamplingParams
 
 QUESTIONS = ["Tell me a joke.", "What is 2+2?", "Name three colors.", "Write a haiku about rain.",
              "Who wrote Hamlet?", "Explain gravity briefly.", "Describe a cat.", "Why is the sky blue?"]

@@ -30,9 +30,9 @@ import time
 
 import torch
 
-from runtime.linear import CodesLinearF32, DenseLinear, Int4Linear, Int4LinearI8, f32_quant_kernels, \
+from runtime.model.linear import CodesLinearF32, DenseLinear, Int4Linear, Int4LinearI8, f32_quant_kernels, \
     i8_quant_kernels, make_int8_group_linear, quant_kernels
-from runtime.quant_codes import Int4Codes
+from runtime.model.quant_codes import Int4Codes
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # fused qkv, o, fused gate/up, down
 LAYERS = 30
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     if args.stream:
         return stream()
     torch.set_num_threads(args.threads)
-    from runtime.loader import read_gguf_codes, resolve_model_dir, source_gguf
+    from runtime.model.loader import read_gguf_codes, resolve_model_dir, source_gguf
 
     embed = read_gguf_codes(source_gguf(resolve_model_dir()))["model.embed_tokens.weight"]
     rows = [int(r) for r in args.rows.split(",")]

@@ -23,7 +23,7 @@ import msgspec
 
 from gateway.batches.objects import FileObject
 from gateway.tenant_files import TEMP_PATTERN, tenant_dir, write_atomic
-from grammar.cache import remove_stale_temp_files
+from grammar.service.cache import remove_stale_temp_files
 
 log = logging.getLogger("jumpgate.gateway.files")
 

@@ -6,7 +6,7 @@ not an object) fails the batch while validating, every bad line listed (`BatchEr
 
 Order: lines that share a prompt prefix run together, the longest shared prefix first, so the
 radix cache computes each shared prefix once and the lines in flight hit it. A line's prefix key
-follows the order the prompt is rendered in (gateway/prompt.py: system → tools/schema text →
+follows the order the prompt is rendered in (gateway/pipeline/prompt.py: system → tools/schema text →
 conversation) without rendering it: the instructions (system messages, response format, tools)
 then the conversation up to its last message; text completions split the prompt at its last line.
 """

@@ -23,7 +23,7 @@ from msgspec import Struct
 
 from gateway.batches.objects import FINAL_STATUSES, BatchObject
 from gateway.tenant_files import TEMP_PATTERN, tenant_dir, tenant_of, write_atomic
-from grammar.cache import remove_stale_temp_files
+from grammar.service.cache import remove_stale_temp_files
 
 log = logging.getLogger("jumpgate.gateway.batches")
 

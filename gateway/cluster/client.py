@@ -17,7 +17,7 @@ from ray import exceptions as ray_errors
 from gateway.cluster.routing_log import ROUTING_LOG
 from runtime.api import EngineError, EngineInfo, EngineStats, GenerateRequest, StreamEvent
 from runtime.engine_config import EngineConfig
-from runtime.loader import load_tokenizer, resolve_model_dir
+from runtime.model.loader import load_tokenizer, resolve_model_dir
 
 log = logging.getLogger("jumpgate.cluster")
 

@@ -21,7 +21,7 @@ from runtime.engine_config import EngineConfig
 class EngineReplica:
     def __init__(self, engine_config: EngineConfig, grammar_settings: GrammarSettings):
         from gateway.startup import build_grammar_service
-        from runtime.engine import Engine
+        from runtime.engine.engine import Engine
 
         self.engine = Engine(engine_config).start()
         self.grammar = build_grammar_service(self.engine, grammar_settings)

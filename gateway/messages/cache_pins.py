@@ -23,7 +23,7 @@ import anyio
 from gateway.messages.translate import Breakpoint, MessagesPlan
 from gateway.protocol import SystemMessage, content_text
 from runtime.api import EngineError
-from runtime.scheduler import common_prefix_len
+from runtime.engine.scheduler import common_prefix_len
 
 log = logging.getLogger("jumpgate.gateway.messages")
 

@@ -6,7 +6,7 @@
     the stream began is an `event: error` with Anthropic's error body.
 
 The joined `partial_json` pieces of a tool_use block are exactly the arguments text the
-whole response parses into `input`. As for chat (`gateway.streaming.owning`), the event stream
+whole response parses into `input`. As for chat (`gateway.chat.streaming.owning`), the event stream
 owns the engine stream and calls `on_close(outcome)` however it ends.
 """
 
@@ -16,13 +16,13 @@ from typing import Any, AsyncGenerator, Callable
 
 import msgspec
 
-from gateway import grammar_adapter
+from gateway.pipeline import grammar_adapter
 from gateway.errors import stream_error
-from gateway.generation import EngineStream, Outcome
+from gateway.pipeline.generation import EngineStream, Outcome
 from gateway.messages.errors import error_body
 from gateway.messages.protocol import Message, TextOut, ToolUseOut, Usage
 from gateway.messages.results import stop_reason, tool_use_id, usage_of
-from gateway.streaming import owning
+from gateway.chat.streaming import owning
 
 
 def sse(event: str, body: dict[str, Any]) -> bytes:

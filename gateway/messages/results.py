@@ -11,8 +11,8 @@ import json
 import uuid
 from typing import Any
 
-from gateway import grammar_adapter
-from gateway.generation import Outcome
+from gateway.pipeline import grammar_adapter
+from gateway.pipeline.generation import Outcome
 from gateway.messages.protocol import ContentBlock, Message, StopReason, TextOut, ToolUseOut, Usage
 
 

@@ -16,16 +16,16 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from gateway.constraints import plan_chat
+from gateway.pipeline.constraints import plan_chat
 from gateway.errors import APIError
-from gateway.generation import Outcome, RequestLog
+from gateway.pipeline.generation import Outcome, RequestLog
 from gateway.messages.cache_pins import pin_breakpoints, pins_of
 from gateway.messages.events import message_events
 from gateway.messages.protocol import CountTokensRequest, Message, MessagesRequest, TokenCount
 from gateway.messages.results import matched_stop, message, message_id
 from gateway.messages.translate import MessagesPlan, renamed, to_chat_request
-from gateway.preparation import Prepared, check_model, prepare_chat
-from gateway.serving import serve_generation
+from gateway.pipeline.preparation import Prepared, check_model, prepare_chat
+from gateway.chat.serving import serve_generation
 from gateway.services import GatewayServices
 
 

@@ -5,7 +5,7 @@ same planning, rendering and grammar as chat.
 blocks tool messages; `tools[].input_schema` become function parameters (strict, as every Jumpgate
 tool is, unless `strict: false`), `tool_choice` auto/any/tool/none becomes auto/required/named/none,
 `output_config.format` a json_schema response format (with tools: the final-answer tool,
-`gateway.answer_tool`). Errors name the Anthropic fields.
+`gateway.pipeline.answer_tool`). Errors name the Anthropic fields.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.answer_tool import fold_format_into_tools
+from gateway.pipeline.answer_tool import fold_format_into_tools
 from gateway.errors import APIError, bad_request, describe_validation
 from gateway.messages.protocol import (
     BLOCK_TYPES,

@@ -1,1 +1,1 @@
-"""HTTP controllers, one module per resource."""
+"""The routes that belong to no API surface: health, metrics, models."""

@@ -8,7 +8,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from gateway.errors import model_not_found
-from gateway.preparation import served_model_names
+from gateway.pipeline.preparation import served_model_names
 from gateway.protocol import Model, ModelFormatsInfo, ModelList
 from gateway.services import GatewayServices
 

@@ -10,7 +10,7 @@ name.
 Adding a kind = adding one module, grammar/kinds/<name>.py, with a `ConstraintKind` subclass
 (set `name`, `param`, `what`, `error_code`; implement `validate` and `compile`; override the
 defaults that differ) and its instance `KIND`; then list that instance in `KINDS`
-(grammar/kinds/__init__.py) and give an example payload in tests/test_grammar_kinds.py, which
+(grammar/kinds/__init__.py) and give an example payload in tests/grammar/test_grammar_kinds.py, which
 round-trips every registered kind. Nothing else in grammar/ changes; the gateway accepts the kind
 wherever a request field is mapped to it (`grammar_adapter.make_spec`).
 """
@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import xgrammar as xgr
 
-from grammar.canonical import canonical_data
+from grammar.schema.canonical import canonical_data
 
 
 class SpecLike(Protocol):

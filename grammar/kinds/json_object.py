@@ -6,7 +6,7 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.compact_json import COMPACT_SEPARATORS
+from grammar.engines.xgrammar.schema import COMPACT_SEPARATORS
 from grammar.errors import GrammarSpecError
 from grammar.kinds.base import ConstraintKind, SpecLike
 

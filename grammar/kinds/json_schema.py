@@ -6,9 +6,9 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.canonical import canonical_json, canonical_schema
-from grammar.compact_json import compact_json_grammar
-from grammar.json_schema_check import validate_json_schema
+from grammar.schema.canonical import canonical_json, canonical_schema
+from grammar.engines.xgrammar.schema import compact_json_grammar
+from grammar.validation.json_schema_check import validate_json_schema
 from grammar.kinds.base import ConstraintKind, SpecLike
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xgrammar as xgr
 
 from grammar.kinds.base import ConstraintKind, SpecLike
-from grammar.regex_check import validate_regex, xgrammar_regex
+from grammar.validation.regex_check import validate_regex, xgrammar_regex
 
 
 class RegexKind(ConstraintKind):

@@ -29,7 +29,7 @@ class AttentionBackend(ABC):
     # True: a row's output is bitwise the same whatever else is in the pass (alone, batched, as a
     # decode or inside an extend); weight formats that round activations rely on it
     batch_invariant = False
-    # the KV pool's layout this backend reads fastest (runtime/kv_pool.py)
+    # the KV pool's layout this backend reads fastest (runtime/kvcache/pool.py)
     kv_head_major = False
 
     def enable_tiles(self, weights: str) -> bool:

@@ -35,7 +35,7 @@ shared blocks cost less; a decode's few rows per block pay the K/V preparation a
 long unshared contexts costs more (figures in docs/perf-log.md).
 
 The pool is read in place, head-major (`kv_head_major`: each KV head's slots in one run of
-memory, runtime/kv_pool.py), and `forward_as` writes the output straight in bf16 when the next
+memory, runtime/kvcache/pool.py), and `forward_as` writes the output straight in bf16 when the next
 layer takes bf16.
 """
 
@@ -51,7 +51,7 @@ from runtime.forward_batch import ForwardBatch
 
 
 # Formats whose linear layers take bf16 activations: the attention output is rounded to bf16 next,
-# so near-float32 tile products cost them nothing that matters (tests/test_weight_formats.py's drift).
+# so near-float32 tile products cost them nothing that matters (tests/runtime/model/test_weight_formats.py's drift).
 TILE_FORMATS = frozenset({"q4", "q8", "bf16"})
 
 

@@ -3,12 +3,12 @@
 - paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py),
   and paged_attention_tiles.h its path on AMX tiles;
 - layer_ops.cpp: a decoder layer's small ops fused for the q4/q8/bf16 formats, in bf16 or float32
-  activations (runtime/models/decoder.py);
+  activations (runtime/model/decoder.py);
 - quant_linear.cpp: the q4 format's linear and logits layers (the GGUF's int4 and int8 codes) on
-  bf16 dot-product instructions (AVX512-BF16; runtime/linear.py);
+  bf16 dot-product instructions (AVX512-BF16; runtime/model/linear.py);
 - quant_linear_f32.cpp: the same with float32 activations, on AVX2 + FMA (CPUs without native bf16);
 - quant_linear_i8.cpp: the int4 layers on integer dot products (activations as two int8 digits), on AVX2 + FMA;
-- decoder_layers.cpp: all decoder layers of a pass in one call (the fused formats' layer loop, runtime/models/decoder.py),
+- decoder_layers.cpp: all decoder layers of a pass in one call (the fused formats' layer loop, runtime/model/decoder.py),
   calling the kernels above through ops.h, their C++ entry points;
 - vec.h: the vector helpers the others use (16 lanes with AVX-512, else 8);
 - amx.h: whether this process may use AMX tiles (paged_attention.cpp and quant_linear.cpp use them).
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from runtime.weight_format import cpu_flags
+from runtime.model.weight_format import cpu_flags
 
 log = logging.getLogger("jumpgate.attention")
 
@@ -73,7 +73,7 @@ def build_key() -> str:
 
 
 def build_dir() -> Path:
-    from runtime.loader import cache_root
+    from runtime.model.loader import cache_root
 
     return cache_root() / "ext" / f"cpu_kernels-{build_key()}"
 

@@ -4,7 +4,7 @@
 // two add_rms_norm, silu_mul, the caches' lookups); at batch 1 each cost 2.5-3 us of dispatch
 // against well under a microsecond of work, ~1 ms of a 6 ms step (tests and figures: docs/DEVELOPING.md).
 // Here the same kernels run in the same order on the same tensors, called directly, so every output
-// bit is the one the Python loop gives (tests/test_decoder_layers.py compares them). Each call is a
+// bit is the one the Python loop gives (tests/runtime/model/test_decoder_layers.py compares them). Each call is a
 // profiler scope named as its dispatcher op, so `python -m bench engine`'s split still sees the
 // linear layers and attention by name.
 #include <torch/extension.h>
@@ -14,7 +14,7 @@
 
 namespace {
 
-// How one linear layer runs (runtime/linear.py's `loop_spec`): one of our kernels over (a, b), or
+// How one linear layer runs (runtime/model/linear.py's `loop_spec`): one of our kernels over (a, b), or
 // aten's int8 or dense matmul. The output then takes the bias, as the Python `native` does.
 enum LinearKind : int64_t {
   INT4 = 0,         // int4_linear(x, packed, scale_offset), bf16 activations

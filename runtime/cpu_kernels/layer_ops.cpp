@@ -137,7 +137,7 @@ torch::Tensor add_rms_norm_f32(torch::Tensor h, torch::Tensor delta, torch::Tens
 torch::Tensor silu_mul_f32(torch::Tensor gate_up) { return silu_mul_as<float>("silu_mul_f32", gate_up); }
 
 // qkv [T, (H + 2 KVH) D], bf16 or float32: q, k, v side by side. Rotates q and k by the rope
-// tables (cos and sin with its first half negated, [T, D]: runtime/rope.py), writes k and v into
+// tables (cos and sin with its first half negated, [T, D]: runtime/model/rope.py), writes k and v into
 // the float32 caches at `slots`, and returns q float32 [T, H, D] for attention.
 template <typename Act>
 torch::Tensor rope_store_as(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor slots,

@@ -10,7 +10,7 @@
 // (states x head dims), where a state is one query head of one row. q, k and p are float32, so
 // each is split into bf16 words hi + lo (x - hi, rounded again): a score is hi*hi + lo*hi + hi*lo
 // (lo*lo, under 2^-16 of it, is dropped) and a value sum phi*v + plo*v, each from its tile
-// instruction's float32 sums: close to float32 (tests/test_cpu_attention.py: within 1e-4 of
+// instruction's float32 sums: close to float32 (tests/runtime/attention/test_cpu_attention.py: within 1e-4 of
 // SDPA). V takes no remainder: in the formats that turn tiles on it is the qkv layer's bf16 output.
 // The scores are transposed to a row per state (2 x 16 x 16 words), so each state's softmax runs
 // in its own row and a decode's 3 states cost 3 rows, not a tile's 16.

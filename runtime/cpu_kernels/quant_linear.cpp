@@ -1,5 +1,5 @@
 // y = x @ W.T for group-wise quantized weights (groups of 32 inputs), bf16 activations and bf16
-// outputs: the GGUF's own codes, run on CPUs with AVX512-BF16 (runtime/linear.py says when).
+// outputs: the GGUF's own codes, run on CPUs with AVX512-BF16 (runtime/model/linear.py says when).
 //   int4_linear: w = q * scale + offset, q in 0..15 (Q4_1 blocks: the q4 format's layers);
 //   int8_linear: w = q * scale, q in -128..127 (Q8_0 blocks: q4's logits layer).
 //
@@ -463,7 +463,7 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 
 }  // namespace
 
-// x bf16 [M, K]; packed uint8 [N/16, K/4, 32] (runtime/linear.py's pack_int4_tiles); scale_offset
+// x bf16 [M, K]; packed uint8 [N/16, K/4, 32] (runtime/model/linear.py's pack_int4_tiles); scale_offset
 // [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets for the kernel's
 // codes 128 + q, float32; or float16, a Q4_1 block's own d then m (w = d q + m; scale_and_offset).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
@@ -481,7 +481,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 bool int4_linear_available() { return true; }
 bool int4_linear_amx() { return amx_usable(); }
 
-#else  // no AVX512-BF16: runtime/linear.py keeps aten's int4 kernel and a bf16 logits layer
+#else  // no AVX512-BF16: runtime/model/linear.py keeps aten's int4 kernel and a bf16 logits layer
 
 torch::Tensor int4_linear(torch::Tensor, torch::Tensor, torch::Tensor) {
   TORCH_CHECK(false, "int4_linear: built without AVX512-BF16");

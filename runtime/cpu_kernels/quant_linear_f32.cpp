@@ -1,6 +1,6 @@
 // y = x @ W.T for the GGUF's own codes with float32 activations, on AVX2 + FMA: the q4 format's
 // logits layer on CPUs without native bf16 (its layers run quant_linear_i8.cpp there, and
-// quant_linear.cpp on AVX512-BF16; runtime/linear.py picks), and the exact reference for both.
+// quant_linear.cpp on AVX512-BF16; runtime/model/linear.py picks), and the exact reference for both.
 //   int4_linear_f32: Q4_1 blocks, w = q * d + m, q in 0..15;
 //   int8_linear_f32: Q8_0 blocks, w = q * d, q in -128..127.
 //
@@ -205,7 +205,7 @@ torch::Tensor quant_linear_f32(const char* name, torch::Tensor x, torch::Tensor 
 
 }  // namespace
 
-// x float32 [M, K]; packed/scales in the layouts above (runtime/linear.py packs them). y [M, N] float32.
+// x float32 [M, K]; packed/scales in the layouts above (runtime/model/linear.py packs them). y [M, N] float32.
 torch::Tensor int4_linear_f32(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
   return quant_linear_f32<Codes4>("int4_linear_f32", x, packed, scales);
 }

@@ -1,5 +1,5 @@
 // y = x @ W.T for the GGUF's own Q4_1 codes on integer dot products (AVX2): the q4 format's linear
-// layers on CPUs without native bf16 (quant_linear.cpp is the AVX512-BF16 one; runtime/linear.py picks).
+// layers on CPUs without native bf16 (quant_linear.cpp is the AVX512-BF16 one; runtime/model/linear.py picks).
 //
 // Each row of x is coded per block of 32 inputs (the weights' groups) as two int8 digits: with
 // dx = max|x| / 127, x ~= dx * q1 + (dx / 254) * q2, q1 = round(x / dx) and q2 the first digit's
@@ -10,7 +10,7 @@
 // neighbours (|2 * 15 * 127| = 3810), eight of those per block still fit an int16 (30480), and one
 // vpmaddwd per block widens them. The weights are the GGUF's own; only the activations are rounded.
 // One digit alone (llama.cpp's Q8_1 activations) is twice as fast, but on SmolLM2 its greedy tokens
-// agreed with fp32 on 94.1% of tests/test_weight_formats.py's positions, under the 97% bar; two
+// agreed with fp32 on 94.1% of tests/runtime/model/test_weight_formats.py's positions, under the 97% bar; two
 // digits agreed on all of them (logits within 0.014).
 //
 // Every column's float sum runs over the blocks in order whatever the row count, the other rows or
@@ -147,7 +147,7 @@ inline void tile_rows(const uint8_t* codes, const float* so, const CodedRows& xs
 }  // namespace
 
 // x float32 [M, K]; packed uint8 [N / 16, K / 4, 32]: per tile and 4 inputs 4j + e, byte 4c + e holds
-// column c's code in its low nibble and column 8 + c's in its high nibble (runtime/linear.py's
+// column c's code in its low nibble and column 8 + c's in its high nibble (runtime/model/linear.py's
 // pack_int4_quads); scales float32 [N / 16, K / 32, 2, 16] (d, then m). y [M, N] float32.
 torch::Tensor int4_linear_i8(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "int4_linear_i8: x [M, K], float32");

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from grammar.canonical import canonical_json, canonical_tool
+from grammar.schema.canonical import canonical_json, canonical_tool
 from grammar.errors import GrammarSpecError
 
 

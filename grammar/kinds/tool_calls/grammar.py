@@ -6,14 +6,14 @@
 - "required": one or more calls (one without parallel_tool_calls), no free text.
 - {"type": "function", "function": {"name": N}}: exactly one call of N.
 
-Each call's arguments are compact JSON of the tool's parameters schema (grammar/compact_json.py).
+Each call's arguments are compact JSON of the tool's parameters schema (grammar/engines/xgrammar/schema.py).
 A model format from xgrammar's registry builds its own tag (tag_format.py), with the same
 arguments grammar wherever its arguments are JSON.
 """
 
 from __future__ import annotations
 
-from grammar.compact_json import compact_json_schema_ebnf
+from grammar.engines.xgrammar.schema import compact_json_schema_ebnf
 from grammar.kinds.tool_calls.format import ToolCallFormat
 
 

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from grammar.errors import GrammarSpecError
-from grammar.json_schema_check import validate_json_schema
+from grammar.validation.json_schema_check import validate_json_schema
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names

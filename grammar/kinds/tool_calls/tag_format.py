@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from grammar.canonical import canonical_json, canonical_tool
-from grammar.compact_json import compact_json_schema_ebnf
+from grammar.schema.canonical import canonical_json, canonical_tool
+from grammar.engines.xgrammar.schema import compact_json_schema_ebnf
 
 PLACEHOLDER = "JGTOOLNAMEJG"  # a tool name the walk below recognises in xgrammar's markers
 NAME_RE = r"[A-Za-z0-9_.\-]{1,64}"

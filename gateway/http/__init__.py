@@ -1,0 +1,1 @@
+"""HTTP plumbing every route shares: the access log, the request body class."""

@@ -1,0 +1,2 @@
+"""What every generating surface shares: request -> prompt, constraint and sampling params; engine lifecycle; output
+validation."""

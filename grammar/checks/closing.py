@@ -1,0 +1,352 @@
+"""Shortest-completion planning for strict JSON: how many tokens until the value is complete, and
+which tokens lead there fastest.
+
+The plan is greedy over token classes, tried in order at each state:
+1. text the grammar forces (jump-forward) is followed as is;
+2. *structural closers*: tokens made only of `]` and `}` (an array or object ends);
+3. *string closers*: `"` optionally followed by `]` / `}` (a string ends, maybe its containers);
+4. closers that also carry a comma (a number ends; the next array item or property begins);
+5. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
+6. any single-character token the grammar allows (a pattern, an enum, a minLength).
+In free text outside a JSON string (a regex, an EBNF rule) a single character that completes the
+match is taken first.
+Inside text (a string, a regex: where plain letters are allowed) `]`, `}`, `,` and `0` are just
+characters, so there the order is string closers, single characters (newline and space first),
+then the rest. A candidate is taken only if it makes progress: a `"` that may be followed by
+another `"` opened a string rather than closing one; a string closer that leads back to the same
+state was a character; a comma, a minimal value or a character counts only if it leads to a
+state the plan has not met since the last forced text (`0` after `1` in an integer is just a
+digit). When nothing makes progress (a counted repetition such as `[0-9]{5}`), the first
+candidate not yet taken from such a state is taken, so the plan keeps moving. States are told
+apart by their token mask plus whatever else the engine shows of its state (`state_detail`:
+xgrammar's parser states; llguidance shows nothing, so there the mask alone tells states apart,
+and a counted repetition is walked by the "first candidate not yet taken" rule above).
+
+The planner drives a matcher only through `PlanMatcher`, a small interface each engine implements
+over its own matcher (grammar/engines/xgrammar/matcher.py for xgrammar, grammar/engines/llguidance/matcher.py for llguidance); the
+strict methods built on it are shared by both engines' matchers (grammar/checks/strict.py).
+
+Counting the path on a forked matcher gives an upper bound on the tokens needed; the plan itself is
+what a request follows token for token once its budget is tight.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from grammar.engines.token_mask import allow_only
+
+# Plans longer than this are not made (no closing): a schema with dozens of required properties
+# needs several hundred tokens (44 properties at three levels: 253), so the cap sits well above that.
+MAX_PLAN_TOKENS = 1024
+MAX_TRIES = 64  # candidates per step that make no progress, before falling back
+MAX_CLASS_TESTS = 16  # closing mask: class members checked for progress
+_FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
+_LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
+
+
+class PlanMatcher(Protocol):
+    """What the planner needs from an engine's matcher: one grammar state it can copy, mask,
+    advance and roll back. The stop token is never given to it (termination is the caller's)."""
+
+    def fork(self) -> "PlanMatcher":
+        """An independent copy of this state."""
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (xgrammar's layout)."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar forbids it."""
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+
+    def is_completed(self) -> bool:
+        """Whether the value may end here (the stop token would be allowed)."""
+
+    def forced_tokens(self) -> list[int]:
+        """The text the grammar forces from here in the model tokenizer's tokens, not accepted
+        (empty when there is a choice); the caller accepts as many as the grammar takes."""
+
+    def state_detail(self) -> bytes:
+        """What tells apart two states with the same mask, beyond the mask (b"" if nothing)."""
+
+
+def new_bitmask(vocab_size: int) -> torch.Tensor:
+    """One bitmask row allowing everything (as xgrammar's allocate_token_bitmask)."""
+    return torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+class ClosingVocab:
+    """Token classes of one vocabulary, computed once per tokenizer."""
+
+    def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: list[int], special_ids: frozenset[int]):
+        self.vocab_size = vocab_size
+        self.special_ids = frozenset(special_ids)
+        self.stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.int64)
+        self.stop_set = frozenset(stop_token_ids)
+        pieces = hf_tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(hf_tokenizer)))))
+        structural, quoted, comma, singles = [], [], [], []
+        for i, p in enumerate(pieces):
+            if p is None or i in special_ids or not p:
+                continue
+            if set(p) <= set("]}"):
+                structural.append((len(p), i))
+            elif p[0] == '"' and set(p[1:]) <= set("]}"):
+                quoted.append((len(p), i))
+            elif p.count(",") == 1 and p.count('"') < 2 and set(p) <= set('"]},'):
+                comma.append((len(p), i))
+            if len(p) == 1:
+                singles.append(i)
+        vocab = hf_tokenizer.get_vocab()
+        self.structural = _ids([i for _, i in sorted(structural, reverse=True)])  # longest (closes most) first
+        self.quoted = _ids([i for _, i in sorted(quoted, reverse=True)])
+        self.closers = torch.cat([self.structural, self.quoted])
+        self.comma_closers = _ids([i for _, i in sorted(comma, reverse=True)])  # `,"` before `,`
+        self.fillers = _ids([vocab[f] for f in _FILLERS if f in vocab])
+        # a newline or a space first: in a regex they often end an item
+        first = [vocab[c] for c in ("\u010a", "\u0120") if c in vocab]
+        self.singles = _ids(first + [i for i in singles if i not in first])
+        self.letters = _ids([vocab[c] for c in _LETTERS if c in vocab])
+        self.classes = [self.structural, self.quoted, self.comma_closers, self.fillers, self.singles]
+        # inside text `]`, `}`, `,` and `0` are just characters: a quote ends a JSON string, a
+        # newline or a space an item of a pattern
+        self.text_classes = [self.quoted, self.singles, self.comma_closers, self.fillers]
+        self.quote_id = vocab.get('"')
+        self.quote_led = frozenset(i for _, i in quoted + comma if pieces[i].startswith('"'))
+        self._closer_set = set(self.closers.tolist()) | set(self.comma_closers.tolist())
+        # Tokens that may commit the output to more structure (a new item, property, string or
+        # line): the ones checked against the budget before they are chosen.
+        self.expanding = frozenset(i for i, p in enumerate(pieces)
+                                   if p and i not in special_ids and any(c in p for c in ',[{"\u010a'))
+
+    def is_closer(self, token_id: int) -> bool:
+        return token_id in self._closer_set
+
+
+def _ids(ids: list[int]) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def allowed_subset(mask_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The ids among `ids` whose bit is set in one bitmask row."""
+    if ids.numel() == 0:
+        return ids
+    bits = (mask_row[ids >> 5] >> (ids & 31).to(torch.int32)) & 1
+    return ids[bits.bool()]
+
+
+def _signature(mask_row: torch.Tensor, m: PlanMatcher) -> bytes:
+    """What tells two matcher states apart for planning: the allowed-token mask and what the
+    engine shows beyond it (xgrammar's parser states, which separate e.g. the states of a counted
+    repetition that masks do not)."""
+    return mask_row.numpy().tobytes() + m.state_detail()
+
+
+def _bit(mask_row: torch.Tensor, token_id: int | None) -> bool:
+    return token_id is not None and bool((int(mask_row[token_id >> 5]) >> (token_id & 31)) & 1)
+
+
+class _State:
+    """The state a plan step starts from: its signature and whether it is inside text."""
+
+    def __init__(self, mask_row: torch.Tensor, m: PlanMatcher, vocab: ClosingVocab):
+        self.sig = _signature(mask_row, m)
+        self.in_text = bool(allowed_subset(mask_row, vocab.letters).numel())
+
+
+def _progress(vocab: ClosingVocab, ids: torch.Tensor, tok: int, here: _State, after_row: torch.Tensor,
+              after_sig: bytes, seen: set[bytes]) -> bool:
+    """Does `tok` (of class `ids`), leading to the state with mask `after_row`, make progress?"""
+    if tok in vocab.quote_led and _bit(after_row, vocab.quote_id):
+        return False  # it opened a string: a closed string is never followed by `"`
+    if ids is vocab.structural:
+        return not here.in_text
+    if ids is vocab.quoted:
+        return after_sig != here.sig  # a `"` that is just a character of a pattern leads back here
+    return after_sig not in seen
+
+
+def _completing_single(m: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tensor) -> int | None:
+    """Accept and return a single-character token after which the match is complete, if any: in
+    free text (`[a-z]+(, [a-z]+)*\\.`) the other characters make "progress" too, and a separator
+    followed by forced text would start item after item."""
+    for tok in allowed_subset(mask_row, vocab.singles).tolist():
+        if m.accept(tok):
+            if m.is_completed():
+                return tok
+            m.rollback(1)
+    return None
+
+
+def _step(m: PlanMatcher, vocab: ClosingVocab, mask: torch.Tensor, after: torch.Tensor,
+          seen: set[bytes], taken: dict[bytes, set[int]]) -> int | None:
+    """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
+    in class order that makes progress, else the first one not yet taken from a state like this.
+    Leaves `after[0]` holding the new state's mask. None if the grammar allows no candidate."""
+    here = _State(mask[0], m, vocab)
+    seen.add(here.sig)
+    done = taken.setdefault(here.sig, set())
+    if here.in_text and not allowed_subset(mask[0], vocab.quoted).numel():
+        # free text of a regex or EBNF: end it if one character can
+        tok = _completing_single(m, vocab, mask[0])
+        if tok is not None:
+            done.add(tok)
+            m.fill_mask(after, 0)
+            return tok
+    fallback = first = None
+    tries = 0
+    for ids in vocab.text_classes if here.in_text else vocab.classes:
+        for j, tok in enumerate(allowed_subset(mask[0], ids).tolist()):
+            if tries >= MAX_TRIES and first is not None:
+                break
+            if not m.accept(tok):
+                continue
+            m.fill_mask(after, 0)
+            if _progress(vocab, ids, tok, here, after[0], _signature(after[0], m), seen):
+                done.add(tok)
+                return tok
+            m.rollback(1)
+            tries += 1
+            first = tok if first is None else first
+            if fallback is None and tok not in done:
+                fallback = tok
+            if j == 0 and ids is vocab.fillers:
+                break  # `0` leads nowhere: neither will `false` (inside text, all are characters)
+    tok = fallback if fallback is not None else first
+    if tok is None:
+        return None
+    done.add(tok)
+    m.accept(tok)
+    m.fill_mask(after, 0)
+    return tok
+
+
+def _accept_forced(m: PlanMatcher, vocab: ClosingVocab) -> list[int]:
+    """Accept the grammar's forced text in the model tokenizer's own tokens (as jump-forward
+    drafts it); returns the tokens taken."""
+    took: list[int] = []
+    for t in m.forced_tokens():
+        if t in vocab.special_ids or not m.accept(t):
+            break
+        took.append(t)
+    return took
+
+
+def completion_plan(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> list[int] | None:
+    """The tokens of the greedy plan from `matcher`'s state (not changed) to a complete value;
+    None if no plan was found within `limit` tokens."""
+    m = matcher.fork()
+    mask = new_bitmask(vocab.vocab_size)
+    after = new_bitmask(vocab.vocab_size)
+    plan: list[int] = []
+    seen: set[bytes] = set()
+    taken: dict[bytes, set[int]] = {}
+    have_mask = False
+    while len(plan) <= limit:
+        if m.is_completed():
+            return plan
+        took = _accept_forced(m, vocab)
+        if took:
+            plan += took
+            seen.clear()
+            taken.clear()
+            have_mask = False
+            continue
+        if not have_mask:
+            m.fill_mask(mask, 0)
+        tok = _step(m, vocab, mask, after, seen, taken)
+        if tok is None:
+            return None
+        plan.append(tok)
+        mask, after = after, mask
+        have_mask = True
+    return None
+
+
+def completion_bound(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> int | None:
+    """Tokens the greedy plan needs to reach a complete value from `matcher`'s state (not changed);
+    None if no plan was found within `limit`."""
+    plan = completion_plan(matcher, vocab, limit)
+    return None if plan is None else len(plan)
+
+
+def completion_bound_after(matcher: PlanMatcher, vocab: ClosingVocab, token_id: int) -> int | None:
+    """The plan's length after `token_id` (None: the grammar refuses it, or no plan)."""
+    m = matcher.fork()
+    if not m.accept(token_id):
+        return None
+    return completion_bound(m, vocab)
+
+
+def _progress_members(matcher: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tensor, here: _State,
+                      classes: list[torch.Tensor], limit: int = MAX_CLASS_TESTS) -> list[int]:
+    """Allowed tokens of the first of `classes` that has any, each checked to make progress."""
+    after = new_bitmask(vocab.vocab_size)
+    for ids in classes:
+        if ids is vocab.structural and here.in_text:
+            continue  # characters of a string
+        keep = []
+        for t in allowed_subset(mask_row, ids).tolist()[:limit]:
+            f = matcher.fork()
+            if f.accept(t):
+                f.fill_mask(after, 0)
+                if _progress(vocab, ids, t, here, after[0], _signature(after[0], f), {here.sig}):
+                    keep.append(t)
+        if keep:
+            return keep
+    return []
+
+
+def fill_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor, row: int,
+                         tight: bool = False, plan_token: int | None = None) -> None:
+    """Mask for closing mode: the stop token once complete; forced text in the plan's own
+    tokenization; else the plan's next token (`plan_token`, or planned here) and, unless `tight`,
+    the other tokens of its class that also make progress (the model chooses among those)."""
+    if matcher.is_completed():
+        allow_only(bitmask, row, vocab.stop_ids)
+        return
+    matcher.fill_mask(bitmask, row)
+    forced = matcher.forced_tokens()
+    if forced:
+        first = [plan_token] if plan_token is not None else forced[:1]
+        if first and first[0] not in vocab.special_ids and _bit(bitmask[row], first[0]):
+            allow_only(bitmask, row, first)
+            return
+    mask = bitmask[row : row + 1].clone()
+    tok = plan_token
+    if tok is None:
+        tok = _step(matcher.fork(), vocab, mask, new_bitmask(vocab.vocab_size), set(), {})
+        if tok is None:
+            return  # nothing to plan with: the grammar's own mask stays
+    keep = [tok]
+    if not tight:
+        cls = next((ids for ids in vocab.classes if bool((ids == tok).any())), None)
+        if cls is not None:
+            here = _State(mask[0], matcher, vocab)
+            keep += [t for t in _progress_members(matcher, vocab, mask[0], here, [cls]) if t != tok]
+    allow_only(bitmask, row, keep)
+
+
+def fill_plan_bitmask(bitmask: torch.Tensor, row: int, token_id: int) -> None:
+    """Allow exactly `token_id` (the next token of a stored plan)."""
+    allow_only(bitmask, row, [token_id])
+
+
+def fill_value_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor,
+                               row: int) -> bool:
+    """Loop breaking: allow only tokens that end the current value (the stop token where the value
+    is the whole output and complete, a top-level number); False if none is allowed now (the row
+    then holds the grammar's plain mask)."""
+    matcher.fill_mask(bitmask, row)
+    here = _State(bitmask[row], matcher, vocab)
+    keep = _progress_members(matcher, vocab, bitmask[row], here,
+                             [vocab.structural, vocab.quoted, vocab.comma_closers], limit=64)
+    if not keep and matcher.is_completed():
+        keep = allowed_subset(bitmask[row], vocab.stop_ids).tolist()
+    if keep:
+        allow_only(bitmask, row, keep)
+        return True
+    return False

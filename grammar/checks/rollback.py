@@ -1,0 +1,384 @@
+"""Check-and-roll-back: schema keywords no token mask enforces, kept by checking the finished
+output and rewriting the value that breaks them.
+
+For a JSON schema whose fidelity report leaves keywords `checked` (an overlapping `oneOf`, a
+general `if`/`then`/`else`, `patternProperties`, a `format` no mask spells, ...), the matcher
+carries a `RollbackCheck`. When the output is whole (the stop token accepted) the matcher asks
+for its verdict: the text is validated with jsonschema (formats checked); for tool calls
+(`ToolCallRollbackRules`) each call's arguments are validated against its function's parameters,
+the calls found by their opening marker and their values told apart by the call's index. On a
+violation
+
+1. the failing value is found: the value at the error's instance path (of several errors, the one
+   that starts last in the text, so the least is rewritten; for `uniqueItems`, the first item
+   equal to an earlier one). An object name written twice counts as a failing value too (the
+   value check masks most repeats; this catches the rest where the output is checked anyway):
+   it is rewritten from its opening quote, with the same name banned there;
+2. the matcher rolls back to the token where the rewrite begins (the runtime drops those tokens
+   and their KV slots), and the text up to the value's end is remembered as a failed path. An
+   object or array that fails for the first time is reopened at its closing bracket: what breaks
+   a container's keywords (`required` under `then`, `dependentRequired`, `contains`, `oneOf`
+   between object shapes) is mostly something missing, so the rewrite goes on writing it. A
+   scalar, or a container failing again, is rewritten from its first token;
+3. from then on the mask loses every token that would write the same value again: along a failed
+   path, the tokens that stay on it (or complete the same value) are banned, unless that would
+   leave no token at all (the grammar forces that text there). The rewritten value therefore
+   parts from the failed one at the first place where the grammar leaves a choice: the model's
+   next-best choice there, then its own continuation.
+
+At most `max_retries` rewrites per output; after that the verdict is `EXHAUSTED` and the output is
+left as it is (the runtime fails a strict request rather than send a value that breaks its
+schema; best effort sends it, flagged invalid by validation after generation). A runtime that
+rolls back must not have sent the output yet: requests with this check are streamed whole, at the
+end (`withholds_output`).
+
+Only the accepted text is kept here; the check costs nothing per token until a path has failed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any
+
+import jsonschema
+import numpy as np
+
+from grammar.engines.token_mask import allowed_among, allowed_ids
+
+DEFAULT_VALUE_RETRIES = 4  # rewrites per output (`--value-retries`)
+EXHAUSTED = -1  # the verdict when the output still fails and no rewrite is left
+_WHITESPACE = b" \t\n\r"
+_SCALAR = frozenset(b"0123456789+-.eEtrufalsn")  # what numbers, true, false and null are made of
+_INDEXED_PREFIX = 4  # tokens are indexed by their first bytes up to this length
+
+
+def schema_validator(schema: Any) -> Any:
+    """A jsonschema validator for `schema` (dialect from `$schema`, formats checked): what the
+    finished output is checked with here and validated with after generation (gateway)."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+class RollbackVocab:
+    """Token texts indexed by their whole text and by their leading bytes, built on first use (one
+    per vocabulary: the server builds none until a rewrite needs them)."""
+
+    def __init__(self, texts: list[bytes]) -> None:
+        self.texts = texts
+        self.longest = max(map(len, texts), default=0)
+        self._by_text: dict[bytes, list[int]] | None = None
+        self._by_prefix: dict[bytes, np.ndarray] | None = None
+        self._lock = threading.Lock()
+
+    def exactly(self, text: bytes) -> list[int]:
+        """Ids of the tokens whose text is `text`."""
+        self._index()
+        return self._by_text.get(text, [])
+
+    def starting_with(self, prefix: bytes) -> np.ndarray:
+        """Ids of the tokens whose text starts with `prefix` (non-empty)."""
+        found = self._index().get(prefix[:_INDEXED_PREFIX])
+        if found is None:
+            return np.zeros(0, dtype=np.int64)
+        if len(prefix) <= _INDEXED_PREFIX:
+            return found
+        return np.array([i for i in found.tolist() if self.texts[i].startswith(prefix)], dtype=np.int64)
+
+    def _index(self) -> dict[bytes, np.ndarray]:
+        with self._lock:
+            if self._by_prefix is None:
+                lists: dict[bytes, list[int]] = {}
+                whole: dict[bytes, list[int]] = {}
+                for i, text in enumerate(self.texts):
+                    if text:
+                        whole.setdefault(text, []).append(i)
+                    for k in range(1, min(len(text), _INDEXED_PREFIX) + 1):
+                        lists.setdefault(text[:k], []).append(i)
+                self._by_text = whole
+                self._by_prefix = {k: np.array(v, dtype=np.int64) for k, v in lists.items()}
+            return self._by_prefix
+
+
+Failure = tuple[int, int, "tuple | None"]  # (start, end) of a value to rewrite, its path (None: a repeated name)
+
+
+class RollbackRules:
+    """What every output of one schema is checked against (shared by its matchers)."""
+
+    def __init__(self, schema: Any, vocab: RollbackVocab, max_retries: int) -> None:
+        self.validator = schema_validator(schema)
+        self.vocab = vocab
+        self.max_retries = max_retries
+
+    def failures(self, data: bytes) -> list[Failure] | None:
+        """Every value of the output `data` that breaks the schema, and every repeated name; None
+        when `data` is not JSON (the grammar's business; validation after generation reports it)."""
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+        spans, repeats = scan_json(data)
+        return ([_span(spans, _failing_path(e)) for e in self.validator.iter_errors(value)]
+                + [(s, e, None) for s, e in repeats])
+
+
+class ToolCallRollbackRules(RollbackRules):
+    """The same for tool calls: each call's arguments (`<tool_call>{"name":…,"arguments":{…}}`) are
+    checked against its function's parameters, the calls' values told apart by the call's index."""
+
+    def __init__(self, parameters: dict[str, Any], call_begin: str, vocab: RollbackVocab, max_retries: int) -> None:
+        self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
+        self.call_begin = call_begin.encode()
+        self.vocab = vocab
+        self.max_retries = max_retries
+
+    def failures(self, data: bytes) -> list[Failure] | None:
+        found: list[Failure] = []
+        index, at = 0, data.find(self.call_begin)
+        while at >= 0:
+            start = at + len(self.call_begin)
+            try:
+                spans, repeats = scan_json(data[start:])
+                whole = spans[()]
+                call = json.loads(data[start + whole[0]:start + whole[1]])
+            except (ValueError, IndexError, KeyError, RecursionError):
+                return None  # a call that is not whole JSON: the grammar's business
+            validator = self.validators.get(call.get("name")) if isinstance(call, dict) else None
+            if validator is not None and "arguments" in call:
+                for error in validator.iter_errors(call["arguments"]):
+                    s, e, path = _span(spans, ("arguments",) + _failing_path(error))
+                    found.append((start + s, start + e, (index,) + path))
+            found += [(start + s, start + e, None) for s, e in repeats]
+            index, at = index + 1, data.find(self.call_begin, start + whole[1])
+        return found
+
+
+class TagCallRollbackRules(RollbackRules):
+    """The same for a model format whose calls are `header NAME ... {arguments}` (tag_format.py):
+    `header` is a bytes regex of a call's header, each alternative naming the tool in a group,
+    ending where the arguments object starts."""
+
+    def __init__(self, parameters: dict[str, Any], header: "re.Pattern[bytes]", vocab: RollbackVocab,
+                 max_retries: int) -> None:
+        self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
+        self.header = header
+        self.vocab = vocab
+        self.max_retries = max_retries
+
+    def failures(self, data: bytes) -> list[Failure] | None:
+        found: list[Failure] = []
+        for index, m in enumerate(self.header.finditer(data)):
+            start = m.end()
+            name = next((v for v in m.groupdict().values() if v), b"").decode("utf-8", "replace")
+            try:
+                spans, repeats = scan_json(data[start:])
+                whole = spans[()]
+                args = json.loads(data[start + whole[0]:start + whole[1]])
+            except (ValueError, IndexError, KeyError, RecursionError):
+                return None  # arguments that are not whole JSON: the grammar's business
+            validator = self.validators.get(name)
+            if validator is not None:
+                for error in validator.iter_errors(args):
+                    s, e, path = _span(spans, _failing_path(error))
+                    found.append((start + s, start + e, (index,) + path))
+            found += [(start + s, start + e, None) for s, e in repeats]
+        return found
+
+
+class RollbackCheck:
+    """The check's state for one output (one per request, beside its grammar matcher)."""
+
+    __slots__ = ("_rules", "_text", "_starts", "failed", "retries", "_reopened")
+
+    def __init__(self, rules: RollbackRules) -> None:
+        self._rules = rules
+        self._text = bytearray()  # the accepted text
+        self._starts: list[int] = []  # the text's length before each accepted token
+        self.failed: list[tuple[int, bytes]] = []  # (value's start offset, text up to the value's end)
+        self.retries = 0
+        self._reopened: set[tuple] = set()  # containers already rewritten from their closing bracket
+
+    # -- following the output ------------------------------------------------------------
+
+    def accept(self, token_id: int) -> None:
+        self._starts.append(len(self._text))
+        self._text += self._rules.vocab.texts[token_id]
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            cut = self._starts[-num_tokens]
+            del self._starts[-num_tokens:]
+            del self._text[cut:]
+
+    @property
+    def text(self) -> bytes:
+        return bytes(self._text)
+
+    # -- the verdict ---------------------------------------------------------------------
+
+    def verdict(self) -> int | None:
+        """For a whole output: None if it fits the schema; else how many of the accepted tokens
+        to roll back to rewrite the failing value (the caller rolls them back, this check's
+        included), or EXHAUSTED when the rewrites are spent (nothing is rolled back)."""
+        data = bytes(self._text)
+        candidates = self._rules.failures(data)
+        if not candidates:
+            return None
+        if self.retries >= self._rules.max_retries:
+            return EXHAUSTED
+        # the value that starts last is rewritten (a repeated name from its opening quote, the same
+        # name banned there)
+        start, end, path = max(candidates, key=lambda s: s[:2])
+        if path is not None and data[end - 1] in b"}]" and path not in self._reopened:
+            self._reopened.add(path)
+            start = end - 1
+        self.retries += 1
+        self.failed.append((start, data[:end]))
+        first = _token_at(self._starts, start)
+        return len(self._starts) - first
+
+    # -- the mask ------------------------------------------------------------------------
+
+    def ban(self, bitmask, row: int) -> int:
+        """Clear in `bitmask[row]` the tokens that would write a failed value again (see the module
+        docstring); returns how many (0 also when banning would leave no token)."""
+        if not self.failed:
+            return 0
+        words = bitmask[row].numpy().view(np.uint32)
+        ids = np.unique(np.concatenate([self._repeating(start, failed, words) for start, failed in self.failed]))
+        if not len(ids):
+            return 0
+        kept = words.copy()
+        np.bitwise_and.at(words, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
+        if not words.any():  # the grammar forces this text: part from the failed value further on
+            words[:] = kept
+            return 0
+        return len(ids)
+
+    def _repeating(self, start: int, failed: bytes, words: np.ndarray) -> np.ndarray:
+        """The allowed tokens after which the text would still run along `failed` past `start`, or
+        complete the same value."""
+        done = len(self._text)
+        if done >= len(failed) and not (done == len(failed) and failed[-1] in _SCALAR):
+            return _NONE
+        if not failed.startswith(self._text):
+            return _NONE
+        rest = failed[done:]
+        vocab = self._rules.vocab
+        scalar_end = failed[-1] in _SCALAR  # a number or literal ends only at the byte after it
+        found: list[int] = []
+        if rest:
+            # tokens that are a prefix of the rest and reach past the value's start
+            for k in range(max(1, start - done + 1), min(len(rest) + (0 if scalar_end else 1), vocab.longest + 1)):
+                found += vocab.exactly(rest[:k])
+            longer = vocab.starting_with(rest)
+            if scalar_end:  # the same scalar, ended by what follows it
+                longer = np.array([i for i in longer.tolist()
+                                   if len(vocab.texts[i]) > len(rest) and vocab.texts[i][len(rest)] not in _SCALAR],
+                                  dtype=np.int64)
+            found += longer.tolist()
+        else:  # the text is the failed scalar: ban whatever ends it here
+            found = [i for i in allowed_ids(words).tolist()
+                     if vocab.texts[i] and vocab.texts[i][0] not in _SCALAR]
+        ids = np.array(found, dtype=np.int64)
+        return allowed_among(words, ids) if len(ids) else _NONE
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _token_at(starts: list[int], offset: int) -> int:
+    """Index of the accepted token whose text holds byte `offset` (the last token starting at or
+    before it)."""
+    lo, hi = 0, len(starts)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if starts[mid] <= offset:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _failing_path(error: jsonschema.ValidationError) -> tuple:
+    """The instance path of the value to rewrite for `error`: its own value, except that a
+    `uniqueItems` error names the first item equal to an earlier one (rewriting that item is
+    enough)."""
+    path = tuple(error.absolute_path)
+    if error.validator == "uniqueItems" and isinstance(error.instance, list):
+        seen: list = []
+        for index, item in enumerate(error.instance):
+            if any(jsonschema._utils.equal(item, other) for other in seen):
+                return path + (index,)
+            seen.append(item)
+    return path
+
+
+def _span(spans: dict[tuple, tuple[int, int]], path: tuple) -> tuple[int, int, tuple]:
+    """(start, end, path) of the value at `path`, or of its nearest enclosing value found."""
+    while path not in spans and path:
+        path = path[:-1]
+    return (*spans.get(path, (0, 0)), path)
+
+
+def value_spans(data: bytes) -> dict[tuple, tuple[int, int]]:
+    """(start, end) byte offsets of every value in the JSON text `data`, by instance path
+    (names decoded, array indexes as ints). `data` must be valid JSON."""
+    return scan_json(data)[0]
+
+
+def scan_json(data: bytes) -> tuple[dict[tuple, tuple[int, int]], list[tuple[int, int]]]:
+    """`value_spans`, and the (start, end) of each object name that repeats an earlier name of its
+    object (json.loads would keep only the last value, and jsonschema never sees the repeat)."""
+    spans: dict[tuple, tuple[int, int]] = {}
+    repeats: list[tuple[int, int]] = []
+    n = len(data)
+
+    def skip(i: int) -> int:
+        while i < n and data[i] in _WHITESPACE:
+            i += 1
+        return i
+
+    def string_end(i: int) -> int:  # data[i] is the opening quote
+        i += 1
+        while data[i] != 0x22:
+            i += 2 if data[i] == 0x5C else 1
+        return i + 1
+
+    def value(i: int, path: tuple) -> int:
+        i = skip(i)
+        start, c = i, data[i]
+        if c in b"{[":
+            close, index = (0x7D, 0) if c == 0x7B else (0x5D, 0)
+            names: set[str] = set()
+            i = skip(i + 1)
+            while data[i] != close:
+                if c == 0x7B:
+                    name_end = string_end(i)
+                    key: Any = json.loads(data[i:name_end])
+                    if key in names:
+                        repeats.append((i, name_end))
+                    names.add(key)
+                    i = skip(name_end) + 1  # past the colon
+                else:
+                    key = index
+                    index += 1
+                i = skip(value(i, path + (key,)))
+                if data[i] == 0x2C:
+                    i = skip(i + 1)
+            i += 1
+        elif c == 0x22:
+            i = string_end(i)
+        else:
+            while i < n and data[i] in _SCALAR:
+                i += 1
+        spans[path] = (start, i)
+        return i
+
+    try:
+        value(0, ())
+    except RecursionError:
+        spans = {(): (skip(0), n)}
+    return spans, repeats

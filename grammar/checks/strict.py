@@ -1,0 +1,200 @@
+"""The strict methods of runtime.constraint.TokenMatcher, shared by both engines' matchers.
+
+Budget-aware closing and loop breaking (runtime/decode/completeness.py) ask a matcher for completion
+plans, bounds and closing masks. All of that is grammar/checks/closing.py's planner over a `PlanMatcher`
+(the engine's own state behind a small interface), plus the value check's repairs; so one
+implementation serves xgrammar (grammar/engines/xgrammar/matcher.py) and llguidance (grammar/engines/llguidance/matcher.py). A
+matcher that mixes `StrictMethods` in provides:
+
+- `_plan`: a `PlanMatcher` over its live state (planning forks it; nothing here changes the state
+  except `completion_bound_after`, which accepts one token and rolls it back);
+- `_closing`: the `ClosingVocab` (None: no planning; the guard then never closes);
+- `values`: its `ValueCheck` or None;
+- `rechecks`: its `RollbackCheck` (grammar/checks/rollback.py) or None, and `rollback`;
+- `fill_bitmask`, `is_terminated` and `is_completed` (as the TokenMatcher protocol has them).
+
+With a value check, a plan that would write a repeated name or item has that token replaced by
+another the check allows (a character that grows the name first) and is re-planned from there, or
+is dropped; bounds count the repaired plan where it is longer (`completion_bound`, and
+`completion_bound_after` while a unique array is open), so strict mode's budget and its smallest
+accepted budget hold for outputs whose next items must differ from the earlier ones.
+"""
+
+from __future__ import annotations
+
+from grammar.checks.closing import (
+    allowed_subset,
+    completion_bound,
+    completion_bound_after,
+    completion_plan,
+    fill_closing_bitmask,
+    fill_plan_bitmask,
+    fill_value_closing_bitmask,
+    new_bitmask,
+)
+
+MAX_PLAN_REPAIRS = 4  # repeats replaced in one completion plan before it is given up
+MAX_REPAIR_CHOICES = 8  # other tokens tried in place of one that would write a repeat
+
+
+class StrictMethods:
+    __slots__ = ()
+
+    @property
+    def supports_strict(self) -> bool:
+        # The guard runs even without a closing vocabulary (it then never closes), as before.
+        return True
+
+    def completion_bound(self) -> int | None:
+        """Upper bound on the tokens needed to reach a complete value from here (with a value
+        check: the longer of the grammar's plan and the plan repaired around repeats, which a
+        unique array whose minItems asks for distinct items needs)."""
+        if not self._closing:
+            return None
+        if self.is_terminated():
+            return 0
+        bound = completion_bound(self._plan, self._closing)
+        if bound is None or self.values is None:
+            return bound
+        plan = self.completion_plan()
+        return bound if plan is None else max(bound, len(plan))
+
+    def completion_plan(self) -> list[int] | None:
+        """The tokens of that bound's path (what a request follows once its budget is tight)."""
+        if not self._closing:
+            return None
+        if self.is_terminated():
+            return []
+        plan = completion_plan(self._plan, self._closing)
+        return plan if plan is None or self.values is None else self._repaired(plan)
+
+    def _repaired(self, plan: list[int]) -> list[int] | None:
+        """`plan` with each token that would repeat a name or an item replaced by another the
+        check allows (a single character that grows the name first), re-planned from there."""
+        special = self._closing.special_ids
+        for _ in range(MAX_PLAN_REPAIRS):
+            cut = self.values.first_violation(plan)
+            if cut is None:
+                return plan
+            fork = self._plan.fork()
+            if not all(fork.accept(t) for t in plan[:cut]):
+                return None
+            mask = new_bitmask(self._closing.vocab_size)
+            fork.fill_mask(mask, 0)
+            for choice in self.values.ban_after(plan[:cut], mask, 0)[:MAX_REPAIR_CHOICES]:
+                if choice in special or not fork.accept(choice):
+                    continue
+                rest = completion_plan(fork, self._closing)
+                if rest is not None:
+                    plan = plan[:cut] + [choice] + rest
+                    break
+                fork.rollback(1)
+            else:
+                return None
+        return plan if self.values.first_violation(plan) is None else None
+
+    def may_expand(self, token_id: int) -> bool:
+        """Whether `token_id` may commit the output to more than it needs now (so its budget is
+        checked): a token with structure in it (`,` `[` `{` `"` a newline), or any token where no
+        open string could end now. There a token without structure still chooses a branch: a
+        tool's name (`create` needs a date-time or two more than `calc`), a property's name, an
+        enum member. Only inside text that may end here (a free string) does content leave the
+        shortest completion as it was."""
+        if self._closing is None:
+            return False
+        if token_id in self._closing.expanding:
+            return True
+        return self._chooses_branch()
+
+    def _chooses_branch(self) -> bool:
+        """Is there a choice here that a token without structure could make? Not where the
+        grammar forces the text (there is one way on), nor where a string closer is allowed (an
+        open string, or text, that may end now: content leaves the shortest completion as it was)."""
+        if self.is_terminated() or self._plan.forced_tokens():
+            return False
+        mask = new_bitmask(self._closing.vocab_size)
+        self._plan.fill_mask(mask, 0)
+        return not allowed_subset(mask[0], self._closing.quoted).numel()
+
+    def completion_bound_after(self, token_id: int) -> int | None:
+        """`completion_bound` after accepting `token_id` (on a fork; None if refused or unknown).
+        With a value check the token is accepted here and rolled back, so that the bound counts
+        the plan repaired around repeats (a new item of a unique array that must differ)."""
+        if self._closing is None or self.is_terminated():
+            return None
+        token_id = int(token_id)
+        if token_id in self._closing.stop_set:
+            # the stop token ends a complete value (decided here: a planner never takes it, and
+            # llguidance could not roll back over it)
+            return 0 if self.is_completed() else None
+        if token_id in self._closing.special_ids:
+            return None  # no grammar writes a special token as text
+        bound = completion_bound_after(self._plan, self._closing, token_id)
+        if bound is None or self.values is None or not self.values.may_steer():
+            return bound
+        if not self._plan.accept(token_id):
+            return None
+        self.values.accept(token_id)
+        try:
+            plan = self.completion_plan()
+        finally:
+            self._plan.rollback(1)
+            self.values.rollback(1)
+        return bound if plan is None else max(bound, len(plan))
+
+    def fill_plan_bitmask(self, bitmask, row: int, token_id: int) -> None:
+        """Allow only `token_id` (the next token of a plan from `completion_plan`)."""
+        fill_plan_bitmask(bitmask, row, token_id)
+        if self.values is not None and not self.is_terminated():
+            self.values.ban(bitmask, row)
+
+    def fill_closing_bitmask(self, bitmask, row: int, tight: bool = False, plan_token: int | None = None) -> None:
+        """Closing mode: only tokens on a shortest completion path (the stop token once complete);
+        `tight`: only the plan's own next token; `plan_token`: that token, from a stored plan."""
+        if self._closing is None or self.is_terminated():
+            self.fill_bitmask(bitmask, row)
+            return
+        fill_closing_bitmask(self._plan, self._closing, bitmask, row, tight, plan_token)
+        if self.values is not None and self.values.ban(bitmask, row) < 0 and plan_token is None:
+            # closing's own one-step planner does not know the check: take the repaired plan's token
+            plan = self.completion_plan()
+            if plan:
+                fill_plan_bitmask(bitmask, row, plan[0])
+        self._ban_rewrites(bitmask, row)
+
+    def fill_value_closing_bitmask(self, bitmask, row: int) -> bool:
+        """Loop breaking: only tokens that end the current value; False when none is allowed now."""
+        if self._closing is None or self.is_terminated():
+            return False
+        if not fill_value_closing_bitmask(self._plan, self._closing, bitmask, row):
+            return False
+        if self.values is not None and self.values.ban(bitmask, row) < 0:
+            self.fill_bitmask(bitmask, row)  # every closer would repeat an item: the value goes on
+            return False
+        self._ban_rewrites(bitmask, row)
+        return True
+
+    def _ban_rewrites(self, bitmask, row: int) -> None:
+        if self.rechecks is not None and not self.is_terminated():
+            self.rechecks.ban(bitmask, row)
+
+    # -- check-and-roll-back (grammar/checks/rollback.py): every constrained request -----------
+
+    @property
+    def withholds_output(self) -> bool:
+        """Whether the output must not be sent before it is whole (a check may roll some back)."""
+        return self.rechecks is not None
+
+    def output_verdict(self) -> int | None:
+        """For a whole output: None if it stands; n > 0 when a value broke a checked keyword and
+        this matcher rolled back its last n tokens to write it again; EXHAUSTED (< 0) when the
+        rewrites are spent."""
+        if self.rechecks is None:
+            return None
+        verdict = self.rechecks.verdict()
+        if verdict is not None and verdict > 0:
+            self.rollback(verdict)
+        return verdict
+
+    def closes_value(self, token_id: int) -> bool:
+        return self._closing is not None and self._closing.is_closer(token_id)

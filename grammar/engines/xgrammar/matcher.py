@@ -1,0 +1,171 @@
+"""Per-request grammar state for the engine (implements runtime.constraint.TokenMatcher).
+
+Each request gets its own `XGrammarMatcher` over a shared compiled grammar. Besides masking,
+it drafts jump-forward tokens: the text the grammar forces from the current state, tokenized the
+way the model was seen to write it (`grammar/engines/draft_split.py`; the tokenizer's own encoding where
+nothing was seen yet), cut to the longest prefix the grammar accepts so the draft is always
+grammar-valid (the engine then verifies it against the model). While a drafted span is being
+written, each accepted token teaches the shared splitter how the model splits that text.
+
+For JSON kinds and tool calls a value check (grammar/checks/value_check.py) rides along: every mask it
+fills (plain, closing, loop breaking) has the tokens the check forbids cleared (a repeated name or
+unique item, an object closed before its dependentRequired names), drafts stop before such a
+token, and a completion plan that would write one has that token replaced by another the check
+allows (a character that grows the name first) and is re-planned from there, or is dropped.
+Bounds count the repaired plan where it is longer (`completion_bound`, and `completion_bound_after`
+while a unique array is open), so strict mode's budget and its smallest accepted budget hold for
+outputs whose next items must differ from the earlier ones.
+
+The strict methods (completion plans, bounds, closing masks) are grammar/checks/strict.py's, shared with
+llguidance's matcher; they plan through `XGrammarPlanMatcher`, grammar/checks/closing.py's `PlanMatcher`
+over an xgrammar matcher (forced text in the tokenizer's own encoding, and xgrammar's parser states
+to tell apart states whose masks are equal).
+"""
+
+from __future__ import annotations
+
+import re
+
+import xgrammar as xgr
+
+from grammar.checks.closing import ClosingVocab
+from grammar.engines.draft_split import DraftSplitter, Encode, ForcedSpanWatch
+from grammar.checks.rollback import RollbackCheck
+from grammar.checks.strict import StrictMethods
+from grammar.engines.token_mask import allow_only
+from grammar.checks.value_check import ValueCheck, without_repeats
+
+_POSITIONS = re.compile(r"rule_start_pos=-?\d+")
+
+
+class XGrammarPlanMatcher:
+    """grammar/checks/closing.py's `PlanMatcher` over one xgrammar matcher."""
+
+    __slots__ = ("_m", "_encode")
+
+    def __init__(self, matcher: xgr.GrammarMatcher, encode: Encode) -> None:
+        self._m = matcher
+        self._encode = encode
+
+    def fork(self) -> "XGrammarPlanMatcher":
+        return XGrammarPlanMatcher(self._m.fork(), self._encode)
+
+    def fill_mask(self, bitmask, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        return self._m.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
+
+    def is_completed(self) -> bool:
+        return self._m.is_completed()
+
+    def forced_tokens(self) -> list[int]:
+        text = self._m.find_jump_forward_string()
+        return self._encode(text) if text else []
+
+    def state_detail(self) -> bytes:
+        """xgrammar's parser states (position-free), which separate e.g. the states of a counted
+        repetition that masks do not."""
+        debug = getattr(self._m, "_debug_print_internal_state", None)
+        if debug is None:
+            return b""
+        try:
+            state = debug().rpartition("Last step:")[2]
+        except Exception:  # a debugging aid, not an API: planning works without it
+            return b""
+        return _POSITIONS.sub("", state).encode()
+
+
+class XGrammarMatcher(StrictMethods):
+    __slots__ = ("_matcher", "_plan", "_encode", "_special_ids", "_closing", "_splitter", "_watch", "values",
+                 "rechecks")
+
+    def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode, special_ids: frozenset[int],
+                 closing: ClosingVocab | None = None, splitter: DraftSplitter | None = None,
+                 values: ValueCheck | None = None, rechecks: RollbackCheck | None = None) -> None:
+        # Rollback is unlimited in xgrammar >= 0.2 (max_rollback_tokens is deprecated), which
+        # jump-forward verification relies on.
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._plan = XGrammarPlanMatcher(self._matcher, encode)  # the planner's view of this state
+        self._encode = encode
+        self._special_ids = special_ids
+        self._closing = closing
+        self._splitter = splitter
+        self._watch: ForcedSpanWatch | None = None  # the drafted span being written, if any
+        self.values = values  # repeated names/items are masked out (None: not a JSON kind)
+        self.rechecks = rechecks  # check-and-roll-back of the whole output (None: nothing to check)
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout).
+
+        A terminated matcher allows only its stop tokens (xgrammar itself raises), so a batch
+        that still holds a finished request needs no special case.
+        """
+        if self._matcher.is_terminated():
+            allow_only(bitmask, row, self._matcher.stop_token_ids)
+            return
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+        self._ban(bitmask, row)
+
+    def _ban(self, bitmask, row: int) -> None:
+        if self.values is not None and not self._matcher.is_terminated():
+            self.values.ban(bitmask, row)
+        self._ban_rewrites(bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        ok = self._matcher.accept_token(int(token_id))
+        if ok and self.values is not None:
+            self.values.accept(int(token_id))
+        if ok and self.rechecks is not None:
+            self.rechecks.accept(int(token_id))
+        if ok and self._watch is not None and not self._watch.accepted(int(token_id)):
+            self._watch = None
+        return ok
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._matcher.rollback(num_tokens)
+            if self.values is not None:
+                self.values.rollback(num_tokens)
+            if self.rechecks is not None:
+                self.rechecks.rollback(num_tokens)
+            self._watch = None
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def is_completed(self) -> bool:
+        return self._matcher.is_completed()
+
+    def jump_forward_string(self) -> str:
+        """The text the grammar forces from here ('' when the model has a choice)."""
+        if self._matcher.is_terminated():
+            return ""
+        return self._matcher.find_jump_forward_string()
+
+    def jump_forward_tokens(self, learn: bool = True) -> list[int]:
+        """Forced tokens, not accepted: the forced text split as the model was seen to write it
+        (else the tokenizer's own encoding), cut to the longest prefix the matcher accepts
+        (checked by accepting, then rolling back). `learn`: the tokens accepted next are the
+        model's choices (verify), so let them teach the splitter; False for tokens inserted
+        without the model (direct)."""
+        text = self.jump_forward_string()
+        if not text:
+            return []
+        if self._splitter is None:
+            draft = self._encode(text)
+        else:
+            draft = self._splitter.split(text)
+            self._watch = ForcedSpanWatch(self._splitter, text) if learn else None
+        accepted = 0
+        for token_id in draft:
+            # a forced text that spells a special token (e.g. "<|im_end|>") is not that token
+            if token_id in self._special_ids or not self._matcher.accept_token(token_id):
+                break
+            accepted += 1
+        if accepted:
+            self._matcher.rollback(accepted)
+        return without_repeats(self.values, draft[:accepted])

@@ -1,0 +1,1 @@
+"""The grammar service: spec -> compiled grammar through the memory LRU, the disk cache and the compile workers."""

@@ -1,0 +1,1 @@
+"""A spec judged before compiling: JSON-schema and regex checks, and what each keyword gets (the fidelity table)."""

@@ -1,0 +1,75 @@
+"""The decoder shape the runtime needs, read from a Hugging Face `config.json` (through
+runtime/model/families/registry.py's `model_config`, which picks the family and adds what it reads
+differently)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ModelLoadError(RuntimeError):
+    """A model folder or file that cannot be served; the message names the file and the problem."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rope
+    rotary_dim: int | None = None  # dims of a head that rope turns (Phi-4-mini: 3/4); None: all
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.rotary_dim is None:
+            self.rotary_dim = self.head_dim
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], source: str = "config.json",
+                family_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> ModelConfig:
+        """The fields every family reads alike, then `family_fields(cfg)` over them."""
+        model_type = cfg.get("model_type", "")
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            # transformers >= 5 writes `rope_parameters` (theta + scaling) instead of `rope_scaling`.
+            rope = cfg.get("rope_parameters") or {}
+            eos = cfg.get("eos_token_id")
+            eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+            fields = dict(
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=bool(cfg.get("attention_bias", False)),
+                model_type=model_type,
+                bos_token_id=cfg.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+            )
+            if family_fields is not None:
+                fields.update(family_fields(cfg))
+            return cls(**fields)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelLoadError(f"{source}: missing or invalid field {e}") from e

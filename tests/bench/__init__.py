@@ -1,0 +1,1 @@
+"""Tests of bench/: the suites, probes, fidelity corpus and the device scripts."""

@@ -1,0 +1,1 @@
+"""Tests of gateway/cluster/: routing units and Ray Serve end to end."""

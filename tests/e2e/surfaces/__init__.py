@@ -1,0 +1,1 @@
+"""End-to-end tests of the API surfaces beside chat: Responses, Messages, Batch."""

@@ -1,0 +1,1 @@
+"""Tests of gateway/batches/: the Files and Batch API, their store."""

@@ -1,0 +1,1 @@
+"""Tests of gateway/chat/: the chat and completions routes, wire format, logprobs."""

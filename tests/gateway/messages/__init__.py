@@ -1,0 +1,1 @@
+"""Tests of gateway/messages/: the Messages API and its translation."""

@@ -1,0 +1,1 @@
+"""Tests of gateway/pipeline/: prompts, schema budgets, output validation."""

@@ -1,0 +1,1 @@
+"""Tests of gateway/registry/: the schema registry and pinned prefixes."""

@@ -1,0 +1,1 @@
+"""Tests of gateway/responses/: the Responses API over the scripted engine."""

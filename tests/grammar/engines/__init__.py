@@ -1,0 +1,1 @@
+"""Tests of grammar/engines/: the xgrammar and llguidance matchers, tokenizers, draft splitting."""

@@ -1,0 +1,1 @@
+"""Tests of grammar/rewrites/: each lowering proved on both engines."""

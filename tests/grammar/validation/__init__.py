@@ -1,0 +1,1 @@
+"""Tests of grammar/validation/: spec checks and the fidelity table, on both engines."""

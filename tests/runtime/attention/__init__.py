@@ -1,0 +1,1 @@
+"""Tests of runtime/attention/ and the kernels: tiles, cascade, CPU and Triton attention."""

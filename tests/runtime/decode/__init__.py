@@ -1,0 +1,1 @@
+"""Tests of runtime/decode/: strict completeness, number loops, penalties, logprobs."""

@@ -1,0 +1,1 @@
+"""Tests of runtime/engine/: the step loop, scheduling and priorities, engine reliability."""

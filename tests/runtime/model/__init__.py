@@ -1,0 +1,1 @@
+"""Tests of runtime/model/: decoder layers, model families, weight formats, quantized linears."""

@@ -1,0 +1,176 @@
+"""A GGUF file of each family loads as its Hugging Face folder does: a tiny random model built with
+transformers' class is written as GGUF by the `gguf` package, with the tensor names llama.cpp's
+converter gives it (gguf-py's own name map, not Jumpgate's) and Q/K rows permuted where llama.cpp
+permutes them (llama only), with a 512-token slice of the SmolLM2 tokenizer; Jumpgate converts it
+back, and its logits (a prefill, then decode steps) equal the folder's."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.model.loader import read_config, resolve_model_dir
+from runtime.model.config import ModelLoadError
+from runtime.model.decoder import DecoderModel, load_weights
+from tests.runtime.model.test_model_families import PROMPT, longrope, run_ours
+from tests.runtime.model.test_model_families import save_tiny as save_tiny_model
+
+CPU = torch.device("cpu")
+VOCAB = 512  # the tiny models' vocabulary: SmolLM2's first 512 tokens
+FIRST_PLAIN_TOKEN = 17  # SmolLM2's ids below this are special (control) tokens
+IDS = list(range(20, 44))  # a prompt of 24 tokens in that vocabulary
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
+def _llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf LlamaModel.permute (half-split -> interleaved rope rows)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _llama3_rope_freqs(cfg) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf LlamaModel.generate_extra_tensors for `rope_type: llama3`."""
+    import math
+
+    scaling = cfg.rope_scaling
+    freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def _small_vocab(tokenizer_dir: Path, size: int) -> tuple[list[str], list[int], list[str]]:
+    """The first `size` tokens of the SmolLM2 BPE vocabulary with the merges among them: a real
+    tokenizer small enough that gguf's reader parses it at once (the full one takes seconds)."""
+    model = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]
+    tokens = [t for t, i in sorted(model["vocab"].items(), key=lambda kv: kv[1]) if i < size]
+    have = set(tokens)
+    merges = [f"{a} {b}" for a, b in model["merges"] if a in have and b in have and a + b in have]
+    return tokens, [3 if i < FIRST_PLAIN_TOKEN else 1 for i in range(len(tokens))], merges
+
+
+def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path) -> Path:
+    """`hf_dir` as a float32 GGUF of architecture `arch_name`, as convert_hf_to_gguf writes one."""
+    import gguf
+    from safetensors.torch import load_file
+
+    cfg = read_config(hf_dir)
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch_name)
+    names = gguf.get_tensor_name_map(arch, cfg.num_layers)
+    writer = gguf.GGUFWriter(str(out), arch_name)
+    writer.add_block_count(cfg.num_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    tokens, types, merges = _small_vocab(tokenizer_dir, cfg.vocab_size)  # as convert_hf_to_gguf's _set_vocab_gpt2
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg))
+    if arch_name == "phi3":  # convert_hf_to_gguf Phi3MiniModel.set_gguf_parameters / generate_extra_tensors
+        import math
+
+        rope = cfg.rope_scaling
+        writer.add_rope_dimension_count(cfg.rotary_dim)
+        orig = rope["original_max_position_embeddings"]
+        writer.add_rope_scaling_orig_ctx_len(orig)
+        scale = cfg.max_position_embeddings / orig
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+        writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
+    for name, w in load_file(str(hf_dir / "model.safetensors")).items():
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert target is not None, name
+        w = w.float().numpy()
+        if arch_name == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            w = _llama_permute(w, cfg.num_heads if "q_proj" in name else cfg.num_kv_heads)
+        writer.add_tensor(target, np.ascontiguousarray(w))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("JUMPGATE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _build(kind: str, out: Path, tokenizer_dir: Path) -> Path:
+    import transformers as tf
+
+    save_tiny = partial(save_tiny_model, vocab_size=VOCAB)
+
+    if kind == "llama":
+        return save_tiny(out, tokenizer_dir, tf.LlamaConfig, tf.LlamaForCausalLM)
+    if kind == "llama3":  # Llama 3.x rope scaling, which llama.cpp writes as rope_freqs.weight
+        return save_tiny(out, tokenizer_dir, tf.LlamaConfig, tf.LlamaForCausalLM, rope_scaling=LLAMA3_ROPE)
+    if kind == "qwen2":
+        return save_tiny(out, tokenizer_dir, tf.Qwen2Config, tf.Qwen2ForCausalLM)
+    if kind == "phi3":  # Phi-4-mini's shape: partial rotary with longrope
+        return save_tiny(out, tokenizer_dir, tf.Phi3Config, tf.Phi3ForCausalLM, pad_token_id=0,
+                         partial_rotary_factor=0.75, max_position_embeddings=256, original_max_position_embeddings=16,
+                         rope_scaling=longrope(6, 2))
+    return save_tiny(out, tokenizer_dir, tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=32)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama3", "phi3"])
+def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
+    folder = _build(kind, tmp_path / "hf", smollm_dir)
+    gguf_path = write_gguf(folder, tmp_path / f"tiny-{kind}.gguf", "llama" if kind == "llama3" else kind, smollm_dir)
+    converted = resolve_model_dir(gguf_path)
+    assert converted.is_relative_to(cache_dir)
+    cfg, want = read_config(converted), read_config(folder)
+    assert (cfg.model_type, cfg.qk_norm, cfg.attention_bias, cfg.head_dim, cfg.rotary_dim) == \
+           (want.model_type, want.qk_norm, want.attention_bias, want.head_dim, want.rotary_dim)
+    ours = run_ours(DecoderModel(cfg, load_weights(converted), CPU, torch.float32), cfg, IDS, len(IDS) - 4)
+    ref = run_ours(DecoderModel(want, load_weights(folder), CPU, torch.float32), want, IDS, len(IDS) - 4)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(converted))  # the GGUF's tokenizer, rebuilt and saved
+    assert len(tok) == VOCAB and tok.decode(tok.encode(PROMPT)) == PROMPT
+
+
+def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cache_dir):
+    import gguf
+
+    path = tmp_path / "tiny-gemma.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3\)"):
+        resolve_model_dir(path)
