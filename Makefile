@@ -11,7 +11,7 @@ INSTRUCTOR_DEPS := 'aiohttp>=3.14.3,<4' 'click>=8.3.3' 'docstring-parser>=0.16,<
 	'jinja2>=3.1.4,<4' 'openai>=2,<4' 'pydantic>=2.8,<3' 'pydantic-core>=2.18,<3' 'regex>=2023,<2027' \
 	'requests>=2.33,<3' 'rich>=13.7,<15' 'tenacity>=8.2.3,<10' 'typer>=0.9,<1' 'urllib3>=2.7,<3'
 
-.PHONY: setup run test test-fast bench clean
+.PHONY: setup run test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not e2e" $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: setup
 	$(PY) -m bench all $(ARGS)

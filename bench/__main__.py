@@ -58,14 +58,21 @@ def _listing() -> str:
     width = max(map(len, [*SUITES, *PROBES]))
     suites = "\n".join(f"  {name:<{width}}  {SUITE_HELP.get(name, '')}" for name in SUITES)
     probes = "\n".join(f"  {name:<{width}}  {line}" for name, line in PROBES.items())
-    return (f"suites (python -m bench NAME [--quick] [its flags]; `all` runs every one):\n{suites}\n\n"
-            f"probes (python -m bench.probes.NAME [its flags]):\n{probes}")
+    return (
+        f"suites (python -m bench NAME [--quick] [its flags]; `all` runs every one):\n{suites}\n\n"
+        f"probes (python -m bench.probes.NAME [its flags]):\n{probes}"
+    )
+
 
 def main(argv: list[str] | None = None) -> int:
     """0 when every suite asked for ran to its end; 1 when any raised (after running the others,
     for `all`), so a broken bench fails CI instead of printing a traceback nobody reads."""
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0], epilog=_listing(),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.split("\n")[0],
+        epilog=_listing(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("suite", choices=[*SUITES, "all"], metavar="SUITE", help="a suite below, or all")
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke runs)")
     args, rest = ap.parse_known_args(argv)

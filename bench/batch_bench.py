@@ -23,14 +23,20 @@ from typing import Sequence
 import httpx
 
 from bench.common import emit, git_commit
-from bench.server_process import MODEL, JumpgateServer
 from bench.serve_bench import DOCUMENT_PEOPLE, extract_document
+from bench.server_process import MODEL, JumpgateServer
 
 PREFIXES = 4
-SCHEMA = {"type": "object", "properties": {
-    "full_name": {"type": "string", "maxLength": 40}, "job_title": {"type": "string", "maxLength": 40},
-    "headquarters_city": {"type": "string", "maxLength": 30}},
-    "required": ["full_name", "job_title", "headquarters_city"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "full_name": {"type": "string", "maxLength": 40},
+        "job_title": {"type": "string", "maxLength": 40},
+        "headquarters_city": {"type": "string", "maxLength": 30},
+    },
+    "required": ["full_name", "job_title", "headquarters_city"],
+    "additionalProperties": False,
+}
 
 
 def directory(k: int) -> str:
@@ -41,11 +47,16 @@ def directory(k: int) -> str:
 def request_body(i: int, max_tokens: int) -> dict:
     k = i % PREFIXES
     name = DOCUMENT_PEOPLE[(i // PREFIXES) % len(DOCUMENT_PEOPLE)][0]
-    return {"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
-                                                                       "schema": SCHEMA}},
-            "messages": [{"role": "system", "content": directory(k)},
-                         {"role": "user", "content": f"Extract the record of {name} (request {i})."}]}
+    return {
+        "model": MODEL,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": SCHEMA}},
+        "messages": [
+            {"role": "system", "content": directory(k)},
+            {"role": "user", "content": f"Extract the record of {name} (request {i})."},
+        ],
+    }
 
 
 def usage_totals(bodies: list[dict]) -> tuple[int, int, int]:
@@ -76,15 +87,20 @@ async def run_online(url: str, bodies: list[dict], concurrency: int) -> tuple[fl
 
 
 def run_batch(url: str, bodies: list[dict], timeout_s: float) -> tuple[float, list[dict], int, dict]:
-    lines = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                                 "body": b}).encode() + b"\n" for i, b in enumerate(bodies))
+    lines = b"".join(
+        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": b}).encode() + b"\n"
+        for i, b in enumerate(bodies)
+    )
     with httpx.Client(base_url=url, timeout=120) as client:
-        f = client.post("/files", files={"file": ("bench.jsonl", lines, "application/jsonl")},
-                        data={"purpose": "batch"})
+        f = client.post(
+            "/files", files={"file": ("bench.jsonl", lines, "application/jsonl")}, data={"purpose": "batch"}
+        )
         f.raise_for_status()
         t0 = time.perf_counter()
-        batch = client.post("/batches", json={"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions",
-                                              "completion_window": "24h"}).json()
+        batch = client.post(
+            "/batches",
+            json={"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        ).json()
         deadline = time.monotonic() + timeout_s
         while batch["status"] not in ("completed", "failed", "cancelled", "expired"):
             if time.monotonic() > deadline:
@@ -102,11 +118,21 @@ def run_batch(url: str, bodies: list[dict], timeout_s: float) -> tuple[float, li
 def record(mode: str, n: int, elapsed: float, answers: list[dict], errors: int, **extra) -> dict:
     prompt, cached, completion = usage_totals(answers)
     valid = sum(1 for a in answers if a["choices"][0].get("jumpgate", {}).get("schema_valid", True))
-    return {"suite": "batch", "mode": mode, "requests": n, "answered": len(answers), "errors": errors,
-            "elapsed_s": elapsed, "req_s": len(answers) / elapsed if elapsed else 0.0,
-            "output_tok_s": completion / elapsed if elapsed else 0.0, "prompt_tokens": prompt,
-            "cached_tokens": cached, "cached_frac": cached / prompt if prompt else 0.0,
-            "valid_frac": valid / len(answers) if answers else 0.0, **extra}
+    return {
+        "suite": "batch",
+        "mode": mode,
+        "requests": n,
+        "answered": len(answers),
+        "errors": errors,
+        "elapsed_s": elapsed,
+        "req_s": len(answers) / elapsed if elapsed else 0.0,
+        "output_tok_s": completion / elapsed if elapsed else 0.0,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_frac": cached / prompt if prompt else 0.0,
+        "valid_frac": valid / len(answers) if answers else 0.0,
+        **extra,
+    }
 
 
 def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
@@ -122,8 +148,11 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     max_tokens = args.max_tokens or (24 if quick else 48)
     bodies = [request_body(i, max_tokens) for i in range(n)]
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as work:
-        with JumpgateServer(Path(work), kv_pool_tokens=args.kv_pool_tokens,
-                            extra_args=["--batch-concurrency", str(args.batch_concurrency)]) as server:
+        with JumpgateServer(
+            Path(work),
+            kv_pool_tokens=args.kv_pool_tokens,
+            extra_args=["--batch-concurrency", str(args.batch_concurrency)],
+        ) as server:
             asyncio.run(run_online(server.base_url, [request_body(k, max_tokens) for k in range(PREFIXES)], 1))
             common = {"commit": git_commit(), "max_tokens": max_tokens, "prefixes": PREFIXES}
             elapsed, answers, failed, _ = run_batch(server.base_url, bodies, args.timeout)
@@ -132,10 +161,19 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
             elapsed, answers, errors = asyncio.run(run_online(server.base_url, bodies, args.concurrency))
             online = record("online", n, elapsed, answers, errors, concurrency=args.concurrency, **common)
             emit(online)
-    emit({"suite": "batch", "mode": "summary", "requests": n, **common,
-          "batch_req_s": batch["req_s"], "online_req_s": online["req_s"],
-          "batch_vs_online": batch["req_s"] / online["req_s"] if online["req_s"] else 0.0,
-          "batch_cached_frac": batch["cached_frac"], "online_cached_frac": online["cached_frac"]})
+    emit(
+        {
+            "suite": "batch",
+            "mode": "summary",
+            "requests": n,
+            **common,
+            "batch_req_s": batch["req_s"],
+            "online_req_s": online["req_s"],
+            "batch_vs_online": batch["req_s"] / online["req_s"] if online["req_s"] else 0.0,
+            "batch_cached_frac": batch["cached_frac"],
+            "online_cached_frac": online["cached_frac"],
+        }
+    )
 
 
 if __name__ == "__main__":

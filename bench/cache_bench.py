@@ -11,8 +11,8 @@ import time
 from bench.common import emit, run_timed
 from bench.workloads import FEW_SHOT, FEW_SHOT_QUESTIONS, USER_TASKS, agent_system_prompt, chat
 from runtime.api import GenerateRequest
-from runtime.engine.engine import Engine
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.engine import Engine
 
 
 def _greedy(n):
@@ -26,11 +26,15 @@ def build_workloads(tok, quick: bool) -> dict[str, dict]:
     out_tokens = 8 if quick else 16
     sys_prompt = agent_system_prompt(tok, 1500)
     # An agent fleet sends many tasks against one system prompt + tool set.
-    agent = [chat(tok, [{"role": "system", "content": sys_prompt}, {"role": "user", "content": u}])
-             for u in USER_TASKS[: (n if quick else 16) + 1]]
+    agent = [
+        chat(tok, [{"role": "system", "content": sys_prompt}, {"role": "user", "content": u}])
+        for u in USER_TASKS[: (n if quick else 16) + 1]
+    ]
     # Few-shot prompting: one long block of examples, many questions.
-    few = [chat(tok, [{"role": "user", "content": FEW_SHOT + f"Q: What is the capital of {c}?\nA:"}])
-           for c in FEW_SHOT_QUESTIONS[: (n if quick else 16) + 1]]
+    few = [
+        chat(tok, [{"role": "user", "content": FEW_SHOT + f"Q: What is the capital of {c}?\nA:"}])
+        for c in FEW_SHOT_QUESTIONS[: (n if quick else 16) + 1]
+    ]
     # multi-turn: conversations growing turn by turn; each turn is a request
     turns = []
     for c in range(2 if quick else 4):
@@ -38,16 +42,35 @@ def build_workloads(tok, quick: bool) -> dict[str, dict]:
         for t in range(3 if quick else 4):
             msgs.append({"role": "user", "content": f"Question {t} about country {c * 7 + t}: what is notable there?"})
             turns.append(chat(tok, msgs))
-            msgs.append({"role": "assistant", "content": f"Country {c * 7 + t} is notable for rivers, food and history. " * 3})
-    sc_q = chat(tok, [{"role": "user", "content": FEW_SHOT + "Q: What is the capital of Australia? Think step by step.\nA:"}])
+            msgs.append(
+                {"role": "assistant", "content": f"Country {c * 7 + t} is notable for rivers, food and history. " * 3}
+            )
+    sc_q = chat(
+        tok, [{"role": "user", "content": FEW_SHOT + "Q: What is the capital of Australia? Think step by step.\nA:"}]
+    )
     tot_base = FEW_SHOT + "Problem: plan a 3-day trip. Thought 1:"
-    tot = [chat(tok, [{"role": "user", "content": tot_base + f" option {a}. Thought 2: variant {b}."}])
-           for a in range(2 if quick else 3) for b in range(2 if quick else 3)]
-    cold = [chat(tok, [{"role": "user", "content": f"Unique request {i}: describe the number {i * 7919} in "
-                                                     f"{['French', 'Spanish', 'German', 'Italian'][i % 4]} words."}])
-            for i in range(n + 1)]
+    tot = [
+        chat(tok, [{"role": "user", "content": tot_base + f" option {a}. Thought 2: variant {b}."}])
+        for a in range(2 if quick else 3)
+        for b in range(2 if quick else 3)
+    ]
+    cold = [
+        chat(
+            tok,
+            [
+                {
+                    "role": "user",
+                    "content": f"Unique request {i}: describe the number {i * 7919} in "
+                    f"{['French', 'Spanish', 'German', 'Italian'][i % 4]} words.",
+                }
+            ],
+        )
+        for i in range(n + 1)
+    ]
+
     def family(reqs):
         return {"first": reqs[0], "warm": reqs[1], "batch": reqs[1:], "temperature": 0.0}
+
     w = {
         "few-shot": family(few),
         "multi-turn": {"first": turns[0], "warm": turns[1], "batch": turns, "temperature": 0.0},
@@ -64,8 +87,12 @@ def build_workloads(tok, quick: bool) -> dict[str, dict]:
 def _throughput(engine: Engine, wl: dict, flush: bool = True) -> tuple[float, dict]:
     if flush:
         engine.flush_cache()
-    specs = [GenerateRequest(p, SamplingParams(max_new_tokens=wl["out_tokens"], temperature=wl["temperature"],
-                                               seed=i, ignore_eos=True)) for i, p in enumerate(wl["batch"])]
+    specs = [
+        GenerateRequest(
+            p, SamplingParams(max_new_tokens=wl["out_tokens"], temperature=wl["temperature"], seed=i, ignore_eos=True)
+        )
+        for i, p in enumerate(wl["batch"])
+    ]
     t0 = time.perf_counter()
     run_timed(engine, specs)
     elapsed = time.perf_counter() - t0
@@ -114,11 +141,18 @@ def run(quick: bool = False, argv=None) -> None:
         e.shutdown()
     for name, r in results.items():
         s = r["stats"]
-        emit({
-            "bench": "cache", "workload": name, "requests": len(workloads[name]["batch"]),
-            "hit_rate": r["hit_rate"],
-            "cold_ttft_s": r["cold"], "warm_ttft_s": r["warm"], "ttft_speedup": r["cold"] / r["warm"],
-            "throughput_req_s": r["tput"], "throughput_vs_nocache": r["tput"] / r["nocache"],
-            "lpm_vs_fcfs": r["tput"] / r["fcfs"],
-            "tree_overhead_frac": s.tree_seconds / max(1e-9, s.engine_seconds),
-        })
+        emit(
+            {
+                "bench": "cache",
+                "workload": name,
+                "requests": len(workloads[name]["batch"]),
+                "hit_rate": r["hit_rate"],
+                "cold_ttft_s": r["cold"],
+                "warm_ttft_s": r["warm"],
+                "ttft_speedup": r["cold"] / r["warm"],
+                "throughput_req_s": r["tput"],
+                "throughput_vs_nocache": r["tput"] / r["nocache"],
+                "lpm_vs_fcfs": r["tput"] / r["fcfs"],
+                "tree_overhead_frac": s.tree_seconds / max(1e-9, s.engine_seconds),
+            }
+        )

@@ -23,16 +23,23 @@ from gateway.cluster.routing_log import ROUTING_LOG
 from gateway.cluster.settings import ClusterSettings
 from grammar.settings import GrammarSettings
 from runtime.api import GenerateRequest
-from runtime.engine_config import EngineConfig
 from runtime.decode.sampling import SamplingParams
+from runtime.engine_config import EngineConfig
 
 
 def workload(tokenizer, prefixes: int, prefix_tokens: int, requests: int, seed: int) -> list[list[int]]:
     systems = [agent_system_prompt(tokenizer, prefix_tokens, variant=v) for v in range(prefixes)]
     rng = random.Random(seed)
-    return [chat(tokenizer, [{"role": "system", "content": systems[rng.randrange(prefixes)]},
-                             {"role": "user", "content": USER_TASKS[i % len(USER_TASKS)]}])
-            for i in range(requests)]
+    return [
+        chat(
+            tokenizer,
+            [
+                {"role": "system", "content": systems[rng.randrange(prefixes)]},
+                {"role": "user", "content": USER_TASKS[i % len(USER_TASKS)]},
+            ],
+        )
+        for i in range(requests)
+    ]
 
 
 async def drive(client: ClusterEngineClient, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
@@ -43,8 +50,7 @@ async def drive(client: ClusterEngineClient, prompts: list[list[int]], concurren
         async with gate:
             started = time.perf_counter()
             first = None
-            req = GenerateRequest(prompt_ids=ids, sampling=SamplingParams(max_new_tokens=max_new_tokens,
-                                                                          temperature=0))
+            req = GenerateRequest(prompt_ids=ids, sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0))
             async for event in client.submit(req):
                 if first is None and (event.token_ids or event.finished):
                     first = time.perf_counter() - started
@@ -62,8 +68,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_policy(policy: str, engine: EngineConfig, prompts: list[list[int]], args) -> dict:
-    cluster = ClusterSettings(replicas=2, replica_cpus=args.replica_cpus, routing_policy=policy,
-                              routing_stats_period_s=1.0)
+    cluster = ClusterSettings(
+        replicas=2, replica_cpus=args.replica_cpus, routing_policy=policy, routing_stats_period_s=1.0
+    )
     app_name = f"jumpgate-bench-{policy}"  # its own deployment: a fresh router with this policy
     handle = start_replicas(engine, GrammarSettings(disk_cache=False), cluster, app_name=app_name)
     try:
@@ -79,13 +86,18 @@ def run_policy(policy: str, engine: EngineConfig, prompts: list[list[int]], args
     ttfts = [r[0] for r in results]
     prompt = sum(r[1] for r in results)
     return {
-        "bench": "cluster", "policy": policy, "requests": len(results),
+        "bench": "cluster",
+        "policy": policy,
+        "requests": len(results),
         "prompt_hit_rate": sum(r[2] for r in results) / prompt if prompt else 0.0,
-        "ttft_p50_s": statistics.median(ttfts), "ttft_p90_s": percentile(ttfts, 0.9),
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p90_s": percentile(ttfts, 0.9),
         "req_per_s": len(results) / wall,
         "max_replica_share": max(per_replica.values()) / sum(per_replica.values()) if per_replica else 0.0,
-        "by_reason": {reason: sum(n for (_, r), n in decisions.items() if r == reason)
-                      for reason in sorted({r for _, r in decisions})},
+        "by_reason": {
+            reason: sum(n for (_, r), n in decisions.items() if r == reason)
+            for reason in sorted({r for _, r in decisions})
+        },
     }
 
 
@@ -100,8 +112,8 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
     ap.add_argument("--policies", default="prefix,round_robin,power_of_two")
     args = ap.parse_args(argv or [])
 
-    from ray import serve
     import ray
+    from ray import serve
 
     from runtime.model.loader import load_tokenizer, resolve_model_dir
 
@@ -111,8 +123,16 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
     # about half of the distinct prefixes per replica, plus room for the requests in flight
     pool = int(prefix_len * args.prefixes / 2) + args.concurrency * (64 + args.max_new_tokens)
     engine = EngineConfig(kv_pool_tokens=pool, num_threads=1, max_running_requests=4, max_waiting_requests=64)
-    emit({"bench": "cluster", "setup": True, "kv_pool_tokens_per_replica": pool, "prompt_tokens_max": prefix_len,
-          "prefixes": args.prefixes, "requests": len(prompts)})
+    emit(
+        {
+            "bench": "cluster",
+            "setup": True,
+            "kv_pool_tokens_per_replica": pool,
+            "prompt_tokens_max": prefix_len,
+            "prefixes": args.prefixes,
+            "requests": len(prompts),
+        }
+    )
     rows = {}
     try:
         for policy in args.policies.split(","):
@@ -123,6 +143,11 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
         ray.shutdown()
     if "prefix" in rows and "round_robin" in rows:
         p, rr = rows["prefix"], rows["round_robin"]
-        emit({"bench": "cluster", "compare": "prefix/round_robin",
-              "hit_rate_ratio": p["prompt_hit_rate"] / rr["prompt_hit_rate"] if rr["prompt_hit_rate"] else None,
-              "ttft_p50_ratio": p["ttft_p50_s"] / rr["ttft_p50_s"] if rr["ttft_p50_s"] else None})
+        emit(
+            {
+                "bench": "cluster",
+                "compare": "prefix/round_robin",
+                "hit_rate_ratio": p["prompt_hit_rate"] / rr["prompt_hit_rate"] if rr["prompt_hit_rate"] else None,
+                "ttft_p50_ratio": p["ttft_p50_s"] / rr["ttft_p50_s"] if rr["ttft_p50_s"] else None,
+            }
+        )

@@ -24,8 +24,9 @@ def git_commit(checkout: str | Path = ".") -> str:
 def emit(record: dict, file=None) -> None:
     """One JSON line (floats to 4 places) on stdout, or on `file`, flushed at once."""
     out = sys.stdout if file is None else file
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}), file=out,
-          flush=True)
+    print(
+        json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}), file=out, flush=True
+    )
 
 
 def default_tokenizer():
@@ -96,6 +97,7 @@ def run_timed(engine, specs: list[GenerateRequest], timeout: float = 1800) -> li
             if ev.finished:
                 tl.finished = now
                 done.release()
+
         return on_event
 
     for s in specs:

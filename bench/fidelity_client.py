@@ -78,12 +78,21 @@ def read_check(status: int, data: Any, compile_ms: float | None, check_ms: float
         code, message = _error(data)
         return Check(status, code=code, message=short(message), compile_ms=compile_ms, check_ms=check_ms)
     fidelity = data["fidelity"]
-    keywords = [k["keyword"] for k in fidelity.get("keywords", [])
-                if k.get("status") != ENFORCED and k.get("keyword") != DUPLICATE_KEYS]
+    keywords = [
+        k["keyword"]
+        for k in fidelity.get("keywords", [])
+        if k.get("status") != ENFORCED and k.get("keyword") != DUPLICATE_KEYS
+    ]
     accepted = bool(data.get("strict_accepted"))
-    return Check(status, engine=fidelity.get("engine", XGRAMMAR), strict_accepted=accepted,
-                 keywords=[] if accepted else sorted(set(keywords)), message=short(data.get("strict_refusal")),
-                 compile_ms=compile_ms, check_ms=check_ms)
+    return Check(
+        status,
+        engine=fidelity.get("engine", XGRAMMAR),
+        strict_accepted=accepted,
+        keywords=[] if accepted else sorted(set(keywords)),
+        message=short(data.get("strict_refusal")),
+        compile_ms=compile_ms,
+        check_ms=check_ms,
+    )
 
 
 # =========================================================================== the server, guarded
@@ -138,7 +147,7 @@ class ServerGuard:
                 return False
             return True
 
-    def __enter__(self) -> "ServerGuard":
+    def __enter__(self) -> ServerGuard:
         self.server.start()
         self._thread.start()
         return self
@@ -176,9 +185,14 @@ async def check_all(client: httpx.AsyncClient, entries: list[Entry], guard: Serv
         after = metrics.get(COMPILE_SECONDS, before)
         check = read_check(status, data, (after - before) * 1e3 if after > before else None, check_ms)
         if guard is not None and (guard.kills > kills or not guard.up):
-            check = Check(0, code=SERVER_MEMORY if guard.kills > kills else "server_died", check_ms=check_ms,
-                          message=f"the server passed {guard.limit_mb:.0f} MB and was stopped" if guard.kills > kills
-                          else "the server exited during the check")
+            check = Check(
+                0,
+                code=SERVER_MEMORY if guard.kills > kills else "server_died",
+                check_ms=check_ms,
+                message=f"the server passed {guard.limit_mb:.0f} MB and was stopped"
+                if guard.kills > kills
+                else "the server exited during the check",
+            )
             await asyncio.to_thread(guard.ensure_up)
             after = (await _metrics(client)).get(COMPILE_SECONDS, 0.0)  # a new process counts from 0
         out.append(check)
@@ -191,8 +205,11 @@ async def check_all(client: httpx.AsyncClient, entries: list[Entry], guard: Serv
 
 def request_text(entry: Entry) -> str:
     name = entry.name.split(":", 1)[-1].split("#")[0]  # BFCL's "category:function", a repeat's "#2"
-    what = {"kubernetes": f"a Kubernetes {name} object", "schemastore": f"{name} configuration file",
-            "bfcl": f"the arguments of a call to the function {name}"}.get(entry.source, name.replace("_", " "))
+    what = {
+        "kubernetes": f"a Kubernetes {name} object",
+        "schemastore": f"{name} configuration file",
+        "bfcl": f"the arguments of a call to the function {name}",
+    }.get(entry.source, name.replace("_", " "))
     if not what.startswith(("a ", "the ")):
         what = ("an " if what[:1].lower() in "aeiou" else "a ") + what
     return f"Write one realistic example of {what}, as JSON."
@@ -200,10 +217,16 @@ def request_text(entry: Entry) -> str:
 
 def chat_body(entry: Entry, max_tokens: int) -> dict[str, Any]:
     name = re.sub(r"[^A-Za-z0-9_-]+", "_", entry.name)[:64] or "schema"
-    return {"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": request_text(entry)}],
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": name, "strict": True, "schema": entry.schema}}}
+    return {
+        "model": MODEL,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": request_text(entry)}],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": name, "strict": True, "schema": entry.schema},
+        },
+    }
 
 
 async def answer_one(client: httpx.AsyncClient, entry: Entry, max_tokens: int) -> Answer:
@@ -220,10 +243,17 @@ async def answer_one(client: httpx.AsyncClient, entry: Entry, max_tokens: int) -
     choice = data["choices"][0]
     usage = data.get("usage") or {}
     extension = choice.get("jumpgate") or {}
-    return Answer(200, content=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
-                  server_valid=extension.get("schema_valid"), closed_at_budget=bool(extension.get("closed_at_budget")),
-                  prompt_tokens=usage.get("prompt_tokens", 0), completion_tokens=usage.get("completion_tokens", 0),
-                  elapsed=elapsed, decode_ms=_float(resp.headers.get(DECODE_HEADER)))
+    return Answer(
+        200,
+        content=choice["message"].get("content") or "",
+        finish_reason=choice.get("finish_reason"),
+        server_valid=extension.get("schema_valid"),
+        closed_at_budget=bool(extension.get("closed_at_budget")),
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
+        elapsed=elapsed,
+        decode_ms=_float(resp.headers.get(DECODE_HEADER)),
+    )
 
 
 def _float(text: str | None) -> float | None:
@@ -233,9 +263,15 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-async def answer_all(client: httpx.AsyncClient, entries: list[Entry], max_tokens: int, concurrency: int,
-                     guard: ServerGuard | None = None, skip: frozenset[tuple[str, str]] = frozenset(),
-                     on_answer: Callable[[Entry, Answer], None] | None = None) -> list[Answer]:
+async def answer_all(
+    client: httpx.AsyncClient,
+    entries: list[Entry],
+    max_tokens: int,
+    concurrency: int,
+    guard: ServerGuard | None = None,
+    skip: frozenset[tuple[str, str]] = frozenset(),
+    on_answer: Callable[[Entry, Answer], None] | None = None,
+) -> list[Answer]:
     """`concurrency` requests at a time. With a guard, a request that lost the server (stopped over
     memory, or crashed) is sent once more after the server is back; `skip` holds the (source, name)
     of schemas whose check already took the server past its memory limit (not asked again).

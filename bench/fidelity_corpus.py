@@ -41,9 +41,11 @@ from bench.common import emit
 from bench.workloads import ROOT
 
 SOURCES = ("handmade", "kubernetes", "schemastore", "bfcl")
-PACKAGES = {"kubernetes": ("kubernetes_validate", "kubernetes-validate"),
-            "schemastore": ("check_jsonschema", "check-jsonschema"),
-            "bfcl": ("bfcl_eval", "bfcl-eval")}
+PACKAGES = {
+    "kubernetes": ("kubernetes_validate", "kubernetes-validate"),
+    "schemastore": ("check_jsonschema", "check-jsonschema"),
+    "bfcl": ("bfcl_eval", "bfcl-eval"),
+}
 HANDMADE_DIR = ROOT / "tests" / "data" / "schema_corpus"
 
 
@@ -64,8 +66,14 @@ class SourceStats:
     skipped: Counter = field(default_factory=Counter)  # reason -> count
 
     def as_dict(self) -> dict[str, Any]:
-        return {"available": self.available, "version": self.version, "read": self.read, "kept": self.kept,
-                "duplicates": self.duplicates, "skipped": dict(sorted(self.skipped.items()))}
+        return {
+            "available": self.available,
+            "version": self.version,
+            "read": self.read,
+            "kept": self.kept,
+            "duplicates": self.duplicates,
+            "skipped": dict(sorted(self.skipped.items())),
+        }
 
 
 class Skip(Exception):
@@ -239,15 +247,41 @@ def read_schemastore(stats: SourceStats) -> Iterator[tuple[str, Any]]:
 # GORILLA_TO_OPENAPI maps them, except `any`: BFCL sends it as "string", here it is left untyped
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 BFCL_TYPES = {
-    "dict": "object", "float": "number", "tuple": "array", "list": "array", "bool": "boolean",
-    "double": "number", "long": "integer", "short": "integer", "byte": "integer", "Bigint": "integer",
-    "char": "string", "String": "string", "Boolean": "boolean", "Array": "array", "ArrayList": "array",
-    "Queue": "array", "Stack": "array", "HashMap": "object", "Hashtable": "object",
+    "dict": "object",
+    "float": "number",
+    "tuple": "array",
+    "list": "array",
+    "bool": "boolean",
+    "double": "number",
+    "long": "integer",
+    "short": "integer",
+    "byte": "integer",
+    "Bigint": "integer",
+    "char": "string",
+    "String": "string",
+    "Boolean": "boolean",
+    "Array": "array",
+    "ArrayList": "array",
+    "Queue": "array",
+    "Stack": "array",
+    "HashMap": "object",
+    "Hashtable": "object",
 }
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-               "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_ONE = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
 
 
 def _bfcl_type(value: Any) -> Any:
@@ -322,7 +356,10 @@ def read_bfcl(stats: SourceStats) -> Iterator[tuple[str, Any]]:
 # =========================================================================== the corpus
 
 READERS: dict[str, Callable[[SourceStats], Iterator[tuple[str, Any]]]] = {
-    "handmade": read_handmade, "kubernetes": read_kubernetes, "schemastore": read_schemastore, "bfcl": read_bfcl,
+    "handmade": read_handmade,
+    "kubernetes": read_kubernetes,
+    "schemastore": read_schemastore,
+    "bfcl": read_bfcl,
 }
 
 

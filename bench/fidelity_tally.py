@@ -58,9 +58,11 @@ def decode_summary(steps: Sequence[tuple[str, float, int]]) -> dict[str, Any]:
         return {"decode_ms_per_token_p50": None, "decode_slowest": None, "decode_slowest_over_p50": None}
     median = statistics.median(ms for _, ms, _ in steps)
     name, ms, tokens = max(steps, key=lambda s: s[1])
-    return {"decode_ms_per_token_p50": round(median, 2),
-            "decode_slowest": {"name": name, "ms_per_token": round(ms, 2), "completion_tokens": tokens},
-            "decode_slowest_over_p50": round(ms / median, 2) if median else None}
+    return {
+        "decode_ms_per_token_p50": round(median, 2),
+        "decode_slowest": {"name": name, "ms_per_token": round(ms, 2), "completion_tokens": tokens},
+        "decode_slowest_over_p50": round(ms / median, 2) if median else None,
+    }
 
 
 def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[str, Any]:
@@ -75,13 +77,20 @@ def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[st
         duplicate_keys=sum(bool(line.get("duplicate_keys")) for line in lines),
         closed_at_budget=sum(bool(line.get("closed_at_budget")) for line in lines),
         valid_at_length=sum(line["outcome"] == "valid" and line.get("finish_reason") == "length" for line in lines),
-        prompt_length_refusals=sum(line["outcome"] == "refused"
-                                   and str(line.get("message", "")).startswith(PROMPT_TOO_LONG) for line in lines),
-        value_retries_exhausted=sum(str(line.get("message", "")).startswith("value_retries_exhausted")
-                                    for line in lines),
+        prompt_length_refusals=sum(
+            line["outcome"] == "refused" and str(line.get("message", "")).startswith(PROMPT_TOO_LONG) for line in lines
+        ),
+        value_retries_exhausted=sum(
+            str(line.get("message", "")).startswith("value_retries_exhausted") for line in lines
+        ),
         answered_validly_frac=outcomes.get("valid", 0) / len(lines) if lines else None,
-        **decode_summary([(line["name"], line["decode_ms_per_token"], line.get("completion_tokens", 0))
-                          for line in lines if line.get("decode_ms_per_token") is not None]),
+        **decode_summary(
+            [
+                (line["name"], line["decode_ms_per_token"], line.get("completion_tokens", 0))
+                for line in lines
+                if line.get("decode_ms_per_token") is not None
+            ]
+        ),
     )
     return out
 
@@ -95,6 +104,12 @@ def run(paths: Sequence[str]) -> None:
     for source in sources:
         mine = [line for (s, _), line in by_schema.items() if s == source]
         emit({"bench": "fidelity", "kind": "tally", "source": source, **tally(mine, stats[source].kept)})
-    emit({"bench": "fidelity", "kind": "tally", "source": "total", "logs": list(paths),
-          **tally([line for (s, _), line in by_schema.items() if s in sources],
-                  sum(stats[s].kept for s in sources))})
+    emit(
+        {
+            "bench": "fidelity",
+            "kind": "tally",
+            "source": "total",
+            "logs": list(paths),
+            **tally([line for (s, _), line in by_schema.items() if s in sources], sum(stats[s].kept for s in sources)),
+        }
+    )

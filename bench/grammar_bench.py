@@ -24,14 +24,13 @@ import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 from bench.common import emit, run_timed
 from bench.workloads import ROOT, chat
 from grammar import GrammarService, GrammarSpec
 from runtime.api import EngineStats, GenerateRequest
-from runtime.engine.engine import Engine
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.engine import Engine
 
 DATA = ROOT / "tests" / "data"
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
@@ -92,9 +91,16 @@ def _greedy(n: int, **kw) -> SamplingParams:
 
 def _delta(engine: Engine, before: EngineStats) -> dict:
     after = engine.stats()
-    return {k: getattr(after, k) - getattr(before, k)
-            for k in ("forward_passes", "generated_tokens", "engine_seconds", "jump_forward_tokens",
-                      "jump_forward_rejected")}
+    return {
+        k: getattr(after, k) - getattr(before, k)
+        for k in (
+            "forward_passes",
+            "generated_tokens",
+            "engine_seconds",
+            "jump_forward_tokens",
+            "jump_forward_rejected",
+        )
+    }
 
 
 def _timed(engine: Engine, specs: list[GenerateRequest]) -> tuple[list, dict]:
@@ -127,16 +133,35 @@ def mask_overhead(engine: Engine, svc: GrammarService, quick: bool) -> dict:
     batch, steps, reps = (8, 16, 3) if quick else (8, 32, 7)
     tok = engine.tokenizer
     # minLength keeps the string open for the whole run, so no request finishes early
-    handle = svc.compile(GrammarSpec.json_schema(
-        {"type": "object", "properties": {"essay": {"type": "string", "minLength": 1000}}, "required": ["essay"],
-         "additionalProperties": False}))
+    handle = svc.compile(
+        GrammarSpec.json_schema(
+            {
+                "type": "object",
+                "properties": {"essay": {"type": "string", "minLength": 1000}},
+                "required": ["essay"],
+                "additionalProperties": False,
+            }
+        )
+    )
     topics = ["rivers", "volcanoes", "bridges", "owls", "comets", "glaciers", "deserts", "lighthouses"]
-    prompts = [chat(tok, [{"role": "system", "content": SYSTEM},
-                          {"role": "user", "content": f"Write a long essay about {t} as JSON."}]) for t in topics[:batch]]
+    prompts = [
+        chat(
+            tok,
+            [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Write a long essay about {t} as JSON."},
+            ],
+        )
+        for t in topics[:batch]
+    ]
 
     def specs(constrained: bool):
-        return [GenerateRequest(p, _greedy(steps, ignore_eos=True), constraint=handle if constrained else None,
-                                jump_forward="off") for p in prompts]
+        return [
+            GenerateRequest(
+                p, _greedy(steps, ignore_eos=True), constraint=handle if constrained else None, jump_forward="off"
+            )
+            for p in prompts
+        ]
 
     engine.generate_many([GenerateRequest(p, _greedy(1)) for p in prompts])  # prompts into the prefix cache
     pairs, cpu_pairs = [], []
@@ -148,12 +173,21 @@ def mask_overhead(engine: Engine, svc: GrammarService, quick: bool) -> dict:
             _, free = _timed(engine, specs(False))
             _, masked = _timed(engine, specs(True))
         assert masked["generated_tokens"] == free["generated_tokens"] == batch * steps
-        pairs.append((masked["engine_seconds"] / masked["forward_passes"], free["engine_seconds"] / free["forward_passes"]))
+        pairs.append(
+            (masked["engine_seconds"] / masked["forward_passes"], free["engine_seconds"] / free["forward_passes"])
+        )
         cpu_pairs.append((masked["cpu_s"], free["cpu_s"]))
     ratio = _median_ratio(pairs)
-    return {"metric": "mask_overhead", "ratio": ratio, "ratio_cpu": _median_ratio(cpu_pairs), "batch": batch,
-            "steps": steps, "step_ms_masked": 1000 * statistics.median(a for a, _ in pairs),
-            "step_ms_free": 1000 * statistics.median(b for _, b in pairs), "reps": reps}
+    return {
+        "metric": "mask_overhead",
+        "ratio": ratio,
+        "ratio_cpu": _median_ratio(cpu_pairs),
+        "batch": batch,
+        "steps": steps,
+        "step_ms_masked": 1000 * statistics.median(a for a, _ in pairs),
+        "step_ms_free": 1000 * statistics.median(b for _, b in pairs),
+        "reps": reps,
+    }
 
 
 def jump_forward(engine: Engine, svc: GrammarService, quick: bool) -> dict:
@@ -166,33 +200,54 @@ def jump_forward(engine: Engine, svc: GrammarService, quick: bool) -> dict:
     docs = PROFILES[:4] if quick else PROFILES
     max_tokens, reps = (160, 1) if quick else (160, 3)
     handle = svc.compile(GrammarSpec.json_schema(_schema("extract_12_fields")))
-    prompts = [chat(engine.tokenizer, [{"role": "system", "content": SYSTEM},
-                                       {"role": "user", "content": f"Extract the person and company record: {d}"}])
-               for d in docs]
+    prompts = [
+        chat(
+            engine.tokenizer,
+            [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Extract the person and company record: {d}"},
+            ],
+        )
+        for d in docs
+    ]
     runs: dict[str, list[dict]] = {m: [] for m in ("off", "verify", "direct")}
     outputs: dict[str, list] = {}
     for _ in range(reps):
         for mode in runs:
             engine.flush_cache()  # zeroes the counters; every mode starts from the same cold cache
             cpu0 = time.process_time()
-            lines = run_timed(engine, [GenerateRequest(p, _greedy(max_tokens), constraint=handle, jump_forward=mode,
-                                                       strict=True) for p in prompts])
+            lines = run_timed(
+                engine,
+                [
+                    GenerateRequest(p, _greedy(max_tokens), constraint=handle, jump_forward=mode, strict=True)
+                    for p in prompts
+                ],
+            )
             s = engine.stats()
             tokens = sum(tl.last.completion_tokens for tl in lines)
             cpu = time.process_time() - cpu0
-            runs[mode].append({"tok_s": s.generated_tokens / s.engine_seconds,
-                               "tok_cpu_s": s.generated_tokens / cpu,
-                               "ppt": sum(len(tl.events) for tl in lines) / tokens,
-                               "batch_ppt": s.forward_passes / s.generated_tokens,
-                               "drafted": s.jump_forward_tokens + s.jump_forward_rejected,
-                               "rejected": s.jump_forward_rejected, "tokens": tokens})
+            runs[mode].append(
+                {
+                    "tok_s": s.generated_tokens / s.engine_seconds,
+                    "tok_cpu_s": s.generated_tokens / cpu,
+                    "ppt": sum(len(tl.events) for tl in lines) / tokens,
+                    "batch_ppt": s.forward_passes / s.generated_tokens,
+                    "drafted": s.jump_forward_tokens + s.jump_forward_rejected,
+                    "rejected": s.jump_forward_rejected,
+                    "tokens": tokens,
+                }
+            )
             outputs[mode] = [[t for ev in tl.events for t in ev.token_ids] for tl in lines]
     med = lambda mode, key: statistics.median(r[key] for r in runs[mode])
-    rec = {"metric": "jump_forward", "requests": len(prompts), "max_tokens": max_tokens,
-           "speedup_verify": med("verify", "tok_s") / med("off", "tok_s"),
-           "speedup_direct": med("direct", "tok_s") / med("off", "tok_s"),
-           "speedup_verify_cpu": med("verify", "tok_cpu_s") / med("off", "tok_cpu_s"),
-           "speedup_direct_cpu": med("direct", "tok_cpu_s") / med("off", "tok_cpu_s")}
+    rec = {
+        "metric": "jump_forward",
+        "requests": len(prompts),
+        "max_tokens": max_tokens,
+        "speedup_verify": med("verify", "tok_s") / med("off", "tok_s"),
+        "speedup_direct": med("direct", "tok_s") / med("off", "tok_s"),
+        "speedup_verify_cpu": med("verify", "tok_cpu_s") / med("off", "tok_cpu_s"),
+        "speedup_direct_cpu": med("direct", "tok_cpu_s") / med("off", "tok_cpu_s"),
+    }
     for mode in runs:
         rec[f"passes_per_token_{mode}"] = med(mode, "ppt")
     for mode in runs:
@@ -220,13 +275,16 @@ def _jump_forward_batch1(engine: Engine, handle, prompts: list, max_tokens: int)
     for p in prompts:
         for mode in tok_s:
             engine.flush_cache()
-            run_timed(engine, [GenerateRequest(p, _greedy(max_tokens), constraint=handle, jump_forward=mode,
-                                               strict=True)])
+            run_timed(
+                engine, [GenerateRequest(p, _greedy(max_tokens), constraint=handle, jump_forward=mode, strict=True)]
+            )
             s = engine.stats()
             tok_s[mode].append(s.generated_tokens / s.engine_seconds)
-    return {"batch1_tok_s_off": statistics.median(tok_s["off"]),
-            "batch1_tok_s_verify": statistics.median(tok_s["verify"]),
-            "batch1_speedup_verify": statistics.median(v / o for v, o in zip(tok_s["verify"], tok_s["off"]))}
+    return {
+        "batch1_tok_s_off": statistics.median(tok_s["off"]),
+        "batch1_tok_s_verify": statistics.median(tok_s["verify"]),
+        "batch1_speedup_verify": statistics.median(v / o for v, o in zip(tok_s["verify"], tok_s["off"])),
+    }
 
 
 def compile_costs(engine: Engine, quick: bool) -> dict:
@@ -234,8 +292,11 @@ def compile_costs(engine: Engine, quick: bool) -> dict:
     service on the same folder, as after a restart). Every lookup starts from the raw schema or
     pattern, as a request does: spec, canonical key, then the cache."""
     refused = json.loads((DATA / "schema_corpus_refusals.json").read_text())
-    raw = [("json_schema", json.loads(p.read_text()))
-           for p in sorted((DATA / "schema_corpus").glob("*.json")) if p.stem not in refused]
+    raw = [
+        ("json_schema", json.loads(p.read_text()))
+        for p in sorted((DATA / "schema_corpus").glob("*.json"))
+        if p.stem not in refused
+    ]
     raw += [("regex", r["pattern"]) for r in json.loads((DATA / "regex_corpus.json").read_text())]
     if quick:
         raw = raw[::3]
@@ -260,11 +321,19 @@ def compile_costs(engine: Engine, quick: bool) -> dict:
         stats = fresh.stats()
         fresh.close()
     ms = lambda xs, q=50: 1000 * (statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else xs[0])
-    return {"metric": "compile", "specs": len(raw), "cold_ms_p50": ms(cold), "cold_ms_p90": ms(cold, 90),
-            "memory_hit_ms": ms(memory), "memory_hit_ms_p90": ms(memory, 90),
-            "disk_hit_ms": ms(disk), "disk_hit_ms_p90": ms(disk, 90),
-            "disk_hit_frac_of_cold": statistics.median(disk) / statistics.median(cold),
-            "disk_hits": stats.disk_hits, "misses_after_restart": stats.misses}
+    return {
+        "metric": "compile",
+        "specs": len(raw),
+        "cold_ms_p50": ms(cold),
+        "cold_ms_p90": ms(cold, 90),
+        "memory_hit_ms": ms(memory),
+        "memory_hit_ms_p90": ms(memory, 90),
+        "disk_hit_ms": ms(disk),
+        "disk_hit_ms_p90": ms(disk, 90),
+        "disk_hit_frac_of_cold": statistics.median(disk) / statistics.median(cold),
+        "disk_hits": stats.disk_hits,
+        "misses_after_restart": stats.misses,
+    }
 
 
 def completeness(engine: Engine, svc: GrammarService, quick: bool) -> dict:
@@ -276,31 +345,49 @@ def completeness(engine: Engine, svc: GrammarService, quick: bool) -> dict:
     validator = jsonschema.Draft202012Validator(schema)
     handle = svc.compile(GrammarSpec.json_schema(schema))
     docs = PROFILES[:4] if quick else PROFILES
-    asks = ["Extract the person and company record: ", "Fill in every field (skills, languages and past "
-            "employers as lists) from this profile: "]
-    prompts = [chat(engine.tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": a + d}])
-               for a in (asks[:1] if quick else asks) for d in docs]
-    specs = [GenerateRequest(p, _greedy(160), constraint=handle, strict=strict)
-             for strict in (False, True) for p in prompts]
+    asks = [
+        "Extract the person and company record: ",
+        "Fill in every field (skills, languages and past employers as lists) from this profile: ",
+    ]
+    prompts = [
+        chat(engine.tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": a + d}])
+        for a in (asks[:1] if quick else asks)
+        for d in docs
+    ]
+    specs = [
+        GenerateRequest(p, _greedy(160), constraint=handle, strict=strict) for strict in (False, True) for p in prompts
+    ]
     results = engine.generate_many(specs, timeout=3600)
-    off, on = results[: len(prompts)], results[len(prompts):]
+    off, on = results[: len(prompts)], results[len(prompts) :]
     off_ok = [_complete(r.text, validator) for r in off]
     on_ok = [_complete(r.text, validator) for r in on]
-    rec = {"metric": "completeness", "requests": len(prompts), "max_tokens": 160,
-           "complete_frac_off": sum(c for c, _ in off_ok) / len(off), "valid_frac_off": sum(v for _, v in off_ok) / len(off),
-           "complete_frac_on": sum(c for c, _ in on_ok) / len(on), "valid_frac_on": sum(v for _, v in on_ok) / len(on),
-           "finish_length_on": sum(r.finish_reason == "length" for r in on) / len(on)}
+    rec = {
+        "metric": "completeness",
+        "requests": len(prompts),
+        "max_tokens": 160,
+        "complete_frac_off": sum(c for c, _ in off_ok) / len(off),
+        "valid_frac_off": sum(v for _, v in off_ok) / len(off),
+        "complete_frac_on": sum(c for c, _ in on_ok) / len(on),
+        "valid_frac_on": sum(v for _, v in on_ok) / len(on),
+        "finish_length_on": sum(r.finish_reason == "length" for r in on) / len(on),
+    }
 
     # strict overhead where nothing fires: small schemas answered well within a big budget
     reps = 2 if quick else 5
-    items = [(svc.compile(GrammarSpec.json_schema(_schema(n))),
-              chat(engine.tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]))
-             for n, q in (WELL_BEHAVED[:4] if quick else WELL_BEHAVED)]
+    items = [
+        (
+            svc.compile(GrammarSpec.json_schema(_schema(n))),
+            chat(engine.tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]),
+        )
+        for n, q in (WELL_BEHAVED[:4] if quick else WELL_BEHAVED)
+    ]
     engine.generate_many([GenerateRequest(p, _greedy(1)) for _, p in items])  # prompts into the prefix cache
 
     def run(strict: bool):
-        return _timed(engine, [GenerateRequest(p, _greedy(256), constraint=h, strict=strict, jump_forward="off")
-                               for h, p in items])
+        return _timed(
+            engine,
+            [GenerateRequest(p, _greedy(256), constraint=h, strict=strict, jump_forward="off") for h, p in items],
+        )
 
     pairs, cpu_pairs, identical = [], [], True
     for i in range(reps):  # alternate which goes first
@@ -311,7 +398,9 @@ def completeness(engine: Engine, svc: GrammarService, quick: bool) -> dict:
             res_off, d_off = run(False)
             res_on, d_on = run(True)
         identical &= [r.token_ids for r in res_on] == [r.token_ids for r in res_off]
-        pairs.append((d_on["engine_seconds"] / d_on["forward_passes"], d_off["engine_seconds"] / d_off["forward_passes"]))
+        pairs.append(
+            (d_on["engine_seconds"] / d_on["forward_passes"], d_off["engine_seconds"] / d_off["forward_passes"])
+        )
         cpu_pairs.append((d_on["cpu_s"], d_off["cpu_s"]))
     rec["step_overhead"] = _median_ratio(pairs)
     rec["step_overhead_cpu"] = _median_ratio(cpu_pairs)

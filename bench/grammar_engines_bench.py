@@ -25,17 +25,21 @@ import xgrammar as xgr
 
 from bench.common import default_tokenizer, emit, mask_walk_us
 from bench.workloads import corpus_examples
-from grammar.engines.xgrammar.schema import compact_json_grammar
 from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguidance
-from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.llguidance.schema import llguidance_grammar, llguidance_refusal
+from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.xgrammar.matcher import XGrammarMatcher
+from grammar.engines.xgrammar.schema import compact_json_grammar
 from grammar.engines.xgrammar.tokenizer import build_tokenizer_info
+
 
 def load_cases(quick: bool) -> list[tuple[str, dict, str]]:
     """(name, schema, compact JSON of a valid example) for the corpus schemas both engines take."""
-    cases = [(name, schema, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
-             for name, schema, value in corpus_examples() if llguidance_refusal(schema, strict=True) is None]
+    cases = [
+        (name, schema, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+        for name, schema, value in corpus_examples()
+        if llguidance_refusal(schema, strict=True) is None
+    ]
     return cases[:8] if quick else cases
 
 
@@ -46,8 +50,9 @@ class MaskTimer:
     def __init__(self):
         self.tokenizer, vocab = default_tokenizer()
         self.stop_ids = [self.tokenizer.eos_token_id]
-        self.xgr_compiler = xgr.GrammarCompiler(build_tokenizer_info(self.tokenizer, vocab, self.stop_ids),
-                                                cache_enabled=False)
+        self.xgr_compiler = xgr.GrammarCompiler(
+            build_tokenizer_info(self.tokenizer, vocab, self.stop_ids), cache_enabled=False
+        )
         self.llg_tokenizer = LLGuidanceTokenizer(self.tokenizer, vocab, self.stop_ids).get()
         self.llg_uncached = LLGuidanceTokenizer(self.tokenizer, vocab, self.stop_ids, entries=0).get()
         self.words = (vocab + 31) // 32
@@ -58,17 +63,25 @@ class MaskTimer:
     def xgrammar_us(self, schema: dict, text: str, reps: int) -> float | None:
         """Median µs per token of XGrammar's mask for `schema` (strict) along `text` + the stop token."""
         compiled = self.xgr_compiler.compile_grammar(compact_json_grammar(schema, strict=True))
-        return mask_walk_us(lambda: XGrammarMatcher(compiled, self.encode, frozenset()),
-                         self.encode(text) + self.stop_ids, self.words, reps)
+        return mask_walk_us(
+            lambda: XGrammarMatcher(compiled, self.encode, frozenset()),
+            self.encode(text) + self.stop_ids,
+            self.words,
+            reps,
+        )
 
     def llguidance_us(self, schema: dict, text: str, reps: int, cached: bool = True) -> float | None:
         """The same with llguidance's matcher (`cached`: encoding forced text through the memo)."""
         tokenizer = self.llg_tokenizer if cached else self.llg_uncached
         grammar = llguidance_grammar(schema, strict=True)
-        handle = LLGuidanceHandle("bench", "json_schema", grammar,
-                                  compile_llguidance(tokenizer, grammar, "JSON schema", None), frozenset(self.stop_ids))
-        return mask_walk_us(handle.new_matcher,
-                         self.encode(text) + self.stop_ids, self.words, reps)
+        handle = LLGuidanceHandle(
+            "bench",
+            "json_schema",
+            grammar,
+            compile_llguidance(tokenizer, grammar, "JSON schema", None),
+            frozenset(self.stop_ids),
+        )
+        return mask_walk_us(handle.new_matcher, self.encode(text) + self.stop_ids, self.words, reps)
 
 
 def run(quick: bool = False, argv: list[str] | None = None) -> None:
@@ -81,8 +94,14 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
         xgr_us = timer.xgrammar_us(schema, text, args.reps)
         llg_us = timer.llguidance_us(schema, text, args.reps)
         uncached_us = timer.llguidance_us(schema, text, args.reps, cached=False)
-        record = {"metric": "mask_us_per_token", "schema": name, "tokens": len(timer.encode(text)) + 1,
-                  "xgrammar_us": xgr_us, "llguidance_us": llg_us, "llguidance_uncached_us": uncached_us}
+        record = {
+            "metric": "mask_us_per_token",
+            "schema": name,
+            "tokens": len(timer.encode(text)) + 1,
+            "xgrammar_us": xgr_us,
+            "llguidance_us": llg_us,
+            "llguidance_uncached_us": uncached_us,
+        }
         if xgr_us and llg_us and uncached_us:
             record["llguidance_over_xgrammar"] = llg_us / xgr_us
             record["uncached_over_xgrammar"] = uncached_us / xgr_us
@@ -90,9 +109,14 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
             uncached_ratios.append(uncached_us / xgr_us)
         emit(record)
     if ratios:
-        emit({"metric": "mask_us_per_token_summary", "schemas": len(ratios),
-              "median_llguidance_over_xgrammar": statistics.median(ratios),
-              "max_llguidance_over_xgrammar": max(ratios),
-              "schemas_within_2x": sum(r <= 2.0 for r in ratios),
-              "median_uncached_over_xgrammar": statistics.median(uncached_ratios),
-              "uncached_schemas_within_2x": sum(r <= 2.0 for r in uncached_ratios)})
+        emit(
+            {
+                "metric": "mask_us_per_token_summary",
+                "schemas": len(ratios),
+                "median_llguidance_over_xgrammar": statistics.median(ratios),
+                "max_llguidance_over_xgrammar": max(ratios),
+                "schemas_within_2x": sum(r <= 2.0 for r in ratios),
+                "median_uncached_over_xgrammar": statistics.median(uncached_ratios),
+                "uncached_schemas_within_2x": sum(r <= 2.0 for r in uncached_ratios),
+            }
+        )

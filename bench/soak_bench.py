@@ -44,42 +44,50 @@ import httpx
 
 from bench.common import emit
 from bench.replica_killer import ReplicaKiller, descendants
-from bench.server_process import JumpgateServer
 from bench.serve_bench import (
+    DOCUMENT_PEOPLE,
     EXTRACT_SCHEMA_PATH,
     MODEL,
-    DOCUMENT_PEOPLE,
-    post_chat,
     Result,
     exit_on_sigterm,
     json_valid,
     percentile,
+    post_chat,
     stream_chat,
     tool_calls_valid,
 )
+from bench.server_process import JumpgateServer
 from bench.workloads import USER_TASKS, agent_tools
 
 # json-extract in the soak: the first five fields of tests/data/schema_corpus/extract_12_fields.json,
 # with bounded strings, so that a request can finish while 63 others share the CPU.
 CONTACT_SCHEMA = {
     "type": "object",
-    "properties": {k: {"type": "string", "maxLength": 60} for k in (
-        "full_name", "job_title", "company_name", "headquarters_city", "email")},
+    "properties": {
+        k: {"type": "string", "maxLength": 60}
+        for k in ("full_name", "job_title", "company_name", "headquarters_city", "email")
+    },
     "required": ["full_name", "job_title", "company_name", "headquarters_city", "email"],
     "additionalProperties": False,
 }
-AGENT_SYSTEM = ("You are Atlas, an operations agent for a logistics company. Call exactly the tool that the "
-                "user's request needs, with precise arguments.")
+AGENT_SYSTEM = (
+    "You are Atlas, an operations agent for a logistics company. Call exactly the tool that the "
+    "user's request needs, with precise arguments."
+)
 
 
 def upload_schema(tag: str, n: int) -> dict[str, Any]:
     """The n-th upload's schema: each one its own registry id and grammar (bounds and description differ)."""
     return {
-        "type": "object", "description": f"soak upload {tag}-{n}",
-        "properties": {"full_name": {"type": "string", "maxLength": 24 + n % 32},
-                       "city": {"type": "string", "maxLength": 40},
-                       "years_in_role": {"type": "integer", "minimum": 0, "maximum": 40 + n % 60}},
-        "required": ["full_name", "city", "years_in_role"], "additionalProperties": False,
+        "type": "object",
+        "description": f"soak upload {tag}-{n}",
+        "properties": {
+            "full_name": {"type": "string", "maxLength": 24 + n % 32},
+            "city": {"type": "string", "maxLength": 40},
+            "years_in_role": {"type": "integer", "minimum": 0, "maximum": 40 + n % 60},
+        },
+        "required": ["full_name", "city", "years_in_role"],
+        "additionalProperties": False,
     }
 
 
@@ -87,8 +95,10 @@ def short_document() -> str:
     lines = ["Staff directory (excerpt).\n"]
     for name, title, company, industry, site, city, skills, langs, prev in DOCUMENT_PEOPLE[:4]:
         first = name.split()[0].lower()
-        lines.append(f"{name}, {title} at {company} ({industry}, {city}, https://www.{site}), {first}@{site}. "
-                     f"Skills: {', '.join(skills)}. Languages: {', '.join(langs)}. Before: {', '.join(prev)}.\n")
+        lines.append(
+            f"{name}, {title} at {company} ({industry}, {city}, https://www.{site}), {first}@{site}. "
+            f"Skills: {', '.join(skills)}. Languages: {', '.join(langs)}. Before: {', '.join(prev)}.\n"
+        )
     return "".join(lines)
 
 
@@ -148,14 +158,25 @@ class Soak:
         common = {"model": MODEL, "temperature": 0, "max_tokens": self.args.max_tokens}
         if rng.random() < 0.5:
             task = USER_TASKS[rng.randrange(len(USER_TASKS))]
-            return "agent", {**common, "tools": self.tools, "tool_choice": "required", "parallel_tool_calls": False,
-                             "messages": [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": task}]}
+            return "agent", {
+                **common,
+                "tools": self.tools,
+                "tool_choice": "required",
+                "parallel_tool_calls": False,
+                "messages": [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": task}],
+            }
         name = DOCUMENT_PEOPLE[rng.randrange(4)][0]
-        return "extract", {**common, "messages": [
-            {"role": "system", "content": self.document},
-            {"role": "user", "content": f"Extract the record of {name}."}],
-            "response_format": {"type": "json_schema", "json_schema": {
-                "name": "record", "strict": True, "schema": self.extract_schema}}}
+        return "extract", {
+            **common,
+            "messages": [
+                {"role": "system", "content": self.document},
+                {"role": "user", "content": f"Extract the record of {name}."},
+            ],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "record", "strict": True, "schema": self.extract_schema},
+            },
+        }
 
     def _bad_requests(self) -> list[tuple[str, dict[str, Any]]]:
         """(name, httpx request kwargs); every one must come back 4xx with an OpenAI error body."""
@@ -163,18 +184,43 @@ class Soak:
         base = {"model": MODEL, "messages": user, "max_tokens": 8}
         js = lambda **kw: {"json": {**base, **kw}}  # noqa: E731
         return [
-            ("malformed_json", {"content": b'{"model": "x", "messages": [', "headers": {"content-type": "application/json"}}),
+            (
+                "malformed_json",
+                {"content": b'{"model": "x", "messages": [', "headers": {"content-type": "application/json"}},
+            ),
             ("wrong_type", js(max_tokens="ten")),
             ("unknown_model", js(model="gpt-imaginary")),
             ("empty_messages", js(messages=[])),
-            ("invalid_schema", js(response_format={"type": "json_schema", "json_schema": {
-                "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integr"}}}}})),
+            (
+                "invalid_schema",
+                js(
+                    response_format={
+                        "type": "json_schema",
+                        "json_schema": {
+                            "name": "x",
+                            "schema": {"type": "object", "properties": {"a": {"type": "integr"}}},
+                        },
+                    }
+                ),
+            ),
             ("bad_regex", js(regex="(ab")),
             ("unknown_schema_id", js(schema_id="sch_" + "0" * 24)),
             ("missing_tool", js(tools=self.tools[:2], tool_choice={"type": "function", "function": {"name": "nope"}})),
             ("prompt_too_long", js(messages=[{"role": "user", "content": "hello " * 5000}])),
-            ("max_tokens_below_schema", js(max_tokens=3, response_format={"type": "json_schema", "json_schema": {
-                "name": "x", "strict": True, "schema": json.loads(EXTRACT_SCHEMA_PATH.read_text())}})),
+            (
+                "max_tokens_below_schema",
+                js(
+                    max_tokens=3,
+                    response_format={
+                        "type": "json_schema",
+                        "json_schema": {
+                            "name": "x",
+                            "strict": True,
+                            "schema": json.loads(EXTRACT_SCHEMA_PATH.read_text()),
+                        },
+                    },
+                ),
+            ),
             ("body_too_large", js(messages=[{"role": "user", "content": "x" * (5 * 1024 * 1024)}])),
         ]
 
@@ -221,8 +267,14 @@ class Soak:
             c.invalid_outputs += 1
             c.sample(f"{kind}: invalid output (finish={r.finish_reason}): {r.content[:120]} {r.tool_calls}")
 
-    async def chat(self, client: httpx.AsyncClient, kind: str, body: dict[str, Any], stream: bool,
-                   schema: dict[str, Any] | None = None) -> None:
+    async def chat(
+        self,
+        client: httpx.AsyncClient,
+        kind: str,
+        body: dict[str, Any],
+        stream: bool,
+        schema: dict[str, Any] | None = None,
+    ) -> None:
         started = time.monotonic()
         if not stream:
             self.c.non_streamed += 1
@@ -260,18 +312,32 @@ class Soak:
         self.uploaded[schema_id] = schema
         self.c.uploads_acknowledged += 1
         name = DOCUMENT_PEOPLE[rng.randrange(4)][0]
-        body = {"model": MODEL, "temperature": 0, "max_tokens": self.args.max_tokens, "schema_id": schema_id,
-                "messages": [{"role": "system", "content": self.document},
-                             {"role": "user", "content": f"Extract the record of {name}."}]}
+        body = {
+            "model": MODEL,
+            "temperature": 0,
+            "max_tokens": self.args.max_tokens,
+            "schema_id": schema_id,
+            "messages": [
+                {"role": "system", "content": self.document},
+                {"role": "user", "content": f"Extract the record of {name}."},
+            ],
+        }
         await self.chat(client, "registry", body, stream=rng.random() < 0.5, schema=schema)
 
     async def stored_response(self, client: httpx.AsyncClient, rng: random.Random) -> None:
         """/v1/responses, strict json_schema, store: true; the id must be readable at the end."""
         name = DOCUMENT_PEOPLE[rng.randrange(4)][0]
-        body = {"model": MODEL, "temperature": 0, "max_output_tokens": self.args.max_tokens, "store": True,
-                "instructions": self.document, "input": f"Extract the record of {name}.",
-                "text": {"format": {"type": "json_schema", "name": "record", "strict": True,
-                                    "schema": self.extract_schema}}}
+        body = {
+            "model": MODEL,
+            "temperature": 0,
+            "max_output_tokens": self.args.max_tokens,
+            "store": True,
+            "instructions": self.document,
+            "input": f"Extract the record of {name}.",
+            "text": {
+                "format": {"type": "json_schema", "name": "record", "strict": True, "schema": self.extract_schema}
+            },
+        }
         started = time.monotonic()
         self.c.non_streamed += 1
         resp = await client.post("/v1/responses", json=body)
@@ -290,8 +356,12 @@ class Soak:
             return
         self.stored.append(obj["id"])
         c.responses_stored += 1
-        text = "".join(part.get("text", "") for item in obj.get("output", []) if item.get("type") == "message"
-                       for part in item.get("content", []))
+        text = "".join(
+            part.get("text", "")
+            for item in obj.get("output", [])
+            if item.get("type") == "message"
+            for part in item.get("content", [])
+        )
         if obj.get("status") == "incomplete":
             c.incomplete += 1
         if json_valid(text, self.extract_schema):
@@ -326,7 +396,7 @@ class Soak:
         started = time.monotonic()
         try:
             r = await asyncio.wait_for(stream_chat(client, body, on_event=hang_up), timeout=after_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         if r.status >= 500:
             self.c.status(r.status)
@@ -362,8 +432,13 @@ class Soak:
         await asyncio.sleep(rng.uniform(0, 1.0))  # do not start all 64 in the same millisecond
         while time.monotonic() < deadline:
             roll = rng.random()
-            action = (self.disconnect if roll < self.args.disconnect_frac else
-                      self.bad_request if roll < self.args.disconnect_frac + self.args.bad_frac else self.valid)
+            action = (
+                self.disconnect
+                if roll < self.args.disconnect_frac
+                else self.bad_request
+                if roll < self.args.disconnect_frac + self.args.bad_frac
+                else self.valid
+            )
             self.c.requests += 1
             started = time.monotonic()
             try:
@@ -371,7 +446,7 @@ class Soak:
             except asyncio.CancelledError:
                 self.c.cancelled_at_end += 1
                 raise
-            except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, httpx.HTTPError) as exc:
                 kill = self.killer.kill_near(started, time.monotonic(), self.args.kill_window) if self.killer else None
                 if kill is not None:
                     key = f"{kill.deployment}:transport/{type(exc).__name__}"
@@ -381,8 +456,9 @@ class Soak:
 
     async def run(self, deadline: float) -> None:
         limits = httpx.Limits(max_connections=self.args.clients + 8, max_keepalive_connections=self.args.clients + 8)
-        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(self.args.request_timeout, connect=30),
-                                     limits=limits) as client:
+        async with httpx.AsyncClient(
+            base_url=self.url, timeout=httpx.Timeout(self.args.request_timeout, connect=30), limits=limits
+        ) as client:
             tasks = [asyncio.create_task(self.client_loop(client, i, deadline)) for i in range(self.args.clients)]
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             # the deadline: requests still in flight are cancelled (their connections close)
@@ -458,30 +534,54 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--kv-pool-tokens", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--max-running-requests", type=int, default=16,
-                    help="the server's batch limit; the other clients wait in its queue (a 2-core CPU cannot "
-                         "finish anything with 64 long-context requests decoding side by side in 40 s)")
+    ap.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=16,
+        help="the server's batch limit; the other clients wait in its queue (a 2-core CPU cannot "
+        "finish anything with 64 long-context requests decoding side by side in 40 s)",
+    )
     ap.add_argument("--disconnect-frac", type=float, default=0.2)
     ap.add_argument("--bad-frac", type=float, default=0.1)
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--idle-timeout", type=float, default=60.0, help="seconds to wait for the server to go idle")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--upload-frac", type=float, default=0.2,
-                    help="share of valid requests that upload a new schema and then use it by id")
-    ap.add_argument("--responses-frac", type=float, default=0.15,
-                    help="share of valid requests that are stored /v1/responses (read back at the end)")
+    ap.add_argument(
+        "--upload-frac",
+        type=float,
+        default=0.2,
+        help="share of valid requests that upload a new schema and then use it by id",
+    )
+    ap.add_argument(
+        "--responses-frac",
+        type=float,
+        default=0.15,
+        help="share of valid requests that are stored /v1/responses (read back at the end)",
+    )
     ap.add_argument("--host-pool-tokens", type=int, default=8192, help="host KV tier (0: tiers off)")
     ap.add_argument("--no-disk-tier", action="store_true", help="no disk KV tier (it is on, in a temp folder)")
-    ap.add_argument("--cluster", action="store_true",
-                    help="two engine replicas on Ray Serve, one killed every --kill-every s (chaos)")
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="two engine replicas on Ray Serve, one killed every --kill-every s (chaos)",
+    )
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--gateway-replicas", type=int, default=2,
-                    help="--cluster: gateway replicas (they share the registry and responses folders)")
+    ap.add_argument(
+        "--gateway-replicas",
+        type=int,
+        default=2,
+        help="--cluster: gateway replicas (they share the registry and responses folders)",
+    )
     ap.add_argument("--kill-every", type=float, default=20.0 if quick else 120.0)
-    ap.add_argument("--kill", default="engine",
-                    help="--cluster: deployments whose replicas are killed in turn (engine, gateway)")
-    ap.add_argument("--kill-window", type=float, default=90.0,
-                    help="--cluster: seconds after a kill during which engine_stopped is the kill's doing")
+    ap.add_argument(
+        "--kill", default="engine", help="--cluster: deployments whose replicas are killed in turn (engine, gateway)"
+    )
+    ap.add_argument(
+        "--kill-window",
+        type=float,
+        default=90.0,
+        help="--cluster: seconds after a kill during which engine_stopped is the kill's doing",
+    )
     return ap.parse_args(list(argv or []))
 
 
@@ -489,10 +589,15 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     args = parse_args(quick, argv)
     exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="jumpgate-soak-") as tmp:
-        server = JumpgateServer(Path(tmp), kv_pool_tokens=args.kv_pool_tokens, startup_timeout_s=600,
-                                extra_args=server_args(args, Path(tmp)))
+        server = JumpgateServer(
+            Path(tmp),
+            kv_pool_tokens=args.kv_pool_tokens,
+            startup_timeout_s=600,
+            extra_args=server_args(args, Path(tmp)),
+        )
         with server:
             soak = Soak(server.url, args)
+
             # warm-up outside the measured window: compile both grammars once
             async def warm() -> None:
                 async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
@@ -503,6 +608,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                         if kind not in kinds:
                             kinds.add(kind)
                             await stream_chat(client, {**body, "max_tokens": args.max_tokens})
+
             asyncio.run(warm())
 
             poller = Poller(server, rss=(lambda: tree_rss_mb(server.pid)) if args.cluster else server.rss_mb)
@@ -527,52 +633,100 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     last = [mb for t, mb in poller.rss if t_start + 2 * third <= t <= t_end]
     m2, m3 = mean(second), mean(last)
     c = soak.c
-    emit({
-        "bench": "soak", "mode": "cluster" if args.cluster else "single", "duration_s": t_end - t_start, "clients": args.clients, "kv_pool_tokens": args.kv_pool_tokens,
-        "max_running_requests": args.max_running_requests,
-        "requests": c.requests, "completed_ok": c.completed_ok, "server_errors": c.server_errors,
-        "invalid_outputs": c.invalid_outputs,
-        "leaked_slots": int(after.get("jumpgate_kv_slots_request_only", -1)),
-        "running_after_idle": int(after.get("jumpgate_running_requests", -1)),
-        "waiting_after_idle": int(after.get("jumpgate_waiting_requests", -1)),
-        "in_flight_after_idle": int(after.get("jumpgate_gateway_in_flight_requests", -1)),
-        "idle_wait_s": idle_wait,
-        "rss_growth_mb": (m3 - m2) if m2 is not None and m3 is not None else None,
-        "rss_mb_end": rss_final,
-        "p99_health_ms": percentile(poller.health_ms, 0.99),
-        "p50_health_ms": percentile(poller.health_ms, 0.5),
-        "max_health_ms": max(poller.health_ms) if poller.health_ms else None,
-        "health_checks": len(poller.health_ms), "health_failures": poller.health_failures,
-        "valid_requests": c.valid_requests, "incomplete_length": c.incomplete, "disconnects": c.disconnects,
-        "bad_requests": c.bad_requests, "bad_rejected_ok": c.bad_rejected_ok, "bad_accepted": c.bad_accepted,
-        "client_errors": c.client_errors, "transport_errors": c.transport_errors,
-        "cancelled_at_end": c.cancelled_at_end,
-        "tokens_generated": int(after.get("jumpgate_generation_tokens_total", 0)),
-        "retractions": int(after.get("jumpgate_engine_retractions", 0)),
-        "non_streamed": c.non_streamed, "uploads": c.uploads, "uploads_acknowledged": c.uploads_acknowledged,
-        "uploads_lost": c.uploads_lost, "responses_stored": c.responses_stored, "responses_lost": c.responses_lost,
-        "disk_tier": not args.no_disk_tier and args.host_pool_tokens > 0, "host_pool_tokens": args.host_pool_tokens,
-        "disk_tier_counts": {k: int(v) for k, v in after.items() if "disk_pages" in k or "disk_corrupt" in k},
-        **({"replicas": args.replicas, "gateway_replicas": args.gateway_replicas, "kill_every_s": args.kill_every,
-            "kills": len(soak.killer.kills) if soak.killer else 0,
-            "kills_by_deployment": {d: sum(k.deployment == d for k in soak.killer.kills) for d in args.kill.split(",")}
-            if soak.killer else {},
-            "kill_skipped": soak.killer.skipped if soak.killer else 0,
-            "killed_in_flight": c.killed_in_flight, "killed_by_status": c.killed_by_status} if args.cluster else {}),
-        "by_status": c.by_status, "error_samples": c.error_samples,
-    })
+    emit(
+        {
+            "bench": "soak",
+            "mode": "cluster" if args.cluster else "single",
+            "duration_s": t_end - t_start,
+            "clients": args.clients,
+            "kv_pool_tokens": args.kv_pool_tokens,
+            "max_running_requests": args.max_running_requests,
+            "requests": c.requests,
+            "completed_ok": c.completed_ok,
+            "server_errors": c.server_errors,
+            "invalid_outputs": c.invalid_outputs,
+            "leaked_slots": int(after.get("jumpgate_kv_slots_request_only", -1)),
+            "running_after_idle": int(after.get("jumpgate_running_requests", -1)),
+            "waiting_after_idle": int(after.get("jumpgate_waiting_requests", -1)),
+            "in_flight_after_idle": int(after.get("jumpgate_gateway_in_flight_requests", -1)),
+            "idle_wait_s": idle_wait,
+            "rss_growth_mb": (m3 - m2) if m2 is not None and m3 is not None else None,
+            "rss_mb_end": rss_final,
+            "p99_health_ms": percentile(poller.health_ms, 0.99),
+            "p50_health_ms": percentile(poller.health_ms, 0.5),
+            "max_health_ms": max(poller.health_ms) if poller.health_ms else None,
+            "health_checks": len(poller.health_ms),
+            "health_failures": poller.health_failures,
+            "valid_requests": c.valid_requests,
+            "incomplete_length": c.incomplete,
+            "disconnects": c.disconnects,
+            "bad_requests": c.bad_requests,
+            "bad_rejected_ok": c.bad_rejected_ok,
+            "bad_accepted": c.bad_accepted,
+            "client_errors": c.client_errors,
+            "transport_errors": c.transport_errors,
+            "cancelled_at_end": c.cancelled_at_end,
+            "tokens_generated": int(after.get("jumpgate_generation_tokens_total", 0)),
+            "retractions": int(after.get("jumpgate_engine_retractions", 0)),
+            "non_streamed": c.non_streamed,
+            "uploads": c.uploads,
+            "uploads_acknowledged": c.uploads_acknowledged,
+            "uploads_lost": c.uploads_lost,
+            "responses_stored": c.responses_stored,
+            "responses_lost": c.responses_lost,
+            "disk_tier": not args.no_disk_tier and args.host_pool_tokens > 0,
+            "host_pool_tokens": args.host_pool_tokens,
+            "disk_tier_counts": {k: int(v) for k, v in after.items() if "disk_pages" in k or "disk_corrupt" in k},
+            **(
+                {
+                    "replicas": args.replicas,
+                    "gateway_replicas": args.gateway_replicas,
+                    "kill_every_s": args.kill_every,
+                    "kills": len(soak.killer.kills) if soak.killer else 0,
+                    "kills_by_deployment": {
+                        d: sum(k.deployment == d for k in soak.killer.kills) for d in args.kill.split(",")
+                    }
+                    if soak.killer
+                    else {},
+                    "kill_skipped": soak.killer.skipped if soak.killer else 0,
+                    "killed_in_flight": c.killed_in_flight,
+                    "killed_by_status": c.killed_by_status,
+                }
+                if args.cluster
+                else {}
+            ),
+            "by_status": c.by_status,
+            "error_samples": c.error_samples,
+        }
+    )
 
 
 def server_args(args: argparse.Namespace, tmp: Path) -> list[str]:
     """The serve flags: batch limit, KV tiers (disk in `tmp`), room for every stored response, and
     with --cluster the replicas on Ray Serve (half a core each: the host has few)."""
-    flags = ["--max-running-requests", str(args.max_running_requests), "--responses-max-stored", "1000000",
-             "--responses-max-bytes", str(1 << 40)]
+    flags = [
+        "--max-running-requests",
+        str(args.max_running_requests),
+        "--responses-max-stored",
+        "1000000",
+        "--responses-max-bytes",
+        str(1 << 40),
+    ]
     if args.host_pool_tokens:
         flags += ["--host-pool-tokens", str(args.host_pool_tokens)]
         if not args.no_disk_tier:
             flags += ["--disk-cache-dir", str(tmp / "kv-disk")]
     if args.cluster:
-        flags += ["--replicas", str(args.replicas), "--replica-cpus", "0.5", "--gateway-replicas",
-                  str(args.gateway_replicas), "--num-threads", "1", "--router-stats-period", "1"]
+        flags += [
+            "--replicas",
+            str(args.replicas),
+            "--replica-cpus",
+            "0.5",
+            "--gateway-replicas",
+            str(args.gateway_replicas),
+            "--num-threads",
+            "1",
+            "--router-stats-period",
+            "1",
+        ]
     return flags

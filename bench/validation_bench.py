@@ -27,8 +27,14 @@ from gateway.pipeline.output_validation import build_output_check
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "schema_corpus"
 COST_SCHEMAS = ("person_basic", "order_with_line_items", "extract_12_fields", "kubernetes_pod_minimal", "recipe")
-OPEN_SCHEMAS = ("map_additional_properties_integers", "feature_flags_map", "loop_prone_free_object_map", "log_event",
-                "kubernetes_pod_minimal", "const_object")
+OPEN_SCHEMAS = (
+    "map_additional_properties_integers",
+    "feature_flags_map",
+    "loop_prone_free_object_map",
+    "log_event",
+    "kubernetes_pod_minimal",
+    "const_object",
+)
 
 
 def _schemas(names: tuple[str, ...]) -> dict[str, dict]:
@@ -37,9 +43,14 @@ def _schemas(names: tuple[str, ...]) -> dict[str, dict]:
 
 
 def _chat(http: httpx.Client, schema: dict, **fields) -> tuple[dict, float]:
-    body = {"model": MODEL, "temperature": 0, "max_tokens": 96,
-            "messages": [{"role": "user", "content": "Give a realistic example as JSON."}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, **fields}
+    body = {
+        "model": MODEL,
+        "temperature": 0,
+        "max_tokens": 96,
+        "messages": [{"role": "user", "content": "Give a realistic example as JSON."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        **fields,
+    }
     started = time.perf_counter()
     resp = http.post("/v1/chat/completions", json=body)
     elapsed = time.perf_counter() - started
@@ -49,8 +60,9 @@ def _chat(http: httpx.Client, schema: dict, **fields) -> tuple[dict, float]:
 
 def _validation_seconds(schema: dict, texts: list[str], repeats: int) -> tuple[float, float]:
     """(cold, warm median) seconds of one choice's validation, as the gateway runs it."""
-    check = build_output_check(ConstraintPlan(kind="json_schema", payload=schema, strict=True, label="bench"),
-                               None, "best_effort")
+    check = build_output_check(
+        ConstraintPlan(kind="json_schema", payload=schema, strict=True, label="bench"), None, "best_effort"
+    )
     assert check is not None
     started = time.perf_counter()
     check.check_text(texts[0] + " ", "stop")  # a new validator only if the schema is new to this process
@@ -74,9 +86,18 @@ def bench_cost(http: httpx.Client, quick: bool) -> None:
             texts.append(body["choices"][0]["message"]["content"])
         cold, warm = _validation_seconds(schema, texts, repeats=20)
         request = statistics.median(latencies)
-        emit({"bench": "validation_cost", "schema": name, "requests": requests, "request_ms": request * 1e3,
-              "validate_cold_ms": cold * 1e3, "validate_warm_ms": warm * 1e3,
-              "overhead_pct": 100 * warm / request, "output_chars": statistics.median(len(t) for t in texts)})
+        emit(
+            {
+                "bench": "validation_cost",
+                "schema": name,
+                "requests": requests,
+                "request_ms": request * 1e3,
+                "validate_cold_ms": cold * 1e3,
+                "validate_warm_ms": warm * 1e3,
+                "overhead_pct": 100 * warm / request,
+                "output_chars": statistics.median(len(t) for t in texts),
+            }
+        )
 
 
 def bench_duplicates(http: httpx.Client, quick: bool) -> None:
@@ -85,10 +106,16 @@ def bench_duplicates(http: httpx.Client, quick: bool) -> None:
         body, _ = _chat(http, schema, n=samples, temperature=1.0, seed=11, max_tokens=160, schema_mode="best_effort")
         verdicts = [c.get("jumpgate", {}) for c in body["choices"]]
         messages = [[e["message"] for e in v.get("schema_errors", [])] for v in verdicts]
-        emit({"bench": "duplicate_keys", "schema": name, "choices": len(verdicts),
-              "with_duplicate_keys": sum(any(m.startswith("duplicate key") for m in ms) for ms in messages),
-              "cut_off": sum(c["finish_reason"] == "length" for c in body["choices"]),
-              "invalid": sum(not v.get("schema_valid", True) for v in verdicts)})
+        emit(
+            {
+                "bench": "duplicate_keys",
+                "schema": name,
+                "choices": len(verdicts),
+                "with_duplicate_keys": sum(any(m.startswith("duplicate key") for m in ms) for ms in messages),
+                "cut_off": sum(c["finish_reason"] == "length" for c in body["choices"]),
+                "invalid": sum(not v.get("schema_valid", True) for v in verdicts),
+            }
+        )
 
 
 def run(quick: bool = False, argv: list[str] | None = None) -> None:
@@ -99,8 +126,10 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv or [])
     what = args.what or ["cost", "duplicates"]
     with tempfile.TemporaryDirectory(prefix="jumpgate-validation-bench-") as tmp:
-        with JumpgateServer(Path(tmp), kv_pool_tokens=8192) as server, \
-                httpx.Client(base_url=server.url, timeout=600) as http:
+        with (
+            JumpgateServer(Path(tmp), kv_pool_tokens=8192) as server,
+            httpx.Client(base_url=server.url, timeout=600) as http,
+        ):
             if "cost" in what:
                 bench_cost(http, quick)
             if "duplicates" in what:

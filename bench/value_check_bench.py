@@ -29,10 +29,16 @@ def synthetic_cases() -> list[tuple[str, GrammarSpec, object]]:
     names = {f"field_{i}": f"value number {i}" for i in range(40)}
     words = ["apple", "pear", "plum", "cherry", "banana", "grape", "melon", "lemon", "lime", "kiwi"] * 2
     words = [f"{w}{i}" for i, w in enumerate(words)]
-    unique = lambda items: {"type": "object", "required": ["xs"],  # noqa: E731
-                            "properties": {"xs": {"type": "array", "items": items, "uniqueItems": True}}}
-    dependent = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
-                 "dependentRequired": {"p0": ["p3", "p5"], "p1": ["p4"]}}
+    unique = lambda items: {
+        "type": "object",
+        "required": ["xs"],  # noqa: E731
+        "properties": {"xs": {"type": "array", "items": items, "uniqueItems": True}},
+    }
+    dependent = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string"} for i in range(6)},
+        "dependentRequired": {"p0": ["p3", "p5"], "p1": ["p4"]},
+    }
     colors = ["red", "green", "blue", "cyan", "magenta", "yellow", "black", "white"]
     return [
         ("open_object_40_names", GrammarSpec.json_schema(OPEN), names),
@@ -46,8 +52,11 @@ def synthetic_cases() -> list[tuple[str, GrammarSpec, object]]:
 
 def corpus_cases() -> list[tuple[str, GrammarSpec, object]]:
     refused = json.loads((CORPUS_DATA / "schema_corpus_refusals.json").read_text())
-    return [(name, GrammarSpec.json_schema(schema), value)
-            for name, schema, value in corpus_examples() if name not in refused]
+    return [
+        (name, GrammarSpec.json_schema(schema), value)
+        for name, schema, value in corpus_examples()
+        if name not in refused
+    ]
 
 
 def time_walk(handle, tokens: list[int], words: int, reps: int) -> float:
@@ -78,10 +87,24 @@ def run(quick: bool = False, argv: list[str] | None = None) -> None:
             with_us = time_walk(handle, tokens, words, args.reps)
             without_us = time_walk(bare, tokens, words, args.reps)
             extras.append(with_us - without_us)
-            emit({"metric": "value_check_us_per_token", "case": name, "tokens": len(tokens),
-                  "with_check_us": with_us, "without_check_us": without_us, "extra_us": with_us - without_us})
+            emit(
+                {
+                    "metric": "value_check_us_per_token",
+                    "case": name,
+                    "tokens": len(tokens),
+                    "with_check_us": with_us,
+                    "without_check_us": without_us,
+                    "extra_us": with_us - without_us,
+                }
+            )
     finally:
         service.close()
     if extras:
-        emit({"metric": "value_check_us_per_token_summary", "cases": len(extras),
-              "median_extra_us": statistics.median(extras), "max_extra_us": max(extras)})
+        emit(
+            {
+                "metric": "value_check_us_per_token_summary",
+                "cases": len(extras),
+                "median_extra_us": statistics.median(extras),
+                "max_extra_us": max(extras),
+            }
+        )

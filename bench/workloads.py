@@ -43,23 +43,57 @@ def agent_system_prompt(tokenizer, target_tokens: int = 1500, variant: int = 0) 
 
 
 USER_TASKS = [
-    "What's the weather in Berlin tomorrow?", "Email Dana that the shipment is delayed.",
-    "How many orders shipped last week?", "Schedule a sync with the Madrid team on Friday.",
-    "Compute 17.5% of 2,340 EUR.", "Search for the latest port strike news in Rotterdam.",
-    "Read the file reports/q3.csv and summarise it.", "Write 'done' into status.txt.",
-    "Find flights from Oslo to Lima next month.", "Who is on call tonight?",
-    "Convert 120 miles to kilometres.", "Book a truck for 3 pallets to Lyon.",
-    "List open tickets older than 7 days.", "Check the weather in Tokyo and email it to Ken.",
-    "What is the delivery ETA for order 5512?", "Cancel Tuesday's meeting with the auditors.",
+    "What's the weather in Berlin tomorrow?",
+    "Email Dana that the shipment is delayed.",
+    "How many orders shipped last week?",
+    "Schedule a sync with the Madrid team on Friday.",
+    "Compute 17.5% of 2,340 EUR.",
+    "Search for the latest port strike news in Rotterdam.",
+    "Read the file reports/q3.csv and summarise it.",
+    "Write 'done' into status.txt.",
+    "Find flights from Oslo to Lima next month.",
+    "Who is on call tonight?",
+    "Convert 120 miles to kilometres.",
+    "Book a truck for 3 pallets to Lyon.",
+    "List open tickets older than 7 days.",
+    "Check the weather in Tokyo and email it to Ken.",
+    "What is the delivery ETA for order 5512?",
+    "Cancel Tuesday's meeting with the auditors.",
 ]
 
 FEW_SHOT = "".join(
     f"Q: What is the capital of {c}?\nA: The capital of {c} is {k}.\n"
-    for c, k in [("France", "Paris"), ("Spain", "Madrid"), ("Italy", "Rome"), ("Japan", "Tokyo"),
-                 ("Peru", "Lima"), ("Kenya", "Nairobi"), ("Canada", "Ottawa"), ("Egypt", "Cairo")] * 6
+    for c, k in [
+        ("France", "Paris"),
+        ("Spain", "Madrid"),
+        ("Italy", "Rome"),
+        ("Japan", "Tokyo"),
+        ("Peru", "Lima"),
+        ("Kenya", "Nairobi"),
+        ("Canada", "Ottawa"),
+        ("Egypt", "Cairo"),
+    ]
+    * 6
 )
-FEW_SHOT_QUESTIONS = ["Norway", "Chile", "India", "Ghana", "Poland", "Cuba", "Nepal", "Chad", "Iran", "Fiji",
-                      "Mali", "Laos", "Oman", "Togo", "Peru", "Iraq", "Cyprus"]
+FEW_SHOT_QUESTIONS = [
+    "Norway",
+    "Chile",
+    "India",
+    "Ghana",
+    "Poland",
+    "Cuba",
+    "Nepal",
+    "Chad",
+    "Iran",
+    "Fiji",
+    "Mali",
+    "Laos",
+    "Oman",
+    "Togo",
+    "Peru",
+    "Iraq",
+    "Cyprus",
+]
 
 
 def corpus_examples() -> list[tuple[str, dict, object]]:

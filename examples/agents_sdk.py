@@ -25,10 +25,9 @@ import asyncio
 import os
 import sys
 
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
-
-from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
 TURNS = [
     "My name is Ada and I live in Lisbon.",
@@ -61,15 +60,23 @@ async def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     set_tracing_disabled(True)  # traces would go to OpenAI's servers
-    client = AsyncOpenAI(base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
-                         api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"))
+    client = AsyncOpenAI(
+        base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
+        api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"),
+    )
     model_id = os.environ.get("JUMPGATE_MODEL") or (await client.models.list()).data[0].id
     model = OpenAIResponsesModel(model=model_id, openai_client=client)
     settings = ModelSettings(temperature=0, max_tokens=args.max_tokens)
 
     # -- 1. a tool and a structured final output
-    reporter = Agent(name="weather", instructions="You report the weather.", tools=[get_weather],
-                     output_type=WeatherReport, model=model, model_settings=settings)
+    reporter = Agent(
+        name="weather",
+        instructions="You report the weather.",
+        tools=[get_weather],
+        output_type=WeatherReport,
+        model=model,
+        model_settings=settings,
+    )
     result = await Runner.run(reporter, "Tell me about the weather in Lisbon today.", max_turns=args.max_turns)
     report: WeatherReport = result.final_output
     calls = [item for item in result.new_items if item.type == "tool_call_item"]
@@ -78,16 +85,19 @@ async def main(argv: list[str] | None = None) -> int:
     # -- 2. a chain of turns; each one continues the stored previous response
     # The SDK treats a reply cut at max_tokens (status "incomplete") as an error, and the tiny model
     # rambles; a short structured reply is bounded by its schema instead.
-    chat = Agent(name="guide", instructions="You are a travel guide.", output_type=Reply, model=model,
-                 model_settings=settings)
+    chat = Agent(
+        name="guide", instructions="You are a travel guide.", output_type=Reply, model=model, model_settings=settings
+    )
     previous = None
     for turn, text in enumerate(TURNS[: args.turns], 1):
         result = await Runner.run(chat, text, previous_response_id=previous)
         response = result.raw_responses[-1]
         usage = response.usage
         previous = result.last_response_id
-        print(f"turn {turn}: input_tokens={usage.input_tokens} cached_tokens={usage.input_tokens_details.cached_tokens}"
-              f" -> {result.final_output.answer!r}")
+        print(
+            f"turn {turn}: input_tokens={usage.input_tokens} cached_tokens={usage.input_tokens_details.cached_tokens}"
+            f" -> {result.final_output.answer!r}"
+        )
     return 0
 
 

@@ -44,7 +44,11 @@ def extract(client: OpenAI, model: str, text: str, max_tokens: int) -> Contact:
     ]
     try:
         completion = client.chat.completions.parse(
-            model=model, messages=messages, response_format=Contact, temperature=0, max_tokens=max_tokens,
+            model=model,
+            messages=messages,
+            response_format=Contact,
+            temperature=0,
+            max_tokens=max_tokens,
         )
     except LengthFinishReasonError as exc:
         # Jumpgate closes strict JSON before the budget runs out, so even a cut answer is valid
@@ -60,12 +64,18 @@ def extract(client: OpenAI, model: str, text: str, max_tokens: int) -> Contact:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--count", type=int, default=int(os.environ.get("JUMPGATE_EXAMPLE_COUNT", len(TEXTS))),
-                    help="how many of the sample texts to extract from")
+    ap.add_argument(
+        "--count",
+        type=int,
+        default=int(os.environ.get("JUMPGATE_EXAMPLE_COUNT", len(TEXTS))),
+        help="how many of the sample texts to extract from",
+    )
     ap.add_argument("--max-tokens", type=int, default=160)
     args = ap.parse_args(argv)
-    client = OpenAI(base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
-                    api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"))
+    client = OpenAI(
+        base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
+        api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"),
+    )
     model = os.environ.get("JUMPGATE_MODEL") or client.models.list().data[0].id
     for text in TEXTS[: max(1, args.count)]:
         print(f"text: {text}")

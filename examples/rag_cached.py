@@ -66,14 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--questions", type=int, default=int(os.environ.get("JUMPGATE_EXAMPLE_COUNT", len(QUESTIONS))))
     ap.add_argument("--max-tokens", type=int, default=80)
     args = ap.parse_args(argv)
-    client = OpenAI(base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
-                    api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"))
+    client = OpenAI(
+        base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
+        api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"),
+    )
     model = os.environ.get("JUMPGATE_MODEL") or client.models.list().data[0].id
-    system = ("Answer the passenger's question using only the handbook below. Be brief.\n\n" + DOCUMENT)
+    system = "Answer the passenger's question using only the handbook below. Be brief.\n\n" + DOCUMENT
     for question in QUESTIONS[: max(1, args.questions)]:
         t0 = time.perf_counter()
         resp = client.chat.completions.create(
-            model=model, temperature=0, max_tokens=args.max_tokens,
+            model=model,
+            temperature=0,
+            max_tokens=args.max_tokens,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
         )
         elapsed = time.perf_counter() - t0
@@ -82,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
         print(f"Q: {question}")
         print(f"A: {(resp.choices[0].message.content or '').strip()}")
-        print(f"   prompt_tokens={usage.prompt_tokens} cached_tokens={cached} "
-              f"({100.0 * (cached or 0) / max(1, usage.prompt_tokens):.0f}% from cache) in {elapsed:.2f} s\n")
+        print(
+            f"   prompt_tokens={usage.prompt_tokens} cached_tokens={cached} "
+            f"({100.0 * (cached or 0) / max(1, usage.prompt_tokens):.0f}% from cache) in {elapsed:.2f} s\n"
+        )
     return 0
 
 

@@ -29,9 +29,15 @@ from openai import OpenAI
 # --------------------------------------------------------------------------- local tools
 
 _OPS: dict[type, Callable[..., float]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.Pow: operator.pow, ast.Mod: operator.mod, ast.FloorDiv: operator.floordiv,
-    ast.USub: operator.neg, ast.UAdd: operator.pos,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.Mod: operator.mod,
+    ast.FloorDiv: operator.floordiv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
 }
 
 
@@ -81,21 +87,45 @@ def search(query: str) -> str:
 
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression (+ - * / ^ and parentheses).",
-        "parameters": {"type": "object", "properties": {
-            "expression": {"type": "string", "pattern": "^[0-9+\\-*/^(). %]{1,100}$"}},
-            "required": ["expression"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "clock", "description": "The current date and time in a time zone.",
-        "parameters": {"type": "object", "properties": {
-            "timezone": {"type": "string", "enum": ["UTC", "CET", "EET", "JST", "EST", "PST"]}},
-            "required": ["timezone"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search a small encyclopedia.",
-        "parameters": {"type": "object", "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 80}},
-            "required": ["query"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression (+ - * / ^ and parentheses).",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "pattern": "^[0-9+\\-*/^(). %]{1,100}$"}},
+                "required": ["expression"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "clock",
+            "description": "The current date and time in a time zone.",
+            "parameters": {
+                "type": "object",
+                "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET", "EET", "JST", "EST", "PST"]}},
+                "required": ["timezone"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search a small encyclopedia.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 80}},
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 LOCAL_TOOLS: dict[str, Callable[..., str]] = {"calculator": calculator, "clock": clock, "search": search}
 
@@ -123,23 +153,40 @@ def react(client: OpenAI, model: str, task: str, max_turns: int, max_tokens: int
         # First turn: act (required). Then the model decides (auto). Last turn: answer (none).
         choice = "none" if last else ("required" if turn == 1 else "auto")
         resp = client.chat.completions.create(
-            model=model, messages=messages, tools=TOOLS, tool_choice=choice,  # type: ignore[arg-type]
-            parallel_tool_calls=False, temperature=0, max_tokens=max_tokens,
+            model=model,
+            messages=messages,
+            tools=TOOLS,
+            tool_choice=choice,  # type: ignore[arg-type]
+            parallel_tool_calls=False,
+            temperature=0,
+            max_tokens=max_tokens,
         )
         msg = resp.choices[0].message
-        cached = resp.usage.prompt_tokens_details.cached_tokens if resp.usage and resp.usage.prompt_tokens_details else 0
-        print(f"--- turn {turn} (tool_choice={choice}, finish={resp.choices[0].finish_reason}, "
-              f"cached prompt tokens={cached})")
+        cached = (
+            resp.usage.prompt_tokens_details.cached_tokens if resp.usage and resp.usage.prompt_tokens_details else 0
+        )
+        print(
+            f"--- turn {turn} (tool_choice={choice}, finish={resp.choices[0].finish_reason}, "
+            f"cached prompt tokens={cached})"
+        )
         if not msg.tool_calls:
             answer = (msg.content or "").strip()
             print(f"answer: {answer}")
             return answer
-        messages.append({
-            "role": "assistant", "content": msg.content,
-            "tool_calls": [{"id": c.id, "type": "function",
-                            "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                           for c in msg.tool_calls],
-        })
+        messages.append(
+            {
+                "role": "assistant",
+                "content": msg.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in msg.tool_calls
+                ],
+            }
+        )
         for call in msg.tool_calls:
             result = run_tool(call.function.name, call.function.arguments)
             print(f"action: {call.function.name}({call.function.arguments})\nobservation: {result}")
@@ -153,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=int(os.environ.get("JUMPGATE_MAX_TURNS", "4")))
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args(argv)
-    client = OpenAI(base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
-                    api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"))
+    client = OpenAI(
+        base_url=os.environ.get("JUMPGATE_BASE_URL", "http://127.0.0.1:8000/v1"),
+        api_key=os.environ.get("JUMPGATE_API_KEY", "not-needed"),
+    )
     model = os.environ.get("JUMPGATE_MODEL") or client.models.list().data[0].id
     print(f"task: {args.task}")
     react(client, model, args.task, max(1, args.max_turns), args.max_tokens)

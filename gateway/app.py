@@ -16,30 +16,30 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from gateway.http.access_log import access_log_middleware, request_log_of
 from gateway.auth import Authenticator, provide_tenant, require_api_key
 from gateway.batches.api import BatchAPI, build_batch_api
-from gateway.errors import exception_handlers
-from gateway.pipeline.generation import ConcurrencyLimiter, RequestLog
-from gateway.messages.errors import with_messages_errors
-from gateway.messages.route import MessagesController
-from gateway.metrics import GatewayMetrics
-from gateway.pipeline.model_formats import configure_formats
-from gateway.registry.pinning import restore_pins
-from gateway.pipeline.prompt import PromptRenderer, schema_budget_tokens
-from gateway.pipeline.schema_registry import SchemaRegistry
-from gateway.http.request_body import JumpgateRequest
-from gateway.responses.store import ResponseStore
 from gateway.batches.batches_route import BatchesController
+from gateway.batches.files_route import files_controller
 from gateway.cache_explain.route import CacheController
 from gateway.chat.chat_route import ChatController
 from gateway.chat.completions_route import CompletionsController
-from gateway.batches.files_route import files_controller
+from gateway.errors import exception_handlers
+from gateway.http.access_log import access_log_middleware, request_log_of
+from gateway.http.request_body import JumpgateRequest
+from gateway.messages.errors import with_messages_errors
+from gateway.messages.route import MessagesController
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline.generation import ConcurrencyLimiter, RequestLog
+from gateway.pipeline.model_formats import configure_formats
+from gateway.pipeline.prompt import PromptRenderer, schema_budget_tokens
+from gateway.pipeline.schema_registry import SchemaRegistry
+from gateway.registry.pinning import restore_pins
+from gateway.registry.route import SchemasController
+from gateway.responses.route import ResponsesController
+from gateway.responses.store import ResponseStore
 from gateway.routes.health import health
 from gateway.routes.metrics import metrics
 from gateway.routes.models import ModelsController
-from gateway.responses.route import ResponsesController
-from gateway.registry.route import SchemasController
 from gateway.services import GatewayServices
 from gateway.settings import Settings
 from runtime.api import EngineClient
@@ -64,17 +64,19 @@ def data_root(settings: Settings) -> Path:
     return registry.parent
 
 
-def build_services(engine: EngineClient, grammar_service: Any, settings: Settings, tokenizer: Any = None) -> GatewayServices:
+def build_services(
+    engine: EngineClient, grammar_service: Any, settings: Settings, tokenizer: Any = None
+) -> GatewayServices:
     settings.validate()
     tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
     # before the renderer reads the template: --chat-template, and the model's tool-call format
-    formats = configure_formats(tokenizer, settings.tool_call_format, settings.reasoning_format,
-                                settings.chat_template)
+    formats = configure_formats(tokenizer, settings.tool_call_format, settings.reasoning_format, settings.chat_template)
     return GatewayServices(
         engine=engine,
         grammar=grammar_service,
-        renderer=PromptRenderer(tokenizer,
-                                schema_budget_tokens(settings.schema_prompt_budget, engine.info.max_context)),
+        renderer=PromptRenderer(
+            tokenizer, schema_budget_tokens(settings.schema_prompt_budget, engine.info.max_context)
+        ),
         registry=SchemaRegistry(settings.registry_dir or default_registry_dir()),
         settings=settings,
         metrics=GatewayMetrics(),
@@ -124,9 +126,17 @@ def create_app(
 
     v1 = Router(
         path="/v1",
-        route_handlers=[ChatController, CompletionsController, ResponsesController, ModelsController, SchemasController,
-                        CacheController, MessagesController, files_controller(settings.batch_file_max_bytes),
-                        BatchesController],
+        route_handlers=[
+            ChatController,
+            CompletionsController,
+            ResponsesController,
+            ModelsController,
+            SchemasController,
+            CacheController,
+            MessagesController,
+            files_controller(settings.batch_file_max_bytes),
+            BatchesController,
+        ],
         guards=[require_api_key],
     )
     return Litestar(
@@ -145,9 +155,13 @@ def create_app(
         request_max_body_size=settings.max_body_bytes,
         request_class=JumpgateRequest,
         openapi_config=OpenAPIConfig(
-            title="Jumpgate", version=VERSION, path="/docs",
+            title="Jumpgate",
+            version=VERSION,
+            path="/docs",
             description="OpenAI-compatible structured-output gateway",
-        ) if settings.openapi else None,
+        )
+        if settings.openapi
+        else None,
         state=State({"authenticator": services.authenticator, "services": services}),
         logging_config=None,
         debug=False,

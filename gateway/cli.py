@@ -51,8 +51,13 @@ def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
     environ = dict(os.environ) if environ is None else environ
     engine = from_args(EngineConfig, args)
     grammar = from_args(GrammarSettings, args)
-    gateway = from_args(Settings, args, environ, max_concurrent_requests=default_concurrency(engine),
-                        grammar_compile_timeout_s=grammar.compile_timeout_s + GRAMMAR_TIMEOUT_MARGIN_S)
+    gateway = from_args(
+        Settings,
+        args,
+        environ,
+        max_concurrent_requests=default_concurrency(engine),
+        grammar_compile_timeout_s=grammar.compile_timeout_s + GRAMMAR_TIMEOUT_MARGIN_S,
+    )
     return ServeSettings(engine, grammar, gateway)
 
 
@@ -61,9 +66,12 @@ def written_folders(config: ServeSettings) -> list[tuple[str, Path]]:
     from gateway.app import default_registry_dir
 
     registry = Path(config.gateway.registry_dir) if config.gateway.registry_dir else default_registry_dir()
-    folders = [("--registry-dir", registry), ("the responses folder beside --registry-dir", registry.parent / "responses"),
-               ("the files folder beside --registry-dir", registry.parent / "files"),
-               ("the batches folder beside --registry-dir", registry.parent / "batches")]
+    folders = [
+        ("--registry-dir", registry),
+        ("the responses folder beside --registry-dir", registry.parent / "responses"),
+        ("the files folder beside --registry-dir", registry.parent / "files"),
+        ("the batches folder beside --registry-dir", registry.parent / "batches"),
+    ]
     grammars = config.grammar.cache_path()
     if grammars is not None:
         folders.append(("--grammar-cache-dir", grammars))
@@ -102,9 +110,16 @@ def serve(config: ServeSettings, cluster: ClusterSettings | None = None) -> int:
                 raise StartupError(str(e)) from e
             bound = dataclasses.replace(settings, port=listener.getsockname()[1])  # --port 0: the port it got
             print(banner(engine, bound), flush=True)
-            server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                                   log_level=settings.log_level, access_log=False,
-                                                   timeout_graceful_shutdown=5))
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    app,
+                    host=settings.host,
+                    port=settings.port,
+                    log_level=settings.log_level,
+                    access_log=False,
+                    timeout_graceful_shutdown=5,
+                )
+            )
             server.run(sockets=[listener])
             if not server.started:  # uvicorn logged why (the app's start-up hook failed)
                 raise StartupError("the HTTP server did not start (see the log line above)")
@@ -127,8 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster = from_args(ClusterSettings, args)
     except ValueError as e:  # a bad value: exit 2 with the flag named, as argparse does
         args.subparser.error(str(e))
-    logging.basicConfig(level=config.gateway.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.gateway.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return serve(config, cluster)
     except StartupError as e:

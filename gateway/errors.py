@@ -106,8 +106,9 @@ def stream_error(exc: BaseException, retry_after_s: int = 1) -> APIError:
     if isinstance(exc, APIError):
         return exc
     log.exception("error while streaming", exc_info=exc)
-    return APIError(500, "The server had an error while streaming the response.", type=SERVER_ERROR,
-                    code="internal_error")
+    return APIError(
+        500, "The server had an error while streaming the response.", type=SERVER_ERROR, code="internal_error"
+    )
 
 
 def param_from_path(path: str) -> str | None:
@@ -202,7 +203,9 @@ def _from_http_exception(exc: HTTPException) -> APIError:
     if status == 400 and isinstance(cause, SerializationException):
         return bad_request(f"We could not parse the JSON body of your request: {cause}", None, code="invalid_json")
     if status == 404:
-        detail = f"Not found: {detail}" if detail and detail != "Not Found" else "The requested resource does not exist."
+        detail = (
+            f"Not found: {detail}" if detail and detail != "Not Found" else "The requested resource does not exist."
+        )
     elif status == 405:
         detail = "Method not allowed for this endpoint."
     elif status == 413:
@@ -222,14 +225,20 @@ def handle_disconnect(_: Request[Any, Any, Any], exc: ClientDisconnected) -> Res
 
 def handle_too_deep(_: Request[Any, Any, Any], exc: RecursionError) -> Response[ErrorBody]:
     # msgspec refuses JSON nested past Python's recursion limit while decoding the body
-    return error_response(bad_request("We could not parse the JSON body of your request: it is nested too deeply.",
-                                      None, code="invalid_json"))
+    return error_response(
+        bad_request(
+            "We could not parse the JSON body of your request: it is nested too deeply.", None, code="invalid_json"
+        )
+    )
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(APIError(500, "The server had an error while processing your request.", type=SERVER_ERROR,
-                                   code="internal_error"))
+    return error_response(
+        APIError(
+            500, "The server had an error while processing your request.", type=SERVER_ERROR, code="internal_error"
+        )
+    )
 
 
 def exception_handlers(retry_after_s: int = 1) -> dict[Any, Any]:

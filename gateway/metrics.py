@@ -35,20 +35,27 @@ class GatewayMetrics:
         self.requests = Counter("jumpgate_requests", "Requests by route and outcome.", ("route", "outcome"), registry=r)
         self.prompt_tokens = Counter("jumpgate_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.cached_prompt_tokens = Counter(
-            "jumpgate_cached_prompt_tokens", "Prompt tokens served from the prefix cache.", registry=r)
+            "jumpgate_cached_prompt_tokens", "Prompt tokens served from the prefix cache.", registry=r
+        )
         self.generated_tokens = Counter("jumpgate_generation_tokens", "Tokens generated.", registry=r)
-        self.in_flight = Gauge("jumpgate_gateway_in_flight_requests", "Generation requests in flight in the gateway.",
-                               registry=r)
-        self.ttft = Histogram("jumpgate_time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS,
-                              registry=r)
-        self.e2e = Histogram("jumpgate_e2e_request_latency_seconds", "End-to-end request latency.", buckets=E2E_BUCKETS,
-                             registry=r)
-        self.itl = Histogram("jumpgate_inter_token_latency_seconds", "Time between output increments.",
-                             buckets=ITL_BUCKETS, registry=r)
+        self.in_flight = Gauge(
+            "jumpgate_gateway_in_flight_requests", "Generation requests in flight in the gateway.", registry=r
+        )
+        self.ttft = Histogram(
+            "jumpgate_time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "jumpgate_e2e_request_latency_seconds", "End-to-end request latency.", buckets=E2E_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "jumpgate_inter_token_latency_seconds", "Time between output increments.", buckets=ITL_BUCKETS, registry=r
+        )
         self.invalid_structured_outputs = Counter(
             "jumpgate_structured_output_invalid",
             "Structured outputs that failed schema validation after generation (mode=strict: a fidelity bug).",
-            ("mode", "reason"), registry=r)
+            ("mode", "reason"),
+            registry=r,
+        )
 
     def request_finished(self, route: str, outcome: str) -> None:
         self.requests.labels(route=route, outcome=outcome).inc()
@@ -77,26 +84,45 @@ ENGINE_GAUGES = (
 )
 ENGINE_COUNTERS = (
     ("prompt_tokens", "jumpgate_engine_prompt_tokens", "Prompt tokens admitted by the engine."),
-    ("cached_prompt_tokens", "jumpgate_engine_cached_prompt_tokens",
-     "Admitted prompt tokens served from the prefix cache."),
+    (
+        "cached_prompt_tokens",
+        "jumpgate_engine_cached_prompt_tokens",
+        "Admitted prompt tokens served from the prefix cache.",
+    ),
     ("generated_tokens", "jumpgate_engine_generated_tokens", "Tokens sampled by the engine."),
     ("forward_passes", "jumpgate_forward_passes", "Model forward passes."),
     ("forward_tokens", "jumpgate_forward_tokens", "Tokens through the model's forward passes."),
     ("jump_forward_tokens", "jumpgate_jump_forward_tokens", "Tokens appended by jump-forward."),
-    ("jump_forward_rejected", "jumpgate_jump_forward_rejected_tokens",
-     "Jump-forward draft tokens rolled back by verification."),
+    (
+        "jump_forward_rejected",
+        "jumpgate_jump_forward_rejected_tokens",
+        "Jump-forward draft tokens rolled back by verification.",
+    ),
     ("retractions", "jumpgate_retractions", "Running requests sent back to the queue for lack of KV slots."),
-    ("closed_at_budget", "jumpgate_strict_closed_at_budget",
-     "Strict requests whose value budget closing completed before max_tokens (they finish `stop`)."),
-    ("value_rewrites", "jumpgate_value_rewrites",
-     "Values that broke a schema keyword checked on the finished output, rolled back and written again."),
+    (
+        "closed_at_budget",
+        "jumpgate_strict_closed_at_budget",
+        "Strict requests whose value budget closing completed before max_tokens (they finish `stop`).",
+    ),
+    (
+        "value_rewrites",
+        "jumpgate_value_rewrites",
+        "Values that broke a schema keyword checked on the finished output, rolled back and written again.",
+    ),
     ("rewritten_tokens", "jumpgate_value_rewritten_tokens", "Tokens dropped by those rewrites."),
-    ("value_rewrites_exhausted", "jumpgate_value_rewrites_exhausted",
-     "Outputs still breaking a checked keyword with every rewrite spent (strict: the request fails)."),
+    (
+        "value_rewrites_exhausted",
+        "jumpgate_value_rewrites_exhausted",
+        "Outputs still breaking a checked keyword with every rewrite spent (strict: the request fails).",
+    ),
     ("evicted_tokens", "jumpgate_evicted_tokens", "Tokens evicted from the device prefix cache."),
     ("ttft_seconds_sum", "jumpgate_engine_first_token_seconds", "Arrival-to-first-token time summed over requests."),
     ("engine_seconds", "jumpgate_engine_step_seconds", "Time spent inside engine steps."),
-    ("forward_seconds", "jumpgate_engine_forward_seconds", "Of the engine step time, the model runner's forward passes."),
+    (
+        "forward_seconds",
+        "jumpgate_engine_forward_seconds",
+        "Of the engine step time, the model runner's forward passes.",
+    ),
     ("tree_seconds", "jumpgate_prefix_cache_seconds", "Time of engine steps spent on prefix-cache bookkeeping."),
 )
 # (GrammarServiceStats field, metric name, help)
@@ -107,13 +133,21 @@ GRAMMAR_COUNTERS = (
     ("misses", "jumpgate_grammar_cache_misses", "Grammar cache misses (compiled)."),
     ("compile_errors", "jumpgate_grammar_compile_errors", "Grammar specs refused."),
     ("compile_timeouts", "jumpgate_grammar_compile_timeouts", "Grammar compiles over the time limit."),
-    ("compile_memory_errors", "jumpgate_grammar_compile_memory_errors",
-     "Grammar compiles refused past the compile memory limit (or whose compile process died)."),
-    ("compile_processes_replaced", "jumpgate_grammar_compile_processes_replaced",
-     "Grammar compile processes killed (time or memory limit) or found dead, and started again."),
-    ("compile_unserializable", "jumpgate_grammar_compile_unserializable",
-     "Grammars compiled in-process (memory cache only) because their compile process could not "
-     "serialize them."),
+    (
+        "compile_memory_errors",
+        "jumpgate_grammar_compile_memory_errors",
+        "Grammar compiles refused past the compile memory limit (or whose compile process died).",
+    ),
+    (
+        "compile_processes_replaced",
+        "jumpgate_grammar_compile_processes_replaced",
+        "Grammar compile processes killed (time or memory limit) or found dead, and started again.",
+    ),
+    (
+        "compile_unserializable",
+        "jumpgate_grammar_compile_unserializable",
+        "Grammars compiled in-process (memory cache only) because their compile process could not serialize them.",
+    ),
     ("compile_seconds_total", "jumpgate_grammar_compile_seconds", "Time spent compiling grammars."),
 )
 GRAMMAR_GAUGES = (
@@ -141,18 +175,25 @@ class SnapshotCollector:
 def engine_families(s: EngineStats) -> Iterator[Metric]:
     for field, name, help in ENGINE_GAUGES:
         yield GaugeMetricFamily(name, help, value=getattr(s, field))
-    yield GaugeMetricFamily("jumpgate_kv_slots_used", "KV pool slots in use (running requests + prefix cache).",
-                            value=s.kv_slots_total - s.kv_slots_free)
+    yield GaugeMetricFamily(
+        "jumpgate_kv_slots_used",
+        "KV pool slots in use (running requests + prefix cache).",
+        value=s.kv_slots_total - s.kv_slots_free,
+    )
     tiers = GaugeMetricFamily("jumpgate_cached_tokens", "Tokens the prefix cache holds, by tier.", labels=("tier",))
     for tier, tokens in sorted(s.cached_tokens_by_tier.items()):
         tiers.add_metric((tier,), tokens)
     yield tiers
-    yield GaugeMetricFamily("jumpgate_prefix_cache_hit_rate",
-                            "Share of admitted prompt tokens served from the prefix cache.", value=s.prefix_hit_rate)
+    yield GaugeMetricFamily(
+        "jumpgate_prefix_cache_hit_rate",
+        "Share of admitted prompt tokens served from the prefix cache.",
+        value=s.prefix_hit_rate,
+    )
     for field, name, help in ENGINE_COUNTERS:
         yield CounterMetricFamily(name, help, value=getattr(s, field))
-    finished = CounterMetricFamily("jumpgate_requests_finished", "Requests the engine finished, by reason.",
-                                   labels=("reason",))
+    finished = CounterMetricFamily(
+        "jumpgate_requests_finished", "Requests the engine finished, by reason.", labels=("reason",)
+    )
     for reason, n in sorted(s.requests_finished.items()):
         finished.add_metric((reason,), n)
     yield finished

@@ -146,8 +146,9 @@ class ResponseFormatStructuralTag(Struct, tag="structural_tag", tag_field="type"
     triggers: list[str] | None = None
 
 
-ResponseFormat = Union[ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema,
-                       ResponseFormatStructuralTag]
+ResponseFormat = Union[
+    ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema, ResponseFormatStructuralTag
+]
 
 
 class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -409,7 +410,7 @@ class Model(Struct):
     owned_by: str = "jumpgate"
     object: Literal["model"] = "model"
     max_model_len: int | None = None
-    jumpgate: "ModelFormatsInfo | UnsetType" = UNSET  # the formats the model is served with
+    jumpgate: ModelFormatsInfo | UnsetType = UNSET  # the formats the model is served with
 
 
 class ModelFormatsInfo(Struct):

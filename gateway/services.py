@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.auth import Authenticator
-from gateway.pipeline.generation import ConcurrencyLimiter, EngineStream, RequestLog
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.generation import ConcurrencyLimiter, EngineStream, RequestLog
 from gateway.pipeline.model_formats import ModelFormats
 from gateway.pipeline.preparation import PreparationServices
 from gateway.pipeline.schema_registry import SchemaRegistry
@@ -22,7 +22,9 @@ class GatewayServices(PreparationServices):
     limiter: ConcurrencyLimiter
     authenticator: Authenticator
     started_at: int = 0  # unix time the app was built (the models' `created`)
-    formats: ModelFormats | None = None  # the model's tool-call and reasoning formats (gateway/pipeline/model_formats.py)
+    formats: ModelFormats | None = (
+        None  # the model's tool-call and reasoning formats (gateway/pipeline/model_formats.py)
+    )
 
     def finish(self, route: str, outcome: str, record: RequestLog, streams: list[EngineStream]) -> None:
         """Account one finished request (once): log record, outcome counter."""

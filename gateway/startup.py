@@ -28,8 +28,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
     """The server's listening socket, bound now (before the model loads) and handed to uvicorn, so
     a port in use fails at once and no other process can take it while the model loads."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as e:
         raise StartupError(f"--host {host}: cannot resolve the address ({e.strerror})") from e
     sock = socket.socket(family, kind, proto)
@@ -59,9 +60,15 @@ def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> An
     cache_dir = settings.cache_path()
     info = engine.info
     service = GrammarService(
-        engine.tokenizer, info.vocab_size, cache_dir, compile_timeout_s=settings.compile_timeout_s,
-        max_memory_bytes=settings.max_memory_bytes, max_disk_bytes=settings.max_disk_bytes, stop_token_ids=sorted(info.eos_token_ids) or None,
-        compile_memory_bytes=settings.compile_memory_bytes, value_retries=settings.value_retries,
+        engine.tokenizer,
+        info.vocab_size,
+        cache_dir,
+        compile_timeout_s=settings.compile_timeout_s,
+        max_memory_bytes=settings.max_memory_bytes,
+        max_disk_bytes=settings.max_disk_bytes,
+        stop_token_ids=sorted(info.eos_token_ids) or None,
+        compile_memory_bytes=settings.compile_memory_bytes,
+        value_retries=settings.value_retries,
     )
     service.start()  # the compile processes' fork server imports xgrammar now, not on the first request
     try:

@@ -48,7 +48,7 @@ class GrammarSpecError(GrammarError, ValueError):
             where = f" (at {self.param or ''}{self.pointer or ''})" if self.pointer else f" (in {self.param})"
         return f"{self.message}{where}"
 
-    def with_context(self, param: str | None = None, pointer_prefix: str = "") -> "GrammarSpecError":
+    def with_context(self, param: str | None = None, pointer_prefix: str = "") -> GrammarSpecError:
         """The same error re-rooted under a larger document (e.g. a tool's parameters)."""
         return type(self)(self.message, pointer_prefix + self.pointer, param or self.param)
 

@@ -20,26 +20,46 @@ class GrammarSettings:
     CLI_GROUP = "grammar service"
 
     cache_dir: str | None = setting(
-        None, "compiled grammar disk cache, reused after a restart", flag="--grammar-cache-dir", optional=True,
-        metavar="DIR", default_text="$JUMPGATE_CACHE_DIR/grammars, else ~/.cache/jumpgate/grammars")
+        None,
+        "compiled grammar disk cache, reused after a restart",
+        flag="--grammar-cache-dir",
+        optional=True,
+        metavar="DIR",
+        default_text="$JUMPGATE_CACHE_DIR/grammars, else ~/.cache/jumpgate/grammars",
+    )
     disk_cache: bool = setting(
-        True, "keep compiled grammars in memory only", flag="--no-grammar-disk-cache", negative=True)
+        True, "keep compiled grammars in memory only", flag="--no-grammar-disk-cache", negative=True
+    )
     disk_cache_mb: int = setting(
-        1024, "compiled grammars kept on disk, in MB (least recently used files go first)",
-        flag="--grammar-cache-disk-mb", min=1)
+        1024,
+        "compiled grammars kept on disk, in MB (least recently used files go first)",
+        flag="--grammar-cache-disk-mb",
+        min=1,
+    )
     memory_mb: int = setting(
-        512, "compiled grammars kept in memory, in MB (least recently used go first)",
-        flag="--grammar-cache-memory-mb", min=1)
+        512,
+        "compiled grammars kept in memory, in MB (least recently used go first)",
+        flag="--grammar-cache-memory-mb",
+        min=1,
+    )
     compile_timeout_s: float = setting(
-        10.0, "seconds one grammar may take to compile", flag="--grammar-compile-timeout", above=0,
-        metavar="SECONDS")
+        10.0, "seconds one grammar may take to compile", flag="--grammar-compile-timeout", above=0, metavar="SECONDS"
+    )
     compile_memory_mb: int = setting(
-        4096, "memory one grammar compile may use, in MB, beyond what its compile process holds idle "
-        "(0: no limit); past it the schema is refused", flag="--grammar-compile-memory-mb", min=0)
+        4096,
+        "memory one grammar compile may use, in MB, beyond what its compile process holds idle "
+        "(0: no limit); past it the schema is refused",
+        flag="--grammar-compile-memory-mb",
+        min=0,
+    )
 
     value_retries: int = setting(
-        DEFAULT_VALUE_RETRIES, "rewrites per output when a JSON schema keyword that no mask enforces is checked on the finished "
-        "output (check-and-roll-back); 0: strict mode refuses such schemas", flag="--value-retries", min=0)
+        DEFAULT_VALUE_RETRIES,
+        "rewrites per output when a JSON schema keyword that no mask enforces is checked on the finished "
+        "output (check-and-roll-back); 0: strict mode refuses such schemas",
+        flag="--value-retries",
+        min=0,
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from grammar.schema.canonical import canonical_json
 from grammar.errors import GrammarSpecError
 from grammar.kinds import KINDS, kind_for
+from grammar.schema.canonical import canonical_json
 from grammar.schema.limits import check_json_limits
 
 
@@ -31,24 +31,24 @@ class GrammarSpec:
     strict: bool = True
 
     @classmethod
-    def of(cls, kind: str, payload: Any, strict: bool = True) -> "GrammarSpec":
+    def of(cls, kind: str, payload: Any, strict: bool = True) -> GrammarSpec:
         """The spec of a request's constraint of `kind` (GrammarSpecError for an unknown kind)."""
         return cls(kind, *kind_for(kind).spec_fields(payload, strict))
 
     @classmethod
-    def json_schema(cls, schema: Any, *, strict: bool = True) -> "GrammarSpec":
+    def json_schema(cls, schema: Any, *, strict: bool = True) -> GrammarSpec:
         return cls.of("json_schema", schema, strict)
 
     @classmethod
-    def json_object(cls) -> "GrammarSpec":
+    def json_object(cls) -> GrammarSpec:
         return cls.of("json_object", None)
 
     @classmethod
-    def regex(cls, pattern: str) -> "GrammarSpec":
+    def regex(cls, pattern: str) -> GrammarSpec:
         return cls.of("regex", pattern)
 
     @classmethod
-    def ebnf(cls, grammar: str) -> "GrammarSpec":
+    def ebnf(cls, grammar: str) -> GrammarSpec:
         return cls.of("ebnf", grammar)
 
     @classmethod
@@ -59,10 +59,14 @@ class GrammarSpec:
         parallel_tool_calls: bool = True,
         *,
         format: str = "hermes",
-    ) -> "GrammarSpec":
+    ) -> GrammarSpec:
         """OpenAI `tools` + `tool_choice` + `parallel_tool_calls`, rendered in `format`."""
-        payload = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
-                   "format": format}
+        payload = {
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": parallel_tool_calls,
+            "format": format,
+        }
         return cls.of("tool_calls", payload)
 
     @property
@@ -90,7 +94,7 @@ class GrammarSpec:
 
 # -- tokenizer fingerprint -------------------------------------------------------------------
 
-_fingerprints: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_fingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _fingerprints_by_id: dict[int, tuple[Any, str]] = {}
 _fingerprint_lock = threading.Lock()
 

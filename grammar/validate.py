@@ -35,4 +35,3 @@ def validate_spec(spec: Any) -> None:
 _VALIDATED_MAX = 4096
 _validated: OrderedDict[bytes, None] = OrderedDict()
 _validated_lock = threading.Lock()
-

@@ -33,6 +33,7 @@ VALUE_RETRIES_EXHAUSTED = "value_retries_exhausted"
 
 BACKGROUND_PRIORITY = 1  # GenerateRequest.priority of work that yields to online requests (batches)
 
+
 @dataclass
 class GenerateRequest:
     prompt_ids: list[int]

@@ -67,8 +67,9 @@ class TokenMatcher(Protocol):
     def fill_plan_bitmask(self, bitmask: torch.Tensor, row: int, token_id: int) -> None:
         """Allow only `token_id` (the next token of a stored plan)."""
 
-    def fill_closing_bitmask(self, bitmask: torch.Tensor, row: int, tight: bool = False,
-                             plan_token: int | None = None) -> None:
+    def fill_closing_bitmask(
+        self, bitmask: torch.Tensor, row: int, tight: bool = False, plan_token: int | None = None
+    ) -> None:
         """Only tokens on a shortest completion path; `tight`: the plan's own next token only."""
 
     def fill_value_closing_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:

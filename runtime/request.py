@@ -14,8 +14,8 @@ from typing import Any, Callable
 import torch
 
 from runtime.api import GenerateRequest, StreamEvent, TokenLogprob
-from runtime.decode.completeness import CompletionGuard
 from runtime.constraint import TokenMatcher
+from runtime.decode.completeness import CompletionGuard
 from runtime.decode.detokenizer import IncrementalDetokenizer
 
 
@@ -107,7 +107,7 @@ class Req:
         self.detok = IncrementalDetokenizer(self.detok.tok, self.detok.stop)
         self.pending_text = self.detok.add(list(self.output_ids)) if self.output_ids else ""
         self.unsent_ids = list(self.output_ids)
-        del self.unsent_logprobs[len(self.output_ids):]
+        del self.unsent_logprobs[len(self.output_ids) :]
 
     def progress_event(self) -> StreamEvent | None:
         """The tokens and text accepted since the last event (None if there are none, or while
@@ -116,19 +116,33 @@ class Req:
             return None
         ids, text = self.unsent_ids, self.pending_text
         self.unsent_ids, self.pending_text = [], ""
-        return StreamEvent(rid=self.rid, text=text, token_ids=ids, prompt_tokens=len(self.prompt_ids),
-                           cached_tokens=self.prompt_cached_tokens or 0, completion_tokens=len(self.output_ids),
-                           logprobs=self.take_logprobs())
+        return StreamEvent(
+            rid=self.rid,
+            text=text,
+            token_ids=ids,
+            prompt_tokens=len(self.prompt_ids),
+            cached_tokens=self.prompt_cached_tokens or 0,
+            completion_tokens=len(self.output_ids),
+            logprobs=self.take_logprobs(),
+        )
 
     def final_event(self, error: str | None = None) -> StreamEvent:
         """The last event: whatever was not sent yet, with the finish reason."""
         text = self.pending_text + self.detok.flush()
         ids, self.unsent_ids, self.pending_text = self.unsent_ids, [], ""
         return StreamEvent(
-            rid=self.rid, text=text, token_ids=ids, finished=True, finish_reason=self.finish_reason,
-            prompt_tokens=len(self.prompt_ids), cached_tokens=self.prompt_cached_tokens or 0,
-            completion_tokens=len(self.output_ids), error=error, logprobs=self.take_logprobs(),
-            closed_at_budget=self.closed_at_budget, decode_seconds=self.decode_seconds,
+            rid=self.rid,
+            text=text,
+            token_ids=ids,
+            finished=True,
+            finish_reason=self.finish_reason,
+            prompt_tokens=len(self.prompt_ids),
+            cached_tokens=self.prompt_cached_tokens or 0,
+            completion_tokens=len(self.output_ids),
+            error=error,
+            logprobs=self.take_logprobs(),
+            closed_at_budget=self.closed_at_budget,
+            decode_seconds=self.decode_seconds,
         )
 
     @property

@@ -42,15 +42,26 @@ class Flag:
         return self.flag or name
 
 
-def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
-            default_factory: Any = dataclasses.MISSING, **options: Any) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    default_factory: Any = dataclasses.MISSING,
+    **options: Any,
+) -> Any:
     """A dataclass field with its CLI declaration; the flag's type comes from the default
     unless `type=` says otherwise."""
     kind = options.pop("type", None)
     if kind is None:
         sample = default_factory() if default_factory is not dataclasses.MISSING else default
-        kind = bool if isinstance(sample, bool) else list if isinstance(sample, list) else (
-            type(sample) if sample is not None else str)
+        kind = (
+            bool
+            if isinstance(sample, bool)
+            else list
+            if isinstance(sample, list)
+            else (type(sample) if sample is not None else str)
+        )
     meta = {_KEY: Flag(flag=flag, help=help, type=kind, **options)}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
@@ -136,19 +147,31 @@ def add_flags(parser: argparse.ArgumentParser, cls: Any, group_title: str) -> No
         text = f"{spec.help} (default: {help_default(f, spec)})".lstrip()
         if spec.type is bool:
             # the flag flips the default: --no-x stores False into a field that defaults to True
-            group.add_argument(spec.flag, dest=f.name, action="store_false" if spec.negative else "store_true",
-                               default=argparse.SUPPRESS, help=text)
+            group.add_argument(
+                spec.flag,
+                dest=f.name,
+                action="store_false" if spec.negative else "store_true",
+                default=argparse.SUPPRESS,
+                help=text,
+            )
         elif spec.type is list:
-            group.add_argument(spec.flag, dest=f.name, action="append", default=argparse.SUPPRESS,
-                               metavar=spec.metavar, help=text)
+            group.add_argument(
+                spec.flag, dest=f.name, action="append", default=argparse.SUPPRESS, metavar=spec.metavar, help=text
+            )
         else:
             metavar = spec.metavar or (None if spec.choices else "N" if spec.type is int else "X")
-            group.add_argument(spec.flag, dest=f.name, type=spec.type, choices=spec.choices,
-                               default=argparse.SUPPRESS, metavar=metavar, help=text)
+            group.add_argument(
+                spec.flag,
+                dest=f.name,
+                type=spec.type,
+                choices=spec.choices,
+                default=argparse.SUPPRESS,
+                metavar=metavar,
+                help=text,
+            )
 
 
-def from_args(cls: Any, args: argparse.Namespace, environ: Mapping[str, str] | None = None,
-              **fallbacks: Any) -> Any:
+def from_args(cls: Any, args: argparse.Namespace, environ: Mapping[str, str] | None = None, **fallbacks: Any) -> Any:
     """Build `cls` from parsed flags, list fields extended by their environment variable. A field
     whose flag was not given (or that has none) takes its value from `fallbacks`, else its default."""
     environ = {} if environ is None else environ

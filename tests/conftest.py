@@ -61,9 +61,18 @@ def make_tiny_llama(out: Path, tokenizer_dir: Path, **overrides) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = dict(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     cfg.update(overrides)
     torch.manual_seed(0)
@@ -96,8 +105,9 @@ def other_model_dir(tmp_path_factory, tokenizer) -> Path:
     other = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     other.add_tokens([OTHER_TOKEN])
     other.save_pretrained(str(tokenizer_dir))
-    return make_tiny_llama(tmp_path_factory.mktemp("other-model"), tokenizer_dir,
-                           vocab_size=(len(other) + 63) // 64 * 64)
+    return make_tiny_llama(
+        tmp_path_factory.mktemp("other-model"), tokenizer_dir, vocab_size=(len(other) + 63) // 64 * 64
+    )
 
 
 @pytest.fixture(scope="session")
@@ -210,6 +220,8 @@ def gateway_client(fake_engine, gateway_grammar, tmp_path):
     yield make
     for client in clients:
         client.__exit__(None, None, None)
+
+
 # What the gateway tests send: the fake engine's model, a one-line chat, a tool.
 MODEL = "SmolLM2-135M-Instruct"
 USER = [{"role": "user", "content": "hi"}]
@@ -245,4 +257,3 @@ def jumpgate_server(tmp_path_factory):
         yield srv
     finally:
         srv.stop()
-

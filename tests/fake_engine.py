@@ -11,7 +11,13 @@ import asyncio
 from typing import AsyncIterator
 
 from runtime.api import (
-    EngineClient, EngineError, EngineInfo, EngineStats, GenerateRequest, PrefixExplanation, StreamEvent,
+    EngineClient,
+    EngineError,
+    EngineInfo,
+    EngineStats,
+    GenerateRequest,
+    PrefixExplanation,
+    StreamEvent,
     TokenLogprob,
 )
 
@@ -27,8 +33,18 @@ def fake_logprobs(token_ids: list[int], top_count: int) -> list[TokenLogprob]:
 
 
 class FakeEngine:
-    def __init__(self, tokenizer, *, max_context=2048, kv_pool_tokens=4096, reply=None, delay=0.0,
-                 finish_reason="stop", cached_tokens=3, pin_budget: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        max_context=2048,
+        kv_pool_tokens=4096,
+        reply=None,
+        delay=0.0,
+        finish_reason="stop",
+        cached_tokens=3,
+        pin_budget: int | None = None,
+    ):
         self.tokenizer = tokenizer
         self.model_name = "SmolLM2-135M-Instruct"
         self.max_context = max_context  # tests change these; `info` follows them
@@ -50,9 +66,16 @@ class FakeEngine:
     @property
     def info(self) -> EngineInfo:
         return EngineInfo(
-            model_name=self.model_name, device="cpu", dtype="float32", weights="fp32",
-            weights_reason="fake", attention_backend="torch", kv_pool_tokens=self.kv_pool_tokens,
-            max_context=self.max_context, vocab_size=self.vocab_size, eos_token_ids=(2,),
+            model_name=self.model_name,
+            device="cpu",
+            dtype="float32",
+            weights="fp32",
+            weights_reason="fake",
+            attention_backend="torch",
+            kv_pool_tokens=self.kv_pool_tokens,
+            max_context=self.max_context,
+            vocab_size=self.vocab_size,
+            eos_token_ids=(2,),
         )
 
     def submit(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
@@ -65,7 +88,7 @@ class FakeEngine:
 
     async def _events(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         text = self.reply(req)
-        pieces = [text[i:i + 3] for i in range(0, len(text), 3)] or [""]
+        pieces = [text[i : i + 3] for i in range(0, len(text), 3)] or [""]
         done = False
         try:
             for i, piece in enumerate(pieces):
@@ -74,11 +97,17 @@ class FakeEngine:
                 done = i == len(pieces) - 1
                 count = req.sampling.logprobs
                 yield StreamEvent(
-                    logprobs=None if count is None else fake_logprobs(
-                        self.tokenizer.encode(piece, add_special_tokens=False), count),
-                    rid=req.rid, text=piece, token_ids=[7], finished=done,
-                    finish_reason=self.finish_reason if done else None, prompt_tokens=len(req.prompt_ids),
-                    cached_tokens=min(self.cached_tokens, len(req.prompt_ids)), completion_tokens=i + 1,
+                    logprobs=None
+                    if count is None
+                    else fake_logprobs(self.tokenizer.encode(piece, add_special_tokens=False), count),
+                    rid=req.rid,
+                    text=piece,
+                    token_ids=[7],
+                    finished=done,
+                    finish_reason=self.finish_reason if done else None,
+                    prompt_tokens=len(req.prompt_ids),
+                    cached_tokens=min(self.cached_tokens, len(req.prompt_ids)),
+                    completion_tokens=i + 1,
                     closed_at_budget=done and self.closed_at_budget,
                 )
         finally:
@@ -89,15 +118,24 @@ class FakeEngine:
         self.aborted.append(rid)
 
     def stats(self) -> EngineStats:
-        return EngineStats(running_requests=1, waiting_requests=2, kv_slots_total=4096, kv_slots_free=4000,
-                           kv_slots_tree=90, kv_slots_request_only=6, jump_forward_tokens=5,
-                           jump_forward_rejected=1, prompt_tokens=10)
+        return EngineStats(
+            running_requests=1,
+            waiting_requests=2,
+            kv_slots_total=4096,
+            kv_slots_free=4000,
+            kv_slots_tree=90,
+            kv_slots_request_only=6,
+            jump_forward_tokens=5,
+            jump_forward_rejected=1,
+            prompt_tokens=10,
+        )
 
     def explain_prefix(self, prompt_ids: list[int], namespace: str = "") -> PrefixExplanation:
         self.explained.append((list(prompt_ids), namespace))
         n = min(10, len(prompt_ids))
-        return PrefixExplanation(prompt_tokens=len(prompt_ids), cached_tokens=n,
-                                 by_tier={"device": n, "host": 0, "disk": 0})
+        return PrefixExplanation(
+            prompt_tokens=len(prompt_ids), cached_tokens=n, by_tier={"device": n, "host": 0, "disk": 0}
+        )
 
     def pin_prefix(self, token_ids: list[int], namespace: str = "", name: str | None = None) -> int:
         if self.pin_budget is None:

@@ -21,11 +21,11 @@ import xgrammar as xgr
 
 from bench.common import default_tokenizer
 from grammar.checks.closing import ClosingVocab
-from grammar.engines.xgrammar.schema import compact_json_grammar
 from grammar.engines.llguidance.matcher import LLGuidanceMatcher, compile_llguidance
-from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.llguidance.schema import llguidance_grammar
+from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.xgrammar.matcher import XGrammarMatcher
+from grammar.engines.xgrammar.schema import compact_json_grammar
 from grammar.engines.xgrammar.tokenizer import build_tokenizer_info, special_token_ids
 from tests.runtime.decode.test_completeness_large import large_schema
 
@@ -49,10 +49,15 @@ def measure(engine: str, new_matcher: Callable, tokenizer, vocab: int) -> dict:
     start = time.perf_counter()
     probe.completion_bound_after(tokenizer.convert_tokens_to_ids('","'))
     after_ms = 1000 * (time.perf_counter() - start)
-    return {"metric": "closing_plan_cost", "engine": engine, "plan_tokens": len(plan),
-            "plan_ms_median": round(1000 * statistics.median(times), 1),
-            "plan_ms_max": round(1000 * max(times), 1), "bound_after_ms": round(after_ms, 1),
-            "mask_us_median": round(1e6 * statistics.median(masks), 1)}
+    return {
+        "metric": "closing_plan_cost",
+        "engine": engine,
+        "plan_tokens": len(plan),
+        "plan_ms_median": round(1000 * statistics.median(times), 1),
+        "plan_ms_max": round(1000 * max(times), 1),
+        "bound_after_ms": round(after_ms, 1),
+        "mask_us_median": round(1e6 * statistics.median(masks), 1),
+    }
 
 
 def main() -> None:
@@ -67,12 +72,21 @@ def main() -> None:
     schema = large_schema()
     compiler = xgr.GrammarCompiler(build_tokenizer_info(tokenizer, vocab, stop_ids), cache_enabled=False)
     compiled = compiler.compile_grammar(compact_json_grammar(schema, strict=True))
-    print(json.dumps(measure("xgrammar", lambda: XGrammarMatcher(compiled, encode, special, closing),
-                             tokenizer, vocab)))
+    print(
+        json.dumps(measure("xgrammar", lambda: XGrammarMatcher(compiled, encode, special, closing), tokenizer, vocab))
+    )
     llg_tokenizer = LLGuidanceTokenizer(tokenizer, vocab, stop_ids).get()
     start = compile_llguidance(llg_tokenizer, llguidance_grammar(schema, strict=True), "JSON schema", None)
-    print(json.dumps(measure("llguidance", lambda: LLGuidanceMatcher(start, frozenset(stop_ids), None, closing,
-                                                                     encode), tokenizer, vocab)))
+    print(
+        json.dumps(
+            measure(
+                "llguidance",
+                lambda: LLGuidanceMatcher(start, frozenset(stop_ids), None, closing, encode),
+                tokenizer,
+                vocab,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -35,26 +34,54 @@ import traceback
 
 FULL = dict(
     model=dict(vocab=128256, hidden=2048, inter=8192, layers=16, heads=32, kv_heads=8),
-    batches=(1, 16, 64), prompt=512, decode_steps=32,
-    bitmask=(64, 128256), bitmask_blocks=(1024, 2048, 4096, 8192), attn_cases=((1, 4096), (16, 2048), (64, 1024), (64, 4096)),
+    batches=(1, 16, 64),
+    prompt=512,
+    decode_steps=32,
+    bitmask=(64, 128256),
+    bitmask_blocks=(1024, 2048, 4096, 8192),
+    attn_cases=((1, 4096), (16, 2048), (64, 1024), (64, 4096)),
     # (head_dim, (heads, kv_heads), dtypes): every GQA ratio in bf16, the others at one shape
-    kernel_cases=dict(shapes=[(64, (32, 32), "bf16 fp32"), (64, (32, 8), "bf16 fp16 fp32"), (64, (32, 4), "bf16"),
-                              (128, (32, 8), "bf16 fp16"), (128, (32, 32), "bf16")], long=3000, slots=12_000),
-    graph_sizes=(1, 2, 4, 8, 16, 32, 64), iters=50,
+    kernel_cases=dict(
+        shapes=[
+            (64, (32, 32), "bf16 fp32"),
+            (64, (32, 8), "bf16 fp16 fp32"),
+            (64, (32, 4), "bf16"),
+            (128, (32, 8), "bf16 fp16"),
+            (128, (32, 32), "bf16"),
+        ],
+        long=3000,
+        slots=12_000,
+    ),
+    graph_sizes=(1, 2, 4, 8, 16, 32, 64),
+    iters=50,
     # issue #15's agent step: 32 decodes under a 3k-token shared prefix, ~100 private tokens each;
     # SmolLM2-135M's heads and the ~1.2B model's
     cascade=dict(members=32, shared=3000, private=100, shapes=[(9, 3, 64), (32, 8, 64)]),
 )
 SMOKE = dict(  # batch 3 replays through the padded size-4 path
     model=dict(vocab=512, hidden=64, inter=128, layers=2, heads=4, kv_heads=2),
-    batches=(1, 3), prompt=8, decode_steps=1,
-    bitmask=(4, 1000), bitmask_blocks=(256,), attn_cases=((2, 40),),
+    batches=(1, 3),
+    prompt=8,
+    decode_steps=1,
+    bitmask=(4, 1000),
+    bitmask_blocks=(256,),
+    attn_cases=((2, 40),),
     kernel_cases=dict(shapes=[(16, (8, 2), "fp32 fp16 bf16")], long=70, slots=600),
-    graph_sizes=(1, 2, 4), iters=1,
+    graph_sizes=(1, 2, 4),
+    iters=1,
     cascade=dict(members=5, shared=40, private=6, shapes=[(6, 2, 16)]),
 )
-FORBIDDEN = ("xgrammar", "litestar", "msgspec", "transformers", "tokenizers", "safetensors", "uvicorn", "gguf",
-             "jsonschema")
+FORBIDDEN = (
+    "xgrammar",
+    "litestar",
+    "msgspec",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "uvicorn",
+    "gguf",
+    "jsonschema",
+)
 
 
 def emit(**record) -> None:
@@ -121,13 +148,20 @@ def attention_case(specs, heads, kv_heads, dim, dtype, device, slots, seed):
     perm = torch.randperm(slots, generator=g)
     rows, used = [], 0
     for seq, _ in specs:
-        rows.append(perm[used:used + seq])
+        rows.append(perm[used : used + seq])
         used += seq
     t = sum(e for _, e in specs)
     q = torch.randn(t, heads, dim, generator=gd, device=device).to(dtype)
     zeros = torch.zeros(t, dtype=torch.int64, device=device)
-    batch = ForwardBatch(zeros, zeros, zeros, [e for _, e in specs], [s for s, _ in specs], rows,
-                         torch.zeros(0, dtype=torch.int64, device=device))
+    batch = ForwardBatch(
+        zeros,
+        zeros,
+        zeros,
+        [e for _, e in specs],
+        [s for s, _ in specs],
+        rows,
+        torch.zeros(0, dtype=torch.int64, device=device),
+    )
     return q, k, v, batch
 
 
@@ -159,8 +193,16 @@ def check_attention(sizes, device) -> bool:
                 err = (got - want).abs().max().item()
                 good = bool(torch.isfinite(got).all()) and err <= tol[dtype]
                 ok &= good
-                emit(check="attention", dim=dim, heads=heads, kv_heads=kv_heads, dtype=str(dtype)[6:],
-                     kv_splits=splits, max_abs_err=err, ok=good)
+                emit(
+                    check="attention",
+                    dim=dim,
+                    heads=heads,
+                    kv_heads=kv_heads,
+                    dtype=str(dtype)[6:],
+                    kv_splits=splits,
+                    max_abs_err=err,
+                    ok=good,
+                )
     return ok
 
 
@@ -175,7 +217,7 @@ def check_bitmask(sizes, device) -> bool:
     g = torch.Generator().manual_seed(1)
     for dtype in (torch.float32, torch.bfloat16):
         logits = torch.randn(b, vocab, generator=g).to(device=device, dtype=dtype)
-        words = torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), generator=g, dtype=torch.int64)
+        words = torch.randint(-(2**31), 2**31 - 1, (b, (vocab + 31) // 32), generator=g, dtype=torch.int64)
         mask = words.to(torch.int32).to(device)
         rows = torch.arange(0, b, 2, device=device)
         want, got = logits.clone(), logits.clone()
@@ -193,35 +235,58 @@ def check_bitmask(sizes, device) -> bool:
 def build_model(spec, device, dtype, max_positions: int):
     import torch
 
-    from runtime.model.decoder import DecoderModel
     from runtime.model.config import ModelConfig
+    from runtime.model.decoder import DecoderModel
 
     h, inter, heads, kvh = spec["hidden"], spec["inter"], spec["heads"], spec["kv_heads"]
     d = h // heads
-    cfg = ModelConfig(vocab_size=spec["vocab"], hidden_size=h, intermediate_size=inter, num_layers=spec["layers"],
-                      num_heads=heads, num_kv_heads=kvh, head_dim=d, rope_theta=500000.0,
-                      max_position_embeddings=max_positions, tie_word_embeddings=True)
+    cfg = ModelConfig(
+        vocab_size=spec["vocab"],
+        hidden_size=h,
+        intermediate_size=inter,
+        num_layers=spec["layers"],
+        num_heads=heads,
+        num_kv_heads=kvh,
+        head_dim=d,
+        rope_theta=500000.0,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+    )
     g = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape):
         return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.02).to(dtype)
 
-    w = {"model.embed_tokens.weight": rand(cfg.vocab_size, h), "model.norm.weight": torch.ones(h, device=device, dtype=dtype)}
+    w = {
+        "model.embed_tokens.weight": rand(cfg.vocab_size, h),
+        "model.norm.weight": torch.ones(h, device=device, dtype=dtype),
+    }
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        w.update({
-            p + "input_layernorm.weight": torch.ones(h, device=device, dtype=dtype),
-            p + "post_attention_layernorm.weight": torch.ones(h, device=device, dtype=dtype),
-            p + "self_attn.q_proj.weight": rand(heads * d, h), p + "self_attn.k_proj.weight": rand(kvh * d, h),
-            p + "self_attn.v_proj.weight": rand(kvh * d, h), p + "self_attn.o_proj.weight": rand(h, heads * d),
-            p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
-            p + "mlp.down_proj.weight": rand(h, inter),
-        })
+        w.update(
+            {
+                p + "input_layernorm.weight": torch.ones(h, device=device, dtype=dtype),
+                p + "post_attention_layernorm.weight": torch.ones(h, device=device, dtype=dtype),
+                p + "self_attn.q_proj.weight": rand(heads * d, h),
+                p + "self_attn.k_proj.weight": rand(kvh * d, h),
+                p + "self_attn.v_proj.weight": rand(kvh * d, h),
+                p + "self_attn.o_proj.weight": rand(h, heads * d),
+                p + "mlp.gate_proj.weight": rand(inter, h),
+                p + "mlp.up_proj.weight": rand(inter, h),
+                p + "mlp.down_proj.weight": rand(h, inter),
+            }
+        )
     model = DecoderModel(cfg, w, device, dtype)
     del w
-    params = sum(t.numel() for t in [model.embed, model.norm] + [
-        x for layer in model.layers for x in (layer.qkv, layer.o_proj, layer.gate_up, layer.down,
-                                              layer.input_norm, layer.post_norm)])
+    params = sum(
+        t.numel()
+        for t in [model.embed, model.norm]
+        + [
+            x
+            for layer in model.layers
+            for x in (layer.qkv, layer.o_proj, layer.gate_up, layer.down, layer.input_norm, layer.post_norm)
+        ]
+    )
     return cfg, model, params
 
 
@@ -256,16 +321,23 @@ class _Requests:
         b = self.b
         ids = torch.randint(0, self.vocab, (b,), device=self.device)
         pos = torch.full((b,), n, dtype=torch.int64, device=self.device)
-        return ForwardBatch(ids, pos, self.slots[:, n].clone(), [1] * b, [n + 1] * b,
-                            [self.slots[i, : n + 1] for i in range(b)], torch.arange(b, device=self.device))
+        return ForwardBatch(
+            ids,
+            pos,
+            self.slots[:, n].clone(),
+            [1] * b,
+            [n + 1] * b,
+            [self.slots[i, : n + 1] for i in range(b)],
+            torch.arange(b, device=self.device),
+        )
 
 
 def bench_model(sizes, device, smoke: bool) -> bool:
     import torch
 
-    from runtime.model.cuda_graphs import DecodeCudaGraphs
-    from runtime.kvcache.pool import KVPool
     from runtime.attention.triton_backend import TritonAttentionBackend
+    from runtime.kvcache.pool import KVPool
+    from runtime.model.cuda_graphs import DecodeCudaGraphs
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     steps, prompt = sizes["decode_steps"], sizes["prompt"]
@@ -274,11 +346,15 @@ def bench_model(sizes, device, smoke: bool) -> bool:
     t0 = time.perf_counter()
     cfg, model, params = build_model(sizes["model"], device, dtype, max_positions=room + 8)
     kv = KVPool(cfg.num_layers, max_b * room, cfg.num_kv_heads, cfg.head_dim, dtype, device)
-    emit(section="model", params_m=round(params / 1e6, 1), dtype=str(dtype)[6:], layers=cfg.num_layers,
-         build_s=time.perf_counter() - t0)
+    emit(
+        section="model",
+        params_m=round(params / 1e6, 1),
+        dtype=str(dtype)[6:],
+        layers=cfg.num_layers,
+        build_s=time.perf_counter() - t0,
+    )
     attn = TritonAttentionBackend()
-    graphs = DecodeCudaGraphs(model, kv, max_b, room, batch_sizes=sizes["graph_sizes"],
-                              capture=device.type == "cuda")
+    graphs = DecodeCudaGraphs(model, kv, max_b, room, batch_sizes=sizes["graph_sizes"], capture=device.type == "cuda")
     ok = True
     rates = {}
     for b in sizes["batches"]:
@@ -311,9 +387,16 @@ def bench_model(sizes, device, smoke: bool) -> bool:
             _sync(device)
             timings[mode] = time.perf_counter() - t
         rates[b] = {m: b * steps / s for m, s in timings.items()}
-        emit(section="model", batch=b, prompt=prompt, prefill_tok_s=b * prompt / prefill_s,
-             decode_tok_s_eager=rates[b]["eager"], decode_tok_s_graph=rates[b]["graph"],
-             decode_ms_per_step_graph=timings["graph"] / steps * 1e3, decode_steps=steps)
+        emit(
+            section="model",
+            batch=b,
+            prompt=prompt,
+            prefill_tok_s=b * prompt / prefill_s,
+            decode_tok_s_eager=rates[b]["eager"],
+            decode_tok_s_graph=rates[b]["graph"],
+            decode_ms_per_step_graph=timings["graph"] / steps * 1e3,
+            decode_steps=steps,
+        )
     lo, hi = min(rates), max(rates)
     best = lambda b: max(rates[b].values())
     emit(section="model", decode_scaling=f"batch {hi} vs {lo}", ratio=best(hi) / best(lo), target=">= 20")
@@ -334,13 +417,21 @@ def bench_bitmask(sizes, device) -> None:
     b, vocab = sizes["bitmask"]
     base = torch.randn(b, vocab, device=device)
     logits = base.clone()  # masked in place over and over while timing (the same work each time)
-    mask = torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), dtype=torch.int64).to(torch.int32).to(device)
+    mask = torch.randint(-(2**31), 2**31 - 1, (b, (vocab + 31) // 32), dtype=torch.int64).to(torch.int32).to(device)
     rows = torch.arange(b, device=device, dtype=torch.int32)
     iters = sizes["iters"]
     tri = lambda: apply_token_bitmask_triton(logits, mask, rows)
     ref = lambda: apply_bitmask_(logits, mask)
-    emit(section="bitmask", batch=b, vocab=vocab, config=DEFAULT_CONFIG, triton_us=time_us(tri, device, iters),
-         triton_graph_us=graph_time_us(tri, device, iters), torch_us=time_us(ref, device, iters), target_us=20)
+    emit(
+        section="bitmask",
+        batch=b,
+        vocab=vocab,
+        config=DEFAULT_CONFIG,
+        triton_us=time_us(tri, device, iters),
+        triton_graph_us=graph_time_us(tri, device, iters),
+        torch_us=time_us(ref, device, iters),
+        target_us=20,
+    )
     want = base.clone()
     apply_bitmask_(want, mask, rows)
     best = None
@@ -362,8 +453,8 @@ def bench_decode_attention(sizes, device) -> None:
     import torch
     import torch.nn.functional as F
 
-    from runtime.forward_batch import ForwardBatch
     from runtime.attention.triton_backend import TritonAttentionBackend
+    from runtime.forward_batch import ForwardBatch
 
     spec = sizes["model"]
     heads, kvh = spec["heads"], spec["kv_heads"]
@@ -375,7 +466,7 @@ def bench_decode_attention(sizes, device) -> None:
         k = torch.randn(slots + 1, kvh, dim, device=device, dtype=dtype)
         v = torch.randn(slots + 1, kvh, dim, device=device, dtype=dtype)
         perm = torch.randperm(slots)
-        rows = [perm[i * length:(i + 1) * length] for i in range(b)]
+        rows = [perm[i * length : (i + 1) * length] for i in range(b)]
         q = torch.randn(b, heads, dim, device=device, dtype=dtype)
         zeros = torch.zeros(b, dtype=torch.int64, device=device)
         batch = ForwardBatch(zeros, zeros, zeros, [1] * b, [length] * b, rows, torch.arange(b, device=device))
@@ -391,16 +482,32 @@ def bench_decode_attention(sizes, device) -> None:
         sdpa_gqa = lambda: F.scaled_dot_product_attention(qs, kc, vc, enable_gqa=True)
         sdpa_mha = lambda: F.scaled_dot_product_attention(qs, kx, vx)
         err = (ours().float() - sdpa_gqa().squeeze(2).float()).abs().max().item()
-        rec = dict(section="decode_attention", batch=b, kv_len=length, heads=heads, kv_heads=kvh, dim=dim,
-                   kv_splits=attn.decode.max_splits, max_abs_err=err)
+        rec = dict(
+            section="decode_attention",
+            batch=b,
+            kv_len=length,
+            heads=heads,
+            kv_heads=kvh,
+            dim=dim,
+            kv_splits=attn.decode.max_splits,
+            max_abs_err=err,
+        )
         for name, fn in (("triton", ours), ("sdpa_gqa", sdpa_gqa), ("sdpa_expanded_kv", sdpa_mha)):
             rec[f"{name}_us"] = time_us(fn, device, iters)
             try:
                 rec[f"{name}_graph_us"] = graph_time_us(fn, device, iters)
             except Exception as e:  # an SDPA backend that cannot be captured: eager numbers only
                 rec[f"{name}_graph_us"] = f"not capturable: {type(e).__name__}"
-        best_sdpa = min(x for x in (rec["sdpa_gqa_graph_us"], rec["sdpa_expanded_kv_graph_us"],
-                                    rec["sdpa_gqa_us"], rec["sdpa_expanded_kv_us"]) if isinstance(x, float))
+        best_sdpa = min(
+            x
+            for x in (
+                rec["sdpa_gqa_graph_us"],
+                rec["sdpa_expanded_kv_graph_us"],
+                rec["sdpa_gqa_us"],
+                rec["sdpa_expanded_kv_us"],
+            )
+            if isinstance(x, float)
+        )
         ours_t = rec["triton_graph_us"] if isinstance(rec["triton_graph_us"], float) else rec["triton_us"]
         rec.update(ratio_vs_best_sdpa=ours_t / best_sdpa, target="<= 2")
         emit(**rec)
@@ -424,7 +531,7 @@ def shared_prefix_case(members, shared, private, others, heads, kv_heads, dim, d
     perm = torch.randperm(slots, generator=g)
     prefix, used, rows = perm[:shared], shared, []
     for i in range(b):
-        own = perm[used:used + private + (shared if i >= members else 0)]
+        own = perm[used : used + private + (shared if i >= members else 0)]
         used += own.numel()
         rows.append(torch.cat([prefix, own]) if i < members else own)
     gd = torch.Generator(device=device).manual_seed(seed)
@@ -453,8 +560,9 @@ def bench_cascade(sizes, device) -> bool:
     ok = True
     for heads, kv_heads, dim in c["shapes"]:
         for dtype in (torch.float32, torch.bfloat16):
-            q, k, v, batch, groups = shared_prefix_case(c["members"], c["shared"], c["private"], 3, heads, kv_heads,
-                                                        dim, dtype, device, seed=heads)
+            q, k, v, batch, groups = shared_prefix_case(
+                c["members"], c["shared"], c["private"], 3, heads, kv_heads, dim, dtype, device, seed=heads
+            )
             ref = TorchAttentionBackend()
             ref.prepare(batch)
             want = ref.forward(q, k, v).float()
@@ -465,15 +573,35 @@ def bench_cascade(sizes, device) -> bool:
             err = (got - want).abs().max().item()
             good = bool(groups) and tri.decode.prefix is not None and err <= tol[dtype]
             ok &= good
-            emit(check="cascade", heads=heads, kv_heads=kv_heads, dim=dim, dtype=str(dtype)[6:],
-                 groups=[len(gr.members) for gr in groups], max_abs_err=err, ok=good)
+            emit(
+                check="cascade",
+                heads=heads,
+                kv_heads=kv_heads,
+                dim=dim,
+                dtype=str(dtype)[6:],
+                groups=[len(gr.members) for gr in groups],
+                max_abs_err=err,
+                ok=good,
+            )
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        rec = dict(section="cascade", heads=heads, kv_heads=kv_heads, dim=dim, dtype=str(dtype)[6:],
-                   batch=c["members"], shared=c["shared"], private=c["private"])
-        for name, shared, cascade in (("shared_cascade", c["shared"], True), ("shared_plain", c["shared"], False),
-                                      ("private_only", 0, False)):
-            q, k, v, batch, groups = shared_prefix_case(c["members"], shared, c["private"], 0, heads, kv_heads, dim,
-                                                        dtype, device, seed=1)
+        rec = dict(
+            section="cascade",
+            heads=heads,
+            kv_heads=kv_heads,
+            dim=dim,
+            dtype=str(dtype)[6:],
+            batch=c["members"],
+            shared=c["shared"],
+            private=c["private"],
+        )
+        for name, shared, cascade in (
+            ("shared_cascade", c["shared"], True),
+            ("shared_plain", c["shared"], False),
+            ("private_only", 0, False),
+        ):
+            q, k, v, batch, groups = shared_prefix_case(
+                c["members"], shared, c["private"], 0, heads, kv_heads, dim, dtype, device, seed=1
+            )
             batch.prefix_groups = groups if cascade else []
             attn = TritonAttentionBackend()
             attn.prepare(batch)
@@ -482,8 +610,11 @@ def bench_cascade(sizes, device) -> bool:
             rec[f"{name}_us"] = time_us(fn, device, sizes["iters"])
             rec[f"{name}_graph_us"] = graph_time_us(fn, device, sizes["iters"])
         best = lambda n: rec[f"{n}_graph_us"] or rec[f"{n}_us"]  # noqa: E731
-        rec.update(cascade_vs_private=best("shared_cascade") / best("private_only"),
-                   plain_vs_private=best("shared_plain") / best("private_only"), target="<= 1.5")
+        rec.update(
+            cascade_vs_private=best("shared_cascade") / best("private_only"),
+            plain_vs_private=best("shared_plain") / best("private_only"),
+            target="<= 1.5",
+        )
         emit(**rec)
     return ok
 
@@ -510,40 +641,85 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
         opts = {k: v for k, v in cfg.items() if k in ("num_warps", "num_stages")}
         sig = {name: ("constexpr" if name in consts else types.get(name, "i32")) for name in kernel.arg_names}
         t = time.perf_counter()
-        compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
-                                  options=opts)
+        compiled = triton.compile(
+            ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32), options=opts
+        )
         shared = compiled.metadata.shared
-        return dict(shared_bytes=shared, compile_s=time.perf_counter() - t,
-                    ok=shared <= shared_limit.get(arch, 99 * 1024))
+        return dict(
+            shared_bytes=shared, compile_s=time.perf_counter() - t, ok=shared <= shared_limit.get(arch, 99 * 1024)
+        )
 
     ok = True
     for arch in archs:
         jobs = []
         # quick: the serving dtype (bf16) at the common head shapes, and the float32 logits mask
-        for dtype in ((torch.bfloat16, torch.float32) if quick else (torch.bfloat16, torch.float16, torch.float32)):
+        for dtype in (torch.bfloat16, torch.float32) if quick else (torch.bfloat16, torch.float16, torch.float32):
             p = "*" + tname[dtype]
-            for dim in ((64, 128) if dtype != torch.float32 or not quick else ()):
-                for heads, kvh in (((32, 8), (32, 32)) if quick else ((32, 8), (32, 32), (64, 2))):
+            for dim in (64, 128) if dtype != torch.float32 or not quick else ():
+                for heads, kvh in ((32, 8), (32, 32)) if quick else ((32, 8), (32, 32), (64, 2)):
                     ext = ta.extend_config(heads, kvh, dim, dtype, on_gpu=True)
-                    types = dict(Q=p, K=p, V=p, O=p, QStart="*i32", ExtLen="*i32", SeqLen="*i32", Table="*i32",
-                                 sm_scale="fp32")
+                    types = dict(
+                        Q=p, K=p, V=p, O=p, QStart="*i32", ExtLen="*i32", SeqLen="*i32", Table="*i32", sm_scale="fp32"
+                    )
                     jobs.append((f"extend {tname[dtype]} d{dim} h{heads}/{kvh}", ta.extend_kernel, types, ext))
                     _, split, merge = ta.decode_config(heads, kvh, dim, dtype, on_gpu=True)
-                    types = dict(Q=p, K=p, V=p, MidO="*fp32", MidLse="*fp32", QRows="*i32", SeqLen="*i32",
-                                 KvStart="*i32", NumSplits="*i32", Table="*i32", sm_scale="fp32")
+                    types = dict(
+                        Q=p,
+                        K=p,
+                        V=p,
+                        MidO="*fp32",
+                        MidLse="*fp32",
+                        QRows="*i32",
+                        SeqLen="*i32",
+                        KvStart="*i32",
+                        NumSplits="*i32",
+                        Table="*i32",
+                        sm_scale="fp32",
+                    )
                     jobs.append((f"decode {tname[dtype]} d{dim} h{heads}/{kvh}", ta.decode_split_kernel, types, split))
                     prefix = ta.prefix_config(heads, kvh, dim, dtype, on_gpu=True)
-                    types = dict(Q=p, K=p, V=p, MidO="*fp32", MidLse="*fp32", QRows="*i32", Members="*i32",
-                                 SharedLen="*i32", NumSplits="*i32", Table="*i32", sm_scale="fp32")
+                    types = dict(
+                        Q=p,
+                        K=p,
+                        V=p,
+                        MidO="*fp32",
+                        MidLse="*fp32",
+                        QRows="*i32",
+                        Members="*i32",
+                        SharedLen="*i32",
+                        NumSplits="*i32",
+                        Table="*i32",
+                        sm_scale="fp32",
+                    )
                     jobs.append((f"prefix {tname[dtype]} d{dim} h{heads}/{kvh}", ta.prefix_split_kernel, types, prefix))
                     if heads == 32 and kvh == 8:
-                        types = dict(MidO="*fp32", MidLse="*fp32", O=p, QRows="*i32", SeqLen="*i32", KvStart="*i32",
-                                     NumSplits="*i32", PrefixSplits="*i32")
+                        types = dict(
+                            MidO="*fp32",
+                            MidLse="*fp32",
+                            O=p,
+                            QRows="*i32",
+                            SeqLen="*i32",
+                            KvStart="*i32",
+                            NumSplits="*i32",
+                            PrefixSplits="*i32",
+                        )
                         jobs.append((f"merge {tname[dtype]} d{dim}", ta.decode_merge_kernel, types, merge))
-            jobs.append((f"bitmask {tname[dtype]}", tb.bitmask_kernel,
-                         dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=2048, WORDS=False, num_warps=4)))
-            jobs.append((f"bitmask words {tname[dtype]}", tb.bitmask_kernel,
-                         dict(Logits=p, Mask="*i32", Rows="*i32"), dict(BLOCK=4096, WORDS=True, num_warps=8)))
+            jobs.append(
+                (
+                    f"bitmask {tname[dtype]}",
+                    tb.bitmask_kernel,
+                    dict(Logits=p, Mask="*i32", Rows="*i32"),
+                    dict(BLOCK=2048, WORDS=False, num_warps=4),
+                )
+            )
+            jobs.append(
+                (
+                    f"bitmask words {tname[dtype]}",
+                    tb.bitmask_kernel,
+                    dict(Logits=p, Mask="*i32", Rows="*i32"),
+                    dict(BLOCK=4096, WORDS=True, num_warps=8),
+                )
+            )
         for name, kernel, types, cfg in jobs:
             try:
                 rec = build(kernel, types, cfg, arch)
@@ -562,7 +738,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under TRITON_INTERPRET=1")
     ap.add_argument("--aot", metavar="ARCHS", help="only compile the kernels for these SM archs, e.g. 80,90")
     ap.add_argument("--quick", action="store_true", help="with --aot: bf16 kernels and the float32 mask only")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: check,model,bitmask,attention,cascade")
+    ap.add_argument(
+        "--skip", default="", help="comma-separated sections to skip: check,model,bitmask,attention,cascade"
+    )
     args = ap.parse_args(argv)
     if args.aot:
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -584,8 +762,13 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --smoke for the CPU code-path check", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    emit(section="device", device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
-         torch=torch.__version__, triton=__import__("triton").__version__, smoke=args.smoke)
+    emit(
+        section="device",
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
+        torch=torch.__version__,
+        triton=__import__("triton").__version__,
+        smoke=args.smoke,
+    )
     t_all = time.perf_counter()
     failed = []
     sections = [  # the checks first, then the issue ratios, then the slower model bench

@@ -19,8 +19,8 @@ import runtime.decode.completeness as completeness
 from bench.common import default_tokenizer
 from grammar import GrammarService, GrammarSpec
 from runtime.api import GenerateRequest
-from runtime.engine.engine import Engine
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.engine import Engine
 from tests.runtime.decode.test_completeness_large import PROFILE, SYSTEM, large_schema
 
 CURRENT = completeness.CompletionGuard.allows
@@ -44,8 +44,10 @@ def main(rounds: int = 2, batch: int = 2) -> None:
     ids = list(out["input_ids"] if hasattr(out, "keys") else out)
 
     def run() -> tuple[float, list]:
-        specs = [GenerateRequest(ids, SamplingParams(max_new_tokens=384, temperature=0.0), constraint=handle,
-                                 strict=True) for _ in range(batch)]
+        specs = [
+            GenerateRequest(ids, SamplingParams(max_new_tokens=384, temperature=0.0), constraint=handle, strict=True)
+            for _ in range(batch)
+        ]
         start = time.perf_counter()
         results = engine.generate_many(specs, timeout=900)
         return time.perf_counter() - start, results
@@ -60,13 +62,25 @@ def main(rounds: int = 2, batch: int = 2) -> None:
     try:
         run()  # warm-up: compile caches, kernels
         for _ in range(rounds):
-            for name, rule in (("checked_within_far_tokens", CURRENT), ("before_the_fix", unchecked_far_from_the_budget)):
+            for name, rule in (
+                ("checked_within_far_tokens", CURRENT),
+                ("before_the_fix", unchecked_far_from_the_budget),
+            ):
                 completeness.CompletionGuard.allows = rule
                 seconds, results = run()
-                print(json.dumps({"bench": "guard_cost", "rule": name, "wall_s": round(seconds, 3),
-                                  "completion_tokens": [r.completion_tokens for r in results],
-                                  "finish": [r.finish_reason for r in results],
-                                  "valid": [valid(r.text) for r in results]}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "bench": "guard_cost",
+                            "rule": name,
+                            "wall_s": round(seconds, 3),
+                            "completion_tokens": [r.completion_tokens for r in results],
+                            "finish": [r.finish_reason for r in results],
+                            "valid": [valid(r.text) for r in results],
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         completeness.CompletionGuard.allows = CURRENT
         engine.shutdown()

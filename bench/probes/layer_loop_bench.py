@@ -43,10 +43,19 @@ def compare(engine, batch_size: int, context: int, rounds: int) -> dict:
     finally:
         model._loop = loop
     one, py = statistics.median(ms["one_call"]), statistics.median(ms["python_loop"])
-    return {"bench": "layer_loop", "weights": model.weights, "batch": batch_size, "context": context,
-            "threads": torch.get_num_threads(), "one_call_ms": one, "python_loop_ms": py, "saved_ms": py - one,
-            "speedup": py / one, "one_call_rounds_ms": [round(x, 3) for x in ms["one_call"]],
-            "python_loop_rounds_ms": [round(x, 3) for x in ms["python_loop"]]}
+    return {
+        "bench": "layer_loop",
+        "weights": model.weights,
+        "batch": batch_size,
+        "context": context,
+        "threads": torch.get_num_threads(),
+        "one_call_ms": one,
+        "python_loop_ms": py,
+        "saved_ms": py - one,
+        "speedup": py / one,
+        "one_call_rounds_ms": [round(x, 3) for x in ms["one_call"]],
+        "python_loop_rounds_ms": [round(x, 3) for x in ms["python_loop"]],
+    }
 
 
 def main(argv=None) -> None:
@@ -56,12 +65,18 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--weights", default="auto")
     args = ap.parse_args(argv)
-    engine = Engine(device="cpu", kv_pool_tokens=4096, radix_cache=False, weights=args.weights,
-                    max_running_requests=64).start()
+    engine = Engine(
+        device="cpu", kv_pool_tokens=4096, radix_cache=False, weights=args.weights, max_running_requests=64
+    ).start()
     try:
         if engine.runner.model._loop is None:
-            emit({"bench": "layer_loop", "weights": engine.runner.model.weights,
-                  "skipped": "this format's layers run the Python loop only"})
+            emit(
+                {
+                    "bench": "layer_loop",
+                    "weights": engine.runner.model.weights,
+                    "skipped": "this format's layers run the Python loop only",
+                }
+            )
             return
         for b in (int(x) for x in args.batches.split(",")):
             emit(engine.call(lambda: compare(engine, b, args.context, args.rounds)).result())

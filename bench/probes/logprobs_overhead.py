@@ -12,11 +12,19 @@ import time
 from bench.common import emit
 from bench.workloads import chat
 from runtime.api import GenerateRequest
-from runtime.engine.engine import Engine
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.engine import Engine
 
-QUESTIONS = ["Tell me a joke.", "What is 2+2?", "Name three colors.", "Write a haiku about rain.",
-             "Who wrote Hamlet?", "Explain gravity briefly.", "Describe a cat.", "Why is the sky blue?"]
+QUESTIONS = [
+    "Tell me a joke.",
+    "What is 2+2?",
+    "Name three colors.",
+    "Write a haiku about rain.",
+    "Who wrote Hamlet?",
+    "Explain gravity briefly.",
+    "Describe a cat.",
+    "Why is the sky blue?",
+]
 SETTINGS = {"off": None, "logprobs": 0, "top_logprobs_20": 20}
 NEW_TOKENS = 32
 ROUNDS = 3
@@ -27,8 +35,12 @@ def main() -> None:
         prompts = [chat(engine.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
 
         def run(count: int | None) -> float:
-            specs = [GenerateRequest(p, SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0,
-                                                       ignore_eos=True, logprobs=count)) for p in prompts]
+            specs = [
+                GenerateRequest(
+                    p, SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=count)
+                )
+                for p in prompts
+            ]
             engine.flush_cache()  # every run prefills the same prompts
             t0 = time.perf_counter()
             engine.generate_many(specs, timeout=600)

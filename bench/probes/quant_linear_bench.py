@@ -30,8 +30,16 @@ import time
 
 import torch
 
-from runtime.model.linear import CodesLinearF32, DenseLinear, Int4Linear, Int4LinearI8, f32_quant_kernels, \
-    i8_quant_kernels, make_int8_group_linear, quant_kernels
+from runtime.model.linear import (
+    CodesLinearF32,
+    DenseLinear,
+    Int4Linear,
+    Int4LinearI8,
+    f32_quant_kernels,
+    i8_quant_kernels,
+    make_int8_group_linear,
+    quant_kernels,
+)
 from runtime.model.quant_codes import Int4Codes
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # fused qkv, o, fused gate/up, down
@@ -65,25 +73,73 @@ def main(argv=None) -> None:
     if quant_kernels() is None:
         print(json.dumps({"bench": "quant_linear", "skipped": "the bf16 kernels are not built here (no AVX512-BF16)"}))
     else:
-        compare(rows, args.threads, "layers", "int4_ms", [Int4Linear(c, None) for c in codes],
-                "aten_int4_ms", [Int4Linear(c, None, kernels=False) for c in codes], torch.bfloat16)
-        compare(rows, args.threads, "logits", "int8_ms", [make_int8_group_linear(embed)],
-                "bf16_ms", [DenseLinear(embed.dequantize(), None, torch.bfloat16)], torch.bfloat16)
+        compare(
+            rows,
+            args.threads,
+            "layers",
+            "int4_ms",
+            [Int4Linear(c, None) for c in codes],
+            "aten_int4_ms",
+            [Int4Linear(c, None, kernels=False) for c in codes],
+            torch.bfloat16,
+        )
+        compare(
+            rows,
+            args.threads,
+            "logits",
+            "int8_ms",
+            [make_int8_group_linear(embed)],
+            "bf16_ms",
+            [DenseLinear(embed.dequantize(), None, torch.bfloat16)],
+            torch.bfloat16,
+        )
     ops = f32_quant_kernels()
     if ops is None or i8_quant_kernels() is None:
         print(json.dumps({"bench": "quant_linear", "skipped": "the AVX2 kernels are not built here (no AVX2 + FMA)"}))
         return
     dense = [DenseLinear(c.dequantize(), None, torch.float32) for c in codes]
-    compare(rows, args.threads, "layers_i8", "int4_i8_ms", [Int4LinearI8(c, None, ops) for c in codes],
-            "fp32_ms", dense, torch.float32)
-    compare(rows, args.threads, "layers_f32", "int4_f32_ms", [CodesLinearF32(c, None, ops) for c in codes],
-            "fp32_ms", dense, torch.float32)
-    compare(rows, args.threads, "logits_f32", "int8_f32_ms", [CodesLinearF32(embed, None, ops)],
-            "fp32_ms", [DenseLinear(embed.dequantize(), None, torch.float32)], torch.float32)
+    compare(
+        rows,
+        args.threads,
+        "layers_i8",
+        "int4_i8_ms",
+        [Int4LinearI8(c, None, ops) for c in codes],
+        "fp32_ms",
+        dense,
+        torch.float32,
+    )
+    compare(
+        rows,
+        args.threads,
+        "layers_f32",
+        "int4_f32_ms",
+        [CodesLinearF32(c, None, ops) for c in codes],
+        "fp32_ms",
+        dense,
+        torch.float32,
+    )
+    compare(
+        rows,
+        args.threads,
+        "logits_f32",
+        "int8_f32_ms",
+        [CodesLinearF32(embed, None, ops)],
+        "fp32_ms",
+        [DenseLinear(embed.dequantize(), None, torch.float32)],
+        torch.float32,
+    )
 
 
-def compare(rows: list[int], threads: int, part: str, ours_name: str, ours: list, theirs_name: str, theirs: list,
-            dtype: torch.dtype) -> None:
+def compare(
+    rows: list[int],
+    threads: int,
+    part: str,
+    ours_name: str,
+    ours: list,
+    theirs_name: str,
+    theirs: list,
+    dtype: torch.dtype,
+) -> None:
     """Every layer of `ours`, then of `theirs`, alternated, best of several passes, per row count."""
     g = torch.Generator().manual_seed(1)
     for m in rows:
@@ -95,9 +151,20 @@ def compare(rows: list[int], threads: int, part: str, ours_name: str, ours: list
         for _ in range(reps):  # alternated, so a slow spell of the machine hits both
             mine = min(mine, best_ms(lambda: [lin.native(xs[lin.shape[1]]) for lin in ours], 1))
             other = min(other, best_ms(lambda: [lin.native(xs[lin.shape[1]]) for lin in theirs], 1))
-        print(json.dumps({"bench": "quant_linear", "part": part, "rows": m, "threads": threads,
-                          ours_name: round(mine, 3), theirs_name: round(other, 3),
-                          "speedup": round(other / mine, 3)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bench": "quant_linear",
+                    "part": part,
+                    "rows": m,
+                    "threads": threads,
+                    ours_name: round(mine, 3),
+                    theirs_name: round(other, 3),
+                    "speedup": round(other / mine, 3),
+                }
+            ),
+            flush=True,
+        )
 
 
 # (calls, output columns) of K = 576 inputs: ~85 MB of int4 codes and float32 scales and offsets
@@ -125,13 +192,27 @@ def stream(sets=STREAM_SETS) -> None:
         one = layers[0]  # the first layer as many times: its bytes stay in the caches (the work alone)
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            for kernel, run, nbytes in (("int4", lambda: [lin.native(x) for lin in layers], int4_bytes),
-                                        ("fp32", lambda: [F.linear(xf, w) for w in dense], fp32_bytes),
-                                        ("int4_cached", lambda: [one.native(x) for _ in layers], int4_bytes)):
+            for kernel, run, nbytes in (
+                ("int4", lambda layers=layers: [lin.native(x) for lin in layers], int4_bytes),
+                ("fp32", lambda dense=dense: [F.linear(xf, w) for w in dense], fp32_bytes),
+                ("int4_cached", lambda layers=layers: [one.native(x) for _ in layers], int4_bytes),
+            ):
                 ms = best_ms(run, 8)
-                print(json.dumps({"bench": "quant_linear", "part": "stream", "kernel": kernel, "calls": calls,
-                                  "bytes": nbytes, "threads": threads, "ms": round(ms, 4),
-                                  "gb_s": round(nbytes / ms / 1e6, 2)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "bench": "quant_linear",
+                            "part": "stream",
+                            "kernel": kernel,
+                            "calls": calls,
+                            "bytes": nbytes,
+                            "threads": threads,
+                            "ms": round(ms, 4),
+                            "gb_s": round(nbytes / ms / 1e6, 2),
+                        }
+                    ),
+                    flush=True,
+                )
         del layers, dense
 
 

@@ -24,12 +24,25 @@ class LocalCaller:
         its engine requests."""
         assert self.app is not None, "LocalCaller.app is not set"
         scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-            "query_string": b"", "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), "state": {},
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"host", b"jumpgate.batch")],
-            INTERNAL_TENANT_SCOPE_KEY: tenant, PRIORITY_SCOPE_KEY: priority,
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+            "state": {},
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"host", b"jumpgate.batch"),
+            ],
+            INTERNAL_TENANT_SCOPE_KEY: tenant,
+            PRIORITY_SCOPE_KEY: priority,
         }
         sent_body = False
         never = asyncio.Event()  # the caller never disconnects; cancellation ends the call instead

@@ -33,8 +33,14 @@ def build_batch_api(data_root: Path, settings: Any, registry: Any) -> BatchAPI:
     batches = BatchStore(data_root / "batches")
     caller = LocalCaller()
     metrics = BatchMetrics(registry, lambda: [b.batch.status for b in batches.all()]) if registry is not None else None
-    runner = BatchRunner(batches, files, caller, metrics, concurrency=settings.batch_concurrency,
-                         max_requests=settings.batch_max_requests)
+    runner = BatchRunner(
+        batches,
+        files,
+        caller,
+        metrics,
+        concurrency=settings.batch_concurrency,
+        max_requests=settings.batch_max_requests,
+    )
     return BatchAPI(files, batches, runner, caller, settings.batch_file_max_bytes)
 
 
@@ -48,5 +54,5 @@ def paginate(items: Sequence[T], after: str | None, limit: int, max_limit: int =
         if after not in ids:
             raise bad_request(f"'after' names no item of this list: {after!r}.", "after")
         start = ids.index(after) + 1
-    page = list(items[start:start + limit])
+    page = list(items[start : start + limit])
     return page, start + limit < len(items)

@@ -55,20 +55,32 @@ def parse_lines(data: bytes, endpoint: str, max_lines: int) -> tuple[list[BatchL
             continue
         custom_id = obj.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
-            bad("missing_required_parameter", "Missing required parameter: 'custom_id' (a non-empty string).", number,
-                "custom_id")
+            bad(
+                "missing_required_parameter",
+                "Missing required parameter: 'custom_id' (a non-empty string).",
+                number,
+                "custom_id",
+            )
             continue
         if custom_id in seen:
-            bad("duplicate_custom_id", f"The custom_id {custom_id!r} is used by an earlier line; each line needs "
-                "its own.", number, "custom_id")
+            bad(
+                "duplicate_custom_id",
+                f"The custom_id {custom_id!r} is used by an earlier line; each line needs its own.",
+                number,
+                "custom_id",
+            )
             continue
         seen.add(custom_id)
         if obj.get("method") != "POST":
             bad("invalid_method", "The 'method' of each line must be 'POST'.", number, "method")
             continue
         if obj.get("url") != endpoint:
-            bad("mismatched_url", f"The 'url' of this line ({obj.get('url')!r}) is not the batch's endpoint "
-                f"{endpoint!r}.", number, "url")
+            bad(
+                "mismatched_url",
+                f"The 'url' of this line ({obj.get('url')!r}) is not the batch's endpoint {endpoint!r}.",
+                number,
+                "url",
+            )
             continue
         body = obj.get("body")
         if not isinstance(body, dict):
@@ -78,8 +90,13 @@ def parse_lines(data: bytes, endpoint: str, max_lines: int) -> tuple[list[BatchL
     if not lines and not errors:
         errors.append(BatchError(code="empty_file", message="The input file has no requests.", line=None))
     if len(lines) > max_lines:
-        errors.append(BatchError(code="too_many_requests", message=f"The input file has {len(lines)} requests; "
-                                 f"a batch holds at most {max_lines}.", line=None))
+        errors.append(
+            BatchError(
+                code="too_many_requests",
+                message=f"The input file has {len(lines)} requests; a batch holds at most {max_lines}.",
+                line=None,
+            )
+        )
     return lines, errors
 
 
@@ -94,8 +111,16 @@ def prefix_key(line: BatchLine) -> tuple[str, str]:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         system = [m for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
         turns = [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
-        head = _canonical([body.get("model"), system, body.get("response_format"), body.get("tools"),
-                           body.get("tool_choice"), turns[:-1]])
+        head = _canonical(
+            [
+                body.get("model"),
+                system,
+                body.get("response_format"),
+                body.get("tools"),
+                body.get("tool_choice"),
+                turns[:-1],
+            ]
+        )
         return head, _canonical(turns[-1:])
     prompt = body.get("prompt")
     text = prompt if isinstance(prompt, str) else _canonical(prompt)

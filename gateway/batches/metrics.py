@@ -30,13 +30,17 @@ class BatchesByStatus:
 
 class BatchMetrics:
     def __init__(self, registry: CollectorRegistry, statuses: Callable[[], list[str]]):
-        self.requests = Counter("jumpgate_batch_requests", "Batch lines answered, by outcome (completed: a 2xx "
-                                "answer in the output file; failed: an error in the error file).", ("status",),
-                                registry=registry)
-        self.in_flight = Gauge("jumpgate_batch_requests_in_flight", "Batch lines being answered now.",
-                               registry=registry)
+        self.requests = Counter(
+            "jumpgate_batch_requests",
+            "Batch lines answered, by outcome (completed: a 2xx "
+            "answer in the output file; failed: an error in the error file).",
+            ("status",),
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "jumpgate_batch_requests_in_flight", "Batch lines being answered now.", registry=registry
+        )
         registry.register(BatchesByStatus(statuses))  # type: ignore[arg-type]
 
     def answered(self, ok: bool) -> None:
         self.requests.labels(status="completed" if ok else "failed").inc()
-

@@ -7,8 +7,9 @@ from typing import Any, Literal
 from msgspec import Struct, field
 
 FilePurpose = Literal["batch", "batch_output"]
-BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                      "cancelled"]
+BatchStatus = Literal[
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
+]
 FINAL_STATUSES = ("failed", "completed", "expired", "cancelled")
 
 

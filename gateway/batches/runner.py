@@ -67,15 +67,30 @@ def result_line(line: BatchLine, status: int, body: bytes) -> bytes:
     except (msgspec.DecodeError, msgspec.ValidationError):
         request_id, payload = None, body.decode(errors="replace")
     request_id = request_id if isinstance(request_id, str) else "req_" + uuid.uuid4().hex
-    return msgspec.json.encode({
-        "id": "batch_req_" + uuid.uuid4().hex, "custom_id": line.custom_id,
-        "response": {"status_code": status, "request_id": request_id, "body": payload}, "error": None,
-    }) + b"\n"
+    return (
+        msgspec.json.encode(
+            {
+                "id": "batch_req_" + uuid.uuid4().hex,
+                "custom_id": line.custom_id,
+                "response": {"status_code": status, "request_id": request_id, "body": payload},
+                "error": None,
+            }
+        )
+        + b"\n"
+    )
 
 
 class BatchRunner:
-    def __init__(self, store: BatchStore, files: FileStore, caller: LocalCaller, metrics: BatchMetrics | None,
-                 *, concurrency: int, max_requests: int):
+    def __init__(
+        self,
+        store: BatchStore,
+        files: FileStore,
+        caller: LocalCaller,
+        metrics: BatchMetrics | None,
+        *,
+        concurrency: int,
+        max_requests: int,
+    ):
         self.store = store
         self.files = files
         self.caller = caller
@@ -134,7 +149,7 @@ class BatchRunner:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     # ------------------------------------------------------------------ one batch
@@ -165,8 +180,15 @@ class BatchRunner:
         from gateway.batches.objects import BatchError
 
         if self.files.get(tenant, batch.input_file_id) is None:
-            return [], BatchErrors(data=[BatchError(code="file_not_found", param="input_file_id",
-                                                    message=f"The input file {batch.input_file_id} was deleted.")])
+            return [], BatchErrors(
+                data=[
+                    BatchError(
+                        code="file_not_found",
+                        param="input_file_id",
+                        message=f"The input file {batch.input_file_id} was deleted.",
+                    )
+                ]
+            )
         data = await asyncio.to_thread(self.files.content_path(tenant, batch.input_file_id).read_bytes)
         lines, errors = await asyncio.to_thread(parse_lines, data, batch.endpoint, self.max_requests)
         return lines, BatchErrors(data=errors) if errors else None
@@ -185,8 +207,10 @@ class BatchRunner:
 
     def _paths(self, tenant: str, batch: BatchObject) -> tuple[Path, Path]:
         assert batch.output_file_id and batch.error_file_id
-        return (self.files.content_path(tenant, batch.output_file_id),
-                self.files.content_path(tenant, batch.error_file_id))
+        return (
+            self.files.content_path(tenant, batch.output_file_id),
+            self.files.content_path(tenant, batch.error_file_id),
+        )
 
     async def _run(self, tenant: str, batch: BatchObject) -> None:
         lines, errors = await self._read_lines(tenant, batch)
@@ -214,9 +238,19 @@ class BatchRunner:
                             status, body = await self.caller.post(line.url, msgspec.json.encode(line.body), tenant)
                         except Exception as e:  # the app answers errors itself; this is a bug, kept with its line
                             log.exception("batch %s line %s failed", batch.id, line.custom_id)
-                            status, body = 500, msgspec.json.encode({"error": {
-                                "message": f"The server failed on this line: {type(e).__name__}", "type": "server_error",
-                                "param": None, "code": "internal_error"}})
+                            status, body = (
+                                500,
+                                msgspec.json.encode(
+                                    {
+                                        "error": {
+                                            "message": f"The server failed on this line: {type(e).__name__}",
+                                            "type": "server_error",
+                                            "param": None,
+                                            "code": "internal_error",
+                                        }
+                                    }
+                                ),
+                            )
                         if status != 503:
                             break
                         await asyncio.sleep(OVERLOADED_RETRY_S)  # queue full or engine stopping: run it again

@@ -94,8 +94,10 @@ class BatchStore:
 
     def unfinished(self) -> list[StoredBatch]:
         """Batches the runner still has work on, oldest first."""
-        return sorted((s for s in list(self._batches.values()) if s.batch.status not in FINAL_STATUSES),
-                      key=lambda s: (s.batch.created_at, s.batch.id))
+        return sorted(
+            (s for s in list(self._batches.values()) if s.batch.status not in FINAL_STATUSES),
+            key=lambda s: (s.batch.created_at, s.batch.id),
+        )
 
     def save(self, tenant: str, batch: BatchObject, durable: bool = False) -> None:
         with self._lock:

@@ -37,8 +37,14 @@ def usage_of(outcomes: list[Outcome]) -> Usage:
     return make_usage(first.prompt_tokens, sum(o.completion_tokens for o in outcomes), first.cached_tokens)
 
 
-def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCheck | None = None,
-                answer_tool: str | None = None, tools: list | None = None) -> ChatChoice:
+def chat_choice(
+    index: int,
+    outcome: Outcome,
+    parse_tools: bool,
+    check: OutputCheck | None = None,
+    answer_tool: str | None = None,
+    tools: list | None = None,
+) -> ChatChoice:
     """`tools`: the request's, to type arguments a model format writes as markup."""
     if parse_tools:
         content, calls = grammar_adapter.parse_tool_calls(outcome.text, tools)
@@ -47,9 +53,12 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCh
             content = (content or "") + "".join(c.arguments for c in answers)
             calls = [c for c in calls if c.name != answer_tool]
             if not calls:
-                return ChatChoice(index=index, message=ChatMessage(content=content),
-                                  finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
-                                  jumpgate=_calls_validity(check, outcome, answers) or UNSET)
+                return ChatChoice(
+                    index=index,
+                    message=ChatMessage(content=content),
+                    finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
+                    jumpgate=_calls_validity(check, outcome, answers) or UNSET,
+                )
         if calls:
             tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
             return ChatChoice(
@@ -68,8 +77,9 @@ def chat_choice(index: int, outcome: Outcome, parse_tools: bool, check: OutputCh
     )
 
 
-def choice_validity(check: OutputCheck | None, outcome: Outcome, parse_tools: bool,
-                    tools: list | None = None) -> ChoiceValidity | None:
+def choice_validity(
+    check: OutputCheck | None, outcome: Outcome, parse_tools: bool, tools: list | None = None
+) -> ChoiceValidity | None:
     """The jumpgate validity of one finished choice (None: nothing structured to validate)."""
     if parse_tools:
         return _calls_validity(check, outcome, grammar_adapter.parse_tool_calls(outcome.text, tools)[1])
@@ -97,14 +107,21 @@ def chat_completion(prepared: Prepared, outcomes: list[Outcome], answer_tool: st
         id=prepared.request_id,
         created=prepared.created,
         model=prepared.model,
-        choices=[chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check, answer_tool,
-                             prepared.plan.tools) for i, o in enumerate(outcomes)],
+        choices=[
+            chat_choice(i, o, prepared.plan.parse_tool_calls, prepared.output_check, answer_tool, prepared.plan.tools)
+            for i, o in enumerate(outcomes)
+        ],
         usage=usage_of(outcomes),
     )
 
 
 def completion(
-    request_id: str, created: int, model: str, outcomes: list[Outcome], n: int, echo_texts: list[str | None],
+    request_id: str,
+    created: int,
+    model: str,
+    outcomes: list[Outcome],
+    n: int,
+    echo_texts: list[str | None],
     check: OutputCheck | None = None,
 ) -> Completion:
     """Choices for p prompts × n samples (index = prompt * n + sample), as OpenAI numbers them."""
@@ -113,10 +130,13 @@ def completion(
         prefix = echo_texts[index // n] or ""
         validity = choice_validity(check, outcome, False)
         choices.append(
-            CompletionChoice(index=index, text=prefix + outcome.text,
-                             finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
-                             logprobs=completion_logprobs(outcome.logprobs, outcome.token_texts, len(prefix)),
-                             jumpgate=validity or UNSET)
+            CompletionChoice(
+                index=index,
+                text=prefix + outcome.text,
+                finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
+                logprobs=completion_logprobs(outcome.logprobs, outcome.token_texts, len(prefix)),
+                jumpgate=validity or UNSET,
+            )
         )
     prompt_tokens = sum(outcomes[p * n].prompt_tokens for p in range(len(outcomes) // n))
     cached = sum(outcomes[p * n].cached_tokens for p in range(len(outcomes) // n))

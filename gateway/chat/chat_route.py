@@ -8,14 +8,14 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from gateway.chat.bodies import chat_completion
+from gateway.chat.serving import serve_generation
+from gateway.chat.streaming import chat_events
 from gateway.pipeline.answer_tool import fold_format_into_tools
 from gateway.pipeline.generation import RequestLog
 from gateway.pipeline.preparation import Prepared, prepare_chat
 from gateway.protocol import ChatCompletion, ChatCompletionRequest
-from gateway.chat.bodies import chat_completion
-from gateway.chat.serving import serve_generation
 from gateway.services import GatewayServices
-from gateway.chat.streaming import chat_events
 
 
 class ChatController(Controller):
@@ -44,8 +44,14 @@ class ChatController(Controller):
 
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await serve_generation(
-            "chat", request, s, request_log, prepare=prepare, stream=bool(data.stream),
-            events=lambda streams, on_close: chat_events(prepared, streams, include_usage, on_close,
-                                                         s.settings.retry_after_s, answer_tool),
+            "chat",
+            request,
+            s,
+            request_log,
+            prepare=prepare,
+            stream=bool(data.stream),
+            events=lambda streams, on_close: chat_events(
+                prepared, streams, include_usage, on_close, s.settings.retry_after_s, answer_tool
+            ),
             respond=lambda outcomes: chat_completion(prepared, outcomes, answer_tool),
         )

@@ -9,19 +9,25 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from gateway.pipeline.constraints import compile_plan, plan_completion
+from gateway.chat.bodies import completion
+from gateway.chat.serving import serve_generation
+from gateway.chat.streaming import completion_events
 from gateway.errors import bad_request
+from gateway.pipeline.constraints import compile_plan, plan_completion
 from gateway.pipeline.generation import RequestLog
 from gateway.pipeline.output_validation import build_output_check
 from gateway.pipeline.preparation import (
-    check_model, check_n, check_sampling_fields, completion_prompts, new_id, prepare_completion, schema_mode_of,
+    check_model,
+    check_n,
+    check_sampling_fields,
+    completion_prompts,
+    new_id,
+    prepare_completion,
+    schema_mode_of,
     vocab_size,
 )
 from gateway.protocol import Completion, CompletionRequest
-from gateway.chat.bodies import completion
-from gateway.chat.serving import serve_generation
 from gateway.services import GatewayServices
-from gateway.chat.streaming import completion_events
 
 
 class CompletionsController(Controller):
@@ -64,15 +70,33 @@ class CompletionsController(Controller):
                 requests += prepared.engine_requests(data.n, data.jump_forward, rid_prefix=f"{request_id}-{p}")
                 echo = None
                 if data.echo:
-                    echo = prepared.prompt_text if prepared.prompt_text is not None else s.renderer.decode(prepared.prompt_ids)
+                    echo = (
+                        prepared.prompt_text
+                        if prepared.prompt_text is not None
+                        else s.renderer.decode(prepared.prompt_ids)
+                    )
                 echo_texts.append(echo)
             return requests
 
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await serve_generation(
-            "completions", request, s, request_log, prepare=prepare, stream=bool(data.stream),
+            "completions",
+            request,
+            s,
+            request_log,
+            prepare=prepare,
+            stream=bool(data.stream),
             events=lambda streams, on_close: completion_events(
-                request_id, created, data.model, streams, data.n, echo_texts, include_usage, on_close,
-                s.settings.retry_after_s, check),
+                request_id,
+                created,
+                data.model,
+                streams,
+                data.n,
+                echo_texts,
+                include_usage,
+                on_close,
+                s.settings.retry_after_s,
+                check,
+            ),
             respond=lambda outcomes: completion(request_id, created, data.model, outcomes, data.n, echo_texts, check),
         )

@@ -15,10 +15,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from litestar import Request, Response
 
+from gateway.chat.streaming import SSEResponse, once
 from gateway.pipeline.generation import EngineStream, Outcome, RequestLog, close_all, open_streams, until_disconnect
 from gateway.pipeline.output_validation import validity_headers
 from gateway.services import GatewayServices, outcome_of
-from gateway.chat.streaming import SSEResponse, once
 from runtime.api import GenerateRequest
 
 # the engine admission class (runtime.api.GenerateRequest.priority) of an in-process request; HTTP

@@ -18,10 +18,12 @@ import msgspec
 from litestar.response import Stream
 from msgspec import UNSET
 
-from gateway.pipeline import grammar_adapter
+from gateway.chat.bodies import choice_validity, finish_reason, usage_of
 from gateway.errors import stream_error
+from gateway.pipeline import grammar_adapter
 from gateway.pipeline.generation import EngineStream, close_all, merge
 from gateway.pipeline.logprobs import chat_logprobs, completion_logprobs, text_length
+from gateway.pipeline.output_validation import OutputCheck
 from gateway.pipeline.preparation import Prepared
 from gateway.protocol import (
     ChatCompletionChunk,
@@ -32,8 +34,6 @@ from gateway.protocol import (
     FunctionCallDelta,
     ToolCallDelta,
 )
-from gateway.pipeline.output_validation import OutputCheck
-from gateway.chat.bodies import choice_validity, finish_reason, usage_of
 
 log = logging.getLogger("jumpgate.gateway")
 
@@ -151,17 +151,29 @@ def chat_events(
 ) -> AsyncGenerator[bytes, None]:
     """`answer_tool`: the final-answer tool (gateway.pipeline.answer_tool); its arguments stream as content."""
     n = len(streams)
-    parsers = [grammar_adapter.ToolCallStream(prepared.plan.tools) if prepared.plan.parse_tool_calls else None
-               for _ in range(n)]
+    parsers = [
+        grammar_adapter.ToolCallStream(prepared.plan.tools) if prepared.plan.parse_tool_calls else None
+        for _ in range(n)
+    ]
     answer_index: list[int | None] = [None] * n  # which call of each choice is the final answer
     finished = [False] * n
 
     def chunk(index: int, delta: ChoiceDelta, reason: str | None = None, validity=None, logprobs=None) -> bytes:
-        choice = ChunkChoice(index=index, delta=delta, finish_reason=reason,  # type: ignore[arg-type]
-                             logprobs=logprobs, jumpgate=validity or UNSET)
-        return sse(ChatCompletionChunk(
-            id=prepared.request_id, created=prepared.created, model=prepared.model, choices=[choice],
-        ))
+        choice = ChunkChoice(
+            index=index,
+            delta=delta,
+            finish_reason=reason,  # type: ignore[arg-type]
+            logprobs=logprobs,
+            jumpgate=validity or UNSET,
+        )
+        return sse(
+            ChatCompletionChunk(
+                id=prepared.request_id,
+                created=prepared.created,
+                model=prepared.model,
+                choices=[choice],
+            )
+        )
 
     def pieces(index: int, content: str, calls: list, logprobs=None) -> list[bytes]:
         """The chunks of one event; its logprobs ride on the first (on an empty delta if the
@@ -194,10 +206,12 @@ def chat_events(
         has_calls = parser is not None and parser.num_calls > (answer_index[index] is not None)
         reason = streams[index].outcome.finish_reason
         # validated before the final chunk goes out, which carries the verdict
-        validity = choice_validity(prepared.output_check, streams[index].outcome, parser is not None,
-                                   prepared.plan.tools)
-        out.append(chunk(index, ChoiceDelta(), "length" if reason == "length" else finish_reason(reason, has_calls),
-                         validity))
+        validity = choice_validity(
+            prepared.output_check, streams[index].outcome, parser is not None, prepared.plan.tools
+        )
+        out.append(
+            chunk(index, ChoiceDelta(), "length" if reason == "length" else finish_reason(reason, has_calls), validity)
+        )
         return out
 
     async def body() -> AsyncGenerator[bytes, None]:
@@ -205,8 +219,7 @@ def chat_events(
             yield chunk(i, ChoiceDelta(role="assistant", content=""))
         async with aclosing(merge(streams)) as events:
             async for index, event in events:
-                logprobs = chat_logprobs(event.logprobs, streams[index].outcome.token_texts) \
-                    if event.logprobs else None
+                logprobs = chat_logprobs(event.logprobs, streams[index].outcome.token_texts) if event.logprobs else None
                 if event.text or logprobs is not None:
                     parser = parsers[index]
                     feed = (event.text, []) if parser is None else parser.feed(event.text)
@@ -220,8 +233,15 @@ def chat_events(
                 for piece in final(index):
                     yield piece
         if include_usage:
-            yield sse(ChatCompletionChunk(id=prepared.request_id, created=prepared.created, model=prepared.model,
-                                          choices=[], usage=usage_of([s.outcome for s in streams])))
+            yield sse(
+                ChatCompletionChunk(
+                    id=prepared.request_id,
+                    created=prepared.created,
+                    model=prepared.model,
+                    choices=[],
+                    usage=usage_of([s.outcome for s in streams]),
+                )
+            )
 
     return owning(body(), streams, on_close, lambda exc: _error_event(exc, retry_after_s), DONE)
 
@@ -242,8 +262,13 @@ def completion_events(
     text_offsets = [0] * len(streams)  # where the next token's text starts in each choice (legacy logprobs)
 
     def chunk(index: int, text: str, reason: str | None = None, validity=None, logprobs=None) -> bytes:
-        choice = CompletionChoice(index=index, text=text, finish_reason=reason,  # type: ignore[arg-type]
-                                  logprobs=logprobs, jumpgate=validity or UNSET)
+        choice = CompletionChoice(
+            index=index,
+            text=text,
+            finish_reason=reason,  # type: ignore[arg-type]
+            logprobs=logprobs,
+            jumpgate=validity or UNSET,
+        )
         return sse(CompletionChunk(id=request_id, created=created, model=model, choices=[choice]))
 
     def final(index: int) -> bytes:

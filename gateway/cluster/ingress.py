@@ -34,8 +34,14 @@ def create_cluster_app(client: ClusterEngineClient, grammar_service: Any, settin
 
 @serve.ingress()
 class GatewayIngress:
-    async def __init__(self, engine_handle: Any, engine_config: EngineConfig, grammar_settings: GrammarSettings,
-                       settings: Any, replicas: int):
+    async def __init__(
+        self,
+        engine_handle: Any,
+        engine_config: EngineConfig,
+        grammar_settings: GrammarSettings,
+        settings: Any,
+        replicas: int,
+    ):
         from gateway.startup import build_grammar_service
 
         logging.getLogger("jumpgate").setLevel(settings.log_level.upper())

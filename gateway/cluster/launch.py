@@ -43,8 +43,9 @@ def init_ray(cluster: ClusterSettings) -> None:
         ray.init(runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=False)
 
 
-def engine_deployment(engine: EngineConfig, grammar: GrammarSettings, cluster: ClusterSettings,
-                      max_ongoing_requests: int | None = None) -> Any:
+def engine_deployment(
+    engine: EngineConfig, grammar: GrammarSettings, cluster: ClusterSettings, max_ongoing_requests: int | None = None
+) -> Any:
     """The bound engine deployment (`cluster.replicas` engines behind the router), not yet run."""
     engine, grammar = with_shared_folders(engine, grammar)
     deployment = serve.deployment(EngineReplica, name="engine").options(
@@ -54,23 +55,30 @@ def engine_deployment(engine: EngineConfig, grammar: GrammarSettings, cluster: C
         health_check_period_s=2.0,
         health_check_timeout_s=30.0,
         request_router_config=RequestRouterConfig(
-            request_router_class=ROUTER_CLASS, request_router_kwargs=cluster.router_kwargs(),
+            request_router_class=ROUTER_CLASS,
+            request_router_kwargs=cluster.router_kwargs(),
             request_routing_stats_period_s=cluster.routing_stats_period_s,
         ),
     )
     return deployment.bind(engine, grammar)
 
 
-def start_replicas(engine: EngineConfig, grammar: GrammarSettings, cluster: ClusterSettings,
-                   max_ongoing_requests: int | None = None, app_name: str = APP_NAME) -> Any:
+def start_replicas(
+    engine: EngineConfig,
+    grammar: GrammarSettings,
+    cluster: ClusterSettings,
+    max_ongoing_requests: int | None = None,
+    app_name: str = APP_NAME,
+) -> Any:
     """Deploy `cluster.replicas` engines alone; returns the deployment handle once all are running.
 
     A process keeps one router per deployment for its lifetime, so a redeployment with other
     router settings needs another `app_name` (the bench deploys each policy under its own)."""
     init_ray(cluster)
     serve.start(proxy_location="Disabled")
-    return serve.run(engine_deployment(engine, grammar, cluster, max_ongoing_requests), name=app_name,
-                     route_prefix=None)
+    return serve.run(
+        engine_deployment(engine, grammar, cluster, max_ongoing_requests), name=app_name, route_prefix=None
+    )
 
 
 def stop_replicas(app_name: str = APP_NAME) -> None:
@@ -120,8 +128,11 @@ def serve_cluster(config: Any, cluster: ClusterSettings) -> int:
         serve.run(gateway_application(config, cluster), name=APP_NAME, route_prefix="/")
         info = serve.get_deployment_handle("engine", app_name=APP_NAME).info.remote().result()
         print(banner(_Described(info), settings), flush=True)
-        print(f"  replicas   {cluster.replicas} on Ray Serve, routing: {cluster.routing_policy}; "
-              f"gateway: {cluster.gateway_replicas} ingress replica(s) behind Serve's HTTP proxy", flush=True)
+        print(
+            f"  replicas   {cluster.replicas} on Ray Serve, routing: {cluster.routing_policy}; "
+            f"gateway: {cluster.gateway_replicas} ingress replica(s) behind Serve's HTTP proxy",
+            flush=True,
+        )
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -15,7 +15,11 @@ from gateway.cluster.routing_log import ROUTING_LOG
 
 REPLICA_COUNTERS = (
     ("prompt_tokens", "jumpgate_replica_prompt_tokens", "Prompt tokens admitted, by replica."),
-    ("cached_prompt_tokens", "jumpgate_replica_cached_prompt_tokens", "Prompt tokens served from the prefix cache, by replica."),
+    (
+        "cached_prompt_tokens",
+        "jumpgate_replica_cached_prompt_tokens",
+        "Prompt tokens served from the prefix cache, by replica.",
+    ),
     ("generated_tokens", "jumpgate_replica_generation_tokens", "Tokens generated, by replica."),
 )
 REPLICA_GAUGES = (
@@ -30,8 +34,9 @@ class ClusterCollector:
 
     def collect(self) -> Iterator[Metric]:
         decisions, replica_stats = ROUTING_LOG.snapshot()
-        routed = CounterMetricFamily("jumpgate_router_decisions", "Requests routed, by replica and reason.",
-                                     labels=("replica", "reason"))
+        routed = CounterMetricFamily(
+            "jumpgate_router_decisions", "Requests routed, by replica and reason.", labels=("replica", "reason")
+        )
         for (replica, reason), n in sorted(decisions.items()):
             routed.add_metric((replica, reason), n)
         yield routed
@@ -46,9 +51,11 @@ class ClusterCollector:
             for replica, stats in engines.items():
                 family.add_metric((replica,), float(stats.get(key, 0)))
             yield family
-        hit_rate = GaugeMetricFamily("jumpgate_replica_prefix_cache_hit_rate",
-                                     "Share of a replica's admitted prompt tokens served from its prefix cache.",
-                                     labels=("replica",))
+        hit_rate = GaugeMetricFamily(
+            "jumpgate_replica_prefix_cache_hit_rate",
+            "Share of a replica's admitted prompt tokens served from its prefix cache.",
+            labels=("replica",),
+        )
         for replica, stats in engines.items():
             prompt = stats.get("prompt_tokens", 0)
             hit_rate.add_metric((replica,), stats.get("cached_prompt_tokens", 0) / prompt if prompt else 0.0)

@@ -20,12 +20,12 @@ def prefix_keys(prompt_ids: Sequence[int], namespace: str = "", block_tokens: in
     h = hashlib.blake2b(namespace.encode(), digest_size=8)
     keys = []
     for end in range(block_tokens, len(prompt_ids) + 1, block_tokens):
-        h.update(b"".join(int(t).to_bytes(4, "little", signed=False) for t in prompt_ids[end - block_tokens:end]))
+        h.update(b"".join(int(t).to_bytes(4, "little", signed=False) for t in prompt_ids[end - block_tokens : end]))
         keys.append(int.from_bytes(h.copy().digest(), "little"))
     return keys
 
 
-def matched_blocks(keys: Sequence[int], held: "set[int] | frozenset[int] | PrefixSummary") -> int:
+def matched_blocks(keys: Sequence[int], held: set[int] | frozenset[int] | PrefixSummary) -> int:
     """How many leading keys of a request `held` contains (a prefix match stops at the first miss)."""
     n = 0
     for k in keys:

@@ -55,8 +55,9 @@ class EngineReplica:
         self.served.add(prefix_keys(token_ids, namespace))
         return await asyncio.to_thread(self.engine.pin_prefix, token_ids, namespace, name)
 
-    async def unpin_prefix(self, token_ids: list[int] | None = None, namespace: str = "",
-                           name: str | None = None) -> int:
+    async def unpin_prefix(
+        self, token_ids: list[int] | None = None, namespace: str = "", name: str | None = None
+    ) -> int:
         return await asyncio.to_thread(self.engine.unpin_prefix, token_ids, namespace, name)
 
     async def record_routing_stats(self) -> dict[str, Any]:

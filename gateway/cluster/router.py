@@ -14,14 +14,21 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Any, List, Optional
+from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from gateway.cluster import routing_log
 from gateway.cluster.prefix_keys import BLOCK_TOKENS, PrefixSummary, prefix_keys
 from gateway.cluster.routing_policy import (
-    POLICIES, Decision, ReplicaView, RoundRobin, RoutingThresholds, choose_by_prefix, least_loaded, power_of_two,
+    POLICIES,
+    Decision,
+    ReplicaView,
+    RoundRobin,
+    RoutingThresholds,
+    choose_by_prefix,
+    least_loaded,
+    power_of_two,
 )
 from runtime.api import GenerateRequest
 
@@ -34,9 +41,16 @@ def replica_name(replica_id: ReplicaID) -> str:
 
 
 class PrefixAwareRouter(RequestRouter):
-    def initialize_state(self, policy: str = "prefix", cache_threshold: float = 0.5,
-                         balance_abs_threshold: int = 32, balance_rel_threshold: float = 1.5,
-                         summary_blocks: int = 4096, seed: int = 0, **kwargs: Any) -> None:
+    def initialize_state(
+        self,
+        policy: str = "prefix",
+        cache_threshold: float = 0.5,
+        balance_abs_threshold: int = 32,
+        balance_rel_threshold: float = 1.5,
+        summary_blocks: int = 4096,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"routing policy must be one of {POLICIES}, not {policy!r}")
         self.policy = policy
@@ -48,8 +62,9 @@ class PrefixAwareRouter(RequestRouter):
         self.rng = random.Random(seed)
         self.merged: dict[str, int] = {}  # replica -> id of the last reported key list merged
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         by_name = {replica_name(r.replica_id): r for r in candidate_replicas}
@@ -65,7 +80,7 @@ class PrefixAwareRouter(RequestRouter):
         chosen = by_name[decision.replica_id]
         return [[chosen], [r for r in candidate_replicas if r is not chosen]]
 
-    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Ray Serve calls this with every new set of replica infos, which it rebroadcasts whenever a
         replica's routing stats change: /metrics then shows each replica's latest report even when
         nothing has been routed since (a finished or aborted request leaves the running count)."""
@@ -111,7 +126,7 @@ class PrefixAwareRouter(RequestRouter):
         routing_log.ROUTING_LOG.forget(live)
 
     @staticmethod
-    def _keys(pending_request: Optional[PendingRequest]) -> list[int] | None:
+    def _keys(pending_request: PendingRequest | None) -> list[int] | None:
         if pending_request is None or pending_request.metadata.call_method not in ROUTED_METHODS:
             return None
         args = pending_request.args

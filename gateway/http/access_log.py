@@ -58,7 +58,7 @@ def access_log_middleware(app: ASGIApp) -> ASGIApp:
         finally:
             elapsed_ms = (time.perf_counter() - start) * 1000
             parts = [
-                f'{scope.get("method", "-")} {scope.get("path", "-")} {status}',
+                f"{scope.get('method', '-')} {scope.get('path', '-')} {status}",
                 f"id={record.request_id}",
             ]
             if record.prompt_tokens or record.completion_tokens:

@@ -45,8 +45,14 @@ def breakpoint_end(prompt_text: str, plan: MessagesPlan) -> int | None:
 
 def locate(prompt_text: str, plan: MessagesPlan, mark: Breakpoint, cursor: int) -> int | None:
     if mark.message < 0:  # system or tools: the system block, which ends where the conversation starts
-        first = next((content_text(m.content) for m in plan.chat.messages
-                      if not isinstance(m, SystemMessage) and content_text(m.content)), None)
+        first = next(
+            (
+                content_text(m.content)
+                for m in plan.chat.messages
+                if not isinstance(m, SystemMessage) and content_text(m.content)
+            ),
+            None,
+        )
         pos = prompt_text.find(first, cursor) if first else -1
         return pos if pos > 0 else None
     if mark.text is None:  # automatic caching: the whole prompt
@@ -87,7 +93,8 @@ class MessagePins:
                 for _ in range(2):
                     try:
                         await anyio.to_thread.run_sync(
-                            partial(self.engine.pin_prefix, ids, namespace=key[0], name=key[1]))
+                            partial(self.engine.pin_prefix, ids, namespace=key[0], name=key[1])
+                        )
                     except EngineError as exc:
                         off = exc.code == "pinning_unavailable" or "pinning is off" in exc.message
                         if exc.code == "pin_budget_exceeded" and self.expiry and not off:
@@ -147,6 +154,6 @@ def pin_breakpoints(pins: MessagePins, renderer: Any, prepared: Any, plan: Messa
     ids, text = list(prepared.prompt_ids), prepared.prompt_text
 
     def prefix_ids() -> list[int]:
-        return ids if end >= len(text) else ids[:common_prefix_len(ids, renderer.encode(text[:end]))]
+        return ids if end >= len(text) else ids[: common_prefix_len(ids, renderer.encode(text[:end]))]
 
     pins.schedule(prefix_ids, prepared.namespace, plan.cache_ttl or "5m")

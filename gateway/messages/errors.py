@@ -66,7 +66,9 @@ def anthropic_shaped(handler: Callable[..., Response[Any]]) -> Callable[..., Res
         response = handler(request, exc)
         message = response.content.error.message  # gateway.protocol.ErrorBody
         if response.status_code == 401 and "Authorization header" in message:
-            message = message.replace("in the Authorization header", "in the x-api-key header or the Authorization header")
+            message = message.replace(
+                "in the Authorization header", "in the x-api-key header or the Authorization header"
+            )
         return anthropic_response(response.status_code, message, response.headers)
 
     return handle

@@ -16,13 +16,13 @@ from typing import Any, AsyncGenerator, Callable
 
 import msgspec
 
-from gateway.pipeline import grammar_adapter
+from gateway.chat.streaming import owning
 from gateway.errors import stream_error
-from gateway.pipeline.generation import EngineStream, Outcome
 from gateway.messages.errors import error_body
 from gateway.messages.protocol import Message, TextOut, ToolUseOut, Usage
 from gateway.messages.results import stop_reason, tool_use_id, usage_of
-from gateway.chat.streaming import owning
+from gateway.pipeline import grammar_adapter
+from gateway.pipeline.generation import EngineStream, Outcome
 
 
 def sse(event: str, body: dict[str, Any]) -> bytes:
@@ -54,16 +54,21 @@ class MessageStreamWriter:
         out = self.close()
         self.index += 1
         self.open = "text" if isinstance(block, TextOut) else "tool_use"
-        out.append(sse("content_block_start", {"type": "content_block_start", "index": self.index,
-                                               "content_block": block}))
+        out.append(
+            sse("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
+        )
         return out
 
     def text(self, piece: str) -> list[bytes]:
         if not piece:
             return []
         out = self.begin(TextOut(text="")) if self.open != "text" else []
-        out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                               "delta": {"type": "text_delta", "text": piece}}))
+        out.append(
+            sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": piece}},
+            )
+        )
         return out
 
     def tool(self, index: int, call_id: str | None, name: str | None, arguments: str | None) -> list[bytes]:
@@ -79,9 +84,16 @@ class MessageStreamWriter:
             if index == self.answer_index:
                 out += self.text(arguments)
             elif self.open == "tool_use" and index == self.call_index:
-                out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                       "delta": {"type": "input_json_delta",
-                                                                 "partial_json": arguments}}))
+                out.append(
+                    sse(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": self.index,
+                            "delta": {"type": "input_json_delta", "partial_json": arguments},
+                        },
+                    )
+                )
         return out
 
     def finish(self, outcome: Outcome, stop_sequence: str | None) -> list[bytes]:
@@ -120,7 +132,7 @@ def message_events(
         async for event in stream:
             if not event.text:
                 continue
-            for piece in (pieces(*parser.feed(event.text)) if parser is not None else writer.text(event.text)):
+            for piece in pieces(*parser.feed(event.text)) if parser is not None else writer.text(event.text):
                 yield piece
         if parser is not None:
             for piece in pieces(*parser.finish()):

@@ -57,8 +57,13 @@ class RedactedThinkingBlock(Struct, tag="redacted_thinking", tag_field="type"):
 
 
 InputBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock]
-BLOCK_TYPES: dict[str, type] = {"text": TextBlock, "tool_use": ToolUseBlock, "tool_result": ToolResultBlock,
-                                "thinking": ThinkingBlock, "redacted_thinking": RedactedThinkingBlock}
+BLOCK_TYPES: dict[str, type] = {
+    "text": TextBlock,
+    "tool_use": ToolUseBlock,
+    "tool_result": ToolResultBlock,
+    "thinking": ThinkingBlock,
+    "redacted_thinking": RedactedThinkingBlock,
+}
 
 
 class InputMessage(Struct):

@@ -11,9 +11,9 @@ import json
 import uuid
 from typing import Any
 
+from gateway.messages.protocol import ContentBlock, Message, StopReason, TextOut, ToolUseOut, Usage
 from gateway.pipeline import grammar_adapter
 from gateway.pipeline.generation import Outcome
-from gateway.messages.protocol import ContentBlock, Message, StopReason, TextOut, ToolUseOut, Usage
 
 
 def message_id() -> str:
@@ -46,7 +46,7 @@ def matched_stop(tokenizer: Any, outcome: Outcome, stop_sequences: list[str] | N
     decoded = tokenizer.decode(outcome.token_ids, skip_special_tokens=True)
     if not decoded.startswith(outcome.text):
         return None
-    tail = decoded[len(outcome.text):]
+    tail = decoded[len(outcome.text) :]
     found = [(tail.find(s), -len(s), s) for s in stop_sequences if s and s in tail]
     return min(found)[2] if found else None
 
@@ -61,8 +61,11 @@ def stop_reason(outcome: Outcome, has_tool_use: bool, stop_sequence: str | None)
 
 def usage_of(outcome: Outcome) -> Usage:
     cached = min(outcome.cached_tokens, outcome.prompt_tokens)
-    return Usage(input_tokens=outcome.prompt_tokens - cached, output_tokens=outcome.completion_tokens,
-                 cache_read_input_tokens=cached)
+    return Usage(
+        input_tokens=outcome.prompt_tokens - cached,
+        output_tokens=outcome.completion_tokens,
+        cache_read_input_tokens=cached,
+    )
 
 
 def content_blocks(text: str, parse_tool_calls: bool, answer_tool: str | None) -> list[ContentBlock]:
@@ -79,9 +82,21 @@ def content_blocks(text: str, parse_tool_calls: bool, answer_tool: str | None) -
     return blocks
 
 
-def message(msg_id: str, model: str, outcome: Outcome, parse_tool_calls: bool, answer_tool: str | None,
-            stop_sequence: str | None) -> Message:
+def message(
+    msg_id: str,
+    model: str,
+    outcome: Outcome,
+    parse_tool_calls: bool,
+    answer_tool: str | None,
+    stop_sequence: str | None,
+) -> Message:
     blocks = content_blocks(outcome.text, parse_tool_calls, answer_tool)
     has_tool_use = any(isinstance(b, ToolUseOut) for b in blocks)
-    return Message(id=msg_id, model=model, content=blocks, usage=usage_of(outcome),
-                   stop_reason=stop_reason(outcome, has_tool_use, stop_sequence), stop_sequence=stop_sequence)
+    return Message(
+        id=msg_id,
+        model=model,
+        content=blocks,
+        usage=usage_of(outcome),
+        stop_reason=stop_reason(outcome, has_tool_use, stop_sequence),
+        stop_sequence=stop_sequence,
+    )

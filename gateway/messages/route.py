@@ -16,16 +16,16 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from gateway.pipeline.constraints import plan_chat
+from gateway.chat.serving import serve_generation
 from gateway.errors import APIError
-from gateway.pipeline.generation import Outcome, RequestLog
 from gateway.messages.cache_pins import pin_breakpoints, pins_of
 from gateway.messages.events import message_events
 from gateway.messages.protocol import CountTokensRequest, Message, MessagesRequest, TokenCount
 from gateway.messages.results import matched_stop, message, message_id
 from gateway.messages.translate import MessagesPlan, renamed, to_chat_request
+from gateway.pipeline.constraints import plan_chat
+from gateway.pipeline.generation import Outcome, RequestLog
 from gateway.pipeline.preparation import Prepared, check_model, prepare_chat
-from gateway.chat.serving import serve_generation
 from gateway.services import GatewayServices
 
 
@@ -67,14 +67,27 @@ class MessagesController(Controller):
         def respond(outcomes: list[Outcome]) -> Message:
             assert prepared is not None and plan is not None
             outcome = outcomes[0]
-            return message(msg_id, data.model, outcome, prepared.plan.parse_tool_calls, plan.answer_tool,
-                           stop_of(outcome))
+            return message(
+                msg_id, data.model, outcome, prepared.plan.parse_tool_calls, plan.answer_tool, stop_of(outcome)
+            )
 
         return await serve_generation(
-            "messages", request, s, request_log, prepare=prepare, stream=data.stream,
+            "messages",
+            request,
+            s,
+            request_log,
+            prepare=prepare,
+            stream=data.stream,
             events=lambda streams, on_close: message_events(
-                msg_id, data.model, streams, prepared.plan.parse_tool_calls, plan.answer_tool,  # type: ignore[union-attr]
-                stop_of, on_close, s.settings.retry_after_s),
+                msg_id,
+                data.model,
+                streams,
+                prepared.plan.parse_tool_calls,
+                plan.answer_tool,  # type: ignore[union-attr]
+                stop_of,
+                on_close,
+                s.settings.retry_after_s,
+            ),
             respond=respond,
         )
 
@@ -93,7 +106,8 @@ class MessagesController(Controller):
             cplan = plan_chat(chat, s.registry, tenant)
             schema = (cplan.kind, cplan.payload) if cplan.kind else None
             rendered = await anyio.to_thread.run_sync(
-                lambda: s.renderer.render_chat(chat.messages, cplan.tools, cplan.instructions, schema))
+                lambda: s.renderer.render_chat(chat.messages, cplan.tools, cplan.instructions, schema)
+            )
         except APIError as exc:
             raise renamed(exc) from exc
         return TokenCount(input_tokens=len(rendered.token_ids))

@@ -17,7 +17,6 @@ from typing import Any
 
 import msgspec
 
-from gateway.pipeline.answer_tool import fold_format_into_tools
 from gateway.errors import APIError, bad_request, describe_validation
 from gateway.messages.protocol import (
     BLOCK_TYPES,
@@ -25,9 +24,9 @@ from gateway.messages.protocol import (
     CustomTool,
     InputBlock,
     MessagesRequest,
+    RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
-    RedactedThinkingBlock,
     ToolChoiceAny,
     ToolChoiceAuto,
     ToolChoiceNone,
@@ -35,6 +34,7 @@ from gateway.messages.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from gateway.pipeline.answer_tool import fold_format_into_tools
 from gateway.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -83,10 +83,10 @@ def messages_param(param: str | None) -> str | None:
     if param is None:
         return None
     if param.startswith("stop["):
-        return "stop_sequences" + param[len("stop"):]
+        return "stop_sequences" + param[len("stop") :]
     m = _TOOL_PARAM.match(param)
     if m:
-        return f"tools[{m.group(1)}].{'name' if m.group(2) == 'name' else 'input_schema'}" + param[m.end():]
+        return f"tools[{m.group(1)}].{'name' if m.group(2) == 'name' else 'input_schema'}" + param[m.end() :]
     return _PARAM_NAMES.get(param, param)
 
 
@@ -115,8 +115,11 @@ def decode_block(raw: Any, where: str) -> InputBlock:
     kind = raw.get("type") if isinstance(raw, dict) else None
     if kind not in BLOCK_TYPES:
         what = f"'{kind}'" if isinstance(kind, str) else "missing"
-        raise bad_request(f"Content block type {what} at '{where}.type' is not supported by this server "
-                          "(supported: text, tool_use, tool_result, thinking, redacted_thinking).", f"{where}.type")
+        raise bad_request(
+            f"Content block type {what} at '{where}.type' is not supported by this server "
+            "(supported: text, tool_use, tool_result, thinking, redacted_thinking).",
+            f"{where}.type",
+        )
     return _convert(raw, BLOCK_TYPES[kind], where)
 
 
@@ -124,9 +127,11 @@ def decode_tool(raw: Any, index: int) -> CustomTool:
     where = f"tools[{index}]"
     kind = raw.get("type") if isinstance(raw, dict) else None
     if kind not in (None, "custom"):
-        raise bad_request(f"Tool type '{kind}' at '{where}.type' is not supported by this server; only custom tools "
-                          "(name + input_schema) are (server tools such as web_search, bash or text_editor are not).",
-                          f"{where}.type")
+        raise bad_request(
+            f"Tool type '{kind}' at '{where}.type' is not supported by this server; only custom tools "
+            "(name + input_schema) are (server tools such as web_search, bash or text_editor are not).",
+            f"{where}.type",
+        )
     tool = _convert(raw, CustomTool, where)
     if tool.input_schema.get("type") != "object":
         raise bad_request(f"'{where}.input_schema' must be a JSON schema of type 'object'.", f"{where}.input_schema")
@@ -137,17 +142,26 @@ def check_unsupported(req: CountTokensRequest) -> None:
     """Options this server cannot honour are refused by name, never silently ignored."""
     thinking = req.thinking
     if thinking is not None and thinking.type != "disabled":
-        raise bad_request(f"'thinking' of type '{thinking.type}' is not supported: the served model has no reasoning "
-                          "format. Send {\"type\": \"disabled\"} or leave 'thinking' out.", "thinking")
+        raise bad_request(
+            f"'thinking' of type '{thinking.type}' is not supported: the served model has no reasoning "
+            'format. Send {"type": "disabled"} or leave \'thinking\' out.',
+            "thinking",
+        )
     effort = req.output_config.effort if req.output_config else None
     if effort not in EFFORT_ALLOWED:
-        raise bad_request(f"'output_config.effort' '{effort}' is not supported: the served model has no reasoning "
-                          "format, so only the default effort 'high' is served.", "output_config.effort")
+        raise bad_request(
+            f"'output_config.effort' '{effort}' is not supported: the served model has no reasoning "
+            "format, so only the default effort 'high' is served.",
+            "output_config.effort",
+        )
     if not req.messages:
         raise bad_request("'messages' must contain at least one message.", "messages")
     if req.messages[-1].role == "assistant":
-        raise bad_request("Prefilling the assistant's response (a last message with role 'assistant') is not "
-                          "supported by this server.", f"messages[{len(req.messages) - 1}].role")
+        raise bad_request(
+            "Prefilling the assistant's response (a last message with role 'assistant') is not "
+            "supported by this server.",
+            f"messages[{len(req.messages) - 1}].role",
+        )
 
 
 def system_text(req: CountTokensRequest, plan: MessagesPlan) -> str | None:
@@ -201,13 +215,21 @@ def chat_messages(req: CountTokensRequest, plan: MessagesPlan) -> list[Message]:
                     texts = []
                 out.append(ToolMessage(content=result_text(block), tool_call_id=block.tool_use_id))
             elif isinstance(block, ToolUseBlock):
-                raise bad_request(f"A 'tool_use' block must be in an assistant message ('{where}.content[{j}]').",
-                                  f"{where}.content[{j}].type")
+                raise bad_request(
+                    f"A 'tool_use' block must be in an assistant message ('{where}.content[{j}]').",
+                    f"{where}.content[{j}].type",
+                )
             else:
-                raise bad_request(f"A '{type(block).__name__}' block must be in an assistant message "
-                                  f"('{where}.content[{j}]').", f"{where}.content[{j}].type")
-            mark(plan, getattr(block, "cache_control", None), i, block.text if isinstance(block, TextBlock)
-                 else result_text(block))  # type: ignore[arg-type]
+                raise bad_request(
+                    f"A '{type(block).__name__}' block must be in an assistant message ('{where}.content[{j}]').",
+                    f"{where}.content[{j}].type",
+                )
+            mark(
+                plan,
+                getattr(block, "cache_control", None),
+                i,
+                block.text if isinstance(block, TextBlock) else result_text(block),
+            )  # type: ignore[arg-type]
         if texts:
             out.append(UserMessage(content="\n\n".join(texts)))
     return out
@@ -221,14 +243,22 @@ def assistant_message(blocks: list[InputBlock], where: str, plan: MessagesPlan, 
             texts.append(block.text)
             mark(plan, block.cache_control, index, block.text)
         elif isinstance(block, ToolUseBlock):
-            calls.append(ToolCall(id=block.id, function=FunctionCall(
-                name=block.name, arguments=json.dumps(block.input, separators=(",", ":"), ensure_ascii=False))))
+            calls.append(
+                ToolCall(
+                    id=block.id,
+                    function=FunctionCall(
+                        name=block.name, arguments=json.dumps(block.input, separators=(",", ":"), ensure_ascii=False)
+                    ),
+                )
+            )
             mark(plan, block.cache_control, index, block.name)
         elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
             continue  # another model's reasoning: this model has none to continue
         else:
-            raise bad_request(f"A 'tool_result' block must be in a user message ('{where}.content[{j}]').",
-                              f"{where}.content[{j}].type")
+            raise bad_request(
+                f"A 'tool_result' block must be in a user message ('{where}.content[{j}]').",
+                f"{where}.content[{j}].type",
+            )
     return AssistantMessage(content="".join(texts) or None, tool_calls=calls or None)
 
 
@@ -239,8 +269,14 @@ def chat_tools(req: CountTokensRequest, plan: MessagesPlan) -> tuple[list[ToolDe
         decoded = [decode_tool(raw, i) for i, raw in enumerate(req.tools)]
         for t in decoded:
             mark(plan, t.cache_control, -1, None)
-        tools = [ToolDefinition(function=FunctionDefinition(
-            name=t.name, description=t.description, parameters=t.input_schema, strict=t.strict)) for t in decoded]
+        tools = [
+            ToolDefinition(
+                function=FunctionDefinition(
+                    name=t.name, description=t.description, parameters=t.input_schema, strict=t.strict
+                )
+            )
+            for t in decoded
+        ]
     choice = req.tool_choice
     if choice is None:
         return tools, None, None
@@ -250,8 +286,10 @@ def chat_tools(req: CountTokensRequest, plan: MessagesPlan) -> tuple[list[ToolDe
             return None, None, None  # "auto"/"none" without tools means no tools, as Anthropic takes it
         return tools, "auto" if isinstance(choice, ToolChoiceAuto) else "none", parallel
     if tools is None:
-        raise bad_request(f"'tool_choice' of type '{'any' if isinstance(choice, ToolChoiceAny) else 'tool'}' "
-                          "needs 'tools'.", "tool_choice")
+        raise bad_request(
+            f"'tool_choice' of type '{'any' if isinstance(choice, ToolChoiceAny) else 'tool'}' needs 'tools'.",
+            "tool_choice",
+        )
     if isinstance(choice, ToolChoiceAny):
         return tools, "required", parallel
     assert isinstance(choice, ToolChoiceTool)
@@ -277,15 +315,34 @@ def to_chat_request(req: CountTokensRequest) -> MessagesPlan:
     fields: dict[str, Any] = {}
     if isinstance(req, MessagesRequest):
         fields = dict(
-            max_tokens=req.max_tokens, stop=req.stop_sequences, stream=req.stream,
-            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed, min_p=req.min_p,
+            max_tokens=req.max_tokens,
+            stop=req.stop_sequences,
+            stream=req.stream,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            min_p=req.min_p,
             user=req.metadata.user_id if req.metadata else None,
-            frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-            repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
-            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, jump_forward=req.jump_forward,
-            cache_salt=req.cache_salt, schema_mode=req.schema_mode,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=req.logit_bias,
+            min_tokens=req.min_tokens,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            jump_forward=req.jump_forward,
+            cache_salt=req.cache_salt,
+            schema_mode=req.schema_mode,
         )
-    plan.chat = ChatCompletionRequest(model=req.model, messages=messages, response_format=response_format,
-                                      tools=tools, tool_choice=choice, parallel_tool_calls=parallel, **fields)
+    plan.chat = ChatCompletionRequest(
+        model=req.model,
+        messages=messages,
+        response_format=response_format,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        **fields,
+    )
     plan.answer_tool = fold_format_into_tools(plan.chat, "output_config.format.schema")
     return plan

@@ -44,12 +44,21 @@ def fold_format_into_tools(req: ChatCompletionRequest, schema_param: str = "resp
     schema: Any = rf.json_schema.schema if isinstance(rf, ResponseFormatJsonSchema) else {"type": "object"}
     strict = rf.json_schema.strict if isinstance(rf, ResponseFormatJsonSchema) else None
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        raise bad_request("With tools, the output format must describe a JSON object (it becomes the final "
-                          "answer's arguments).", schema_param)
+        raise bad_request(
+            "With tools, the output format must describe a JSON object (it becomes the final answer's arguments).",
+            schema_param,
+        )
     name = answer_tool_name({t.function.name for t in req.tools})
     # listed first: a small model leans towards the first tool, and answering is the usual end
-    req.tools = [ToolDefinition(function=FunctionDefinition(
-        name=name, description="Give the final answer to the user (once tool results are in).",
-        parameters=schema, strict=strict))] + list(req.tools)
+    req.tools = [
+        ToolDefinition(
+            function=FunctionDefinition(
+                name=name,
+                description="Give the final answer to the user (once tool results are in).",
+                parameters=schema,
+                strict=strict,
+            )
+        )
+    ] + list(req.tools)
     req.tool_choice, req.parallel_tool_calls, req.response_format = "required", False, None
     return name

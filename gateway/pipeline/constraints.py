@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.pipeline import grammar_adapter
 from gateway.errors import APIError, bad_request, not_found, overloaded
+from gateway.pipeline import grammar_adapter
+from gateway.pipeline.schema_registry import SchemaRegistry, valid_id
 from gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -24,7 +25,6 @@ from gateway.protocol import (
     ResponseFormatStructuralTag,
     ToolDefinition,
 )
-from gateway.pipeline.schema_registry import SchemaRegistry, valid_id
 
 
 @dataclass
@@ -83,8 +83,9 @@ def _format_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tupl
     sources: list[tuple[str, str, Any, str, bool]] = []
     rf = req.response_format
     if isinstance(rf, ResponseFormatJsonObject):
-        sources.append(("response_format", "json_object", None, "response_format",
-                        grammar_adapter.strict_closing("json_object")))
+        sources.append(
+            ("response_format", "json_object", None, "response_format", grammar_adapter.strict_closing("json_object"))
+        )
     elif isinstance(rf, ResponseFormatJsonSchema):
         js = rf.json_schema
         if js.schema is None:
@@ -98,10 +99,19 @@ def _format_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tupl
         elif rf.structures is not None:
             tag = {"structures": rf.structures, "triggers": rf.triggers or []}
         else:
-            raise bad_request("A structural_tag response_format needs 'format' (or the legacy 'structures' "
-                              "with 'triggers').", "response_format")
-        sources.append(("response_format", "structural_tag", tag, "structural tag",
-                        grammar_adapter.strict_closing("structural_tag")))
+            raise bad_request(
+                "A structural_tag response_format needs 'format' (or the legacy 'structures' with 'triggers').",
+                "response_format",
+            )
+        sources.append(
+            (
+                "response_format",
+                "structural_tag",
+                tag,
+                "structural tag",
+                grammar_adapter.strict_closing("structural_tag"),
+            )
+        )
     if req.regex is not None:
         if not req.regex:
             raise bad_request("'regex' must not be empty.", "regex")
@@ -147,8 +157,9 @@ def _vllm_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tuple[
         whitespace.append(("structured_outputs.whitespace_pattern", so.whitespace_pattern))
     for param, pattern in whitespace:
         if pattern is not None:
-            raise bad_request(f"'{param}' is not supported: JSON is written without free whitespace.", param,
-                              code="unsupported")
+            raise bad_request(
+                f"'{param}' is not supported: JSON is written without free whitespace.", param, code="unsupported"
+            )
     sources: list[tuple[str, str, Any, str, bool]] = []
     for param, value, kind in fields:
         if value is None:
@@ -161,8 +172,15 @@ def _vllm_sources(req: ChatCompletionRequest | CompletionRequest) -> list[tuple[
         strict = True if kind == "json_schema" else grammar_adapter.strict_closing(kind)
         sources.append((param, kind, value, param, strict))
     if so is not None and so.json_object:
-        sources.append(("structured_outputs.json_object", "json_object", None, "structured_outputs.json_object",
-                        grammar_adapter.strict_closing("json_object")))
+        sources.append(
+            (
+                "structured_outputs.json_object",
+                "json_object",
+                None,
+                "structured_outputs.json_object",
+                grammar_adapter.strict_closing("json_object"),
+            )
+        )
     return sources
 
 
@@ -178,8 +196,15 @@ def plan_chat(req: ChatCompletionRequest, registry: SchemaRegistry, tenant: str)
             tools, tools_param = list(entry.payload), "schema_id"
         else:
             kind = entry.kind
-            sources.append(("schema_id", kind, entry.payload, f"registered schema '{entry.id}'",
-                            grammar_adapter.strict_closing(kind)))
+            sources.append(
+                (
+                    "schema_id",
+                    kind,
+                    entry.payload,
+                    f"registered schema '{entry.id}'",
+                    grammar_adapter.strict_closing(kind),
+                )
+            )
     if len(sources) > 1:
         names = ", ".join(s[0].split(".")[0] for s in sources)
         raise bad_request(f"Only one output constraint may be given; got {names}.", sources[1][0])
@@ -190,8 +215,9 @@ def plan_chat(req: ChatCompletionRequest, registry: SchemaRegistry, tenant: str)
     if isinstance(choice, NamedToolChoice):
         names = {t["function"]["name"] for t in tools or []}
         if choice.function.name not in names:
-            raise bad_request(f"tool_choice names the function '{choice.function.name}', which is not in 'tools'.",
-                              "tool_choice")
+            raise bad_request(
+                f"tool_choice names the function '{choice.function.name}', which is not in 'tools'.", "tool_choice"
+            )
     tools_active = tools is not None and choice != "none"
 
     if tools_active and sources:
@@ -227,8 +253,15 @@ def plan_completion(req: CompletionRequest, registry: SchemaRegistry, tenant: st
         entry = lookup_schema(registry, tenant, req.schema_id)
         if entry.kind == "tools":
             raise bad_request("A tool-set schema_id needs /v1/chat/completions.", "schema_id")
-        sources.append(("schema_id", entry.kind, entry.payload, f"registered schema '{entry.id}'",
-                        grammar_adapter.strict_closing(entry.kind)))
+        sources.append(
+            (
+                "schema_id",
+                entry.kind,
+                entry.payload,
+                f"registered schema '{entry.id}'",
+                grammar_adapter.strict_closing(entry.kind),
+            )
+        )
     if len(sources) > 1:
         names = ", ".join(s[0].split(".")[0] for s in sources)
         raise bad_request(f"Only one output constraint may be given; got {names}.", sources[1][0])
@@ -252,19 +285,28 @@ async def compile_plan(plan: ConstraintPlan, service: Any, timeout_s: float) -> 
     if plan.kind is None:
         return None
     if service is None:
-        raise APIError(400, "Structured output is not available on this server (no grammar service).",
-                       param=plan.param, code="unsupported")
+        raise APIError(
+            400,
+            "Structured output is not available on this server (no grammar service).",
+            param=plan.param,
+            code="unsupported",
+        )
     try:
         return await asyncio.wait_for(grammar_adapter.compile_spec(service, plan.spec), timeout_s)
-    except asyncio.TimeoutError as exc:
-        raise bad_request(f"Compiling the {plan.label} took longer than {timeout_s:g} s; simplify it.",
-                          plan.param, code="grammar_timeout") from exc
+    except TimeoutError as exc:
+        raise bad_request(
+            f"Compiling the {plan.label} took longer than {timeout_s:g} s; simplify it.",
+            plan.param,
+            code="grammar_timeout",
+        ) from exc
     except grammar_adapter.GrammarSpecError as exc:
         raise spec_error(plan, exc) from exc
     except grammar_adapter.GrammarServiceBusy as exc:
         raise overloaded(f"The grammar compiler is busy: {exc}") from exc
     except (ValueError, RuntimeError, TypeError) as exc:  # xgrammar raises these for bad input
-        raise bad_request(f"Invalid {plan.label}: {exc}", plan.param, code=grammar_adapter.error_code(plan.kind)) from exc
+        raise bad_request(
+            f"Invalid {plan.label}: {exc}", plan.param, code=grammar_adapter.error_code(plan.kind)
+        ) from exc
 
 
 def spec_error(plan: ConstraintPlan, exc: grammar_adapter.GrammarSpecError) -> APIError:
@@ -277,4 +319,3 @@ def spec_error(plan: ConstraintPlan, exc: grammar_adapter.GrammarSpecError) -> A
     moved = exc.param == usual and plan.param is not None and not plan.param.startswith(usual or "")
     param = plan.param if plan.param in ("schema_id", "schema") or moved else (exc.param or plan.param)
     return bad_request(f"Invalid {plan.label}: {message}", param, code=grammar_adapter.error_code(plan.kind))
-

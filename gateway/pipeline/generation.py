@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
-from gateway.pipeline.logprobs import TokenTexts, token_texts
 from gateway.metrics import GatewayMetrics
+from gateway.pipeline.logprobs import TokenTexts, token_texts
 from runtime.api import VALUE_RETRIES_EXHAUSTED, EngineClient, EngineError, GenerateRequest, StreamEvent, TokenLogprob
 
 T = TypeVar("T")
@@ -29,7 +29,7 @@ class ConcurrencyLimiter:
         self.retry_after_s = retry_after_s
         self.in_flight = 0
 
-    def acquire(self) -> "Permit":
+    def acquire(self) -> Permit:
         if self.in_flight >= self.limit:
             raise overloaded(
                 f"The server is handling {self.in_flight} requests, its limit; retry shortly.", self.retry_after_s
@@ -94,7 +94,7 @@ class EngineStream:
         self._account(event)
         return event
 
-    def __aiter__(self) -> "EngineStream":
+    def __aiter__(self) -> EngineStream:
         return self
 
     async def __anext__(self) -> StreamEvent:
@@ -156,15 +156,23 @@ class EngineStream:
     def check_error(self) -> None:
         o = self.outcome
         if o.error and o.error.startswith(VALUE_RETRIES_EXHAUSTED):
-            raise APIError(422, o.error.partition(": ")[2] + ". Raise max_tokens, send a temperature above 0, or send "
-                           "\"schema_mode\": \"best_effort\" to receive the last value with its schema errors.",
-                           code=VALUE_RETRIES_EXHAUSTED)
+            raise APIError(
+                422,
+                o.error.partition(": ")[2] + ". Raise max_tokens, send a temperature above 0, or send "
+                '"schema_mode": "best_effort" to receive the last value with its schema errors.',
+                code=VALUE_RETRIES_EXHAUSTED,
+            )
         if o.finish_reason == "error" or o.error:
-            raise APIError(500, f"The engine failed on this request: {o.error or 'unknown error'}",
-                           type=SERVER_ERROR, code="engine_error")
+            raise APIError(
+                500,
+                f"The engine failed on this request: {o.error or 'unknown error'}",
+                type=SERVER_ERROR,
+                code="engine_error",
+            )
         if o.finish_reason == "abort":
-            raise APIError(503, "The request was aborted by the engine (shutting down?).", type=SERVER_ERROR,
-                           code="engine_stopped")
+            raise APIError(
+                503, "The request was aborted by the engine (shutting down?).", type=SERVER_ERROR, code="engine_stopped"
+            )
 
     def close(self) -> None:
         """Abort the engine request unless it finished; safe to call any number of times."""
@@ -179,8 +187,9 @@ class EngineStream:
                 self._record_final()  # count what the aborted request used
 
 
-def open_streams(engine: EngineClient, requests: list[GenerateRequest], metrics: GatewayMetrics | None,
-                 retry_after_s: int = 1) -> list[EngineStream]:
+def open_streams(
+    engine: EngineClient, requests: list[GenerateRequest], metrics: GatewayMetrics | None, retry_after_s: int = 1
+) -> list[EngineStream]:
     """Submit all n requests; if one is refused, abort the ones already queued and raise."""
     streams: list[EngineStream] = []
     try:

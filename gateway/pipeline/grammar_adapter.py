@@ -28,13 +28,13 @@ from grammar import (
     tool_call_format_names,
 )
 from grammar import parse_tool_calls as parse_with_format
-from grammar.schema.canonical import canonical_json, canonical_tool
-from grammar.schema.limits import check_json_limits
-from grammar.validation.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 from grammar.checks.rollback import schema_validator
 from grammar.kinds.tool_calls.grammar import arguments_schema
 from grammar.kinds.tool_calls.payload import TOOL_NAME_RE
+from grammar.schema.canonical import canonical_json, canonical_tool
+from grammar.schema.limits import check_json_limits
 from grammar.spec import tokenizer_fingerprint
+from grammar.validation.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
 
 # The tool-call format shown to (and parsed from) the model, and its reasoning format: set once at
 # start-up from the model's chat template (`use_formats`); one process serves one model.
@@ -173,8 +173,9 @@ def use_formats(tool_call_format: str, reasoning_format: str) -> None:
     try:
         fmt = get_tool_call_format(tool_call_format)
     except GrammarSpecError:
-        raise ValueError(f"--tool-call-format {tool_call_format!r}: unknown; known: "
-                         f"{', '.join(tool_call_format_names())}") from None
+        raise ValueError(
+            f"--tool-call-format {tool_call_format!r}: unknown; known: {', '.join(tool_call_format_names())}"
+        ) from None
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"--reasoning-format {reasoning_format!r}: unknown; known: {', '.join(REASONING_FORMATS)}")
     FORMAT, REASONING_FORMAT = fmt, reasoning_format
@@ -228,7 +229,9 @@ def render_tool_result(name: str | None, tool_call_id: str, content: str) -> str
 def _schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict] | None:
     if not tools:
         return None
-    return {t["function"]["name"]: arguments_schema(t["function"]) for t in tools if isinstance(t.get("function"), dict)}
+    return {
+        t["function"]["name"]: arguments_schema(t["function"]) for t in tools if isinstance(t.get("function"), dict)
+    }
 
 
 def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None = None) -> tuple[str | None, list[ParsedToolCall]]:

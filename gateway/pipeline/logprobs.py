@@ -30,8 +30,9 @@ class TokenText:
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the character a byte is written as -> the byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = [], 0
     for b in range(256):
         if b in printable:
@@ -83,8 +84,15 @@ def chat_token_logprobs(records: Iterable[TokenLogprob], texts: TokenTexts) -> l
     for rec in records:
         tok = texts(rec.token_id)
         top = [TopLogprob(token=texts(t).text, logprob=v, bytes=list(texts(t).raw)) for t, v in rec.top]
-        out.append(ChatTokenLogprob(token=tok.text, logprob=rec.logprob, bytes=list(tok.raw), top_logprobs=top,
-                                    forced=True if rec.forced else UNSET))
+        out.append(
+            ChatTokenLogprob(
+                token=tok.text,
+                logprob=rec.logprob,
+                bytes=list(tok.raw),
+                top_logprobs=top,
+                forced=True if rec.forced else UNSET,
+            )
+        )
     return out
 
 
@@ -92,8 +100,9 @@ def chat_logprobs(records: Iterable[TokenLogprob] | None, texts: TokenTexts) -> 
     return None if records is None else ChoiceLogprobs(content=chat_token_logprobs(records, texts))
 
 
-def completion_logprobs(records: list[TokenLogprob] | None, texts: TokenTexts,
-                        offset: int = 0) -> CompletionLogprobs | None:
+def completion_logprobs(
+    records: list[TokenLogprob] | None, texts: TokenTexts, offset: int = 0
+) -> CompletionLogprobs | None:
     """The legacy text-completion shape; `offset` is where these tokens' text starts in the
     choice's text (streamed chunks continue where the previous one ended). `top_logprobs` is null
     when the request asked for no alternatives (`logprobs: 0`)."""

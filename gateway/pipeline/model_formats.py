@@ -44,8 +44,12 @@ def special_tokens(tokenizer: Any) -> list[str]:
     return tokens
 
 
-def configure_formats(tokenizer: Any, tool_call_format: str | None = None, reasoning_format: str | None = None,
-                      chat_template: str | None = None) -> ModelFormats:
+def configure_formats(
+    tokenizer: Any,
+    tool_call_format: str | None = None,
+    reasoning_format: str | None = None,
+    chat_template: str | None = None,
+) -> ModelFormats:
     """Load `chat_template`, detect, apply the overrides, and set them for the gateway
     (ValueError naming the flag on a bad value)."""
     if chat_template:
@@ -54,7 +58,10 @@ def configure_formats(tokenizer: Any, tool_call_format: str | None = None, reaso
     if not isinstance(template, (str, type(None))):  # a dict of named templates
         template = "\n".join(str(v) for v in dict(template).values())
     found_tools, found_reasoning = grammar_adapter.detect_formats(template, special_tokens(tokenizer))
-    formats = ModelFormats(tool_call_format or found_tools, reasoning_format or found_reasoning,
-                           detected=tool_call_format is None and reasoning_format is None)
+    formats = ModelFormats(
+        tool_call_format or found_tools,
+        reasoning_format or found_reasoning,
+        detected=tool_call_format is None and reasoning_format is None,
+    )
     grammar_adapter.use_formats(formats.tool_call, formats.reasoning)
     return formats

@@ -24,8 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import APIError, bad_request
-from gateway.pipeline.grammar_adapter import FidelityReport, KeywordFidelity, arguments_schema, schema_fidelity, schema_validator, \
-    tools_fidelity
+from gateway.pipeline.grammar_adapter import (
+    FidelityReport,
+    KeywordFidelity,
+    arguments_schema,
+    schema_fidelity,
+    schema_validator,
+    tools_fidelity,
+)
 from gateway.protocol import ChoiceValidity, SchemaViolation
 
 log = logging.getLogger("jumpgate.gateway.validation")
@@ -66,27 +72,36 @@ class OutputCheck:
         for i, (name, arguments) in enumerate(calls):
             schema, mode = self.tools.get(name, ({"type": "object"}, BEST_EFFORT))
             modes.add(mode)
-            found, why = _validate_json(arguments, schema, join_pointer("", "tool_calls", i, "function", "arguments"),
-                                        finish_reason)
+            found, why = _validate_json(
+                arguments, schema, join_pointer("", "tool_calls", i, "function", "arguments"), finish_reason
+            )
             violations += found
             reason = reason or why
         return self._record(STRICT if modes == {STRICT} else BEST_EFFORT, violations, reason)
 
     def _record(self, mode: str, violations: list[SchemaViolation], reason: str | None) -> ChoiceValidity:
-        validity = ChoiceValidity(schema_valid=not violations, schema_mode=mode,  # type: ignore[arg-type]
-                                  schema_errors=violations[:MAX_ERRORS])
+        validity = ChoiceValidity(
+            schema_valid=not violations,
+            schema_mode=mode,  # type: ignore[arg-type]
+            schema_errors=violations[:MAX_ERRORS],
+        )
         if reason is not None:
             if self.metrics is not None:
                 self.metrics.structured_output_invalid(mode, reason)
             if mode == STRICT and reason != TRUNCATED:  # a cut-off output is the budget's doing, not the mask's
                 first = violations[0]
-                log.error("strict structured output failed validation (a fidelity bug): schema %s, pointer %r: %s",
-                          self.label, first.pointer, first.message)
+                log.error(
+                    "strict structured output failed validation (a fidelity bug): schema %s, pointer %r: %s",
+                    self.label,
+                    first.pointer,
+                    first.message,
+                )
         return validity
 
 
-def build_output_check(plan: Any, constraint: Any, schema_mode: str | None, *, label: str | None = None,
-                       metrics: Any = None) -> OutputCheck | None:
+def build_output_check(
+    plan: Any, constraint: Any, schema_mode: str | None, *, label: str | None = None, metrics: Any = None
+) -> OutputCheck | None:
     """The check for a planned constraint (None for free text, regex, EBNF, json_object).
 
     Raises the strict-mode 400 when the schema holds keywords the mask does not enforce.
@@ -100,36 +115,51 @@ def build_output_check(plan: Any, constraint: Any, schema_mode: str | None, *, l
     if plan.kind == "tool_calls":
         tools = list(plan.payload.get("tools") or [])
         report = getattr(constraint, "fidelity", None) or tools_fidelity(tools)
-        modes = [BEST_EFFORT if schema_mode == BEST_EFFORT or _function(t).get("strict") is False else STRICT
-                 for t in tools]
+        modes = [
+            BEST_EFFORT if schema_mode == BEST_EFFORT or _function(t).get("strict") is False else STRICT for t in tools
+        ]
         refused = [k for k in report.refused_in_strict if modes[_tool_index(k)] == STRICT]
         if refused:
             raise strict_refusal(plan.label, plan.param, refused, tools=True)
         by_name = {_function(t).get("name"): (_parameters(t), m) for t, m in zip(tools, modes)}
         names = ", ".join(str(n) for n in by_name)
-        return OutputCheck("tool_calls", label or f"tools ({names})", STRICT if STRICT in modes else BEST_EFFORT,
-                           report, tools=by_name, metrics=metrics)
+        return OutputCheck(
+            "tool_calls",
+            label or f"tools ({names})",
+            STRICT if STRICT in modes else BEST_EFFORT,
+            report,
+            tools=by_name,
+            metrics=metrics,
+        )
     return None
 
 
-def strict_refusal(label: str, param: str | None, keywords: tuple[KeywordFidelity, ...] | list[KeywordFidelity],
-                   *, tools: bool = False) -> APIError:
+def strict_refusal(
+    label: str, param: str | None, keywords: tuple[KeywordFidelity, ...] | list[KeywordFidelity], *, tools: bool = False
+) -> APIError:
     listed = "; ".join(f"'{k.keyword}' at '{k.pointer}' ({k.reason})" for k in keywords)
-    opt_out = ("set \"strict\": false on those functions, or send \"schema_mode\": \"best_effort\"" if tools
-               else "send \"schema_mode\": \"best_effort\" (or \"strict\": false)")
+    opt_out = (
+        'set "strict": false on those functions, or send "schema_mode": "best_effort"'
+        if tools
+        else 'send "schema_mode": "best_effort" (or "strict": false)'
+    )
     return bad_request(
         f"Invalid {label}: strict mode guarantees that every output fits the schema, but the constrained decoder "
         f"does not enforce these keywords: {listed}. Checking after generation would only detect a violation, not "
         f"prevent it, so strict mode refuses them. Rewrite the schema without them, or {opt_out} to generate "
         "anyway: each choice then reports jumpgate.schema_valid and jumpgate.schema_errors.",
-        param, code="schema_not_enforceable",
+        param,
+        code="schema_not_enforceable",
     )
 
 
 def validity_headers(body: Any) -> dict[str, str]:
     """`x-jumpgate-schema-valid` for a whole response: false if any validated choice failed."""
-    verdicts = [c.jumpgate.schema_valid for c in getattr(body, "choices", []) or []
-                if isinstance(getattr(c, "jumpgate", None), ChoiceValidity)]
+    verdicts = [
+        c.jumpgate.schema_valid
+        for c in getattr(body, "choices", []) or []
+        if isinstance(getattr(c, "jumpgate", None), ChoiceValidity)
+    ]
     return {SCHEMA_VALID_HEADER: "true" if all(verdicts) else "false"} if verdicts else {}
 
 
@@ -171,24 +201,32 @@ def _duplicate_keys(value: Any, prefix: str) -> list[SchemaViolation]:
     return found
 
 
-def _validate_json(text: str, schema: Any, prefix: str,
-                   finish_reason: str | None) -> tuple[list[SchemaViolation], str | None]:
+def _validate_json(
+    text: str, schema: Any, prefix: str, finish_reason: str | None
+) -> tuple[list[SchemaViolation], str | None]:
     """(violations, why) of `text` against `schema`; why is None when the value is valid."""
     try:
         value = json.loads(text, object_pairs_hook=_object_pairs)
     except (ValueError, RecursionError) as e:
         if finish_reason == "length":
-            return [SchemaViolation(pointer=prefix, message="the output was cut off at the token limit before the "
-                                                             "value was complete")], TRUNCATED
+            return [
+                SchemaViolation(
+                    pointer=prefix, message="the output was cut off at the token limit before the value was complete"
+                )
+            ], TRUNCATED
         return [SchemaViolation(pointer=prefix, message=_short(f"the output is not JSON: {e}"))], NOT_JSON
     violations = _duplicate_keys(value, prefix)
     why = DUPLICATE_KEY if violations else None
     for error in _validator(schema).iter_errors(value):
         if len(violations) >= MAX_ERRORS:
             break
-        violations.append(SchemaViolation(pointer=join_pointer(prefix, *error.absolute_path),
-                                          message=_short(error.message),
-                                          schema_pointer=join_pointer("", *error.absolute_schema_path)))
+        violations.append(
+            SchemaViolation(
+                pointer=join_pointer(prefix, *error.absolute_path),
+                message=_short(error.message),
+                schema_pointer=join_pointer("", *error.absolute_schema_path),
+            )
+        )
         why = why or SCHEMA
     return violations, why
 

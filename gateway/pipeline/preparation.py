@@ -14,12 +14,12 @@ from typing import Any, Callable
 import anyio
 
 from gateway.auth import cache_namespace
-from gateway.pipeline.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.errors import bad_request, context_length_exceeded, model_not_found
+from gateway.pipeline.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.pipeline.output_validation import STRICT, OutputCheck, build_output_check
 from gateway.pipeline.prompt import PromptRenderer, RenderedPrompt
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.pipeline.schema_registry import SchemaRegistry
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.settings import Settings
 from runtime.api import EngineClient, GenerateRequest
 from runtime.decode.sampling import MAX_TOP_LOGPROBS, SamplingParams
@@ -56,9 +56,14 @@ class Prepared:
         """n engine requests; with a seed, choice i uses seed + i (distinct yet reproducible)."""
         requests = []
         for i in range(n):
-            sampling = SamplingParams(**{**self.sampling.__dict__, "stop": list(self.sampling.stop),
-                                         "stop_token_ids": list(self.sampling.stop_token_ids),
-                                         "logit_bias": dict(self.sampling.logit_bias)})
+            sampling = SamplingParams(
+                **{
+                    **self.sampling.__dict__,
+                    "stop": list(self.sampling.stop),
+                    "stop_token_ids": list(self.sampling.stop_token_ids),
+                    "logit_bias": dict(self.sampling.logit_bias),
+                }
+            )
             if sampling.seed is not None:
                 sampling.seed = sampling.seed + i
             requests.append(
@@ -95,11 +100,27 @@ def check_sampling_fields(req: ChatCompletionRequest | CompletionRequest) -> Non
 
 
 # arguments of apply_chat_template itself, or the variables Jumpgate sets: not the client's to set
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "bos_token", "eos_token",
-})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "bos_token",
+        "eos_token",
+    }
+)
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
@@ -109,8 +130,11 @@ def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
         return None
     for key in kwargs:
         if key in RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
-            raise bad_request(f"'chat_template_kwargs' may not set {key!r}: the server sets it, or it is "
-                              "not a template variable name.", "chat_template_kwargs")
+            raise bad_request(
+                f"'chat_template_kwargs' may not set {key!r}: the server sets it, or it is "
+                "not a template variable name.",
+                "chat_template_kwargs",
+            )
     return dict(kwargs)
 
 
@@ -142,8 +166,10 @@ def logprob_count(req: ChatCompletionRequest | CompletionRequest) -> int | None:
         if not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
             raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}.", "logprobs")
         if req.echo:
-            raise bad_request("'logprobs' with 'echo' is not supported: this server does not compute the "
-                              "prompt tokens' logprobs.", "echo")
+            raise bad_request(
+                "'logprobs' with 'echo' is not supported: this server does not compute the prompt tokens' logprobs.",
+                "echo",
+            )
         return req.logprobs
     if req.top_logprobs is not None:
         if not req.logprobs:
@@ -166,7 +192,11 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
 
 
 def token_budget(
-    prompt_len: int, requested: int | None, requested_param: str, engine: EngineClient, settings: Settings,
+    prompt_len: int,
+    requested: int | None,
+    requested_param: str,
+    engine: EngineClient,
+    settings: Settings,
     prompt_param: str = "messages",
 ) -> int:
     """max_new_tokens for a prompt of `prompt_len`: the request's value checked against the context,
@@ -199,7 +229,9 @@ def token_budget(
     return requested
 
 
-def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_new_tokens: int, stop: list[str]) -> SamplingParams:
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest, max_new_tokens: int, stop: list[str]
+) -> SamplingParams:
     params = SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=1.0 if req.temperature is None else float(req.temperature),
@@ -222,8 +254,10 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, max_new_toke
     except ValueError as exc:
         field, _, reason = str(exc).partition(":")
         field = field.strip()
-        raise bad_request(f"Invalid value for '{_SAMPLING_PARAM_NAMES.get(field, field)}': {reason.strip() or exc}",
-                          _SAMPLING_PARAM_NAMES.get(field, field)) from exc
+        raise bad_request(
+            f"Invalid value for '{_SAMPLING_PARAM_NAMES.get(field, field)}': {reason.strip() or exc}",
+            _SAMPLING_PARAM_NAMES.get(field, field),
+        ) from exc
     return params
 
 
@@ -262,7 +296,11 @@ async def prepare_chat(
     extra_vars = template_kwargs(req)
     check_n(req.n, settings)
     stop = stop_list(req.stop)
-    if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
+    if (
+        req.max_tokens is not None
+        and req.max_completion_tokens is not None
+        and req.max_tokens != req.max_completion_tokens
+    ):
         raise bad_request("Give either 'max_tokens' or 'max_completion_tokens', not both.", "max_tokens")
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     requested_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -273,7 +311,8 @@ async def prepare_chat(
     render = render or renderer.render_chat
     extra = {"template_kwargs": extra_vars} if extra_vars else {}
     rendered = await anyio.to_thread.run_sync(
-        lambda: render(req.messages, plan.tools, plan.instructions, schema, **extra))
+        lambda: render(req.messages, plan.tools, plan.instructions, schema, **extra)
+    )
     max_new = token_budget(len(rendered.token_ids), requested, requested_param, engine, settings)
     sampling = sampling_params(req, max_new, stop)
     constraint = await compile_plan(plan, services.grammar, settings.grammar_compile_timeout_s) if compile else None
@@ -308,8 +347,9 @@ def completion_prompts(prompt: str | list[Any], vocab_size: int) -> list[str | l
     elif all(isinstance(p, list) for p in prompt):
         prompts = [list(p) for p in prompt]
     else:
-        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids, or a list of "
-                          "token id lists.", "prompt")
+        raise bad_request(
+            "'prompt' must be a string, a list of strings, a list of token ids, or a list of token id lists.", "prompt"
+        )
     for i, ids in enumerate(prompts):
         if not ids:
             raise bad_request("Token id prompts must not be empty.", f"prompt[{i}]")
@@ -339,8 +379,9 @@ async def prepare_completion(
         ids, text = list(prompt), None
     if not ids:
         raise bad_request("'prompt' must not be empty.", "prompt")
-    max_new = token_budget(len(ids), req.max_tokens, "max_tokens", services.engine, services.settings,
-                           prompt_param="prompt")
+    max_new = token_budget(
+        len(ids), req.max_tokens, "max_tokens", services.engine, services.settings, prompt_param="prompt"
+    )
     return Prepared(
         request_id=new_id("cmpl"),
         created=int(time.time()),

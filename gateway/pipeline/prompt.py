@@ -22,8 +22,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from gateway.pipeline import grammar_adapter
 from gateway.errors import bad_request
+from gateway.pipeline import grammar_adapter
 from gateway.pipeline.schema_compaction import FULL, LEVEL_NAMES, LEVELS, compact_schema, compact_tools
 from gateway.protocol import (
     AssistantMessage,
@@ -117,8 +117,9 @@ class PromptRenderer:
         """The `tools=` handed to the chat template: canonical JSON, so equal tools give equal tokens."""
         return grammar_adapter.canonical_tools(list(tools)) if tools and self.native_tools() else None
 
-    def apply_template(self, turns: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
-                       **kwargs: Any) -> str:
+    def apply_template(
+        self, turns: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> str:
         """The chat template over `turns` (with `tools=` where the template takes them)."""
         template_tools = self.template_tools(tools)
         if template_tools is not None:
@@ -128,7 +129,10 @@ class PromptRenderer:
     # ----------------------------------------------------------------- chat
 
     def schema_texts(
-        self, tools: Sequence[dict[str, Any]] | None, instructions: str | None, schema: Schema | None = None,
+        self,
+        tools: Sequence[dict[str, Any]] | None,
+        instructions: str | None,
+        schema: Schema | None = None,
     ) -> tuple[str | None, str | None, int]:
         """(tools text, instructions, level): the first compaction level whose text fits the budget
         (the last level when none does: the context check then decides)."""
@@ -144,7 +148,10 @@ class PromptRenderer:
         return chosen
 
     def _compact(
-        self, tools: Sequence[dict[str, Any]] | None, instructions: str | None, schema: Schema | None,
+        self,
+        tools: Sequence[dict[str, Any]] | None,
+        instructions: str | None,
+        schema: Schema | None,
     ) -> tuple[str | None, str | None, int]:
         kind, payload = schema if schema is not None else (None, None)
         compactable = kind in COMPACTABLE_KINDS
@@ -171,7 +178,10 @@ class PromptRenderer:
         return count
 
     def system_block(
-        self, system_text: str | None, tools: Sequence[dict[str, Any]] | None, instructions: str | None,
+        self,
+        system_text: str | None,
+        tools: Sequence[dict[str, Any]] | None,
+        instructions: str | None,
         schema: Schema | None = None,
     ) -> tuple[str | None, int]:
         """The system block and the compaction level of its tools/schema text."""
@@ -198,8 +208,9 @@ class PromptRenderer:
             leading.append(content_text(messages[i].content))
             i += 1
         native = bool(tools) and self.native_tools()
-        system, level = self.system_block("\n\n".join(leading) if leading else None,
-                                          None if native else tools, instructions, schema)
+        system, level = self.system_block(
+            "\n\n".join(leading) if leading else None, None if native else tools, instructions, schema
+        )
         turns: list[dict[str, Any]] = []
         if system is not None:
             turns.append({"role": "system", "content": system})
@@ -217,8 +228,14 @@ class PromptRenderer:
             if isinstance(msg, ToolMessage):
                 text = content_text(msg.content)
                 if native and self.has_tool_role:
-                    turns.append({"role": "tool", "content": text, "tool_call_id": msg.tool_call_id,
-                                  "name": call_names.get(msg.tool_call_id)})
+                    turns.append(
+                        {
+                            "role": "tool",
+                            "content": text,
+                            "tool_call_id": msg.tool_call_id,
+                            "name": call_names.get(msg.tool_call_id),
+                        }
+                    )
                 elif self.has_tool_role:
                     turns.append({"role": "tool", "content": text})
                 else:
@@ -235,10 +252,23 @@ class PromptRenderer:
                 if msg.tool_calls and native and self.template_takes_calls:
                     for call in msg.tool_calls:
                         call_names[call.id] = call.function.name
-                    turns.append({"role": "assistant", "content": text, "tool_calls": [
-                        {"id": c.id, "type": "function",
-                         "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                        for c in msg.tool_calls]})
+                    turns.append(
+                        {
+                            "role": "assistant",
+                            "content": text,
+                            "tool_calls": [
+                                {
+                                    "id": c.id,
+                                    "type": "function",
+                                    "function": {
+                                        "name": c.function.name,
+                                        "arguments": _arguments(c.function.arguments),
+                                    },
+                                }
+                                for c in msg.tool_calls
+                            ],
+                        }
+                    )
                     continue
                 if msg.tool_calls:
                     calls = []
@@ -265,15 +295,16 @@ class PromptRenderer:
             text = self.apply_template(turns, tools, add_generation_prompt=True, **(template_kwargs or {}))
         except Exception as exc:  # jinja raises for role orders a template refuses
             raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
-        return RenderedPrompt(text=text, token_ids=self.encode(text), system_text=system,
-                              schema_text_level=LEVEL_NAMES[level])
+        return RenderedPrompt(
+            text=text, token_ids=self.encode(text), system_text=system, schema_text_level=LEVEL_NAMES[level]
+        )
 
     def render_continuation(
         self,
         messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None,
         instructions: str | None,
-        previous: "PreviousTurn",
+        previous: PreviousTurn,
         schema: tuple[str, Any] | None = None,
     ) -> RenderedPrompt:
         """`render_chat`, except that when the conversation extends `previous` (an earlier prompt
@@ -293,9 +324,10 @@ class PromptRenderer:
         head_text = previous.prompt_text + generated
         if not full.text.startswith(head_text):
             return full  # tools, instructions or the template changed the earlier turns
-        ids = head_ids + self.encode(full.text[len(head_text):])
-        return RenderedPrompt(text=full.text, token_ids=ids, system_text=full.system_text,
-                              schema_text_level=full.schema_text_level)
+        ids = head_ids + self.encode(full.text[len(head_text) :])
+        return RenderedPrompt(
+            text=full.text, token_ids=ids, system_text=full.system_text, schema_text_level=full.schema_text_level
+        )
 
     @property
     def tokenizer_fingerprint(self) -> str:

@@ -24,13 +24,39 @@ DESCRIPTION_CHARS = 80
 ENUM_SHOWN = 8
 
 # keywords whose value is a sub-schema, a list of them, or a name -> sub-schema map
-_SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-                        "unevaluatedItems", "unevaluatedProperties", "additionalItems"})
+_SUBSCHEMA = frozenset(
+    {
+        "items",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "additionalItems",
+    }
+)
 _SUBSCHEMA_LIST = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
 _SUBSCHEMA_MAP = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 # what the structure level drops: text for people, not shape
-_ANNOTATIONS = frozenset({"description", "title", "examples", "example", "default", "$comment", "deprecated",
-                          "readOnly", "writeOnly", "$schema", "$id"})
+_ANNOTATIONS = frozenset(
+    {
+        "description",
+        "title",
+        "examples",
+        "example",
+        "default",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$schema",
+        "$id",
+    }
+)
 
 
 def _walk(schema: Any, local: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:

@@ -94,7 +94,12 @@ class SchemaRegistry:
         write_atomic(path, data)
 
     def put(
-        self, tenant: str, kind: str, payload: Any, canonical_text: str, name: str | None = None,
+        self,
+        tenant: str,
+        kind: str,
+        payload: Any,
+        canonical_text: str,
+        name: str | None = None,
         schema_mode: str | None = None,
     ) -> tuple[SchemaEntry, bool]:
         """Store an entry; returns (entry, created). An existing identical entry is returned as is."""
@@ -108,7 +113,11 @@ class SchemaRegistry:
             if self._foreign(path):
                 raise ForeignEntry(entry_id)
             entry = SchemaEntry(
-                id=entry_id, kind=kind, payload=payload, created=int(time.time()), name=name,  # type: ignore[arg-type]
+                id=entry_id,
+                kind=kind,
+                payload=payload,
+                created=int(time.time()),
+                name=name,  # type: ignore[arg-type]
                 schema_mode=schema_mode,  # type: ignore[arg-type]
             )
             self._write_atomic(path, msgspec.json.encode(entry))
@@ -144,8 +153,9 @@ class SchemaRegistry:
                 continue
             entry = self.get(tenant, entry_id)
             if entry is not None:
-                found.append((when, entry_id, PinnedEntry(tenant=tenant, entry=entry,
-                                                          system_prompt=record.system_prompt)))
+                found.append(
+                    (when, entry_id, PinnedEntry(tenant=tenant, entry=entry, system_prompt=record.system_prompt))
+                )
         return [pinned for *_, pinned in sorted(found, key=lambda f: (f[0], f[1]))]
 
     def get(self, tenant: str, entry_id: str) -> SchemaEntry | None:
@@ -195,11 +205,16 @@ class SchemaRegistry:
         except FileNotFoundError:
             return None
         except msgspec.ValidationError as e:  # whole JSON, another version's entry: kept as it is
-            log.warning("schema registry: skipping entry %s, which another Jumpgate version wrote (%s)",
-                        path, str(e)[:200])
+            log.warning(
+                "schema registry: skipping entry %s, which another Jumpgate version wrote (%s)", path, str(e)[:200]
+            )
             return None
         except (msgspec.DecodeError, OSError) as e:
             # a damaged file reads as absent; a fresh upload rewrites it
-            log.warning("schema registry: ignoring damaged entry %s (%s: %s); upload it again to rebuild it",
-                        path, type(e).__name__, str(e)[:200])
+            log.warning(
+                "schema registry: ignoring damaged entry %s (%s: %s); upload it again to rebuild it",
+                path,
+                type(e).__name__,
+                str(e)[:200],
+            )
             return None

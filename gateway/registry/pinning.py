@@ -20,11 +20,10 @@ import anyio
 from gateway.auth import cache_namespace
 from gateway.errors import APIError, bad_request
 from gateway.pipeline.prompt import PromptRenderer, schema_instructions
-from gateway.protocol import SystemMessage, UserMessage
 from gateway.pipeline.schema_registry import SchemaRegistry
+from gateway.protocol import SystemMessage, UserMessage
 from runtime.api import EngineClient, EngineError
 from runtime.engine.scheduler import common_prefix_len
-
 
 log = logging.getLogger("jumpgate.gateway.pinning")
 
@@ -38,6 +37,7 @@ def schema_prefix_ids(renderer: PromptRenderer, kind: str, payload: Any, system_
     tools = list(payload) if kind == "tools" else None
     instructions = schema_instructions(kind, payload)
     head = [SystemMessage(content=system_prompt)] if system_prompt else []
+
     def template(turns: list[dict[str, Any]], **kwargs: Any) -> str:
         return renderer.apply_template(turns, tools, **kwargs)
 
@@ -55,18 +55,26 @@ def schema_prefix_ids(renderer: PromptRenderer, kind: str, payload: Any, system_
         other, _ = render("x")
         cut = next((i for i, (a, b) in enumerate(zip(text, other)) if a != b), min(len(text), len(other)))
     full = renderer.encode(text)
-    return full[:common_prefix_len(full, renderer.encode(text[:cut]))]
+    return full[: common_prefix_len(full, renderer.encode(text[:cut]))]
 
 
-async def pin_schema(engine: EngineClient, renderer: PromptRenderer, namespace: str, schema_id: str, kind: str,
-                     payload: Any, system_prompt: str | None) -> int:
+async def pin_schema(
+    engine: EngineClient,
+    renderer: PromptRenderer,
+    namespace: str,
+    schema_id: str,
+    kind: str,
+    payload: Any,
+    system_prompt: str | None,
+) -> int:
     """Pin the schema's prefix; 400 when the engine cannot pin or the pin budget is exhausted."""
     ids = await anyio.to_thread.run_sync(schema_prefix_ids, renderer, kind, payload, system_prompt)
     if not ids:
         raise bad_request("The schema renders no prompt prefix to pin.", "pin")
     try:
         return await anyio.to_thread.run_sync(
-            lambda: engine.pin_prefix(ids, namespace=namespace, name=pin_name(schema_id)))
+            lambda: engine.pin_prefix(ids, namespace=namespace, name=pin_name(schema_id))
+        )
     except EngineError as exc:
         raise bad_request(exc.message, "pin", code=exc.code if exc.code != "invalid_request" else None) from exc
 
@@ -83,8 +91,15 @@ async def restore_pins(engine: EngineClient, renderer: PromptRenderer, registry:
     for pinned in registry.pinned():
         entry = pinned.entry
         try:
-            tokens = await pin_schema(engine, renderer, cache_namespace(pinned.tenant, None), entry.id, entry.kind,
-                                      entry.payload, pinned.system_prompt)
+            tokens = await pin_schema(
+                engine,
+                renderer,
+                cache_namespace(pinned.tenant, None),
+                entry.id,
+                entry.kind,
+                entry.payload,
+                pinned.system_prompt,
+            )
         except APIError as exc:
             log.warning("could not re-pin schema %s (tenant %r) at start: %s", entry.id, pinned.tenant, exc.message)
             continue

@@ -13,14 +13,14 @@ from litestar import Controller, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from gateway.pipeline import grammar_adapter
 from gateway.auth import cache_namespace
-from gateway.pipeline.constraints import ConstraintPlan, check_tools, compile_plan
 from gateway.errors import APIError, bad_request, not_found
+from gateway.pipeline import grammar_adapter
+from gateway.pipeline.constraints import ConstraintPlan, check_tools, compile_plan
 from gateway.pipeline.output_validation import build_output_check
-from gateway.registry.pinning import pin_schema, unpin_schema
-from gateway.protocol import SchemaCheck, SchemaCheckRequest, SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
 from gateway.pipeline.schema_registry import ForeignEntry
+from gateway.protocol import SchemaCheck, SchemaCheckRequest, SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
+from gateway.registry.pinning import pin_schema, unpin_schema
 from gateway.services import GatewayServices
 
 
@@ -35,14 +35,22 @@ def _upload_plan(data: JSONBody[SchemaUpload]) -> tuple[str, Any, ConstraintPlan
     field = given[0]
     if field == "schema":
         assert data.schema is not None
-        return "json_schema", data.schema, ConstraintPlan(kind="json_schema", payload=data.schema, param="schema",
-                                                          label="schema", strict=True)
+        return (
+            "json_schema",
+            data.schema,
+            ConstraintPlan(kind="json_schema", payload=data.schema, param="schema", label="schema", strict=True),
+        )
     if field in ("regex", "ebnf"):
         text = getattr(data, field)
         if not text.strip():
             raise bad_request(f"'{field}' must not be empty.", field)
-        return field, text, ConstraintPlan(kind=field, payload=text, param=field,
-                                           label="regex" if field == "regex" else "EBNF grammar")
+        return (
+            field,
+            text,
+            ConstraintPlan(
+                kind=field, payload=text, param=field, label="regex" if field == "regex" else "EBNF grammar"
+            ),
+        )
     assert data.tools is not None
     tools = check_tools(data.tools)
     payload = {"tools": tools, "tool_choice": "auto", "parallel_tool_calls": True}
@@ -51,11 +59,13 @@ def _upload_plan(data: JSONBody[SchemaUpload]) -> tuple[str, Any, ConstraintPlan
 
 def _check_plan(data: SchemaCheckRequest) -> ConstraintPlan:
     if (data.schema is None) == (data.tools is None):
-        raise bad_request("Give exactly one of 'schema' (a JSON schema) or 'tools'.",
-                          "tools" if data.schema is not None else "schema")
+        raise bad_request(
+            "Give exactly one of 'schema' (a JSON schema) or 'tools'.", "tools" if data.schema is not None else "schema"
+        )
     if data.schema is not None:
-        return ConstraintPlan(kind="json_schema", payload=data.schema, param="schema", label="schema",
-                              strict=data.strict)
+        return ConstraintPlan(
+            kind="json_schema", payload=data.schema, param="schema", label="schema", strict=data.strict
+        )
     payload = {"tools": check_tools(data.tools), "tool_choice": "auto", "parallel_tool_calls": True}
     return ConstraintPlan(kind="tool_calls", payload=payload, param="tools", label="tools")
 
@@ -76,13 +86,24 @@ class SchemasController(Controller):
         try:
             entry, created = services.registry.put(tenant, kind, payload, canonical, data.name, data.schema_mode)
         except ForeignEntry as e:
-            raise APIError(409, f"Schema '{e.entry_id}' is stored by another Jumpgate version, in a form this "
-                           "server cannot read; it is kept as it is. Upload it through that version, or delete "
-                           "it first.", code="schema_stored_by_other_version") from None
+            raise APIError(
+                409,
+                f"Schema '{e.entry_id}' is stored by another Jumpgate version, in a form this "
+                "server cannot read; it is kept as it is. Upload it through that version, or delete "
+                "it first.",
+                code="schema_stored_by_other_version",
+            ) from None
         if data.pin:
             try:
-                pinned = await pin_schema(services.engine, services.renderer, cache_namespace(tenant, None),
-                                          entry.id, kind, payload, data.system_prompt)
+                pinned = await pin_schema(
+                    services.engine,
+                    services.renderer,
+                    cache_namespace(tenant, None),
+                    entry.id,
+                    kind,
+                    payload,
+                    data.system_prompt,
+                )
             except APIError:
                 if created:  # a refused pin registers nothing
                     services.registry.delete(tenant, entry.id)
@@ -107,8 +128,9 @@ class SchemasController(Controller):
             refusal = None
         except APIError as exc:
             refusal = exc.message
-        return SchemaCheck(fidelity=best_effort.report.as_dict(), strict_accepted=refusal is None,
-                           strict_refusal=refusal)
+        return SchemaCheck(
+            fidelity=best_effort.report.as_dict(), strict_accepted=refusal is None, strict_refusal=refusal
+        )
 
     @get("", summary="List registered schemas")
     async def list_schemas(

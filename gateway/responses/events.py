@@ -19,11 +19,13 @@ from typing import Any, AsyncGenerator, Callable
 
 import msgspec
 
-from gateway.pipeline import grammar_adapter
+from gateway.chat.streaming import owning
 from gateway.errors import stream_error
+from gateway.pipeline import grammar_adapter
 from gateway.pipeline.generation import EngineStream, Outcome
 from gateway.pipeline.logprobs import chat_token_logprobs
 from gateway.protocol import ChatTokenLogprob
+from gateway.responses.items import finished_response, item_id
 from gateway.responses.protocol import (
     OutputFunctionCall,
     OutputItem,
@@ -33,8 +35,6 @@ from gateway.responses.protocol import (
     ResponseEvent,
     ResponseObject,
 )
-from gateway.responses.items import finished_response, item_id
-from gateway.chat.streaming import owning
 
 
 class ResponseStreamWriter:
@@ -57,8 +57,10 @@ class ResponseStreamWriter:
         return b"event: " + type.encode() + b"\ndata: " + body + b"\n\n"
 
     def start(self) -> list[bytes]:
-        return [self.event("response.created", response=self.shell),
-                self.event("response.in_progress", response=self.shell)]
+        return [
+            self.event("response.created", response=self.shell),
+            self.event("response.in_progress", response=self.shell),
+        ]
 
     @property
     def output_index(self) -> int:
@@ -69,8 +71,15 @@ class ResponseStreamWriter:
         self.message = OutputMessage(id=item_id("msg"), content=[], status="in_progress")
         self.items.append(self.message)
         out.append(self.event("response.output_item.added", output_index=self.output_index, item=self.message))
-        out.append(self.event("response.content_part.added", item_id=self.message.id,
-                              output_index=self.output_index, content_index=0, part=OutputText(text="")))
+        out.append(
+            self.event(
+                "response.content_part.added",
+                item_id=self.message.id,
+                output_index=self.output_index,
+                content_index=0,
+                part=OutputText(text=""),
+            )
+        )
         self.message.content.append(OutputText(text=""))
         return out
 
@@ -85,9 +94,16 @@ class ResponseStreamWriter:
         part.text += piece
         sent, self.pending_logprobs = self.pending_logprobs, []
         part.logprobs += sent
-        out.append(self.event("response.output_text.delta", item_id=self.message.id,
-                              output_index=self.items.index(self.message), content_index=0, delta=piece,
-                              logprobs=sent))
+        out.append(
+            self.event(
+                "response.output_text.delta",
+                item_id=self.message.id,
+                output_index=self.items.index(self.message),
+                content_index=0,
+                delta=piece,
+                logprobs=sent,
+            )
+        )
         return out
 
     def tool(self, index: int, call_id: str | None, name: str | None, arguments: str | None) -> list[bytes]:
@@ -97,8 +113,9 @@ class ResponseStreamWriter:
                 self.answer_index = index
             else:
                 out += self.close_message() + self.close_call()
-                self.call = OutputFunctionCall(id=item_id("fc"), call_id=call_id or item_id("call"), name=name,
-                                               arguments="", status="in_progress")
+                self.call = OutputFunctionCall(
+                    id=item_id("fc"), call_id=call_id or item_id("call"), name=name, arguments="", status="in_progress"
+                )
                 self.call_index = index
                 self.items.append(self.call)
                 out.append(self.event("response.output_item.added", output_index=self.output_index, item=self.call))
@@ -107,8 +124,14 @@ class ResponseStreamWriter:
                 out += self.text(arguments)
             elif self.call is not None and index == self.call_index:
                 self.call.arguments += arguments
-                out.append(self.event("response.function_call_arguments.delta", item_id=self.call.id,
-                                      output_index=self.items.index(self.call), delta=arguments))
+                out.append(
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        item_id=self.call.id,
+                        output_index=self.items.index(self.call),
+                        delta=arguments,
+                    )
+                )
         return out
 
     def close_message(self) -> list[bytes]:
@@ -118,17 +141,32 @@ class ResponseStreamWriter:
         index = self.items.index(m)
         out = []
         if self.pending_logprobs:  # tokens with no text of their own (held back, then dropped): still reported
-            out.append(self.event("response.output_text.delta", item_id=m.id, output_index=index, content_index=0,
-                                  delta="", logprobs=self.pending_logprobs))
+            out.append(
+                self.event(
+                    "response.output_text.delta",
+                    item_id=m.id,
+                    output_index=index,
+                    content_index=0,
+                    delta="",
+                    logprobs=self.pending_logprobs,
+                )
+            )
             m.content[0].logprobs += self.pending_logprobs
             self.pending_logprobs = []
         self.message = None
         m.status = "completed"
         return out + [
-            self.event("response.output_text.done", item_id=m.id, output_index=index, content_index=0,
-                       text=m.content[0].text, logprobs=m.content[0].logprobs),
-            self.event("response.content_part.done", item_id=m.id, output_index=index, content_index=0,
-                       part=m.content[0]),
+            self.event(
+                "response.output_text.done",
+                item_id=m.id,
+                output_index=index,
+                content_index=0,
+                text=m.content[0].text,
+                logprobs=m.content[0].logprobs,
+            ),
+            self.event(
+                "response.content_part.done", item_id=m.id, output_index=index, content_index=0, part=m.content[0]
+            ),
             self.event("response.output_item.done", output_index=index, item=m),
         ]
 
@@ -140,8 +178,13 @@ class ResponseStreamWriter:
         index = self.items.index(c)
         c.status = "completed"
         return [
-            self.event("response.function_call_arguments.done", item_id=c.id, output_index=index,
-                       arguments=c.arguments, name=c.name),
+            self.event(
+                "response.function_call_arguments.done",
+                item_id=c.id,
+                output_index=index,
+                arguments=c.arguments,
+                name=c.name,
+            ),
             self.event("response.output_item.done", output_index=index, item=c),
         ]
 
@@ -156,8 +199,12 @@ class ResponseStreamWriter:
 
     def failed(self, exc: BaseException, retry_after_s: int) -> bytes:
         exc = stream_error(exc, retry_after_s)
-        response = msgspec.structs.replace(self.shell, status="failed", output=self.items,
-                                           error=ResponseError(code=exc.code or exc.type, message=exc.message))
+        response = msgspec.structs.replace(
+            self.shell,
+            status="failed",
+            output=self.items,
+            error=ResponseError(code=exc.code or exc.type, message=exc.message),
+        )
         return self.event("response.failed", response=response)
 
 

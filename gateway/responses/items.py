@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
+from gateway.errors import APIError, bad_request, describe_validation
 from gateway.pipeline import grammar_adapter
 from gateway.pipeline.answer_tool import fold_format_into_tools
-from gateway.errors import APIError, bad_request, describe_validation
 from gateway.pipeline.generation import Outcome
 from gateway.protocol import (
     AssistantMessage,
@@ -89,9 +89,12 @@ def check_unsupported(req: ResponseRequest) -> None:
     """Options this server cannot honour are refused by name, never silently ignored."""
     for i, tool in enumerate(req.tools or []):
         if tool.type != "function":
-            raise bad_request(f"Tool type '{tool.type}' is not supported by this server; only 'function' tools "
-                              "are (built-in tools such as web_search, file_search or computer_use are not).",
-                              f"tools[{i}].type", code="unsupported_tool")
+            raise bad_request(
+                f"Tool type '{tool.type}' is not supported by this server; only 'function' tools "
+                "are (built-in tools such as web_search, file_search or computer_use are not).",
+                f"tools[{i}].type",
+                code="unsupported_tool",
+            )
         if tool.name is None:
             raise bad_request(f"Missing required parameter: 'tools[{i}].name'.", f"tools[{i}].name")
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
@@ -102,15 +105,20 @@ def check_unsupported(req: ResponseRequest) -> None:
         if value not in SUPPORTED_INCLUDE:
             raise bad_request(f"'include' value '{value}' is not supported by this server.", "include")
     if req.conversation is not None:
-        raise bad_request("'conversation' is not supported by this server; chain responses with "
-                          "'previous_response_id'.", "conversation")
+        raise bad_request(
+            "'conversation' is not supported by this server; chain responses with 'previous_response_id'.",
+            "conversation",
+        )
     if req.prompt is not None:
         raise bad_request("'prompt' (stored prompt templates) is not supported by this server.", "prompt")
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
         raise bad_request(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.", "top_logprobs")
     if wants_logprobs(req) and req.tools:
-        raise bad_request(f"'include' value '{LOGPROBS_INCLUDE}' is not supported together with 'tools' by this "
-                          "server (the message text would not line up with the generated tokens).", "include")
+        raise bad_request(
+            f"'include' value '{LOGPROBS_INCLUDE}' is not supported together with 'tools' by this "
+            "server (the message text would not line up with the generated tokens).",
+            "include",
+        )
     if req.truncation == "auto":
         raise bad_request("'truncation' 'auto' is not supported by this server (use 'disabled').", "truncation")
     if req.max_tool_calls is not None:
@@ -131,17 +139,25 @@ def decode_item(raw: Any, index: int) -> InputItem:
     if not isinstance(raw, dict):
         raise bad_request(f"Invalid value for 'input[{index}]': expected an object.", f"input[{index}]")
     kind = raw.get("type", "message")
-    types: dict[str, type] = {"message": MessageItem, "function_call": FunctionCallItem,
-                              "function_call_output": FunctionCallOutputItem}
+    types: dict[str, type] = {
+        "message": MessageItem,
+        "function_call": FunctionCallItem,
+        "function_call_output": FunctionCallOutputItem,
+    }
     if kind not in types:
-        raise bad_request(f"Input item type '{kind}' is not supported by this server (supported: message, "
-                          "function_call, function_call_output).", f"input[{index}].type")
+        raise bad_request(
+            f"Input item type '{kind}' is not supported by this server (supported: message, "
+            "function_call, function_call_output).",
+            f"input[{index}].type",
+        )
     if kind == "message" and isinstance(raw.get("content"), list):
         for j, part in enumerate(raw["content"]):
             ptype = part.get("type") if isinstance(part, dict) else None
             if ptype not in ("input_text", "output_text", "refusal"):
-                raise bad_request(f"Content part type '{ptype}' is not supported by this server (text only).",
-                                  f"input[{index}].content[{j}].type")
+                raise bad_request(
+                    f"Content part type '{ptype}' is not supported by this server (text only).",
+                    f"input[{index}].content[{j}].type",
+                )
     try:
         return msgspec.convert(raw, types[kind])
     except msgspec.ValidationError as exc:
@@ -199,26 +215,51 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
     elif fmt.type == "json_schema":
         if fmt.schema is None:
             raise bad_request("text.format.schema is required for a json_schema format.", "text.format.schema")
-        response_format = ResponseFormatJsonSchema(json_schema=JsonSchemaFormat(
-            name=fmt.name or "response", schema=fmt.schema, description=fmt.description, strict=fmt.strict))
+        response_format = ResponseFormatJsonSchema(
+            json_schema=JsonSchemaFormat(
+                name=fmt.name or "response", schema=fmt.schema, description=fmt.description, strict=fmt.strict
+            )
+        )
 
     tools = None
     if req.tools:  # Responses clients send [] for "no tools" (chat refuses an empty list)
-        tools = [ToolDefinition(function=FunctionDefinition(
-            name=t.name or "", description=t.description, parameters=t.parameters, strict=t.strict)) for t in req.tools]
+        tools = [
+            ToolDefinition(
+                function=FunctionDefinition(
+                    name=t.name or "", description=t.description, parameters=t.parameters, strict=t.strict
+                )
+            )
+            for t in req.tools
+        ]
     choice: Any = req.tool_choice
     if isinstance(choice, NamedFunctionChoice):
         choice = NamedToolChoice(function=NamedFunction(name=choice.name))
     parallel = req.parallel_tool_calls
 
     chat = ChatCompletionRequest(
-        model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
-        top_p=req.top_p, seed=req.seed, stop=req.stop, user=req.user, response_format=response_format,
-        tools=tools, tool_choice=choice, parallel_tool_calls=parallel, jump_forward=req.jump_forward,
-        cache_salt=req.cache_salt, top_k=req.top_k, min_p=req.min_p,
-        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-        repetition_penalty=req.repetition_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
-        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+        model=req.model,
+        messages=messages,
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop=req.stop,
+        user=req.user,
+        response_format=response_format,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        jump_forward=req.jump_forward,
+        cache_salt=req.cache_salt,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias=req.logit_bias,
+        min_tokens=req.min_tokens,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
         logprobs=True if wants_logprobs(req) else None,
         top_logprobs=(req.top_logprobs or 0) if wants_logprobs(req) else None,
     )
@@ -242,26 +283,36 @@ def item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def output_items(text: str, parse_tool_calls: bool, answer_tool: str | None, status: str,
-                 logprobs: list[ChatTokenLogprob] | None = None) -> list[OutputItem]:
+def output_items(
+    text: str,
+    parse_tool_calls: bool,
+    answer_tool: str | None,
+    status: str,
+    logprobs: list[ChatTokenLogprob] | None = None,
+) -> list[OutputItem]:
     """`logprobs` (all generated tokens) go on the message text; requests with tools never have them."""
-    content, calls = (grammar_adapter.parse_tool_calls(text) if parse_tool_calls else (text, []))
+    content, calls = grammar_adapter.parse_tool_calls(text) if parse_tool_calls else (text, [])
     items: list[OutputItem] = []
     answers = [c.arguments for c in calls if c.name == answer_tool]
     message_text = (content or "") + "".join(answers)
     if message_text or not calls:
-        items.append(OutputMessage(id=item_id("msg"), content=[OutputText(text=message_text, logprobs=logprobs or [])],
-                                   status=status))  # type: ignore[arg-type]
+        items.append(
+            OutputMessage(
+                id=item_id("msg"), content=[OutputText(text=message_text, logprobs=logprobs or [])], status=status
+            )
+        )  # type: ignore[arg-type]
     for c in calls:
         if c.name != answer_tool:
-            items.append(OutputFunctionCall(id=item_id("fc"), call_id=c.id, name=c.name, arguments=c.arguments,
-                                            status=status))  # type: ignore[arg-type]
+            items.append(
+                OutputFunctionCall(id=item_id("fc"), call_id=c.id, name=c.name, arguments=c.arguments, status=status)
+            )  # type: ignore[arg-type]
     return items
 
 
 def usage_of(outcome: Outcome) -> ResponseUsage:
     return ResponseUsage(
-        input_tokens=outcome.prompt_tokens, output_tokens=outcome.completion_tokens,
+        input_tokens=outcome.prompt_tokens,
+        output_tokens=outcome.completion_tokens,
         total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
         input_tokens_details=InputTokensDetails(cached_tokens=outcome.cached_tokens),
     )
@@ -276,19 +327,28 @@ def status_of(outcome: Outcome) -> tuple[str, IncompleteDetails | None]:
 def response_shell(req: ResponseRequest, response_id: str, created_at: int | None = None) -> ResponseObject:
     """The response object before any output (the form `response.created` carries)."""
     return ResponseObject(
-        id=response_id, created_at=created_at or int(time.time()), model=req.model, status="in_progress",
-        instructions=req.instructions, max_output_tokens=req.max_output_tokens, metadata=dict(req.metadata or {}),
+        id=response_id,
+        created_at=created_at or int(time.time()),
+        model=req.model,
+        status="in_progress",
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        metadata=dict(req.metadata or {}),
         parallel_tool_calls=True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-        previous_response_id=req.previous_response_id, store=req.store,
+        previous_response_id=req.previous_response_id,
+        store=req.store,
         temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p, text=req.text or TextConfig(),
-        tool_choice=req.tool_choice or "auto", tools=list(req.tools or []), user=req.user,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        text=req.text or TextConfig(),
+        tool_choice=req.tool_choice or "auto",
+        tools=list(req.tools or []),
+        user=req.user,
         top_logprobs=req.top_logprobs,
     )
 
 
 def finished_response(shell: ResponseObject, outcome: Outcome, items: list[OutputItem]) -> ResponseObject:
     status, incomplete = status_of(outcome)
-    return msgspec.structs.replace(shell, status=status, incomplete_details=incomplete, output=items,
-                                   usage=usage_of(outcome))
-
+    return msgspec.structs.replace(
+        shell, status=status, incomplete_details=incomplete, output=items, usage=usage_of(outcome)
+    )

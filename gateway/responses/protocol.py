@@ -11,8 +11,16 @@ from typing import Annotated, Any, Literal, Union
 
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
-from gateway.protocol import (ChatTokenLogprob, JumpForward, MinP, NonNegInt, Penalty, RepetitionPenalty, Temperature,
-                              TopP)
+from gateway.protocol import (
+    ChatTokenLogprob,
+    JumpForward,
+    MinP,
+    NonNegInt,
+    Penalty,
+    RepetitionPenalty,
+    Temperature,
+    TopP,
+)
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 

@@ -8,19 +8,18 @@ exact token ids, so a chained agent turn is a radix-cache hit for everything sai
 from __future__ import annotations
 
 from functools import partial
-
 from typing import Any
 
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
+from gateway.chat.serving import serve_generation
 from gateway.errors import APIError, not_found
 from gateway.pipeline.generation import Outcome, RequestLog
 from gateway.pipeline.logprobs import chat_token_logprobs
 from gateway.pipeline.preparation import Prepared, prepare_chat
 from gateway.protocol import AssistantMessage, Message
-from gateway.responses.protocol import ResponseDeleted, ResponseObject, ResponseRequest
 from gateway.responses.events import response_events
 from gateway.responses.items import (
     ChatPlan,
@@ -32,8 +31,8 @@ from gateway.responses.items import (
     status_of,
     to_chat_request,
 )
+from gateway.responses.protocol import ResponseDeleted, ResponseObject, ResponseRequest
 from gateway.responses.store import ResponseStore, StoredResponse, StoredTurn, new_response_id
-from gateway.chat.serving import serve_generation
 from gateway.services import GatewayServices
 
 
@@ -41,10 +40,10 @@ def response_not_found(response_id: str, param: str | None = None) -> APIError:
     return not_found(f"No response with id '{response_id}' was found.", param, code="response_not_found")
 
 
-
 def continue_turn(renderer, turn: StoredTurn, messages, tools, instructions, schema=None):
     """`prepare_chat`'s render for a chained turn: the previous prompt + output ids, then the new text."""
     return renderer.render_continuation(messages, tools, instructions, turn, schema)
+
 
 class ResponsesController(Controller):
     path = "/responses"
@@ -92,9 +91,14 @@ class ResponsesController(Controller):
                 return
             assert prepared is not None and plan is not None
             history: list[Message] = plan.history + [AssistantMessage(content=outcome.text)]
-            turn = StoredTurn(messages=history, prompt_text=prepared.prompt_text or "",
-                              prompt_ids=prepared.prompt_ids, output_text=outcome.text, output_ids=outcome.token_ids,
-                              tokenizer=s.renderer.tokenizer_fingerprint)
+            turn = StoredTurn(
+                messages=history,
+                prompt_text=prepared.prompt_text or "",
+                prompt_ids=prepared.prompt_ids,
+                output_text=outcome.text,
+                output_ids=outcome.token_ids,
+                tokenizer=s.renderer.tokenizer_fingerprint,
+            )
             store.put(tenant, StoredResponse(response=response, turn=turn))
 
         def respond(outcomes: list[Outcome]) -> ResponseObject:
@@ -110,24 +114,37 @@ class ResponsesController(Controller):
             return response
 
         return await serve_generation(
-            "responses", request, s, request_log, prepare=prepare, stream=data.stream,
+            "responses",
+            request,
+            s,
+            request_log,
+            prepare=prepare,
+            stream=data.stream,
             events=lambda streams, on_close: response_events(
-                shell, streams, prepared.plan.parse_tool_calls, plan.answer_tool,  # type: ignore[union-attr]
-                on_close, save, s.settings.retry_after_s),
+                shell,
+                streams,
+                prepared.plan.parse_tool_calls,
+                plan.answer_tool,  # type: ignore[union-attr]
+                on_close,
+                save,
+                s.settings.retry_after_s,
+            ),
             respond=respond,
         )
 
     @get("/{response_id:str}", summary="Retrieve a stored response")
-    async def retrieve(self, response_id: FromPath[str], response_store: NamedDependency[ResponseStore],
-                       tenant: NamedDependency[str]) -> ResponseObject:
+    async def retrieve(
+        self, response_id: FromPath[str], response_store: NamedDependency[ResponseStore], tenant: NamedDependency[str]
+    ) -> ResponseObject:
         record = response_store.get(tenant, response_id)
         if record is None:
             raise response_not_found(response_id)
         return record.response
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response")
-    async def remove(self, response_id: FromPath[str], response_store: NamedDependency[ResponseStore],
-                     tenant: NamedDependency[str]) -> ResponseDeleted:
+    async def remove(
+        self, response_id: FromPath[str], response_store: NamedDependency[ResponseStore], tenant: NamedDependency[str]
+    ) -> ResponseDeleted:
         if not response_store.delete(tenant, response_id):
             raise response_not_found(response_id)
         return ResponseDeleted(id=response_id)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from litestar import Controller, get
-from msgspec import UNSET
 from litestar.di import NamedDependency
 from litestar.params import FromPath
+from msgspec import UNSET
 
 from gateway.errors import model_not_found
 from gateway.pipeline.preparation import served_model_names
@@ -15,8 +15,13 @@ from gateway.services import GatewayServices
 
 def _models(services: NamedDependency[GatewayServices]) -> list[Model]:
     formats = services.formats
-    info = (ModelFormatsInfo(tool_call_format=formats.tool_call, reasoning_format=formats.reasoning,
-                             detected=formats.detected) if formats is not None else UNSET)
+    info = (
+        ModelFormatsInfo(
+            tool_call_format=formats.tool_call, reasoning_format=formats.reasoning, detected=formats.detected
+        )
+        if formats is not None
+        else UNSET
+    )
     return [
         Model(id=name, created=services.started_at, max_model_len=services.engine.info.max_context, jumpgate=info)
         for name in served_model_names(services.engine, services.settings)

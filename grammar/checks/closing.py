@@ -51,7 +51,7 @@ class PlanMatcher(Protocol):
     """What the planner needs from an engine's matcher: one grammar state it can copy, mask,
     advance and roll back. The stop token is never given to it (termination is the caller's)."""
 
-    def fork(self) -> "PlanMatcher":
+    def fork(self) -> PlanMatcher:
         """An independent copy of this state."""
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -119,8 +119,9 @@ class ClosingVocab:
         self._closer_set = set(self.closers.tolist()) | set(self.comma_closers.tolist())
         # Tokens that may commit the output to more structure (a new item, property, string or
         # line): the ones checked against the budget before they are chosen.
-        self.expanding = frozenset(i for i, p in enumerate(pieces)
-                                   if p and i not in special_ids and any(c in p for c in ',[{"\u010a'))
+        self.expanding = frozenset(
+            i for i, p in enumerate(pieces) if p and i not in special_ids and any(c in p for c in ',[{"\u010a')
+        )
 
     def is_closer(self, token_id: int) -> bool:
         return token_id in self._closer_set
@@ -157,8 +158,15 @@ class _State:
         self.in_text = bool(allowed_subset(mask_row, vocab.letters).numel())
 
 
-def _progress(vocab: ClosingVocab, ids: torch.Tensor, tok: int, here: _State, after_row: torch.Tensor,
-              after_sig: bytes, seen: set[bytes]) -> bool:
+def _progress(
+    vocab: ClosingVocab,
+    ids: torch.Tensor,
+    tok: int,
+    here: _State,
+    after_row: torch.Tensor,
+    after_sig: bytes,
+    seen: set[bytes],
+) -> bool:
     """Does `tok` (of class `ids`), leading to the state with mask `after_row`, make progress?"""
     if tok in vocab.quote_led and _bit(after_row, vocab.quote_id):
         return False  # it opened a string: a closed string is never followed by `"`
@@ -181,8 +189,14 @@ def _completing_single(m: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tens
     return None
 
 
-def _step(m: PlanMatcher, vocab: ClosingVocab, mask: torch.Tensor, after: torch.Tensor,
-          seen: set[bytes], taken: dict[bytes, set[int]]) -> int | None:
+def _step(
+    m: PlanMatcher,
+    vocab: ClosingVocab,
+    mask: torch.Tensor,
+    after: torch.Tensor,
+    seen: set[bytes],
+    taken: dict[bytes, set[int]],
+) -> int | None:
     """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
     in class order that makes progress, else the first one not yet taken from a state like this.
     Leaves `after[0]` holding the new state's mask. None if the grammar allows no candidate."""
@@ -281,8 +295,14 @@ def completion_bound_after(matcher: PlanMatcher, vocab: ClosingVocab, token_id: 
     return completion_bound(m, vocab)
 
 
-def _progress_members(matcher: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tensor, here: _State,
-                      classes: list[torch.Tensor], limit: int = MAX_CLASS_TESTS) -> list[int]:
+def _progress_members(
+    matcher: PlanMatcher,
+    vocab: ClosingVocab,
+    mask_row: torch.Tensor,
+    here: _State,
+    classes: list[torch.Tensor],
+    limit: int = MAX_CLASS_TESTS,
+) -> list[int]:
     """Allowed tokens of the first of `classes` that has any, each checked to make progress."""
     after = new_bitmask(vocab.vocab_size)
     for ids in classes:
@@ -300,8 +320,14 @@ def _progress_members(matcher: PlanMatcher, vocab: ClosingVocab, mask_row: torch
     return []
 
 
-def fill_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor, row: int,
-                         tight: bool = False, plan_token: int | None = None) -> None:
+def fill_closing_bitmask(
+    matcher: PlanMatcher,
+    vocab: ClosingVocab,
+    bitmask: torch.Tensor,
+    row: int,
+    tight: bool = False,
+    plan_token: int | None = None,
+) -> None:
     """Mask for closing mode: the stop token once complete; forced text in the plan's own
     tokenization; else the plan's next token (`plan_token`, or planned here) and, unless `tight`,
     the other tokens of its class that also make progress (the model chooses among those)."""
@@ -335,15 +361,15 @@ def fill_plan_bitmask(bitmask: torch.Tensor, row: int, token_id: int) -> None:
     allow_only(bitmask, row, [token_id])
 
 
-def fill_value_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor,
-                               row: int) -> bool:
+def fill_value_closing_bitmask(matcher: PlanMatcher, vocab: ClosingVocab, bitmask: torch.Tensor, row: int) -> bool:
     """Loop breaking: allow only tokens that end the current value (the stop token where the value
     is the whole output and complete, a top-level number); False if none is allowed now (the row
     then holds the grammar's plain mask)."""
     matcher.fill_mask(bitmask, row)
     here = _State(bitmask[row], matcher, vocab)
-    keep = _progress_members(matcher, vocab, bitmask[row], here,
-                             [vocab.structural, vocab.quoted, vocab.comma_closers], limit=64)
+    keep = _progress_members(
+        matcher, vocab, bitmask[row], here, [vocab.structural, vocab.quoted, vocab.comma_closers], limit=64
+    )
     if not keep and matcher.is_completed():
         keep = allowed_subset(bitmask[row], vocab.stop_ids).tolist()
     if keep:

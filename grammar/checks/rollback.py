@@ -120,8 +120,9 @@ class RollbackRules:
         except (ValueError, RecursionError):
             return None
         spans, repeats = scan_json(data)
-        return ([_span(spans, _failing_path(e)) for e in self.validator.iter_errors(value)]
-                + [(s, e, None) for s, e in repeats])
+        return [_span(spans, _failing_path(e)) for e in self.validator.iter_errors(value)] + [
+            (s, e, None) for s, e in repeats
+        ]
 
 
 class ToolCallRollbackRules(RollbackRules):
@@ -142,7 +143,7 @@ class ToolCallRollbackRules(RollbackRules):
             try:
                 spans, repeats = scan_json(data[start:])
                 whole = spans[()]
-                call = json.loads(data[start + whole[0]:start + whole[1]])
+                call = json.loads(data[start + whole[0] : start + whole[1]])
             except (ValueError, IndexError, KeyError, RecursionError):
                 return None  # a call that is not whole JSON: the grammar's business
             validator = self.validators.get(call.get("name")) if isinstance(call, dict) else None
@@ -160,8 +161,9 @@ class TagCallRollbackRules(RollbackRules):
     `header` is a bytes regex of a call's header, each alternative naming the tool in a group,
     ending where the arguments object starts."""
 
-    def __init__(self, parameters: dict[str, Any], header: "re.Pattern[bytes]", vocab: RollbackVocab,
-                 max_retries: int) -> None:
+    def __init__(
+        self, parameters: dict[str, Any], header: re.Pattern[bytes], vocab: RollbackVocab, max_retries: int
+    ) -> None:
         self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
         self.header = header
         self.vocab = vocab
@@ -175,7 +177,7 @@ class TagCallRollbackRules(RollbackRules):
             try:
                 spans, repeats = scan_json(data[start:])
                 whole = spans[()]
-                args = json.loads(data[start + whole[0]:start + whole[1]])
+                args = json.loads(data[start + whole[0] : start + whole[1]])
             except (ValueError, IndexError, KeyError, RecursionError):
                 return None  # arguments that are not whole JSON: the grammar's business
             validator = self.validators.get(name)
@@ -275,13 +277,17 @@ class RollbackCheck:
                 found += vocab.exactly(rest[:k])
             longer = vocab.starting_with(rest)
             if scalar_end:  # the same scalar, ended by what follows it
-                longer = np.array([i for i in longer.tolist()
-                                   if len(vocab.texts[i]) > len(rest) and vocab.texts[i][len(rest)] not in _SCALAR],
-                                  dtype=np.int64)
+                longer = np.array(
+                    [
+                        i
+                        for i in longer.tolist()
+                        if len(vocab.texts[i]) > len(rest) and vocab.texts[i][len(rest)] not in _SCALAR
+                    ],
+                    dtype=np.int64,
+                )
             found += longer.tolist()
         else:  # the text is the failed scalar: ban whatever ends it here
-            found = [i for i in allowed_ids(words).tolist()
-                     if vocab.texts[i] and vocab.texts[i][0] not in _SCALAR]
+            found = [i for i in allowed_ids(words).tolist() if vocab.texts[i] and vocab.texts[i][0] not in _SCALAR]
         ids = np.array(found, dtype=np.int64)
         return allowed_among(words, ids) if len(ids) else _NONE
 

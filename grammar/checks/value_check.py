@@ -50,8 +50,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from grammar.engines.token_mask import allowed_among, allowed_ids
 from grammar.checks.value_rules import DependentNames, ItemRule, ObjectItems, SchemaNavigator, canonical
+from grammar.engines.token_mask import allowed_among, allowed_ids
 
 log = logging.getLogger("jumpgate.grammar")
 
@@ -86,6 +86,7 @@ class _Arr(NamedTuple):
 def _fail_open(default):
     """A bug in the check must not stop the engine's step: log it once, and from then on let this
     output go unchecked (validation after generation still reports any repeat)."""
+
     def wrap(method):
         @functools.wraps(method)
         def guarded(self, *args):
@@ -97,7 +98,9 @@ def _fail_open(default):
                 log.exception("value check failed; this output continues unchecked")
                 self.broken = True
                 return default
+
         return guarded
+
     return wrap
 
 
@@ -108,8 +111,9 @@ class ValueCheckVocab:
         self.texts = [b"" if i in special_ids else bytes(t) for i, t in enumerate(decoded_vocab)]
         self.vocab_size = len(self.texts)
         self.quote_ids = np.array([i for i, t in enumerate(self.texts) if b'"' in t], dtype=np.int64)
-        self.struct_ids = np.array([i for i, t in enumerate(self.texts) if any(c in t for c in b'",]}')],
-                                   dtype=np.int64)
+        self.struct_ids = np.array(
+            [i for i, t in enumerate(self.texts) if any(c in t for c in b'",]}')], dtype=np.int64
+        )
         # only a token with two quotes can both open and close a name
         self.two_quote_ids = np.array([i for i, t in enumerate(self.texts) if t.count(b'"') >= 2], dtype=np.int64)
         # Inside a name or a unique item: a token with one quote, no backslash and no bracket after the
@@ -138,11 +142,26 @@ class ValueCheckVocab:
 class ValueCheck:
     """The check's state for one output (one per request, beside its grammar matcher)."""
 
-    __slots__ = ("_vocab", "_nav", "_begin", "_armed", "_stack", "_mode", "_role", "_buf", "_esc", "_text",
-                 "_history", "banned", "dead_ends", "broken")
+    __slots__ = (
+        "_vocab",
+        "_nav",
+        "_begin",
+        "_armed",
+        "_stack",
+        "_mode",
+        "_role",
+        "_buf",
+        "_esc",
+        "_text",
+        "_history",
+        "banned",
+        "dead_ends",
+        "broken",
+    )
 
-    def __init__(self, vocab: ValueCheckVocab, navigator: SchemaNavigator | None = None,
-                 begin: bytes | None = None) -> None:
+    def __init__(
+        self, vocab: ValueCheckVocab, navigator: SchemaNavigator | None = None, begin: bytes | None = None
+    ) -> None:
         self._vocab = vocab
         self._nav = navigator
         # Tool calls: JSON follows each `begin` marker (free text elsewhere is not followed); the
@@ -246,8 +265,10 @@ class ValueCheck:
         return len(banned)
 
     def _may_ban(self) -> bool:
-        return any((f.keys and f.free) or _pending(f) if type(f) is _Obj else (f.rule is not None and f.items)
-                   for f in self._stack)
+        return any(
+            (f.keys and f.free) or _pending(f) if type(f) is _Obj else (f.rule is not None and f.items)
+            for f in self._stack
+        )
 
     def _candidates(self) -> np.ndarray | None:
         """The tokens worth simulating here (None: every allowed one)."""
@@ -257,8 +278,12 @@ class ValueCheck:
             # (declared names, listed values, numbers) except a free string's, which only its
             # closing quote can settle
             index = top.model.index.get(top.key)
-            if self._mode == STRING and self._role == FIELD and index is not None \
-                    and top.model.fields[index].kind == "string":
+            if (
+                self._mode == STRING
+                and self._role == FIELD
+                and index is not None
+                and top.model.fields[index].kind == "string"
+            ):
                 return self._vocab.quote_ids
             return None
         in_unique = type(top) is _Arr and top.rule is not None
@@ -295,7 +320,7 @@ class ValueCheck:
             if raw is None:
                 return None  # spelled with escapes: simulate
             if raw.startswith(self._buf):
-                found += self._vocab.closing_by_text.get(raw[len(self._buf):], ())
+                found += self._vocab.closing_by_text.get(raw[len(self._buf) :], ())
         found = allowed_among(words, np.array(found, dtype=np.int64)).tolist() if found else []
         complex_ids = allowed_among(words, self._vocab.complex_quote_ids)
         return found + [int(t) for t in complex_ids if self.violates(int(t))]
@@ -314,7 +339,7 @@ class ValueCheck:
         base = len(self._text)
         for i, c in enumerate(data):
             if self._armed is not True:  # waiting for a tool call's marker
-                seen = (self._armed + bytes((c,)))[-len(self._begin):]
+                seen = (self._armed + bytes((c,)))[-len(self._begin) :]
                 self._armed = True if seen == self._begin else seen
                 continue
             if self._mode == STRING:
@@ -349,15 +374,15 @@ class ValueCheck:
         if self._role == KEY:
             top = self._stack[-1]
             return (_pending(top) and self._skips_a_dependent(self._buf, False)) or (
-                top.model is not None and self._dead())
+                top.model is not None and self._dead()
+            )
         if self._role == FIELD:
             return self._dead() if self._narrows() else False
         return self._bad_item_prefix()
 
     def _steered(self, top) -> bool:
         """Is `top` an object item whose earlier items it must end unlike (so the check steers it)?"""
-        return (type(top) is _Obj and top.model is not None and len(self._stack) > 1
-                and bool(self._stack[-2].items))
+        return type(top) is _Obj and top.model is not None and len(self._stack) > 1 and bool(self._stack[-2].items)
 
     def _narrows(self) -> bool:
         """Can the text of the current object item's value just written have narrowed its values?"""
@@ -404,8 +429,11 @@ class ValueCheck:
         if self._role == KEY:
             name = _decode_string(self._buf)
             obj = self._stack[-1]
-            skips = _pending(obj) and name not in obj.deps.missing(obj.keys) and self._skips_a_dependent(
-                _plain(name) or b"", True)
+            skips = (
+                _pending(obj)
+                and name not in obj.deps.missing(obj.keys)
+                and self._skips_a_dependent(_plain(name) or b"", True)
+            )
             keys = obj.keys | {name} if obj.free or obj.deps is not None else obj.keys
             self._stack = self._stack[:-1] + (obj._replace(keys=keys, key=name, want_key=False),)
             return name in obj.keys or skips or (obj.model is not None and self._dead())
@@ -459,7 +487,7 @@ class ValueCheck:
             if top.start >= base:  # the item began within this token
                 raw = bytes(data[top.start - base : i + 1])
             else:
-                raw = bytes(self._text[top.start:]) + data[: i + 1]
+                raw = bytes(self._text[top.start :]) + data[: i + 1]
             try:
                 return self._item_done(canonical(json.loads(raw))) or missing
             except ValueError:

@@ -70,8 +70,7 @@ class DependentNames:
         if not missing:
             return []
         last = min(self.order.get(d, len(self.order)) for d in missing)
-        return [raw for n, raws in self.spellings.items() if n not in written and self.order[n] <= last
-                for raw in raws]
+        return [raw for n, raws in self.spellings.items() if n not in written and self.order[n] <= last for raw in raws]
 
 
 ABSENT = "\x00absent"  # a property left out (never a canonical JSON text)
@@ -125,8 +124,15 @@ class ObjectItems:
             total *= len(got)
         return total
 
-    def alive(self, earlier: frozenset[str], done: tuple = (), key: str | None = None, raw: bytes | None = None,
-              more: bool = False, name: bytes | None = None) -> bool:
+    def alive(
+        self,
+        earlier: frozenset[str],
+        done: tuple = (),
+        key: str | None = None,
+        raw: bytes | None = None,
+        more: bool = False,
+        name: bytes | None = None,
+    ) -> bool:
         """Can the item still end unequal to each of `earlier` (canonical forms)? Given: `done`,
         the (name, canonical value) pairs written; `key`, the name whose value is being written
         (`raw`: its text so far, None before it starts); `more`: a comma was written, so a name
@@ -141,9 +147,11 @@ class ObjectItems:
         if key is not None and key not in written:
             return self._alive(earlier, written, index[key], self.fields[index[key]].choices(raw))
         if name is not None or more:
-            return any(self._alive(earlier, written, j, self.fields[j].choices())
-                       for j in range(last + 1, len(self.fields))
-                       if any(s.startswith(name or b"") for s in self.fields[j].spellings))
+            return any(
+                self._alive(earlier, written, j, self.fields[j].choices())
+                for j in range(last + 1, len(self.fields))
+                if any(s.startswith(name or b"") for s in self.fields[j].spellings)
+            )
         return self._alive(earlier, written, last + 1, _OPEN)
 
     def _alive(self, earlier, written: dict, j: int, current) -> bool:
@@ -177,7 +185,8 @@ class ObjectItems:
             if item is None or any(n not in index for n in item):
                 continue
             if all(item.get(n, ABSENT) == v for n, v in fixed.items()) and all(
-                    item.get(n, ABSENT) in got for n, got in options):
+                item.get(n, ABSENT) in got for n, got in options
+            ):
                 taken += 1
         return total > taken
 
@@ -291,8 +300,11 @@ class SchemaNavigator:
             return True
         if node.get("patternProperties"):
             return False  # a name matching a pattern may be written twice, even with no other names allowed
-        return (node.get("additionalProperties") is False or node.get("unevaluatedProperties") is False
-                or (self._strict and strict_closes(node)))
+        return (
+            node.get("additionalProperties") is False
+            or node.get("unevaluatedProperties") is False
+            or (self._strict and strict_closes(node))
+        )
 
     def dependent_names(self, object_nodes: tuple[dict, ...]) -> DependentNames | None:
         """The dependentRequired rule of an object described by `object_nodes` (None: none, or the
@@ -325,8 +337,11 @@ class SchemaNavigator:
         if not any(n.get("uniqueItems") is True for n in array_nodes):
             return None
         items = tuple(n for n in self.item_nodes(array_nodes, 1 << 30))
-        return ItemRule(finite_values(items), bool(items) and all(_integer_only(n) for n in items if _typed(n)),
-                        self.object_items(items))
+        return ItemRule(
+            finite_values(items),
+            bool(items) and all(_integer_only(n) for n in items if _typed(n)),
+            self.object_items(items),
+        )
 
     def object_items(self, item_nodes: tuple[dict, ...]) -> ObjectItems | None:
         """The model of object items the value check steers (None: the items are not closed
@@ -337,9 +352,14 @@ class SchemaNavigator:
         node = shaped[0]
         props = node.get("properties")
         required = node.get("required", [])
-        if (_validating(node) - _OBJECT_ITEM_KEYWORDS or node.get("type", "object") != "object"
-                or not isinstance(props, dict) or not props or not isinstance(required, list)
-                or any(r not in props for r in required)):
+        if (
+            _validating(node) - _OBJECT_ITEM_KEYWORDS
+            or node.get("type", "object") != "object"
+            or not isinstance(props, dict)
+            or not props
+            or not isinstance(required, list)
+            or any(r not in props for r in required)
+        ):
             return None
         extra = node.get("additionalProperties", True if not self._strict else None)
         if extra is not None and extra is not False:
@@ -397,8 +417,10 @@ def finite_values(nodes: tuple[dict, ...]) -> tuple[tuple[str, tuple[bytes, ...]
 
 def _spellings(value: Any) -> tuple[bytes, ...]:
     compact = (",", ":")
-    forms = {json.dumps(value, separators=compact, ensure_ascii=False).encode(),
-             json.dumps(value, separators=compact).encode()}
+    forms = {
+        json.dumps(value, separators=compact, ensure_ascii=False).encode(),
+        json.dumps(value, separators=compact).encode(),
+    }
     return tuple(sorted(forms))
 
 
@@ -424,9 +446,11 @@ def unique_items_exact(schema: dict, navigator: SchemaNavigator) -> str | None:
         return None
     typed = [n for n in items if _typed(n)]
     if not typed or any(not _growable(n) for n in typed):
-        return ("uniqueItems is kept by the mask only for free strings, unbounded numbers, listed values "
-                "(enum, const, boolean) and closed objects whose properties are all of these; other items are "
-                "checked after generation")
+        return (
+            "uniqueItems is kept by the mask only for free strings, unbounded numbers, listed values "
+            "(enum, const, boolean) and closed objects whose properties are all of these; other items are "
+            "checked after generation"
+        )
     return None
 
 
@@ -436,8 +460,12 @@ def strict_closes(node: dict) -> bool:
     `unevaluatedProperties` (true or a schema: names beyond the declared ones, so perhaps one
     twice), and llguidance's strict grammar (grammar/engines/llguidance/schema.py) leaves `properties: {}` open."""
     props = node.get("properties")
-    return (isinstance(props, dict) and bool(props)
-            and "additionalProperties" not in node and "unevaluatedProperties" not in node)
+    return (
+        isinstance(props, dict)
+        and bool(props)
+        and "additionalProperties" not in node
+        and "unevaluatedProperties" not in node
+    )
 
 
 def names_only_dependencies(node: dict) -> dict | None:
@@ -490,8 +518,10 @@ def dependent_required_exact(node: dict, strict: bool) -> str | None:
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     closed = node.get("additionalProperties") is False or (strict and strict_closes(node))
     if not closed or "patternProperties" in node or "maxProperties" in node:
-        return ("dependentRequired is kept by the mask only in objects whose names are all declared "
-                "(strict mode or additionalProperties: false), without patternProperties or maxProperties")
+        return (
+            "dependentRequired is kept by the mask only in objects whose names are all declared "
+            "(strict mode or additionalProperties: false), without patternProperties or maxProperties"
+        )
     required = set(node.get("required") or ()) if isinstance(node.get("required"), list) else set()
     order = {name: i for i, name in enumerate(props)}
     for trigger, names in name_dependencies(node).items():
@@ -499,18 +529,60 @@ def dependent_required_exact(node: dict, strict: bool) -> str | None:
             if name not in order or trigger not in order:
                 return f"dependentRequired names {name!r}, which is not a declared property"
             if name not in required and order[name] < order[trigger]:
-                return (f"dependentRequired: {name!r} is declared before {trigger!r}, and the grammar writes "
-                        "properties in declaration order; declare it after")
+                return (
+                    f"dependentRequired: {name!r} is declared before {trigger!r}, and the grammar writes "
+                    "properties in declaration order; declare it after"
+                )
     return None
 
 
-_VALIDATING = frozenset((
-    "type", "enum", "const", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "minItems", "maxItems",
-    "uniqueItems", "contains", "minContains", "maxContains", "unevaluatedItems", "additionalItems", "properties",
-    "required", "additionalProperties", "minProperties", "maxProperties", "patternProperties", "propertyNames",
-    "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "$ref", "anyOf", "oneOf",
-    "allOf", "not", "if", "then", "else", "$dynamicRef", "$recursiveRef"))
+_VALIDATING = frozenset(
+    (
+        "type",
+        "enum",
+        "const",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "unevaluatedItems",
+        "additionalItems",
+        "properties",
+        "required",
+        "additionalProperties",
+        "minProperties",
+        "maxProperties",
+        "patternProperties",
+        "propertyNames",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "unevaluatedProperties",
+        "$ref",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "$dynamicRef",
+        "$recursiveRef",
+    )
+)
 
 
 def _validating(node: dict) -> set[str]:

@@ -56,7 +56,7 @@ class DraftSplitter:
         pos = 0
         canonical: list[int] = []  # canonical encoding of data[pos:], consumed from the front
         while pos < len(data):
-            key = data[pos:pos + KEY_BYTES]
+            key = data[pos : pos + KEY_BYTES]
             token = self._learned.get(key)
             if token is not None:
                 self._learned.move_to_end(key)
@@ -99,7 +99,7 @@ class ForcedSpanWatch:
 
     def accepted(self, token_id: int) -> bool:
         """Record the model's token; False once the span is written (or left), i.e. done."""
-        remaining = self._text[self._pos:]
+        remaining = self._text[self._pos :]
         piece = self._splitter.token_bytes(token_id)
         # inside the span, or straddling its end; anything else means the span was not followed
         if not piece or not (remaining.startswith(piece) or piece.startswith(remaining)):

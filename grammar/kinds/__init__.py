@@ -9,8 +9,15 @@ from grammar.kinds.base import ConstraintKind
 
 KINDS: dict[str, ConstraintKind] = {
     k.name: k
-    for k in (json_schema.KIND, json_object.KIND, regex.KIND, ebnf.KIND, choice.KIND, structural_tag.KIND,
-              tool_calls.KIND)
+    for k in (
+        json_schema.KIND,
+        json_object.KIND,
+        regex.KIND,
+        ebnf.KIND,
+        choice.KIND,
+        structural_tag.KIND,
+        tool_calls.KIND,
+    )
 }
 
 __all__ = ["KINDS", "ConstraintKind", "kind_for"]

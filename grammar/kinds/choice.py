@@ -32,8 +32,7 @@ class ChoiceKind(ConstraintKind):
             if not isinstance(choice, str) or not choice:
                 raise GrammarSpecError("every choice must be a non-empty string", f"/{i}", spec.param)
             if len(choice) > MAX_CHOICE_CHARS:
-                raise GrammarSpecError(f"a choice may hold at most {MAX_CHOICE_CHARS} characters", f"/{i}",
-                                       spec.param)
+                raise GrammarSpecError(f"a choice may hold at most {MAX_CHOICE_CHARS} characters", f"/{i}", spec.param)
 
     def canonical_payload(self, payload: Any) -> Any:
         # order and repeats do not change what the mask admits: one cache key per set

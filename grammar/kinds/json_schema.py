@@ -6,10 +6,10 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.schema.canonical import canonical_json, canonical_schema
 from grammar.engines.xgrammar.schema import compact_json_grammar
-from grammar.validation.json_schema_check import validate_json_schema
 from grammar.kinds.base import ConstraintKind, SpecLike
+from grammar.schema.canonical import canonical_json, canonical_schema
+from grammar.validation.json_schema_check import validate_json_schema
 
 
 class JsonSchemaKind(ConstraintKind):
@@ -37,7 +37,8 @@ class JsonSchemaKind(ConstraintKind):
     def prompt_instructions(self, payload: Any) -> str | None:
         # canonical JSON, so that equal schemas give equal prompt prefixes (KV-cache reuse)
         return "Respond with only a JSON value that conforms to this JSON schema:\n" + canonical_json(
-            canonical_schema(payload))
+            canonical_schema(payload)
+        )
 
 
 KIND = JsonSchemaKind()

@@ -24,8 +24,7 @@ def _current_form(payload: Any) -> Any:
     if not isinstance(structures, list) or not isinstance(triggers, list):
         return payload  # refused by validate, with its message
     try:
-        items = [xgr.StructuralTagItem(begin=s["begin"], schema=s.get("schema", {}), end=s["end"])
-                 for s in structures]
+        items = [xgr.StructuralTagItem(begin=s["begin"], schema=s.get("schema", {}), end=s["end"]) for s in structures]
         return xgr.StructuralTag.from_legacy_structural_tag(items, triggers).model_dump(mode="json")
     except (KeyError, TypeError, ValueError):
         return payload
@@ -45,14 +44,16 @@ class StructuralTagKind(ConstraintKind):
     def validate(self, spec: SpecLike) -> None:
         payload = spec.payload
         if not isinstance(payload, dict) or "format" not in payload:
-            raise GrammarSpecError("a structural tag needs 'format' (or the legacy 'structures' of "
-                                   "{begin, schema, end} with 'triggers')", "", spec.param)
+            raise GrammarSpecError(
+                "a structural tag needs 'format' (or the legacy 'structures' of {begin, schema, end} with 'triggers')",
+                "",
+                spec.param,
+            )
         try:
             xgr.StructuralTag.model_validate({**payload, "type": "structural_tag"})
         except ValueError as exc:  # pydantic's ValidationError names the bad field
             first = str(exc).splitlines()
-            raise GrammarSpecError(" ".join(line.strip() for line in first[1:3]) or str(exc), "",
-                                   spec.param) from None
+            raise GrammarSpecError(" ".join(line.strip() for line in first[1:3]) or str(exc), "", spec.param) from None
 
     def compile(self, compiler: xgr.GrammarCompiler, spec: SpecLike) -> xgr.CompiledGrammar:
         return compiler.compile_structural_tag({**spec.payload, "type": "structural_tag"})

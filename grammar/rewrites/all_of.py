@@ -30,8 +30,9 @@ from grammar.schema.walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_
 # bounds merge to the tightest; the other value keywords only where one part says them (or all the same)
 LOWER_BOUNDS = frozenset({"minProperties", "minLength", "minItems", "minimum", "exclusiveMinimum"})
 UPPER_BOUNDS = frozenset({"maxProperties", "maxLength", "maxItems", "maximum", "exclusiveMaximum"})
-SAID_ONCE = frozenset({"pattern", "format", "enum", "const", "multipleOf", "uniqueItems", "items",
-                       "contentEncoding", "contentMediaType"})
+SAID_ONCE = frozenset(
+    {"pattern", "format", "enum", "const", "multipleOf", "uniqueItems", "items", "contentEncoding", "contentMediaType"}
+)
 MERGED_KEYWORDS = frozenset({"type", "properties", "required"}) | LOWER_BOUNDS | UPPER_BOUNDS | SAID_ONCE
 # what a part may say about the names it does not declare: exact only in the one part that declares
 # names, where nothing else declares any (its additionalProperties then means the same merged)
@@ -40,8 +41,15 @@ OPEN_KEYWORDS = frozenset({"additionalProperties", "patternProperties", "propert
 _SCOPE_KEYWORDS = frozenset({"$id", "$schema", "$anchor"})
 _PARENT_ONLY = frozenset({"$defs", "definitions"})  # kept where they are, beside the merged object
 # a value's JSON type, numbers split into integers and numbers with a fraction
-_TYPE_CLASSES = {"null": {"null"}, "boolean": {"boolean"}, "object": {"object"}, "array": {"array"},
-                 "string": {"string"}, "integer": {"integer"}, "number": {"integer", "fraction"}}
+_TYPE_CLASSES = {
+    "null": {"null"},
+    "boolean": {"boolean"},
+    "object": {"object"},
+    "array": {"array"},
+    "string": {"string"},
+    "integer": {"integer"},
+    "number": {"integer", "fraction"},
+}
 
 
 def merged_all_of(node: Any, root: Any) -> dict | None:
@@ -126,7 +134,8 @@ def _merge(parts: list[dict], root: Any) -> dict | None:
         said = {json.dumps(p[keyword], sort_keys=True): p[keyword] for p in parts if keyword in p}
         if len(said) > 1:
             return None
-        out.update({keyword: value for value in said.values()})
+        for value in said.values():
+            out[keyword] = value
     return out
 
 
@@ -141,8 +150,10 @@ def _type_of(classes: set[str]) -> str | list[str] | None:
     """`type` for a set of classes; None where none can say it (empty, or fractions without integers)."""
     if "fraction" in classes and "integer" not in classes:
         return None
-    names = sorted((classes - {"integer", "fraction"}) | ({"number"} if "fraction" in classes else
-                                                          {"integer"} if "integer" in classes else set()))
+    names = sorted(
+        (classes - {"integer", "fraction"})
+        | ({"number"} if "fraction" in classes else {"integer"} if "integer" in classes else set())
+    )
     if not names:
         return None
     return names[0] if len(names) == 1 else names
@@ -153,8 +164,9 @@ def mergeable_part(target: Any) -> bool:
     Judged on its keywords as written: a branch with its own `allOf`/`anyOf` never is."""
     if target is True or target == {}:
         return True
-    return isinstance(target, dict) and all(k in MERGED_KEYWORDS | OPEN_KEYWORDS or k in ANNOTATION_KEYWORDS
-                                            for k in target)
+    return isinstance(target, dict) and all(
+        k in MERGED_KEYWORDS | OPEN_KEYWORDS or k in ANNOTATION_KEYWORDS for k in target
+    )
 
 
 def partly_merged_all_of(node: Any, root: Any) -> dict | None:
@@ -201,6 +213,7 @@ def lower_all_of(schema: Any, partial: bool = False) -> Any:
     `anyOf` with keywords beside it that distribute into its branches so distributed (references
     resolved in `schema` as written). `partial` (xgrammar's mask): an `allOf` some of whose
     branches cannot merge is merged without them (`partly_merged_all_of`)."""
+
     def rewrite(node: dict) -> Any:
         merged = merged_all_of(node, schema)
         if merged is None and partial:
@@ -208,4 +221,5 @@ def lower_all_of(schema: Any, partial: bool = False) -> Any:
         if merged is None and "allOf" not in node:
             merged = distributed_any_of(node, schema)
         return node if merged is None else merged
+
     return rewrite_bottom_up(schema, rewrite)

@@ -63,8 +63,13 @@ def _key(value: Any) -> str:
 
 
 def _required(*nodes: Any) -> set[str]:
-    return {n for node in nodes if isinstance(node, dict) and isinstance(node.get("required"), list)
-            for n in node["required"] if isinstance(n, str)}
+    return {
+        n
+        for node in nodes
+        if isinstance(node, dict) and isinstance(node.get("required"), list)
+        for n in node["required"]
+        if isinstance(n, str)
+    }
 
 
 def _declared(name: str, node: dict, context: dict | None) -> Any:
@@ -90,15 +95,16 @@ def _tested(test: Any) -> tuple[str, Any, bool] | None:
     tested = test.get("properties")
     if not isinstance(tested, dict) or len(tested) != 1:
         return None
-    (name, condition), = tested.items()
+    ((name, condition),) = tested.items()
     required = test.get("required", [])
     if required not in ([], [name]):
         return None
     return name, condition, bool(required)
 
 
-def discriminator(node: dict, context: dict | None = None, root: Any = None
-                  ) -> tuple[str, list[Any], list[Any], bool] | None:
+def discriminator(
+    node: dict, context: dict | None = None, root: Any = None
+) -> tuple[str, list[Any], list[Any], bool] | None:
     """(property, values it passes with, values it fails with, whether its absence passes) when
     `node`'s `if` only tests one property with finitely many values; None otherwise. The property
     is declared in `node` or in `context` (the object whose `allOf` holds `node`); `root` resolves
@@ -117,8 +123,12 @@ def discriminator(node: dict, context: dict | None = None, root: Any = None
     if passing is None:
         return None
     keys = {_key(v) for v in passing}
-    return (name, [v for v in values if _key(v) in keys], [v for v in values if _key(v) not in keys],
-            not test_requires and not outside)
+    return (
+        name,
+        [v for v in values if _key(v) in keys],
+        [v for v in values if _key(v) not in keys],
+        not test_requires and not outside,
+    )
 
 
 def allof_conditionals(node: dict, root: Any = None) -> dict[int, tuple[str, list[Any], list[Any], bool]] | None:
@@ -187,8 +197,12 @@ def _lower_conditional(out: dict, root: Any) -> Any:
         values = passing + failing
         keys = {_key(v) for v in passing}
         then, otherwise = out.get("then"), out.get("else")
-        branches = _partition(name, values, name not in _required(out),
-                              lambda v, absent: [then if (absent_passes if absent else _key(v) in keys) else otherwise])
+        branches = _partition(
+            name,
+            values,
+            name not in _required(out),
+            lambda v, absent: [then if (absent_passes if absent else _key(v) in keys) else otherwise],
+        )
         if not branches:
             return out  # the property can take no value and must be present: nothing to lower
         lowered = {k: v for k, v in out.items() if k not in ("if", "then", "else")}

@@ -27,8 +27,20 @@ from grammar.schema.walk import ANNOTATION_KEYWORDS, DATA_KEYWORDS, NAMED_SCHEMA
 
 _SCHEMA_MAPS, _DATA = NAMED_SCHEMA_MAPS, DATA_KEYWORDS  # the lowerings' one table (grammar/schema/walk.py)
 # keywords beside which leaving a property out of `properties` could change what is valid
-_NAMES_ELSEWHERE = ("patternProperties", "additionalProperties", "unevaluatedProperties", "dependentRequired",
-                    "dependentSchemas", "dependencies", "$ref", "anyOf", "oneOf", "allOf", "not", "if")
+_NAMES_ELSEWHERE = (
+    "patternProperties",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "$ref",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "not",
+    "if",
+)
 
 
 def fitting_values(node: Any) -> list[Any] | None:
@@ -81,8 +93,11 @@ def _lower(node: Any, strict: bool, root: bool = False) -> Any:
     out = {}
     for key, value in node.items():
         if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _lower(sub, strict) for name, sub in value.items()
-                        if not (key == "properties" and name in omitted)}
+            out[key] = {
+                name: _lower(sub, strict)
+                for name, sub in value.items()
+                if not (key == "properties" and name in omitted)
+            }
         elif key in _DATA:
             out[key] = value
         else:

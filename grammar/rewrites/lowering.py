@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from grammar.rewrites.all_of import lower_all_of
-from grammar.schema.canonical import canonical_schema
 from grammar.rewrites.formats import lower_formats
 from grammar.rewrites.listed_values import lower_listed_values
 from grammar.rewrites.one_of import lower_one_of
+from grammar.schema.canonical import canonical_schema
 
 
 def lower_for_masks(schema: Any, strict: bool, partial_all_of: bool = False) -> Any:

@@ -42,21 +42,49 @@ from typing import Any
 
 from grammar.schema.walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_bottom_up
 
-
 # A value's JSON type, with numbers split: "fraction" is a number that is not an integer.
 CLASSES = ("null", "boolean", "object", "array", "string", "integer", "fraction")
 _TYPE_CLASSES = {"number": {"integer", "fraction"}, **{t: {t} for t in CLASSES if t != "fraction"}}
 # keywords that only constrain values of some types (JSON Schema ignores them for the others)
 _ONLY_FOR = {
-    **{k: {"string"} for k in ("minLength", "maxLength", "pattern", "format", "contentEncoding",
-                               "contentMediaType", "contentSchema")},
-    **{k: {"integer", "fraction"} for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                                            "multipleOf")},
-    **{k: {"array"} for k in ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
-                              "contains", "minContains", "maxContains", "unevaluatedItems")},
-    **{k: {"object"} for k in ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
-                               "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
-                               "dependencies", "unevaluatedProperties")},
+    **{
+        k: {"string"}
+        for k in ("minLength", "maxLength", "pattern", "format", "contentEncoding", "contentMediaType", "contentSchema")
+    },
+    **{
+        k: {"integer", "fraction"} for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+    },
+    **{
+        k: {"array"}
+        for k in (
+            "items",
+            "prefixItems",
+            "additionalItems",
+            "minItems",
+            "maxItems",
+            "uniqueItems",
+            "contains",
+            "minContains",
+            "maxContains",
+            "unevaluatedItems",
+        )
+    },
+    **{
+        k: {"object"}
+        for k in (
+            "properties",
+            "required",
+            "additionalProperties",
+            "minProperties",
+            "maxProperties",
+            "patternProperties",
+            "propertyNames",
+            "dependentRequired",
+            "dependentSchemas",
+            "dependencies",
+            "unevaluatedProperties",
+        )
+    },
 }
 # annotations (grammar/schema/walk.py) constrain no value; any keyword not named there or above is
 # taken to constrain values of every type, which can only keep a proof from being found
@@ -86,8 +114,12 @@ def _split_by_required(views: list[dict]) -> list[dict] | None:
     names = []
     for view in views:
         required = view.get("required")
-        if (set(view) - {"required"} - _ANNOTATIONS or not isinstance(required, list) or not required
-                or not all(isinstance(n, str) for n in required)):
+        if (
+            set(view) - {"required"} - _ANNOTATIONS
+            or not isinstance(required, list)
+            or not required
+            or not all(isinstance(n, str) for n in required)
+        ):
             return None
         names.append(list(dict.fromkeys(required)))
     out = []
@@ -165,7 +197,9 @@ def admitted_classes(branch: Any, root: Any = None, depth: int = 8) -> set[str] 
 
 def _listed_classes(branch: dict) -> set[str] | None:
     """The classes of a branch's listed values (None: it lists none)."""
-    values = [branch["const"]] if "const" in branch else branch.get("enum") if isinstance(branch.get("enum"), list) else None
+    values = (
+        [branch["const"]] if "const" in branch else branch.get("enum") if isinstance(branch.get("enum"), list) else None
+    )
     if values is None:
         return None
     found = set()
@@ -249,10 +283,12 @@ def _discriminator_of(branches: list[dict]):
     """A property required by every branch with a const in each: the tag that tells branches apart."""
     required = [set(b.get("required") or []) if isinstance(b.get("required"), list) else set() for b in branches]
     for name in set.intersection(*required) if required else set():
+
         def tag(branch: dict, name=name) -> str | None:
             props = branch.get("properties")
             prop = props.get(name) if isinstance(props, dict) else None
             return _const_of(prop) if isinstance(prop, dict) else None
+
         if all(tag(b) is not None for b in branches):
             return tag
     return None

@@ -43,8 +43,23 @@ LOOKAROUND = re.compile(r"\(\?<?[=!]")
 TEXT_CHARS = r"[ !#-\[\]-~]"  # printable ASCII but `"` and `\`: what such a string may hold
 ANY = "(?s:.*)"
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-                         "writeOnly", "$id", "$schema", "$anchor", "$defs", "definitions"})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$id",
+        "$schema",
+        "$anchor",
+        "$defs",
+        "definitions",
+    }
+)
 STRING_KEYS = frozenset({"type", "pattern", "minLength", "maxLength", "not"})
 META = set("\\.+*?()|[]{}^$#&-~/")  # escaped in a literal string's regex
 OBJECT_KEYS = frozenset({"type", "properties", "required", "additionalProperties"})
@@ -67,8 +82,10 @@ class Lookaheads:
 
     def parts(self) -> tuple[list[str], list[str]]:
         """Whole-string regexes the pattern's strings match, and those they must not."""
-        return ([_whole(self.body, self.to_end), *(_whole(*_ends(a)) for a in self.required)],
-                [_whole(*_ends(b)) for b in self.forbidden])
+        return (
+            [_whole(self.body, self.to_end), *(_whole(*_ends(a)) for a in self.required)],
+            [_whole(*_ends(b)) for b in self.forbidden],
+        )
 
 
 def leading_lookaheads(pattern: Any) -> Lookaheads | None:
@@ -80,7 +97,7 @@ def leading_lookaheads(pattern: Any) -> Lookaheads | None:
         end = _group_end(pattern, i)
         if end is None:
             return None
-        (required if pattern[i + 2] == "=" else forbidden).append(pattern[i + 3:end])
+        (required if pattern[i + 2] == "=" else forbidden).append(pattern[i + 3 : end])
         i = end + 1
     body = pattern[i:]
     to_end = body.endswith("$") and not _escaped(body, len(body) - 1)
@@ -125,7 +142,7 @@ def search_regexes(pattern: Any) -> list[str] | None:
     for branch in _top_level_branches(pattern):
         start = branch.startswith("^")
         end = branch.endswith("$") and not _escaped(branch, len(branch) - 1)
-        inner = branch[1 if start else 0:len(branch) - 1 if end else len(branch)]
+        inner = branch[1 if start else 0 : len(branch) - 1 if end else len(branch)]
         if _has_anchor(inner):
             return None
         out.append(("" if start else ANY) + f"(?:{inner})" + ("" if end else ANY))
@@ -160,8 +177,10 @@ def string_terminal(node: dict) -> str | None:
 
 def needs_lark(node: Any) -> bool:
     """Whether `node` itself is a string only the Lark form writes exactly."""
-    return isinstance(node, dict) and (leading_lookaheads(node.get("pattern")) is not None
-                                       or ("not" in node and excluded_strings(node["not"]) is not None))
+    return isinstance(node, dict) and (
+        leading_lookaheads(node.get("pattern")) is not None
+        or ("not" in node and excluded_strings(node["not"]) is not None)
+    )
 
 
 def schema_needs_lark(schema: Any) -> bool:
@@ -172,6 +191,7 @@ def without_lookaheads(schema: Any) -> Any:
     """`schema` with each such pattern's lookaheads dropped (for xgrammar, whose regexes have none:
     in best effort, or with check-and-roll-back keeping the whole pattern), in `pattern` and in
     `patternProperties` names (which no engine's mask writes with lookaheads)."""
+
     def drop(node: dict) -> dict:
         form = leading_lookaheads(node.get("pattern"))
         if form is not None:
@@ -180,6 +200,7 @@ def without_lookaheads(schema: Any) -> Any:
         if isinstance(names, dict) and any(leading_lookaheads(k) is not None for k in names):
             node = {**node, "patternProperties": _names_without_lookaheads(names)}
         return node
+
     return rewrite_bottom_up(schema, drop)
 
 
@@ -204,8 +225,9 @@ def lark_grammar(schema: Any) -> str:
 class _Writer:
     def __init__(self, root: Any):
         self.root = root
-        self.defs = {k: root[k] for k in ("$defs", "definitions")
-                     if isinstance(root, dict) and isinstance(root.get(k), dict)}
+        self.defs = {
+            k: root[k] for k in ("$defs", "definitions") if isinstance(root, dict) and isinstance(root.get(k), dict)
+        }
         self.lines: list[str] = []
 
     def grammar(self) -> str:
@@ -229,8 +251,11 @@ class _Writer:
             target = resolve_local_ref(self.root, ref)
             if target is not None and self._holds_lark_string(target, (*refs, ref)):
                 return True
-        return any(self._holds_lark_string(v, refs) for k, v in node.items()
-                   if k not in ("$defs", "definitions", "enum", "const", "default", "examples"))
+        return any(
+            self._holds_lark_string(v, refs)
+            for k, v in node.items()
+            if k not in ("$defs", "definitions", "enum", "const", "default", "examples")
+        )
 
     def value(self, node: Any, where: str, refs: tuple[str, ...]) -> str:
         if not self._holds_lark_string(node, refs):
@@ -243,8 +268,10 @@ class _Writer:
         keys = set(node) - ANNOTATIONS
         if "$ref" in node:
             if keys != {"$ref"} or node["$ref"] in refs:
-                raise ValueError(f"a lookahead pattern or a string's `not` under {where or '/'} is reached through a "
-                                 "$ref with siblings or through recursion")
+                raise ValueError(
+                    f"a lookahead pattern or a string's `not` under {where or '/'} is reached through a "
+                    "$ref with siblings or through recursion"
+                )
             return self.value(resolve_local_ref(self.root, node["$ref"]), where, (*refs, node["$ref"]))
         kind = node.get("type")
         terminal = string_terminal(node)
@@ -254,10 +281,12 @@ class _Writer:
             return self._object(node, where, refs)
         if kind == "array" and keys <= ARRAY_KEYS and isinstance(node.get("items"), (dict, bool)):
             return self._array(node, where, refs)
-        raise ValueError(f"a lookahead pattern or a string's `not` under {where or '/'} sits in a "
-                         f"{'node with ' + ', '.join(sorted(keys)) if keys else 'node'}: only closed objects and "
-                         "arrays may be on the way to it, and it must be a string of type string with no keywords "
-                         "but pattern, minLength, maxLength and not")
+        raise ValueError(
+            f"a lookahead pattern or a string's `not` under {where or '/'} sits in a "
+            f"{'node with ' + ', '.join(sorted(keys)) if keys else 'node'}: only closed objects and "
+            "arrays may be on the way to it, and it must be a string of type string with no keywords "
+            "but pattern, minLength, maxLength and not"
+        )
 
     def _object(self, node: dict, where: str, refs: tuple[str, ...]) -> str:
         props = node.get("properties") or {}
@@ -276,7 +305,7 @@ class _Writer:
         first = None
         for k in range(len(members) - 1, -1, -1):
             pair, needed = members[k]
-            after = " ".join(f'"," {p}' if need else f'("," {p})?' for p, need in members[k + 1:])
+            after = " ".join(f'"," {p}' if need else f'("," {p})?' for p, need in members[k + 1 :])
             here = f"{pair} {after}".strip()
             first = self._rule(here if needed or first is None else f"{here} | {first}")
         optional = not any(need for _, need in members)
@@ -353,7 +382,7 @@ def _top_level_bar(pattern: str) -> bool:
 def _top_level_branches(pattern: str) -> list[str]:
     """`pattern` split at the `|`s outside groups and classes."""
     bars = [i for i, ch, depth in _outside_classes(pattern) if ch == "|" and depth == 0]
-    return [pattern[a + 1:b] for a, b in zip([-1, *bars], [*bars, len(pattern)])]
+    return [pattern[a + 1 : b] for a, b in zip([-1, *bars], [*bars, len(pattern)])]
 
 
 def _has_anchor(regex: str) -> bool:

@@ -16,8 +16,17 @@ from grammar.errors import join_pointer
 # keyword -> value is one schema
 SCHEMA_KEYWORDS = frozenset(
     {
-        "additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
-        "contains", "propertyNames", "not", "if", "then", "else", "items",
+        "additionalProperties",
+        "additionalItems",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "contains",
+        "propertyNames",
+        "not",
+        "if",
+        "then",
+        "else",
+        "items",
     }
 )
 # keyword -> value is a list of schemas ("items" may also be a list in drafts 4-7)
@@ -33,8 +42,23 @@ DEPENDENCIES_KEYWORD = "dependencies"
 
 # Keywords that constrain no value (annotations): every walker that asks "does this node say
 # anything but X" ignores these.
-ANNOTATION_KEYWORDS = frozenset({"title", "description", "default", "examples", "example", "$comment", "deprecated",
-                                 "readOnly", "writeOnly", "$id", "$schema", "$anchor", "markdownDescription"})
+ANNOTATION_KEYWORDS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "example",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$id",
+        "$schema",
+        "$anchor",
+        "markdownDescription",
+    }
+)
 
 
 def resolve_local_ref(root: Any, ref: str) -> Any:
@@ -109,9 +133,7 @@ def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[Any, str]]
                     children.append((value, join_pointer(here, keyword)))
             elif keyword in SCHEMA_LIST_KEYWORDS and isinstance(value, list):
                 children += [(v, join_pointer(here, keyword, i)) for i, v in enumerate(value)]
-            elif (keyword in SCHEMA_MAP_KEYWORDS or keyword == ORDERED_SCHEMA_MAP_KEYWORD) and isinstance(
-                value, dict
-            ):
+            elif (keyword in SCHEMA_MAP_KEYWORDS or keyword == ORDERED_SCHEMA_MAP_KEYWORD) and isinstance(value, dict):
                 children += [(v, join_pointer(here, keyword, name)) for name, v in value.items()]
             elif keyword == DEPENDENCIES_KEYWORD and isinstance(value, dict):
                 children += [

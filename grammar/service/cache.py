@@ -66,8 +66,9 @@ class MemoryLRU(Generic[V]):
     that many bytes by `size_of(value)`. The newest entry always stays, even alone over the byte
     budget: it is the one a request is about to use."""
 
-    def __init__(self, max_entries: int, max_bytes: int | None = None,
-                 size_of: Callable[[V], int] | None = None) -> None:
+    def __init__(
+        self, max_entries: int, max_bytes: int | None = None, size_of: Callable[[V], int] | None = None
+    ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         if max_bytes is not None and (max_bytes < 1 or size_of is None):
@@ -101,8 +102,8 @@ class MemoryLRU(Generic[V]):
             self._entries[key] = (value, size)
             self._bytes += size
             while len(self._entries) > 1 and (
-                    len(self._entries) > self.max_entries
-                    or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+                len(self._entries) > self.max_entries or (self.max_bytes is not None and self._bytes > self.max_bytes)
+            ):
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self._bytes -= evicted
 
@@ -148,8 +149,9 @@ class DiskGrammarCache:
     SUFFIX = ".json"
     TEMP_PATTERN = ".*.tmp"
 
-    def __init__(self, root: Path, tokenizer_info: xgr.TokenizerInfo, namespace: str,
-                 max_bytes: int | None = None) -> None:
+    def __init__(
+        self, root: Path, tokenizer_info: xgr.TokenizerInfo, namespace: str, max_bytes: int | None = None
+    ) -> None:
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
         if not namespace or "/" in namespace or namespace.startswith("."):
@@ -229,8 +231,12 @@ class DiskGrammarCache:
             total -= size
             removed += 1
         if removed:
-            log.info("grammar cache: evicted %d least recently used file(s) from %s (budget %d bytes)",
-                     removed, self.directory, self.max_bytes)
+            log.info(
+                "grammar cache: evicted %d least recently used file(s) from %s (budget %d bytes)",
+                removed,
+                self.directory,
+                self.max_bytes,
+            )
         return removed
 
     def total_bytes(self) -> int:
@@ -262,8 +268,12 @@ class DiskGrammarCache:
 
     @staticmethod
     def _discard(path: Path, error: BaseException) -> None:
-        log.warning("grammar cache: discarding unreadable %s (%s: %s); it will be recompiled",
-                    path, type(error).__name__, str(error).strip()[:200])
+        log.warning(
+            "grammar cache: discarding unreadable %s (%s: %s); it will be recompiled",
+            path,
+            type(error).__name__,
+            str(error).strip()[:200],
+        )
         try:
             path.unlink()
         except OSError:

@@ -98,8 +98,12 @@ class CompileProcess:
         if self._process is not None:
             return
         parent_conn, child_conn = _context.Pipe()
-        process = _context.Process(target=_child_main, name="jumpgate-grammar-compile", daemon=True,
-                                   args=(child_conn, self._tokenizer_json, self.memory_limit_bytes))
+        process = _context.Process(
+            target=_child_main,
+            name="jumpgate-grammar-compile",
+            daemon=True,
+            args=(child_conn, self._tokenizer_json, self.memory_limit_bytes),
+        )
         process.start()
         child_conn.close()
         self._process, self._conn, self._ready = process, parent_conn, False
@@ -113,8 +117,11 @@ class CompileProcess:
         GrammarUnserializable when the spec compiled but its grammar cannot be sent back (too much
         memory to serialize, or serializing would leave too little time to compile it here)."""
         if self._process is not None and not self._process.is_alive():  # died while idle (killed from outside)
-            log.warning("grammar compile process %s died while idle (exit code %s); starting another",
-                        self._process.pid, self._process.exitcode)
+            log.warning(
+                "grammar compile process %s died while idle (exit code %s); starting another",
+                self._process.pid,
+                self._process.exitcode,
+            )
             self._replace()
         self.wait_ready()
         assert self._conn is not None
@@ -135,8 +142,7 @@ class CompileProcess:
             reply = self._reply(spec, until, " while serializing")
             if reply is None:
                 if fallback:
-                    raise GrammarUnserializable("serializing the grammar costs more than compiling it again",
-                                                compile_s)
+                    raise GrammarUnserializable("serializing the grammar costs more than compiling it again", compile_s)
                 raise GrammarCompileTimeout("grammar compile killed at its time limit", "", spec.param)
             status, *detail = reply
             if status == "unserializable":
@@ -218,12 +224,15 @@ class CompileProcess:
         log.warning("grammar compile of a %s spec failed: %s", spec.kind, why)
         if self.memory_limit_bytes is None:
             return GrammarCompileMemoryError(
-                f"compiling this {_kind_what(spec)} crashed the grammar compiler ({why}); simplify it",
-                "", spec.param)
+                f"compiling this {_kind_what(spec)} crashed the grammar compiler ({why}); simplify it", "", spec.param
+            )
         return GrammarCompileMemoryError(
             f"compiling this {_kind_what(spec)} exceeded the grammar compiler's memory limit of "
             f"{_gib(self.memory_limit_bytes)} GiB ({why}); simplify it (fewer alternatives, smaller "
-            "bounds, shallower nesting)", "", spec.param)
+            "bounds, shallower nesting)",
+            "",
+            spec.param,
+        )
 
 
 def warm_up() -> None:
@@ -253,8 +262,9 @@ def _child_main(conn: Connection, tokenizer_json: str, memory_limit_bytes: int |
     from grammar.spec import GrammarSpec
 
     try:
-        compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(tokenizer_json),
-                                       max_threads=1, cache_enabled=False)
+        compiler = xgr.GrammarCompiler(
+            xgr.TokenizerInfo.deserialize_json(tokenizer_json), max_threads=1, cache_enabled=False
+        )
         if memory_limit_bytes is not None:
             limit = _address_space_bytes() + memory_limit_bytes
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

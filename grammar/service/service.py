@@ -41,27 +41,39 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.service.cache import DiskGrammarCache, MemoryLRU, disk_namespace, grammar_from_json
 from grammar.checks.closing import ClosingVocab
-from grammar.service.compile import COMPILE_POLICY_VERSION, compile_spec
-from grammar.service.compile_process import CompileProcess
+from grammar.checks.rollback import (
+    DEFAULT_VALUE_RETRIES,
+    RollbackCheck,
+    RollbackRules,
+    RollbackVocab,
+    TagCallRollbackRules,
+    ToolCallRollbackRules,
+)
+from grammar.checks.value_check import ValueCheck, ValueCheckVocab
+from grammar.checks.value_rules import (
+    VALUE_CHECK_KINDS,
+    SchemaNavigator,
+    navigator_for,
+    value_check_begin,
+    value_checked,
+)
 from grammar.engines.draft_split import DraftSplitter
-from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
-from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity, uses_rollback
-from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
-from grammar.kinds.tool_calls.grammar import arguments_schema
 from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguidance
 from grammar.engines.llguidance.schema import llguidance_grammar
 from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.xgrammar.matcher import XGrammarMatcher
-from grammar.checks.rollback import DEFAULT_VALUE_RETRIES, RollbackCheck, RollbackRules, RollbackVocab, \
-    TagCallRollbackRules, ToolCallRollbackRules
-from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.engines.xgrammar.tokenizer import build_tokenizer_info, special_token_ids
-from grammar.validate import validate_spec
-from grammar.checks.value_check import ValueCheck, ValueCheckVocab
-from grammar.checks.value_rules import VALUE_CHECK_KINDS, SchemaNavigator, navigator_for, value_check_begin, value_checked
+from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
+from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
+from grammar.kinds.tool_calls.grammar import arguments_schema
+from grammar.service.cache import DiskGrammarCache, MemoryLRU, disk_namespace, grammar_from_json
+from grammar.service.compile import COMPILE_POLICY_VERSION, compile_spec
+from grammar.service.compile_process import CompileProcess
 from grammar.service.worker_pool import CompileFn, CompileJob, CompileWorkerPool
+from grammar.spec import GrammarSpec, tokenizer_fingerprint
+from grammar.validate import validate_spec
+from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR, FidelityReport, spec_fidelity, uses_rollback
 
 log = logging.getLogger("jumpgate.grammar")
 
@@ -88,13 +100,17 @@ class CompiledGrammarHandle:
     rollback_rules: RollbackRules | None = field(default=None, repr=False)
 
     def new_matcher(self) -> XGrammarMatcher:
-        values = (ValueCheck(self.value_check, self.navigator, self.value_check_begin)
-                  if self.value_check is not None else None)
+        values = (
+            ValueCheck(self.value_check, self.navigator, self.value_check_begin)
+            if self.value_check is not None
+            else None
+        )
         rechecks = RollbackCheck(self.rollback_rules) if self.rollback_rules is not None else None
-        return XGrammarMatcher(self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values,
-                               rechecks)
+        return XGrammarMatcher(
+            self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values, rechecks
+        )
 
-    def without_value_check(self) -> "CompiledGrammarHandle":
+    def without_value_check(self) -> CompiledGrammarHandle:
         """The same grammar with its matchers not followed by the value check (for comparisons)."""
         return replace(self, value_check=None, navigator=None, _memo={})
 
@@ -169,11 +185,14 @@ class GrammarService:
         self._rollback_vocab = RollbackVocab(self._value_vocab.texts)  # and for check-and-roll-back
         # Bounded in bytes too: one 20k-value enum compiles to ~60 MB of token masks.
         self._memory: MemoryLRU[CompiledGrammarHandle] = MemoryLRU(
-            max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes)
+            max_memory_entries, max_memory_bytes, size_of=lambda h: h.memory_size_bytes
+        )
         # the disk folder may be shared with other models: ours is the namespace of our fingerprint
-        self._disk = (DiskGrammarCache(Path(cache_dir), self.tokenizer_info, disk_namespace(self.fingerprint),
-                                       max_disk_bytes)
-                      if cache_dir is not None else None)
+        self._disk = (
+            DiskGrammarCache(Path(cache_dir), self.tokenizer_info, disk_namespace(self.fingerprint), max_disk_bytes)
+            if cache_dir is not None
+            else None
+        )
         self._tokenizer_json: str | None = None  # what a compile process builds its compiler from
         self._pool = CompileWorkerPool(workers, self._new_compile_process)
         self._inflight: dict[str, CompileJob] = {}
@@ -225,10 +244,10 @@ class GrammarService:
                 try:
                     # shield: our caller being cancelled must not cancel a compile others may share
                     return await asyncio.wait_for(asyncio.shield(result), max(0.0, job.remaining_s(deadline)))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if job.remaining_s(deadline) <= 0:  # else a process start moved the deadline
                         raise
-        except (asyncio.TimeoutError, GrammarCompileTimeout):
+        except (TimeoutError, GrammarCompileTimeout):
             raise self._timed_out(spec) from None
 
     def get_cached(self, spec: GrammarSpec) -> CompiledGrammarHandle | None:
@@ -373,8 +392,13 @@ class GrammarService:
             text, waited_s = compile_fn(spec)
             started += waited_s  # the compile process's start is not the grammar's compile time
         except GrammarUnserializable as e:
-            log.info("a %s grammar compiled in %.2f s could not be sent back by its compile process (%s); "
-                     "compiling it in-process, for memory only", spec.kind, e.compile_s, e.why)
+            log.info(
+                "a %s grammar compiled in %.2f s could not be sent back by its compile process (%s); "
+                "compiling it in-process, for memory only",
+                spec.kind,
+                e.compile_s,
+                e.why,
+            )
             return self._compile_in_process(key, spec, fidelity, started + e.waited_s)
         except GrammarCompileTimeout:
             raise  # counted by each waiter
@@ -392,8 +416,9 @@ class GrammarService:
             self._disk.store(key, text)
         return handle
 
-    def _compile_in_process(self, key: str, spec: GrammarSpec, fidelity: FidelityReport | None,
-                            started: float) -> CompiledGrammarHandle:
+    def _compile_in_process(
+        self, key: str, spec: GrammarSpec, fidelity: FidelityReport | None, started: float
+    ) -> CompiledGrammarHandle:
         """A spec whose grammar a compile process could not serialize, compiled on this worker thread
         (bounded: the process compiled it within the limits) and kept in memory only."""
         with self._lock:
@@ -411,16 +436,26 @@ class GrammarService:
         self._memory.put(key, handle)
         return handle
 
-    def _compile_llguidance(self, key: str, spec: GrammarSpec, fidelity: FidelityReport,
-                            started: float) -> LLGuidanceHandle:
+    def _compile_llguidance(
+        self, key: str, spec: GrammarSpec, fidelity: FidelityReport, started: float
+    ) -> LLGuidanceHandle:
         grammar = llguidance_grammar(spec.payload, strict=spec.strict)
         start = compile_llguidance(self._llg_tokenizer.get(), grammar, "JSON schema", spec.param)
         self._count_compile(started)
         rules = self._rollback_rules(spec, fidelity)
-        handle = LLGuidanceHandle(key, spec.kind, grammar, start, frozenset(self.stop_token_ids), fidelity,
-                                  value_check=self._value_vocab, rollback_rules=rules,
-                                  navigator=navigator_for(spec.kind, spec.payload, spec.strict),
-                                  closing=self._closing_vocab, encode=self._encode)
+        handle = LLGuidanceHandle(
+            key,
+            spec.kind,
+            grammar,
+            start,
+            frozenset(self.stop_token_ids),
+            fidelity,
+            value_check=self._value_vocab,
+            rollback_rules=rules,
+            navigator=navigator_for(spec.kind, spec.payload, spec.strict),
+            closing=self._closing_vocab,
+            encode=self._encode,
+        )
         self._memory.put(key, handle)
         return handle
 
@@ -446,27 +481,44 @@ class GrammarService:
             return TagCallRollbackRules(schemas, fmt.header_re(), self._rollback_vocab, self.value_retries)
         return RollbackRules(spec.payload, self._rollback_vocab, self.value_retries)
 
-    def _handle(self, key: str, kind: str, compiled: xgr.CompiledGrammar,
-                spec: GrammarSpec | None = None, fidelity: FidelityReport | None = None) -> CompiledGrammarHandle:
+    def _handle(
+        self,
+        key: str,
+        kind: str,
+        compiled: xgr.CompiledGrammar,
+        spec: GrammarSpec | None = None,
+        fidelity: FidelityReport | None = None,
+    ) -> CompiledGrammarHandle:
         if fidelity is None and spec is not None:
             fidelity = spec_fidelity(spec.kind, spec.payload, spec.strict, self.value_retries)
         rules = self._rollback_rules(spec, fidelity)
         json_kind = kind in VALUE_CHECK_KINDS and (spec is None or value_checked(kind, spec.payload))
-        return CompiledGrammarHandle(key, kind, compiled, self._encode, self._special_ids, self._closing_vocab,
-                                     _splitter=self.draft_splitter, fidelity=fidelity, rollback_rules=rules,
-                                     value_check=self._value_vocab if json_kind else None,
-                                     navigator=(navigator_for(kind, spec.payload, spec.strict)
-                                                if json_kind and spec else None),
-                                     value_check_begin=value_check_begin(kind, spec.payload) if spec else None)
+        return CompiledGrammarHandle(
+            key,
+            kind,
+            compiled,
+            self._encode,
+            self._special_ids,
+            self._closing_vocab,
+            _splitter=self.draft_splitter,
+            fidelity=fidelity,
+            rollback_rules=rules,
+            value_check=self._value_vocab if json_kind else None,
+            navigator=(navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None),
+            value_check_begin=value_check_begin(kind, spec.payload) if spec else None,
+        )
 
 
 def _make_encoder(hf_tokenizer: Any):
     """Text -> token ids as the model's tokenizer would produce them, without BOS/EOS."""
     backend = getattr(hf_tokenizer, "backend_tokenizer", None)
     if backend is not None:  # the Rust tokenizer directly: several times faster than __call__
+
         def encode(text: str) -> list[int]:
             return backend.encode(text, add_special_tokens=False).ids
     else:
+
         def encode(text: str) -> list[int]:
             return list(hf_tokenizer.encode(text, add_special_tokens=False))
+
     return encode

@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from grammar.service.compile_process import CompileProcess, warm_up
 from grammar.errors import GrammarCompileTimeout, GrammarServiceBusy, GrammarUnserializable
+from grammar.service.compile_process import CompileProcess, warm_up
 
 # A job is called with the worker's compile function: spec -> (serialize_json() text, seconds
 # spent waiting for the compile process to start), under the job's deadline. It raises
@@ -54,8 +54,9 @@ class CompileJob:
 
 
 class CompileWorkerPool:
-    def __init__(self, workers: int, make_process: Callable[[], CompileProcess], *,
-                 name: str = "grammar-compile") -> None:
+    def __init__(
+        self, workers: int, make_process: Callable[[], CompileProcess], *, name: str = "grammar-compile"
+    ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self._size = workers
@@ -88,8 +89,9 @@ class CompileWorkerPool:
                 for _ in range(self._size):
                     process = self._make_process()
                     ready = threading.Event()
-                    thread = threading.Thread(target=self._run, args=(process, processes, ready),
-                                              name=self._name, daemon=True)
+                    thread = threading.Thread(
+                        target=self._run, args=(process, processes, ready), name=self._name, daemon=True
+                    )
                     self._processes.append(process)
                     self._threads.append(thread)
                     self._ready.append(ready)

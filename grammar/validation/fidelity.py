@@ -80,14 +80,6 @@ from typing import Any, Iterable
 
 import jsonschema
 
-from grammar.rewrites.all_of import distributed_any_of, merged_all_of, partly_merged_all_of
-from grammar.rewrites.conditionals import allof_conditionals, discriminator
-from grammar.errors import join_pointer
-from grammar.rewrites.formats import FORMAT_PATTERNS, pattern_for
-from grammar.rewrites.listed_values import fitting_values, omitted_properties
-from grammar.rewrites.string_algebra import excluded_strings, leading_lookaheads
-from grammar.rewrites.negation import negation
-from grammar.rewrites.one_of import exclusive_branches
 from grammar.checks.value_rules import (
     SchemaNavigator,
     dependent_required_exact,
@@ -96,30 +88,73 @@ from grammar.checks.value_rules import (
     strict_closes,
     unique_items_exact,
 )
+from grammar.errors import join_pointer
+from grammar.rewrites.all_of import distributed_any_of, merged_all_of, partly_merged_all_of
+from grammar.rewrites.conditionals import allof_conditionals, discriminator
+from grammar.rewrites.formats import FORMAT_PATTERNS, pattern_for
+from grammar.rewrites.listed_values import fitting_values, omitted_properties
+from grammar.rewrites.negation import negation
+from grammar.rewrites.one_of import exclusive_branches
+from grammar.rewrites.string_algebra import excluded_strings, leading_lookaheads
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
 VALUE_CHECK = "value_check"  # Jumpgate's own mask over repeated names and items (grammar/checks/value_check.py)
 ROLLBACK = "check_and_rollback"  # the finished output checked, a failing value rewritten (grammar/checks/rollback.py)
 DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
-OMITTED = ("no listed value satisfies the property's other keywords, so it is valid only when absent: the "
-           "object is closed and the grammar leaves it out")
+OMITTED = (
+    "no listed value satisfies the property's other keywords, so it is valid only when absent: the "
+    "object is closed and the grammar leaves it out"
+)
 
 # Formats whose shape xgrammar 0.2.9 masks (a malformed value is refused by the grammar).
-MASKED_FORMATS = frozenset({
-    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
-    "uri-template", "uuid", "json-pointer", "relative-json-pointer",
-})
+MASKED_FORMATS = frozenset(
+    {
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "uuid",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
 # Formats jsonschema can check after generation, with the packages installed here.
 CHECKABLE_FORMATS = frozenset(jsonschema.FormatChecker().checkers)
 
 STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
 NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-ARRAY_KEYWORDS = ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains", "minContains",
-                  "maxContains", "unevaluatedItems")
-OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
-                   "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
-                   "unevaluatedProperties")
+ARRAY_KEYWORDS = (
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "unevaluatedItems",
+)
+OBJECT_KEYWORDS = (
+    "properties",
+    "required",
+    "additionalProperties",
+    "minProperties",
+    "maxProperties",
+    "patternProperties",
+    "propertyNames",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "unevaluatedProperties",
+)
 COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 NEVER_MASKED = {
     "uniqueItems": "uniqueItems is not masked: an array may repeat an item",
@@ -135,19 +170,26 @@ NEVER_MASKED = {
     "dependencies": "dependencies is not masked",
     "patternProperties": "patternProperties is not masked (xgrammar mis-handles names matching the patterns)",
 }
-NAMES_CHECKED = ("enforced by Jumpgate's value check: a token that would close a name already written in "
-                 "the same object is masked out")
+NAMES_CHECKED = (
+    "enforced by Jumpgate's value check: a token that would close a name already written in "
+    "the same object is masked out"
+)
 VALUE_CHECKED = {
     "uniqueItems": "enforced by Jumpgate's value check: a token that would complete an item equal to an earlier "
-                   "one, or leave an object item no way to end unlike every earlier one, is masked out",
+    "one, or leave an object item no way to end unlike every earlier one, is masked out",
     "dependentRequired": "enforced by Jumpgate's value check: the object cannot close, nor skip past a missing "
-                         "dependent name, while a written name's dependents are missing",
+    "dependent name, while a written name's dependents are missing",
 }
 # Validation keywords (2020-12 plus drafts 4-7); any other keyword is an annotation or unknown and
 # does not change which values are valid.
 VALIDATION_KEYWORDS = frozenset(
-    ("type", "enum", "const") + STRING_KEYWORDS + NUMBER_KEYWORDS + ARRAY_KEYWORDS + OBJECT_KEYWORDS
-    + COMBINATORS + ("not", "if", "then", "else")
+    ("type", "enum", "const")
+    + STRING_KEYWORDS
+    + NUMBER_KEYWORDS
+    + ARRAY_KEYWORDS
+    + OBJECT_KEYWORDS
+    + COMBINATORS
+    + ("not", "if", "then", "else")
 )
 _KEYWORD_TYPES = {**{k: ("string",) for k in STRING_KEYWORDS}, **{k: ("integer", "number") for k in NUMBER_KEYWORDS}}
 
@@ -212,12 +254,19 @@ def with_rollback(report: FidelityReport, retries: int) -> FidelityReport:
     """The report once check-and-roll-back keeps the `checked` keywords (those validation after
     generation detects): `enforced`, engine ROLLBACK. No output breaks them: a value that does is
     rewritten, and a strict request whose rewrites run out fails instead of answering."""
-    why = (f"checked when the output is whole; a value that breaks it is rolled back and written again (at most "
-           f"{retries} times, then a strict request fails with value_retries_exhausted)")
-    return replace(report, keywords=tuple(
-        replace(k, status=ENFORCED, engine=ROLLBACK, reason=f"{k.reason}; {why}" if k.reason else why)
-        if k.status == CHECKED and k.keyword != DUPLICATE_KEYS else k
-        for k in report.keywords))
+    why = (
+        f"checked when the output is whole; a value that breaks it is rolled back and written again (at most "
+        f"{retries} times, then a strict request fails with value_retries_exhausted)"
+    )
+    return replace(
+        report,
+        keywords=tuple(
+            replace(k, status=ENFORCED, engine=ROLLBACK, reason=f"{k.reason}; {why}" if k.reason else why)
+            if k.status == CHECKED and k.keyword != DUPLICATE_KEYS
+            else k
+            for k in report.keywords
+        ),
+    )
 
 
 def schema_fidelity(schema: Any, *, strict: bool = True, pointer: str = "", value_check: bool = True) -> FidelityReport:
@@ -248,8 +297,12 @@ def routed_schema_fidelity(schema: Any, *, strict: bool = True, rollback: bool =
 
 def _under_llguidance(entry: KeywordFidelity) -> KeywordFidelity:
     if entry.exact_in_llguidance:
-        return replace(entry, status=ENFORCED, engine=LLGUIDANCE,
-                       reason=f"enforced by llguidance (xgrammar would not: {entry.reason})")
+        return replace(
+            entry,
+            status=ENFORCED,
+            engine=LLGUIDANCE,
+            reason=f"enforced by llguidance (xgrammar would not: {entry.reason})",
+        )
     if entry.engine == VALUE_CHECK:
         return entry  # the value check rides on either engine's matcher
     return replace(entry, engine=LLGUIDANCE) if entry.status == ENFORCED else entry
@@ -269,8 +322,9 @@ def tools_fidelity(tools: Iterable[Any]) -> FidelityReport:
         if isinstance(params, dict) and "type" not in params:
             params = {"type": "object", **params}  # as the grammar compiles it
         strict = function.get("strict") is not False
-        found += _walk(params, join_pointer("", i, "function", "parameters"), strict, value_check=False,
-                       names_checked=True)
+        found += _walk(
+            params, join_pointer("", i, "function", "parameters"), strict, value_check=False, names_checked=True
+        )
     return FidelityReport(tuple(found))
 
 
@@ -291,8 +345,9 @@ def spec_fidelity(kind: str, payload: Any, strict: bool = True, retries: int = 0
 # -- the walk --------------------------------------------------------------------------------
 
 
-def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_checked: bool = False
-          ) -> list[KeywordFidelity]:
+def _walk(
+    schema: Any, pointer: str, strict: bool, value_check: bool, names_checked: bool = False
+) -> list[KeywordFidelity]:
     """`value_check`: the whole value check follows this schema; `names_checked`: only its names
     (tool arguments: the check has no schema there)."""
     found: list[KeywordFidelity] = []
@@ -302,15 +357,24 @@ def _walk(schema: Any, pointer: str, strict: bool, value_check: bool, names_chec
         node, here, implied = stack.pop()
         if not isinstance(node, dict):
             continue  # boolean schemas are exact
-        entries, children = _classify_node(node, here, strict, implied, navigator, value_check or names_checked,
-                                           root=node is schema, document=schema)
+        entries, children = _classify_node(
+            node, here, strict, implied, navigator, value_check or names_checked, root=node is schema, document=schema
+        )
         found += entries
         stack.extend(reversed(children))
     return found
 
 
-def _classify_node(node: dict, here: str, strict: bool, implied: str | None, navigator: SchemaNavigator | None,
-                   names_checked: bool, root: bool = False, document: Any = None):
+def _classify_node(
+    node: dict,
+    here: str,
+    strict: bool,
+    implied: str | None,
+    navigator: SchemaNavigator | None,
+    names_checked: bool,
+    root: bool = False,
+    document: Any = None,
+):
     entries: list[KeywordFidelity] = []
     children: list[tuple[Any, str, str | None]] = []
     present = [k for k in node if k in VALIDATION_KEYWORDS]
@@ -321,8 +385,11 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
     def mark(keyword: str, status: str, reason: str = "", exact_in_llguidance: bool = False) -> None:
         if status != ENFORCED and status != UNENFORCED:
             status = _checked_or_unenforced(node, keyword)
-        entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, status, reason,
-                                       exact_in_llguidance=exact_in_llguidance))
+        entries.append(
+            KeywordFidelity(
+                join_pointer(here, keyword), keyword, status, reason, exact_in_llguidance=exact_in_llguidance
+            )
+        )
 
     combinator = next((k for k in COMBINATORS if k in node), None)
     if combinator is not None:
@@ -343,53 +410,86 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
             if keyword in ("then", "else") and "if" not in node:
                 continue  # ignored by JSON Schema without `if`
             if keyword in ("if", "then", "else") and discriminator(node, None, document) is not None:
-                mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; on a discriminator llguidance "
-                                       "enforces it as anyOf branches", exact_in_llguidance=True)
+                mark(
+                    keyword,
+                    CHECKED,
+                    NEVER_MASKED[keyword] + " by xgrammar; on a discriminator llguidance enforces it as anyOf branches",
+                    exact_in_llguidance=True,
+                )
                 if keyword != "if":
                     children.append((value, join_pointer(here, keyword), None))
                 continue
             # draft-7 `dependencies` of names, and `if` one name is present `then` others are, are
             # dependentRequired by another spelling (grammar/checks/value_rules.py: name_dependencies)
             spelled = (keyword == "dependencies" and names_only_dependencies(node) is not None) or (
-                keyword in ("if", "then") and required_conditional(node) is not None)
+                keyword in ("if", "then") and required_conditional(node) is not None
+            )
             if (keyword in VALUE_CHECKED or spelled) and navigator is not None:
-                why_not = (unique_items_exact(node, navigator) if keyword == "uniqueItems"
-                           else dependent_required_exact(node, strict))
+                why_not = (
+                    unique_items_exact(node, navigator)
+                    if keyword == "uniqueItems"
+                    else dependent_required_exact(node, strict)
+                )
                 if why_not is None:
-                    entries.append(KeywordFidelity(join_pointer(here, keyword), keyword, ENFORCED,
-                                                   VALUE_CHECKED[keyword if not spelled else "dependentRequired"],
-                                                   engine=VALUE_CHECK))
+                    entries.append(
+                        KeywordFidelity(
+                            join_pointer(here, keyword),
+                            keyword,
+                            ENFORCED,
+                            VALUE_CHECKED[keyword if not spelled else "dependentRequired"],
+                            engine=VALUE_CHECK,
+                        )
+                    )
                 else:
                     mark(keyword, CHECKED, why_not)
                 continue
             if keyword == "not" and negation(value) is not None:
                 # names absent (grammar/rewrites/negation.py): llguidance compiles it as `properties: {name:
                 # false}`, which xgrammar refuses; the sub-schema itself is never generated
-                mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces this form "
-                                       "(names that must be absent) as properties that may not be written",
-                     exact_in_llguidance=True)
+                mark(
+                    keyword,
+                    CHECKED,
+                    NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces this form "
+                    "(names that must be absent) as properties that may not be written",
+                    exact_in_llguidance=True,
+                )
                 continue
             if keyword == "not" and node.get("type") == "string" and excluded_strings(value) is not None:
                 # a string's `not` of patterns or listed strings: a complement in llguidance's regexes
                 # (grammar/rewrites/string_algebra.py); the sub-schema itself is never generated
-                mark(keyword, CHECKED, NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces a string's `not` of "
-                                       "patterns or listed strings (as a regex complement), on the way through "
-                                       "closed objects and arrays, with printable ASCII values",
-                     exact_in_llguidance=True)
+                mark(
+                    keyword,
+                    CHECKED,
+                    NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces a string's `not` of "
+                    "patterns or listed strings (as a regex complement), on the way through "
+                    "closed objects and arrays, with printable ASCII values",
+                    exact_in_llguidance=True,
+                )
                 continue
-            if keyword == "patternProperties" and isinstance(value, dict) and any(
-                    leading_lookaheads(k) is not None for k in value):
+            if (
+                keyword == "patternProperties"
+                and isinstance(value, dict)
+                and any(leading_lookaheads(k) is not None for k in value)
+            ):
                 # no engine's name regexes have lookaheads: the grammar writes the names without
                 # them (grammar/rewrites/string_algebra.py), validation after generation keeps them
-                mark(keyword, CHECKED, NEVER_MASKED[keyword] + "; a name pattern that opens with lookaheads is "
-                                       "masked without them (no engine writes lookaheads in names)")
+                mark(
+                    keyword,
+                    CHECKED,
+                    NEVER_MASKED[keyword] + "; a name pattern that opens with lookaheads is "
+                    "masked without them (no engine writes lookaheads in names)",
+                )
                 children += [(v, join_pointer(here, keyword, k), None) for k, v in value.items()]
                 continue
             if keyword == "patternProperties" and isinstance(value, dict):
                 # llguidance matches names against the patterns exactly (and refuses patterns two
                 # of which a name could match, which then stay refused here)
-                mark(keyword, CHECKED, NEVER_MASKED[keyword] + "; llguidance enforces patterns that do not overlap",
-                     exact_in_llguidance=True)
+                mark(
+                    keyword,
+                    CHECKED,
+                    NEVER_MASKED[keyword] + "; llguidance enforces patterns that do not overlap",
+                    exact_in_llguidance=True,
+                )
                 children += [(v, join_pointer(here, keyword, k), None) for k, v in value.items()]
                 continue
             mark(keyword, CHECKED, NEVER_MASKED[keyword])
@@ -398,14 +498,21 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
             undeclared = [n for n in value if n not in declared] if isinstance(value, list) else []
             if undeclared:
                 names = ", ".join(map(str, undeclared))
-                mark(keyword, CHECKED, f"required names properties not declared in properties ({names}), "
-                                       "which xgrammar does not force", exact_in_llguidance=True)
+                mark(
+                    keyword,
+                    CHECKED,
+                    f"required names properties not declared in properties ({names}), which xgrammar does not force",
+                    exact_in_llguidance=True,
+                )
             else:
                 mark(keyword, ENFORCED)
         elif keyword == "unevaluatedProperties":
             closed = strict or node.get("additionalProperties") is False
-            mark(keyword, ENFORCED if closed else CHECKED,
-                 "" if closed else "unevaluatedProperties is not masked outside strict mode")
+            mark(
+                keyword,
+                ENFORCED if closed else CHECKED,
+                "" if closed else "unevaluatedProperties is not masked outside strict mode",
+            )
         elif keyword == "unevaluatedItems":
             exact = value is False
             mark(keyword, ENFORCED if exact else CHECKED, "" if exact else "only unevaluatedItems: false is masked")
@@ -413,8 +520,11 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
             mark(keyword, ENFORCED)
             omitted = omitted_properties(node, strict=strict, root=root)
             for name in omitted:  # grammar/rewrites/listed_values.py leaves them out of the grammar
-                entries += [KeywordFidelity(join_pointer(here, keyword, name, k), k, ENFORCED, OMITTED)
-                            for k in value[name] if k in VALIDATION_KEYWORDS]
+                entries += [
+                    KeywordFidelity(join_pointer(here, keyword, name, k), k, ENFORCED, OMITTED)
+                    for k in value[name]
+                    if k in VALIDATION_KEYWORDS
+                ]
             children += [c for c, name in zip(_subschemas(node, keyword, here), value) if name not in omitted]
         else:  # items, prefixItems, additionalProperties, min/maxItems, min/maxProperties, propertyNames
             mark(keyword, ENFORCED)
@@ -423,9 +533,15 @@ def _classify_node(node: dict, here: str, strict: bool, implied: str | None, nav
         if names_checked and "propertyNames" not in node:
             entries.append(KeywordFidelity(here, DUPLICATE_KEYS, ENFORCED, NAMES_CHECKED, engine=VALUE_CHECK))
         else:
-            entries.append(KeywordFidelity(here, DUPLICATE_KEYS, CHECKED,
-                                           "names of additional properties are not kept unique by the grammar; "
-                                           "a repeated name is detected after generation"))
+            entries.append(
+                KeywordFidelity(
+                    here,
+                    DUPLICATE_KEYS,
+                    CHECKED,
+                    "names of additional properties are not kept unique by the grammar; "
+                    "a repeated name is detected after generation",
+                )
+            )
     return entries, children
 
 
@@ -444,14 +560,19 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
     if conditionals:
         # an allOf of conditionals on one listed property: llguidance enforces it as one anyOf
         # (grammar/rewrites/conditionals.py); each conditional's keywords are reported where they are written
-        why = ("if/then/else is not masked by xgrammar; in an allOf of conditionals on one listed property, "
-               "llguidance enforces them as anyOf branches")
+        why = (
+            "if/then/else is not masked by xgrammar; in an allOf of conditionals on one listed property, "
+            "llguidance enforces them as anyOf branches"
+        )
         mark("allOf", CHECKED, why, exact_in_llguidance=True)
         for i in conditionals:
             for keyword in ("if", "then", "else"):
                 if keyword in value[i]:
-                    entries.append(KeywordFidelity(join_pointer(here, "allOf", i, keyword), keyword, CHECKED, why,
-                                                   exact_in_llguidance=True))
+                    entries.append(
+                        KeywordFidelity(
+                            join_pointer(here, "allOf", i, keyword), keyword, CHECKED, why, exact_in_llguidance=True
+                        )
+                    )
                     if keyword != "if":
                         children.append((value[i][keyword], join_pointer(here, "allOf", i, keyword), None))
         rest = [i for i in range(len(value)) if i not in conditionals]
@@ -462,8 +583,12 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         children.append((merged, here, None))
         return entries, children
     elif partial is not None and len(value) > 1:
-        mark("allOf", CHECKED, "allOf branches that are not plain schemas are not masked by xgrammar",
-             exact_in_llguidance=True)
+        mark(
+            "allOf",
+            CHECKED,
+            "allOf branches that are not plain schemas are not masked by xgrammar",
+            exact_in_llguidance=True,
+        )
     elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
         mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
     elif combinator == "anyOf" and siblings and (spread := distributed_any_of(node, document)) is not None:
@@ -479,15 +604,22 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         children.append((partial, here, None))
         return entries, children
     for keyword in siblings:
-        if keyword == "type" and combinator in ("anyOf", "oneOf") and _branch_types_within(
-                value if exclusive is None else exclusive, node["type"]):
+        if (
+            keyword == "type"
+            and combinator in ("anyOf", "oneOf")
+            and _branch_types_within(value if exclusive is None else exclusive, node["type"])
+        ):
             mark(keyword, ENFORCED)  # every branch already has one of these types
             continue
         if keyword in ("then", "else") and "if" not in node:
             continue
-        mark(keyword, CHECKED, f"keywords beside {combinator} are ignored by xgrammar (only {combinator} is compiled); "
-                               f"move {keyword} into the {combinator} branches",
-             exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref") or exclusive is not None)
+        mark(
+            keyword,
+            CHECKED,
+            f"keywords beside {combinator} are ignored by xgrammar (only {combinator} is compiled); "
+            f"move {keyword} into the {combinator} branches",
+            exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref") or exclusive is not None,
+        )
     return entries, children
 
 
@@ -504,10 +636,18 @@ def _classify_listed_values(node, here, present, mark, entries, children):
         elif implied:
             mark(keyword, ENFORCED)  # every listed value satisfies it, and only listed values are generated
         elif fitting:
-            mark(keyword, ENFORCED, "only the listed values that satisfy it are generated (grammar/rewrites/listed_values.py)")
+            mark(
+                keyword,
+                ENFORCED,
+                "only the listed values that satisfy it are generated (grammar/rewrites/listed_values.py)",
+            )
         else:
-            mark(keyword, CHECKED, "beside enum/const only the listed values are compiled; this keyword is ignored "
-                                   "and a listed value breaks it")
+            mark(
+                keyword,
+                CHECKED,
+                "beside enum/const only the listed values are compiled; this keyword is ignored "
+                "and a listed value breaks it",
+            )
     return entries, children
 
 
@@ -516,25 +656,47 @@ def _classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, m
     if types is not None and not types & set(applies_to):
         return  # the keyword cannot apply to any allowed type (JSON Schema ignores it too)
     if keyword == "multipleOf" and not _binary_fraction(node[keyword]):
-        mark(keyword, CHECKED, f"multipleOf {node[keyword]!r} is not a binary fraction: jsonschema (like most "
-                               "validators) divides in floating point and refuses some of its exact multiples "
-                               "(19.99 is not a multiple of 0.01 there), so no mask can promise a value it accepts; "
-                               "use an integer or a power-of-two fraction (0.5, 0.25), or best effort")
+        mark(
+            keyword,
+            CHECKED,
+            f"multipleOf {node[keyword]!r} is not a binary fraction: jsonschema (like most "
+            "validators) divides in floating point and refuses some of its exact multiples "
+            "(19.99 is not a multiple of 0.01 there), so no mask can promise a value it accepts; "
+            "use an integer or a power-of-two fraction (0.5, 0.25), or best effort",
+        )
     elif types is None:
-        mark(keyword, CHECKED, f"{keyword} is masked only under a declared type ({' or '.join(applies_to)}); "
-                               "add one beside it", exact_in_llguidance=True)
+        mark(
+            keyword,
+            CHECKED,
+            f"{keyword} is masked only under a declared type ({' or '.join(applies_to)}); add one beside it",
+            exact_in_llguidance=True,
+        )
     elif keyword == "pattern" and leading_lookaheads(node[keyword]) is not None:
-        mark(keyword, CHECKED, "xgrammar has no lookahead (it would enforce the pattern without it); llguidance "
-                               "enforces lookaheads that open an anchored pattern, on the way through closed "
-                               "objects and arrays, with printable ASCII values", exact_in_llguidance=True)
+        mark(
+            keyword,
+            CHECKED,
+            "xgrammar has no lookahead (it would enforce the pattern without it); llguidance "
+            "enforces lookaheads that open an anchored pattern, on the way through closed "
+            "objects and arrays, with printable ASCII values",
+            exact_in_llguidance=True,
+        )
     elif keyword in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
-        mark(keyword, CHECKED, f"{keyword} is ignored beside {'pattern' if 'pattern' in node else 'format'}; "
-                               "write the length into the pattern (e.g. ^[a-z]{1,5}$)",
-             exact_in_llguidance="pattern" in node and "format" not in node)
+        mark(
+            keyword,
+            CHECKED,
+            f"{keyword} is ignored beside {'pattern' if 'pattern' in node else 'format'}; "
+            "write the length into the pattern (e.g. ^[a-z]{1,5}$)",
+            exact_in_llguidance="pattern" in node and "format" not in node,
+        )
     elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node) or not _whole(node[keyword])):
-        mark(keyword, CHECKED, "multipleOf is masked only for type integer with a whole divisor (xgrammar ignores "
-                               "2.5), and not beside a one-sided range (give both a lower and an upper bound, or "
-                               "neither)", exact_in_llguidance=True)
+        mark(
+            keyword,
+            CHECKED,
+            "multipleOf is masked only for type integer with a whole divisor (xgrammar ignores "
+            "2.5), and not beside a one-sided range (give both a lower and an upper bound, or "
+            "neither)",
+            exact_in_llguidance=True,
+        )
     elif keyword == "format" and pattern_for(node) is not None:
         mark(keyword, ENFORCED, f"format {node['format']!r} is compiled as its pattern")
     elif keyword == "format" and (node["format"] not in MASKED_FORMATS or node["format"] in FORMAT_PATTERNS):
@@ -592,7 +754,8 @@ def _subschemas(node: dict, keyword: str, here: str) -> list[tuple[Any, str, str
     if keyword == "propertyNames":
         return [(value, join_pointer(here, keyword), "string")]  # names are strings
     if keyword in ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems") and isinstance(
-            value, dict):
+        value, dict
+    ):
         return [(value, join_pointer(here, keyword), None)]
     return []
 

@@ -17,11 +17,11 @@ import jsonschema
 from jsonschema.exceptions import best_match
 
 from grammar.errors import GrammarSpecError, join_pointer
-from grammar.schema.limits import check_json_limits
 from grammar.rewrites.listed_values import fitting_values
 from grammar.rewrites.one_of import admitted_classes
-from grammar.validation.regex_check import validate_regex
+from grammar.schema.limits import check_json_limits
 from grammar.schema.walk import iter_subschemas
+from grammar.validation.regex_check import validate_regex
 
 DEFAULT_DIALECT = jsonschema.Draft202012Validator
 
@@ -99,8 +99,9 @@ def _check_node(node: dict, pointer: str, *, root: dict, strict: bool) -> None:
     if isinstance(node.get("patternProperties"), dict):
         for name in node["patternProperties"]:
             # a name's pattern may open with lookaheads as a value's may: checked after generation
-            validate_regex(name, param=None, pointer=join_pointer(pointer, "patternProperties", name),
-                           leading_lookaheads=True)
+            validate_regex(
+                name, param=None, pointer=join_pointer(pointer, "patternProperties", name), leading_lookaheads=True
+            )
     _check_bounds(node, pointer)
     if node.get("enum") == []:
         raise GrammarSpecError("enum is empty, so no value can match", join_pointer(pointer, "enum"))
@@ -108,8 +109,7 @@ def _check_node(node: dict, pointer: str, *, root: dict, strict: bool) -> None:
     if strict and "contains" in node and "items" not in node and "prefixItems" not in node:
         # strict mode allows no undeclared items, and `contains` alone declares none
         raise GrammarSpecError(
-            "in strict mode an array allows only declared items: add 'items' next to 'contains' "
-            "(or use strict: false)",
+            "in strict mode an array allows only declared items: add 'items' next to 'contains' (or use strict: false)",
             join_pointer(pointer, "contains"),
         )
 
@@ -190,17 +190,25 @@ def _check_mandatory_values(schema: dict) -> None:
             continue
         if fitting_values(node) == []:
             keyword = "const" if "const" in node else "enum"
-            raise GrammarSpecError(f"no value listed in {keyword} fits this value's other keywords, and every "
-                                   "instance must hold this value: no instance can match the schema",
-                                   join_pointer(pointer, keyword))
+            raise GrammarSpecError(
+                f"no value listed in {keyword} fits this value's other keywords, and every "
+                "instance must hold this value: no instance can match the schema",
+                join_pointer(pointer, keyword),
+            )
         if admitted_classes(node, schema) == set():
             keyword = next((k for k in ("oneOf", "anyOf", "allOf", "enum", "const") if k in node), "type")
-            raise GrammarSpecError(f"`type` and `{keyword}` here leave no JSON type a value could have, so no "
-                                   "instance can match the schema", join_pointer(pointer, keyword))
+            raise GrammarSpecError(
+                f"`type` and `{keyword}` here leave no JSON type a value could have, so no "
+                "instance can match the schema",
+                join_pointer(pointer, keyword),
+            )
         properties, required = node.get("properties"), node.get("required")
         if isinstance(properties, dict) and isinstance(required, list):
-            stack += [(properties[name], join_pointer(pointer, "properties", name))
-                      for name in required if isinstance(name, str) and name in properties]
+            stack += [
+                (properties[name], join_pointer(pointer, "properties", name))
+                for name in required
+                if isinstance(name, str) and name in properties
+            ]
 
 
 def _short(message: str) -> str:

@@ -9,12 +9,13 @@ from typing import Any
 import xgrammar
 
 from grammar.errors import GrammarSpecError, xgrammar_message
-from grammar.schema.limits import check_json_limits
 from grammar.rewrites.string_algebra import leading_lookaheads as lookahead_form
+from grammar.schema.limits import check_json_limits
 
 
-def validate_regex(pattern: Any, *, param: str | None = "regex", pointer: str = "",
-                   leading_lookaheads: bool = False) -> None:
+def validate_regex(
+    pattern: Any, *, param: str | None = "regex", pointer: str = "", leading_lookaheads: bool = False
+) -> None:
     """Refuse a pattern that is not a string, or that Python or xgrammar cannot parse.
 
     Python's `re` runs first for its precise messages; xgrammar (an ECMAScript-like dialect
@@ -82,8 +83,13 @@ def optional_groups_counted(pattern: str) -> str:
             in_class = ch != "]" or (out and out[-1] == "[")  # `[]...]`: a leading `]` is a member
         elif ch == "[":
             in_class = True
-        elif ch == "?" and out and out[-1] == ")" and not _escaped_at(pattern, i - 1) \
-                and (i + 1 >= n or pattern[i + 1] not in "?+"):
+        elif (
+            ch == "?"
+            and out
+            and out[-1] == ")"
+            and not _escaped_at(pattern, i - 1)
+            and (i + 1 >= n or pattern[i + 1] not in "?+")
+        ):
             out.append("{0,1}")
             continue
         out.append(ch)

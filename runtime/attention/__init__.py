@@ -58,8 +58,10 @@ def make_attention_backend(name: str, device: torch.device) -> AttentionBackend:
     if name == "torch":
         return TorchAttentionBackend()
     if device.type != "cuda" and not triton_interpreter_enabled():
-        raise ValueError(f"attention_backend=triton needs a CUDA device, not {device.type} "
-                         "(on CPU it runs only under TRITON_INTERPRET=1, for tests)")
+        raise ValueError(
+            f"attention_backend=triton needs a CUDA device, not {device.type} "
+            "(on CPU it runs only under TRITON_INTERPRET=1, for tests)"
+        )
     from runtime.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend()

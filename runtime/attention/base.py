@@ -45,8 +45,9 @@ class AttentionBackend(ABC):
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q: [T, H, D]; caches: [num_slots, KVH, D] (this pass's K/V already written) -> [T, H, D]."""
 
-    def forward_as(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   dtype: torch.dtype) -> torch.Tensor:
+    def forward_as(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         """`forward`'s result in `dtype` (the next layer's input dtype); a backend that can write it
         so directly saves the conversion pass."""
         return self.forward(q, k_cache, v_cache).to(dtype)

@@ -26,9 +26,14 @@ MIN_SHARED_TOKENS = 64
 MIN_SAVED_TOKENS = 1024
 
 
-def find_prefix_groups(extend_lens: list[int], seq_lens: list[int], slot_rows: list[torch.Tensor],
-                       max_extend: int, min_shared: int = MIN_SHARED_TOKENS,
-                       min_saved: int = MIN_SAVED_TOKENS) -> list[PrefixGroup]:
+def find_prefix_groups(
+    extend_lens: list[int],
+    seq_lens: list[int],
+    slot_rows: list[torch.Tensor],
+    max_extend: int,
+    min_shared: int = MIN_SHARED_TOKENS,
+    min_saved: int = MIN_SAVED_TOKENS,
+) -> list[PrefixGroup]:
     """Groups of >= 2 requests with <= `max_extend` new tokens whose rows start with the same
     `min_shared` or more slots, where grouping saves reading `min_saved` prefix tokens or more and
     no fewer than the members' suffixes hold (see MIN_SAVED_TOKENS).
@@ -56,8 +61,9 @@ def find_prefix_groups(extend_lens: list[int], seq_lens: list[int], slot_rows: l
     return groups
 
 
-def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: [B, 1, Q, L] bool (True = attend) or None ->
     (out [B, H, Q, D] in q's dtype, lse [B, H, Q] float32). Query head h uses KV head
     h // (H // KVH), as SDPA's enable_gqa does; scores and softmax run in float32."""
@@ -65,7 +71,7 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kvh = k.shape[1]
     group = h // kvh
     # heads kv*group .. kv*group+group-1 share KV head kv: fold them into the query axis
-    scores = torch.matmul(q.reshape(b, kvh, group * nq, d), k.transpose(-1, -2)).float() * d ** -0.5
+    scores = torch.matmul(q.reshape(b, kvh, group * nq, d), k.transpose(-1, -2)).float() * d**-0.5
     if mask is not None:
         scores = scores.view(b, kvh, group, nq, -1).masked_fill(~mask.unsqueeze(1), float("-inf"))
         scores = scores.view(b, kvh, group * nq, -1)

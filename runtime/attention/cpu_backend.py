@@ -49,7 +49,6 @@ from runtime.attention.base import AttentionBackend
 from runtime.attention.torch_backend import TorchAttentionBackend
 from runtime.forward_batch import ForwardBatch
 
-
 # Formats whose linear layers take bf16 activations: the attention output is rounded to bf16 next,
 # so near-float32 tile products cost them nothing that matters (tests/runtime/model/test_weight_formats.py's drift).
 TILE_FORMATS = frozenset({"q4", "q8", "bf16"})
@@ -103,8 +102,9 @@ class CpuPagedAttentionBackend(AttentionBackend):
     def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
         return self.slots, self.meta, self.tiles  # float32 q and caches only: the loop's pool is float32
 
-    def forward_as(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   dtype: torch.dtype) -> torch.Tensor:
+    def forward_as(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         if dtype == torch.bfloat16 and q.dtype == torch.float32 and k_cache.dtype == torch.float32:
             # written as bf16 by the kernel: the same values as float32 then .to(bfloat16)
             return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta, self.tiles, True)

@@ -58,9 +58,15 @@ def pad_rows(rows: list[tuple[int, int, torch.Tensor]], device: torch.device) ->
     # one token each over equal lengths needs no mask (the common steady decode batch)
     uniform = max_q == 1 and all(s.numel() == max_len for _, _, s in rows)
     one_each = max_q == 1 and dst == list(range(rows[0][0], rows[0][0] + b))
-    return PaddedRows(table.to(device), q_index.to(device), torch.tensor(dst, dtype=torch.int64, device=device),
-                      torch.tensor(src, dtype=torch.int64, device=device), None if uniform else mask.to(device),
-                      one_each, rows[0][0])
+    return PaddedRows(
+        table.to(device),
+        q_index.to(device),
+        torch.tensor(dst, dtype=torch.int64, device=device),
+        torch.tensor(src, dtype=torch.int64, device=device),
+        None if uniform else mask.to(device),
+        one_each,
+        rows[0][0],
+    )
 
 
 def in_place(slots: torch.Tensor) -> torch.Tensor | slice:
@@ -100,7 +106,7 @@ class TorchAttentionBackend(AttentionBackend):
         for i, (ext, seq, slots) in enumerate(zip(batch.extend_lens, batch.seq_lens, batch.slot_rows)):
             offset = offsets[i]
             if i in shared_len:
-                suffixes.append((offset, ext, slots[shared_len[i]:]))
+                suffixes.append((offset, ext, slots[shared_len[i] :]))
             elif ext <= self.max_short_extend:
                 short.append((offset, ext, slots))
             else:
@@ -116,8 +122,12 @@ class TorchAttentionBackend(AttentionBackend):
         for g in batch.prefix_groups:
             rows = [t for i in g.members for t in range(offsets[i], offsets[i + 1])]
             slots = in_place(batch.slot_rows[g.members[0]][: g.shared_len])
-            self.shared.append(SharedPrefix(slots if isinstance(slots, slice) else slots.to(device),
-                                            torch.tensor(rows, dtype=torch.int64, device=device)))
+            self.shared.append(
+                SharedPrefix(
+                    slots if isinstance(slots, slice) else slots.to(device),
+                    torch.tensor(rows, dtype=torch.int64, device=device),
+                )
+            )
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -126,8 +136,12 @@ class TorchAttentionBackend(AttentionBackend):
             k = k_cache[slots].transpose(0, 1)  # [KVH, L, D]
             v = v_cache[slots].transpose(0, 1)
             o = F.scaled_dot_product_attention(
-                qe.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                attn_mask=mask, is_causal=mask is None, enable_gqa=True,
+                qe.unsqueeze(0),
+                k.unsqueeze(0),
+                v.unsqueeze(0),
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=True,
             )
             out[start : start + ext] = o[0].transpose(0, 1)
         if self.short is not None:
@@ -171,5 +185,6 @@ class TorchAttentionBackend(AttentionBackend):
             k = k_cache[g.slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, S, D]
             v = v_cache[g.slots].transpose(0, 1).unsqueeze(0)
             o, lse = attention_with_lse(qg, k, v)
-            out[g.token_rows] = merge_by_lse(o[0].transpose(0, 1), lse[0].transpose(0, 1),
-                                             suffix_out[g.token_rows], suffix_lse[g.token_rows])
+            out[g.token_rows] = merge_by_lse(
+                o[0].transpose(0, 1), lse[0].transpose(0, 1), suffix_out[g.token_rows], suffix_lse[g.token_rows]
+            )

@@ -52,27 +52,49 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh,
-               UPCAST: tl.constexpr):
+def _load_keys(
+    K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh, UPCAST: tl.constexpr
+):
     """The slots of key positions `offs_n` of request `req`, and their keys as a [D, N] tile."""
     slot = tl.load(Table + req * stride_tb + offs_n, mask=mask_n, other=0).to(tl.int64)
-    k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-                mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+    k = tl.load(
+        K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+        mask=mask_n[None, :] & mask_d[:, None],
+        other=0.0,
+    )
     if UPCAST:
         k = k.to(tl.float32)
     return slot, k
 
 
 @triton.jit
-def _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt, stride_vh,
-                UPCAST: tl.constexpr, IEEE: tl.constexpr):
+def _accumulate(
+    acc,
+    l_i,
+    m_i,
+    m_new,
+    s,
+    V,
+    slot,
+    mask_n,
+    kv_head,
+    offs_d,
+    mask_d,
+    stride_vt,
+    stride_vh,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     """One online-softmax step over a key tile: rescale the running sums to the new row maxima
     `m_new`, then add the tile's exp(scores) and their weighted values (a [N, D] tile)."""
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    v = tl.load(
+        V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+        mask=mask_n[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     if UPCAST:
         v = v.to(tl.float32)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
@@ -88,9 +110,29 @@ def _split_len(length, n_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _attend_span(q, start, end, K, V, Table, req, kv_head, offs_d, mask_d, sm_scale, stride_tb, stride_kt,
-                 stride_kh, stride_vt, stride_vh, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UPCAST: tl.constexpr, IEEE: tl.constexpr):
+def _attend_span(
+    q,
+    start,
+    end,
+    K,
+    V,
+    Table,
+    req,
+    kv_head,
+    offs_d,
+    mask_d,
+    sm_scale,
+    stride_tb,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     """Online softmax of q's ROWS rows over key positions [start, end) of request `req`'s slot
     row, every key visible: (unnormalised output, row sums, row maxima)."""
     m_i = tl.zeros([ROWS], dtype=tl.float32) - float("inf")
@@ -100,23 +142,46 @@ def _attend_span(q, start, end, K, V, Table, req, kv_head, offs_d, mask_d, sm_sc
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
         mask_n = offs_n < end
-        slot, k = _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh,
-                             UPCAST)
+        slot, k = _load_keys(
+            K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh, UPCAST
+        )
         s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
-                               stride_vh, UPCAST, IEEE)
+        acc, l_i = _accumulate(
+            acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt, stride_vh, UPCAST, IEEE
+        )
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
 def extend_kernel(
-    Q, K, V, O, QStart, ExtLen, SeqLen, Table, sm_scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_tb,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    QStart,
+    ExtLen,
+    SeqLen,
+    Table,
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_tb,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -134,8 +199,11 @@ def extend_kernel(
         mask_m = offs_m < ext
         mask_d = offs_d < HEAD_DIM
 
-        q = tl.load(Q + (q_start + offs_m[:, None]) * stride_qt + head * stride_qh + offs_d[None, :],
-                    mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        q = tl.load(
+            Q + (q_start + offs_m[:, None]) * stride_qt + head * stride_qh + offs_d[None, :],
+            mask=mask_m[:, None] & mask_d[None, :],
+            other=0.0,
+        )
         if UPCAST:
             q = q.to(tl.float32)
 
@@ -147,29 +215,60 @@ def extend_kernel(
         for start_n in range(0, kv_end, BLOCK_N):
             offs_n = start_n + offs_n0
             mask_n = offs_n < kv_end
-            slot, k = _load_keys(K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt,
-                                 stride_kh, UPCAST)
+            slot, k = _load_keys(
+                K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh, UPCAST
+            )
             s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
             keep = (q_pos[:, None] >= offs_n[None, :]) & mask_n[None, :]
             s = tl.where(keep, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # Padded query rows see only -inf: keep them finite so no NaN is ever produced.
             m_new = tl.where(mask_m, m_new, 0.0)
-            acc, l_i = _accumulate(acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt,
-                                   stride_vh, UPCAST, IEEE)
+            acc, l_i = _accumulate(
+                acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt, stride_vh, UPCAST, IEEE
+            )
             m_i = m_new
         out = acc / tl.where(mask_m, l_i, 1.0)[:, None]
-        tl.store(O + (q_start + offs_m[:, None]) * stride_ot + head * stride_oh + offs_d[None, :],
-                 out, mask=mask_m[:, None] & mask_d[None, :])
+        tl.store(
+            O + (q_start + offs_m[:, None]) * stride_ot + head * stride_oh + offs_d[None, :],
+            out,
+            mask=mask_m[:, None] & mask_d[None, :],
+        )
 
 
 @triton.jit
 def decode_split_kernel(
-    Q, K, V, MidO, MidLse, QRows, SeqLen, KvStart, NumSplits, Table, sm_scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-    GROUP: tl.constexpr, HEADS_PER_PROG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    Q,
+    K,
+    V,
+    MidO,
+    MidLse,
+    QRows,
+    SeqLen,
+    KvStart,
+    NumSplits,
+    Table,
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_tb,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEADS_PER_PROG: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     req = tl.program_id(0)
     hblk = tl.program_id(1)
@@ -190,26 +289,76 @@ def decode_split_kernel(
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
 
-        q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+        q = tl.load(
+            Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_h[:, None] & mask_d[None, :],
+            other=0.0,
+        )
         if UPCAST:
             q = q.to(tl.float32)
-        acc, l_i, m_i = _attend_span(q, start, end, K, V, Table, req, kv_head, offs_d, mask_d, sm_scale, stride_tb,
-                                     stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, BLOCK_D, BLOCK_N, UPCAST,
-                                     IEEE)
+        acc, l_i, m_i = _attend_span(
+            q,
+            start,
+            end,
+            K,
+            V,
+            Table,
+            req,
+            kv_head,
+            offs_d,
+            mask_d,
+            sm_scale,
+            stride_tb,
+            stride_kt,
+            stride_kh,
+            stride_vt,
+            stride_vh,
+            BLOCK_H,
+            BLOCK_D,
+            BLOCK_N,
+            UPCAST,
+            IEEE,
+        )
         mid = req * stride_mb + heads * stride_mh + split * stride_ms
-        tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None],
-                 mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :])
         tl.store(MidLse + req * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_h)
 
 
 @triton.jit
 def prefix_split_kernel(
-    Q, K, V, MidO, MidLse, QRows, Members, SharedLen, NumSplits, Table, sm_scale, prefix_col,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, stride_pm,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-    GROUP: tl.constexpr, MEMBERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    Q,
+    K,
+    V,
+    MidO,
+    MidLse,
+    QRows,
+    Members,
+    SharedLen,
+    NumSplits,
+    Table,
+    sm_scale,
+    prefix_col,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_tb,
+    stride_pm,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    MEMBERS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """Partial attention of up to MEMBERS decode requests (Members[task], -1 padded) over the
     first SharedLen[task] positions of the first member's row, which they all share: row r of the
@@ -233,13 +382,36 @@ def prefix_split_kernel(
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
         row = tl.load(QRows + member, mask=mask_r, other=0).to(tl.int64)
-        q = tl.load(Q + row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+        q = tl.load(
+            Q + row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_r[:, None] & mask_d[None, :],
+            other=0.0,
+        )
         if UPCAST:
             q = q.to(tl.float32)
-        acc, l_i, m_i = _attend_span(q, start, end, K, V, Table, owner, kv_head, offs_d, mask_d, sm_scale, stride_tb,
-                                     stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_R, BLOCK_D, BLOCK_N, UPCAST,
-                                     IEEE)
+        acc, l_i, m_i = _attend_span(
+            q,
+            start,
+            end,
+            K,
+            V,
+            Table,
+            owner,
+            kv_head,
+            offs_d,
+            mask_d,
+            sm_scale,
+            stride_tb,
+            stride_kt,
+            stride_kh,
+            stride_vt,
+            stride_vh,
+            BLOCK_R,
+            BLOCK_D,
+            BLOCK_N,
+            UPCAST,
+            IEEE,
+        )
         safe = tl.where(mask_r, member, 0).to(tl.int64)
         mid = safe * stride_mb + heads * stride_mh + (prefix_col + split) * stride_ms
         tl.store(MidO + mid[:, None] + offs_d[None, :], acc / l_i[:, None], mask=mask_r[:, None] & mask_d[None, :])
@@ -259,9 +431,25 @@ def _merge_split(acc, total, m, MidO, MidLse, mid_o, mid_lse, offs_d, mask_d):
 
 @triton.jit
 def decode_merge_kernel(
-    MidO, MidLse, O, QRows, SeqLen, KvStart, NumSplits, PrefixSplits, prefix_col,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MidO,
+    MidLse,
+    O,
+    QRows,
+    SeqLen,
+    KvStart,
+    NumSplits,
+    PrefixSplits,
+    prefix_col,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_lb,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -281,14 +469,16 @@ def decode_merge_kernel(
     per_split = _split_len(seq - kv0, n_splits, BLOCK_N)
     for split in range(0, n_splits):
         if split * per_split < seq - kv0:
-            acc, total, m = _merge_split(acc, total, m, MidO, MidLse, o_base + split * stride_ms, l_base + split,
-                                         offs_d, mask_d)
+            acc, total, m = _merge_split(
+                acc, total, m, MidO, MidLse, o_base + split * stride_ms, l_base + split, offs_d, mask_d
+            )
     per_prefix = _split_len(kv0, n_prefix, BLOCK_N)
     for split in range(0, n_prefix):
         if split * per_prefix < kv0:
             col = prefix_col + split
-            acc, total, m = _merge_split(acc, total, m, MidO, MidLse, o_base + col * stride_ms, l_base + col,
-                                         offs_d, mask_d)
+            acc, total, m = _merge_split(
+                acc, total, m, MidO, MidLse, o_base + col * stride_ms, l_base + col, offs_d, mask_d
+            )
     tl.store(O + row * stride_ot + head * stride_oh + offs_d, acc / total, mask=mask_d)
 
 
@@ -347,50 +537,89 @@ def _upcast(dtype: torch.dtype, on_gpu: bool) -> bool:
 
 
 @functools.lru_cache(maxsize=256)  # called per layer: keep the launch path short
-def extend_config(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool,
-                  block_m: int | None = None, block_n: int | None = None) -> dict:
+def extend_config(
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    dtype: torch.dtype,
+    on_gpu: bool,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> dict:
     """The extend kernel's compile-time parameters and launch options."""
     if heads % kv_heads:
         raise ValueError(f"attention: {heads} query heads are not a multiple of {kv_heads} KV heads")
     wide = on_gpu and dtype != torch.float32  # float32 tiles take twice the shared memory
     return dict(
-        GROUP=heads // kv_heads, HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        BLOCK_M=block_m or (64 if wide else 32), BLOCK_N=block_n or (64 if wide else 32),
-        UPCAST=_upcast(dtype, on_gpu), IEEE=dtype == torch.float32,
-        num_warps=4 if dim <= 64 else 8, num_stages=2,
+        GROUP=heads // kv_heads,
+        HEAD_DIM=dim,
+        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        BLOCK_M=block_m or (64 if wide else 32),
+        BLOCK_N=block_n or (64 if wide else 32),
+        UPCAST=_upcast(dtype, on_gpu),
+        IEEE=dtype == torch.float32,
+        num_warps=4 if dim <= 64 else 8,
+        num_stages=2,
     )
 
 
 @functools.lru_cache(maxsize=256)  # called per layer: keep the launch path short
-def decode_config(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool,
-                  block_n: int | None = None) -> tuple[int, dict, dict]:
+def decode_config(
+    heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool, block_n: int | None = None
+) -> tuple[int, dict, dict]:
     """(programs per request over heads, split kernel parameters, merge kernel parameters)."""
     per_prog, head_blocks, block_h = decode_head_blocks(heads, kv_heads)
     block_d = max(16, triton.next_power_of_2(dim))
     block_n = block_n or ((64 if dim <= 64 else 32) if on_gpu else 16)
-    split = dict(GROUP=heads // kv_heads, HEADS_PER_PROG=per_prog, HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_H=block_h,
-                 BLOCK_N=block_n, UPCAST=_upcast(dtype, on_gpu), IEEE=dtype == torch.float32,
-                 num_warps=4, num_stages=2)
+    split = dict(
+        GROUP=heads // kv_heads,
+        HEADS_PER_PROG=per_prog,
+        HEAD_DIM=dim,
+        BLOCK_D=block_d,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        UPCAST=_upcast(dtype, on_gpu),
+        IEEE=dtype == torch.float32,
+        num_warps=4,
+        num_stages=2,
+    )
     merge = dict(HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=2)
     return head_blocks, split, merge
 
 
 @functools.lru_cache(maxsize=256)
-def prefix_config(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool,
-                  block_n: int | None = None) -> dict:
+def prefix_config(
+    heads: int, kv_heads: int, dim: int, dtype: torch.dtype, on_gpu: bool, block_n: int | None = None
+) -> dict:
     """prefix_split_kernel's parameters: MEMBERS requests' query heads of one KV head fill a query
     tile of up to 64 rows (at least 16: tl.dot's minimum); BLOCK_N as the decode kernels' (the
     merge kernel applies the same emptiness rule to prefix splits)."""
     _, split, _ = decode_config(heads, kv_heads, dim, dtype, on_gpu, block_n)
     group = heads // kv_heads
     members = max(1, 64 // group)
-    return dict(GROUP=group, MEMBERS=members, HEAD_DIM=dim, BLOCK_D=split["BLOCK_D"],
-                BLOCK_R=max(16, triton.next_power_of_2(members * group)), BLOCK_N=split["BLOCK_N"],
-                UPCAST=split["UPCAST"], IEEE=split["IEEE"], num_warps=4, num_stages=2)
+    return dict(
+        GROUP=group,
+        MEMBERS=members,
+        HEAD_DIM=dim,
+        BLOCK_D=split["BLOCK_D"],
+        BLOCK_R=max(16, triton.next_power_of_2(members * group)),
+        BLOCK_N=split["BLOCK_N"],
+        UPCAST=split["UPCAST"],
+        IEEE=split["IEEE"],
+        num_warps=4,
+        num_stages=2,
+    )
 
 
-def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-                     meta: ExtendMetadata, block_m: int | None = None, block_n: int | None = None) -> None:
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    meta: ExtendMetadata,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> None:
     """Write the extend rows of `out` ([T, H, D], like q). Caches: [num_slots, KVH, D]."""
     batch = meta.ext_lens.shape[0]
     if batch == 0:
@@ -399,14 +628,36 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cfg = extend_config(heads, k_cache.shape[1], dim, q.dtype, q.device.type == "cuda", block_m, block_n)
     grid = (batch, heads, triton.cdiv(meta.max_ext, cfg["BLOCK_M"]))
     extend_kernel[grid](
-        q, k_cache, v_cache, out, meta.q_start, meta.ext_lens, meta.seq_lens, meta.slot_table, 1.0 / math.sqrt(dim),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        out.stride(0), out.stride(1), meta.slot_table.stride(0), **cfg,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        meta.q_start,
+        meta.ext_lens,
+        meta.seq_lens,
+        meta.slot_table,
+        1.0 / math.sqrt(dim),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        out.stride(0),
+        out.stride(1),
+        meta.slot_table.stride(0),
+        **cfg,
     )
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-                     meta: DecodeMetadata, block_n: int | None = None) -> None:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    meta: DecodeMetadata,
+    block_n: int | None = None,
+) -> None:
     """Write the decode rows of `out`. Launches a fixed grid with no host sync, so it can be
     captured in a CUDA graph when the metadata tensors are static buffers."""
     batch = meta.seq_lens.shape[0]
@@ -422,23 +673,67 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     sm_scale = 1.0 / math.sqrt(dim)
     mid_strides = (mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
     decode_split_kernel[(batch, head_blocks, splits)](
-        q, k_cache, v_cache, mid_o, mid_lse, meta.q_rows, meta.seq_lens, meta.kv_start, meta.num_splits,
-        meta.slot_table, sm_scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        meta.slot_table.stride(0), *mid_strides, **split_cfg,
+        q,
+        k_cache,
+        v_cache,
+        mid_o,
+        mid_lse,
+        meta.q_rows,
+        meta.seq_lens,
+        meta.kv_start,
+        meta.num_splits,
+        meta.slot_table,
+        sm_scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        meta.slot_table.stride(0),
+        *mid_strides,
+        **split_cfg,
     )
     if meta.prefix is not None:
         p = meta.prefix
         prefix_split_kernel[(p.members.shape[0], k_cache.shape[1], p.max_splits)](
-            q, k_cache, v_cache, mid_o, mid_lse, meta.q_rows, p.members, p.shared_lens, p.num_splits,
-            meta.slot_table, sm_scale, splits,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-            meta.slot_table.stride(0), p.members.stride(0), *mid_strides,
+            q,
+            k_cache,
+            v_cache,
+            mid_o,
+            mid_lse,
+            meta.q_rows,
+            p.members,
+            p.shared_lens,
+            p.num_splits,
+            meta.slot_table,
+            sm_scale,
+            splits,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            meta.slot_table.stride(0),
+            p.members.stride(0),
+            *mid_strides,
             **prefix_config(heads, k_cache.shape[1], dim, q.dtype, on_gpu, block_n),
         )
     decode_merge_kernel[(batch, heads)](
-        mid_o, mid_lse, out, meta.q_rows, meta.seq_lens, meta.kv_start, meta.num_splits, meta.prefix_splits, splits,
-        *mid_strides, out.stride(0), out.stride(1), **merge_cfg,
+        mid_o,
+        mid_lse,
+        out,
+        meta.q_rows,
+        meta.seq_lens,
+        meta.kv_start,
+        meta.num_splits,
+        meta.prefix_splits,
+        splits,
+        *mid_strides,
+        out.stride(0),
+        out.stride(1),
+        **merge_cfg,
     )
 
 
@@ -458,8 +753,9 @@ class PrefixPlan:
     request_splits: list[int]  # per decode request: its task's prefix splits (0: in no group)
 
 
-def plan_prefix_tasks(groups: list[tuple[int, list[int]]], batch: int, per_task: int, most: int,
-                      min_split_tokens: int) -> PrefixPlan:
+def plan_prefix_tasks(
+    groups: list[tuple[int, list[int]]], batch: int, per_task: int, most: int, min_split_tokens: int
+) -> PrefixPlan:
     """Tasks for `groups` ((shared_len, decode indices) each): members in chunks of `per_task`,
     one split per `min_split_tokens` prefix positions, at most `most`."""
     plan = PrefixPlan([], [], [], [0] * batch)
@@ -538,8 +834,13 @@ class TritonAttentionBackend(AttentionBackend):
     # kernel time per step (0.28 ms over 30 layers) as that work costs. Groups form from here on.
     min_saved_prefix_reads = 128 * 1024
 
-    def __init__(self, max_kv_splits: int | None = None, min_split_tokens: int = 256,
-                 extend_blocks: tuple[int, int] | None = None, decode_block_n: int | None = None):
+    def __init__(
+        self,
+        max_kv_splits: int | None = None,
+        min_split_tokens: int = 256,
+        extend_blocks: tuple[int, int] | None = None,
+        decode_block_n: int | None = None,
+    ):
         self.max_kv_splits = max_kv_splits  # None: sized from the batch and the GPU's SM count
         self.min_split_tokens = min_split_tokens
         self.extend_blocks = extend_blocks or (None, None)
@@ -560,19 +861,29 @@ class TritonAttentionBackend(AttentionBackend):
         if ext_rows:
             idx = [i for i, _ in ext_rows]
             ext = [batch.extend_lens[i] for i in idx]
-            ints = torch.tensor([[o for _, o in ext_rows], ext, [batch.seq_lens[i] for i in idx]],
-                                dtype=torch.int32).to(device, non_blocking=True)
-            self.extend = ExtendMetadata(ints[0], ints[1], ints[2],
-                                         _slot_table([batch.slot_rows[i] for i in idx], device), max(ext))
+            ints = torch.tensor(
+                [[o for _, o in ext_rows], ext, [batch.seq_lens[i] for i in idx]], dtype=torch.int32
+            ).to(device, non_blocking=True)
+            self.extend = ExtendMetadata(
+                ints[0], ints[1], ints[2], _slot_table([batch.slot_rows[i] for i in idx], device), max(ext)
+            )
         if dec_rows:
             idx = [i for i, _ in dec_rows]
             self.groups = decode_groups(batch.prefix_groups, {i: d for d, i in enumerate(idx)})
-            ints = torch.tensor([[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx],
-                                 own_starts(self.groups, len(idx))],
-                                dtype=torch.int32).to(device, non_blocking=True)
+            ints = torch.tensor(
+                [[o for _, o in dec_rows], [batch.seq_lens[i] for i in idx], own_starts(self.groups, len(idx))],
+                dtype=torch.int32,
+            ).to(device, non_blocking=True)
             # The split counts need the head layout, which the first `forward` brings.
-            self.decode = DecodeMetadata(ints[0], ints[1], _slot_table([batch.slot_rows[i] for i in idx], device),
-                                         num_splits=None, max_splits=0, kv_start=ints[2], prefix_splits=None)
+            self.decode = DecodeMetadata(
+                ints[0],
+                ints[1],
+                _slot_table([batch.slot_rows[i] for i in idx], device),
+                num_splits=None,
+                max_splits=0,
+                kv_start=ints[2],
+                prefix_splits=None,
+            )
 
     def _size_splits(self, heads: int, kv_heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """The split counts of this pass's decode requests and their shared-prefix tasks."""
@@ -581,7 +892,8 @@ class TritonAttentionBackend(AttentionBackend):
         # Sized for the batch rounded up to a power of two, as the decode CUDA graphs are,
         # so eager and replayed passes split the same way.
         d.max_splits = self.max_kv_splits or default_max_splits(
-            triton.next_power_of_2(d.seq_lens.shape[0]), head_blocks, device)
+            triton.next_power_of_2(d.seq_lens.shape[0]), head_blocks, device
+        )
         d.num_splits = num_kv_splits(d.seq_lens - d.kv_start, d.max_splits, self.min_split_tokens)
         if not self.groups:
             d.prefix_splits = torch.zeros_like(d.kv_start)

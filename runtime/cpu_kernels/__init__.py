@@ -43,8 +43,14 @@ from runtime.model.weight_format import cpu_flags
 log = logging.getLogger("jumpgate.attention")
 
 FOLDER = Path(__file__).parent
-SOURCES = (FOLDER / "paged_attention.cpp", FOLDER / "layer_ops.cpp", FOLDER / "quant_linear.cpp",
-           FOLDER / "quant_linear_f32.cpp", FOLDER / "quant_linear_i8.cpp", FOLDER / "decoder_layers.cpp")
+SOURCES = (
+    FOLDER / "paged_attention.cpp",
+    FOLDER / "layer_ops.cpp",
+    FOLDER / "quant_linear.cpp",
+    FOLDER / "quant_linear_f32.cpp",
+    FOLDER / "quant_linear_i8.cpp",
+    FOLDER / "decoder_layers.cpp",
+)
 HEADERS = (FOLDER / "vec.h", FOLDER / "amx.h", FOLDER / "paged_attention_tiles.h", FOLDER / "ops.h")
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
@@ -104,12 +110,20 @@ def _build(key: str) -> Any:
                 except OSError:  # cut short by a killed link: build it again
                     library.unlink()
             (folder / "lock").unlink(missing_ok=True)  # cpp_extension's, left by a killed build
-            cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
-                               extra_ldflags=list(LDFLAGS), extra_include_paths=[str(FOLDER)],
-                               build_directory=str(folder), verbose=False, is_python_module=False)
+            cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),
+                extra_include_paths=[str(FOLDER)],
+                build_directory=str(folder),
+                verbose=False,
+                is_python_module=False,
+            )
         return torch.ops.jumpgate_cpu
     except Exception as e:  # no compiler, no ninja, a failed build: the torch ops still work
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        log.warning("cpu kernels unavailable (%s: %s); using the torch backend and plain torch ops",
-                    type(e).__name__, first)
+        log.warning(
+            "cpu kernels unavailable (%s: %s); using the torch backend and plain torch ops", type(e).__name__, first
+        )
         return None

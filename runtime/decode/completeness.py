@@ -54,8 +54,9 @@ MAX_DISTINCT_GRAMS = 0.55  # share of distinct 8-grams at or below which a run r
 MAX_RUN = 200  # a run without whitespace or quote (a URL, a path) longer than this is a runaway
 
 
-def has_periodic_suffix(ids: list[int], min_repeats: int = MIN_REPEATS, min_span: int = MIN_SPAN,
-                        max_period: int = MAX_PERIOD) -> bool:
+def has_periodic_suffix(
+    ids: list[int], min_repeats: int = MIN_REPEATS, min_span: int = MIN_SPAN, max_period: int = MAX_PERIOD
+) -> bool:
     n = len(ids)
     for period in range(1, max_period + 1):
         span = max(min_span, period * min_repeats)
@@ -155,8 +156,11 @@ class CompletionGuard:
             # Where the last plan found none (no completion within MAX_BOUND tokens: a schema
             # whose greedy plan writes optional properties), replanning on every token would walk
             # that far again for each one (seconds a token on a large schema): every RECHECK_EVERY.
-            due = (self.checked_at < 0 or produced - self.checked_at >= RECHECK_EVERY
-                   or (self.bound is not None and remaining <= self.bound + CHECK_SLACK))
+            due = (
+                self.checked_at < 0
+                or produced - self.checked_at >= RECHECK_EVERY
+                or (self.bound is not None and remaining <= self.bound + CHECK_SLACK)
+            )
             if due:
                 self._replan(matcher, produced)
                 self.checked_at = produced
@@ -232,8 +236,12 @@ class CompletionGuard:
         if self.close_value and closed_value:
             self.close_value = False
         if self.loop_breaking and not self.closing and not self.close_value:
-            if (has_periodic_suffix(output_ids) or runaway_number(text_tail, self.max_number_digits)
-                    or repetitive_text(text_tail) or runaway_run(text_tail)):
+            if (
+                has_periodic_suffix(output_ids)
+                or runaway_number(text_tail, self.max_number_digits)
+                or repetitive_text(text_tail)
+                or runaway_run(text_tail)
+            ):
                 self.close_value = True
                 self.in_digits = trailing_digits(text_tail) > 0
                 self.loops_broken += 1

@@ -16,12 +16,12 @@ from typing import Callable
 import torch
 
 from runtime.api import VALUE_RETRIES_EXHAUSTED, TokenLogprob
-from runtime.decode.completeness import TEXT_TAIL
 from runtime.counters import EngineCounters
+from runtime.decode.completeness import TEXT_TAIL
 from runtime.decode.logprobs import forced_logprob, masked_log_softmax, token_logprobs
 from runtime.decode.penalties import adjust_logits_, hold_stop_
-from runtime.request import Req
 from runtime.decode.sampler import apply_token_bitmask, sample_token
+from runtime.request import Req
 
 JUMP_FORWARD_MODES = ("verify", "direct", "off")
 # Strict requests: choices re-drawn at most this often when they would overrun the budget
@@ -35,8 +35,14 @@ REWIND = "rewind"
 
 
 class Decoder:
-    def __init__(self, eos_ids: set[int], max_jump_forward_tokens: int, counters: EngineCounters,
-                 free_positions: Callable[[Req, int, int], None], truncate_kv: Callable[[Req, int], None]):
+    def __init__(
+        self,
+        eos_ids: set[int],
+        max_jump_forward_tokens: int,
+        counters: EngineCounters,
+        free_positions: Callable[[Req, int, int], None],
+        truncate_kv: Callable[[Req, int], None],
+    ):
         self.eos_ids = eos_ids
         self.truncate_kv = truncate_kv
         self.max_jump_forward_tokens = max_jump_forward_tokens
@@ -47,8 +53,9 @@ class Decoder:
 
     # ------------------------------------------------------------------ choosing
 
-    def first_choices(self, logits: torch.Tensor | None, reqs: list[tuple[Req, int]],
-                      failed: dict[str, Exception]) -> dict[str, int]:
+    def first_choices(
+        self, logits: torch.Tensor | None, reqs: list[tuple[Req, int]], failed: dict[str, Exception]
+    ) -> dict[str, int]:
         """Batched choice for greedy requests at their first logits row (the common decode path),
         on the device where the logits live. A request whose matcher raises is left out and its
         error put in `failed`. Records of requests asking for logprobs go to `first_logprobs`."""
@@ -80,8 +87,9 @@ class Decoder:
             if r.guard is not None and r.rid not in failed:
                 choices[i] = self.vetted(r, sel[i], int(choices[i]))
         if logp is not None:
-            records = token_logprobs(logp, [int(choices[i]) for i in asking],
-                                     [greedy[i][0].spec.sampling.logprobs for i in asking])
+            records = token_logprobs(
+                logp, [int(choices[i]) for i in asking], [greedy[i][0].spec.sampling.logprobs for i in asking]
+            )
             self.first_logprobs = {greedy[i][0].rid: rec for i, rec in zip(asking, records)}
         return {r.rid: int(t) for (r, _), t in zip(greedy, choices) if r.rid not in failed}
 
@@ -130,8 +138,9 @@ class Decoder:
 
     # ------------------------------------------------------------------ accepting
 
-    def accept_from_logits(self, r: Req, rows: torch.Tensor | None, fed: int,
-                           first_choice: int | None) -> Finish | None:
+    def accept_from_logits(
+        self, r: Req, rows: torch.Tensor | None, fed: int, first_choice: int | None
+    ) -> Finish | None:
         """After a pass that reached the end of `r`'s pending tokens: verify its draft (if any),
         choose the next token, roll back KV of rejected draft tokens, then plan the next draft.
         Returns the finish (reason, error) if `r` is done; the caller finishes it, after this KV
@@ -224,8 +233,10 @@ class Decoder:
         self.counters.value_rewrites_exhausted += 1
         if not r.spec.refuse_unfit:
             return "stop", None
-        return "error", (f"{VALUE_RETRIES_EXHAUSTED}: the output kept breaking a schema keyword that only the check of "
-                         "the finished value enforces, with every rewrite spent")
+        return "error", (
+            f"{VALUE_RETRIES_EXHAUSTED}: the output kept breaking a schema keyword that only the check of "
+            "the finished value enforces, with every rewrite spent"
+        )
 
     def rewind(self, r: Req) -> None:
         """Drop the last `r.rewind_tokens` output tokens (the matcher has rolled them back): their
@@ -234,7 +245,7 @@ class Decoder:
         n, r.rewind_tokens = r.rewind_tokens, 0
         keep = len(r.output_ids) - n
         del r.output_ids[keep:]
-        del r.token_ids[len(r.prompt_ids) + keep:]
+        del r.token_ids[len(r.prompt_ids) + keep :]
         r.draft = []
         self.truncate_kv(r, len(r.token_ids) - 1)
         r.restart_text()

@@ -49,13 +49,13 @@ def token_logprobs(logp: torch.Tensor, chosen: list[int], top_counts: list[int])
     for i, tok in enumerate(chosen):
         top: tuple[tuple[int, float], ...] = ()
         if top_counts[i] > 0:
-            top = tuple((t, v) for t, v in zip(top_ids[i][: top_counts[i]], top_values[i][: top_counts[i]])
-                        if math.isfinite(v))
+            top = tuple(
+                (t, v) for t, v in zip(top_ids[i][: top_counts[i]], top_values[i][: top_counts[i]]) if math.isfinite(v)
+            )
         records.append(TokenLogprob(token_id=int(tok), logprob=_finite(picked[i]), top=top))
     return records
 
 
 def forced_logprob(token_id: int, top_count: int) -> TokenLogprob:
     """A direct-mode jump-forward token: no forward pass saw it, the grammar allowed nothing else."""
-    return TokenLogprob(token_id=token_id, logprob=0.0, top=((token_id, 0.0),) if top_count > 0 else (),
-                        forced=True)
+    return TokenLogprob(token_id=token_id, logprob=0.0, top=((token_id, 0.0),) if top_count > 0 else (), forced=True)

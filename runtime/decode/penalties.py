@@ -39,8 +39,7 @@ def hold_stop_(row: torch.Tensor, p: SamplingParams, produced: int, stop_ids: se
     if produced >= p.min_tokens or p.ignore_eos:
         return
     vocab = row.shape[-1]
-    stops = torch.tensor([i for i in {*stop_ids, *p.stop_token_ids} if i < vocab], dtype=torch.int64,
-                         device=row.device)
+    stops = torch.tensor([i for i in {*stop_ids, *p.stop_token_ids} if i < vocab], dtype=torch.int64, device=row.device)
     if not stops.numel():
         return
     kept = row[stops].clone()

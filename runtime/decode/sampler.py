@@ -20,8 +20,13 @@ def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tens
     """Set logits of tokens whose bit is 0 to -inf, in place (the torch version, used on CPU).
     logits [B, V], bitmask int32 [B, ceil(V/32)]; `rows` limits it to those rows (None = all)."""
     vocab = logits.shape[-1]
-    if (logits.device.type == "cpu" and bitmask.device.type == "cpu" and logits.dtype == torch.float32
-            and logits.is_contiguous() and sys.byteorder == "little"):
+    if (
+        logits.device.type == "cpu"
+        and bitmask.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+        and sys.byteorder == "little"
+    ):
         # In numpy, single-threaded: unpacking the bits of a [B, W, 32] tensor took ~50% longer,
         # and torch's multi-threaded masked_fill stalls for tens of ms on a loaded machine.
         out = logits.numpy()
@@ -47,11 +52,15 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
     """The one entry point for grammar masks: -inf for disallowed tokens of `rows` (None = all),
     in place. Triton kernel for CUDA logits, `apply_bitmask_` otherwise."""
     if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.shape[0] != logits.shape[0]:
-        raise ValueError(f"token bitmask: logits {tuple(logits.shape)} and bitmask {tuple(bitmask.shape)} "
-                         "must be [B, V] and [B, ceil(V/32)]")
+        raise ValueError(
+            f"token bitmask: logits {tuple(logits.shape)} and bitmask {tuple(bitmask.shape)} "
+            "must be [B, V] and [B, ceil(V/32)]"
+        )
     if bitmask.dtype != torch.int32 or bitmask.shape[1] * 32 < logits.shape[1]:
-        raise ValueError(f"token bitmask: need int32 words covering {logits.shape[1]} tokens, "
-                         f"got {bitmask.dtype} {tuple(bitmask.shape)}")
+        raise ValueError(
+            f"token bitmask: need int32 words covering {logits.shape[1]} tokens, "
+            f"got {bitmask.dtype} {tuple(bitmask.shape)}"
+        )
     if logits.device.type == "cuda":
         from runtime.decode.triton_bitmask import apply_token_bitmask_triton
 

@@ -25,14 +25,21 @@ class SamplingParams:
     # so a token the mask forbids stays forbidden whatever its bias.
     presence_penalty: float = 0.0  # subtracted once from each token already in the output (OpenAI)
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output (OpenAI)
-    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of prompt and output tokens (CTRL, HF)
+    repetition_penalty: float = (
+        1.0  # divides positive / multiplies negative logits of prompt and output tokens (CTRL, HF)
+    )
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     min_tokens: int = 0  # the stop tokens are forbidden until this many tokens are out
 
     @property
     def adjusts_logits(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.min_tokens)
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
 
     @property
     def greedy(self) -> bool:

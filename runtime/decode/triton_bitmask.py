@@ -36,8 +36,9 @@ def bitmask_kernel(Logits, Mask, Rows, vocab, stride_l, stride_m, BLOCK: tl.cons
         banned = ((words[:, None] >> bits[None, :]) & 1) == 0
         offs = w[:, None] * 32 + bits[None, :]
         inside = offs < vocab
-        tl.store(Logits + row * stride_l + offs, tl.full([BLOCK // 32, 32], float("-inf"), tl.float32),
-                 mask=inside & banned)
+        tl.store(
+            Logits + row * stride_l + offs, tl.full([BLOCK // 32, 32], float("-inf"), tl.float32), mask=inside & banned
+        )
     else:
         offs = start + tl.arange(0, BLOCK)
         inside = offs < vocab
@@ -46,9 +47,14 @@ def bitmask_kernel(Logits, Mask, Rows, vocab, stride_l, stride_m, BLOCK: tl.cons
         tl.store(Logits + row * stride_l + offs, tl.full([BLOCK], float("-inf"), tl.float32), mask=inside & banned)
 
 
-def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None,
-                               block: int | None = None, num_warps: int | None = None,
-                               words: bool | None = None) -> None:
+def apply_token_bitmask_triton(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    block: int | None = None,
+    num_warps: int | None = None,
+    words: bool | None = None,
+) -> None:
     """logits [B, V] (rows contiguous), bitmask int32 [B, >= ceil(V/32)], rows: indices into both
     (None = every row). The bitmask is moved to the logits' device if it is elsewhere. `block`,
     `num_warps`, `words`: launch configuration (default `DEFAULT_CONFIG`)."""
@@ -64,7 +70,13 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, rows
     block = block or DEFAULT_CONFIG["block"]
     vocab = logits.shape[1]
     bitmask_kernel[(rows.numel(), triton.cdiv(vocab, block))](
-        logits, bitmask, rows, vocab, logits.stride(0), bitmask.stride(0), BLOCK=block,
+        logits,
+        bitmask,
+        rows,
+        vocab,
+        logits.stride(0),
+        bitmask.stride(0),
+        BLOCK=block,
         WORDS=DEFAULT_CONFIG["words"] if words is None else words,
         num_warps=num_warps or DEFAULT_CONFIG["num_warps"],
     )

@@ -55,6 +55,7 @@ def collect_results(enqueue: Enqueue, specs: list[GenerateRequest], timeout: flo
             parts[rid].append(ev)
             if ev.finished:
                 done.release()
+
         return emit
 
     for spec in specs:
@@ -68,11 +69,17 @@ def collect_results(enqueue: Enqueue, specs: list[GenerateRequest], timeout: flo
         last = evs[-1]
         if last.finish_reason == "error":
             raise EngineError(last.error or "engine error", code="engine_error")
-        results.append(GenerateResult(
-            rid=spec.rid, text="".join(e.text for e in evs), token_ids=[t for e in evs for t in e.token_ids],
-            finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
-            cached_tokens=last.cached_tokens, completion_tokens=last.completion_tokens,
-            logprobs=None if spec.sampling.logprobs is None else [x for e in evs for x in e.logprobs or ()],
-            closed_at_budget=last.closed_at_budget,
-        ))
+        results.append(
+            GenerateResult(
+                rid=spec.rid,
+                text="".join(e.text for e in evs),
+                token_ids=[t for e in evs for t in e.token_ids],
+                finish_reason=last.finish_reason,
+                prompt_tokens=last.prompt_tokens,
+                cached_tokens=last.cached_tokens,
+                completion_tokens=last.completion_tokens,
+                logprobs=None if spec.sampling.logprobs is None else [x for e in evs for x in e.logprobs or ()],
+                closed_at_budget=last.closed_at_budget,
+            )
+        )
     return results

@@ -28,23 +28,29 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from runtime.api import (
-    EngineError, EngineInfo, EngineStats, GenerateRequest, GenerateResult, PrefixExplanation, StreamEvent,
+    EngineError,
+    EngineInfo,
+    EngineStats,
+    GenerateRequest,
+    GenerateResult,
+    PrefixExplanation,
+    StreamEvent,
 )
-from runtime.kvcache.cache_manager import CACHE_PROGRESS_EVERY, CacheManager
-from runtime.engine.client_io import Emit, collect_results, stream_events
 from runtime.counters import EngineCounters
 from runtime.decode.decoding import Decoder
-from runtime.engine_config import EngineConfig
-from runtime.engine.intake import Limits, new_request, validate
-from runtime.model.loader import load_tokenizer, read_config, resolve_model_dir
-from runtime.model.runner import ModelRunner, PassOutput, pick_device, pick_dtype
-from runtime.kvcache.prefix_cache import BasePrefixCache, NoPrefixCache
-from runtime.kvcache.radix_cache import RadixCache
-from runtime.request import Req
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.client_io import Emit, collect_results, stream_events
+from runtime.engine.intake import Limits, new_request, validate
 from runtime.engine.policies import SchedulePolicy
 from runtime.engine.scheduler import RequestCounts, Scheduler
 from runtime.engine.torch_thread import TorchThread
+from runtime.engine_config import EngineConfig
+from runtime.kvcache.cache_manager import CACHE_PROGRESS_EVERY, CacheManager
+from runtime.kvcache.prefix_cache import BasePrefixCache, NoPrefixCache
+from runtime.kvcache.radix_cache import RadixCache
+from runtime.model.loader import load_tokenizer, read_config, resolve_model_dir
+from runtime.model.runner import ModelRunner, PassOutput, pick_device, pick_dtype
+from runtime.request import Req
 
 log = logging.getLogger("jumpgate.engine")
 
@@ -107,18 +113,30 @@ class Engine:
         self.counters = EngineCounters()
         self.cache = CacheManager(self._build_prefix_cache(), self.runner.req_table, self.counters)
         self.counts = RequestCounts(cfg.max_running_requests + cfg.max_waiting_requests)
-        self.scheduler = Scheduler(SchedulePolicy(cfg.schedule_policy, seed=cfg.seed), self.cache, self.counters,
-                                   self.counts, cfg.chunked_prefill_tokens)
+        self.scheduler = Scheduler(
+            SchedulePolicy(cfg.schedule_policy, seed=cfg.seed),
+            self.cache,
+            self.counters,
+            self.counts,
+            cfg.chunked_prefill_tokens,
+        )
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.decoder = Decoder(eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions,
-                               self.cache.truncate)
+        self.decoder = Decoder(
+            eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions, self.cache.truncate
+        )
         self.info = EngineInfo(
-            model_name=self.model_name, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
-            weights=self.runner.model.weights, weights_reason=self.runner.model.weights_reason,
-            attention_backend=self.runner.attn.name, kv_pool_tokens=self.kv_pool_tokens,
-            max_context=self.max_context, vocab_size=mc.vocab_size, eos_token_ids=tuple(sorted(eos)),
+            model_name=self.model_name,
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            weights=self.runner.model.weights,
+            weights_reason=self.runner.model.weights_reason,
+            attention_backend=self.runner.attn.name,
+            kv_pool_tokens=self.kv_pool_tokens,
+            max_context=self.max_context,
+            vocab_size=mc.vocab_size,
+            eos_token_ids=tuple(sorted(eos)),
         )
 
     def _build_runner(self) -> ModelRunner:
@@ -140,7 +158,7 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         if self._loop_future is None:
             self._loop_future = self._torch.submit(self._loop)
         return self
@@ -167,7 +185,7 @@ class Engine:
         self._torch.close()
         self.cache.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -181,9 +199,14 @@ class Engine:
 
     def new_request(self, spec: GenerateRequest, emit: Emit) -> Req:
         """The engine's state for a validated `spec` (its matcher, strict guard, generator)."""
-        return new_request(spec, emit, self.tokenizer, default_jump_forward=self.config.jump_forward,
-                           loop_breaking=self.config.loop_breaking,
-                           max_number_digits=self.config.max_number_digits)
+        return new_request(
+            spec,
+            emit,
+            self.tokenizer,
+            default_jump_forward=self.config.jump_forward,
+            loop_breaking=self.config.loop_breaking,
+            max_number_digits=self.config.max_number_digits,
+        )
 
     def enqueue(self, spec: GenerateRequest, emit: Emit) -> None:
         """Queue `spec`; `emit` gets its events on the engine thread. Refusals raise EngineError
@@ -232,8 +255,12 @@ class Engine:
         return self.call(self._snapshot).result(timeout=60)
 
     def _snapshot(self) -> EngineStats:
-        return EngineStats(running_requests=len(self.scheduler.running), waiting_requests=self.counts.queued,
-                           **self.cache.gauges(), **self.counters.copy_values())
+        return EngineStats(
+            running_requests=len(self.scheduler.running),
+            waiting_requests=self.counts.queued,
+            **self.cache.gauges(),
+            **self.counters.copy_values(),
+        )
 
     def explain_prefix(self, prompt_ids: list[int], namespace: str = "") -> PrefixExplanation:
         """Cached length of `prompt_ids` per tier (computed on the engine thread)."""
@@ -272,9 +299,11 @@ class Engine:
 
     def flush_cache(self) -> None:
         """Drop every unlocked prefix from the cache and zero the counters (benchmarks, admin)."""
+
         def flush() -> None:
             self.cache.evict_all()
             self.counters.reset()
+
         self.call(flush).result(timeout=60)
 
     def check_invariant(self) -> None:
@@ -331,8 +360,15 @@ class Engine:
         except Exception as e:  # e.g. the constraint's new_matcher raised: fail this request only
             log.exception("setting up request %s failed", msg.spec.rid)
             self.counts.finished(was_queued=True)
-            msg.emit(StreamEvent(rid=msg.spec.rid, finished=True, finish_reason="error",
-                                 prompt_tokens=len(msg.spec.prompt_ids), error=f"engine error: {e}"))
+            msg.emit(
+                StreamEvent(
+                    rid=msg.spec.rid,
+                    finished=True,
+                    finish_reason="error",
+                    prompt_tokens=len(msg.spec.prompt_ids),
+                    error=f"engine error: {e}",
+                )
+            )
             return
         if stopping:
             self._finish(req, "error", error="engine stopped")
@@ -414,7 +450,7 @@ class Engine:
 # Engines not shut down by their owner are shut down at interpreter exit, before Python finalizes:
 # a daemon thread still polling then is stopped by force in the middle of a C++ call (torch), which
 # aborts the process ("terminate called without an active exception") after everything passed.
-_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 @atexit.register

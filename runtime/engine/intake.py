@@ -41,7 +41,8 @@ def validate(spec: GenerateRequest, limits: Limits) -> GenerateRequest:
         where = "context length" if limits.max_context <= limits.kv_pool_tokens else "KV pool size"
         raise EngineError(
             f"prompt is {n} tokens, over the {where} of {limit} tokens (one more is needed to answer)",
-            code="context_length_exceeded", param="messages",
+            code="context_length_exceeded",
+            param="messages",
         )
     if spec.jump_forward is not None and spec.jump_forward not in JUMP_FORWARD_MODES:
         raise EngineError(f"jump_forward: must be one of {', '.join(JUMP_FORWARD_MODES)}", param="jump_forward")
@@ -50,8 +51,9 @@ def validate(spec: GenerateRequest, limits: Limits) -> GenerateRequest:
     for param, ids in (("logit_bias", spec.sampling.logit_bias), ("stop_token_ids", spec.sampling.stop_token_ids)):
         outside = [t for t in ids if not 0 <= t < limits.vocab_size]
         if outside:
-            raise EngineError(f"{param}: token id {outside[0]} is outside the vocabulary (0..{limits.vocab_size - 1})",
-                              param=param)
+            raise EngineError(
+                f"{param}: token id {outside[0]} is outside the vocabulary (0..{limits.vocab_size - 1})", param=param
+            )
     # The output may use whatever room the context leaves.
     max_new = min(spec.sampling.max_new_tokens, limit - n)
     if spec.strict and spec.constraint is not None:
@@ -59,25 +61,37 @@ def validate(spec: GenerateRequest, limits: Limits) -> GenerateRequest:
         if need is not None and max_new < need:
             raise EngineError(
                 f"max_tokens is {max_new}, but the smallest output the schema allows needs {need} tokens; "
-                f"raise max_tokens to at least {need}", param="max_tokens",
+                f"raise max_tokens to at least {need}",
+                param="max_tokens",
             )
     return replace(spec, sampling=replace(spec.sampling, max_new_tokens=max_new))
 
 
-def new_request(spec: GenerateRequest, emit: Callable[[StreamEvent], None], tokenizer, *,
-                default_jump_forward: str, loop_breaking: bool, max_number_digits: int = MAX_DIGITS) -> Req:
+def new_request(
+    spec: GenerateRequest,
+    emit: Callable[[StreamEvent], None],
+    tokenizer,
+    *,
+    default_jump_forward: str,
+    loop_breaking: bool,
+    max_number_digits: int = MAX_DIGITS,
+) -> Req:
     """The engine's state for a validated `spec`: its matcher, strict guard and generator."""
     gen = None
     if not spec.sampling.greedy:
-        gen = torch.Generator().manual_seed(spec.sampling.seed if spec.sampling.seed is not None
-                                            else int(torch.randint(0, 2**62, (1,))))
+        gen = torch.Generator().manual_seed(
+            spec.sampling.seed if spec.sampling.seed is not None else int(torch.randint(0, 2**62, (1,)))
+        )
     matcher = spec.constraint.new_matcher() if spec.constraint is not None else None
     guard = None
     if matcher is not None and spec.strict and matcher.supports_strict:
         guard = CompletionGuard(loop_breaking=loop_breaking, max_number_digits=max_number_digits)
     return Req(
-        spec=spec, emit=emit, detok=IncrementalDetokenizer(tokenizer, spec.sampling.stop),
-        matcher=matcher, guard=guard,
+        spec=spec,
+        emit=emit,
+        detok=IncrementalDetokenizer(tokenizer, spec.sampling.stop),
+        matcher=matcher,
+        guard=guard,
         jump_forward=(spec.jump_forward or default_jump_forward) if spec.constraint is not None else "off",
         generator=gen,
     )

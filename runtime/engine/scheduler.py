@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from runtime.kvcache.cache_manager import CacheManager
 from runtime.counters import EngineCounters
-from runtime.request import Req
 from runtime.engine.policies import SchedulePolicy
+from runtime.kvcache.cache_manager import CacheManager
+from runtime.request import Req
 
 # A waiting request that shares this many more tokens with a request being prefilled than with
 # the cache waits for that prefill to land in the cache instead of computing the prefix twice.
@@ -66,8 +66,14 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, policy: SchedulePolicy, cache: CacheManager, counters: EngineCounters,
-                 counts: RequestCounts, chunked_prefill_tokens: int):
+    def __init__(
+        self,
+        policy: SchedulePolicy,
+        cache: CacheManager,
+        counters: EngineCounters,
+        counts: RequestCounts,
+        chunked_prefill_tokens: int,
+    ):
         self.policy = policy
         self.cache = cache
         self.counters = counters
@@ -157,9 +163,11 @@ class Scheduler:
     @staticmethod
     def _waits_for_shared_prefill(r: Req, matched: int, in_prefill: list[Req]) -> bool:
         """Another request is prefilling the same long prefix: wait a step and hit the cache."""
-        return any(p.namespace == r.namespace and
-                   common_prefix_len(p.prompt_ids, r.prompt_ids) >= matched + SHARED_PREFIX_WAIT_TOKENS
-                   for p in in_prefill)
+        return any(
+            p.namespace == r.namespace
+            and common_prefix_len(p.prompt_ids, r.prompt_ids) >= matched + SHARED_PREFIX_WAIT_TOKENS
+            for p in in_prefill
+        )
 
     def retract_one(self) -> bool:
         """Out of slots while decoding: send a background request before an online one, then the

@@ -163,7 +163,9 @@ class CacheManager:
             raise EngineError(
                 f"pinning {tokens} tokens would exceed the pin budget: {used} of {budget} tokens are "
                 "pinned already" + ("" if budget else " (pinning is off: set pin_budget_tokens)"),
-                code="pin_budget_exceeded", param="pin")
+                code="pin_budget_exceeded",
+                param="pin",
+            )
 
     def pin(self, key: tuple[str, str], ids: list[int], namespace: str) -> int:
         """Lock the cached prefix of `ids` (prefilled just before) under `key`."""
@@ -194,9 +196,14 @@ class CacheManager:
         if "host_slots_tree" in tier:
             by_tier["host"] = tier["host_slots_tree"]
         return dict(
-            kv_slots_total=a.num_slots, kv_slots_free=a.num_free, kv_slots_tree=tree,
-            kv_slots_evictable=self.prefix_cache.evictable_size, kv_slots_request_only=a.num_slots - a.num_free - tree,
-            evicted_tokens=self.prefix_cache.evicted_tokens, cached_tokens_by_tier=by_tier, tier_counters=tier,
+            kv_slots_total=a.num_slots,
+            kv_slots_free=a.num_free,
+            kv_slots_tree=tree,
+            kv_slots_evictable=self.prefix_cache.evictable_size,
+            kv_slots_request_only=a.num_slots - a.num_free - tree,
+            evicted_tokens=self.prefix_cache.evicted_tokens,
+            cached_tokens_by_tier=by_tier,
+            tier_counters=tier,
         )
 
     def check_invariant(self, running_only_slots: int) -> None:
@@ -204,4 +211,3 @@ class CacheManager:
 
     def close(self) -> None:
         self.prefix_cache.close()
-

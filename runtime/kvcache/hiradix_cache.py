@@ -36,13 +36,13 @@ from typing import Any, Sequence
 
 import torch
 
+from runtime.kvcache.pool import KVPool, SlotAllocator
+from runtime.kvcache.prefix_cache import BasePrefixCache, InsertResult, MatchResult
+from runtime.kvcache.radix_cache import RadixCache, TreeNode, as_key, device_length
 from runtime.kvcache.tiers.disk_store import DiskStore, model_identity
 from runtime.kvcache.tiers.disk_tier import DiskTier
 from runtime.kvcache.tiers.host_pool import HostKVPool, scatter_kv
 from runtime.kvcache.tiers.host_tier import HostTier
-from runtime.kvcache.pool import KVPool, SlotAllocator
-from runtime.kvcache.prefix_cache import BasePrefixCache, InsertResult, MatchResult
-from runtime.kvcache.radix_cache import RadixCache, TreeNode, as_key, device_length
 from runtime.kvcache.tiers.tier_record import host_slots, record
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -50,9 +50,17 @@ SELECTIVE_HITS = 2  # write_through_selective: copy a node down once this many a
 
 
 class HiRadixCache(BasePrefixCache):
-    def __init__(self, kv: KVPool, host: HostKVPool, page_size: int, disk: DiskStore | None = None,
-                 write_policy: str = "write_through", min_load_tokens: int = 32, identity: str = "",
-                 max_staged_pages: int = 256):
+    def __init__(
+        self,
+        kv: KVPool,
+        host: HostKVPool,
+        page_size: int,
+        disk: DiskStore | None = None,
+        write_policy: str = "write_through",
+        min_load_tokens: int = 32,
+        identity: str = "",
+        max_staged_pages: int = 256,
+    ):
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy: must be one of {', '.join(WRITE_POLICIES)}")
         self.kv = kv
@@ -62,10 +70,15 @@ class HiRadixCache(BasePrefixCache):
         self.write_policy = write_policy
         self.min_load_tokens = min_load_tokens
         self._closed = False
-        self.tier_counters = {"hicache_demoted_tokens": 0, "hicache_host_evicted_tokens": 0,
-                              "hicache_loaded_host_tokens": 0, "hicache_loaded_disk_tokens": 0,
-                              "hicache_prefetched_pages": 0, "hicache_backed_up_tokens": 0,
-                              "hicache_dropped_tokens": 0}
+        self.tier_counters = {
+            "hicache_demoted_tokens": 0,
+            "hicache_host_evicted_tokens": 0,
+            "hicache_loaded_host_tokens": 0,
+            "hicache_loaded_disk_tokens": 0,
+            "hicache_prefetched_pages": 0,
+            "hicache_backed_up_tokens": 0,
+            "hicache_dropped_tokens": 0,
+        }
         self.tree = RadixCache(kv.allocator, page_size, spill=self._spill, on_split=self._split_tiers)
         self.host_tier = HostTier(kv, host, self.tree, self._write_to_disk, self.tier_counters)
         self.disk_tier = DiskTier(disk, identity, page_size, self.tier_counters, max_staged_pages)
@@ -159,13 +172,13 @@ class HiRadixCache(BasePrefixCache):
         nodes = [node for node, _ in walk.path]
         for node in nodes:
             record(node, self.page_size).hits += 1
-        on_device = nodes[:sum(1 for node in nodes if node.value is not None)]
-        lower = nodes[len(on_device):]
+        on_device = nodes[: sum(1 for node in nodes if node.value is not None)]
+        lower = nodes[len(on_device) :]
         disk_pages = self.disk_tier.pages_after(key, namespace, walk.length)
         loaded = []
         if lower or disk_pages:
             handle = on_device[-1] if on_device else walk.root
-            loaded = self._load(namespace, handle, lower, disk_pages, key[walk.length:], tick)
+            loaded = self._load(namespace, handle, lower, disk_pages, key[walk.length :], tick)
         if self.write_policy == "write_through_selective":
             # after the load: copying down may evict L2 nodes, and `lower` had to stay put
             for node in on_device + loaded:
@@ -173,8 +186,15 @@ class HiRadixCache(BasePrefixCache):
                     self._persist(node)
         return sum(len(node.key) for node in loaded)
 
-    def _load(self, namespace: str, handle: TreeNode | None, lower: list[TreeNode], disk_pages: list[bytes],
-              rest: tuple, tick: int) -> list[TreeNode]:
+    def _load(
+        self,
+        namespace: str,
+        handle: TreeNode | None,
+        lower: list[TreeNode],
+        disk_pages: list[bytes],
+        rest: tuple,
+        tick: int,
+    ) -> list[TreeNode]:
         """Load the L2 nodes `lower` (below `handle`), then the disk pages (of `rest`, the key after
         the tree match) into L1, as much as free + evictable slots allow. Returns the nodes loaded."""
         p = self.page_size
@@ -204,7 +224,7 @@ class HiRadixCache(BasePrefixCache):
                 if len(node.key) > want - pos:
                     node = self.tree.split(node, want - pos)
                 n = len(node.key)
-                self.tree.put_on_device(node, slots[pos:pos + n])
+                self.tree.put_on_device(node, slots[pos : pos + n])
                 self.host_tier.load(node)
                 loaded.append(node)
                 pos, parent = pos + n, node
@@ -212,10 +232,10 @@ class HiRadixCache(BasePrefixCache):
             if n:
                 if parent is None or parent.parent is None:  # an emptied tenant root left the tree
                     parent = self.tree.root(namespace, create=True)
-                node = self.tree.add_child(parent, rest[:n], slots[pos:pos + n], tick)
-                scatter_kv(self.kv, node.value, torch.cat(pages[:n // p], dim=2))
+                node = self.tree.add_child(parent, rest[:n], slots[pos : pos + n], tick)
+                scatter_kv(self.kv, node.value, torch.cat(pages[: n // p], dim=2))
                 rec = record(node, p)
-                rec.hashes, rec.hits = list(disk_pages[:n // p]), 1
+                rec.hashes, rec.hits = list(disk_pages[: n // p]), 1
                 self.tier_counters["hicache_loaded_disk_tokens"] += n
                 loaded.append(node)
             return loaded
@@ -276,8 +296,7 @@ class HiRadixCache(BasePrefixCache):
     def tier_stats(self) -> dict[str, Any]:
         h = self.host.allocator
         out: dict[str, Any] = dict(self.tier_counters)
-        out.update(host_slots_total=h.num_slots, host_slots_free=h.num_free,
-                   host_slots_tree=h.num_slots - h.num_free)
+        out.update(host_slots_total=h.num_slots, host_slots_free=h.num_free, host_slots_tree=h.num_slots - h.num_free)
         if self.disk is not None:
             out.update(self.disk.stats, disk_pages=self.disk.num_pages, disk_bytes=self.disk.used_bytes)
         return out
@@ -298,8 +317,24 @@ def build_hiradix_cache(cfg: Any, kv: KVPool, model_dir: Any, numerics: str = ""
     identity = model_identity(model_dir, kv.dtype, kv.num_layers, kv.kv_heads, kv.head_dim, numerics)
     disk = None
     if cfg.disk_cache_dir:
-        disk = DiskStore(cfg.disk_cache_dir, identity, page, kv.num_layers, kv.kv_heads, kv.head_dim,
-                         kv.dtype, max_bytes=cfg.disk_cache_bytes)
+        disk = DiskStore(
+            cfg.disk_cache_dir,
+            identity,
+            page,
+            kv.num_layers,
+            kv.kv_heads,
+            kv.head_dim,
+            kv.dtype,
+            max_bytes=cfg.disk_cache_bytes,
+        )
     staged = max(16, cfg.host_pool_tokens // page)
-    return HiRadixCache(kv, host, page, disk, cfg.hicache_write_policy, cfg.hicache_min_load_tokens,
-                        identity=identity, max_staged_pages=staged)
+    return HiRadixCache(
+        kv,
+        host,
+        page,
+        disk,
+        cfg.hicache_write_policy,
+        cfg.hicache_min_load_tokens,
+        identity=identity,
+        max_staged_pages=staged,
+    )

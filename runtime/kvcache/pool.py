@@ -63,8 +63,16 @@ class KVPool:
     kv_heads-th piece of it, which the cpu kernel reads markedly faster (docs/perf-log.md).
     """
 
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", head_major: bool = False):
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        head_major: bool = False,
+    ):
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.kv_heads = kv_heads

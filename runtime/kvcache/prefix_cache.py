@@ -124,7 +124,7 @@ class BasePrefixCache(abc.ABC):
         explicitly before matching at admission; `match_prefix` itself never loads."""
         return 0
 
-    def prefetch(self, key: Sequence[int], namespace: str = "") -> None:
+    def prefetch(self, key: Sequence[int], namespace: str = "") -> None:  # noqa: B027 - optional hook
         """A request with this key was queued: start loading what lower tiers hold of it."""
 
     def loading(self, key: Sequence[int], namespace: str = "") -> bool:
@@ -134,11 +134,12 @@ class BasePrefixCache(abc.ABC):
     def tier_stats(self) -> dict[str, Any]:
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Engine shutdown: persist what should survive a restart and stop helper threads."""
 
-    def cache_finished(self, key: Sequence[int], slots: torch.Tensor, node: Any,
-                       matched_len: int, namespace: str = "") -> int:
+    def cache_finished(
+        self, key: Sequence[int], slots: torch.Tensor, node: Any, matched_len: int, namespace: str = ""
+    ) -> int:
         """Hand a finished request's KV to the cache and release its lock.
 
         `slots[i]` is the slot of `key[i]`; `node`/`matched_len` come from the request's locked

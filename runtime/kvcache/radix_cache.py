@@ -23,8 +23,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
-from runtime.kvcache.pool import SlotAllocator
 from runtime.kvcache.lru_queue import LRUQueue
+from runtime.kvcache.pool import SlotAllocator
 from runtime.kvcache.prefix_cache import BasePrefixCache, InsertResult, MatchResult
 
 _EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
@@ -52,12 +52,16 @@ def as_key(key: Sequence[int]) -> tuple:
 
 
 class TreeNode:
-    __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access",
-                 "namespace", "evicted", "tier")
+    __slots__ = ("id", "key", "value", "parent", "children", "lock_ref", "last_access", "namespace", "evicted", "tier")
     _ids = itertools.count()
 
-    def __init__(self, key: tuple = (), value: torch.Tensor | None = _EMPTY_SLOTS,
-                 parent: TreeNode | None = None, namespace: str | None = None):
+    def __init__(
+        self,
+        key: tuple = (),
+        value: torch.Tensor | None = _EMPTY_SLOTS,
+        parent: TreeNode | None = None,
+        namespace: str | None = None,
+    ):
         self.id = next(TreeNode._ids)
         self.key = key  # token ids of this segment
         self.value = value  # int64 device slots, one per token of `key`; None = off the device
@@ -95,9 +99,13 @@ def device_length(path: list) -> int:
 
 
 class RadixCache(BasePrefixCache):
-    def __init__(self, allocator: SlotAllocator, page_size: int = 1,
-                 spill: Callable[[TreeNode], bool] | None = None,
-                 on_split: Callable[[TreeNode, TreeNode, int], None] | None = None):
+    def __init__(
+        self,
+        allocator: SlotAllocator,
+        page_size: int = 1,
+        spill: Callable[[TreeNode], bool] | None = None,
+        on_split: Callable[[TreeNode, TreeNode, int], None] | None = None,
+    ):
         """Hooks of a tiered cache: `spill(node)` runs on every device eviction, before the node's
         slots are freed; True means a lower tier keeps its KV, so the node stays in the tree off
         the device. `on_split(head, tail, n)` runs when a node is cut after `n` tokens."""
@@ -186,7 +194,7 @@ class RadixCache(BasePrefixCache):
             child = node.children.get(self._child_key(key, i))
             if child is None:
                 break
-            n = self._aligned(common_len(child.key, key[i:i + len(child.key)]))
+            n = self._aligned(common_len(child.key, key[i : i + len(child.key)]))
             if n < len(child.key):
                 if not split:
                     path.append((child, n))
@@ -221,8 +229,12 @@ class RadixCache(BasePrefixCache):
             n.evicted = True
         parent = node.parent
         del parent.children[self._child_key(node.key)]
-        if parent.parent is None and not parent.children and parent.namespace \
-                and self._roots.get(parent.namespace) is parent:
+        if (
+            parent.parent is None
+            and not parent.children
+            and parent.namespace
+            and self._roots.get(parent.namespace) is parent
+        ):
             del self._roots[parent.namespace]  # empty tenant root: don't let namespaces pile up
 
     def subtree(self, node: TreeNode):
@@ -269,15 +281,14 @@ class RadixCache(BasePrefixCache):
         for node, n in walk.path:
             # clone: `slots` is often a view of the request-to-token table, whose row is reused
             if node.value is None:  # only in a lower tier: adopt the caller's slots (same tokens, same KV)
-                self.put_on_device(node, slots[pos:pos + n].to(torch.int64).clone())
+                self.put_on_device(node, slots[pos : pos + n].to(torch.int64).clone())
             else:
                 cached = pos + n  # device residency is prefix-closed: it ends here at the latest
             pos += n
         node = walk.path[-1][0] if walk.path else root
         end = self._aligned(len(key))
         if walk.length < end:
-            node = self.add_child(node, key[walk.length:end],
-                                  slots[walk.length:end].to(torch.int64).clone(), tick)
+            node = self.add_child(node, key[walk.length : end], slots[walk.length : end].to(torch.int64).clone(), tick)
         return InsertResult(node, cached)
 
     def lock(self, node: TreeNode | None) -> None:
@@ -310,8 +321,13 @@ class RadixCache(BasePrefixCache):
 
     def _is_device_leaf(self, node: TreeNode) -> bool:
         """Evictable: unlocked, on the device, with no child on the device."""
-        return (node.parent is not None and not node.evicted and node.value is not None
-                and node.lock_ref == 0 and not any(c.value is not None for c in node.children.values()))
+        return (
+            node.parent is not None
+            and not node.evicted
+            and node.value is not None
+            and node.lock_ref == 0
+            and not any(c.value is not None for c in node.children.values())
+        )
 
     def evict(self, num_tokens: int) -> int:
         freed = 0
@@ -366,14 +382,17 @@ class RadixCache(BasePrefixCache):
                 evictable += len(node.key)
             assert not self._is_device_leaf(node) or node in self._lru, f"{node!r} evictable but not queued"
             values.append(node.value)
-        assert (evictable, protected) == (self._evictable, self._protected), \
-            ((evictable, protected), (self._evictable, self._protected))
+        assert (evictable, protected) == (self._evictable, self._protected), (
+            (evictable, protected),
+            (self._evictable, self._protected),
+        )
         total = evictable + protected
         if values:
             assert torch.cat(values).unique().numel() == total, "a slot is held twice"
         a = self._allocator
-        assert a.num_free + total + running_only_slots == a.num_slots, \
+        assert a.num_free + total + running_only_slots == a.num_slots, (
             f"free {a.num_free} + tree {total} + running {running_only_slots} != {a.num_slots}"
+        )
 
     def pretty_print(self) -> str:
         lines = []

@@ -39,8 +39,12 @@ class ModelConfig:
             self.rotary_dim = self.head_dim
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any], source: str = "config.json",
-                family_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> ModelConfig:
+    def from_hf(
+        cls,
+        cfg: dict[str, Any],
+        source: str = "config.json",
+        family_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> ModelConfig:
         """The fields every family reads alike, then `family_fields(cfg)` over them."""
         model_type = cfg.get("model_type", "")
         try:
@@ -60,7 +64,8 @@ class ModelConfig:
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
                 rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
-                rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
+                rope_scaling=cfg.get("rope_scaling")
+                or (rope if rope.get("rope_type", "default") != "default" else None),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", False)),

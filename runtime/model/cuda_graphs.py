@@ -28,12 +28,21 @@ import time
 import torch
 
 from runtime.attention import AttentionBackend
+from runtime.attention.triton_backend import (
+    DecodeMetadata,
+    PrefixTasks,
+    decode_attention,
+    decode_groups,
+    decode_head_blocks,
+    default_max_splits,
+    num_kv_splits,
+    own_starts,
+    plan_prefix_tasks,
+    prefix_config,
+    prefix_max_splits,
+)
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool
-from runtime.attention.triton_backend import (
-    DecodeMetadata, PrefixTasks, decode_attention, decode_groups, decode_head_blocks, default_max_splits,
-    num_kv_splits, own_starts, plan_prefix_tasks, prefix_config, prefix_max_splits,
-)
 
 log = logging.getLogger("jumpgate.cuda_graphs")
 
@@ -45,8 +54,17 @@ class _StaticDecodeAttention(AttentionBackend):
 
     name = "triton-graph"
 
-    def __init__(self, q_rows: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, kv_start: torch.Tensor,
-                 prefix_splits: torch.Tensor, prefix: PrefixTasks | None, max_splits: int, min_split_tokens: int):
+    def __init__(
+        self,
+        q_rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+        table: torch.Tensor,
+        kv_start: torch.Tensor,
+        prefix_splits: torch.Tensor,
+        prefix: PrefixTasks | None,
+        max_splits: int,
+        min_split_tokens: int,
+    ):
         self.q_rows, self.seq_lens, self.table = q_rows, seq_lens, table
         self.kv_start, self.prefix_splits, self.prefix = kv_start, prefix_splits, prefix
         self.max_splits, self.min_split_tokens = max_splits, min_split_tokens
@@ -55,8 +73,16 @@ class _StaticDecodeAttention(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         # device ops only
         splits = num_kv_splits(self.seq_lens - self.kv_start, self.max_splits, self.min_split_tokens)
-        self.meta = DecodeMetadata(self.q_rows, self.seq_lens, self.table, splits, self.max_splits,
-                                   kv_start=self.kv_start, prefix_splits=self.prefix_splits, prefix=self.prefix)
+        self.meta = DecodeMetadata(
+            self.q_rows,
+            self.seq_lens,
+            self.table,
+            splits,
+            self.max_splits,
+            kv_start=self.kv_start,
+            prefix_splits=self.prefix_splits,
+            prefix=self.prefix,
+        )
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
@@ -75,9 +101,18 @@ def graph_batch_sizes(max_batch: int, sizes: tuple[int, ...] = BATCH_SIZES) -> l
 
 
 class DecodeCudaGraphs:
-    def __init__(self, model, kv: KVPool, max_batch: int, max_seq_len: int, *, min_split_tokens: int = 256,
-                 batch_sizes: tuple[int, ...] = BATCH_SIZES, capture: bool = True,
-                 max_kv_splits: int | None = None):
+    def __init__(
+        self,
+        model,
+        kv: KVPool,
+        max_batch: int,
+        max_seq_len: int,
+        *,
+        min_split_tokens: int = 256,
+        batch_sizes: tuple[int, ...] = BATCH_SIZES,
+        capture: bool = True,
+        max_kv_splits: int | None = None,
+    ):
         device = kv.device
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {device.type}")
@@ -97,8 +132,9 @@ class DecodeCudaGraphs:
         _, head_blocks, _ = decode_head_blocks(cfg.num_heads, cfg.num_kv_heads)
         # shared-prefix tasks (at most one per row) and where each row's own positions start
         self.min_split_tokens = min_split_tokens
-        self.per_task = prefix_config(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv.dtype,
-                                      device.type == "cuda")["MEMBERS"]
+        self.per_task = prefix_config(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv.dtype, device.type == "cuda")[
+            "MEMBERS"
+        ]
         self.prefix_most = prefix_max_splits(max_kv_splits, cfg.num_kv_heads, device)
         # rows: each task's shared length and prefix splits, each row's own start and prefix splits
         # (one buffer: a step writes them in one copy)
@@ -110,11 +146,11 @@ class DecodeCudaGraphs:
         for bs in self.sizes:
             splits = max_kv_splits or default_max_splits(bs, head_blocks, device)
             rows = (self.q_rows[:bs], self.seq_lens[:bs], self.table[:bs])
-            self.attn[bs, False] = _StaticDecodeAttention(*rows, zeros[:bs], zeros[:bs], None, splits,
-                                                          min_split_tokens)
+            self.attn[bs, False] = _StaticDecodeAttention(*rows, zeros[:bs], zeros[:bs], None, splits, min_split_tokens)
             tasks = PrefixTasks(self.task_members[:bs], shared_lens[:bs], task_splits[:bs], self.prefix_most)
-            self.attn[bs, True] = _StaticDecodeAttention(*rows, self.kv_start[:bs], prefix_splits[:bs], tasks,
-                                                         splits, min_split_tokens)
+            self.attn[bs, True] = _StaticDecodeAttention(
+                *rows, self.kv_start[:bs], prefix_splits[:bs], tasks, splits, min_split_tokens
+            )
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
         if capture:
@@ -122,8 +158,13 @@ class DecodeCudaGraphs:
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs], out_slots=self.out_slots[:bs],
-            extend_lens=[1] * bs, seq_lens=[1] * bs, slot_rows=[], logits_index=self.logits_index[:bs],
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_slots=self.out_slots[:bs],
+            extend_lens=[1] * bs,
+            seq_lens=[1] * bs,
+            slot_rows=[],
+            logits_index=self.logits_index[:bs],
         )
 
     def _capture_all(self) -> None:
@@ -144,8 +185,12 @@ class DecodeCudaGraphs:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         b = batch.batch_size
-        return (0 < b <= self.max_bs and batch.num_tokens == b and batch.logits_index.numel() == b
-                and max(batch.seq_lens) <= self.max_seq_len)
+        return (
+            0 < b <= self.max_bs
+            and batch.num_tokens == b
+            and batch.logits_index.numel() == b
+            and max(batch.seq_lens) <= self.max_seq_len
+        )
 
     def _write_prefix_tasks(self, batch: ForwardBatch) -> bool:
         """The step's shared-prefix tasks into the static buffers (every row is a decode: batch
@@ -158,8 +203,12 @@ class DecodeCudaGraphs:
         plan = plan_prefix_tasks(groups, n, self.per_task, self.prefix_most, self.min_split_tokens)
         unused = n - len(plan.members)  # tasks of the fixed grid with nothing to do: zero splits
         members = plan.members + [[-1] * self.per_task] * unused
-        ints = [plan.shared_lens + [0] * unused, plan.task_splits + [0] * unused, own_starts(groups, n),
-                plan.request_splits]
+        ints = [
+            plan.shared_lens + [0] * unused,
+            plan.task_splits + [0] * unused,
+            own_starts(groups, n),
+            plan.request_splits,
+        ]
         self.task_members.copy_(torch.tensor(members, dtype=torch.int32), non_blocking=True)
         self.prefix_ints.copy_(torch.tensor(ints, dtype=torch.int32), non_blocking=True)
         return True

@@ -32,9 +32,9 @@ from runtime.attention import AttentionBackend
 from runtime.cpu_kernels import load_cpu_kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool
-from runtime.model.linear import DenseLinear, make_int8_group_linear, make_q4_linear, make_q8_linear
 from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.families.registry import family_for_model_type
+from runtime.model.linear import DenseLinear, make_int8_group_linear, make_q4_linear, make_q8_linear
 from runtime.model.quant_codes import Int4Codes, Int8Codes
 from runtime.model.rope import RotaryEmbedding
 from runtime.model.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
@@ -48,14 +48,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(var + eps) * weight
 
 
-def make_linear(fmt: str, parts: list[torch.Tensor], bias: torch.Tensor | None, dtype: torch.dtype,
-                int4: list[Int4Codes | None] | None = None):
+def make_linear(
+    fmt: str,
+    parts: list[torch.Tensor],
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    int4: list[Int4Codes | None] | None = None,
+):
     """One linear layer in `fmt` from row-stacked `parts` (float weights). For q4, `int4` gives each
     part's own 4-bit codes where the source has them; other parts are quantized here."""
     if fmt == "q4":
         int4 = int4 or [None] * len(parts)
-        return make_q4_linear(Int4Codes.cat([q if q is not None else Int4Codes.quantize(w) for q, w in zip(int4, parts)]),
-                              bias)
+        return make_q4_linear(
+            Int4Codes.cat([q if q is not None else Int4Codes.quantize(w) for q, w in zip(int4, parts)]), bias
+        )
     w = parts[0] if len(parts) == 1 else torch.cat(parts)
     if fmt == "q8":
         return make_q8_linear(w, bias)
@@ -63,16 +69,18 @@ def make_linear(fmt: str, parts: list[torch.Tensor], bias: torch.Tensor | None, 
 
 
 class DecoderLayer:
-    def __init__(self, w: dict[str, torch.Tensor], cfg: ModelConfig, fmt: str, dtype: torch.dtype,
-                 int4: dict[str, Int4Codes]):
+    def __init__(
+        self, w: dict[str, torch.Tensor], cfg: ModelConfig, fmt: str, dtype: torch.dtype, int4: dict[str, Int4Codes]
+    ):
         def linear(names: list[str], bias: bool = False):
             b = torch.cat([w[n.replace(".weight", ".bias")] for n in names]) if bias else None
             return make_linear(fmt, [w[n] for n in names], b, dtype, [int4.get(n) for n in names])
 
         self.input_norm = w["input_layernorm.weight"]
         self.post_norm = w["post_attention_layernorm.weight"]
-        self.qkv = linear(["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
-                          cfg.attention_bias)
+        self.qkv = linear(
+            ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], cfg.attention_bias
+        )
         self.o_proj = linear(["self_attn.o_proj.weight"])
         self.gate_up = linear(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
         self.down = linear(["mlp.down_proj.weight"])
@@ -93,9 +101,16 @@ class DecoderModel:
     by Hugging Face name (`read_gguf_codes`: Int4Codes of Q4_1 tensors, Int8Codes of Q8_0 ones),
     used by fmt q4. `weights` / `weights_reason` report the format and why."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-                 fmt: str | None = None, reason: str = "the engine dtype",
-                 codes: dict[str, Int4Codes | Int8Codes] | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        fmt: str | None = None,
+        reason: str = "the engine dtype",
+        codes: dict[str, Int4Codes | Int8Codes] | None = None,
+    ):
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
@@ -119,9 +134,10 @@ class DecoderModel:
             self.layers = []
             for i in range(cfg.num_layers):
                 prefix = f"model.layers.{i}."
-                own = {k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)}
-                own_int4 = {k[len(prefix):]: v for k, v in codes.items()
-                            if k.startswith(prefix) and isinstance(v, Int4Codes)}
+                own = {k[len(prefix) :]: v for k, v in w.items() if k.startswith(prefix)}
+                own_int4 = {
+                    k[len(prefix) :]: v for k, v in codes.items() if k.startswith(prefix) and isinstance(v, Int4Codes)
+                }
                 self.layers.append(DecoderLayer(own, cfg, self.weights, dtype, own_int4))
         except KeyError as e:
             raise ModelLoadError(f"weights: missing tensor {e}") from e
@@ -192,8 +208,9 @@ class DecoderModel:
         tables = attn.paged_tables() if self._loop is not None else None
         if tables is not None:  # every layer in one call: the same kernels, the same bits
             slots, meta, tiles = tables
-            x = self.fused_ops.decoder_layers(h, x, cos, sin, batch.out_slots, kv.k, kv.v, self._loop, slots, meta,
-                                              tiles, self.cfg.num_heads, eps)
+            x = self.fused_ops.decoder_layers(
+                h, x, cos, sin, batch.out_slots, kv.k, kv.v, self._loop, slots, meta, tiles, self.cfg.num_heads, eps
+            )
         else:
             after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
             for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
@@ -229,9 +246,9 @@ class DecoderModel:
         o = attn.forward_as(q, kv.k[li], kv.v[li], self._act).reshape(t, self.q_size)  # o_proj's input dtype
         # a bf16 delta into the float32 stream is an exact widening
         x = self._add_norm(h, layer.o_proj.native(o), layer.post_norm, cfg.rms_norm_eps)
-        return self._add_norm(h, layer.down.native(self._silu_mul(layer.gate_up.native(x))), next_norm,
-                              cfg.rms_norm_eps)
-
+        return self._add_norm(
+            h, layer.down.native(self._silu_mul(layer.gate_up.native(x))), next_norm, cfg.rms_norm_eps
+        )
 
     def _qk_norm(self, layer, qkv: torch.Tensor) -> torch.Tensor:
         """qkv (activation dtype) with each q and k head RMS-normed, in float32 as the torch path."""
@@ -239,8 +256,10 @@ class DecoderModel:
         q = qkv[:, : self.q_size].float().view(t, cfg.num_heads, cfg.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].float().view(t, cfg.num_kv_heads, cfg.head_dim)
         q, k = rms_norm(q, layer.q_norm, cfg.rms_norm_eps), rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-        return torch.cat([q.reshape(t, -1).to(qkv.dtype), k.reshape(t, -1).to(qkv.dtype),
-                          qkv[:, self.q_size + self.kv_size :]], dim=1)
+        return torch.cat(
+            [q.reshape(t, -1).to(qkv.dtype), k.reshape(t, -1).to(qkv.dtype), qkv[:, self.q_size + self.kv_size :]],
+            dim=1,
+        )
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -259,16 +278,23 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def load_model(model_dir: Path, cfg: ModelConfig, weights: str, device: torch.device, dtype: torch.dtype,
-               invariant_attention: bool = False) -> DecoderModel:
+def load_model(
+    model_dir: Path,
+    cfg: ModelConfig,
+    weights: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    invariant_attention: bool = False,
+) -> DecoderModel:
     """The model in the requested weight format (`auto` chooses, knowing whether the attention
     backend is batch-invariant; `model.weights_reason` says why)."""
     fmt, reason, codes = _resolve(model_dir, weights, device, dtype, invariant_attention)
     return DecoderModel(cfg, load_weights(model_dir), device, dtype, fmt, reason, codes if fmt == "q4" else None)
 
 
-def resolve_format(model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype,
-                   invariant_attention: bool = False) -> tuple[str, str]:
+def resolve_format(
+    model_dir: Path, weights: str, device: torch.device, dtype: torch.dtype, invariant_attention: bool = False
+) -> tuple[str, str]:
     """(format, reason) that `load_model` would use, without building the model."""
     return _resolve(model_dir, weights, device, dtype, invariant_attention)[:2]
 

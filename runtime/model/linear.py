@@ -40,9 +40,15 @@ TILE = 16  # output columns per vector in cpu_kernels/quant_linear.cpp
 # How runtime/cpu_kernels/decoder_layers.cpp runs a layer (its LinearKind values): a kernel by name,
 # or aten's int8 and dense matmuls. A layer's `loop_spec()` is (kind, a, b, bias), what that call
 # takes, or None where only Python can run it.
-LOOP_KINDS = {"jumpgate_cpu.int4_linear": 0, "jumpgate_cpu.int8_linear": 1, "jumpgate_cpu.int4_linear_f32": 2,
-              "jumpgate_cpu.int8_linear_f32": 3, "jumpgate_cpu.int4_linear_i8": 4, "aten._weight_int8pack_mm": 5,
-              "aten.linear": 6}
+LOOP_KINDS = {
+    "jumpgate_cpu.int4_linear": 0,
+    "jumpgate_cpu.int8_linear": 1,
+    "jumpgate_cpu.int4_linear_f32": 2,
+    "jumpgate_cpu.int8_linear_f32": 3,
+    "jumpgate_cpu.int4_linear_i8": 4,
+    "aten._weight_int8pack_mm": 5,
+    "aten.linear": 6,
+}
 
 
 class DenseLinear:
@@ -180,8 +186,11 @@ def _q4_1_halves(w: Int4Codes) -> bool:
     if w.mins is None:
         return False
     d, m = w.scales.float(), w.mins.float()
-    return (torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)
-            and torch.equal(w.zeros.float(), m + 8 * d))
+    return (
+        torch.equal(d.half().float(), d)
+        and torch.equal(m.half().float(), m)
+        and torch.equal(w.zeros.float(), m + 8 * d)
+    )
 
 
 def pack_int4_tiles(codes: torch.Tensor) -> torch.Tensor:
@@ -287,8 +296,12 @@ class PackedCodesLinear:
         self.bias = None if bias is None else bias.float()
         # [N / 16, K / 32, len(parts), 16]: a tile's scales (then offsets) group after group
         parts = len(scale_parts)
-        self.scales = torch.stack([p.float() for p in scale_parts]).reshape(parts, n // TILE, TILE, -1) \
-            .permute(1, 3, 0, 2).contiguous()
+        self.scales = (
+            torch.stack([p.float() for p in scale_parts])
+            .reshape(parts, n // TILE, TILE, -1)
+            .permute(1, 3, 0, 2)
+            .contiguous()
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self._op(x if x.dtype == torch.float32 else x.float(), self.packed, self.scales)

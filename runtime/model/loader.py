@@ -157,8 +157,9 @@ def _gguf_family(gguf_path: Path, reader):
     arch = None if f is None else f.contents()
     family = family_for_gguf_arch(arch)
     if family is None:
-        raise ModelLoadError(f"{gguf_path}: unsupported GGUF architecture {arch!r} "
-                             f"(supported: {', '.join(supported_gguf_archs())})")
+        raise ModelLoadError(
+            f"{gguf_path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(supported_gguf_archs())})"
+        )
     return arch, family
 
 
@@ -226,9 +227,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     scaling_type = arch_field("rope.scaling.type")
     if scaling_type and scaling_type != "none":
         cfg["rope_scaling"] = {"rope_type": scaling_type, "factor": float(arch_field("rope.scaling.factor", 1.0))}
+
     def values(name):  # a small tensor (rope factors) as a list of floats
         t = tensors.get(name)
-        return None if t is None else np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1).tolist()
+        return (
+            None if t is None else np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1).tolist()
+        )
 
     if "rope_freqs.weight" in tensors:  # Llama 3.x: llama.cpp stores its rope scaling as per-frequency divisors
         cfg["rope_scaling"] = {"rope_type": "rope_freqs", "freq_factors": values("rope_freqs.weight")}
@@ -285,8 +289,15 @@ def read_gguf_codes(gguf_path: Path) -> dict:
         if name is None or t.tensor_type not in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
             continue
         rows = int(t.shape[1])  # GGUF lists dims innermost first: (K, N)
-        heads = (None if not family.gguf_permuted_qk else n_heads if name.endswith("q_proj.weight")
-                 else n_kv if name.endswith("k_proj.weight") else None)
+        heads = (
+            None
+            if not family.gguf_permuted_qk
+            else n_heads
+            if name.endswith("q_proj.weight")
+            else n_kv
+            if name.endswith("k_proj.weight")
+            else None
+        )
         if t.tensor_type == GGMLQuantizationType.Q8_0:
             blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 2 + INT4_GROUP)
             d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
@@ -295,8 +306,10 @@ def read_gguf_codes(gguf_path: Path) -> dict:
                 codes, d = (_unpermute_rope(a, heads) for a in (codes, d))
             # float32 in numpy: a torch conversion of the 49k-row embedding's scales would run on
             # this (the caller's) thread's OpenMP team, a second team beside the engine thread's
-            out[name] = Int8Codes(torch.from_numpy(np.ascontiguousarray(codes)),
-                                  torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)))
+            out[name] = Int8Codes(
+                torch.from_numpy(np.ascontiguousarray(codes)),
+                torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)),
+            )
             continue
         blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 4 + INT4_GROUP // 2)
         d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
@@ -306,9 +319,11 @@ def read_gguf_codes(gguf_path: Path) -> dict:
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
         if heads is not None:
             codes, d, m = (_unpermute_rope(a, heads) for a in (codes, d, m))
-        out[name] = Int4Codes.from_q4_1(torch.from_numpy(np.ascontiguousarray(d)),
-                                        torch.from_numpy(np.ascontiguousarray(m)),
-                                        torch.from_numpy(np.ascontiguousarray(codes)))
+        out[name] = Int4Codes.from_q4_1(
+            torch.from_numpy(np.ascontiguousarray(d)),
+            torch.from_numpy(np.ascontiguousarray(m)),
+            torch.from_numpy(np.ascontiguousarray(codes)),
+        )
     return out
 
 

@@ -23,12 +23,12 @@ class Int4Codes:
     mins: torch.Tensor | None = None
 
     @classmethod
-    def from_q4_1(cls, d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor) -> "Int4Codes":
+    def from_q4_1(cls, d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor) -> Int4Codes:
         """GGUF Q4_1 blocks (w = d * q + m): the same codes, scale = d, zero = m + 8d."""
         return cls(codes, d.float(), m.float() + 8 * d.float(), INT4_GROUP, m.float())
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, group: int = INT4_GROUP) -> "Int4Codes":
+    def quantize(cls, weight: torch.Tensor, group: int = INT4_GROUP) -> Int4Codes:
         """Min/max quantization per group of `group` inputs (Q4_1's rule), for float-only sources."""
         n, k = weight.shape
         w = weight.float().reshape(n, k // group, group)
@@ -38,11 +38,16 @@ class Int4Codes:
         return cls(codes, scale, lo + 8 * scale, group, lo)
 
     @staticmethod
-    def cat(parts: list["Int4Codes"]) -> "Int4Codes":
+    def cat(parts: list[Int4Codes]) -> Int4Codes:
         """Row-stacked weights with the same inputs (fused QKV, gate/up)."""
         mins = None if any(p.mins is None for p in parts) else torch.cat([p.mins for p in parts])
-        return Int4Codes(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
-                         torch.cat([p.zeros for p in parts]), parts[0].group, mins)
+        return Int4Codes(
+            torch.cat([p.codes for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat([p.zeros for p in parts]),
+            parts[0].group,
+            mins,
+        )
 
     def offsets(self) -> torch.Tensor:
         """m of w = codes * scale + m: the blocks' own where known."""
@@ -63,7 +68,7 @@ class Int8Codes:
     group: int = INT4_GROUP
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, group: int = INT4_GROUP) -> "Int8Codes":
+    def quantize(cls, weight: torch.Tensor, group: int = INT4_GROUP) -> Int8Codes:
         """Symmetric int8 per group of `group` inputs (Q8_0's rule: scale = max |w| / 127)."""
         n, k = weight.shape
         w = weight.float().reshape(n, k // group, group)

@@ -22,7 +22,7 @@ def rope_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _rotary_inv_freq(cfg: ModelConfig, dim: int) -> tuple[torch.Tensor, float]:
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    inv_freq = 1.0 / (cfg.rope_theta ** exponents)
+    inv_freq = 1.0 / (cfg.rope_theta**exponents)
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "default":
@@ -40,10 +40,14 @@ def _rotary_inv_freq(cfg: ModelConfig, dim: int) -> tuple[torch.Tensor, float]:
         scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
         mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
         return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled), 1.0
-    if kind == "rope_freqs":  # a Llama 3.x GGUF's per-frequency divisors (runtime/model/loader.py), as llama.cpp applies them
+    if (
+        kind == "rope_freqs"
+    ):  # a Llama 3.x GGUF's per-frequency divisors (runtime/model/loader.py), as llama.cpp applies them
         factors = torch.tensor(scaling["freq_factors"], dtype=torch.float64)
         if factors.shape != inv_freq.shape:
-            raise ModelLoadError(f"config.json: {factors.shape[0]} rope freq_factors, the rotary dims need {inv_freq.shape[0]}")
+            raise ModelLoadError(
+                f"config.json: {factors.shape[0]} rope freq_factors, the rotary dims need {inv_freq.shape[0]}"
+            )
         return inv_freq / factors, 1.0
     if kind == "longrope":
         # Phi-3 (transformers' _compute_longrope_parameters). Hugging Face switches short -> long
@@ -58,11 +62,14 @@ def _rotary_inv_freq(cfg: ModelConfig, dim: int) -> tuple[torch.Tensor, float]:
         ext = scaling["long_factor"] if cfg.max_position_embeddings > orig else scaling["short_factor"]
         ext = torch.tensor(ext, dtype=torch.float64)
         if ext.shape != inv_freq.shape:
-            raise ModelLoadError(f"config.json: longrope factors have {ext.shape[0]} entries, "
-                                 f"the rotary dims need {inv_freq.shape[0]}")
+            raise ModelLoadError(
+                f"config.json: longrope factors have {ext.shape[0]} entries, the rotary dims need {inv_freq.shape[0]}"
+            )
         return inv_freq / ext, float(attention_factor)
-    raise ModelLoadError(f"config.json: unsupported rope_scaling type {kind!r} "
-                         "(supported: default, linear, llama3, longrope, rope_freqs)")
+    raise ModelLoadError(
+        f"config.json: unsupported rope_scaling type {kind!r} "
+        "(supported: default, linear, llama3, longrope, rope_freqs)"
+    )
 
 
 class RotaryEmbedding:

@@ -23,8 +23,8 @@ from runtime.attention.cascade import find_prefix_groups
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool, ReqToTokenTable
-from runtime.model.decoder import load_model
 from runtime.model.config import ModelConfig
+from runtime.model.decoder import load_model
 from runtime.request import Req
 
 log = logging.getLogger("jumpgate.engine")
@@ -78,23 +78,47 @@ class PassOutput:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model_dir: Path, mc: ModelConfig, device: torch.device,
-                 dtype: torch.dtype, max_context: int):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        model_dir: Path,
+        mc: ModelConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_context: int,
+    ):
         self.device, self.dtype = device, dtype
         # before the model: `auto` weights are q4 only under batch-invariant attention (runtime/model/weight_format.py)
         self.attn = make_attention_backend(cfg.attention_backend, device)
-        self.model = load_model(model_dir, mc, cfg.weights, device, dtype,  # .weights / .weights_reason: which, why
-                                invariant_attention=self.attn.batch_invariant)
+        self.model = load_model(
+            model_dir,
+            mc,
+            cfg.weights,
+            device,
+            dtype,  # .weights / .weights_reason: which, why
+            invariant_attention=self.attn.batch_invariant,
+        )
         # the kernel's float32 passes only (other dtypes go through torch)
         tiles = cfg.attention_tiles != "off" and dtype == torch.float32 and self.attn.enable_tiles(self.model.weights)
         if cfg.attention_tiles == "on" and not tiles:
-            log.warning("--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights, "
-                        "float32 activations and a CPU with AMX; here %s attention, %s weights, %s)",
-                        self.attn.name, self.model.weights, dtype)
+            log.warning(
+                "--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights, "
+                "float32 activations and a CPU with AMX; here %s attention, %s weights, %s)",
+                self.attn.name,
+                self.model.weights,
+                dtype,
+            )
         bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, device)
-        self.kv = KVPool(mc.num_layers, self.kv_pool_tokens, mc.num_kv_heads, mc.head_dim, dtype, device,
-                         head_major=self.attn.kv_head_major)
+        self.kv = KVPool(
+            mc.num_layers,
+            self.kv_pool_tokens,
+            mc.num_kv_heads,
+            mc.head_dim,
+            dtype,
+            device,
+            head_major=self.attn.kv_head_major,
+        )
         self.req_table = ReqToTokenTable(cfg.max_running_requests, max_context + cfg.max_jump_forward_tokens + 2)
         # shared-prefix groups are built only for a backend that reads them
         self.cascade = cfg.cascade_attention and self.attn.supports_prefix_groups
@@ -102,8 +126,9 @@ class ModelRunner:
         if cfg.cuda_graphs and device.type == "cuda" and self.attn.name == "triton":
             from runtime.model.cuda_graphs import DecodeCudaGraphs
 
-            self.cuda_graphs = DecodeCudaGraphs(self.model, self.kv, cfg.max_running_requests,
-                                                self.req_table.table.shape[1])
+            self.cuda_graphs = DecodeCudaGraphs(
+                self.model, self.kv, cfg.max_running_requests, self.req_table.table.shape[1]
+            )
 
     def run(self, plan: list[tuple[Req, int]]) -> PassOutput:
         """One forward pass over `n` new tokens of each planned request (their slots were
@@ -134,13 +159,16 @@ class ModelRunner:
             input_ids=torch.tensor(ids, dtype=torch.int64, device=self.device),
             positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
             # on the model's device: every layer indexes its K/V pool with it
-            out_slots=torch.cat(out_slots).to(self.device, non_blocking=True), extend_lens=ext_lens,
-            seq_lens=seq_lens, slot_rows=slot_rows,
+            out_slots=torch.cat(out_slots).to(self.device, non_blocking=True),
+            extend_lens=ext_lens,
+            seq_lens=seq_lens,
+            slot_rows=slot_rows,
             logits_index=torch.tensor(logits_index, dtype=torch.int64, device=self.device),
         )
         if self.cascade and len(plan) > 1:
-            batch.prefix_groups = find_prefix_groups(ext_lens, seq_lens, slot_rows, self.attn.max_short_extend,
-                                                     min_saved=self.attn.min_saved_prefix_reads)
+            batch.prefix_groups = find_prefix_groups(
+                ext_lens, seq_lens, slot_rows, self.attn.max_short_extend, min_saved=self.attn.min_saved_prefix_reads
+            )
         # Always run the pass, even when no row's logits are wanted (a pass of only mid-prompt
         # prefill chunks): the forward is what writes this pass's K/V into the pool.
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):

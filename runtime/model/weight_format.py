@@ -68,8 +68,9 @@ AVX2_KERNELS = ("avx2", "fma")  # CPU flags the integer int4 and float32 int8 ke
 AMX_TILES = ("amx_tile", "amx_bf16")  # CPU flags under which the bf16 kernels run on tiles (all of them)
 
 
-def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf_q4: bool,
-                  invariant_attention: bool = False) -> tuple[str, str]:
+def choose_format(
+    requested: str, device: torch.device, dtype: torch.dtype, gguf_q4: bool, invariant_attention: bool = False
+) -> tuple[str, str]:
     """(format, reason). `gguf_q4`: the source has GGUF Q4_1 blocks for the linear layers.
     `invariant_attention`: the attention backend's rows do not depend on the rest of the pass."""
     if requested not in WEIGHT_FORMATS:
@@ -86,14 +87,26 @@ def choose_format(requested: str, device: torch.device, dtype: torch.dtype, gguf
     avx2_kernels = all(f in cpu_flags() for f in AVX2_KERNELS)
     if gguf_q4 and (native or avx2_kernels) and invariant_attention and dtype == torch.float32:
         tiles = " on AMX tiles" if all(f in cpu_flags() for f in AMX_TILES) else ""
-        kernel = (f"cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel{tiles}" if native else
-                  "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks on integer dot products, "
-                  "activations coded as two int8 digits (15 bits)")
-        return "q4", (f"{kernel}, with batch-invariant attention, so batching, drafts and cache hits do not change "
-                      f"the output; --weights fp32 is the unquantized reference ({cpu_summary()})")
-    why = ("the source has no Q4_1 blocks" if not gguf_q4 else
-           "neither native bf16 nor AVX2 + FMA on this CPU" if not (native or avx2_kernels) else
-           "the attention backend is not batch-invariant" if not invariant_attention else
-           f"the engine dtype is {dtype}, not float32")
-    return "fp32", (f"cpu: the exact reference, whose greedy output does not change with batching, drafts or "
-                    f"cache hits; not q4: {why} ({cpu_summary()})")
+        kernel = (
+            f"cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel{tiles}"
+            if native
+            else "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks on integer dot products, "
+            "activations coded as two int8 digits (15 bits)"
+        )
+        return "q4", (
+            f"{kernel}, with batch-invariant attention, so batching, drafts and cache hits do not change "
+            f"the output; --weights fp32 is the unquantized reference ({cpu_summary()})"
+        )
+    why = (
+        "the source has no Q4_1 blocks"
+        if not gguf_q4
+        else "neither native bf16 nor AVX2 + FMA on this CPU"
+        if not (native or avx2_kernels)
+        else "the attention backend is not batch-invariant"
+        if not invariant_attention
+        else f"the engine dtype is {dtype}, not float32"
+    )
+    return "fp32", (
+        f"cpu: the exact reference, whose greedy output does not change with batching, drafts or "
+        f"cache hits; not q4: {why} ({cpu_summary()})"
+    )

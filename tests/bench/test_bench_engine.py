@@ -17,12 +17,13 @@ def expected_auto() -> str:
     import torch
 
     from runtime.attention import make_attention_backend
-    from runtime.model.loader import resolve_model_dir
     from runtime.model.decoder import resolve_format
+    from runtime.model.loader import resolve_model_dir
 
     cpu = torch.device("cpu")
-    return resolve_format(resolve_model_dir(None), "auto", cpu, torch.float32,
-                          make_attention_backend("auto", cpu).batch_invariant)[0]
+    return resolve_format(
+        resolve_model_dir(None), "auto", cpu, torch.float32, make_attention_backend("auto", cpu).batch_invariant
+    )[0]
 
 
 def expected_attention(weights: str) -> str:
@@ -38,8 +39,13 @@ def expected_attention(weights: str) -> str:
 
 @pytest.mark.e2e
 def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
-    out = subprocess.run([sys.executable, "-m", "bench", "--quick", "engine", "--formats", "fp32,q4,auto"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "engine", "--formats", "fp32,q4,auto"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     ref, chosen, auto = lines
@@ -47,8 +53,12 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     assert ref["attention"] == expected_attention("fp32") in ("cpu", "torch")
     assert chosen["attention"] == expected_attention("q4") in ("cpu", "cpu-amx", "torch")
     # auto chose one of the two measured formats: reported, not measured again
-    assert auto == {"bench": "engine", "requested": "auto", "weights": expected_auto(),
-                    "weights_reason": auto["weights_reason"]}
+    assert auto == {
+        "bench": "engine",
+        "requested": "auto",
+        "weights": expected_auto(),
+        "weights_reason": auto["weights_reason"],
+    }
     for key in ("prefill_tok_s_1k", "decode_tok_s_b1", "decode_tok_s_b16"):
         assert ref[key] > 0 and chosen[key] > 0
         assert chosen[f"{key}_vs_fp32"] == pytest.approx(chosen[key] / ref[key], rel=1e-3)  # emit rounds
@@ -66,4 +76,5 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
         assert 0 < line["prefill_split_linear_ms"] and 0 < line["prefill_split_attention_ms"]
         assert line["prefill_split_linear_ms"] + line["prefill_split_attention_ms"] <= line["prefill_split_ms"] * 1.001
     assert chosen["prefill_split_ceiling_vs_fp32"] == pytest.approx(
-        ref["prefill_split_ms"] / chosen["prefill_split_attention_ms"], rel=1e-3)
+        ref["prefill_split_ms"] / chosen["prefill_split_attention_ms"], rel=1e-3
+    )

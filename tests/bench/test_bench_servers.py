@@ -17,8 +17,9 @@ from bench.server_process import MODEL, ServerFailed, VllmServer, _session_pids
 
 
 def test_vllm_command_serves_the_benchmarks_model_name_with_prefix_caching(tmp_path):
-    server = VllmServer(tmp_path, "/opt/venv/bin/python", Path("/models/smol"), "bfloat16", kv_cache_gib=3,
-                        threads_bind="0-1")
+    server = VllmServer(
+        tmp_path, "/opt/venv/bin/python", Path("/models/smol"), "bfloat16", kv_cache_gib=3, threads_bind="0-1"
+    )
     cmd = server.command()
     assert cmd[:3] == ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--model") + 1] == "/models/smol"

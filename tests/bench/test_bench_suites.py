@@ -29,8 +29,16 @@ TRIM = {
     "grammar": [],
     "grammar_engines": ["--reps", "1"],
     "value_check": ["--reps", "1"],
-    "serve": ["--requests", "2", "--max-tokens", "32", "--workloads", "agent-tools,responses-chain",
-              "--kv-pool-tokens", "8192"],
+    "serve": [
+        "--requests",
+        "2",
+        "--max-tokens",
+        "32",
+        "--workloads",
+        "agent-tools,responses-chain",
+        "--kv-pool-tokens",
+        "8192",
+    ],
     "soak": ["--duration", "8", "--clients", "8", "--max-tokens", "32"],
     "validation": [],
     # The repo's own schemas: the other sources' packages are an optional extra (pyproject's `corpus`)
@@ -48,8 +56,14 @@ def test_every_suite_is_run_here_or_elsewhere():
 @pytest.mark.parametrize("suite", sorted(TRIM))
 def test_suite_runs_to_its_end(suite):
     # the default cache folder: a fresh one would convert the default GGUF again for every suite
-    out = subprocess.run([sys.executable, "-m", "bench", suite, "--quick", *TRIM[suite]], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", suite, "--quick", *TRIM[suite]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert lines, out.stdout[-2000:] + out.stderr[-2000:]
@@ -61,11 +75,20 @@ def test_a_suite_that_raises_fails_the_run(tmp_path):
     package = tmp_path / "bench_probe"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "broken.py").write_text("def run(quick=False, argv=None):\n    print('{}')\n    raise TypeError('boom')\n")
-    script = ("import sys, bench.__main__ as m; m.SUITES['broken'] = 'bench_probe.broken'; "
-              "sys.exit(m.main(sys.argv[1:]))")
+    (package / "broken.py").write_text(
+        "def run(quick=False, argv=None):\n    print('{}')\n    raise TypeError('boom')\n"
+    )
+    script = (
+        "import sys, bench.__main__ as m; m.SUITES['broken'] = 'bench_probe.broken'; sys.exit(m.main(sys.argv[1:]))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    out = subprocess.run([sys.executable, "-c", script, "broken", "--quick"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script, "broken", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1, out.stderr
     assert "TypeError: boom" in out.stderr and "bench broken: FAILED" in out.stderr

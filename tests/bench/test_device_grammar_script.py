@@ -31,8 +31,9 @@ def _scratch(tmp_path: Path, payload: bytes) -> Path:
 def _run(repo: Path, site: Path) -> subprocess.CompletedProcess:
     # No `bench` package in the scratch copy: the script gets as far as the benchmark and that fails.
     env = dict(os.environ, PYTHON=sys.executable, DEVICE_SITE=str(site), DEVICE_GRAMMAR_TIMEOUT="60")
-    return subprocess.run(["bash", str(repo / "bench" / "device_grammar.sh")], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        ["bash", str(repo / "bench" / "device_grammar.sh")], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_parts_are_joined_into_the_default_model_package(tmp_path):

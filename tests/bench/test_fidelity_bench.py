@@ -10,34 +10,49 @@ import json
 
 import pytest
 
-from bench.fidelity_bench import AnswerLog, Row, answer_line, classify, decode_steps, detail, parse_args, pick, summarize
-from bench.fidelity_corpus import select
+from bench.fidelity_bench import (
+    AnswerLog,
+    Row,
+    answer_line,
+    classify,
+    decode_steps,
+    detail,
+    parse_args,
+    pick,
+    summarize,
+)
 from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
-from bench.fidelity_corpus import Entry
+from bench.fidelity_corpus import Entry, select
 from bench.fidelity_tally import answer_lines, answered, refused, tally
 
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "mail": {"type": "string",
-                                                                                       "format": "email"}},
-          "required": ["n"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0}, "mail": {"type": "string", "format": "email"}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
 
 
 def ok(content: str, finish_reason: str = "stop") -> Answer:
     return Answer(200, content=content, finish_reason=finish_reason)
 
 
-@pytest.mark.parametrize("answer,outcome,duplicate", [
-    (ok('{"n": 1}'), "valid", False),
-    (ok('{"n":1,"mail":"a@b.co"}'), "valid", False),
-    (ok('{"n": -1}'), "invalid", False),  # minimum
-    (ok('{"n": 1, "mail": "not an address"}'), "invalid", False),  # format, checked as the gateway does
-    (ok('{"n": 1, "extra": 2}'), "invalid", False),
-    (ok('{"n": 1, "n": 2}'), "invalid", True),  # valid once parsed: only the raw text shows it
-    (ok('{"n": 1, "n": 1, "x": 0}'), "invalid", True),
-    (ok('{"n": 1'), "invalid", False),  # not JSON, and not cut off
-    (ok('{"n": 12', "length"), "cut_off", False),
-    (ok('{"n": 1}', "length"), "valid", False),  # closed in time: the value counts
-    (ok('{"n": 1, "n": 2', "length"), "cut_off", False),  # unparsed: no duplicate check
-])
+@pytest.mark.parametrize(
+    "answer,outcome,duplicate",
+    [
+        (ok('{"n": 1}'), "valid", False),
+        (ok('{"n":1,"mail":"a@b.co"}'), "valid", False),
+        (ok('{"n": -1}'), "invalid", False),  # minimum
+        (ok('{"n": 1, "mail": "not an address"}'), "invalid", False),  # format, checked as the gateway does
+        (ok('{"n": 1, "extra": 2}'), "invalid", False),
+        (ok('{"n": 1, "n": 2}'), "invalid", True),  # valid once parsed: only the raw text shows it
+        (ok('{"n": 1, "n": 1, "x": 0}'), "invalid", True),
+        (ok('{"n": 1'), "invalid", False),  # not JSON, and not cut off
+        (ok('{"n": 12', "length"), "cut_off", False),
+        (ok('{"n": 1}', "length"), "valid", False),  # closed in time: the value counts
+        (ok('{"n": 1, "n": 2', "length"), "cut_off", False),  # unparsed: no duplicate check
+    ],
+)
 def test_answer_verdicts(answer, outcome, duplicate):
     verdict = classify(SCHEMA, answer)
     assert (verdict.outcome, verdict.duplicate_keys) == (outcome, duplicate)
@@ -60,17 +75,31 @@ def test_refusals_and_errors():
 
 
 def test_check_report_reading():
-    report = {"fidelity": {"guaranteed": False, "engine": "llguidance", "keywords": [
-        {"pointer": "", "keyword": "type", "status": "enforced"},
-        {"pointer": "", "keyword": "duplicate keys", "status": "checked"}]}, "strict_accepted": True}
+    report = {
+        "fidelity": {
+            "guaranteed": False,
+            "engine": "llguidance",
+            "keywords": [
+                {"pointer": "", "keyword": "type", "status": "enforced"},
+                {"pointer": "", "keyword": "duplicate keys", "status": "checked"},
+            ],
+        },
+        "strict_accepted": True,
+    }
     c = read_check(200, report, 1.5, 3.0)
     assert (c.engine, c.strict_accepted, c.keywords, c.compile_ms) == ("llguidance", True, [], 1.5)
-    refused = {"fidelity": {"keywords": [
-        {"pointer": "/a", "keyword": "not", "status": "unenforced"},
-        {"pointer": "/b", "keyword": "not", "status": "unenforced"},
-        {"pointer": "", "keyword": "if", "status": "checked"},
-        {"pointer": "", "keyword": "duplicate keys", "status": "checked"}]},
-        "strict_accepted": False, "strict_refusal": "Invalid schema: ..."}
+    refused = {
+        "fidelity": {
+            "keywords": [
+                {"pointer": "/a", "keyword": "not", "status": "unenforced"},
+                {"pointer": "/b", "keyword": "not", "status": "unenforced"},
+                {"pointer": "", "keyword": "if", "status": "checked"},
+                {"pointer": "", "keyword": "duplicate keys", "status": "checked"},
+            ]
+        },
+        "strict_accepted": False,
+        "strict_refusal": "Invalid schema: ...",
+    }
     c = read_check(200, refused, None, 2.0)
     assert (c.engine, c.strict_accepted, c.keywords) == ("xgrammar", False, ["if", "not"])
     bad = read_check(400, {"error": {"code": "invalid_schema", "message": "bad type"}}, None, 1.0)
@@ -101,12 +130,16 @@ def test_summary_and_details():
     llg = Check(200, engine="llguidance", strict_accepted=True, compile_ms=8.0, check_ms=9.0)
     no = Check(200, engine="xgrammar", strict_accepted=False, keywords=["not"], check_ms=1.0)
     bad = Check(400, code="invalid_schema", check_ms=1.0)
-    cases = [(xgr, ok('{"n": 1}')), (llg, ok('{"n": 1, "n": 1}')), (xgr, ok('{"n": 3', "length")),
-             (xgr, ok('{"n": 2}', "length")), (xgr, Answer(200, content='{"n": 4}', finish_reason="stop",
-                                                           closed_at_budget=True)),
-             (no, Answer(400, code="schema_not_enforceable", message="no")),
-             (bad, Answer(400, code="invalid_schema", message="bad")),
-             (xgr, Answer(400, code="context_length_exceeded", message="long"))]
+    cases = [
+        (xgr, ok('{"n": 1}')),
+        (llg, ok('{"n": 1, "n": 1}')),
+        (xgr, ok('{"n": 3', "length")),
+        (xgr, ok('{"n": 2}', "length")),
+        (xgr, Answer(200, content='{"n": 4}', finish_reason="stop", closed_at_budget=True)),
+        (no, Answer(400, code="schema_not_enforceable", message="no")),
+        (bad, Answer(400, code="invalid_schema", message="bad")),
+        (xgr, Answer(400, code="context_length_exceeded", message="long")),
+    ]
     rows = [Row(Entry("s", f"e{i}", SCHEMA), c, a, classify(SCHEMA, a)) for i, (c, a) in enumerate(cases)]
     rows[0].mask_us = 10.0
     s = summarize(rows)
@@ -131,13 +164,19 @@ def test_summary_and_details():
 def test_decode_steps_say_the_median_the_slowest_schema_and_their_ratio():
     xgr = Check(200, engine="xgrammar", strict_accepted=True)
     steps = [20.0, 30.0, 40.0, None, 200.0]
-    rows = [Row(Entry("s", f"e{i}", SCHEMA), xgr, a, classify(SCHEMA, a))
-            for i, a in enumerate(Answer(200, content='{"n": 1}', finish_reason="stop", completion_tokens=9,
-                                         decode_ms=ms) for ms in steps)]
+    rows = [
+        Row(Entry("s", f"e{i}", SCHEMA), xgr, a, classify(SCHEMA, a))
+        for i, a in enumerate(
+            Answer(200, content='{"n": 1}', finish_reason="stop", completion_tokens=9, decode_ms=ms) for ms in steps
+        )
+    ]
     rows.append(Row(Entry("s", "refused", SCHEMA), xgr, Answer(400, decode_ms=900.0), classify(SCHEMA, Answer(400))))
     s = decode_steps(rows)  # the untimed answer and the refusal are left out
-    assert s == {"decode_ms_per_token_p50": 35.0, "decode_slowest_over_p50": 5.71,
-                 "decode_slowest": {"name": "e4", "ms_per_token": 200.0, "completion_tokens": 9}}
+    assert s == {
+        "decode_ms_per_token_p50": 35.0,
+        "decode_slowest_over_p50": 5.71,
+        "decode_slowest": {"name": "e4", "ms_per_token": 200.0, "completion_tokens": 9},
+    }
     spent = Answer(422, code="value_retries_exhausted", message="the output kept breaking 'pattern'")
     rows.append(Row(Entry("s", "spent", SCHEMA), xgr, spent, classify(SCHEMA, spent)))
     assert summarize(rows)["decode_slowest"]["name"] == "e4"
@@ -145,21 +184,39 @@ def test_decode_steps_say_the_median_the_slowest_schema_and_their_ratio():
     assert tally([answer_line(rows[-1].entry, xgr, spent)])["value_retries_exhausted"] == 1
     line = answer_line(rows[4].entry, xgr, rows[4].answer)
     assert line["decode_ms_per_token"] == 200.0
-    assert {k: v for k, v in tally([line, answer_line(rows[0].entry, xgr, rows[0].answer)]).items()
-            if k.startswith("decode")} == {"decode_ms_per_token_p50": 110.0, "decode_slowest_over_p50": 1.82,
-                                           "decode_slowest": {"name": "e4", "ms_per_token": 200.0,
-                                                              "completion_tokens": 9}}
+    assert {
+        k: v
+        for k, v in tally([line, answer_line(rows[0].entry, xgr, rows[0].answer)]).items()
+        if k.startswith("decode")
+    } == {
+        "decode_ms_per_token_p50": 110.0,
+        "decode_slowest_over_p50": 1.82,
+        "decode_slowest": {"name": "e4", "ms_per_token": 200.0, "completion_tokens": 9},
+    }
     assert decode_steps(rows[3:4])["decode_ms_per_token_p50"] is None
 
 
 def test_answer_lines_say_each_verdict_and_go_where_asked(tmp_path, capsys):
     llg = Check(200, engine="llguidance", strict_accepted=True)
-    good = answer_line(Entry("s", "good", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="length",
-                                                               completion_tokens=5, elapsed=0.25))
-    assert good == {"bench": "fidelity", "kind": "answer", "source": "s", "name": "good", "engine": "llguidance",
-                    "outcome": "valid", "finish_reason": "length", "completion_tokens": 5, "elapsed_s": 0.25}
-    closed = answer_line(Entry("s", "closed", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="stop",
-                                                                   closed_at_budget=True))
+    good = answer_line(
+        Entry("s", "good", SCHEMA),
+        llg,
+        Answer(200, content='{"n":1}', finish_reason="length", completion_tokens=5, elapsed=0.25),
+    )
+    assert good == {
+        "bench": "fidelity",
+        "kind": "answer",
+        "source": "s",
+        "name": "good",
+        "engine": "llguidance",
+        "outcome": "valid",
+        "finish_reason": "length",
+        "completion_tokens": 5,
+        "elapsed_s": 0.25,
+    }
+    closed = answer_line(
+        Entry("s", "closed", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="stop", closed_at_budget=True)
+    )
     assert closed["outcome"] == "valid" and closed["closed_at_budget"] is True
     cut = answer_line(Entry("s", "cut", SCHEMA), llg, ok('{"n": 12', "length"))
     assert cut["outcome"] == "cut_off" and cut["message"]
@@ -182,13 +239,18 @@ def test_answer_logs_tally_once_per_schema_and_say_what_a_resumed_run_skips(tmp_
     and `--skip-answered` leaves out what a log holds, `--only-refused` keeps only its refusals."""
     llg = Check(200, engine="llguidance", strict_accepted=True)
     first, second = tmp_path / "part1.jsonl", tmp_path / "part2.jsonl"
-    lines = [answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 12', "length"), "abc1234"),  # cut, then answered again
-             answer_line(Entry("a", "y", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="stop",
-                                                              closed_at_budget=True))]
+    lines = [
+        answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 12', "length"), "abc1234"),  # cut, then answered again
+        answer_line(
+            Entry("a", "y", SCHEMA), llg, Answer(200, content='{"n":1}', finish_reason="stop", closed_at_budget=True)
+        ),
+    ]
     first.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"kind": "answer", "sou')  # killed mid-line
-    again = [answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 3}')),
-             answer_line(Entry("b", "z", SCHEMA), llg, Answer(400, code="context_length_exceeded", message="long")),
-             {"bench": "fidelity", "kind": "source", "source": "a"}]
+    again = [
+        answer_line(Entry("a", "x", SCHEMA), llg, ok('{"n": 3}')),
+        answer_line(Entry("b", "z", SCHEMA), llg, Answer(400, code="context_length_exceeded", message="long")),
+        {"bench": "fidelity", "kind": "source", "source": "a"},
+    ]
     second.write_text("\n".join(json.dumps(line) for line in again) + "\n")
     assert answered([first, second]) == {("a", "x"), ("a", "y"), ("b", "z")}
     packed = tmp_path / "part2.jsonl.gz"
@@ -222,8 +284,14 @@ def test_client_side_against_the_gateway(fake_engine, gateway_grammar, tmp_path)
     from gateway.settings import Settings
 
     def schema(tag: str, **extra) -> dict:  # a description no other test compiled: a real compile
-        return {"type": "object", "description": f"fidelity bench test {tag}", "properties": {
-            "n": {"type": "integer", "minimum": 0}}, "required": ["n"], "additionalProperties": False, **extra}
+        return {
+            "type": "object",
+            "description": f"fidelity bench test {tag}",
+            "properties": {"n": {"type": "integer", "minimum": 0}},
+            "required": ["n"],
+            "additionalProperties": False,
+            **extra,
+        }
 
     corpus = [
         Entry("t", "ok", schema("ok")),
@@ -233,9 +301,10 @@ def test_client_side_against_the_gateway(fake_engine, gateway_grammar, tmp_path)
         Entry("t", "bad", {"type": "nope"}),
     ]
     replies = {"dup": '{"n":1,"n":1}', "low": '{"n":-1}'}
-    fake_engine.reply = lambda req: next((text for name, text in replies.items()
-                                          if f"of a {name}," in fake_engine.tokenizer.decode(req.prompt_ids)),
-                                         '{"n":1}')
+    fake_engine.reply = lambda req: next(
+        (text for name, text in replies.items() if f"of a {name}," in fake_engine.tokenizer.decode(req.prompt_ids)),
+        '{"n":1}',
+    )
 
     path = tmp_path / "answers.jsonl"
     log = AnswerLog(str(path))
@@ -255,7 +324,12 @@ def test_client_side_against_the_gateway(fake_engine, gateway_grammar, tmp_path)
     assert on_disk == [1, 2, 3, 4, 5]  # each line is readable as soon as its answer is in
     lines = {line["name"]: line for line in map(json.loads, path.read_text().splitlines())}
     assert {name: line["outcome"] for name, line in lines.items()} == {
-        "ok": "valid", "dup": "invalid", "low": "invalid", "unique": "refused", "bad": "refused"}
+        "ok": "valid",
+        "dup": "invalid",
+        "low": "invalid",
+        "unique": "refused",
+        "bad": "refused",
+    }
     assert [c.engine for c in checks] == ["xgrammar", "xgrammar", "xgrammar", "xgrammar", None]
     assert [c.strict_accepted for c in checks[:4]] == [True, True, True, False]
     assert checks[0].compile_ms is not None and checks[0].compile_ms > 0  # the server's own compile time
@@ -354,8 +428,11 @@ def test_a_check_that_takes_the_server_past_its_memory_is_its_schema_s():
         state["compile_s"] += 0.004
         return httpx.Response(200, json=ok_check)
 
-    corpus = [Entry("t", "a", {"type": "string"}), Entry("t", "boom", {"title": "boom"}),
-              Entry("t", "b", {"type": "integer"})]
+    corpus = [
+        Entry("t", "a", {"type": "string"}),
+        Entry("t", "boom", {"title": "boom"}),
+        Entry("t", "b", {"type": "integer"}),
+    ]
 
     async def go():
         async with mock_client(handler) as client:
@@ -381,9 +458,15 @@ def test_a_request_that_lost_the_server_is_sent_once_more_and_skipped_schemas_ar
         if len(calls) == 1:
             server.proc = None  # the server died under this request
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
-        return httpx.Response(200, json={"choices": [{"message": {"content": '{"n": 1}'}, "finish_reason": "stop",
-                                                      "jumpgate": {"schema_valid": True}}],
-                                         "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [
+                    {"message": {"content": '{"n": 1}'}, "finish_reason": "stop", "jumpgate": {"schema_valid": True}}
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 3},
+            },
+        )
 
     corpus = [Entry("t", "a", SCHEMA), Entry("t", "skip-me", SCHEMA)]
 

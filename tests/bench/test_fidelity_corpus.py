@@ -20,8 +20,14 @@ def test_handmade_source_is_every_corpus_file_in_name_order():
     assert [e.name for e in entries] == [p.stem for p in files]
     assert all(e.source == "handmade" for e in entries)
     assert entries[0].schema == json.loads(files[0].read_text())
-    assert stats["handmade"].as_dict() == {"available": True, "version": None, "read": len(files),
-                                           "kept": len(files), "duplicates": 0, "skipped": {}}
+    assert stats["handmade"].as_dict() == {
+        "available": True,
+        "version": None,
+        "read": len(files),
+        "kept": len(files),
+        "duplicates": 0,
+        "skipped": {},
+    }
     assert build_corpus(["handmade"])[0] == entries  # deterministic
 
 
@@ -51,7 +57,8 @@ def test_bfcl_types_normalised_to_json_schema():
             "point": {"type": "tuple", "items": {"type": "float"}},
             "anything": {"type": "any", "description": "kept, untyped"},
             "options": {"type": "dict", "properties": {"deep": {"type": "array", "items": {"type": "dict"}}}},
-            "java_map": {"type": "HashMap"}, "java_list": {"type": "ArrayList", "items": {"type": "String"}},
+            "java_map": {"type": "HashMap"},
+            "java_list": {"type": "ArrayList", "items": {"type": "String"}},
             "count": {"type": "long", "default": 3, "optional": True},
             "either": {"type": ["float", "any", "null"]},
             "odd": {"type": ""},
@@ -74,19 +81,28 @@ def test_bfcl_types_normalised_to_json_schema():
     jsonschema.Draft202012Validator.check_schema(out)
     # a property *named* like a keyword is a name, not a type
     assert normalise_bfcl({"type": "dict", "properties": {"type": {"type": "float"}}}) == {
-        "type": "object", "properties": {"type": {"type": "number"}}}
+        "type": "object",
+        "properties": {"type": {"type": "number"}},
+    }
 
 
 def test_kubernetes_kind_gets_the_closure_of_its_definitions():
-    defs = K8sDefinitions({
-        "a.Meta": {"type": "object", "properties": {"labels": {"$ref": "#/$defs/a.Labels"}}},
-        "a.Labels": {"type": "object", "additionalProperties": {"type": "string"}},
-        "a.Node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/a.Node"}}},  # recursive
-        "a.Unused": {"type": "string"},
-    })
-    kind = {"$id": "https://kubernetes.io/api/x/v1", "type": "object", "properties": {
-        "metadata": {"$ref": "/api/_definitions.json#/$defs/a.Meta", "description": "m"},
-        "tree": {"$ref": "/api/_definitions.json#/$defs/a.Node"}}}
+    defs = K8sDefinitions(
+        {
+            "a.Meta": {"type": "object", "properties": {"labels": {"$ref": "#/$defs/a.Labels"}}},
+            "a.Labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "a.Node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/a.Node"}}},  # recursive
+            "a.Unused": {"type": "string"},
+        }
+    )
+    kind = {
+        "$id": "https://kubernetes.io/api/x/v1",
+        "type": "object",
+        "properties": {
+            "metadata": {"$ref": "/api/_definitions.json#/$defs/a.Meta", "description": "m"},
+            "tree": {"$ref": "/api/_definitions.json#/$defs/a.Node"},
+        },
+    }
     out = defs.inline(kind)
     assert "$id" not in out
     assert out["properties"]["metadata"] == {"$ref": "#/$defs/a.Meta", "description": "m"}
@@ -116,11 +132,17 @@ def test_kubernetes_source_is_self_contained():
     assert "pod-v1" in names and "deployment-apps-v1" in names
     for e in entries:
         for ref in schema_refs(e.schema):
-            assert ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in e.schema["$defs"], (e.name, ref)
+            assert ref.startswith("#/$defs/") and ref[len("#/$defs/") :] in e.schema["$defs"], (e.name, ref)
     pod = next(e for e in entries if e.name == "pod-v1").schema
     v = jsonschema.Draft202012Validator(pod)
-    assert v.is_valid({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
-                       "spec": {"containers": [{"name": "web", "image": "nginx"}]}})
+    assert v.is_valid(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web"},
+            "spec": {"containers": [{"name": "web", "image": "nginx"}]},
+        }
+    )
     assert not v.is_valid({"kind": "Pod", "spec": {"containers": [{"image": "nginx"}]}})  # container name
 
 

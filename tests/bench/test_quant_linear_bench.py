@@ -23,7 +23,9 @@ def test_stream_reports_both_kernels_at_one_and_two_threads(capsys):
     if quant_kernels() is None:
         assert lines == [{"bench": "quant_linear", "part": "stream", "skipped": "no AVX512-BF16 kernels here"}]
         return
-    assert [(d["kernel"], d["threads"]) for d in lines] == [(k, t) for t in (1, 2) for k in ("int4", "fp32", "int4_cached")]
+    assert [(d["kernel"], d["threads"]) for d in lines] == [
+        (k, t) for t in (1, 2) for k in ("int4", "fp32", "int4_cached")
+    ]
     # 3 layers of 64 x 576: int4 codes (half a byte a weight) and float32 scale and offset a group of
     # 32; fp32 over 3/16 of the columns, the same bytes
     assert {d["bytes"] for d in lines} == {3 * 64 * 576 * 3 // 4}

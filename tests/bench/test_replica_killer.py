@@ -12,9 +12,11 @@ import time
 
 from bench.replica_killer import Kill, ReplicaKiller, replica_pids
 
-TREE = ("(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "
-        "(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "
-        "(exec -a ray::ServeReplica:jumpgate:gateway sleep 600) & wait")
+TREE = (
+    "(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "
+    "(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "
+    "(exec -a ray::ServeReplica:jumpgate:gateway sleep 600) & wait"
+)
 
 
 def wait_for(predicate, what: str):
@@ -30,15 +32,18 @@ def test_kills_one_replica_of_the_named_deployment_inside_the_tree():
     root = subprocess.Popen(["bash", "-c", TREE], start_new_session=True)
     outsider = subprocess.Popen(["bash", "-c", "exec -a ray::ServeReplica:jumpgate:engine sleep 600"])
     try:
-        engines = wait_for(lambda: len(replica_pids(root.pid, "engine")) == 2 and replica_pids(root.pid, "engine"),
-                           "two engine replicas")
+        engines = wait_for(
+            lambda: len(replica_pids(root.pid, "engine")) == 2 and replica_pids(root.pid, "engine"),
+            "two engine replicas",
+        )
         gateways = replica_pids(root.pid, "gateway")
         assert len(gateways) == 1 and outsider.pid not in engines  # only the tree below root
         killer = ReplicaKiller(root.pid, every_s=3600, targets=("engine",))
         kill = killer.kill_one("engine")
         assert kill is not None and kill.pid in engines and kill.deployment == "engine"
-        wait_for(lambda: replica_pids(root.pid, "engine") == [p for p in engines if p != kill.pid],
-                 "the killed engine gone")
+        wait_for(
+            lambda: replica_pids(root.pid, "engine") == [p for p in engines if p != kill.pid], "the killed engine gone"
+        )
         assert replica_pids(root.pid, "gateway") == gateways and outsider.poll() is None
         assert killer.kill_one("nothing-of-that-name") is None and killer.skipped == 1
     finally:

@@ -13,7 +13,6 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is not installed")
 
-from gateway.startup import build_grammar_service  # noqa: E402
 from gateway.cluster.client import ClusterEngineClient  # noqa: E402
 from gateway.cluster.grammar_bridge import ClusterGrammarService  # noqa: E402
 from gateway.cluster.ingress import create_cluster_app  # noqa: E402
@@ -21,10 +20,11 @@ from gateway.cluster.launch import start_replicas, stop_replicas  # noqa: E402
 from gateway.cluster.routing_log import ROUTING_LOG  # noqa: E402
 from gateway.cluster.settings import ClusterSettings  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
+from gateway.startup import build_grammar_service  # noqa: E402
 from grammar.settings import GrammarSettings  # noqa: E402
 from runtime.api import EngineError, GenerateRequest  # noqa: E402
-from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.decode.sampling import SamplingParams  # noqa: E402
+from runtime.engine_config import EngineConfig  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -37,8 +37,7 @@ def cluster(tmp_path_factory):
 
     shared = tmp_path_factory.mktemp("cluster-shared")
     grammar = GrammarSettings(cache_dir=str(shared / "grammars"))
-    handle = start_replicas(ENGINE, grammar, ClusterSettings(replicas=2, replica_cpus=0.5,
-                                                             routing_stats_period_s=0.5))
+    handle = start_replicas(ENGINE, grammar, ClusterSettings(replicas=2, replica_cpus=0.5, routing_stats_period_s=0.5))
     client = ClusterEngineClient(handle, ENGINE, 2)
     grammar_service = ClusterGrammarService(build_grammar_service(client, grammar))
     yield client, grammar_service, shared
@@ -50,9 +49,13 @@ def cluster(tmp_path_factory):
 
 def generate(client, prompt_ids, namespace="", max_new_tokens=4):
     async def run():
-        req = GenerateRequest(prompt_ids=prompt_ids, sampling=SamplingParams(max_new_tokens=max_new_tokens,
-                                                                             temperature=0), namespace=namespace)
+        req = GenerateRequest(
+            prompt_ids=prompt_ids,
+            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0),
+            namespace=namespace,
+        )
         return [e async for e in client.submit(req)][-1]
+
     return asyncio.run(run())
 
 
@@ -77,7 +80,7 @@ def test_each_prefix_sticks_to_one_replica_and_hits_its_cache(cluster):
             cached[name].append(last.cached_tokens)
     routed = decisions_since(before)
     replicas_of = {}
-    for (replica, reason), n in routed.items():
+    for replica, reason in routed:
         replicas_of.setdefault(reason, set()).add(replica)
     assert sum(routed.values()) == 6
     assert sum(n for (_, reason), n in routed.items() if reason == "prefix") == 4  # every repeat by prefix
@@ -101,27 +104,44 @@ def test_gateway_serves_grammars_and_registry_through_the_cluster(cluster):
 
     client, grammar_service, shared = cluster
     app = create_cluster_app(client, grammar_service, Settings(registry_dir=str(shared / "registry")))
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-              "required": ["city"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     with TestClient(app) as http:
         reg = http.post("/v1/schemas", json={"name": "place", "schema": schema})
         assert reg.status_code in (200, 201), reg.text
         schema_id = reg.json()["id"]
-        for constraint in ({"response_format": {"type": "json_schema", "json_schema": {"name": "place",
-                                                                                        "schema": schema}}},
-                           {"schema_id": schema_id}):
-            r = http.post("/v1/chat/completions", json={
-                "model": client.info.model_name, "max_tokens": 40, "temperature": 0,
-                "messages": [{"role": "user", "content": "Name a city."}], **constraint})
+        for constraint in (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}},
+            {"schema_id": schema_id},
+        ):
+            r = http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": client.info.model_name,
+                    "max_tokens": 40,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": "Name a city."}],
+                    **constraint,
+                },
+            )
             assert r.status_code == 200, r.text
             assert set(json.loads(r.json()["choices"][0]["message"]["content"])) == {"city"}
         time.sleep(1.5)  # replicas report their stats every 0.5 s
         metrics = http.get("/metrics").text
-        replicas = {line.split('replica="')[1].split('"')[0] for line in metrics.splitlines()
-                    if line.startswith("jumpgate_replica_prompt_tokens_total{")}
+        replicas = {
+            line.split('replica="')[1].split('"')[0]
+            for line in metrics.splitlines()
+            if line.startswith("jumpgate_replica_prompt_tokens_total{")
+        }
         assert len(replicas) == 2  # one series per replica
-        assert any(line.startswith("jumpgate_router_decisions_total{") and 'reason="prefix"' in line
-                   for line in metrics.splitlines())
+        assert any(
+            line.startswith("jumpgate_router_decisions_total{") and 'reason="prefix"' in line
+            for line in metrics.splitlines()
+        )
         assert "jumpgate_replica_prefix_cache_hit_rate{" in metrics
         total = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("jumpgate_engine_prompt")]
         assert total and total[0] > 0  # the cluster-wide totals
@@ -133,12 +153,13 @@ def test_a_killed_replica_fails_its_requests_and_the_survivor_serves(cluster):
     before, _ = ROUTING_LOG.snapshot()
 
     async def stream_then_kill():
-        req = GenerateRequest(prompt_ids=system, sampling=SamplingParams(max_new_tokens=400, temperature=0,
-                                                                          ignore_eos=True))
+        req = GenerateRequest(
+            prompt_ids=system, sampling=SamplingParams(max_new_tokens=400, temperature=0, ignore_eos=True)
+        )
         events = client.submit(req)
         first = await events.__anext__()
         assert not first.finished
-        (replica, _), = decisions_since(before)
+        ((replica, _),) = decisions_since(before)
         kill_replica(replica)
         async for _ in events:
             pass

@@ -18,14 +18,27 @@ from bench.server_process import MODEL, JumpgateServer  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-CLUSTER_ARGS = ["--replicas", "2", "--replica-cpus", "0.5", "--router-stats-period", "0.5",
-                "--num-threads", "1", "--max-running-requests", "4", "--max-waiting-requests", "16"]
+CLUSTER_ARGS = [
+    "--replicas",
+    "2",
+    "--replica-cpus",
+    "0.5",
+    "--router-stats-period",
+    "0.5",
+    "--num-threads",
+    "1",
+    "--max-running-requests",
+    "4",
+    "--max-waiting-requests",
+    "16",
+]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-ingress"), kv_pool_tokens=3072,
-                         extra_args=CLUSTER_ARGS, startup_timeout_s=420)
+    srv = JumpgateServer(
+        tmp_path_factory.mktemp("jumpgate-ingress"), kv_pool_tokens=3072, extra_args=CLUSTER_ARGS, startup_timeout_s=420
+    )
     srv.start()
     proc = srv.proc
     try:
@@ -41,27 +54,41 @@ def client(server) -> openai.OpenAI:
 
 
 def test_plain_chat_completion(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name three colors."}],
-                                       temperature=0, max_tokens=8)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name three colors."}], temperature=0, max_tokens=8
+    )
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.choices[0].message.content
     assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
 
 
 def test_strict_json_schema_answer_parses(client):
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-              "required": ["city"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Name a city."}], temperature=0, max_tokens=40,
-        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}})
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name a city."}],
+        temperature=0,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}},
+    )
     assert r.choices[0].finish_reason == "stop"
     assert set(json.loads(r.choices[0].message.content)) == {"city"}
 
 
 def test_stream_arrives_through_the_proxy_as_it_is_generated(client):
     arrivals, text = [], []
-    with client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to twenty."}],
-                                        temperature=0, max_tokens=24, stream=True) as stream:
+    with client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to twenty."}],
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+    ) as stream:
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 arrivals.append(time.monotonic())
@@ -72,13 +99,17 @@ def test_stream_arrives_through_the_proxy_as_it_is_generated(client):
 
 
 def test_metrics_show_the_ingress_routers_decisions(server, client):
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
-                                   temperature=0, max_tokens=2)
+    client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=2
+    )
     deadline = time.monotonic() + 30
     while True:  # replicas report their stats every 0.5 s
         text = server.metrics_text()
-        replicas = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
-                    if line.startswith("jumpgate_replica_prompt_tokens_total{")}
+        replicas = {
+            line.split('replica="')[1].split('"')[0]
+            for line in text.splitlines()
+            if line.startswith("jumpgate_replica_prompt_tokens_total{")
+        }
         if len(replicas) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -94,8 +125,14 @@ def test_a_client_gone_mid_stream_aborts_the_engine_request(server):
     KV pool leaves room for; a larger max_tokens is refused with a 400)."""
     cancelled = 'jumpgate_requests_total{outcome="cancelled",route="chat"}'
     before = server.metrics().get(cancelled, 0.0)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2900,
-            "ignore_eos": True, "temperature": 0, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 2900,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -104,8 +141,15 @@ def test_a_client_gone_mid_stream_aborts_the_engine_request(server):
                 while not next(lines).startswith("data: "):
                     pass
         # leaving the block closes the connection mid-stream
-    m = server.wait_metrics(lambda m: m.get("jumpgate_running_requests") == 0 and m.get(cancelled, 0) == before + 1
-                            and m.get("jumpgate_gateway_in_flight_requests") == 0, timeout_s=20, interval_s=0.5)
+    m = server.wait_metrics(
+        lambda m: (
+            m.get("jumpgate_running_requests") == 0
+            and m.get(cancelled, 0) == before + 1
+            and m.get("jumpgate_gateway_in_flight_requests") == 0
+        ),
+        timeout_s=20,
+        interval_s=0.5,
+    )
     assert m["jumpgate_running_requests"] == 0, m
     assert m["jumpgate_gateway_in_flight_requests"] == 0, m
     assert m[cancelled] == before + 1, m

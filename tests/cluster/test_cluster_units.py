@@ -3,7 +3,6 @@ imports Ray), grammars travelling as their spec, stats aggregation, replica erro
 
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
 import sys
@@ -17,27 +16,59 @@ from runtime.settings_fields import from_args
 
 
 def test_single_process_serving_imports_no_ray():
-    code = ("import sys, gateway.cli, gateway.app\n"
-            "from gateway.cli import build_parser, serve_settings\n"
-            "serve_settings(build_parser().parse_args(['serve']), environ={})\n"
-            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    code = (
+        "import sys, gateway.cli, gateway.app\n"
+        "from gateway.cli import build_parser, serve_settings\n"
+        "serve_settings(build_parser().parse_args(['serve']), environ={})\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_cluster_flags_map_through():
-    args = build_parser().parse_args(["serve", "--replicas", "3", "--ray-address", "ray://h:10001",
-                                      "--replica-cpus", "0.5", "--replica-gpus", "1", "--routing-policy",
-                                      "power_of_two", "--router-cache-threshold", "0.3",
-                                      "--router-balance-abs-threshold", "8", "--router-balance-rel-threshold", "2",
-                                      "--router-stats-period", "0.25", "--gateway-replicas", "2",
-                                      "--gateway-cpus", "0.5"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--replicas",
+            "3",
+            "--ray-address",
+            "ray://h:10001",
+            "--replica-cpus",
+            "0.5",
+            "--replica-gpus",
+            "1",
+            "--routing-policy",
+            "power_of_two",
+            "--router-cache-threshold",
+            "0.3",
+            "--router-balance-abs-threshold",
+            "8",
+            "--router-balance-rel-threshold",
+            "2",
+            "--router-stats-period",
+            "0.25",
+            "--gateway-replicas",
+            "2",
+            "--gateway-cpus",
+            "0.5",
+        ]
+    )
     c = from_args(ClusterSettings, args)
     assert (c.replicas, c.ray_address, c.replica_cpus, c.replica_gpus, c.routing_stats_period_s) == (
-        3, "ray://h:10001", 0.5, 1.0, 0.25)
+        3,
+        "ray://h:10001",
+        0.5,
+        1.0,
+        0.25,
+    )
     assert (c.gateway_replicas, c.gateway_cpus) == (2, 0.5)
-    assert c.router_kwargs() == {"policy": "power_of_two", "cache_threshold": 0.3, "balance_abs_threshold": 8,
-                                 "balance_rel_threshold": 2.0}
+    assert c.router_kwargs() == {
+        "policy": "power_of_two",
+        "cache_threshold": 0.3,
+        "balance_abs_threshold": 8,
+        "balance_rel_threshold": 2.0,
+    }
     default = from_args(ClusterSettings, build_parser().parse_args(["serve"]))
     assert default.replicas is None and (default.gateway_replicas, default.gateway_cpus) == (1, 0.0)
 
@@ -48,20 +79,39 @@ def test_replicas_get_the_shared_folders_as_absolute_paths(tmp_path, monkeypatch
     from gateway.cli import serve_settings
 
     monkeypatch.chdir(tmp_path)
-    args = build_parser().parse_args(["serve", "--replicas", "2", "--host-pool-tokens", "1024",
-                                      "--disk-cache-dir", "shared/kv", "--grammar-cache-dir", "shared/grammars"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--replicas",
+            "2",
+            "--host-pool-tokens",
+            "1024",
+            "--disk-cache-dir",
+            "shared/kv",
+            "--grammar-cache-dir",
+            "shared/grammars",
+        ]
+    )
     config = serve_settings(args, environ={})
     engine, grammar = with_shared_folders(config.engine, config.grammar)
     assert engine.disk_cache_dir == str(tmp_path / "shared" / "kv")
     assert grammar.cache_dir == str(tmp_path / "shared" / "grammars")
     assert engine.host_pool_tokens == 1024 and config.engine.disk_cache_dir == "shared/kv"  # a copy
-    untouched, _ = with_shared_folders(from_args(type(config.engine), build_parser().parse_args(["serve"])),
-                                       config.grammar)
+    untouched, _ = with_shared_folders(
+        from_args(type(config.engine), build_parser().parse_args(["serve"])), config.grammar
+    )
     assert untouched.disk_cache_dir is None
 
 
-@pytest.mark.parametrize("bad", [["--replicas", "0"], ["--routing-policy", "random"],
-                                 ["--router-cache-threshold", "1.5"], ["--gateway-replicas", "0"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--replicas", "0"],
+        ["--routing-policy", "random"],
+        ["--router-cache-threshold", "1.5"],
+        ["--gateway-replicas", "0"],
+    ],
+)
 def test_bad_cluster_flags_are_refused(bad, capsys):
     from gateway.cli import main
 
@@ -114,8 +164,12 @@ def test_stats_add_up_and_the_hit_rate_is_recomputed():
     pytest.importorskip("ray")
     from gateway.cluster.client import sum_stats
 
-    total = sum_stats([{"prompt_tokens": 100, "cached_prompt_tokens": 90, "requests_finished": {"stop": 2}, "x": "a"},
-                       {"prompt_tokens": 100, "cached_prompt_tokens": 10, "requests_finished": {"stop": 1, "length": 4}}])
+    total = sum_stats(
+        [
+            {"prompt_tokens": 100, "cached_prompt_tokens": 90, "requests_finished": {"stop": 2}, "x": "a"},
+            {"prompt_tokens": 100, "cached_prompt_tokens": 10, "requests_finished": {"stop": 1, "length": 4}},
+        ]
+    )
     assert (total.prompt_tokens, total.cached_prompt_tokens, total.prefix_hit_rate) == (200, 100, 0.5)
     assert total.requests_finished == {"stop": 3, "length": 4}
 
@@ -180,8 +234,10 @@ def test_router_sends_a_conversation_back_where_its_prefix_went():
     assert choose(router, replicas, pending("generate", other)) != first  # idler one: no shared prefix
     # a replica's own report counts too (e.g. what another gateway's router sent it)
     reported = FakeReplica("r2", {"prefix_keys": prefix_keys(list(range(900, 1028)))})
-    assert choose(router, [*replicas, reported], pending("generate", GenerateRequest(
-        prompt_ids=list(range(900, 1028))))) == "r2"
+    assert (
+        choose(router, [*replicas, reported], pending("generate", GenerateRequest(prompt_ids=list(range(900, 1028)))))
+        == "r2"
+    )
 
 
 def test_router_forgets_a_replica_that_is_gone_and_honours_its_policy():

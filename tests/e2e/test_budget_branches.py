@@ -74,8 +74,14 @@ def test_agent_tool_calls_at_low_budgets_are_whole_and_valid(client, tokenizer, 
     max_tokens lowered until closing must act: every call whole, named and valid."""
     system = agent_system_prompt(tokenizer, 1500)
     for i in range(12):
-        r = client.chat.completions.create(model=MODEL, messages=agent_messages(system, i), tools=TOOLS,
-                                           tool_choice="required", temperature=0, max_tokens=max_tokens)
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=agent_messages(system, i),
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=0,
+            max_tokens=max_tokens,
+        )
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls", (i, choice)
         assert r.usage.completion_tokens <= max_tokens

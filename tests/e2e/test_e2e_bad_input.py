@@ -32,14 +32,22 @@ def client(jumpgate_server) -> openai.OpenAI:
 
 
 def test_malformed_json(http):
-    resp = http.post("/v1/chat/completions", content=b'{"model": "x", "messages": [',
-                     headers={"content-type": "application/json"})
+    resp = http.post(
+        "/v1/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"}
+    )
     assert_openai_error(resp, 400, param=None, code="invalid_json")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("max_tokens", "ten"), ("messages", "hi"), ("temperature", 5), ("stream", "yes"), ("n", 0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("max_tokens", "ten"),
+        ("messages", "hi"),
+        ("temperature", 5),
+        ("stream", "yes"),
+        ("n", 0),
+    ],
+)
 def test_wrong_types_name_the_param(http, field, value):
     err = assert_openai_error(http.post("/v1/chat/completions", json=chat_body(**{field: value})), 400, param=field)
     assert field in err["message"]
@@ -53,8 +61,12 @@ def test_missing_model_field(http):
 
 
 def test_unknown_model(http, client):
-    assert_openai_error(http.post("/v1/chat/completions", json=chat_body(model="gpt-imaginary")), 404,
-                        param="model", code="model_not_found")
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat_body(model="gpt-imaginary")),
+        404,
+        param="model",
+        code="model_not_found",
+    )
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="gpt-imaginary", messages=WEATHER_Q)
     assert info.value.code == "model_not_found"
@@ -76,22 +88,28 @@ def test_invalid_schema_points_at_the_problem(http):
 
 
 def test_bad_regex(http):
-    assert_openai_error(http.post("/v1/chat/completions", json=chat_body(regex="(ab")), 400,
-                        param="regex", code="invalid_regex")
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat_body(regex="(ab")), 400, param="regex", code="invalid_regex"
+    )
 
 
 def test_unknown_registry_id(http):
     missing = "sch_" + "0" * 24
-    assert_openai_error(http.post("/v1/chat/completions", json=chat_body(schema_id=missing)), 404,
-                        param="schema_id", code="schema_not_found")
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat_body(schema_id=missing)),
+        404,
+        param="schema_id",
+        code="schema_not_found",
+    )
     assert_openai_error(http.get(f"/v1/schemas/{missing}"), 404, code="schema_not_found")
     assert_openai_error(http.delete(f"/v1/schemas/{missing}"), 404, code="schema_not_found")
 
 
 def test_tool_choice_naming_a_missing_tool(http, client):
     choice = {"type": "function", "function": {"name": "teleport"}}
-    err = assert_openai_error(http.post("/v1/chat/completions", json=chat_body(tools=TOOLS, tool_choice=choice)),
-                              400, param="tool_choice")
+    err = assert_openai_error(
+        http.post("/v1/chat/completions", json=chat_body(tools=TOOLS, tool_choice=choice)), 400, param="tool_choice"
+    )
     assert "teleport" in err["message"]
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=WEATHER_Q, tools=TOOLS, tool_choice=choice)
@@ -100,8 +118,9 @@ def test_tool_choice_naming_a_missing_tool(http, client):
 
 def test_prompt_too_long(http):
     body = chat_body(messages=[{"role": "user", "content": "hello " * 9000}])
-    err = assert_openai_error(http.post("/v1/chat/completions", json=body), 400,
-                              param="messages", code="context_length_exceeded")
+    err = assert_openai_error(
+        http.post("/v1/chat/completions", json=body), 400, param="messages", code="context_length_exceeded"
+    )
     assert "tokens" in err["message"]
 
 
@@ -112,7 +131,9 @@ def test_body_too_large(http):
 
 def test_max_tokens_below_strict_schema_minimum(http):
     schema = json.loads((CORPUS / "extract_12_fields.json").read_text())
-    body = chat_body(max_tokens=5,
-                     response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": schema}})
+    body = chat_body(
+        max_tokens=5,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": schema}},
+    )
     err = assert_openai_error(http.post("/v1/chat/completions", json=body), 400, param="max_tokens")
     assert "tokens" in err["message"] and re.search(r"at least \d+", err["message"])

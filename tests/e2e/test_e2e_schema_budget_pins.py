@@ -17,25 +17,44 @@ from bench.server_process import MODEL, JumpgateServer
 pytestmark = pytest.mark.e2e
 
 PIN_BUDGET = 4096
-CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"],
-               "additionalProperties": False}
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 30}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 def many_tools(count: int = 128, params: int = 20) -> list[dict[str, Any]]:
     """128 tools of 20 string parameters each (short strings, so a call stays cheap on a CPU)."""
-    return [{"type": "function", "function": {
-        "name": f"tool_{t}", "description": f"Tool number {t}: does one thing well for the user's request.",
-        "parameters": {"type": "object", "additionalProperties": False,
-                       "required": [f"param_{p}" for p in range(params)],
-                       "properties": {f"param_{p}": {"type": "string", "maxLength": 6,
-                                                     "description": f"Parameter {p} of tool {t}"}
-                                      for p in range(params)}}}} for t in range(count)]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{t}",
+                "description": f"Tool number {t}: does one thing well for the user's request.",
+                "parameters": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": [f"param_{p}" for p in range(params)],
+                    "properties": {
+                        f"param_{p}": {"type": "string", "maxLength": 6, "description": f"Parameter {p} of tool {t}"}
+                        for p in range(params)
+                    },
+                },
+            },
+        }
+        for t in range(count)
+    ]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-budget-pins"), kv_pool_tokens=16384,
-                         extra_args=["--pin-budget-tokens", str(PIN_BUDGET)])
+    srv = JumpgateServer(
+        tmp_path_factory.mktemp("jumpgate-budget-pins"),
+        kv_pool_tokens=16384,
+        extra_args=["--pin-budget-tokens", str(PIN_BUDGET)],
+    )
     srv.start()
     try:
         yield srv
@@ -51,10 +70,17 @@ def http(server):
 
 def test_128_tools_with_20_string_parameters_get_a_valid_tool_call(http):
     tools = many_tools()
-    resp = http.post("/v1/chat/completions", json={
-        "model": MODEL, "temperature": 0, "max_tokens": 400, "tools": tools,
-        "tool_choice": {"type": "function", "function": {"name": "tool_42"}},
-        "messages": [{"role": "user", "content": "Use tool 42 with short values."}]})
+    resp = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "temperature": 0,
+            "max_tokens": 400,
+            "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "tool_42"}},
+            "messages": [{"role": "user", "content": "Use tool 42 with short values."}],
+        },
+    )
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["usage"]["prompt_tokens"] <= 4096 + 200  # the tools text took at most half the context
@@ -64,9 +90,14 @@ def test_128_tools_with_20_string_parameters_get_a_valid_tool_call(http):
 
 
 def explain(http, system: str, schema_id: str) -> dict[str, Any]:
-    resp = http.post("/v1/cache/explain", json={
-        "model": MODEL, "schema_id": schema_id,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Name a city."}]})
+    resp = http.post(
+        "/v1/cache/explain",
+        json={
+            "model": MODEL,
+            "schema_id": schema_id,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Name a city."}],
+        },
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()
 

@@ -34,22 +34,51 @@ CORPUS = ROOT / "tests" / "data" / "schema_corpus"
 EXAMPLES = ROOT / "examples"
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Get the current weather for a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {
-            "expression": {"type": "string", "pattern": "^[0-9+\\-*/(). ]{1,40}$"}},
-            "required": ["expression"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "web_search", "description": "Search the web.",
-        "parameters": {"type": "object", "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 60},
-            "num_results": {"type": "integer", "minimum": 1, "maximum": 10}},
-            "required": ["query"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "pattern": "^[0-9+\\-*/(). ]{1,40}$"}},
+                "required": ["expression"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "web_search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "minLength": 1, "maxLength": 60},
+                    "num_results": {"type": "integer", "minimum": 1, "maximum": 10},
+                },
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 TOOL_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 WEATHER_Q = [{"role": "user", "content": "What's the weather in Paris, in celsius?"}]
@@ -123,7 +152,7 @@ def check_tool_calls(message, *, allowed: set[str] | None = None) -> list[tuple[
 def sse_data(resp: httpx.Response):
     for line in resp.iter_lines():
         if line.startswith("data: "):
-            yield line[len("data: "):]
+            yield line[len("data: ") :]
 
 
 def load_example(name: str):
@@ -146,7 +175,10 @@ def test_health_and_models(server, client, http):
 
 def test_plain_chat(client):
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Name three colors."}], temperature=0, max_tokens=12,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name three colors."}],
+        temperature=0,
+        max_tokens=12,
     )
     assert resp.object == "chat.completion" and resp.id.startswith("chatcmpl-")
     choice = resp.choices[0]
@@ -163,16 +195,23 @@ def test_plain_chat(client):
 def test_streamed_chat_matches_non_streamed(client):
     msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
     whole = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=16)
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=msgs, temperature=0, max_tokens=16, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=msgs,
+            temperature=0,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     with_choices = [c for c in chunks if c.choices]
     assert with_choices[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in with_choices)
     assert text == whole.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in with_choices if c.choices[0].finish_reason] == \
-        [whole.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in with_choices if c.choices[0].finish_reason] == [
+        whole.choices[0].finish_reason
+    ]
     assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
@@ -187,7 +226,10 @@ def test_long_prompt_over_one_prefill_chunk(client):
     positions' KV unwritten and the answer garbage)."""
     rag = load_example("rag_cached")
     system = "Answer the passenger's question using only the handbook below. Be brief.\n\n" + rag.DOCUMENT
-    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "How long does the Blue route crossing take?"}]
+    msgs = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "How long does the Blue route crossing take?"},
+    ]
     salt = {"cache_salt": uuid.uuid4().hex}  # a namespace of its own: the first request is cold
     cold = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=12, extra_body=salt)
     assert cold.usage.prompt_tokens > 512 and cold.usage.prompt_tokens_details.cached_tokens < 16
@@ -207,7 +249,12 @@ def test_long_prompt_over_one_prefill_chunk(client):
 
 def test_tool_choice_none(client):
     resp = client.chat.completions.create(
-        model=MODEL, messages=WEATHER_Q, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=12,
+        model=MODEL,
+        messages=WEATHER_Q,
+        tools=TOOLS,
+        tool_choice="none",
+        temperature=0,
+        max_tokens=12,
     )
     choice = resp.choices[0]
     assert choice.message.tool_calls is None
@@ -217,8 +264,12 @@ def test_tool_choice_none(client):
 
 def test_tool_choice_auto(client):
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "system", "content": "You are a function-calling assistant."}, *WEATHER_Q],
-        tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=96,
+        model=MODEL,
+        messages=[{"role": "system", "content": "You are a function-calling assistant."}, *WEATHER_Q],
+        tools=TOOLS,
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=96,
     )
     choice = resp.choices[0]
     if choice.message.tool_calls:  # the model chose to call: calls must be complete and valid
@@ -231,8 +282,13 @@ def test_tool_choice_auto(client):
 
 def test_tool_choice_required(client):
     resp = client.chat.completions.create(
-        model=MODEL, messages=WEATHER_Q, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-        temperature=0, max_tokens=64,
+        model=MODEL,
+        messages=WEATHER_Q,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
     )
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -242,8 +298,12 @@ def test_tool_choice_required(client):
 
 def test_tool_choice_named(client):
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is 12 times 7?"}], tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "calculator"}}, temperature=0, max_tokens=64,
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 12 times 7?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "calculator"}},
+        temperature=0,
+        max_tokens=64,
     )
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -254,8 +314,13 @@ def test_tool_choice_named(client):
 @pytest.mark.parametrize("parallel", [True, False])
 def test_parallel_tool_calls(client, parallel):
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris and in Rome, please."}], tools=TOOLS,
-        tool_choice="required", parallel_tool_calls=parallel, temperature=0, max_tokens=96,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris and in Rome, please."}],
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=parallel,
+        temperature=0,
+        max_tokens=96,
     )
     choice = resp.choices[0]
     calls = check_tool_calls(choice.message)
@@ -270,8 +335,15 @@ def test_parallel_tool_calls(client, parallel):
 
 
 def test_streamed_tool_call_deltas(client):
-    kwargs = dict(model=MODEL, messages=WEATHER_Q, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-                  temperature=0, max_tokens=64)
+    kwargs = dict(
+        model=MODEL,
+        messages=WEATHER_Q,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+    )
     whole = client.chat.completions.create(**kwargs)
     calls: dict[int, dict[str, Any]] = {}
     finish = []
@@ -302,12 +374,22 @@ def test_tool_result_round_trip(client):
     """An assistant tool call and its role=tool result are accepted back into the conversation."""
     msgs = [
         {"role": "user", "content": "What's the weather in Rome?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_abc", "type": "function", "function": {
-            "name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_abc",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_abc", "content": '{"temperature": 21, "sky": "clear"}'},
     ]
-    resp = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, tool_choice="none",
-                                          temperature=0, max_tokens=12)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=msgs, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=12
+    )
     assert isinstance(resp.choices[0].message.content, str)
     assert resp.choices[0].message.tool_calls is None
 
@@ -323,8 +405,11 @@ class City(BaseModel):
 
 def test_json_schema_parse_with_pydantic(client):
     resp = client.chat.completions.parse(
-        model=MODEL, messages=[{"role": "user", "content": "Paris is the capital of France, about 2.1 million people."}],
-        response_format=City, temperature=0, max_tokens=64,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Paris is the capital of France, about 2.1 million people."}],
+        response_format=City,
+        temperature=0,
+        max_tokens=64,
     )
     choice = resp.choices[0]
     assert choice.finish_reason == "stop"
@@ -334,8 +419,11 @@ def test_json_schema_parse_with_pydantic(client):
 
 def test_json_object(client):
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Give a JSON object with a key 'color'."}],
-        response_format={"type": "json_object"}, temperature=0, max_tokens=48,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Give a JSON object with a key 'color'."}],
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=48,
     )
     choice = resp.choices[0]
     assert choice.finish_reason == "stop"
@@ -345,8 +433,11 @@ def test_json_object(client):
 def test_regex_extension(client):
     pattern = r"\d{4}-\d{2}-\d{2}"
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "When did the Apollo 11 landing happen?"}],
-        extra_body={"regex": pattern}, temperature=0, max_tokens=16,
+        model=MODEL,
+        messages=[{"role": "user", "content": "When did the Apollo 11 landing happen?"}],
+        extra_body={"regex": pattern},
+        temperature=0,
+        max_tokens=16,
     )
     assert re.fullmatch(pattern, resp.choices[0].message.content)
     assert resp.choices[0].finish_reason == "stop"
@@ -360,8 +451,9 @@ def test_loop_prone_schema_at_tight_budget_still_parses(http, schema_file):
         response_format={"type": "json_schema", "json_schema": {"name": "loopy", "strict": True, "schema": schema}},
     )
     # the server says how few tokens the smallest valid output needs; give it a little more than that
-    err = assert_openai_error(http.post("/v1/chat/completions", json={**body, "max_tokens": 1}), 400,
-                              param="max_tokens")
+    err = assert_openai_error(
+        http.post("/v1/chat/completions", json={**body, "max_tokens": 1}), 400, param="max_tokens"
+    )
     need = int(re.search(r"needs (\d+) tokens", err["message"]).group(1))
     resp = http.post("/v1/chat/completions", json={**body, "max_tokens": need + 12})
     assert resp.status_code == 200, resp.text
@@ -387,7 +479,10 @@ def test_registry_lifecycle(client, http):
     assert entry["id"] in [e["id"] for e in http.get("/v1/schemas").json()["data"]]
 
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me about Rome."}], temperature=0, max_tokens=48,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me about Rome."}],
+        temperature=0,
+        max_tokens=48,
         extra_body={"schema_id": entry["id"]},
     )
     jsonschema.validate(json.loads(resp.choices[0].message.content), CITY_SCHEMA)
@@ -396,8 +491,12 @@ def test_registry_lifecycle(client, http):
     assert deleted.status_code == 200 and deleted.json()["deleted"] is True
     assert_openai_error(http.get(f"/v1/schemas/{entry['id']}"), 404, code="schema_not_found")
     assert entry["id"] not in [e["id"] for e in http.get("/v1/schemas").json()["data"]]
-    assert_openai_error(http.post("/v1/chat/completions", json=chat_body(schema_id=entry["id"])), 404,
-                        param="schema_id", code="schema_not_found")
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat_body(schema_id=entry["id"])),
+        404,
+        param="schema_id",
+        code="schema_not_found",
+    )
 
 
 # --------------------------------------------------------------------------- prefix cache
@@ -405,12 +504,17 @@ def test_registry_lifecycle(client, http):
 
 def test_cached_tokens_and_cache_explain(client, http):
     system = f"[{uuid.uuid4().hex}] You are the archivist of a maritime museum. " + (
-        "Answer visitors' questions about ships, harbours and navigation history in plain words. " * 12)
+        "Answer visitors' questions about ships, harbours and navigation history in plain words. " * 12
+    )
+
     def ask(question: str):
         return client.chat.completions.create(
-            model=MODEL, temperature=0, max_tokens=4,
+            model=MODEL,
+            temperature=0,
+            max_tokens=4,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
         )
+
     first = ask("Which ship is the oldest in the collection?")
     second = ask("Where was the lighthouse lens made?")
     cached_first = first.usage.prompt_tokens_details.cached_tokens
@@ -419,9 +523,13 @@ def test_cached_tokens_and_cache_explain(client, http):
     assert cached_second > 0 and cached_second >= 0.8 * (first.usage.prompt_tokens - 20)
 
     question = "Tell me about the harbour master."
-    resp = http.post("/v1/cache/explain", json={
-        "model": MODEL, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
-    })
+    resp = http.post(
+        "/v1/cache/explain",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        },
+    )
     assert resp.status_code == 200, resp.text
     info = resp.json()
     assert info["object"] == "cache.explanation"
@@ -432,24 +540,39 @@ def test_cached_tokens_and_cache_explain(client, http):
     assert info["boundary"]["text_after"].startswith(question[:20])
     assert sum(t["tokens"] for t in info["cached_by_tier"]) == info["cached_tokens"]
 
-    fresh = http.post("/v1/cache/explain", json={
-        "model": MODEL, "messages": [{"role": "system", "content": f"[{uuid.uuid4().hex}] A new agent."},
-                                     {"role": "user", "content": question}],
-    }).json()
+    fresh = http.post(
+        "/v1/cache/explain",
+        json={
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": f"[{uuid.uuid4().hex}] A new agent."},
+                {"role": "user", "content": question},
+            ],
+        },
+    ).json()
     assert fresh["cached_tokens"] < 16 and fresh["boundary"]["token_index"] == fresh["cached_tokens"]
 
 
 def test_metrics_text(server, client, http):
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], temperature=0, max_tokens=2)
+    client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], temperature=0, max_tokens=2
+    )
     resp = http.get("/metrics")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     text = resp.text
     for name in (
-        'jumpgate_requests_total{outcome="success",route="chat"}', "jumpgate_prompt_tokens_total",
-        "jumpgate_cached_prompt_tokens_total", "jumpgate_generation_tokens_total",
-        "jumpgate_time_to_first_token_seconds_count", "jumpgate_e2e_request_latency_seconds_bucket",
-        "jumpgate_running_requests", "jumpgate_waiting_requests", "jumpgate_kv_slots_free",
-        "jumpgate_kv_slots_tree_held", "jumpgate_kv_slots_request_only", "jumpgate_kv_pool_slots",
+        'jumpgate_requests_total{outcome="success",route="chat"}',
+        "jumpgate_prompt_tokens_total",
+        "jumpgate_cached_prompt_tokens_total",
+        "jumpgate_generation_tokens_total",
+        "jumpgate_time_to_first_token_seconds_count",
+        "jumpgate_e2e_request_latency_seconds_bucket",
+        "jumpgate_running_requests",
+        "jumpgate_waiting_requests",
+        "jumpgate_kv_slots_free",
+        "jumpgate_kv_slots_tree_held",
+        "jumpgate_kv_slots_request_only",
+        "jumpgate_kv_pool_slots",
         "jumpgate_gateway_in_flight_requests",
     ):
         assert name in text, name
@@ -472,8 +595,9 @@ LONG = {"max_tokens": 4096, "ignore_eos": True}
 
 def test_client_disconnect_mid_stream_frees_kv(server):
     cancelled_before = server.metrics().get('jumpgate_requests_total{outcome="cancelled",route="chat"}', 0.0)
-    body = chat_body(messages=[{"role": "user", "content": "Write a very long story about dragons."}],
-                     stream=True, **LONG)
+    body = chat_body(
+        messages=[{"role": "user", "content": "Write a very long story about dragons."}], stream=True, **LONG
+    )
     with httpx.Client(base_url=server.url, timeout=60) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -500,14 +624,20 @@ def test_client_timeout_on_whole_response_frees_kv(server):
     The client is a plain socket, so it leaves exactly when the server reports the request running
     and holding KV (no timer racing the decode)."""
     cancelled_before = server.metrics().get('jumpgate_requests_total{outcome="cancelled",route="chat"}', 0.0)
-    body = json.dumps(chat_body(messages=[{"role": "user", "content": "Write a very long story about wizards."}],
-                                **LONG)).encode()
+    body = json.dumps(
+        chat_body(messages=[{"role": "user", "content": "Write a very long story about wizards."}], **LONG)
+    ).encode()
     url = httpx.URL(server.url)
     with socket.create_connection((url.host, url.port), timeout=60) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (url.host.encode(), url.port, len(body), body))
-        during = server.wait_metrics(lambda m: m["jumpgate_running_requests"] >= 1
-                                     and m["jumpgate_kv_slots_request_only"] >= 1, timeout_s=60, interval_s=0.02)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (url.host.encode(), url.port, len(body), body)
+        )
+        during = server.wait_metrics(
+            lambda m: m["jumpgate_running_requests"] >= 1 and m["jumpgate_kv_slots_request_only"] >= 1,
+            timeout_s=60,
+            interval_s=0.02,
+        )
         assert during["jumpgate_running_requests"] >= 1 and during["jumpgate_kv_slots_request_only"] >= 1, during
         sock.setblocking(False)
         with pytest.raises(BlockingIOError):  # no answer yet: the client leaves mid-generation
@@ -522,16 +652,23 @@ def test_client_timeout_on_whole_response_frees_kv(server):
 # --------------------------------------------------------------------------- examples
 
 
-@pytest.mark.parametrize("script,args,expect", [
-    ("react_agent.py", ["--task", "What is 12 * 7? Use the calculator.", "--max-turns", "2", "--max-tokens", "48"],
-     "answer:"),
-    ("extract_pydantic.py", ["--count", "1", "--max-tokens", "96"], "->"),
-    ("rag_cached.py", ["--questions", "2", "--max-tokens", "12"], "cached_tokens="),
-])
+@pytest.mark.parametrize(
+    "script,args,expect",
+    [
+        (
+            "react_agent.py",
+            ["--task", "What is 12 * 7? Use the calculator.", "--max-turns", "2", "--max-tokens", "48"],
+            "answer:",
+        ),
+        ("extract_pydantic.py", ["--count", "1", "--max-tokens", "96"], "->"),
+        ("rag_cached.py", ["--questions", "2", "--max-tokens", "12"], "cached_tokens="),
+    ],
+)
 def test_example_runs(server, script, args, expect):
     env = {**os.environ, "JUMPGATE_BASE_URL": server.base_url, "JUMPGATE_API_KEY": "x"}
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], env=env, capture_output=True,
-                          text=True, timeout=240, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert expect in proc.stdout, proc.stdout
     if script == "rag_cached.py":  # the second question reuses the document's KV
@@ -543,7 +680,13 @@ def test_example_runs(server, script, args, expect):
 
 
 def test_registry_survives_restart(server, client, http):
-    up = http.post("/v1/schemas", json={"name": "persisted", "schema": CITY_SCHEMA, })
+    up = http.post(
+        "/v1/schemas",
+        json={
+            "name": "persisted",
+            "schema": CITY_SCHEMA,
+        },
+    )
     assert up.status_code in (200, 201), up.text
     sid = up.json()["id"]
     regex = http.post("/v1/schemas", json={"regex": r"(yes|no)"}).json()["id"]
@@ -556,7 +699,10 @@ def test_registry_survives_restart(server, client, http):
     ids = [e["id"] for e in http.get("/v1/schemas").json()["data"]]
     assert sid in ids and regex in ids
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me about Oslo."}], temperature=0, max_tokens=48,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me about Oslo."}],
+        temperature=0,
+        max_tokens=48,
         extra_body={"schema_id": sid},
     )
     jsonschema.validate(json.loads(resp.choices[0].message.content), CITY_SCHEMA)

@@ -44,8 +44,12 @@ from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e
 
-WORD = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
-        "required": ["word"], "additionalProperties": False}
+WORD = {
+    "type": "object",
+    "properties": {"word": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
+    "required": ["word"],
+    "additionalProperties": False,
+}
 ASK = [{"role": "user", "content": "Give me one very long English word, like 'extraordinary', as JSON."}]
 
 
@@ -56,8 +60,13 @@ def http(jumpgate_server):
 
 
 def body(**fields):
-    out = {"model": MODEL, "messages": ASK, "temperature": 0, "max_tokens": 24,
-           "response_format": {"type": "json_schema", "json_schema": {"name": "word", "schema": WORD}}}
+    out = {
+        "model": MODEL,
+        "messages": ASK,
+        "temperature": 0,
+        "max_tokens": 24,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "word", "schema": WORD}},
+    }
     out.update(fields)
     return out
 
@@ -91,8 +100,11 @@ def test_schema_check_says_llguidance_enforces_the_length(http):
 
 
 def test_strict_takes_a_keyword_no_engine_masks_by_check_and_rollback(http):
-    schema = {"type": "object", "properties": {"words": {"type": "array", "items": WORD["properties"]["word"],
-                                                         "uniqueItems": True}}, "required": ["words"]}
+    schema = {
+        "type": "object",
+        "properties": {"words": {"type": "array", "items": WORD["properties"]["word"], "uniqueItems": True}},
+        "required": ["words"],
+    }
     check = http.post("/v1/schemas/check", json={"schema": schema}).json()
     assert check["strict_accepted"] is True
     # llguidance masks the words' pattern and maxLength; only uniqueItems is left to the rewrites
@@ -122,11 +134,16 @@ def test_strict_refuses_a_keyword_nothing_enforces(http):
 
 
 def test_strict_answers_unique_items_the_value_check_enforces(http):
-    schema = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"},
-                                                          "uniqueItems": True}}, "required": ["fruits"]}
+    schema = {
+        "type": "object",
+        "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        "required": ["fruits"],
+    }
     rf = {"type": "json_schema", "json_schema": {"name": "fruits", "schema": schema}}
-    ask = [{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
-           {"role": "user", "content": "List the word apple three times: apple, apple, apple."}]
+    ask = [
+        {"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+        {"role": "user", "content": "List the word apple three times: apple, apple, apple."},
+    ]
     resp = http.post("/v1/chat/completions", json=body(response_format=rf, messages=ask, max_tokens=64))
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
@@ -144,9 +161,15 @@ def test_pydantic_sets_parse_in_strict_mode(jumpgate_server):
     completion = client.chat.completions.parse(
         # room for the model's own end: with fp32 weights it lists on (unique, as the check makes it)
         # until ~100 tokens (a tighter budget: the next test)
-        model=MODEL, response_format=Basket, temperature=0, max_tokens=200,
-        messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
-                  {"role": "user", "content": "Put an apple, a pear and a plum in the basket."}])
+        model=MODEL,
+        response_format=Basket,
+        temperature=0,
+        max_tokens=200,
+        messages=[
+            {"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+            {"role": "user", "content": "Put an apple, a pear and a plum in the basket."},
+        ],
+    )
     basket = completion.choices[0].message.parsed  # before the value check: a 400 (uniqueItems)
     assert isinstance(basket, Basket) and len(basket.fruits) >= 2
     text = completion.choices[0].message.content
@@ -160,9 +183,15 @@ def test_parse_takes_a_value_the_budget_closed(jumpgate_server):
     says the budget closed it."""
     client = openai_client(jumpgate_server)
     completion = client.chat.completions.parse(
-        model=MODEL, response_format=Basket, temperature=0, max_tokens=24,
-        messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
-                  {"role": "user", "content": "Put an apple, a pear and a plum in the basket."}])
+        model=MODEL,
+        response_format=Basket,
+        temperature=0,
+        max_tokens=24,
+        messages=[
+            {"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+            {"role": "user", "content": "Put an apple, a pear and a plum in the basket."},
+        ],
+    )
     choice = completion.choices[0]
     assert choice.finish_reason == "stop" and completion.usage.completion_tokens <= 24
     assert isinstance(choice.message.parsed, Basket) and len(choice.message.parsed.fruits) >= 2
@@ -182,9 +211,15 @@ class People(BaseModel):
 def test_pydantic_sets_of_frozen_models_parse_in_strict_mode(jumpgate_server):
     client = openai_client(jumpgate_server)
     completion = client.chat.completions.parse(
-        model=MODEL, response_format=People, temperature=0, max_tokens=200,
-        messages=[{"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
-                  {"role": "user", "content": "Bob is 30. Bob is 30. Bob is 30. List the people."}])
+        model=MODEL,
+        response_format=People,
+        temperature=0,
+        max_tokens=200,
+        messages=[
+            {"role": "system", "content": "You are a JSON API. Reply with one compact JSON value only."},
+            {"role": "user", "content": "Bob is 30. Bob is 30. Bob is 30. List the people."},
+        ],
+    )
     choice = completion.choices[0]
     assert choice.finish_reason == "stop", choice  # before the value check steered objects: a 400 (uniqueItems)
     assert isinstance(choice.message.parsed, People) and len(choice.message.parsed.people) >= 2
@@ -214,8 +249,9 @@ def test_best_effort_output_carries_a_verdict_that_agrees_with_jsonschema(http):
 def test_streamed_best_effort_verdict_comes_with_the_final_chunk(http):
     with http.stream("POST", "/v1/chat/completions", json=body(schema_mode="best_effort", stream=True)) as resp:
         assert resp.status_code == 200
-        events = [json.loads(line[6:]) for line in resp.iter_lines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
+        events = [
+            json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"
+        ]
     content = "".join(c["delta"].get("content", "") for e in events for c in e["choices"])
     finals = [c for e in events for c in e["choices"] if c["finish_reason"]]
     assert len(finals) == 1
@@ -228,8 +264,7 @@ SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
 
 
 def closed(properties: dict, required: list[str], **more) -> dict:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False,
-            **more}
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False, **more}
 
 
 MEDIA = {"kind": {"enum": ["book", "movie"]}, "author": {"type": "string"}, "director": {"type": "string"}}
@@ -252,64 +287,93 @@ ENFORCED_KEYWORDS = {
         closed({"price": {"type": "number", "multipleOf": 0.25}}, ["price"]),
         closed({"price": {"type": "number"}}, ["price"]),
         "The book costs 19.99 dollars. What is its price?",  # the control writes 19.99
-        {"/properties/price/multipleOf": "llguidance"}),
+        {"/properties/price/multipleOf": "llguidance"},
+    ),
     "if_then_else_discriminator": (  # a book has an author and no director, a movie the other way round
-        {**closed(MEDIA, ["kind"]), "if": {"properties": {"kind": {"const": "book"}}},
-         "then": {"required": ["author"], "properties": {"director": False}},
-         "else": {"required": ["director"], "properties": {"author": False}}},
+        {
+            **closed(MEDIA, ["kind"]),
+            "if": {"properties": {"kind": {"const": "book"}}},
+            "then": {"required": ["author"], "properties": {"director": False}},
+            "else": {"required": ["director"], "properties": {"author": False}},
+        },
         closed(MEDIA, ["kind"]),
         "The movie Jaws (1975), from Peter Benchley's novel.",  # the control: a book with a director
-        {"/if": "llguidance", "/then": "llguidance", "/else": "llguidance"}),
+        {"/if": "llguidance", "/then": "llguidance", "/else": "llguidance"},
+    ),
     "required_beside_anyOf": (  # the issue's shape: a required name beside an anyOf of two required ones
         order(required=["sku"], anyOf=[{"required": ["name"]}, {"required": ["id"]}]),
         order(),
         "Add apples to the order. We do not know their SKU.",  # the control leaves the sku out
-        {"/properties/items/items/required": "llguidance", "/properties/items/items/anyOf": "llguidance"}),
+        {"/properties/items/items/required": "llguidance", "/properties/items/items/anyOf": "llguidance"},
+    ),
     "dependentRequired": (
-        {"type": "object", "properties": PAYMENT, "required": ["name"],
-         "dependentRequired": {"credit_card": ["billing_address"]}},
+        {
+            "type": "object",
+            "properties": PAYMENT,
+            "required": ["name"],
+            "dependentRequired": {"credit_card": ["billing_address"]},
+        },
         {"type": "object", "properties": PAYMENT, "required": ["name"]},
         "Alice pays with credit card 4111 1111 1111 1111.",  # the control gives no billing address
-        {"/dependentRequired": "value_check"}),
+        {"/dependentRequired": "value_check"},
+    ),
     # the same rule written as a conditional: `if` the card is there, `then` the address is
     "if_then_required": (
-        {"type": "object", "properties": PAYMENT, "required": ["name"],
-         "if": {"required": ["credit_card"]}, "then": {"required": ["billing_address"]}},
+        {
+            "type": "object",
+            "properties": PAYMENT,
+            "required": ["name"],
+            "if": {"required": ["credit_card"]},
+            "then": {"required": ["billing_address"]},
+        },
         {"type": "object", "properties": PAYMENT, "required": ["name"]},
         "Alice pays with credit card 4111 1111 1111 1111.",
-        {"/if": "value_check", "/then": "value_check"}),
+        {"/if": "value_check", "/then": "value_check"},
+    ),
     # GitHub workflows' trigger shape: a `not` that says two names may not both be there
     "not_both_names": (
         {**closed(MEDIA, ["kind"]), "not": {"type": "object", "required": ["author", "director"]}},
         closed(MEDIA, ["kind"]),
         "The movie Jaws (1975), directed by Steven Spielberg, from the novel by Peter Benchley.",
-        {"/not": "llguidance"}),
+        {"/not": "llguidance"},
+    ),
     # a pattern that opens with a lookahead (grammar/rewrites/string_algebra.py: an intersection in llguidance's Lark)
     "lookahead_pattern": (
         closed({"user": {"type": "string", "pattern": "^(?!admin)[a-z_]{3,16}$"}}, ["user"]),
         closed({"user": {"type": "string", "pattern": "^[a-z_]{3,16}$"}}, ["user"]),
         "Create an account for the administrator; their username is admin_root.",  # the control: admin_root
-        {"/properties/user/pattern": "llguidance"}),
+        {"/properties/user/pattern": "llguidance"},
+    ),
     # a string's `not` of a listed string (a regex complement in llguidance's Lark)
     "not_listed_string": (
         closed({"tag": {"type": "string", "not": {"const": "latest"}}}, ["tag"]),
         closed({"tag": {"type": "string"}}, ["tag"]),
         "Tag the image as latest.",  # the control writes latest
-        {"/properties/tag/not": "llguidance"}),
+        {"/properties/tag/not": "llguidance"},
+    ),
     "uniqueItems_strings": (
-        closed({"fruits": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 3}},
-               ["fruits"]),
+        closed(
+            {"fruits": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 3}}, ["fruits"]
+        ),
         closed({"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}, ["fruits"]),
         "List the word apple three times: apple, apple, apple.",  # the control repeats apple
-        {"/properties/fruits/uniqueItems": "value_check"}),
+        {"/properties/fruits/uniqueItems": "value_check"},
+    ),
 }
 
 
 def strict_answer(http, schema: dict, prompt: str) -> dict:
     rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
-    resp = http.post("/v1/chat/completions", json={
-        "model": MODEL, "temperature": 0, "max_tokens": 96, "response_format": rf,
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]})
+    resp = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "temperature": 0,
+            "max_tokens": 96,
+            "response_format": rf,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
+        },
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()["choices"][0]
 
@@ -323,8 +387,11 @@ def test_schema_check_reports_the_keyword_enforced_by_its_engine(http, name):
     schema, _, _, engines = ENFORCED_KEYWORDS[name]
     check = http.post("/v1/schemas/check", json={"schema": schema}).json()
     assert check["strict_accepted"] is True, check["strict_refusal"]
-    got = {k["pointer"]: (k["status"], k.get("engine", "xgrammar")) for k in check["fidelity"]["keywords"]
-           if k["pointer"].endswith("/" + k["keyword"])}  # not the duplicate-key entry of an object at /then
+    got = {
+        k["pointer"]: (k["status"], k.get("engine", "xgrammar"))
+        for k in check["fidelity"]["keywords"]
+        if k["pointer"].endswith("/" + k["keyword"])
+    }  # not the duplicate-key entry of an object at /then
     assert {p: got.get(p) for p in engines} == {p: ("enforced", e) for p, e in engines.items()}
 
 
@@ -349,15 +416,23 @@ def test_strict_answers_the_keyword_and_the_answer_validates(http, name):
 
 # ------------------------------------------------------------------ llguidance grammars close on budget
 
-LLGUIDANCE_ROUTED = [name for name, (_, _, _, engines) in ENFORCED_KEYWORDS.items()
-                     if set(engines.values()) == {"llguidance"}]
+LLGUIDANCE_ROUTED = [
+    name for name, (_, _, _, engines) in ENFORCED_KEYWORDS.items() if set(engines.values()) == {"llguidance"}
+]
 
 
 def answer_within(http, schema: dict, prompt: str, max_tokens: int, strict: bool = True):
     rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": strict}}
-    return http.post("/v1/chat/completions", json={
-        "model": MODEL, "temperature": 0, "max_tokens": max_tokens, "response_format": rf,
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]})
+    return http.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "response_format": rf,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
+        },
+    )
 
 
 @pytest.mark.parametrize("name", LLGUIDANCE_ROUTED)

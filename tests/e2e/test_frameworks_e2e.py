@@ -96,12 +96,20 @@ def test_agents_sdk_runs_a_function_tool(agents_model, api):
     from agents import Agent, ModelSettings, function_tool
 
     tool, get_weather = weather_function()
-    result = run_agent(lambda: Agent(
-        name="weather", instructions="Answer weather questions with the tool.", tools=[function_tool(get_weather)],
-        tool_use_behavior="stop_on_first_tool", model=agents_model(api),
-        model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, temperature=0,
-                                     max_tokens=MAX_TOKENS),
-    ), "What's the weather in Paris?", max_turns=2)
+    result = run_agent(
+        lambda: Agent(
+            name="weather",
+            instructions="Answer weather questions with the tool.",
+            tools=[function_tool(get_weather)],
+            tool_use_behavior="stop_on_first_tool",
+            model=agents_model(api),
+            model_settings=ModelSettings(
+                tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=MAX_TOKENS
+            ),
+        ),
+        "What's the weather in Paris?",
+        max_turns=2,
+    )
     assert len(tool.calls) == 1 and tool.calls[0]
     assert result.final_output == f"Sunny, 21 C in {tool.calls[0]}."
 
@@ -110,10 +118,17 @@ def test_agents_sdk_runs_a_function_tool(agents_model, api):
 def test_agents_sdk_structured_output(agents_model, api):
     from agents import Agent, ModelSettings
 
-    result = run_agent(lambda: Agent(
-        name="geo", instructions="Name a big city and its country.", output_type=City, model=agents_model(api),
-        model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
-    ), "A big city, please.", max_turns=2)
+    result = run_agent(
+        lambda: Agent(
+            name="geo",
+            instructions="Name a big city and its country.",
+            output_type=City,
+            model=agents_model(api),
+            model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
+        ),
+        "A big city, please.",
+        max_turns=2,
+    )
     assert isinstance(result.final_output, City)
 
 
@@ -124,10 +139,18 @@ def test_agents_sdk_tool_and_output_type(agents_model, api):
     from agents import Agent, ModelSettings, function_tool
 
     tool, get_weather = weather_function()
-    result = run_agent(lambda: Agent(
-        name="weather", instructions="You report the weather.", output_type=City, tools=[function_tool(get_weather)],
-        model=agents_model(api), model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
-    ), "Which city is the capital of France?", max_turns=4)
+    result = run_agent(
+        lambda: Agent(
+            name="weather",
+            instructions="You report the weather.",
+            output_type=City,
+            tools=[function_tool(get_weather)],
+            model=agents_model(api),
+            model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
+        ),
+        "Which city is the capital of France?",
+        max_turns=4,
+    )
     assert isinstance(result.final_output, City)
     assert all(isinstance(city, str) for city in tool.calls)
 
@@ -148,7 +171,9 @@ def test_pydantic_ai_structured_output(pydantic_ai_model):
     from pydantic_ai import Agent
     from pydantic_ai.settings import ModelSettings
 
-    agent = Agent(pydantic_ai_model, output_type=City, model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS))
+    agent = Agent(
+        pydantic_ai_model, output_type=City, model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS)
+    )
     assert isinstance(agent.run_sync("Name a big city and its country.").output, City)
 
 
@@ -158,8 +183,9 @@ def test_pydantic_ai_runs_a_tool(pydantic_ai_model):
     from pydantic_ai.settings import ModelSettings
 
     tool, get_weather = weather_function()
-    agent = Agent(pydantic_ai_model, output_type=get_weather,
-                  model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS))
+    agent = Agent(
+        pydantic_ai_model, output_type=get_weather, model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS)
+    )
     result = agent.run_sync("What is the weather in Paris?")
     assert len(tool.calls) == 1 and result.output == f"Sunny, 21 C in {tool.calls[0]}."
 
@@ -172,8 +198,15 @@ def chat_openai(server):
     pytest.importorskip("langchain_openai")
     from langchain_openai import ChatOpenAI
 
-    return ChatOpenAI(base_url=server.base_url, api_key="x", model=MODEL, temperature=0, max_tokens=MAX_TOKENS,
-                      max_retries=0, timeout=180)
+    return ChatOpenAI(
+        base_url=server.base_url,
+        api_key="x",
+        model=MODEL,
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        max_retries=0,
+        timeout=180,
+    )
 
 
 def test_langchain_structured_output(chat_openai):
@@ -213,7 +246,7 @@ def test_langgraph_react_agent_one_turn(chat_openai):
 # --------------------------------------------------------------------------- instructor
 
 
-class Category(str, Enum):
+class Category(str, Enum):  # noqa: UP042 - as instructor's docs write it
     billing = "billing"
     bug = "bug"
     other = "other"
@@ -256,7 +289,11 @@ def test_instructor_response_model(instructor_client, mode):
     One attempt only (max_retries=0): a reply that does not validate fails the test, not a retry."""
     make, sent = instructor_client
     ticket = make(mode).chat.completions.create(
-        model=MODEL, response_model=Ticket, max_retries=0, temperature=0, max_tokens=MAX_TOKENS,
+        model=MODEL,
+        response_model=Ticket,
+        max_retries=0,
+        temperature=0,
+        max_tokens=MAX_TOKENS,
         messages=[{"role": "user", "content": "File a ticket: I was charged twice this month."}],
     )
     assert isinstance(ticket, Ticket)  # instructor returns its own subclass of the model
@@ -276,10 +313,16 @@ def test_instructor_streams_partial_objects(instructor_client, mode):
     """create_partial over a stream: instructor parses each prefix with jiter's partial mode (the
     code its jiter<0.15 pin is about), so the objects fill in as tokens arrive."""
     make, sent = instructor_client
-    partials = list(make(mode).chat.completions.create_partial(
-        model=MODEL, response_model=StreamedTicket, max_retries=0, temperature=0, max_tokens=MAX_TOKENS,
-        messages=[{"role": "user", "content": "File a ticket: the app crashes on start."}],
-    ))
+    partials = list(
+        make(mode).chat.completions.create_partial(
+            model=MODEL,
+            response_model=StreamedTicket,
+            max_retries=0,
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            messages=[{"role": "user", "content": "File a ticket: the app crashes on start."}],
+        )
+    )
     [body] = sent  # one attempt, streamed
     assert body["stream"] is True and len(partials) > 1
     assert any(p.summary is None for p in partials[:-1])  # earlier objects were still incomplete
@@ -297,8 +340,14 @@ def test_agents_sdk_example_runs(server):
     is served mostly from the cache (it extends the previous turn's exact tokens)."""
     pytest.importorskip("agents")
     env = {**os.environ, "JUMPGATE_BASE_URL": server.base_url, "JUMPGATE_API_KEY": "x"}
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "agents_sdk.py"), "--turns", "3"], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=EXAMPLES.parent)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "agents_sdk.py"), "--turns", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=EXAMPLES.parent,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "structured output after" in proc.stdout
     turns = [(int(a), int(b)) for a, b in re.findall(r"input_tokens=(\d+) cached_tokens=(\d+)", proc.stdout)]

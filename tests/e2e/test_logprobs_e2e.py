@@ -14,8 +14,12 @@ from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e
 
-CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-               "required": ["city"], "additionalProperties": False}
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 QUESTION = [{"role": "user", "content": "Which city is the Eiffel tower in? Reply in JSON."}]
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}}
 
@@ -40,8 +44,15 @@ def check_entry(entry, top_count: int) -> None:
 
 
 def test_chat_logprobs_with_a_json_schema(client):
-    resp = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=24,
-                                          response_format=RESPONSE_FORMAT, logprobs=True, top_logprobs=3)
+    resp = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=24,
+        response_format=RESPONSE_FORMAT,
+        logprobs=True,
+        top_logprobs=3,
+    )
     choice = resp.choices[0]
     json.loads(choice.message.content)
     content = choice.logprobs.content
@@ -54,10 +65,12 @@ def test_chat_logprobs_with_a_json_schema(client):
 
 
 def test_streamed_chat_chunks_carry_the_same_logprobs(client):
-    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=12,
-                                           logprobs=True, top_logprobs=2)
-    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=12,
-                                            logprobs=True, top_logprobs=2, stream=True)
+    whole = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12, logprobs=True, top_logprobs=2
+    )
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=12, logprobs=True, top_logprobs=2, stream=True
+    )
     streamed, text = [], ""
     for chunk in stream:
         for choice in chunk.choices:
@@ -72,20 +85,20 @@ def test_streamed_chat_chunks_carry_the_same_logprobs(client):
 
 
 def test_completion_legacy_logprobs(client):
-    resp = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0,
-                                     max_tokens=6, logprobs=2)
+    resp = client.completions.create(
+        model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=6, logprobs=2
+    )
     choice = resp.choices[0]
     lp = choice.logprobs
     assert "".join(lp.tokens) == choice.text
     assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.text_offset) == len(lp.top_logprobs)
     assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
-    for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    for value, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert value <= 0.0 and len(top) <= 2
         assert math.isclose(max(top.values()), value, abs_tol=1e-5)  # greedy
 
 
 def test_bad_top_logprobs_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, logprobs=True,
-                                       top_logprobs=21)
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, logprobs=True, top_logprobs=21)
     assert err.value.body["param"] == "top_logprobs"

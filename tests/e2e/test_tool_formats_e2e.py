@@ -21,27 +21,47 @@ import pytest
 openai = pytest.importorskip("openai")
 
 TEMPLATES = Path(__file__).parents[1] / "data" / "templates"
-PARAMS = {"type": "object", "properties": {
-    "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
-    "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"],
-    "additionalProperties": False}
-ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a"],
-       "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                           "parameters": PARAMS, "strict": True}},
-         {"type": "function", "function": {"name": "add", "parameters": ADD, "strict": True}}]
+PARAMS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather of a city", "parameters": PARAMS, "strict": True},
+    },
+    {"type": "function", "function": {"name": "add", "parameters": ADD, "strict": True}},
+]
 SCHEMAS = {"get_weather": PARAMS, "add": ADD}
-SYSTEM = ("You are the weather desk of a travel agency. Answer each traveller's question about the weather with "
-          "the tools below: look the forecast up for the city they name, for as many days as their stay lasts, "
-          "and add up the numbers they ask about. Never guess a forecast; always call a tool first.")
+SYSTEM = (
+    "You are the weather desk of a travel agency. Answer each traveller's question about the weather with "
+    "the tools below: look the forecast up for the city they name, for as many days as their stay lasts, "
+    "and add up the numbers they ask about. Never guess a forecast; always call a tool first."
+)
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather in Paris?"}]
 # (xgrammar format, template file, whether --tool-call-format names it: else detected)
 FORMATS = [("llama", "llama3_json.jinja", False), ("qwen_3_coder", "qwen3_coder.jinja", True)]
 # JUMPGATE_TOOL_FORMATS_E2E=all: every format with a template in tests/data/templates (minutes; not CI's)
-MORE_FORMATS = [("qwen_3", "qwen3.jinja", False), ("harmony", "harmony.jinja", False),
-                ("deepseek_v3_1", "deepseek_v3_1.jinja", False), ("kimi", "kimi_k2.jinja", False),
-                ("glm_4_7", "glm_4_7.jinja", False), ("gemma_4", "gemma4.jinja", False),
-                ("mistral", "mistral.jinja", False)]
+MORE_FORMATS = [
+    ("qwen_3", "qwen3.jinja", False),
+    ("harmony", "harmony.jinja", False),
+    ("deepseek_v3_1", "deepseek_v3_1.jinja", False),
+    ("kimi", "kimi_k2.jinja", False),
+    ("glm_4_7", "glm_4_7.jinja", False),
+    ("gemma_4", "gemma4.jinja", False),
+    ("mistral", "mistral.jinja", False),
+]
 if os.environ.get("JUMPGATE_TOOL_FORMATS_E2E") == "all":
     FORMATS += MORE_FORMATS
 # formats whose markers SmolLM2's vocabulary spells in many tokens need more room for one call
@@ -92,14 +112,25 @@ def test_the_models_entry_names_its_formats(served):
 def test_required_named_and_single_calls_parse_and_validate(served, request):
     name, _, client, model = served
     if name == "kimi":  # known gap, only in the JUMPGATE_TOOL_FORMATS_E2E=all run
-        request.applymarker(pytest.mark.xfail(reason="budget-aware closing: after <|tool_call_end|> the plan may "
-                                                     "open another call instead of the section end, so a choice "
-                                                     "can end 'length' with its arguments whole"))
-    body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "max_tokens": MAX_TOKENS.get(name, 64), "n": N,
-            "temperature": 1.0}
+        request.applymarker(
+            pytest.mark.xfail(
+                reason="budget-aware closing: after <|tool_call_end|> the plan may "
+                "open another call instead of the section end, so a choice "
+                "can end 'length' with its arguments whole"
+            )
+        )
+    body = {
+        "model": model,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "max_tokens": MAX_TOKENS.get(name, 64),
+        "n": N,
+        "temperature": 1.0,
+    }
     required = client.chat.completions.create(**body, tool_choice="required", seed=1)  # parallel calls allowed
-    named = client.chat.completions.create(**body, tool_choice={"type": "function", "function": {"name": "add"}},
-                                           seed=2)
+    named = client.chat.completions.create(
+        **body, tool_choice={"type": "function", "function": {"name": "add"}}, seed=2
+    )
     single = client.chat.completions.create(**body, tool_choice="required", parallel_tool_calls=False, seed=3)
     for choice in required.choices:
         checked_calls(choice)
@@ -111,9 +142,14 @@ def test_required_named_and_single_calls_parse_and_validate(served, request):
 
 def test_a_streamed_answer_equals_the_whole_one(served):
     name, _, client, model = served
-    body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
-            "max_tokens": MAX_TOKENS.get(name, 64),
-            "temperature": 0}
+    body = {
+        "model": model,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "max_tokens": MAX_TOKENS.get(name, 64),
+        "temperature": 0,
+    }
     whole = checked_calls(client.chat.completions.create(**body).choices[0])
     calls: dict[int, dict] = {}
     finish = None
@@ -132,8 +168,13 @@ def test_a_streamed_answer_equals_the_whole_one(served):
 
 def test_the_same_tools_again_come_from_the_cache(served):
     name, _, client, model = served
-    body = {"model": model, "tools": TOOLS, "tool_choice": "required", "max_tokens": MAX_TOKENS.get(name, 64),
-            "temperature": 0}
+    body = {
+        "model": model,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "max_tokens": MAX_TOKENS.get(name, 64),
+        "temperature": 0,
+    }
     client.chat.completions.create(messages=[MESSAGES[0], {"role": "user", "content": "Oslo please"}], **body)
     again = client.chat.completions.create(messages=[MESSAGES[0], {"role": "user", "content": "Lima now"}], **body)
     usage = again.usage

@@ -16,13 +16,25 @@ from gateway.pipeline.prompt import PromptRenderer
 from gateway.protocol import UserMessage
 from tests.conftest import chat, openai_client
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-          "required": ["name", "age"], "additionalProperties": False}
-ANSWER_TAG = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
-    {"type": "const_string", "value": "Answer: "},
-    {"type": "json_schema", "json_schema": PERSON},
-]}}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+ANSWER_TAG = {
+    "type": "structural_tag",
+    "format": {
+        "type": "sequence",
+        "elements": [
+            {"type": "const_string", "value": "Answer: "},
+            {"type": "json_schema", "json_schema": PERSON},
+        ],
+    },
+}
 
 
 def error_of(response, status=400):
@@ -30,24 +42,30 @@ def error_of(response, status=400):
     return response.json()["error"]
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"guided_json": "{not json"}, "guided_json", None),
-    ({"guided_json": "[1, 2]"}, "guided_json", None),
-    ({"guided_choice": []}, "guided_choice", "invalid_choice"),
-    ({"guided_choice": ["yes", ""]}, "guided_choice", "invalid_choice"),
-    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "invalid_choice"),
-    ({"guided_regex": ""}, "guided_regex", None),
-    ({"guided_regex": "(unclosed"}, "guided_regex", "invalid_regex"),
-    ({"structured_outputs": {"json": {"type": "strng"}}}, "structured_outputs.json", "invalid_schema"),
-    ({"guided_whitespace_pattern": r"[ ]?"}, "guided_whitespace_pattern", "unsupported"),
-    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern", "unsupported"),
-    ({"response_format": {"type": "structural_tag"}}, "response_format", None),
-    ({"response_format": {"type": "structural_tag", "format": {"type": "no_such_format"}}}, "response_format",
-     "invalid_structural_tag"),
-    ({"structured_outputs": {"structural_tag": "{oops"}}, "structured_outputs.structural_tag", None),
-    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", None),
-    ({"chat_template_kwargs": {"not a name": 1}}, "chat_template_kwargs", None),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"guided_json": "{not json"}, "guided_json", None),
+        ({"guided_json": "[1, 2]"}, "guided_json", None),
+        ({"guided_choice": []}, "guided_choice", "invalid_choice"),
+        ({"guided_choice": ["yes", ""]}, "guided_choice", "invalid_choice"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "invalid_choice"),
+        ({"guided_regex": ""}, "guided_regex", None),
+        ({"guided_regex": "(unclosed"}, "guided_regex", "invalid_regex"),
+        ({"structured_outputs": {"json": {"type": "strng"}}}, "structured_outputs.json", "invalid_schema"),
+        ({"guided_whitespace_pattern": r"[ ]?"}, "guided_whitespace_pattern", "unsupported"),
+        ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern", "unsupported"),
+        ({"response_format": {"type": "structural_tag"}}, "response_format", None),
+        (
+            {"response_format": {"type": "structural_tag", "format": {"type": "no_such_format"}}},
+            "response_format",
+            "invalid_structural_tag",
+        ),
+        ({"structured_outputs": {"structural_tag": "{oops"}}, "structured_outputs.structural_tag", None),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", None),
+        ({"chat_template_kwargs": {"not a name": 1}}, "chat_template_kwargs", None),
+    ],
+)
 def test_a_bad_form_is_refused_at_its_own_field(gateway_client, body, param, code):
     err = error_of(chat(gateway_client(), **body))
     assert err["param"] == param, err
@@ -61,8 +79,11 @@ def test_two_constraints_are_refused_whatever_their_form(gateway_client):
     assert "Only one output constraint" in err["message"]
     err = error_of(chat(client, guided_json=PERSON, response_format={"type": "json_object"}))
     assert "Only one output constraint" in err["message"]
-    err = error_of(chat(client, guided_choice=["a"], tools=[{"type": "function", "function": {"name": "f"}}],
-                        tool_choice="required"))
+    err = error_of(
+        chat(
+            client, guided_choice=["a"], tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"
+        )
+    )
     assert "cannot be combined with tools" in err["message"]
 
 
@@ -74,9 +95,11 @@ def test_an_unknown_structured_outputs_field_is_refused_not_ignored(gateway_clie
 
 def test_chat_template_kwargs_reach_the_template(smollm_dir):
     tokenizer = AutoTokenizer.from_pretrained(str(smollm_dir))
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                               "{% if enable_thinking is defined and not enable_thinking %}/no_think\n{% endif %}"
-                               "assistant:")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think\n{% endif %}"
+        "assistant:"
+    )
     renderer = PromptRenderer(tokenizer)
     messages = [UserMessage(content="hi")]
     assert renderer.render_chat(messages).text == "user: hi\nassistant:"
@@ -110,8 +133,9 @@ def client(jumpgate_server):
 
 
 def ask(client, **extra_body):
-    response = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
-                                              max_tokens=48, temperature=0, extra_body=extra_body)
+    response = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=MESSAGES, max_tokens=48, temperature=0, extra_body=extra_body
+    )
     return response.choices[0]
 
 
@@ -125,11 +149,14 @@ def test_a_choice_answers_exactly_one_listed_string(client, field):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("body", [
-    {"guided_json": PERSON},
-    {"guided_json": json.dumps(PERSON)},
-    {"structured_outputs": {"json": PERSON}},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"guided_json": PERSON},
+        {"guided_json": json.dumps(PERSON)},
+        {"structured_outputs": {"json": PERSON}},
+    ],
+)
 def test_a_vllm_schema_field_gives_valid_json(client, body):
     choice = ask(client, **body)
     jsonschema.validate(json.loads(choice.message.content), PERSON)
@@ -146,9 +173,12 @@ def test_a_vllm_regex_field_gives_a_full_match(client):
 def test_structural_tags_in_both_forms(client):
     text = ask(client, response_format=ANSWER_TAG).message.content
     assert text.startswith("Answer: ")
-    jsonschema.validate(json.loads(text[len("Answer: "):]), PERSON)
-    legacy = {"type": "structural_tag", "structures": [{"begin": "<person>", "schema": PERSON, "end": "</person>"}],
-              "triggers": ["<person>"]}
+    jsonschema.validate(json.loads(text[len("Answer: ") :]), PERSON)
+    legacy = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<person>", "schema": PERSON, "end": "</person>"}],
+        "triggers": ["<person>"],
+    }
     text = ask(client, response_format=legacy).message.content
     for body in re.findall(r"<person>(.*?)</person>", text, flags=re.S):
         jsonschema.validate(json.loads(body), PERSON)
@@ -157,6 +187,11 @@ def test_structural_tags_in_both_forms(client):
 @pytest.mark.e2e
 def test_text_completions_take_the_vllm_forms_too(client):
     model = client.models.list().data[0].id
-    out = client.completions.create(model=model, prompt="Ada Lovelace was a", max_tokens=8, temperature=0,
-                                    extra_body={"structured_outputs": {"choice": [" mathematician", " poet"]}})
+    out = client.completions.create(
+        model=model,
+        prompt="Ada Lovelace was a",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": [" mathematician", " poet"]}},
+    )
     assert out.choices[0].text in (" mathematician", " poet")

@@ -22,8 +22,16 @@ def test_keys_map_to_stable_distinct_tenants():
     assert auth.tenant_for({"x-api-key": "k2"}) == t2
 
 
-@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer nope"}, {"authorization": "Basic k1"},
-                                     {"authorization": "Bearer "}, {"authorization": "Bearer k1x"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": "Bearer nope"},
+        {"authorization": "Basic k1"},
+        {"authorization": "Bearer "},
+        {"authorization": "Bearer k1x"},
+    ],
+)
 def test_bad_credentials_are_401(headers):
     with pytest.raises(APIError) as info:
         Authenticator(["k1"]).tenant_for(headers)

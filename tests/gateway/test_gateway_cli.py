@@ -58,22 +58,80 @@ def test_every_field_has_a_flag(capsys):
 
 
 def test_flags_map_through():
-    config = load("--model", "/m", "--host", "127.0.0.2", "--port", "9000", "--kv-pool-tokens", "1000",
-                  "--schedule-policy", "fcfs", "--jump-forward", "off", "--no-radix-cache", "--registry-dir", "/r",
-                  "--grammar-cache-dir", "/g", "--api-key", "a", "--api-key", "b", "--max-body-bytes", "5000",
-                  "--max-tokens-limit", "77", "--max-n", "3", "--max-waiting-requests", "9",
-                  "--max-running-requests", "4", "--chunked-prefill-tokens", "128", "--device", "cpu",
-                  "--log-level", "debug", "--weights", "q8", "--no-cuda-graphs", "--served-model-name", "smol",
-                  "--no-docs", "--grammar-compile-timeout", "2.5", "--retry-after", "7",
-                  environ={"JUMPGATE_API_KEYS": "c, d,"})
+    config = load(
+        "--model",
+        "/m",
+        "--host",
+        "127.0.0.2",
+        "--port",
+        "9000",
+        "--kv-pool-tokens",
+        "1000",
+        "--schedule-policy",
+        "fcfs",
+        "--jump-forward",
+        "off",
+        "--no-radix-cache",
+        "--registry-dir",
+        "/r",
+        "--grammar-cache-dir",
+        "/g",
+        "--api-key",
+        "a",
+        "--api-key",
+        "b",
+        "--max-body-bytes",
+        "5000",
+        "--max-tokens-limit",
+        "77",
+        "--max-n",
+        "3",
+        "--max-waiting-requests",
+        "9",
+        "--max-running-requests",
+        "4",
+        "--chunked-prefill-tokens",
+        "128",
+        "--device",
+        "cpu",
+        "--log-level",
+        "debug",
+        "--weights",
+        "q8",
+        "--no-cuda-graphs",
+        "--served-model-name",
+        "smol",
+        "--no-docs",
+        "--grammar-compile-timeout",
+        "2.5",
+        "--retry-after",
+        "7",
+        environ={"JUMPGATE_API_KEYS": "c, d,"},
+    )
     cfg, g, s = config
     assert (cfg.model, cfg.kv_pool_tokens, cfg.schedule_policy, cfg.jump_forward, cfg.radix_cache) == (
-        "/m", 1000, "fcfs", "off", False)
+        "/m",
+        1000,
+        "fcfs",
+        "off",
+        False,
+    )
     assert (cfg.max_waiting_requests, cfg.max_running_requests, cfg.chunked_prefill_tokens, cfg.device) == (
-        9, 4, 128, "cpu")
+        9,
+        4,
+        128,
+        "cpu",
+    )
     assert (cfg.weights, cfg.cuda_graphs) == ("q8", False)
     assert (s.host, s.port, s.registry_dir, s.max_body_bytes, s.max_tokens_limit, s.max_n, s.log_level) == (
-        "127.0.0.2", 9000, "/r", 5000, 77, 3, "debug")
+        "127.0.0.2",
+        9000,
+        "/r",
+        5000,
+        77,
+        3,
+        "debug",
+    )
     assert s.api_keys == ["a", "b", "c", "d"] and s.served_model_names == ["smol"] and not s.openapi
     assert s.max_concurrent_requests == 13 and s.retry_after_s == 7
     assert (g.cache_dir, g.compile_timeout_s, s.grammar_compile_timeout_s) == ("/g", 2.5, 7.5)
@@ -92,40 +150,46 @@ def test_grammar_disk_cache_flags():
     assert str(load("--grammar-cache-dir", "/g").grammar.cache_path()) == "/g"
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["--port", "70000"], "--port"),  # above the bound
-    (["--max-body-bytes", "100"], "--max-body-bytes"),  # below the bound
-    (["--max-running-requests", "0"], "--max-running-requests"),
-    (["--host-pool-tokens", "-1"], "--host-pool-tokens"),
-    (["--kv-pool-tokens", "0"], "--kv-pool-tokens"),  # optional, but bounded when given
-    (["--grammar-compile-timeout", "0"], "--grammar-compile-timeout"),  # exclusive bound
-    (["--grammar-cache-memory-mb", "0"], "--grammar-cache-memory-mb"),
-    (["--grammar-cache-memory-mb", "-5"], "--grammar-cache-memory-mb"),
-    (["--grammar-cache-memory-mb", "lots"], "--grammar-cache-memory-mb"),  # not a number
-    (["--grammar-cache-memory-mb", "1.5"], "--grammar-cache-memory-mb"),  # not a whole number
-    (["--grammar-compile-timeout", "soon"], "--grammar-compile-timeout"),
-    (["--jump-forward", "sideways"], "--jump-forward"),  # not a choice
-    (["--weights", "q3"], "--weights"),
-    (["--log-level", "loud"], "--log-level"),
-    (["--disk-cache-dir", "/tmp/kv"], "--disk-cache-dir"),  # needs the host tier
-    (["--host-pool-tokens", "64", "--page-size", "3"], "--hicache-page-tokens"),  # pages must nest
-])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--port", "70000"], "--port"),  # above the bound
+        (["--max-body-bytes", "100"], "--max-body-bytes"),  # below the bound
+        (["--max-running-requests", "0"], "--max-running-requests"),
+        (["--host-pool-tokens", "-1"], "--host-pool-tokens"),
+        (["--kv-pool-tokens", "0"], "--kv-pool-tokens"),  # optional, but bounded when given
+        (["--grammar-compile-timeout", "0"], "--grammar-compile-timeout"),  # exclusive bound
+        (["--grammar-cache-memory-mb", "0"], "--grammar-cache-memory-mb"),
+        (["--grammar-cache-memory-mb", "-5"], "--grammar-cache-memory-mb"),
+        (["--grammar-cache-memory-mb", "lots"], "--grammar-cache-memory-mb"),  # not a number
+        (["--grammar-cache-memory-mb", "1.5"], "--grammar-cache-memory-mb"),  # not a whole number
+        (["--grammar-compile-timeout", "soon"], "--grammar-compile-timeout"),
+        (["--jump-forward", "sideways"], "--jump-forward"),  # not a choice
+        (["--weights", "q3"], "--weights"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--disk-cache-dir", "/tmp/kv"], "--disk-cache-dir"),  # needs the host tier
+        (["--host-pool-tokens", "64", "--page-size", "3"], "--hicache-page-tokens"),  # pages must nest
+    ],
+)
 def test_bad_values_are_refused_with_the_flag_named(argv, flag, capsys):
     assert flag in refused(capsys, *argv)
 
 
-@pytest.mark.parametrize(("layer", "field", "value", "flag"), [
-    (EngineConfig, "jump_forward", "sideways", "--jump-forward"),
-    (EngineConfig, "max_running_requests", 0, "--max-running-requests"),
-    (EngineConfig, "max_running_requests", True, "--max-running-requests"),  # a bool is no count
-    (EngineConfig, "kv_pool_tokens", "1000", "--kv-pool-tokens"),  # text where a number belongs
-    (EngineConfig, "radix_cache", "no", "--no-radix-cache"),
-    (EngineConfig, "schedule_policy", None, "--schedule-policy"),  # required
-    (GrammarSettings, "compile_timeout_s", -1.0, "--grammar-compile-timeout"),
-    (Settings, "api_keys", [""], "--api-key"),
-    (Settings, "max_n", 0, "--max-n"),
-    (Settings, "grammar_compile_timeout_s", 0.0, "grammar_compile_timeout_s"),  # no flag: the field is named
-])
+@pytest.mark.parametrize(
+    ("layer", "field", "value", "flag"),
+    [
+        (EngineConfig, "jump_forward", "sideways", "--jump-forward"),
+        (EngineConfig, "max_running_requests", 0, "--max-running-requests"),
+        (EngineConfig, "max_running_requests", True, "--max-running-requests"),  # a bool is no count
+        (EngineConfig, "kv_pool_tokens", "1000", "--kv-pool-tokens"),  # text where a number belongs
+        (EngineConfig, "radix_cache", "no", "--no-radix-cache"),
+        (EngineConfig, "schedule_policy", None, "--schedule-policy"),  # required
+        (GrammarSettings, "compile_timeout_s", -1.0, "--grammar-compile-timeout"),
+        (Settings, "api_keys", [""], "--api-key"),
+        (Settings, "max_n", 0, "--max-n"),
+        (Settings, "grammar_compile_timeout_s", 0.0, "grammar_compile_timeout_s"),  # no flag: the field is named
+    ],
+)
 def test_objects_refuse_bad_values_when_built_directly(layer, field, value, flag):
     with pytest.raises(ValueError) as exc:
         layer(**{field: value})
@@ -173,8 +237,9 @@ def test_docs_name_only_real_flags():
     serving = (root / "docs" / "serving.md").read_text()
     readme = (root / "README.md").read_text()
     known = {spec.flag for layer in LAYERS for _, spec in declared(layer)}
-    options = set(re.findall(r"`(--[a-z-]+)", serving[serving.index("## Options"):serving.index("## Folders")]))
-    assert {"--weights", "--host-pool-tokens", "--value-retries", "--api-key"} <= options and options <= known, \
+    options = set(re.findall(r"`(--[a-z-]+)", serving[serving.index("## Options") : serving.index("## Folders")]))
+    assert {"--weights", "--host-pool-tokens", "--value-retries", "--api-key"} <= options and options <= known, (
         options - known
+    )
     mentioned = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", readme + serving))
     assert mentioned <= known | {"--help"}, mentioned - known

@@ -55,8 +55,10 @@ def test_body_not_an_object_is_400(gateway_client):
         ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-         "messages[0].content[0].type"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0].content[0].type",
+        ),
         ({"messages": "hello"}, "messages"),
         ({"temperature": "hot"}, "temperature"),
         ({"temperature": 3}, "temperature"),
@@ -122,14 +124,18 @@ def test_bad_penalties_and_biases_are_400(gateway_client):
 
 def test_invalid_schema_has_pointer_in_message(gateway_client):
     schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 5, "maximum": 1}}}
-    resp = chat(gateway_client(), response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    resp = chat(
+        gateway_client(), response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    )
     err = assert_error(resp, 400, "response_format", "invalid_schema")
     assert "/properties/age" in err["message"]
 
 
 def test_unsupported_schema_is_400(gateway_client):
     schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/x.json"}}}
-    resp = chat(gateway_client(), response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    resp = chat(
+        gateway_client(), response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    )
     err = assert_error(resp, 400, "response_format", "invalid_schema")
     assert "/properties/a" in err["message"]
 
@@ -268,8 +274,11 @@ def test_missing_api_key_is_401(gateway_client):
 
 def test_wrong_api_key_is_401_before_body_checks(gateway_client):
     client = gateway_client(api_keys=["sk-good"])
-    resp = client.post("/v1/chat/completions", content=b"{bad", headers={"authorization": "Bearer sk-bad",
-                                                                            "content-type": "application/json"})
+    resp = client.post(
+        "/v1/chat/completions",
+        content=b"{bad",
+        headers={"authorization": "Bearer sk-bad", "content-type": "application/json"},
+    )
     assert_error(resp, 401, None, "invalid_api_key")
 
 
@@ -285,9 +294,13 @@ def test_completions_errors(gateway_client):
 def test_schema_upload_errors(gateway_client):
     client = gateway_client()
     assert_error(client.post("/v1/schemas", json={}), 400, "schema")
-    assert_error(client.post("/v1/schemas", json={"regex": "a", "ebnf": "root ::= \"a\""}), 400, "ebnf")
-    err = assert_error(client.post("/v1/schemas", json={"schema": {"type": "string", "minLength": 5, "maxLength": 2}}),
-                       400, "schema", "invalid_schema")
+    assert_error(client.post("/v1/schemas", json={"regex": "a", "ebnf": 'root ::= "a"'}), 400, "ebnf")
+    err = assert_error(
+        client.post("/v1/schemas", json={"schema": {"type": "string", "minLength": 5, "maxLength": 2}}),
+        400,
+        "schema",
+        "invalid_schema",
+    )
     assert "/minLength" in err["message"]
     assert_error(client.post("/v1/schemas", json={"regex": "(("}), 400, "regex", "invalid_regex")
     assert_error(client.post("/v1/schemas", json={"schema": "not a dict"}), 400, "schema")

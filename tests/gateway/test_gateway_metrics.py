@@ -9,17 +9,43 @@ from grammar import GrammarServiceStats
 from runtime.api import EngineStats
 
 STATS = EngineStats(
-    running_requests=2, waiting_requests=3, kv_slots_total=100, kv_slots_free=60, kv_slots_tree=30,
-    kv_slots_evictable=25, kv_slots_request_only=10, cached_tokens_by_tier={"device": 30, "host": 200, "disk": 900},
-    prompt_tokens=400, cached_prompt_tokens=100, generated_tokens=50, forward_passes=20, forward_tokens=450,
-    jump_forward_tokens=7, jump_forward_rejected=2, retractions=1, evicted_tokens=64,
-    requests_finished={"stop": 4, "length": 1}, ttft_seconds_sum=1.5, engine_seconds=3.0, tree_seconds=0.25,
+    running_requests=2,
+    waiting_requests=3,
+    kv_slots_total=100,
+    kv_slots_free=60,
+    kv_slots_tree=30,
+    kv_slots_evictable=25,
+    kv_slots_request_only=10,
+    cached_tokens_by_tier={"device": 30, "host": 200, "disk": 900},
+    prompt_tokens=400,
+    cached_prompt_tokens=100,
+    generated_tokens=50,
+    forward_passes=20,
+    forward_tokens=450,
+    jump_forward_tokens=7,
+    jump_forward_rejected=2,
+    retractions=1,
+    evicted_tokens=64,
+    requests_finished={"stop": 4, "length": 1},
+    ttft_seconds_sum=1.5,
+    engine_seconds=3.0,
+    tree_seconds=0.25,
     tier_counters={"hicache_loaded_host_tokens": 128, "disk_pages_read": 3},
 )
-GRAMMAR = GrammarServiceStats(memory_hits=3, disk_hits=2, misses=1, compile_errors=4, compile_timeouts=5,
-                              compile_seconds_total=0.5, compile_seconds_max=0.3, memory_entries=6, memory_bytes=4096,
-                              compile_memory_errors=7, compile_processes_replaced=8,
-                              compile_unserializable=9)
+GRAMMAR = GrammarServiceStats(
+    memory_hits=3,
+    disk_hits=2,
+    misses=1,
+    compile_errors=4,
+    compile_timeouts=5,
+    compile_seconds_total=0.5,
+    compile_seconds_max=0.3,
+    memory_entries=6,
+    memory_bytes=4096,
+    compile_memory_errors=7,
+    compile_processes_replaced=8,
+    compile_unserializable=9,
+)
 
 
 def families(text: bytes) -> dict:
@@ -67,18 +93,35 @@ def test_each_app_has_its_own_registry():
 
 def test_engine_snapshot_counters_and_gauges():
     f = families(GatewayMetrics().render(STATS))
-    gauges = {"jumpgate_running_requests": 2, "jumpgate_waiting_requests": 3, "jumpgate_kv_pool_slots": 100,
-              "jumpgate_kv_slots_free": 60, "jumpgate_kv_slots_used": 40, "jumpgate_kv_slots_tree_held": 30,
-              "jumpgate_kv_slots_evictable": 25, "jumpgate_kv_slots_request_only": 10,
-              "jumpgate_prefix_cache_hit_rate": 0.25}
+    gauges = {
+        "jumpgate_running_requests": 2,
+        "jumpgate_waiting_requests": 3,
+        "jumpgate_kv_pool_slots": 100,
+        "jumpgate_kv_slots_free": 60,
+        "jumpgate_kv_slots_used": 40,
+        "jumpgate_kv_slots_tree_held": 30,
+        "jumpgate_kv_slots_evictable": 25,
+        "jumpgate_kv_slots_request_only": 10,
+        "jumpgate_prefix_cache_hit_rate": 0.25,
+    }
     for name, expected in gauges.items():
         assert f[name].type == "gauge" and value(f, name) == expected, name
-    counters = {"jumpgate_engine_prompt_tokens": 400, "jumpgate_engine_cached_prompt_tokens": 100,
-                "jumpgate_engine_generated_tokens": 50, "jumpgate_forward_passes": 20, "jumpgate_forward_tokens": 450,
-                "jumpgate_jump_forward_tokens": 7, "jumpgate_jump_forward_rejected_tokens": 2,
-                "jumpgate_retractions": 1, "jumpgate_evicted_tokens": 64, "jumpgate_engine_first_token_seconds": 1.5,
-                "jumpgate_engine_step_seconds": 3.0, "jumpgate_prefix_cache_seconds": 0.25,
-                "jumpgate_hicache_loaded_host_tokens": 128, "jumpgate_disk_pages_read": 3}
+    counters = {
+        "jumpgate_engine_prompt_tokens": 400,
+        "jumpgate_engine_cached_prompt_tokens": 100,
+        "jumpgate_engine_generated_tokens": 50,
+        "jumpgate_forward_passes": 20,
+        "jumpgate_forward_tokens": 450,
+        "jumpgate_jump_forward_tokens": 7,
+        "jumpgate_jump_forward_rejected_tokens": 2,
+        "jumpgate_retractions": 1,
+        "jumpgate_evicted_tokens": 64,
+        "jumpgate_engine_first_token_seconds": 1.5,
+        "jumpgate_engine_step_seconds": 3.0,
+        "jumpgate_prefix_cache_seconds": 0.25,
+        "jumpgate_hicache_loaded_host_tokens": 128,
+        "jumpgate_disk_pages_read": 3,
+    }
     for name, expected in counters.items():
         assert f[name].type == "counter" and value(f, name, name + "_total") == expected, name
     for tier, tokens in {"device": 30, "host": 200, "disk": 900}.items():
@@ -95,15 +138,24 @@ def test_hit_rate_before_any_prompt_is_zero():
 
 def test_grammar_snapshot():
     f = families(GatewayMetrics().render(None, GRAMMAR))
-    counters = {"jumpgate_grammar_cache_hits": 3, "jumpgate_grammar_cache_disk_hits": 2,
-                "jumpgate_grammar_cache_misses": 1, "jumpgate_grammar_compile_errors": 4,
-                "jumpgate_grammar_compile_timeouts": 5, "jumpgate_grammar_compile_seconds": 0.5,
-                "jumpgate_grammar_compile_memory_errors": 7, "jumpgate_grammar_compile_processes_replaced": 8,
-                "jumpgate_grammar_compile_unserializable": 9}
+    counters = {
+        "jumpgate_grammar_cache_hits": 3,
+        "jumpgate_grammar_cache_disk_hits": 2,
+        "jumpgate_grammar_cache_misses": 1,
+        "jumpgate_grammar_compile_errors": 4,
+        "jumpgate_grammar_compile_timeouts": 5,
+        "jumpgate_grammar_compile_seconds": 0.5,
+        "jumpgate_grammar_compile_memory_errors": 7,
+        "jumpgate_grammar_compile_processes_replaced": 8,
+        "jumpgate_grammar_compile_unserializable": 9,
+    }
     for name, expected in counters.items():
         assert f[name].type == "counter" and value(f, name, name + "_total") == expected, name
-    gauges = {"jumpgate_grammar_memory_entries": 6, "jumpgate_grammar_memory_bytes": 4096,
-              "jumpgate_grammar_compile_seconds_max": 0.3}
+    gauges = {
+        "jumpgate_grammar_memory_entries": 6,
+        "jumpgate_grammar_memory_bytes": 4096,
+        "jumpgate_grammar_compile_seconds_max": 0.3,
+    }
     for name, expected in gauges.items():
         assert f[name].type == "gauge" and value(f, name) == expected, name
     assert "jumpgate_running_requests" not in f  # no engine snapshot this scrape: no engine series

@@ -50,8 +50,12 @@ def nested_objects(levels: int) -> dict:
 
 def required_integers(n: int) -> dict:
     """Many required properties: a real schema whose compile takes seconds (super-linear in n)."""
-    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
-            "required": [f"p{i}" for i in range(n)], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+        "required": [f"p{i}" for i in range(n)],
+        "additionalProperties": False,
+    }
 
 
 # Each case: a spec, and what the outcome must be: ("ok", texts it must accept, texts it must reject)
@@ -63,19 +67,31 @@ CASES = {
     ),
     "nested-past-limit": (GrammarSpec.json_schema(nested_objects(MAX_JSON_DEPTH)), ("refused", "nested deeper")),
     "enum-20k-strings": (
-        GrammarSpec.json_schema({"type": "object", "properties": {"v": {"enum": [f"value_{i}" for i in range(20000)]}},
-                                 "required": ["v"], "additionalProperties": False}),
+        GrammarSpec.json_schema(
+            {
+                "type": "object",
+                "properties": {"v": {"enum": [f"value_{i}" for i in range(20000)]}},
+                "required": ["v"],
+                "additionalProperties": False,
+            }
+        ),
         ("ok", ['{"v":"value_0"}', '{"v":"value_19999"}'], ['{"v":"value_20000"}', '{"v":"other"}']),
     ),
     "enum-20k-integers": (GrammarSpec.json_schema({"enum": list(range(20000))}), ("ok", ["0", "19999"], ["20000"])),
     "ref-cycle": (
-        GrammarSpec.json_schema({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
-                                 "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}),
+        GrammarSpec.json_schema(
+            {
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                "type": "object",
+                "properties": {"x": {"$ref": "#/$defs/a"}},
+            }
+        ),
         ("refused", "Circular $ref"),
     ),
     "ref-self": (
-        GrammarSpec.json_schema({"$defs": {"a": {"$ref": "#/$defs/a"}}, "type": "object",
-                                 "properties": {"x": {"$ref": "#/$defs/a"}}}),
+        GrammarSpec.json_schema(
+            {"$defs": {"a": {"$ref": "#/$defs/a"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}
+        ),
         ("refused", "Circular $ref"),
     ),
     "ref-root-to-root": (GrammarSpec.json_schema({"$ref": "#"}), ("refused", "Circular $ref")),
@@ -84,17 +100,33 @@ CASES = {
         ("refused", "does not resolve"),
     ),
     "recursive-tree": (
-        GrammarSpec.json_schema({"type": "object", "properties": {
-            "name": {"type": "string", "maxLength": 5}, "children": {"type": "array", "items": {"$ref": "#"}}},
-            "required": ["name", "children"], "additionalProperties": False}),
-        ("ok", ['{"name":"a","children":[{"name":"b","children":[{"name":"c","children":[]}]}]}'],
-         ['{"name":"a","children":[{"name":"b"}]}']),
+        GrammarSpec.json_schema(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 5},
+                    "children": {"type": "array", "items": {"$ref": "#"}},
+                },
+                "required": ["name", "children"],
+                "additionalProperties": False,
+            }
+        ),
+        (
+            "ok",
+            ['{"name":"a","children":[{"name":"b","children":[{"name":"c","children":[]}]}]}'],
+            ['{"name":"a","children":[{"name":"b"}]}'],
+        ),
     ),
     "ref-chain-500": (
-        GrammarSpec.json_schema({
-            "$defs": {**{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(500)}, "d500": {"type": "integer"}},
-            "type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "required": ["x"],
-            "additionalProperties": False}),
+        GrammarSpec.json_schema(
+            {
+                "$defs": {**{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(500)}, "d500": {"type": "integer"}},
+                "type": "object",
+                "properties": {"x": {"$ref": "#/$defs/d0"}},
+                "required": ["x"],
+                "additionalProperties": False,
+            }
+        ),
         ("ok", ['{"x":42}'], ['{"x":"42"}']),
     ),
     "regex-nested-plus": (GrammarSpec.regex("(a+)+$"), ("ok", ["a", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"], ["aab"])),
@@ -104,19 +136,35 @@ CASES = {
     "regex-nested-counts": (GrammarSpec.regex("((a{1,30}){1,30}){1,30}"), ("ok", ["a" * 50], ["b"])),
     "regex-long-counts": (GrammarSpec.regex("[a-z]{1,500}[0-9]{1,500}"), ("ok", ["abc123"], ["123abc"])),
     "schema-with-catastrophic-pattern": (
-        GrammarSpec.json_schema({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
-                                 "required": ["s"], "additionalProperties": False}),
+        GrammarSpec.json_schema(
+            {
+                "type": "object",
+                "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
+                "required": ["s"],
+                "additionalProperties": False,
+            }
+        ),
         ("ok", ['{"s":"aaaa"}'], ['{"s":"aab"}']),
     ),
     "schema-near-1mb": (
-        GrammarSpec.json_schema({"type": "object", "description": "d" * (MAX_SPEC_BYTES - 2000),
-                                 "properties": {"a": {"type": "boolean"}}, "required": ["a"],
-                                 "additionalProperties": False}),
+        GrammarSpec.json_schema(
+            {
+                "type": "object",
+                "description": "d" * (MAX_SPEC_BYTES - 2000),
+                "properties": {"a": {"type": "boolean"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            }
+        ),
         ("ok", ['{"a":true}'], ['{"a":1}']),
     ),
     "schema-over-1mb": (
-        GrammarSpec.json_schema({"type": "object", "properties": {
-            f"p{i}": {"type": "string", "description": "x" * 100} for i in range(10000)}}),
+        GrammarSpec.json_schema(
+            {
+                "type": "object",
+                "properties": {f"p{i}": {"type": "string", "description": "x" * 100} for i in range(10000)},
+            }
+        ),
         ("refused", f"over the {MAX_SPEC_BYTES}-byte limit"),
     ),
     "regex-over-1mb": (GrammarSpec.regex("a" * (MAX_SPEC_BYTES + 1)), ("refused", "byte limit")),
@@ -155,14 +203,33 @@ def test_pathological_spec_compiles_in_time_or_is_refused_clearly(name, service,
             assert not accepts(handle, tokenizer, text), (name, text)
 
 
-@pytest.mark.parametrize("schema,template", [
-    ({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}, "required": ["s"],
-      "additionalProperties": False}, '{{"s":"{}"}}'),
-    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 1}}, "required": ["s"],
-      "additionalProperties": False}, '{{"s":"{}"}}'),
-    ({"type": "object", "propertyNames": {"maxLength": 4}, "additionalProperties": {"type": "integer"}},
-     '{{"{}":1}}'),
-])
+@pytest.mark.parametrize(
+    "schema,template",
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"s": {"type": "string", "maxLength": 4}},
+                "required": ["s"],
+                "additionalProperties": False,
+            },
+            '{{"s":"{}"}}',
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"s": {"type": "string", "minLength": 1}},
+                "required": ["s"],
+                "additionalProperties": False,
+            },
+            '{{"s":"{}"}}',
+        ),
+        (
+            {"type": "object", "propertyNames": {"maxLength": 4}, "additionalProperties": {"type": "integer"}},
+            '{{"{}":1}}',
+        ),
+    ],
+)
 def test_length_bounded_strings_refuse_raw_control_characters(schema, template, service, tokenizer):
     """xgrammar writes a length-bounded string's characters as [^"\\\r\n], which let a raw TAB or
     \x01 into the output (not JSON); the compiled grammar must only allow what JSON allows."""
@@ -193,11 +260,19 @@ def test_a_refusal_is_fast_and_cached_specs_stay_fast(service):
 # ~1 s of compile and ~3 s of serializing (30 MB) the result here
 SLOW = GrammarSpec.json_schema({"enum": [f"slow-{i}" for i in range(20_000)]})
 # many sequential EBNF rules: ~13 s of compile for 10,000
-RUNAWAY = GrammarSpec.ebnf("root ::= " + " ".join(f"r{i}" for i in range(10_000)) + "\n"
-                           + "\n".join(f'r{i} ::= "k{i}" | [0-9]+' for i in range(10_000)))
+RUNAWAY = GrammarSpec.ebnf(
+    "root ::= "
+    + " ".join(f"r{i}" for i in range(10_000))
+    + "\n"
+    + "\n".join(f'r{i} ::= "k{i}" | [0-9]+' for i in range(10_000))
+)
 BIG_ENUM = {"enum": [f"value-{i}" for i in range(20_000)]}  # its compile needs more than 64 MB
-NORMAL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
-          "additionalProperties": False}
+NORMAL = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 def test_other_compiles_are_served_while_a_slow_one_runs(tokenizer, vocab_size):
@@ -266,13 +341,21 @@ def test_gateway_refuses_runaway_specs_clearly_and_serves_others_meanwhile(token
 
     timed = GrammarService(tokenizer, vocab_size, compile_timeout_s=2.0, workers=2)
     capped = GrammarService(tokenizer, vocab_size, compile_memory_bytes=64 << 20, workers=1)
-    apps = [create_app(FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192), svc,
-                       Settings(registry_dir=str(tmp_path / f"registry-{i}"))) for i, svc in enumerate((timed, capped))]
+    apps = [
+        create_app(
+            FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192),
+            svc,
+            Settings(registry_dir=str(tmp_path / f"registry-{i}")),
+        )
+        for i, svc in enumerate((timed, capped))
+    ]
     chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
     async def scenario():
-        clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120)
-                   for app in apps]
+        clients = [
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=120)
+            for app in apps
+        ]
         async with clients[0] as client, clients[1] as capped_client:
             for c in (client, capped_client):
                 await c.post("/v1/chat/completions", json={**chat, "regex": "warm[0-9]"})
@@ -280,8 +363,13 @@ def test_gateway_refuses_runaway_specs_clearly_and_serves_others_meanwhile(token
             t0 = time.perf_counter()
             runaway = asyncio.ensure_future(client.post("/v1/chat/completions", json={**chat, "ebnf": RUNAWAY.payload}))
             await asyncio.sleep(0.3)
-            normal = await client.post("/v1/chat/completions", json={
-                **chat, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NORMAL}}})
+            normal = await client.post(
+                "/v1/chat/completions",
+                json={
+                    **chat,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NORMAL}},
+                },
+            )
             normal_s = time.perf_counter() - t0
             runaway_resp = await runaway
             runaway_s = time.perf_counter() - t0
@@ -322,8 +410,11 @@ def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, 
     svc.start(wait=True)
     # the gateway waits as long as the service allows: SLOW takes 13 s alone on a 2-core AVX2 box,
     # near the default 15 s wait, and this test is about what stays fast meanwhile, not that limit
-    app = create_app(FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192), svc,
-                     Settings(registry_dir=str(tmp_path / "registry"), grammar_compile_timeout_s=65))
+    app = create_app(
+        FakeEngine(tokenizer, max_context=8192, kv_pool_tokens=8192),
+        svc,
+        Settings(registry_dir=str(tmp_path / "registry"), grammar_compile_timeout_s=65),
+    )
     model = "SmolLM2-135M-Instruct"
     user = [{"role": "user", "content": "hi"}]
 
@@ -340,9 +431,15 @@ def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, 
                 assert r.status_code == 200
                 await asyncio.sleep(0.02)
             t0 = time.perf_counter()
-            normal = await client.post("/v1/chat/completions", json={
-                "model": model, "messages": user, "max_tokens": 8,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NORMAL}}})
+            normal = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": model,
+                    "messages": user,
+                    "max_tokens": 8,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NORMAL}},
+                },
+            )
             normal_s = time.perf_counter() - t0
             slow_resp = await asyncio.wait_for(slow, 90)
             return health_s, normal, normal_s, slow_resp, slow.done()
@@ -359,8 +456,9 @@ def test_gateway_health_and_requests_stay_fast_during_a_slow_compile(tokenizer, 
 
 
 @pytest.mark.parametrize("route", ["/v1/schemas", "/v1/completions"])
-def test_gateway_stays_responsive_while_refusing_a_hostile_multi_megabyte_schema(route, tokenizer, vocab_size,
-                                                                               tmp_path):
+def test_gateway_stays_responsive_while_refusing_a_hostile_multi_megabyte_schema(
+    route, tokenizer, vocab_size, tmp_path
+):
     """~3.9 MB of tiny containers: under the body limit, far over the spec limit. Checking the limits
     walks the payload; that must happen off the event loop and stop early (it used to hold the loop
     for seconds, so /health went unanswered meanwhile)."""
@@ -377,8 +475,12 @@ def test_gateway_stays_responsive_while_refusing_a_hostile_multi_megabyte_schema
     if route == "/v1/schemas":
         body = {"schema": schema}
     else:
-        body = {"model": "SmolLM2-135M-Instruct", "prompt": "x", "max_tokens": 4,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}}
+        body = {
+            "model": "SmolLM2-135M-Instruct",
+            "prompt": "x",
+            "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}},
+        }
     raw = json.dumps(body, separators=(",", ":")).encode()
     assert len(raw) < Settings().max_body_bytes
 
@@ -386,8 +488,9 @@ def test_gateway_stays_responsive_while_refusing_a_hostile_multi_megabyte_schema
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
             await client.get("/health")
-            hostile = asyncio.ensure_future(client.post(route, content=raw,
-                                                        headers={"content-type": "application/json"}))
+            hostile = asyncio.ensure_future(
+                client.post(route, content=raw, headers={"content-type": "application/json"})
+            )
             latencies, answered_at = [], [time.perf_counter()]
             while True:  # one more /health after the hostile request ended: a stall shows as a gap
                 t0 = time.perf_counter()

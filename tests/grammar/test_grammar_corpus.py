@@ -14,7 +14,9 @@ from grammar import GrammarSpec, GrammarSpecError
 DATA = Path(__file__).parents[1] / "data"
 CORPUS = sorted((DATA / "schema_corpus").glob("*.json"))
 EXAMPLES = json.loads((DATA / "schema_corpus_examples.json").read_text())
-REFUSED = {k: v for k, v in json.loads((DATA / "schema_corpus_refusals.json").read_text()).items() if not k.startswith("_")}
+REFUSED = {
+    k: v for k, v in json.loads((DATA / "schema_corpus_refusals.json").read_text()).items() if not k.startswith("_")
+}
 
 
 def test_corpus_is_large_and_covers_the_loop_prone_cases():
@@ -50,7 +52,9 @@ def test_corpus_schema_compiles_or_is_refused_clearly(path, service, tokenizer):
 
 
 def test_compact_output_only(service, tokenizer):
-    handle = service.compile(GrammarSpec.json_schema(json.loads((DATA / "schema_corpus" / "person_basic.json").read_text())))
+    handle = service.compile(
+        GrammarSpec.json_schema(json.loads((DATA / "schema_corpus" / "person_basic.json").read_text()))
+    )
     for text in ('{"name": "Ada","age":3}', '{ "name":"Ada","age":3}', '{"name":"Ada",\n"age":3}'):
         matcher = handle.new_matcher()
         ids = tokenizer.encode(text, add_special_tokens=False)

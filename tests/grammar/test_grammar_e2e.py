@@ -26,8 +26,9 @@ from tests.conftest import chat_ids
 pytestmark = pytest.mark.e2e
 
 DATA = Path(__file__).parents[1] / "data"
-REFUSED = {k: v for k, v in json.loads((DATA / "schema_corpus_refusals.json").read_text()).items()
-           if not k.startswith("_")}
+REFUSED = {
+    k: v for k, v in json.loads((DATA / "schema_corpus_refusals.json").read_text()).items() if not k.startswith("_")
+}
 SCHEMAS = {p.stem: json.loads(p.read_text()) for p in sorted((DATA / "schema_corpus").glob("*.json"))}
 COMPILED_NAMES = [name for name in SCHEMAS if name not in REFUSED]
 REGEXES = {r["name"]: r["pattern"] for r in json.loads((DATA / "regex_corpus.json").read_text())}
@@ -66,8 +67,11 @@ def unexplained_errors(name: str, schema: dict, value) -> list[str]:
     """Validation errors of `value` that the known-unenforced keywords of `name` do not explain."""
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
     allowed = KNOWN_UNENFORCED.get(name, set())
-    return [f"{e.message} (at {'/'.join(map(str, e.absolute_schema_path))})"
-            for e in validator.iter_errors(value) if not allowed & set(map(str, e.absolute_schema_path))]
+    return [
+        f"{e.message} (at {'/'.join(map(str, e.absolute_schema_path))})"
+        for e in validator.iter_errors(value)
+        if not allowed & set(map(str, e.absolute_schema_path))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +85,7 @@ def corpus(service, tokenizer):
         handle = service.compile(GrammarSpec.regex(pattern))
         items.append(("regex", name, handle, chat_ids(tokenizer, _regex_prompt(name), SYSTEM)))
     # a schema whose smallest instance needs more than MAX_NEW tokens gets room for it
-    return [(kind, name, h, ids, max(MAX_NEW, (h.min_completion_tokens() or 0) + 16))
-            for kind, name, h, ids in items]
+    return [(kind, name, h, ids, max(MAX_NEW, (h.min_completion_tokens() or 0) + 16)) for kind, name, h, ids in items]
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +93,12 @@ def runs(real_engine, corpus):
     """mode -> {"results": {(kind, name): GenerateResult}, "passes", "seconds"}, one batch per mode."""
     out = {}
     for mode in MODES:
-        specs = [GenerateRequest(ids, SamplingParams(max_new_tokens=n, temperature=0.0), constraint=h,
-                                 jump_forward=mode, strict=True)
-                 for _, _, h, ids, n in corpus]
+        specs = [
+            GenerateRequest(
+                ids, SamplingParams(max_new_tokens=n, temperature=0.0), constraint=h, jump_forward=mode, strict=True
+            )
+            for _, _, h, ids, n in corpus
+        ]
         before = real_engine.stats()
         t0 = time.perf_counter()
         results = real_engine.generate_many(specs, timeout=900)
@@ -158,25 +164,35 @@ def test_engine_is_idle_after_the_corpus(runs, engine_idle_check):
     assert stats.running_requests == 0 and stats.waiting_requests == 0
 
 
-
 def test_drafts_learn_the_models_split_and_keep_verify_exact(real_engine, tokenizer, engine_idle_check):
     """A fresh service (nothing learned): the second identical batch drafts the way the model wrote
     the first, so fewer draft tokens are rejected, and the output stays the model's own."""
     svc = GrammarService(tokenizer, real_engine.model_config.vocab_size)
     try:
         handle = svc.compile(GrammarSpec.json_schema(SCHEMAS["extract_12_fields"]))
-        prompts = [chat_ids(tokenizer, f"Extract the person and company record: {who}", SYSTEM) for who in (
-            "Ada Lovelace, analyst at Babbage & Co (engines, babbage.co.uk), London, ada@babbage.co.uk.",
-            "Kenji Watanabe, engineer at Hoshino Robotics (hoshino-robotics.jp), Osaka, kenji@hoshino.jp.")]
+        prompts = [
+            chat_ids(tokenizer, f"Extract the person and company record: {who}", SYSTEM)
+            for who in (
+                "Ada Lovelace, analyst at Babbage & Co (engines, babbage.co.uk), London, ada@babbage.co.uk.",
+                "Kenji Watanabe, engineer at Hoshino Robotics (hoshino-robotics.jp), Osaka, kenji@hoshino.jp.",
+            )
+        ]
         runs = []
         for mode in ("verify", "verify", "off"):
-            specs = [GenerateRequest(ids, SamplingParams(max_new_tokens=96, temperature=0.0), constraint=handle,
-                                     jump_forward=mode, strict=True) for ids in prompts]
+            specs = [
+                GenerateRequest(
+                    ids,
+                    SamplingParams(max_new_tokens=96, temperature=0.0),
+                    constraint=handle,
+                    jump_forward=mode,
+                    strict=True,
+                )
+                for ids in prompts
+            ]
             before = real_engine.stats()
             results = real_engine.generate_many(specs, timeout=600)
             after = real_engine.stats()
-            runs.append(([r.token_ids for r in results],
-                         after.jump_forward_rejected - before.jump_forward_rejected))
+            runs.append(([r.token_ids for r in results], after.jump_forward_rejected - before.jump_forward_rejected))
         (first, rejected_first), (second, rejected_second), (off, _) = runs
         assert len(svc.draft_splitter) > 0
         assert rejected_second < rejected_first, (rejected_first, rejected_second)
@@ -196,10 +212,25 @@ def test_sampled_requests_verify_drafts_and_stay_valid(real_engine, tokenizer, e
         ids = chat_ids(tokenizer, "Extract the person: Ada Lovelace, 36, ada@example.com.", SYSTEM)
 
         def batch(mode="verify"):
-            sampled = [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=1.0, seed=s),
-                                       constraint=handle, jump_forward=mode, strict=True) for s in (1, 2)]
-            greedy = [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=handle,
-                                      jump_forward="verify", strict=True)]
+            sampled = [
+                GenerateRequest(
+                    ids,
+                    SamplingParams(max_new_tokens=64, temperature=1.0, seed=s),
+                    constraint=handle,
+                    jump_forward=mode,
+                    strict=True,
+                )
+                for s in (1, 2)
+            ]
+            greedy = [
+                GenerateRequest(
+                    ids,
+                    SamplingParams(max_new_tokens=64, temperature=0.0),
+                    constraint=handle,
+                    jump_forward="verify",
+                    strict=True,
+                )
+            ]
             before = real_engine.stats()
             results = real_engine.generate_many(sampled + greedy, timeout=600)
             drafted = real_engine.stats().jump_forward_tokens - before.jump_forward_tokens
@@ -208,9 +239,18 @@ def test_sampled_requests_verify_drafts_and_stay_valid(real_engine, tokenizer, e
         first, drafted = batch()
         second, _ = batch()  # drafted differently: the splitter learned from the first
         without_drafts, _ = batch("off")
-        alone = real_engine.generate_many([GenerateRequest(
-            ids, SamplingParams(max_new_tokens=64, temperature=1.0, seed=1), constraint=handle,
-            jump_forward="verify", strict=True)], timeout=600)[0]
+        alone = real_engine.generate_many(
+            [
+                GenerateRequest(
+                    ids,
+                    SamplingParams(max_new_tokens=64, temperature=1.0, seed=1),
+                    constraint=handle,
+                    jump_forward="verify",
+                    strict=True,
+                )
+            ],
+            timeout=600,
+        )[0]
         assert drafted > 0
         for r in first:
             assert not unexplained_errors("person_basic", schema, json.loads(r.text)), r.text

@@ -10,28 +10,42 @@ import pytest
 from gateway.pipeline import grammar_adapter
 from grammar import KINDS, GrammarService, GrammarSpec, GrammarSpecError, kind_for, validate_spec
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 # kind -> (payload, text the grammar accepts whole, text it refuses, a payload the kind refuses)
 EXAMPLES = {
     "json_schema": (
         {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
-        '{"name":"Ada"}', '{"name": "Ada"}', {"type": "strng"},
+        '{"name":"Ada"}',
+        '{"name": "Ada"}',
+        {"type": "strng"},
     ),
     "json_object": (None, '{"a":1}', "[1]", {"type": "object"}),
     "regex": ("[a-c]+x", "abcx", "abd", "(unclosed"),
     "ebnf": ('root ::= "yes" | "no"', "yes", "maybe", "   "),
     "choice": (["yes", "no", "not sure"], "not sure", "maybe", []),
     "structural_tag": (
-        {"format": {"type": "sequence", "elements": [
-            {"type": "const_string", "value": "Answer: "},
-            {"type": "json_schema", "json_schema": {"type": "object", "properties": {"n": {"type": "integer"}},
-                                                    "required": ["n"]}},
-        ]}},
-        'Answer: {"n": 3}', "Answer: 3", {"format": {"type": "no_such_format"}},
+        {
+            "format": {
+                "type": "sequence",
+                "elements": [
+                    {"type": "const_string", "value": "Answer: "},
+                    {
+                        "type": "json_schema",
+                        "json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+                    },
+                ],
+            }
+        },
+        'Answer: {"n": 3}',
+        "Answer: 3",
+        {"format": {"type": "no_such_format"}},
     ),
     "tool_calls": (
         {"tools": [WEATHER_TOOL], "tool_choice": "required", "parallel_tool_calls": False},
@@ -109,22 +123,30 @@ def test_every_kind_runs_under_the_strict_completion_guard():
 def test_prompt_instructions_come_from_the_kind():
     schema = {"type": "object", "required": ["b"], "properties": {"b": {"type": "integer"}}}
     text = grammar_adapter.prompt_instructions("json_schema", schema)
-    assert text == ("Respond with only a JSON value that conforms to this JSON schema:\n"
-                    '{"properties":{"b":{"type":"integer"}},"required":["b"],"type":"object"}')
+    assert text == (
+        "Respond with only a JSON value that conforms to this JSON schema:\n"
+        '{"properties":{"b":{"type":"integer"}},"required":["b"],"type":"object"}'
+    )
     assert grammar_adapter.prompt_instructions("json_object", None) == "Respond with only a JSON object."
     assert grammar_adapter.prompt_instructions("regex", "a+") is None
     assert grammar_adapter.prompt_instructions("tools", [WEATHER_TOOL]) is None  # a registry kind, not a grammar
 
 
-@pytest.mark.parametrize("build", [
-    lambda: kind_for("yaml"),
-    lambda: GrammarSpec.of("yaml", "a: 1"),
-    lambda: GrammarSpec("yaml", "a: 1").key("fp"),  # type: ignore[arg-type]
-    lambda: grammar_adapter.make_spec("yaml", "a: 1"),
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: kind_for("yaml"),
+        lambda: GrammarSpec.of("yaml", "a: 1"),
+        lambda: GrammarSpec("yaml", "a: 1").key("fp"),  # type: ignore[arg-type]
+        lambda: grammar_adapter.make_spec("yaml", "a: 1"),
+    ],
+)
 def test_an_unknown_kind_is_refused_clearly(build):
-    with pytest.raises(GrammarSpecError, match=r"unknown grammar kind 'yaml'; expected one of json_schema, "
-                                               r"json_object, regex, ebnf, choice, structural_tag, tool_calls"):
+    with pytest.raises(
+        GrammarSpecError,
+        match=r"unknown grammar kind 'yaml'; expected one of json_schema, "
+        r"json_object, regex, ebnf, choice, structural_tag, tool_calls",
+    ):
         build()
 
 

@@ -79,7 +79,10 @@ def test_different_schemas_kinds_flags_and_tokenizers_give_different_keys():
 
 
 def test_tool_calls_payload_is_canonical_but_tool_order_and_choice_matter():
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}},
+    }
     a = GrammarSpec.tool_calls([tool], "auto", True)
     b = GrammarSpec.tool_calls([_reorder_keys(tool)], "auto", True)
     assert a.key(FP) == b.key(FP)

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from grammar import (
     HERMES_TOOL_CALL_FORMAT as FMT,
+)
+from grammar import (
     ContentDelta,
     GrammarSpecError,
     ToolCallArgumentsDelta,
@@ -48,8 +50,16 @@ def accepts(handle, tokenizer, text: str) -> bool:
 
 def test_agent_tools_are_realistic():
     names = [t["function"]["name"] for t in TOOLS]
-    assert names == ["web_search", "get_weather", "calculator", "read_file", "write_file", "send_email",
-                     "query_database", "create_calendar_event"]
+    assert names == [
+        "web_search",
+        "get_weather",
+        "calculator",
+        "read_file",
+        "write_file",
+        "send_email",
+        "query_database",
+        "create_calendar_event",
+    ]
     for tool in TOOLS:
         params = tool["function"]["parameters"]
         jsonschema.Draft202012Validator.check_schema(params)
@@ -71,7 +81,9 @@ def test_auto_allows_text_or_text_then_calls(grammar_for, tokenizer):
     assert accepts(g, tokenizer, WEATHER + "\n" + SEARCH + "\n" + CALC)
     assert not accepts(g, tokenizer, WEATHER + " and some trailing text")
     assert not accepts(g, tokenizer, FMT.render_call("launch_rocket", "{}"))
-    assert not accepts(g, tokenizer, FMT.render_call("get_weather", '{"city": "Paris", "unit": "celsius"}'))  # not compact
+    assert not accepts(
+        g, tokenizer, FMT.render_call("get_weather", '{"city": "Paris", "unit": "celsius"}')
+    )  # not compact
     assert not accepts(g, tokenizer, FMT.render_call("get_weather", '{"city":"Paris"}'))  # unit is required
     assert not accepts(g, tokenizer, FMT.render_call("get_weather", '{"city":"Paris","unit":"kelvin"}'))
     assert not accepts(g, tokenizer, FMT.render_call("get_weather", '{"city":"Paris","unit":"celsius","x":1}'))
@@ -135,10 +147,28 @@ def test_none_and_toolless_auto_need_no_grammar():
         ([{"type": "function", "function": {"name": "bad name!"}}], "auto", "tools", "/0/function/name", "1-64"),
         ([TOOLS[0], TOOLS[0]], "auto", "tools", "/1/function/name", "duplicate"),
         ([{"type": "retrieval"}], "auto", "tools", "/0/type", "'function'"),
-        ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], "auto", "tools",
-         "/0/function/parameters/type", "object"),
-        ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-            "a": {"$ref": "https://x.test/a.json"}}}}}], "auto", "tools", "/0/function/parameters/properties/a/$ref", "outside"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+            "auto",
+            "tools",
+            "/0/function/parameters/type",
+            "object",
+        ),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": {"$ref": "https://x.test/a.json"}}},
+                    },
+                }
+            ],
+            "auto",
+            "tools",
+            "/0/function/parameters/properties/a/$ref",
+            "outside",
+        ),
     ],
 )
 def test_bad_tools_and_choices_are_refused_with_param_and_pointer(tools, choice, param, pointer, fragment):
@@ -181,7 +211,9 @@ def test_parse_splits_content_and_calls():
 
 def test_parse_plain_text_and_loose_or_broken_blocks():
     assert parse_tool_calls("Just text.  ") == ("Just text.  ", [])
-    content, calls = parse_tool_calls('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>')
+    content, calls = parse_tool_calls(
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
+    )
     assert content == "" and calls[0].name == "calculator" and json.loads(calls[0].arguments) == {"expression": "1+1"}
     content, calls = parse_tool_calls('<tool_call>{"arguments":{"x":1},"name":"f"}</tool_call>')  # other key order
     assert calls[0].name == "f" and calls[0].arguments == '{"x":1}'
@@ -196,7 +228,7 @@ def test_stream_deltas_have_openai_shape():
     parser = ToolCallStreamParser(id_factory=lambda: next(ids))
     deltas = []
     for i in range(0, len(OUTPUT), 5):
-        deltas += parser.feed(OUTPUT[i:i + 5])
+        deltas += parser.feed(OUTPUT[i : i + 5])
     deltas += parser.finish()
     starts = [d for d in deltas if isinstance(d, ToolCallStartDelta)]
     assert [(d.index, d.id, d.name) for d in starts] == [(0, "call_a", "get_weather"), (1, "call_b", "web_search")]
@@ -205,11 +237,18 @@ def test_stream_deltas_have_openai_shape():
     assert "".join(d.text for d in deltas[:first_call]) == "Let me look that up."
     for index, start in enumerate(starts):
         pieces = [d.arguments for d in deltas if isinstance(d, ToolCallArgumentsDelta) and d.index == index]
-        assert deltas.index(start) < deltas.index(next(d for d in deltas if isinstance(d, ToolCallArgumentsDelta) and d.index == index))
+        assert deltas.index(start) < deltas.index(
+            next(d for d in deltas if isinstance(d, ToolCallArgumentsDelta) and d.index == index)
+        )
         assert json.loads("".join(pieces))
-    assert starts[0].to_openai() == {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                                                     "function": {"name": "get_weather", "arguments": ""}}]}
-    assert ToolCallArgumentsDelta(1, '{"q').to_openai() == {"tool_calls": [{"index": 1, "function": {"arguments": '{"q'}}]}
+    assert starts[0].to_openai() == {
+        "tool_calls": [
+            {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+        ]
+    }
+    assert ToolCallArgumentsDelta(1, '{"q').to_openai() == {
+        "tool_calls": [{"index": 1, "function": {"arguments": '{"q'}}]
+    }
     assert ContentDelta("hi").to_openai() == {"content": "hi"}
 
 
@@ -238,7 +277,7 @@ def test_any_chunking_streams_the_same_result_as_parse(prefix, calls, cuts):
     deltas, pos, i = [], 0, 0
     while pos < len(text):
         step = cuts[i % len(cuts)]
-        deltas += parser.feed(text[pos:pos + step])
+        deltas += parser.feed(text[pos : pos + step])
         pos, i = pos + step, i + 1
     deltas += parser.finish()
     content, streamed = _aggregate(deltas)

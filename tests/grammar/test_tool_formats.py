@@ -15,27 +15,53 @@ from gateway.pipeline import grammar_adapter
 from gateway.pipeline.model_formats import configure_formats
 from gateway.pipeline.prompt import PromptRenderer
 from gateway.protocol import AssistantMessage, FunctionCall, ToolCall, ToolMessage, UserMessage
+from grammar.checks.rollback import RollbackVocab, TagCallRollbackRules
+from grammar.checks.value_rules import value_check_begin, value_checked
 from grammar.kinds.tool_calls.detect import detect_reasoning_format, detect_tool_call_format
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
 from grammar.kinds.tool_calls.parser import parse_tool_calls, stream_parser
 from grammar.kinds.tool_calls.tag_format import SUPPORTED_FORMATS
-from grammar.checks.rollback import RollbackVocab, TagCallRollbackRules
-from grammar.checks.value_rules import value_check_begin, value_checked
 
 TEMPLATES = Path(__file__).parents[1] / "data" / "templates"
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
-        "required": ["city", "days"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 WEATHER, ADD = ("get_weather", '{"city":"Paris","days":3}'), ("add", '{"a":1}')
 # template file -> the format detected from it
 TEMPLATE_FORMATS = {
-    "llama3_json.jinja": "llama", "qwen3.jinja": "qwen_3", "qwen3_coder.jinja": "qwen_3_coder",
-    "harmony.jinja": "harmony", "deepseek_v3_1.jinja": "deepseek_v3_1", "kimi_k2.jinja": "kimi",
-    "glm_4_7.jinja": "glm_4_7", "gemma4.jinja": "gemma_4", "mistral.jinja": "mistral",
+    "llama3_json.jinja": "llama",
+    "qwen3.jinja": "qwen_3",
+    "qwen3_coder.jinja": "qwen_3_coder",
+    "harmony.jinja": "harmony",
+    "deepseek_v3_1.jinja": "deepseek_v3_1",
+    "kimi_k2.jinja": "kimi",
+    "glm_4_7.jinja": "glm_4_7",
+    "gemma4.jinja": "gemma_4",
+    "mistral.jinja": "mistral",
 }
 FORMATS = sorted(set(TEMPLATE_FORMATS.values()))
 
@@ -77,13 +103,17 @@ def test_the_grammar_takes_each_tool_choice_as_the_format_writes_it(name, compil
     assert not grammar_accepts(grammar_of(compiler, fmt, "required", parallel=False), both)  # one call at most
     assert grammar_accepts(grammar_of(compiler, fmt, "required", parallel=False), one)
     assert grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}), one)
-    assert not grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}),
-                               fmt.render_calls([ADD, ADD]))  # a named function: exactly one call
-    assert not grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}),
-                               fmt.render_calls([WEATHER]))
+    assert not grammar_accepts(
+        grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}), fmt.render_calls([ADD, ADD])
+    )  # a named function: exactly one call
+    assert not grammar_accepts(
+        grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}), fmt.render_calls([WEATHER])
+    )
     # the arguments are each tool's schema: a wrong type or a missing property is refused
     assert not grammar_accepts(grammar_of(compiler, fmt, "required"), fmt.render_calls([("add", '{"a":"x"}')]))
-    assert not grammar_accepts(grammar_of(compiler, fmt, "required"), fmt.render_calls([("get_weather", '{"city":"Paris"}')]))
+    assert not grammar_accepts(
+        grammar_of(compiler, fmt, "required"), fmt.render_calls([("get_weather", '{"city":"Paris"}')])
+    )
     if name != "harmony":  # harmony's auto answers in its final channel, never bare text
         assert grammar_accepts(grammar_of(compiler, fmt, "auto"), "Let me check. " + one)
         assert grammar_accepts(grammar_of(compiler, fmt, "auto"), "No call needed.")
@@ -97,7 +127,9 @@ def test_the_parser_reads_back_what_the_format_writes_whole_and_streamed(name):
     content, calls = parse_tool_calls(text, fmt)
     assert content == prefix
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
-        ("get_weather", {"city": "Paris", "days": 3}), ("add", {"a": 1})]
+        ("get_weather", {"city": "Paris", "days": 3}),
+        ("add", {"a": 1}),
+    ]
     # streamed one character at a time: the deltas add up to the whole answer
     parser = stream_parser(fmt)
     deltas = [d for ch in text for d in parser.feed(ch)] + parser.finish()
@@ -117,12 +149,25 @@ def test_a_call_the_template_renders_parses_back(template, name, tokenizer):
     text = (TEMPLATES / template).read_text()
     assert detect_tool_call_format(text) == name
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "USERTURN"},
-         {"role": "assistant", "content": "", "tool_calls": [
-             {"id": "c1", "type": "function", "function": {"name": "get_weather",
-                                                           "arguments": {"city": "Paris", "days": 3}}}]}],
-        tools=TOOLS, chat_template=text, tokenize=False)
-    call = rendered[rendered.rindex("USERTURN") + len("USERTURN"):]
+        [
+            {"role": "user", "content": "USERTURN"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}},
+                    }
+                ],
+            },
+        ],
+        tools=TOOLS,
+        chat_template=text,
+        tokenize=False,
+    )
+    call = rendered[rendered.rindex("USERTURN") + len("USERTURN") :]
     assert calls_of(call, get_tool_call_format(name))[0] == ("get_weather", {"city": "Paris", "days": 3})
 
 
@@ -153,12 +198,13 @@ def test_value_check_and_rollback_follow_json_arguments_only():
     assert not value_checked("tool_calls", {"format": "qwen_3_coder"})  # markup: the mask only
 
     fmt = get_tool_call_format("qwen_3")
-    rules = TagCallRollbackRules({"get_weather": TOOLS[0]["function"]["parameters"]}, fmt.header_re(),
-                                 RollbackVocab([b"x"]), 2)
+    rules = TagCallRollbackRules(
+        {"get_weather": TOOLS[0]["function"]["parameters"]}, fmt.header_re(), RollbackVocab([b"x"]), 2
+    )
     good = fmt.render_calls([WEATHER]).encode()
     bad = fmt.render_calls([("get_weather", '{"city":"Paris","days":0}')]).encode()  # minimum 1
     assert rules.failures(good) == []
-    (start, end, path), = rules.failures(bad)
+    ((start, end, path),) = rules.failures(bad)
     assert bad[start:end] == b"0" and path == (0, "days")
 
 
@@ -183,19 +229,33 @@ def qwen3_tokenizer(tokenizer):
 def test_tools_go_through_the_models_template_canonically(qwen3_tokenizer):
     assert grammar_adapter.tool_call_format_name() == "qwen_3"
     renderer = PromptRenderer(qwen3_tokenizer)
-    reordered = [{"function": {"parameters": t["function"]["parameters"], "name": t["function"]["name"],
-                               **({"description": t["function"]["description"]} if "description" in t["function"]
-                                  else {})}, "type": "function"} for t in TOOLS]
+    reordered = [
+        {
+            "function": {
+                "parameters": t["function"]["parameters"],
+                "name": t["function"]["name"],
+                **({"description": t["function"]["description"]} if "description" in t["function"] else {}),
+            },
+            "type": "function",
+        }
+        for t in TOOLS
+    ]
     a = renderer.render_chat([UserMessage(content="weather?")], tools=TOOLS)
     b = renderer.render_chat([UserMessage(content="weather?")], tools=reordered)
     assert a.token_ids == b.token_ids  # canonical tool JSON: the same tools, the same tokens
     assert "<tools>" in a.text and "For each function call" in a.text  # the template's own tools text
     assert "exactly like this" not in a.text  # not Jumpgate's hermes text
     # past calls and results: the template writes them
-    history = [UserMessage(content="weather?"),
-               AssistantMessage(content=None, tool_calls=[ToolCall(id="c1", function=FunctionCall(
-                   name="get_weather", arguments='{"city":"Paris","days":3}'))]),
-               ToolMessage(content="sunny", tool_call_id="c1")]
+    history = [
+        UserMessage(content="weather?"),
+        AssistantMessage(
+            content=None,
+            tool_calls=[
+                ToolCall(id="c1", function=FunctionCall(name="get_weather", arguments='{"city":"Paris","days":3}'))
+            ],
+        ),
+        ToolMessage(content="sunny", tool_call_id="c1"),
+    ]
     out = renderer.render_chat(history, tools=TOOLS)
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>' in out.text
     assert "<tool_response>\nsunny\n</tool_response>" in out.text
@@ -204,8 +264,10 @@ def test_tools_go_through_the_models_template_canonically(qwen3_tokenizer):
 
 def test_markup_arguments_are_typed_by_the_tools_schema():
     fmt = get_tool_call_format("qwen_3_coder")
-    text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\n3\n</parameter>\n" \
-           "</function>\n</tool_call>"
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
     schemas = {"get_weather": TOOLS[0]["function"]["parameters"]}
     (call,) = parse_tool_calls(text, fmt, schemas=schemas)[1]
     assert json.loads(call.arguments) == {"city": "42", "days": 3}  # a string where the schema says so
@@ -243,9 +305,11 @@ def test_text_that_only_looks_like_a_call_stays_content():
 
 def test_harmony_reads_each_header_variant_and_required_needs_a_call(compiler):
     fmt = get_tool_call_format("harmony")
-    variants = [" to=functions.add<|channel|>commentary json<|message|>{\"a\":1}<|call|>",
-                " to=functions.add<|channel|>commentary <|constrain|>json<|message|>{\"a\":1}<|call|>",
-                "<|channel|>commentary to=functions.add<|constrain|>json<|message|>{\"a\":1}<|call|>"]
+    variants = [
+        ' to=functions.add<|channel|>commentary json<|message|>{"a":1}<|call|>',
+        ' to=functions.add<|channel|>commentary <|constrain|>json<|message|>{"a":1}<|call|>',
+        '<|channel|>commentary to=functions.add<|constrain|>json<|message|>{"a":1}<|call|>',
+    ]
     for text in variants:
         assert calls_of(text, fmt) == [("add", {"a": 1})], text
         assert grammar_accepts(grammar_of(compiler, fmt, "required"), text)

@@ -33,12 +33,12 @@ import llguidance
 import numpy as np
 
 from grammar.checks.closing import ClosingVocab
-from grammar.engines.draft_split import Encode
-from grammar.errors import GrammarSpecError
 from grammar.checks.rollback import RollbackCheck, RollbackRules
 from grammar.checks.strict import StrictMethods
-from grammar.engines.token_mask import allow_only, row_address
 from grammar.checks.value_check import ValueCheck, without_repeats
+from grammar.engines.draft_split import Encode
+from grammar.engines.token_mask import allow_only, row_address
+from grammar.errors import GrammarSpecError
 
 # How deep a grammar's forced path is kept (ForcedPath): a schema's opening (`{"name":"`) takes a
 # few tokens; a long constant prefix is computed past this depth as any other position.
@@ -75,13 +75,20 @@ class LLGuidanceHandle:
     encode: Encode | None = field(default=None, repr=False)  # the tokenizer's encoding (planning's forced text)
     _memo: dict = field(default_factory=dict, repr=False)
 
-    def new_matcher(self) -> "LLGuidanceMatcher":
+    def new_matcher(self) -> LLGuidanceMatcher:
         values = ValueCheck(self.value_check, self.navigator) if self.value_check is not None else None
         rechecks = RollbackCheck(self.rollback_rules) if self.rollback_rules is not None else None
-        return LLGuidanceMatcher(self.start, self.stop_ids, values, self.closing, self.encode, rechecks,
-                                 self._memo.setdefault("forced_path", ForcedPath()))
+        return LLGuidanceMatcher(
+            self.start,
+            self.stop_ids,
+            values,
+            self.closing,
+            self.encode,
+            rechecks,
+            self._memo.setdefault("forced_path", ForcedPath()),
+        )
 
-    def without_value_check(self) -> "LLGuidanceHandle":
+    def without_value_check(self) -> LLGuidanceHandle:
         """The same grammar with its matchers not followed by the value check (for comparisons)."""
         return replace(self, value_check=None, navigator=None, _memo={})
 
@@ -111,7 +118,7 @@ class LLGuidancePlanMatcher:
         self._stop_ids = stop_ids
         self._encode = encode
 
-    def fork(self) -> "LLGuidancePlanMatcher":
+    def fork(self) -> LLGuidancePlanMatcher:
         return LLGuidancePlanMatcher(self._m.deep_copy(), self._stop_ids, self._encode)
 
     def fill_mask(self, bitmask, row: int) -> None:
@@ -171,13 +178,31 @@ class LLGuidanceMatcher(StrictMethods):
     """`forced_path`: the grammar's shared ForcedPath; the matcher is on it while every token it
     holds was the path's, and copies the masks there."""
 
-    __slots__ = ("_matcher", "_write_mask", "_try_consume", "_stop_ids", "_terminated", "values", "_plan",
-                 "_closing", "rechecks", "_forced", "_consumed", "_on_path")
+    __slots__ = (
+        "_matcher",
+        "_write_mask",
+        "_try_consume",
+        "_stop_ids",
+        "_terminated",
+        "values",
+        "_plan",
+        "_closing",
+        "rechecks",
+        "_forced",
+        "_consumed",
+        "_on_path",
+    )
 
-    def __init__(self, start: llguidance.LLMatcher, stop_ids: frozenset[int], values: ValueCheck | None = None,
-                 closing: ClosingVocab | None = None, encode: Encode | None = None,
-                 rechecks: RollbackCheck | None = None,
-                 forced_path: ForcedPath | None = None) -> None:
+    def __init__(
+        self,
+        start: llguidance.LLMatcher,
+        stop_ids: frozenset[int],
+        values: ValueCheck | None = None,
+        closing: ClosingVocab | None = None,
+        encode: Encode | None = None,
+        rechecks: RollbackCheck | None = None,
+        forced_path: ForcedPath | None = None,
+    ) -> None:
         self._matcher = start.deep_copy()
         self._forced = forced_path
         self._consumed = 0  # tokens accepted and not rolled back

@@ -24,12 +24,12 @@ from typing import Any
 
 import llguidance
 
+from grammar.checks.value_rules import names_only_dependencies, required_conditional
 from grammar.rewrites.conditionals import lower_conditionals
-from grammar.rewrites.string_algebra import lark_grammar, schema_needs_lark
 from grammar.rewrites.lowering import lower_for_masks
 from grammar.rewrites.negation import lower_negations
+from grammar.rewrites.string_algebra import lark_grammar, schema_needs_lark
 from grammar.schema.walk import DATA_KEYWORDS, NAMED_SCHEMA_MAPS, resolve_local_ref, rewrite_bottom_up
-from grammar.checks.value_rules import names_only_dependencies, required_conditional
 
 ENGINE = "llguidance"
 VALUE_CHECKED_KEYWORDS = frozenset({"uniqueItems", "dependentRequired"})  # see the module docstring
@@ -39,8 +39,9 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator"
 
 def llguidance_grammar(schema: Any, *, strict: bool) -> str:
     """The llguidance grammar text of compact JSON matching `schema` (not yet validated)."""
-    schema = lower_negations(lower_conditionals(
-        _without_name_rules(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS))))
+    schema = lower_negations(
+        lower_conditionals(_without_name_rules(_without(lower_for_masks(schema, strict), VALUE_CHECKED_KEYWORDS)))
+    )
     if strict:
         schema = _closed(schema, schema, open_here=False, open_refs=_all_of_refs(schema))
     if schema_needs_lark(schema):  # lookahead patterns, strings' `not`s: a Lark grammar around them
@@ -74,10 +75,18 @@ def _closed(node: Any, root: dict, *, open_here: bool, open_refs: set[str], wher
     out = {}
     for key, value in node.items():
         if key in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas") and isinstance(
-                value, dict):
-            out[key] = {name: _closed(sub, root, open_here=f"{where}/{key}/{name}" in open_refs,
-                                      open_refs=open_refs, where=f"{where}/{key}/{name}")
-                        for name, sub in value.items()}
+            value, dict
+        ):
+            out[key] = {
+                name: _closed(
+                    sub,
+                    root,
+                    open_here=f"{where}/{key}/{name}" in open_refs,
+                    open_refs=open_refs,
+                    where=f"{where}/{key}/{name}",
+                )
+                for name, sub in value.items()
+            }
         elif key in ("const", "enum", "default", "examples"):
             out[key] = value  # data, not schemas
         else:
@@ -104,12 +113,14 @@ def _without_name_rules(schema: Any) -> Any:
     """`schema` without the other spellings of dependentRequired (draft-7 `dependencies` of names,
     an `if` one name `then` others: grammar/checks/value_rules.py's name_dependencies), which the value
     check enforces as it does dependentRequired."""
+
     def drop(out: dict) -> dict:
         if names_only_dependencies(out) is not None:
             out = {k: v for k, v in out.items() if k != "dependencies"}
         if required_conditional(out) is not None:
             out = {k: v for k, v in out.items() if k not in ("if", "then")}
         return out
+
     return rewrite_bottom_up(schema, drop)
 
 

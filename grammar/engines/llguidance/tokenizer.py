@@ -45,8 +45,13 @@ class MemoEncoder:
 
     is_tokenizer_wrapper = True  # what llguidance checks before taking a Python tokenizer
 
-    def __init__(self, reference: llguidance.LLTokenizer, hf_tokenizer: Any, stop_token_ids: list[int],
-                 entries: int = ENCODINGS_KEPT) -> None:
+    def __init__(
+        self,
+        reference: llguidance.LLTokenizer,
+        hf_tokenizer: Any,
+        stop_token_ids: list[int],
+        entries: int = ENCODINGS_KEPT,
+    ) -> None:
         ids = range(reference.vocab_size)
         self.tokens = [reference.decode_bytes([i]) for i in ids]
         self.special_token_ids = [i for i in ids if reference.is_special_token(i)]
@@ -57,7 +62,8 @@ class MemoEncoder:
         backend.no_padding()
         backend.no_truncation()
         self._encode = functools.lru_cache(maxsize=entries)(
-            lambda text: backend.encode(text, add_special_tokens=False).ids)
+            lambda text: backend.encode(text, add_special_tokens=False).ids
+        )
 
     def __call__(self, text: str) -> list[int]:
         return self._encode(text)
@@ -71,8 +77,9 @@ def same_view(reference: llguidance.LLTokenizer, other: llguidance.LLTokenizer) 
     if other.vocab_size != reference.vocab_size or other.eos_tokens != reference.eos_tokens:
         return f"vocabulary {other.vocab_size}/{other.eos_tokens} vs {reference.vocab_size}/{reference.eos_tokens}"
     for i in range(reference.vocab_size):
-        if (other.decode_bytes([i]) != reference.decode_bytes([i])
-                or other.is_special_token(i) != reference.is_special_token(i)):
+        if other.decode_bytes([i]) != reference.decode_bytes([i]) or other.is_special_token(
+            i
+        ) != reference.is_special_token(i):
             return f"token {i}"
     for text in _PROBES:
         if other.tokenize_str(text) != reference.tokenize_str(text):
@@ -80,8 +87,9 @@ def same_view(reference: llguidance.LLTokenizer, other: llguidance.LLTokenizer) 
     return None
 
 
-def build_llguidance_tokenizer(hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
-                               entries: int = ENCODINGS_KEPT) -> tuple[llguidance.LLTokenizer, MemoEncoder | None]:
+def build_llguidance_tokenizer(
+    hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int], entries: int = ENCODINGS_KEPT
+) -> tuple[llguidance.LLTokenizer, MemoEncoder | None]:
     """llguidance's tokenizer for the model and the `MemoEncoder` it encodes through; llguidance's
     own view (from `llguidance.hf`) and None where the two would differ or `entries` is 0."""
     reference = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=stop_token_ids)
@@ -105,8 +113,9 @@ class LLGuidanceTokenizer:
     the memoized one over it); `encoder` is its MemoEncoder once built (None: llguidance encodes
     uncached)."""
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
-                 entries: int = ENCODINGS_KEPT) -> None:
+    def __init__(
+        self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int], entries: int = ENCODINGS_KEPT
+    ) -> None:
         self._args = (hf_tokenizer, vocab_size, list(stop_token_ids), entries)
         self._built: llguidance.LLTokenizer | None = None
         self.encoder: MemoEncoder | None = None

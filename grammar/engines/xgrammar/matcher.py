@@ -29,11 +29,11 @@ import re
 import xgrammar as xgr
 
 from grammar.checks.closing import ClosingVocab
-from grammar.engines.draft_split import DraftSplitter, Encode, ForcedSpanWatch
 from grammar.checks.rollback import RollbackCheck
 from grammar.checks.strict import StrictMethods
-from grammar.engines.token_mask import allow_only
 from grammar.checks.value_check import ValueCheck, without_repeats
+from grammar.engines.draft_split import DraftSplitter, Encode, ForcedSpanWatch
+from grammar.engines.token_mask import allow_only
 
 _POSITIONS = re.compile(r"rule_start_pos=-?\d+")
 
@@ -47,7 +47,7 @@ class XGrammarPlanMatcher:
         self._m = matcher
         self._encode = encode
 
-    def fork(self) -> "XGrammarPlanMatcher":
+    def fork(self) -> XGrammarPlanMatcher:
         return XGrammarPlanMatcher(self._m.fork(), self._encode)
 
     def fill_mask(self, bitmask, row: int) -> None:
@@ -80,12 +80,28 @@ class XGrammarPlanMatcher:
 
 
 class XGrammarMatcher(StrictMethods):
-    __slots__ = ("_matcher", "_plan", "_encode", "_special_ids", "_closing", "_splitter", "_watch", "values",
-                 "rechecks")
+    __slots__ = (
+        "_matcher",
+        "_plan",
+        "_encode",
+        "_special_ids",
+        "_closing",
+        "_splitter",
+        "_watch",
+        "values",
+        "rechecks",
+    )
 
-    def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode, special_ids: frozenset[int],
-                 closing: ClosingVocab | None = None, splitter: DraftSplitter | None = None,
-                 values: ValueCheck | None = None, rechecks: RollbackCheck | None = None) -> None:
+    def __init__(
+        self,
+        compiled: xgr.CompiledGrammar,
+        encode: Encode,
+        special_ids: frozenset[int],
+        closing: ClosingVocab | None = None,
+        splitter: DraftSplitter | None = None,
+        values: ValueCheck | None = None,
+        rechecks: RollbackCheck | None = None,
+    ) -> None:
         # Rollback is unlimited in xgrammar >= 0.2 (max_rollback_tokens is deprecated), which
         # jump-forward verification relies on.
         self._matcher = xgr.GrammarMatcher(compiled)

@@ -16,29 +16,31 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import XGRAMMAR_ERRORS, GrammarSpecError, xgrammar_message
-from grammar.validation.regex_check import xgrammar_regex
-from grammar.schema.walk import rewrite_bottom_up
-from grammar.rewrites.string_algebra import without_lookaheads
 from grammar.rewrites.lowering import lower_for_masks
+from grammar.rewrites.string_algebra import without_lookaheads
+from grammar.schema.walk import rewrite_bottom_up
+from grammar.validation.regex_check import xgrammar_regex
 
 COMPACT_SEPARATORS = (",", ":")
 
 # xgrammar (0.2.x) spells the characters of a length-bounded JSON string (minLength / maxLength,
 # propertyNames) as [^"\\\r\n]: raw control characters such as TAB or \x01 are let into the output,
 # which is then not JSON. Its own unbounded strings use JSON's class, which is put in their place.
-_LOOSE_STRING_CHARS = r'[^\"\\\r\n]'
-_JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
+_LOOSE_STRING_CHARS = r"[^\"\\\r\n]"
+_JSON_STRING_CHARS = r"[^\0-\x1f\"\\\r\n]"
 
 
 def _patterns_xgrammar_reads(schema: Any) -> Any:
     """`schema` with raw control characters in its patterns escaped (the same regexes, which
     xgrammar's EBNF lexer can read) and lookaheads dropped (best effort only: grammar/rewrites/string_algebra.py)."""
+
     def rewrite(node: dict) -> dict:
         if isinstance(node.get("pattern"), str):
             node = {**node, "pattern": xgrammar_regex(node["pattern"])}
         if isinstance(node.get("patternProperties"), dict):
             node = {**node, "patternProperties": {xgrammar_regex(k): v for k, v in node["patternProperties"].items()}}
         return node
+
     return rewrite_bottom_up(without_lookaheads(schema), rewrite)
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import xgrammar as xgr
 
-from grammar.schema.canonical import canonical_data, canonical_tool
 from grammar.kinds.base import ConstraintKind, SpecLike
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
 from grammar.kinds.tool_calls.grammar import structural_tag
 from grammar.kinds.tool_calls.payload import validate_tool_calls_payload
+from grammar.schema.canonical import canonical_data, canonical_tool
 
 
 class ToolCallsKind(ConstraintKind):

@@ -17,8 +17,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from grammar.schema.canonical import canonical_json, canonical_tool
 from grammar.errors import GrammarSpecError
+from grammar.schema.canonical import canonical_json, canonical_tool
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,6 @@ class ToolCallFormat:
     @property
     def call_suffix(self) -> str:
         return "}" + self.call_end
-
 
     @property
     def value_checked(self) -> bool:

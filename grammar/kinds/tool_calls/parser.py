@@ -48,7 +48,12 @@ class ToolCallStartDelta:
     name: str
 
     def to_openai(self) -> dict:
-        call = {"index": self.index, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": ""}}
+        call = {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": ""},
+        }
         return {"tool_calls": [call]}
 
 
@@ -163,7 +168,7 @@ class ToolCallStreamParser:
             idx = self._buf.find(begin)
             if idx >= 0:
                 self._emit_text(out, self._buf[:idx].rstrip())
-                self._buf = self._buf[idx + len(begin):]
+                self._buf = self._buf[idx + len(begin) :]
                 self._state = "header"
                 return True
             if final:
@@ -181,14 +186,14 @@ class ToolCallStreamParser:
                 call = _CallInProgress(self._new_id(), name)
                 self._calls.append(call)
                 out.append(ToolCallStartDelta(len(self._calls) - 1, call.id, name))
-                self._buf = self._buf[m.end():]
+                self._buf = self._buf[m.end() :]
                 self._scanner = _JsonObjectScanner()
                 self._state = "args"
                 return True
             idx = self._buf.find(end)
             if idx >= 0 or final:
                 body = self._buf[:idx] if idx >= 0 else self._buf
-                self._buf = self._buf[idx + len(end):] if idx >= 0 else ""
+                self._buf = self._buf[idx + len(end) :] if idx >= 0 else ""
                 self._whole_block(out, body, closed=idx >= 0)
                 self._state = "between" if self._calls else "text"
                 return True
@@ -217,14 +222,14 @@ class ToolCallStreamParser:
                 raw = raw.rstrip()
                 raw = raw[:-1].rstrip() if raw.endswith("}") else raw  # the envelope's "}"
                 self._emit_args(out, raw)
-                self._buf = self._buf[idx + len(end):] if idx >= 0 else ""
+                self._buf = self._buf[idx + len(end) :] if idx >= 0 else ""
                 self._state = "between"
                 return True
             return False
         if state == "tail":  # after the arguments: the envelope's "}" and the end marker
             idx = self._buf.find(end)
             if idx >= 0:
-                self._buf = self._buf[idx + len(end):]
+                self._buf = self._buf[idx + len(end) :]
                 self._state = "between"
                 return True
             if final:
@@ -233,7 +238,7 @@ class ToolCallStreamParser:
         if state == "between":
             self._buf = self._buf.lstrip()
             if self._buf.startswith(begin):
-                self._buf = self._buf[len(begin):]
+                self._buf = self._buf[len(begin) :]
                 self._state = "header"
                 return True
             if not self._buf or (begin.startswith(self._buf) and not final):
@@ -285,8 +290,11 @@ def _safe_text_cut(text: str, marker: str) -> int:
     return len(text[:cut].rstrip())
 
 
-def stream_parser(fmt=HERMES_TOOL_CALL_FORMAT, schemas: dict[str, dict] | None = None,
-                  id_factory: Callable[[], str] = new_tool_call_id):
+def stream_parser(
+    fmt=HERMES_TOOL_CALL_FORMAT,
+    schemas: dict[str, dict] | None = None,
+    id_factory: Callable[[], str] = new_tool_call_id,
+):
     """The stream parser of a format: Hermes's own, or the structural-tag parser of a model format
     (`schemas`: each tool's parameters, to type markup arguments)."""
     if isinstance(fmt, ToolCallFormat):
@@ -297,7 +305,9 @@ def stream_parser(fmt=HERMES_TOOL_CALL_FORMAT, schemas: dict[str, dict] | None =
 
 
 def parse_tool_calls(
-    text: str, fmt=HERMES_TOOL_CALL_FORMAT, id_factory: Callable[[], str] = new_tool_call_id,
+    text: str,
+    fmt=HERMES_TOOL_CALL_FORMAT,
+    id_factory: Callable[[], str] = new_tool_call_id,
     schemas: dict[str, dict] | None = None,
 ) -> tuple[str, list[ToolCall]]:
     """(content text, tool calls) of a whole output; same result as streaming it."""

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from grammar.errors import GrammarSpecError
-from grammar.validation.json_schema_check import validate_json_schema
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
+from grammar.validation.json_schema_check import validate_json_schema
 
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 SIMPLE_TOOL_CHOICES = ("none", "auto", "required")
@@ -86,5 +86,8 @@ def _validate_tool_choice(choice: Any, names: dict[str, int]) -> None:
     name = choice["function"].get("name")
     if name not in names:
         known = ", ".join(sorted(names)) or "none"
-        raise GrammarSpecError(f"tool_choice names function {name!r}, which is not in tools (tools: {known})",
-                               "/function/name", "tool_choice")
+        raise GrammarSpecError(
+            f"tool_choice names function {name!r}, which is not in tools (tools: {known})",
+            "/function/name",
+            "tool_choice",
+        )

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from grammar.schema.canonical import canonical_json, canonical_tool
 from grammar.engines.xgrammar.schema import compact_json_schema_ebnf
+from grammar.schema.canonical import canonical_json, canonical_tool
 
 PLACEHOLDER = "JGTOOLNAMEJG"  # a tool name the walk below recognises in xgrammar's markers
 NAME_RE = r"[A-Za-z0-9_.\-]{1,64}"
@@ -131,26 +131,40 @@ def xgrammar_tag(name: str, tools: list[dict], tool_choice: Any, parallel: bool)
         return HAND_WRITTEN[name](tools, tool_choice, parallel)
     import xgrammar as xgr  # heavy: only where a grammar is built
 
-    tag = xgr.get_model_structural_tag(name, tools=tools, tool_choice=tool_choice, reasoning="disabled",
-                                       parallel_tool_calls=parallel)
+    tag = xgr.get_model_structural_tag(
+        name, tools=tools, tool_choice=tool_choice, reasoning="disabled", parallel_tool_calls=parallel
+    )
     return tag.model_dump(mode="json", exclude_none=True)
 
 
 def mistral_tag(tools: list[dict], tool_choice: Any, parallel: bool) -> dict:
     """Mistral (v11+ tokenizers): `[TOOL_CALLS]name[ARGS]{...}` per call, in xgrammar's tag form
     (xgrammar 0.2.9 has no mistral entry)."""
+
     def tag(tool: dict) -> dict:
         function = tool["function"]
         schema = function.get("parameters") if function.get("strict") is not False else None
-        return {"type": "tag", "begin": f"[TOOL_CALLS]{function['name']}[ARGS]",
-                "content": {"type": "json_schema", "json_schema": schema or True, "style": "json"}, "end": ""}
+        return {
+            "type": "tag",
+            "begin": f"[TOOL_CALLS]{function['name']}[ARGS]",
+            "content": {"type": "json_schema", "json_schema": schema or True, "style": "json"},
+            "end": "",
+        }
 
     if isinstance(tool_choice, dict):
         chosen = [t for t in tools if t["function"]["name"] == tool_choice["function"]["name"]]
         return {"type": "structural_tag", "format": tag(chosen[0])}
-    return {"type": "structural_tag", "format": {
-        "type": "triggered_tags", "triggers": ["[TOOL_CALLS]"], "tags": [tag(t) for t in tools],
-        "at_least_one": tool_choice == "required", "stop_after_first": not parallel, "excludes": []}}
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["[TOOL_CALLS]"],
+            "tags": [tag(t) for t in tools],
+            "at_least_one": tool_choice == "required",
+            "stop_after_first": not parallel,
+            "excludes": [],
+        },
+    }
 
 
 HAND_WRITTEN = {"mistral": mistral_tag}
@@ -159,8 +173,21 @@ HAND_WRITTEN = {"mistral": mistral_tag}
 # xgrammar 0.2.9's model formats whose argument styles the parser reads (json, qwen_xml, glm_xml,
 # gemma), plus mistral; its kimi_k3, deepseek_v3_2, deepseek_v4, deepseek_v4_1, minimax and
 # minimax_m3 (other markup styles) and cohere (another tag layout) are not offered yet
-SUPPORTED_FORMATS = ("qwen_3", "llama", "qwen_3_coder", "qwen_3_5", "mimo", "harmony", "deepseek_r1", "deepseek_v3_1",
-                     "kimi", "glm_4_7", "gemma_4", "exaone", "mistral")
+SUPPORTED_FORMATS = (
+    "qwen_3",
+    "llama",
+    "qwen_3_coder",
+    "qwen_3_5",
+    "mimo",
+    "harmony",
+    "deepseek_r1",
+    "deepseek_v3_1",
+    "kimi",
+    "glm_4_7",
+    "gemma_4",
+    "exaone",
+    "mistral",
+)
 
 
 def tag_format_names() -> list[str]:
@@ -168,7 +195,7 @@ def tag_format_names() -> list[str]:
 
 
 @lru_cache(maxsize=64)
-def get_tag_format(name: str) -> "TagToolCallFormat | None":
+def get_tag_format(name: str) -> TagToolCallFormat | None:
     return TagToolCallFormat(name) if name in tag_format_names() else None
 
 
@@ -245,18 +272,24 @@ class TagToolCallFormat:
 
     def header_re(self) -> re.Pattern[bytes]:
         """Bytes regex of a call header (name captured), ending where the arguments JSON starts."""
-        alts = [re.escape(c.head_prefix) + _name_group(f"n{i}", c.head_suffix + c.arg_prefix)
-                + re.escape(c.head_suffix) + c.arg_prefix
-                for i, c in enumerate(self.shape.calls)]
+        alts = [
+            re.escape(c.head_prefix)
+            + _name_group(f"n{i}", c.head_suffix + c.arg_prefix)
+            + re.escape(c.head_suffix)
+            + c.arg_prefix
+            for i, c in enumerate(self.shape.calls)
+        ]
         return re.compile("|".join(f"(?:{a})" for a in alts).encode())
 
     def render_tools_prompt(self, tools: list[dict]) -> str:
         """Fallback tools text for a template that takes no `tools` (canonical JSON)."""
         lines = "\n".join(canonical_json(canonical_tool(t)) for t in tools)
         example = self.render_call("<function-name>", "<arguments-json-object>")
-        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{lines}\n"
-                f"</tools>\n\nTo call a function, write exactly:\n{example}")
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{lines}\n"
+            f"</tools>\n\nTo call a function, write exactly:\n{example}"
+        )
 
     def render_call(self, name: str, arguments: str) -> str:
         """One past call as the model writes it (templates that take `tool_calls` render their own)."""
@@ -299,14 +332,16 @@ def _compact_arguments(node: Any, functions: dict[str, dict], calls: tuple[CallS
         name = _tool_name(node["begin"], calls, functions)
         if name is not None:
             return {**node, "content": _with_grammar(node["content"], functions[name])}
-    return {k: _compact_arguments(v, functions, calls) if k in ("format", "content", "elements", "tags") else v
-            for k, v in node.items()}
+    return {
+        k: _compact_arguments(v, functions, calls) if k in ("format", "content", "elements", "tags") else v
+        for k, v in node.items()
+    }
 
 
 def _tool_name(begin: str, calls: tuple[CallShape, ...], functions: dict[str, dict]) -> str | None:
     for call in calls:
         if begin.startswith(call.head_prefix) and begin.endswith(call.head_suffix):
-            name = begin[len(call.head_prefix):len(begin) - len(call.head_suffix)]
+            name = begin[len(call.head_prefix) : len(begin) - len(call.head_suffix)]
             if name in functions:
                 return name
     return None

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from grammar.kinds.tool_calls.parser import (
+    CallInProgress,
     ContentDelta,
     Delta,
+    JsonObjectScanner,
     ToolCall,
     ToolCallArgumentsDelta,
     ToolCallStartDelta,
-    CallInProgress,
-    JsonObjectScanner,
     new_tool_call_id,
 )
 from grammar.kinds.tool_calls.tag_format import CallShape, TagShape
@@ -35,8 +35,9 @@ class TagToolCallParser:
     ToolCallArgumentsDelta (the same deltas as the Hermes parser); `reasoning` collects
     reasoning channels (harmony analysis)."""
 
-    def __init__(self, shape: TagShape, schemas: dict[str, dict] | None = None,
-                 id_factory: Callable[[], str] = new_tool_call_id) -> None:
+    def __init__(
+        self, shape: TagShape, schemas: dict[str, dict] | None = None, id_factory: Callable[[], str] = new_tool_call_id
+    ) -> None:
         self._shape = shape
         self._schemas = schemas or {}
         self._new_id = id_factory
@@ -111,7 +112,7 @@ class TagToolCallParser:
                 return False
             if self._state == "markup":
                 self._emit_args(out, self._markup(self._buf[:idx]))
-            self._buf = self._buf[idx + len(end):]
+            self._buf = self._buf[idx + len(end) :]
             self._state = "text"
             return True
         if self._state == "channel":
@@ -122,7 +123,7 @@ class TagToolCallParser:
                     self._reasoning.append(take)
             else:
                 self._emit_text(out, take)
-            self._buf = self._buf[len(take) + (len(end) if idx >= 0 else 0):]
+            self._buf = self._buf[len(take) + (len(end) if idx >= 0 else 0) :]
             if idx >= 0 or final:
                 self._state = "text"
                 return idx >= 0
@@ -142,7 +143,7 @@ class TagToolCallParser:
                 return False
             keep = _hold_back(self._buf, [s for s, _ in self._starts]).rstrip()  # dropped if a call follows
             self._emit_text(out, keep)
-            self._buf = self._buf[len(keep):]
+            self._buf = self._buf[len(keep) :]
             return False
         idx, literal, what = best
         before = self._buf[:idx]
@@ -160,16 +161,16 @@ class TagToolCallParser:
                 if not final and len(self._buf) - idx < longest + HEADER_SLACK:
                     kept = before.rstrip()  # maybe a header still arriving: hold the space before it
                     self._emit_text(out, kept)
-                    self._buf = self._buf[len(kept):]
+                    self._buf = self._buf[len(kept) :]
                     return False
-                self._emit_text(out, self._buf[:idx + 1])  # not a call: its first character is text
-                self._buf = self._buf[idx + 1:]
+                self._emit_text(out, self._buf[: idx + 1])  # not a call: its first character is text
+                self._buf = self._buf[idx + 1 :]
                 return True
             self._emit_text(out, before.rstrip())
             call = CallInProgress(self._new_id(), m.group("name"))
             self._calls.append(call)
             out.append(ToolCallStartDelta(len(self._calls) - 1, call.id, call.name))
-            self._buf = self._buf[m.end():]
+            self._buf = self._buf[m.end() :]
             self._call = what
             if what.style == "json":
                 self._scanner = JsonObjectScanner()
@@ -178,7 +179,7 @@ class TagToolCallParser:
                 self._state = "markup"
             return True
         self._emit_text(out, before.rstrip() if self._calls or what[0] == "marker" else before)
-        self._buf = self._buf[idx + len(literal):]
+        self._buf = self._buf[idx + len(literal) :]
         if what[0] == "channel":
             self._state, self._channel_ends, self._channel_is_reasoning = "channel", what[1], what[2]
         return True

@@ -73,8 +73,9 @@ class ForeignPage(Exception):
 # ------------------------------------------------------------------------------ hashing
 
 
-def model_identity(model_dir: str | Path, dtype: torch.dtype, num_layers: int, kv_heads: int,
-                   head_dim: int, numerics: str = "") -> str:
+def model_identity(
+    model_dir: str | Path, dtype: torch.dtype, num_layers: int, kv_heads: int, head_dim: int, numerics: str = ""
+) -> str:
     """A fingerprint of the model whose KV the pages hold: config, weight files (name, size and
     their first and last MiB), dtype and KV shape. Another model never reads these pages.
     `numerics` names what else decides the KV's bits (the weight format and the attention
@@ -110,14 +111,27 @@ def chain_hash(prev: bytes, tokens: Sequence[int]) -> bytes:
 
 
 class DiskStore:
-    def __init__(self, root: str | Path, identity: str, page_tokens: int, num_layers: int, kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, max_bytes: int, read_workers: int = 2,
-                 max_pending_bytes: int = 1 << 30, sync_s: float = SYNC_S):
+    def __init__(
+        self,
+        root: str | Path,
+        identity: str,
+        page_tokens: int,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        max_bytes: int,
+        read_workers: int = 2,
+        max_pending_bytes: int = 1 << 30,
+        sync_s: float = SYNC_S,
+    ):
         self.identity = identity
         self.page_tokens = page_tokens
         self.shape = (2, num_layers, page_tokens, kv_heads, head_dim)
         self.dtype = dtype
-        self.page_bytes = 2 * num_layers * page_tokens * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        self.page_bytes = (
+            2 * num_layers * page_tokens * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        )
         self.max_bytes = max_bytes
         self.max_pending_bytes = max_pending_bytes
         self.sync_s = sync_s
@@ -132,9 +146,17 @@ class DiskStore:
         # disk_pages_adopted: pages this process did not know of (another process wrote them) found
         # by a lookup; disk_temps_removed: abandoned temp files of dead writers deleted;
         # disk_foreign_pages: page files of another format version met (read as misses, kept)
-        self.stats = {"disk_pages_written": 0, "disk_pages_read": 0, "disk_write_errors": 0,
-                      "disk_writes_dropped": 0, "disk_corrupt_pages": 0, "disk_pages_evicted": 0,
-                      "disk_pages_adopted": 0, "disk_temps_removed": 0, "disk_foreign_pages": 0}
+        self.stats = {
+            "disk_pages_written": 0,
+            "disk_pages_read": 0,
+            "disk_write_errors": 0,
+            "disk_writes_dropped": 0,
+            "disk_corrupt_pages": 0,
+            "disk_pages_evicted": 0,
+            "disk_pages_adopted": 0,
+            "disk_temps_removed": 0,
+            "disk_foreign_pages": 0,
+        }
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="jumpgate-kv-write")
         self._readers = ThreadPoolExecutor(read_workers, thread_name_prefix="jumpgate-kv-read")
         self._synced_at = 0.0
@@ -144,8 +166,13 @@ class DiskStore:
 
     def _describe(self) -> None:
         try:
-            info = {"identity": self.identity, "page_tokens": self.page_tokens, "shape": list(self.shape),
-                    "dtype": str(self.dtype), "format": f"{MAGIC.decode()} v{VERSION}"}
+            info = {
+                "identity": self.identity,
+                "page_tokens": self.page_tokens,
+                "shape": list(self.shape),
+                "dtype": str(self.dtype),
+                "format": f"{MAGIC.decode()} v{VERSION}",
+            }
             write_atomically(self.dir / "identity.json", json.dumps(info, indent=1).encode())
         except OSError:
             pass  # informational only
@@ -217,8 +244,7 @@ class DiskStore:
             self.discard_corrupt(h, str(e), e.inode)
             return None
         except ForeignPage as e:
-            log.warning("disk KV cache: page file %s is %s; left in place, treated as a miss",
-                        self._path(h).name, e)
+            log.warning("disk KV cache: page file %s is %s; left in place, treated as a miss", self._path(h).name, e)
             self._forget(h)
             with self._lock:
                 self.stats["disk_foreign_pages"] += 1
@@ -256,7 +282,7 @@ class DiskStore:
             raise CorruptPage("header does not match the page", inode)
         if size != _HEADER.size + nbytes:
             raise CorruptPage(f"size {size}, expected {_HEADER.size + nbytes} (torn write?)", inode)
-        if zlib.crc32(memoryview(buf)[_HEADER.size:]) != crc:
+        if zlib.crc32(memoryview(buf)[_HEADER.size :]) != crc:
             raise CorruptPage("checksum mismatch", inode)
         flat = torch.frombuffer(buf, dtype=torch.uint8, offset=_HEADER.size, count=nbytes)
         return flat.view(self.dtype).view(self.shape)
@@ -270,8 +296,11 @@ class DiskStore:
     def discard_corrupt(self, h: bytes, why: str, inode: int) -> None:
         """Drop page `h`, found corrupt in the file with `inode`: out of the index, counted, and that
         file deleted unless another process has renamed a good copy over it meanwhile."""
-        log.warning("disk KV cache: page file %s is corrupt (%s); deleted, the prefix will be recomputed",
-                    self._path(h).name, why)
+        log.warning(
+            "disk KV cache: page file %s is corrupt (%s); deleted, the prefix will be recomputed",
+            self._path(h).name,
+            why,
+        )
         self._forget(h)
         with self._lock:
             self.stats["disk_corrupt_pages"] += 1

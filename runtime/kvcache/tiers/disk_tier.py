@@ -15,18 +15,24 @@ from concurrent.futures import Future
 
 import torch
 
-from runtime.kvcache.tiers.disk_store import DiskStore, chain_hash, chain_seed
-from runtime.kvcache.tiers.host_pool import HostKVPool, gather_kv
 from runtime.kvcache.pool import KVPool
 from runtime.kvcache.radix_cache import TreeNode
+from runtime.kvcache.tiers.disk_store import DiskStore, chain_hash, chain_seed
+from runtime.kvcache.tiers.host_pool import HostKVPool, gather_kv
 from runtime.kvcache.tiers.tier_record import record
 
 log = logging.getLogger("jumpgate.hicache")
 
 
 class DiskTier:
-    def __init__(self, store: DiskStore | None, identity: str, page_size: int, counters: dict[str, int],
-                 max_staged_pages: int = 256):
+    def __init__(
+        self,
+        store: DiskStore | None,
+        identity: str,
+        page_size: int,
+        counters: dict[str, int],
+        max_staged_pages: int = 256,
+    ):
         self.store = store
         self.identity = store.identity if store is not None else identity
         self.page_size = page_size
@@ -41,7 +47,7 @@ class DiskTier:
 
     def _chain(self, prev: bytes, key: tuple, start: int, end: int):
         for i in range(start, end, self.page_size):
-            prev = chain_hash(prev, key[i:i + self.page_size])
+            prev = chain_hash(prev, key[i : i + self.page_size])
             yield prev
 
     def hashes(self, node: TreeNode) -> list[bytes]:
@@ -59,8 +65,8 @@ class DiskTier:
         if self.store is None or start >= end:
             return []
         prev = chain_seed(self.identity, self.page_size, namespace)
-        for prev in self._chain(prev, key, 0, start):
-            pass
+        for h in self._chain(prev, key, 0, start):  # the hash of the page before `start`
+            prev = h
         out = []
         for h in self._chain(prev, key, start, end):
             if not self.store.contains(h):
@@ -77,9 +83,9 @@ class DiskTier:
         if not missing:
             return
         p = self.page_size
-        data = gather_kv(pool, torch.cat([slots[i * p:(i + 1) * p] for i in missing]))
+        data = gather_kv(pool, torch.cat([slots[i * p : (i + 1) * p] for i in missing]))
         for j, i in enumerate(missing):
-            self.store.write(hashes[i], data[:, :, j * p:(j + 1) * p], block=block)
+            self.store.write(hashes[i], data[:, :, j * p : (j + 1) * p], block=block)
 
     def read(self, hashes: list[bytes]) -> list[torch.Tensor]:
         """The pages' KV, stopping at the first one that is missing or corrupt."""
@@ -92,7 +98,7 @@ class DiskTier:
                 log.exception("disk KV cache: reading a page failed")
                 data = None
             if data is None:
-                for rest in hashes[len(out) + 1:]:  # pages after a miss are of no use
+                for rest in hashes[len(out) + 1 :]:  # pages after a miss are of no use
                     fut = self._staged.pop(rest, None)
                     if fut is not None:
                         fut.cancel()

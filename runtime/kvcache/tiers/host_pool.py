@@ -19,8 +19,15 @@ from runtime.kvcache.pool import KVPool, SlotAllocator
 class HostKVPool:
     """Per-layer K and V tensors `[num_slots, kv_heads, head_dim]` in host memory."""
 
-    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, pin_memory: bool = False):
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        pin_memory: bool = False,
+    ):
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.kv_heads = kv_heads
@@ -34,9 +41,15 @@ class HostKVPool:
         self.allocator = SlotAllocator(num_slots)
 
     @classmethod
-    def like(cls, device_pool: KVPool, num_slots: int) -> "HostKVPool":
-        return cls(device_pool.num_layers, num_slots, device_pool.kv_heads, device_pool.head_dim,
-                   device_pool.dtype, pin_memory=device_pool.device.type == "cuda")
+    def like(cls, device_pool: KVPool, num_slots: int) -> HostKVPool:
+        return cls(
+            device_pool.num_layers,
+            num_slots,
+            device_pool.kv_heads,
+            device_pool.head_dim,
+            device_pool.dtype,
+            pin_memory=device_pool.device.type == "cuda",
+        )
 
 
 def gather_kv(pool: KVPool | HostKVPool, slots: torch.Tensor) -> torch.Tensor:
@@ -55,8 +68,9 @@ def scatter_kv(pool: KVPool | HostKVPool, slots: torch.Tensor, data: torch.Tenso
         pool.v[layer][idx] = data[1, layer].to(pool.dtype)
 
 
-def copy_kv(src: KVPool | HostKVPool, src_slots: torch.Tensor,
-            dst: KVPool | HostKVPool, dst_slots: torch.Tensor) -> None:
+def copy_kv(
+    src: KVPool | HostKVPool, src_slots: torch.Tensor, dst: KVPool | HostKVPool, dst_slots: torch.Tensor
+) -> None:
     """Copy KV between two pools (device → host on demotion, host → device on a load)."""
     s_idx, d_idx = src_slots.to(src.device), dst_slots.to(dst.device)
     for layer in range(src.num_layers):

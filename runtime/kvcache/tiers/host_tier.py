@@ -13,16 +13,22 @@ from typing import Callable
 
 import torch
 
-from runtime.kvcache.tiers.host_pool import HostKVPool, copy_kv
-from runtime.kvcache.pool import KVPool
 from runtime.kvcache.lru_queue import LRUQueue
+from runtime.kvcache.pool import KVPool
 from runtime.kvcache.radix_cache import RadixCache, TreeNode
+from runtime.kvcache.tiers.host_pool import HostKVPool, copy_kv
 from runtime.kvcache.tiers.tier_record import host_slots, record
 
 
 class HostTier:
-    def __init__(self, kv: KVPool, host: HostKVPool, tree: RadixCache,
-                 before_drop: Callable[[TreeNode], None], counters: dict[str, int]):
+    def __init__(
+        self,
+        kv: KVPool,
+        host: HostKVPool,
+        tree: RadixCache,
+        before_drop: Callable[[TreeNode], None],
+        counters: dict[str, int],
+    ):
         self.kv = kv
         self.host = host
         self.tree = tree
@@ -32,8 +38,12 @@ class HostTier:
         self.lru = LRUQueue(self._evictable)
 
     def _evictable(self, node: TreeNode) -> bool:
-        return (host_slots(node) is not None and not node.evicted and node not in self.busy
-                and (node.value is not None or not node.children))
+        return (
+            host_slots(node) is not None
+            and not node.evicted
+            and node not in self.busy
+            and (node.value is not None or not node.children)
+        )
 
     def backup(self, node: TreeNode) -> bool:
         """Copy a device node's KV into host slots (it stays on the device); False: no room."""

@@ -25,16 +25,20 @@ def _config(hf: dict) -> dict:
     factor = float(hf.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0)
     rotary_dim = int(head_dim * factor)
     if rotary_dim % 2 or (head_dim - rotary_dim) % 2 or rotary_dim <= 0:
-        raise ModelLoadError(f"config.json: partial_rotary_factor {factor} gives {rotary_dim} of {head_dim} "
-                             "head dims: both parts must be even")
+        raise ModelLoadError(
+            f"config.json: partial_rotary_factor {factor} gives {rotary_dim} of {head_dim} "
+            "head dims: both parts must be even"
+        )
     out: dict = {"rotary_dim": rotary_dim}
     kind = rope.get("rope_type") or rope.get("type") or "default"
     if kind in ("su", "yarn"):  # Phi-3's early names for longrope (transformers' Phi3Config maps them too)
         kind = "longrope"
     if kind == "longrope":
         rope["rope_type"] = "longrope"
-        rope.setdefault("original_max_position_embeddings",
-                        int(hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings", 4096)))
+        rope.setdefault(
+            "original_max_position_embeddings",
+            int(hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings", 4096)),
+        )
         out["rope_scaling"] = rope
     return out
 
@@ -77,8 +81,12 @@ def _gguf_config(field: GGUFField, tensor: GGUFTensor) -> dict:
     long, short = tensor("rope_factors_long.weight"), tensor("rope_factors_short.weight")
     if long is not None and short is not None:
         orig = int(field("rope.scaling.original_context_length", field("context_length", 4096)))
-        rope = {"rope_type": "longrope", "long_factor": long, "short_factor": short,
-                "original_max_position_embeddings": orig}
+        rope = {
+            "rope_type": "longrope",
+            "long_factor": long,
+            "short_factor": short,
+            "original_max_position_embeddings": orig,
+        }
         attn = field("rope.scaling.attn_factor", None)
         if attn is not None:
             rope["attention_factor"] = float(attn)

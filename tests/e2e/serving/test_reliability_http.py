@@ -15,11 +15,12 @@ import socket
 import threading
 import time
 import uuid
+
 import httpx
 import pytest
 
-from gateway.auth import tenant_id
 from bench.server_process import MODEL, JumpgateServer, is_idle
+from gateway.auth import tenant_id
 
 KEYS = {"load": "sk-load-0001", "alice": "sk-alice-0001", "bob": "sk-bob-0001"}
 MAX_RUNNING, MAX_WAITING = 2, 2
@@ -34,9 +35,18 @@ def auth(who: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    args = ["--num-threads", "1", "--max-running-requests", str(MAX_RUNNING),
-            "--max-waiting-requests", str(MAX_WAITING), "--max-concurrent-requests", "16",
-            "--grammar-compile-timeout", "10"]
+    args = [
+        "--num-threads",
+        "1",
+        "--max-running-requests",
+        str(MAX_RUNNING),
+        "--max-waiting-requests",
+        str(MAX_WAITING),
+        "--max-concurrent-requests",
+        "16",
+        "--grammar-compile-timeout",
+        "10",
+    ]
     for key in KEYS.values():
         args += ["--api-key", key]
     srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-reliability"), kv_pool_tokens=8192, extra_args=args)
@@ -60,8 +70,9 @@ def test_full_queue_is_refused_at_once_and_health_stays_fast(server):
     """MAX_RUNNING requests run and MAX_WAITING wait; the next one is a 503 with Retry-After at once
     (the queue is bounded, nothing piles up), and /health keeps answering within 100 ms."""
     # 3500 tokens each, EOS ignored: the held requests outlast the checks below on any host (two fit the pool)
-    long_body = chat_body("Write a very long story about a lighthouse keeper.", max_tokens=3500, ignore_eos=True,
-                          stream=True)
+    long_body = chat_body(
+        "Write a very long story about a lighthouse keeper.", max_tokens=3500, ignore_eos=True, stream=True
+    )
     held = MAX_RUNNING + MAX_WAITING
 
     async def hold(client: httpx.AsyncClient, i: int) -> None:
@@ -86,17 +97,22 @@ def test_full_queue_is_refused_at_once_and_health_stays_fast(server):
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             tasks = [asyncio.ensure_future(hold(client, i)) for i in range(held)]
             try:
-                m = await asyncio.to_thread(server.wait_metrics, lambda m: (
-                    m.get("jumpgate_running_requests") == MAX_RUNNING
-                    and m.get("jumpgate_waiting_requests") == MAX_WAITING))
+                m = await asyncio.to_thread(
+                    server.wait_metrics,
+                    lambda m: (
+                        m.get("jumpgate_running_requests") == MAX_RUNNING
+                        and m.get("jumpgate_waiting_requests") == MAX_WAITING
+                    ),
+                )
                 assert m["jumpgate_running_requests"] == MAX_RUNNING, m
                 assert m["jumpgate_waiting_requests"] == MAX_WAITING, m
 
                 refusals = []
                 for stream in (False, True):
                     t0 = time.perf_counter()
-                    r = await client.post("/v1/chat/completions", headers=auth("load"),
-                                          json=chat_body("one more, please", stream=stream))
+                    r = await client.post(
+                        "/v1/chat/completions", headers=auth("load"), json=chat_body("one more, please", stream=stream)
+                    )
                     refusals.append((r, time.perf_counter() - t0))
                 latencies = await asyncio.to_thread(health_latencies)
                 during = await asyncio.to_thread(server.metrics)
@@ -121,8 +137,12 @@ def test_full_queue_is_refused_at_once_and_health_stays_fast(server):
     # the held requests were cancelled by their clients: everything is released
     m = server.wait_metrics(timeout_s=30)
     assert is_idle(m), m
-    assert httpx.post(server.url + "/v1/chat/completions", headers=auth("load"), timeout=60,
-                      json=chat_body("still serving?")).status_code == 200
+    assert (
+        httpx.post(
+            server.url + "/v1/chat/completions", headers=auth("load"), timeout=60, json=chat_body("still serving?")
+        ).status_code
+        == 200
+    )
 
 
 # --------------------------------------------------------------------------- 7. tenant isolation
@@ -155,14 +175,23 @@ def test_tenants_pay_their_own_prefill_and_salt_splits_further(server):
 
     explain = httpx.post(server.url + "/v1/cache/explain", json=chat_body(content), headers=auth("bob"), timeout=60)
     assert explain.status_code == 200 and explain.json()["cached_tokens"] > 0
-    explain = httpx.post(server.url + "/v1/cache/explain", json=chat_body(content, cache_salt="never-used"),
-                         headers=auth("bob"), timeout=60)
+    explain = httpx.post(
+        server.url + "/v1/cache/explain",
+        json=chat_body(content, cache_salt="never-used"),
+        headers=auth("bob"),
+        timeout=60,
+    )
     assert explain.status_code == 200 and explain.json()["cached_tokens"] == 0
 
 
 def test_another_tenants_schema_is_not_found(server):
-    schema = {"type": "object", "properties": {"tag": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
-              "required": ["tag", "n"], "additionalProperties": False, "title": uuid.uuid4().hex}
+    schema = {
+        "type": "object",
+        "properties": {"tag": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["tag", "n"],
+        "additionalProperties": False,
+        "title": uuid.uuid4().hex,
+    }
     with httpx.Client(base_url=server.url, timeout=60) as c:
         up = c.post("/v1/schemas", json={"schema": schema, "name": "alice-only"}, headers=auth("alice"))
         assert up.status_code == 201, up.text
@@ -221,14 +250,24 @@ def test_schemas_never_trigger_network_access(gateway_client, listener):
     ]
     for schema in hostile_schemas:
         rf = {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}
-        chat = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 4, "response_format": rf,
-                                                         "messages": [{"role": "user", "content": "hi"}]})
+        chat = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "max_tokens": 4,
+                "response_format": rf,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
         upload = client.post("/v1/schemas", json={"schema": schema})
-        completion = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4,
-                                                          "response_format": rf})
+        completion = client.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4, "response_format": rf}
+        )
         tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
-        tools = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 4, "tools": [tool],
-                                                          "messages": [{"role": "user", "content": "hi"}]})
+        tools = client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "max_tokens": 4, "tools": [tool], "messages": [{"role": "user", "content": "hi"}]},
+        )
         for resp in (chat, upload, completion, tools):
             assert resp.status_code == 400, (schema, resp.text)
             assert resp.json()["error"]["message"]
@@ -239,8 +278,15 @@ def test_registry_paths_cannot_leave_the_folder(gateway_client, tmp_path):
     client = gateway_client()
     secret = tmp_path / "secret.json"
     secret.write_text('{"id": "sch_0000000000000000", "kind": "regex", "payload": "x", "created": 0}')
-    for bad in ("..%2Fsecret", "..%2F..%2Fsecret", "sch_..%2F..%2Fsecret", "%2Fetc%2Fpasswd", "sch_%00", "..",
-                "sch_" + "a" * 16 + "%2F..%2F..%2Fsecret"):
+    for bad in (
+        "..%2Fsecret",
+        "..%2F..%2Fsecret",
+        "sch_..%2F..%2Fsecret",
+        "%2Fetc%2Fpasswd",
+        "sch_%00",
+        "..",
+        "sch_" + "a" * 16 + "%2F..%2F..%2Fsecret",
+    ):
         for method in ("GET", "DELETE"):
             resp = client.request(method, f"/v1/schemas/{bad}")
             assert resp.status_code in (400, 404, 405), (method, bad, resp.status_code)
@@ -257,12 +303,19 @@ def test_size_limits_on_every_input(gateway_client, fake_engine):
         return resp.json()["error"]
 
     # bodies, on every POST route
-    assert error(client.post("/v1/chat/completions", json={"model": MODEL, "messages": [
-        {"role": "user", "content": big}]}), 413)["code"] == "request_too_large"
+    assert (
+        error(
+            client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": big}]}),
+            413,
+        )["code"]
+        == "request_too_large"
+    )
     assert error(client.post("/v1/completions", json={"model": MODEL, "prompt": big}), 413)
     assert error(client.post("/v1/schemas", json={"regex": big}), 413)
-    assert error(client.post("/v1/cache/explain", json={"model": MODEL, "messages": [
-        {"role": "user", "content": big}]}), 413)
+    assert error(
+        client.post("/v1/cache/explain", json={"model": MODEL, "messages": [{"role": "user", "content": big}]}), 413
+    )
+
     # n, max_tokens and choices, on both generation routes
     def param(route: str, **fields) -> str | None:
         body = {"model": MODEL, **({"prompt": "x"} if route == "/v1/completions" else {"messages": user}), **fields}
@@ -276,14 +329,18 @@ def test_size_limits_on_every_input(gateway_client, fake_engine):
     assert param("/v1/chat/completions", stop=[str(i) for i in range(17)]) == "stop"
     # messages: many small ones fit the body limit but not the context
     many = [{"role": "user", "content": "hello there"}] * 1500
-    assert error(client.post("/v1/chat/completions", json={"model": MODEL, "messages": many}),
-                 400)["code"] == "context_length_exceeded"
+    assert (
+        error(client.post("/v1/chat/completions", json={"model": MODEL, "messages": many}), 400)["code"]
+        == "context_length_exceeded"
+    )
     assert fake_engine.submitted == []  # nothing above reached the engine
 
     # schemas: within the default body limit, over the spec limit
     roomy = gateway_client()
-    huge_schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "d" * 100}
-                                                    for i in range(10000)}}
+    huge_schema = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string", "description": "d" * 100} for i in range(10000)},
+    }
     err = error(roomy.post("/v1/schemas", json={"schema": huge_schema}), 400)
     assert "byte limit" in err["message"] and err["param"] == "schema"
     err = error(roomy.post("/v1/schemas", json={"regex": "a" * 1_000_001}), 400)
@@ -302,8 +359,14 @@ def upload_loop(server: JumpgateServer, stop: threading.Event, acked: list, work
             if i % 2:
                 payload = {"regex": f"w{worker}n{i}-[a-z]{{1,8}}"}
             else:
-                payload = {"schema": {"type": "object", "properties": {f"w{worker}n{i}": {"type": "integer"}},
-                                      "required": [f"w{worker}n{i}"], "additionalProperties": False}}
+                payload = {
+                    "schema": {
+                        "type": "object",
+                        "properties": {f"w{worker}n{i}": {"type": "integer"}},
+                        "required": [f"w{worker}n{i}"],
+                        "additionalProperties": False,
+                    }
+                }
             try:
                 resp = c.post("/v1/schemas", json=payload, headers=auth("load"))
             except httpx.HTTPError:

@@ -18,10 +18,20 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def start(tmp_path: Path, *argv: str, cache_dir: Path | None = None) -> subprocess.CompletedProcess:
     """`jumpgate serve ARGV` with its default folders under tmp_path (never the user's own)."""
-    env = {**os.environ, "JUMPGATE_CACHE_DIR": str(cache_dir or tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    return subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", *argv],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "JUMPGATE_CACHE_DIR": str(cache_dir or tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def one_error_line(out: subprocess.CompletedProcess) -> str:
@@ -74,11 +84,14 @@ def test_missing_model(tmp_path):
     assert str(tmp_path / "nowhere") in line and "no such model" in line
 
 
-@pytest.mark.parametrize(("argv", "named"), [
-    (["--port", "70000"], "--port"),  # a bound the settings check
-    (["--jump-forward", "sideways"], "--jump-forward"),  # a choice argparse checks
-    (["--max-n", "many"], "--max-n"),  # not a number
-])
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--port", "70000"], "--port"),  # a bound the settings check
+        (["--jump-forward", "sideways"], "--jump-forward"),  # a choice argparse checks
+        (["--max-n", "many"], "--max-n"),  # not a number
+    ],
+)
 def test_bad_flag_value(tmp_path, argv, named):
     out = start(tmp_path, *argv)
     assert out.returncode == 2  # as argparse: a usage error

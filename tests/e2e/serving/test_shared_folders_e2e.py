@@ -13,8 +13,12 @@ from bench.server_process import JumpgateServer
 
 pytestmark = pytest.mark.e2e
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-          "required": ["city"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 STRICT = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": SCHEMA}}
 
 
@@ -23,8 +27,13 @@ def model_id(server: JumpgateServer) -> str:
 
 
 def strict_chat(server: JumpgateServer) -> dict:
-    body = {"model": model_id(server), "messages": [{"role": "user", "content": "Name a city."}],
-            "response_format": STRICT, "max_tokens": 24, "temperature": 0}
+    body = {
+        "model": model_id(server),
+        "messages": [{"role": "user", "content": "Name a city."}],
+        "response_format": STRICT,
+        "max_tokens": 24,
+        "temperature": 0,
+    }
     r = httpx.post(server.base_url + "/chat/completions", json=body, timeout=180)
     assert r.status_code == 200, r.text
     return r.json()
@@ -40,8 +49,11 @@ def test_a_second_model_keeps_and_the_first_reuses_every_file(tmp_path, other_mo
         strict_chat(first)
         uploaded = httpx.post(first.base_url + "/schemas", json={"name": "city", "schema": SCHEMA}, timeout=30)
         assert uploaded.status_code in (200, 201), uploaded.text
-        stored = httpx.post(first.base_url + "/responses", json={"model": model_id(first), "input": "Hi.",
-                                                                 "max_output_tokens": 4, "store": True}, timeout=180)
+        stored = httpx.post(
+            first.base_url + "/responses",
+            json={"model": model_id(first), "input": "Hi.", "max_output_tokens": 4, "store": True},
+            timeout=180,
+        )
         assert stored.status_code == 200, stored.text
     written = files_under(tmp_path)
     assert any(p.suffix == ".json" and "grammars" in p.parts for p in written), written.keys()

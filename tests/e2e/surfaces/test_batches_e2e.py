@@ -18,17 +18,30 @@ from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e
 
-SYSTEM = ("You extract facts from a sentence about a city and answer with JSON only. "
-          "Keep names as written. " * 6)
-CITY = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
-    "additionalProperties": False}}}
+SYSTEM = "You extract facts from a sentence about a city and answer with JSON only. Keep names as written. " * 6
+CITY = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "city",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 FILE_LIMIT = 64 * 1024
 
 
 def chat_body(sentence: str, max_tokens: int = 12, structured: bool = True) -> dict:
-    body = {"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": sentence}]}
+    body = {
+        "model": MODEL,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": sentence}],
+    }
     return {**body, "response_format": CITY} if structured else body
 
 
@@ -38,16 +51,22 @@ def jsonl(lines: list[dict]) -> io.BytesIO:
 
 def chat_lines(n: int, prefix: str = "c", max_tokens: int = 12, structured: bool = True) -> list[dict]:
     towns = ["Paris", "Lima", "Oslo", "Cairo", "Rome", "Quito", "Accra", "Hanoi", "Riga", "Bern", "Doha", "Sofia"]
-    return [{"custom_id": f"{prefix}{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": chat_body(f"I flew to {towns[i % len(towns)]} in spring {2000 + i}.", max_tokens, structured)}
-            for i in range(n)]
+    return [
+        {
+            "custom_id": f"{prefix}{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": chat_body(f"I flew to {towns[i % len(towns)]} in spring {2000 + i}.", max_tokens, structured),
+        }
+        for i in range(n)
+    ]
 
 
 def wait_batch(client: openai.OpenAI, batch_id: str, timeout_s: float = 120.0, until=None):
     deadline = time.monotonic() + timeout_s
     while True:
         batch = client.batches.retrieve(batch_id)
-        if (until(batch) if until else batch.status in ("completed", "failed", "cancelled", "expired")):
+        if until(batch) if until else batch.status in ("completed", "failed", "cancelled", "expired"):
             return batch
         assert time.monotonic() < deadline, f"batch {batch_id} stuck: {batch}"
         time.sleep(0.2)
@@ -55,8 +74,11 @@ def wait_batch(client: openai.OpenAI, batch_id: str, timeout_s: float = 120.0, u
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-batches"), kv_pool_tokens=16384,
-                         extra_args=["--batch-file-max-bytes", str(FILE_LIMIT), "--batch-concurrency", "4"])
+    srv = JumpgateServer(
+        tmp_path_factory.mktemp("jumpgate-batches"),
+        kv_pool_tokens=16384,
+        extra_args=["--batch-file-max-bytes", str(FILE_LIMIT), "--batch-concurrency", "4"],
+    )
     srv.start()
     try:
         yield srv
@@ -73,8 +95,9 @@ def test_files_and_batches_through_the_official_client(client):
     lines = chat_lines(6)
     f = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     assert f.purpose == "batch" and f.bytes > 0 and client.files.retrieve(f.id).id == f.id
-    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  metadata={"job": "e2e"})
+    batch = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"job": "e2e"}
+    )
     assert batch.status == "validating" and batch.metadata == {"job": "e2e"}
     batch = wait_batch(client, batch.id)
     assert batch.status == "completed", batch
@@ -109,25 +132,35 @@ def test_bad_inputs_are_openai_errors(client, server):
     with pytest.raises(openai.NotFoundError):
         client.files.content("file-" + "0" * 32)
     with pytest.raises(openai.NotFoundError):
-        client.batches.create(input_file_id="file-" + "0" * 32, endpoint="/v1/chat/completions",
-                              completion_window="24h")
-    f = client.files.create(file=("in.jsonl", io.BytesIO(b'{"custom_id": "a", "method": "POST"\nnot json\n')),
-                            purpose="batch")
+        client.batches.create(
+            input_file_id="file-" + "0" * 32, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    f = client.files.create(
+        file=("in.jsonl", io.BytesIO(b'{"custom_id": "a", "method": "POST"\nnot json\n')), purpose="batch"
+    )
     with pytest.raises(openai.BadRequestError) as e:
         client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
     assert e.value.body["param"] == "endpoint"
-    failed = wait_batch(client, client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                                      completion_window="24h").id)
+    failed = wait_batch(
+        client, client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    )
     assert failed.status == "failed" and {(x.line, x.code) for x in failed.errors.data} == {
-        (1, "invalid_json_line"), (2, "invalid_json_line")}
+        (1, "invalid_json_line"),
+        (2, "invalid_json_line"),
+    }
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_missing")
     # a line the online route refuses is answered in the error file with that route's error
     bad = chat_lines(2, prefix="b")
     bad[1]["body"]["max_tokens"] = -1
-    done = wait_batch(client, client.batches.create(input_file_id=client.files.create(
-        file=("in.jsonl", jsonl(bad)), purpose="batch").id, endpoint="/v1/chat/completions",
-        completion_window="24h").id)
+    done = wait_batch(
+        client,
+        client.batches.create(
+            input_file_id=client.files.create(file=("in.jsonl", jsonl(bad)), purpose="batch").id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        ).id,
+    )
     assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
     [err] = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
     assert err["custom_id"] == "b1" and err["response"]["status_code"] == 400
@@ -136,7 +169,9 @@ def test_bad_inputs_are_openai_errors(client, server):
 
 
 def test_cancel_a_running_batch(client, server):
-    f = client.files.create(file=("in.jsonl", jsonl(chat_lines(40, prefix="x", max_tokens=16, structured=False))), purpose="batch")
+    f = client.files.create(
+        file=("in.jsonl", jsonl(chat_lines(40, prefix="x", max_tokens=16, structured=False))), purpose="batch"
+    )
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_batch(client, batch.id, until=lambda b: b.status == "in_progress")
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")

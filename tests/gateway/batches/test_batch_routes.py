@@ -19,8 +19,12 @@ def jsonl(lines: list[dict]) -> bytes:
 
 
 def chat_line(i: int, content: str = "Hi") -> dict:
-    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"{content} {i}"}], "max_tokens": 8}}
+    return {
+        "custom_id": f"req-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": f"{content} {i}"}], "max_tokens": 8},
+    }
 
 
 def upload(client, data: bytes, purpose: str = "batch", name: str = "in.jsonl"):
@@ -54,13 +58,31 @@ def client(gateway_client):
 
 
 def test_a_batch_runs_to_its_output_file_at_background_priority(client, fake_engine):
-    f = upload(client, jsonl([chat_line(i) for i in range(5)] + [
-        {"custom_id": "bad-model", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}]))
+    f = upload(
+        client,
+        jsonl(
+            [chat_line(i) for i in range(5)]
+            + [
+                {
+                    "custom_id": "bad-model",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+                }
+            ]
+        ),
+    )
     assert f.status_code == 200, f.text
     assert f.json()["purpose"] == "batch" and f.json()["object"] == "file" and f.json()["bytes"] > 0
-    created = client.post("/v1/batches", json={"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions",
-                                               "completion_window": "24h", "metadata": {"k": "v"}})
+    created = client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": f.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": {"k": "v"},
+        },
+    )
     assert created.status_code == 200, created.text
     assert created.json()["status"] == "validating" and created.json()["metadata"] == {"k": "v"}
     batch = wait_final(client, created.json()["id"])
@@ -91,11 +113,18 @@ def test_online_requests_keep_priority_zero(client, fake_engine):
 
 
 def test_a_file_with_bad_lines_fails_the_batch_listing_each_line(client):
-    data = (json.dumps(chat_line(0)) + "\nnot json\n" + json.dumps(chat_line(0)) + "\n"
-            + json.dumps({**chat_line(3), "url": "/v1/completions"}) + "\n").encode()
+    data = (
+        json.dumps(chat_line(0))
+        + "\nnot json\n"
+        + json.dumps(chat_line(0))
+        + "\n"
+        + json.dumps({**chat_line(3), "url": "/v1/completions"})
+        + "\n"
+    ).encode()
     f = upload(client, data).json()
-    created = client.post("/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
-                                               "completion_window": "24h"}).json()
+    created = client.post(
+        "/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    ).json()
     batch = wait_final(client, created["id"])
     assert batch["status"] == "failed" and batch["output_file_id"] is None
     errors = {(e["line"], e["code"]) for e in batch["errors"]["data"]}
@@ -112,11 +141,16 @@ def test_bad_inputs_get_the_api_error_shape(client):
     assert_error(client.delete("/v1/files/file-" + "1" * 32), 404)
     f = upload(client, jsonl([chat_line(0)])).json()
     body = {"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
-    assert_error(client.post("/v1/batches", json={**body, "endpoint": "/v1/embeddings"}), 400, "endpoint",
-                 "invalid_endpoint")
+    assert_error(
+        client.post("/v1/batches", json={**body, "endpoint": "/v1/embeddings"}), 400, "endpoint", "invalid_endpoint"
+    )
     assert_error(client.post("/v1/batches", json={**body, "completion_window": "1h"}), 400, "completion_window")
-    assert_error(client.post("/v1/batches", json={**body, "input_file_id": "file-" + "2" * 32}), 404,
-                 "input_file_id", "file_not_found")
+    assert_error(
+        client.post("/v1/batches", json={**body, "input_file_id": "file-" + "2" * 32}),
+        404,
+        "input_file_id",
+        "file_not_found",
+    )
     assert_error(client.post("/v1/batches", json={"endpoint": "/v1/completions"}), 400)
     assert_error(client.post("/v1/batches", content=b"{not json", headers={"content-type": "application/json"}), 400)
     assert_error(client.get("/v1/batches/batch_nope"), 404, "batch_id", "batch_not_found")
@@ -127,8 +161,12 @@ def test_bad_inputs_get_the_api_error_shape(client):
     assert_error(client.post(f"/v1/batches/{done['id']}/cancel"), 409, "batch_id", "batch_not_cancellable")
     out = client.get(f"/v1/files/{done['output_file_id']}").json()
     assert out["purpose"] == "batch_output"
-    assert_error(client.post("/v1/batches", json={**body, "input_file_id": out["id"]}), 400, "input_file_id",
-                 "invalid_file_purpose")
+    assert_error(
+        client.post("/v1/batches", json={**body, "input_file_id": out["id"]}),
+        400,
+        "input_file_id",
+        "invalid_file_purpose",
+    )
     assert client.delete(f"/v1/files/{f['id']}").json() == {"id": f["id"], "object": "file", "deleted": True}
     assert_error(client.get(f"/v1/files/{f['id']}/content"), 404)
 
@@ -138,8 +176,9 @@ def test_cancel_stops_a_running_batch_and_aborts_its_lines(gateway_client, fake_
     fake_engine.reply = lambda req: "x" * 300
     fake_engine.delay = 0.02  # 100 events: ~2 s a line
     f = upload(client, jsonl([chat_line(i) for i in range(6)])).json()
-    created = client.post("/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
-                                               "completion_window": "24h"}).json()
+    created = client.post(
+        "/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    ).json()
     deadline = time.monotonic() + 10
     while client.get(f"/v1/batches/{created['id']}").json()["status"] != "in_progress" and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -156,8 +195,12 @@ def test_cancel_stops_a_running_batch_and_aborts_its_lines(gateway_client, fake_
 def test_tenants_see_only_their_own_files_and_batches(gateway_client):
     client = gateway_client(api_keys=["key-a", "key-b"])
     a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
-    f = client.post("/v1/files", files={"file": ("in.jsonl", jsonl([chat_line(0)]), "application/jsonl")},
-                    data={"purpose": "batch"}, headers=a).json()
+    f = client.post(
+        "/v1/files",
+        files={"file": ("in.jsonl", jsonl([chat_line(0)]), "application/jsonl")},
+        data={"purpose": "batch"},
+        headers=a,
+    ).json()
     assert client.get(f"/v1/files/{f['id']}", headers=a).status_code == 200
     assert_error(client.get(f"/v1/files/{f['id']}", headers=b), 404)
     assert client.get("/v1/files", headers=b).json()["data"] == []
@@ -169,15 +212,25 @@ def test_tenants_see_only_their_own_files_and_batches(gateway_client):
 
 
 def test_text_completion_lines_answer_like_the_online_route(client):
-    lines = [{"custom_id": f"t{i}", "method": "POST", "url": "/v1/completions",
-              "body": {"model": MODEL, "prompt": f"Shared header\nrow {i}", "max_tokens": 4}} for i in range(3)]
+    lines = [
+        {
+            "custom_id": f"t{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": MODEL, "prompt": f"Shared header\nrow {i}", "max_tokens": 4},
+        }
+        for i in range(3)
+    ]
     f = upload(client, jsonl(lines)).json()
-    batch = wait_final(client, client.post("/v1/batches", json={
-        "input_file_id": f["id"], "endpoint": "/v1/completions", "completion_window": "24h"}).json()["id"])
+    batch = wait_final(
+        client,
+        client.post(
+            "/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/completions", "completion_window": "24h"}
+        ).json()["id"],
+    )
     assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 3
     out = [json.loads(x) for x in client.get(f"/v1/files/{batch['output_file_id']}/content").content.splitlines()]
     online = client.post("/v1/completions", json=lines[0]["body"]).json()
     first = next(x["response"]["body"] for x in out if x["custom_id"] == "t0")
     assert first["object"] == online["object"] == "text_completion"
     assert first["choices"] == online["choices"] and first["usage"] == online["usage"]
-

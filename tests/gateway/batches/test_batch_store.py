@@ -18,8 +18,12 @@ EP = "/v1/chat/completions"
 
 
 def line(i: int, system: str, user: str, index: int | None = None) -> BatchLine:
-    return BatchLine(index=i if index is None else index, custom_id=f"c{i}", url=EP, body={
-        "model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+    return BatchLine(
+        index=i if index is None else index,
+        custom_id=f"c{i}",
+        url=EP,
+        body={"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]},
+    )
 
 
 def test_file_store_is_per_tenant_and_survives_a_reopen(tmp_path):
@@ -48,8 +52,15 @@ def test_an_output_file_is_invisible_until_finished(tmp_path):
 
 def test_batch_store_state_machine_persists_each_change(tmp_path):
     store = BatchStore(tmp_path)
-    b = BatchObject(id=new_batch_id(), endpoint=EP, input_file_id="file-x", completion_window="24h",
-                    status="validating", created_at=1, expires_at=2)
+    b = BatchObject(
+        id=new_batch_id(),
+        endpoint=EP,
+        input_file_id="file-x",
+        completion_window="24h",
+        status="validating",
+        created_at=1,
+        expires_at=2,
+    )
     store.add("tA", b)
     store.transition("tA", b, "in_progress")
     b.request_counts.completed = 3
@@ -67,24 +78,43 @@ def test_batch_store_state_machine_persists_each_change(tmp_path):
 
 def test_parse_lines_lists_every_bad_line():
     good = {"custom_id": "a", "method": "POST", "url": EP, "body": {"model": "m"}}
-    data = "\n".join([
-        json.dumps(good), "{oops", json.dumps([1]), json.dumps({**good, "custom_id": ""}), json.dumps(good),
-        json.dumps({**good, "custom_id": "b", "method": "GET"}), json.dumps({**good, "custom_id": "c", "body": 3}),
-        "", json.dumps({**good, "custom_id": "d"}),
-    ]).encode()
+    data = "\n".join(
+        [
+            json.dumps(good),
+            "{oops",
+            json.dumps([1]),
+            json.dumps({**good, "custom_id": ""}),
+            json.dumps(good),
+            json.dumps({**good, "custom_id": "b", "method": "GET"}),
+            json.dumps({**good, "custom_id": "c", "body": 3}),
+            "",
+            json.dumps({**good, "custom_id": "d"}),
+        ]
+    ).encode()
     lines, errors = parse_lines(data, EP, 100)
     assert [x.custom_id for x in lines] == ["a", "d"] and lines[1].index == 8
     assert [(e.line, e.code) for e in errors] == [
-        (2, "invalid_json_line"), (3, "invalid_request"), (4, "missing_required_parameter"),
-        (5, "duplicate_custom_id"), (6, "invalid_method"), (7, "invalid_request")]
+        (2, "invalid_json_line"),
+        (3, "invalid_request"),
+        (4, "missing_required_parameter"),
+        (5, "duplicate_custom_id"),
+        (6, "invalid_method"),
+        (7, "invalid_request"),
+    ]
     assert parse_lines(b"\n\n", EP, 100)[1][0].code == "empty_file"
     assert parse_lines(data, EP, 1)[1][-1].code == "too_many_requests"
 
 
 def test_run_order_groups_shared_prefixes_longest_saving_first():
     long_sys, short_sys = "L" * 500, "S" * 50
-    lines = [line(0, short_sys, "q2"), line(1, long_sys, "b"), line(2, "alone", "x"), line(3, short_sys, "q1"),
-             line(4, long_sys, "a"), line(5, long_sys, "c")]
+    lines = [
+        line(0, short_sys, "q2"),
+        line(1, long_sys, "b"),
+        line(2, "alone", "x"),
+        line(3, short_sys, "q1"),
+        line(4, long_sys, "a"),
+        line(5, long_sys, "c"),
+    ]
     order = [x.custom_id for x in run_order(lines)]
     # the long system prompt's three lines first (each sorted by the rest), then the short one's two
     assert order == ["c4", "c1", "c5", "c3", "c0", "c2"]
@@ -94,7 +124,12 @@ def test_run_order_of_text_completions_groups_by_the_prompt_head():
     def text(i, prompt):
         return BatchLine(index=i, custom_id=f"t{i}", url="/v1/completions", body={"model": "m", "prompt": prompt})
 
-    lines = [text(0, "Schema A\nrow 2"), text(1, "Schema B\nrow 1"), text(2, "Schema A\nrow 1"), text(3, "Schema B\nrow 0")]
+    lines = [
+        text(0, "Schema A\nrow 2"),
+        text(1, "Schema B\nrow 1"),
+        text(2, "Schema A\nrow 1"),
+        text(3, "Schema B\nrow 0"),
+    ]
     assert [x.custom_id for x in run_order(lines)] == ["t2", "t0", "t3", "t1"]
 
 
@@ -131,8 +166,15 @@ def run_batch(tmp_path, caller, lines):
 
     files, store = FileStore(tmp_path / "files"), BatchStore(tmp_path / "batches")
     f = files.create("", io.BytesIO(b"".join(json.dumps(x).encode() + b"\n" for x in lines)), "in.jsonl", "batch")
-    b = BatchObject(id=new_batch_id(), endpoint=EP, input_file_id=f.id, completion_window="24h",
-                    status="validating", created_at=int(time.time()), expires_at=int(time.time()) + 60)
+    b = BatchObject(
+        id=new_batch_id(),
+        endpoint=EP,
+        input_file_id=f.id,
+        completion_window="24h",
+        status="validating",
+        created_at=int(time.time()),
+        expires_at=int(time.time()) + 60,
+    )
     store.add("", b)
 
     async def go():
@@ -149,9 +191,18 @@ def run_batch(tmp_path, caller, lines):
 
 
 def test_the_runner_answers_in_prefix_order_and_keeps_a_raising_line(tmp_path):
-    lines = [{"custom_id": f"c{i}", "method": "POST", "url": EP, "body": {
-        "model": "m", "messages": [{"role": "system", "content": "AB"[i % 2] * 300}, {"role": "user", "content": f"u{i}"}]}}
-        for i in range(6)]
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": EP,
+            "body": {
+                "model": "m",
+                "messages": [{"role": "system", "content": "AB"[i % 2] * 300}, {"role": "user", "content": f"u{i}"}],
+            },
+        }
+        for i in range(6)
+    ]
     caller = ScriptedCaller(fail={"u3"})
     files, b = run_batch(tmp_path, caller, lines)
     assert b.status == "completed" and (b.request_counts.completed, b.request_counts.failed) == (5, 1)

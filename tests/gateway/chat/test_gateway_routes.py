@@ -23,7 +23,7 @@ def sse_events(resp) -> list:
         if not block.strip():
             continue
         assert block.startswith("data: "), block
-        payload = block[len("data: "):]
+        payload = block[len("data: ") :]
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
@@ -146,9 +146,15 @@ def test_tool_call_stream_deltas(gateway_client, fake_engine):
 
 
 def test_json_schema_constraint_reaches_engine(gateway_client, fake_engine, tokenizer):
-    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["b", "a"]}
+    schema = {
+        "type": "object",
+        "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+        "required": ["b", "a"],
+    }
     fake_engine.reply = lambda req: '{"b":1,"a":"x"}'
-    resp = chat(gateway_client(), response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+    resp = chat(
+        gateway_client(), response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    )
     assert resp.status_code == 200
     req = fake_engine.submitted[0]
     assert req.constraint.kind == "json_schema" and req.strict
@@ -176,8 +182,9 @@ def test_jump_forward_mode_passed(gateway_client, fake_engine):
 
 
 def test_text_completion(gateway_client, fake_engine, tokenizer):
-    resp = gateway_client().post("/v1/completions", json={"model": MODEL, "prompt": "Once upon", "max_tokens": 5,
-                                                          "echo": True})
+    resp = gateway_client().post(
+        "/v1/completions", json={"model": MODEL, "prompt": "Once upon", "max_tokens": 5, "echo": True}
+    )
     body = resp.json()
     assert resp.status_code == 200 and body["object"] == "text_completion"
     assert body["choices"][0]["text"] == "Once upon" + "Hello there!"
@@ -194,8 +201,10 @@ def test_text_completion_prompt_shapes(gateway_client, fake_engine):
 
 
 def test_text_completion_stream(gateway_client):
-    resp = gateway_client().post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True,
-                                                          "stream_options": {"include_usage": True}})
+    resp = gateway_client().post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "x", "stream": True, "stream_options": {"include_usage": True}},
+    )
     events = sse_events(resp)
     assert events[-1] == "[DONE]"
     text = "".join(c["text"] for e in events[:-1] for c in e["choices"])
@@ -244,8 +253,11 @@ def test_schema_registry_roundtrip(gateway_client, fake_engine):
     resp = chat(client, schema_id=entry["id"])
     assert resp.status_code == 200 and fake_engine.submitted[-1].constraint.kind == "json_schema"
 
-    assert client.delete(f"/v1/schemas/{entry['id']}").json() == {"id": entry["id"], "deleted": True,
-                                                                   "object": "schema"}
+    assert client.delete(f"/v1/schemas/{entry['id']}").json() == {
+        "id": entry["id"],
+        "deleted": True,
+        "object": "schema",
+    }
     assert chat(client, schema_id=entry["id"]).status_code == 404
 
 
@@ -293,8 +305,11 @@ def test_health_and_metrics(gateway_client):
     chat(client)
     resp = client.get("/metrics")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
-    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
-         for family in text_string_to_metric_families(resp.text) for s in family.samples}
+    m = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(resp.text)
+        for s in family.samples
+    }
     assert m[("jumpgate_requests_total", (("outcome", "success"), ("route", "chat")))] == 1
     assert m[("jumpgate_generation_tokens_total", ())] == 4
     assert m[("jumpgate_cached_prompt_tokens_total", ())] == 3
@@ -342,10 +357,19 @@ async def _drive(app, body: dict, disconnect_after_chunks: int | None) -> tuple[
             gone.set()  # as a server does once the response is complete
 
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
-        "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "state": {},
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
     }
     await asyncio.wait_for(app(scope, receive, send), timeout=20)
     return sent, gone.is_set()
@@ -384,7 +408,9 @@ def test_nonstream_disconnect_aborts_engine_request(fake_engine, gateway_grammar
 
 def test_finished_stream_does_not_abort(fake_engine, gateway_grammar, tmp_path):
     app = _app(fake_engine, gateway_grammar, tmp_path)
-    sent, _ = asyncio.run(_drive(app, {"model": MODEL, "messages": USER, "stream": True}, disconnect_after_chunks=10**6))
+    sent, _ = asyncio.run(
+        _drive(app, {"model": MODEL, "messages": USER, "stream": True}, disconnect_after_chunks=10**6)
+    )
     assert b"[DONE]" in b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     assert fake_engine.aborted == []
 

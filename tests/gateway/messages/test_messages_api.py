@@ -12,8 +12,11 @@ from runtime.api import EngineError
 
 MODEL = "SmolLM2-135M-Instruct"
 CALL_TEXT = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
-WEATHER = {"name": "get_weather", "description": "Weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 HEADERS = {"anthropic-version": "2023-06-01"}
 
 
@@ -32,7 +35,7 @@ def events_of(resp) -> list[tuple[str, dict]]:
         if block.strip():
             head, _, data = block.partition("\ndata: ")
             assert head.startswith("event: "), block
-            out.append((head[len("event: "):], json.loads(data)))
+            out.append((head[len("event: ") :], json.loads(data)))
     return out
 
 
@@ -52,8 +55,12 @@ def test_text_message_shape_and_usage(gateway_client, fake_engine):
     assert body["content"] == [{"type": "text", "text": "Hello there!"}]
     assert body["stop_reason"] == "end_turn" and body["stop_sequence"] is None
     prompt = len(fake_engine.submitted[0].prompt_ids)
-    assert body["usage"] == {"input_tokens": prompt - 3, "output_tokens": 4, "cache_creation_input_tokens": 0,
-                             "cache_read_input_tokens": 3}
+    assert body["usage"] == {
+        "input_tokens": prompt - 3,
+        "output_tokens": 4,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 3,
+    }
 
 
 def test_tool_use_and_the_streamed_events(gateway_client, fake_engine):
@@ -68,9 +75,12 @@ def test_tool_use_and_the_streamed_events(gateway_client, fake_engine):
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
     starts = [d["content_block"] for e, d in events if e == "content_block_start"]
     assert [b["type"] for b in starts] == [b["type"] for b in whole["content"]]
-    tool_index = [d["index"] for e, d in events if e == "content_block_start" and d["content_block"]["type"] == "tool_use"][0]
-    joined = "".join(d["delta"]["partial_json"] for e, d in events
-                     if e == "content_block_delta" and d["index"] == tool_index)
+    tool_index = [
+        d["index"] for e, d in events if e == "content_block_start" and d["content_block"]["type"] == "tool_use"
+    ][0]
+    joined = "".join(
+        d["delta"]["partial_json"] for e, d in events if e == "content_block_delta" and d["index"] == tool_index
+    )
     assert json.loads(joined) == use["input"]
     assert names.count("content_block_start") == names.count("content_block_stop")
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
@@ -84,19 +94,31 @@ def test_stream_error_after_start_is_an_error_event(gateway_client, fake_engine)
     assert events[-1][1]["type"] == "error" and events[-1][1]["error"]["type"] == "api_error"
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "'image'"),
-    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
-    ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "'nope'"),
-    ({"tool_choice": {"type": "maybe"}}, "tool_choice"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "no reasoning"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"stop_sequences": [""]}, "stop_sequences"),
-    ({"tools": [{"name": "bad name", "input_schema": {"type": "object"}}]}, "tools[0].name"),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {
-        "type": "string", "pattern": "("}}}}}}, "at 'output_config.format"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "'image'"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "'nope'"),
+        ({"tool_choice": {"type": "maybe"}}, "tool_choice"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "no reasoning"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop_sequences": [""]}, "stop_sequences"),
+        ({"tools": [{"name": "bad name", "input_schema": {"type": "object"}}]}, "tools[0].name"),
+        (
+            {
+                "output_config": {
+                    "format": {
+                        "type": "json_schema",
+                        "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}},
+                    }
+                }
+            },
+            "at 'output_config.format",
+        ),
+    ],
+)
 def test_bad_inputs_answer_in_anthropic_shape(gateway_client, fake_engine, body, words):
     assert_error(create(gateway_client(), **body), 400, "invalid_request_error", words)
     assert not fake_engine.submitted
@@ -139,8 +161,12 @@ def test_count_tokens_is_the_prompt_the_engine_gets(gateway_client, fake_engine)
     create(client, **body)
     assert count.json() == {"input_tokens": len(fake_engine.submitted[0].prompt_ids)}
     assert_error(create(client, "/v1/messages/count_tokens", model="nope"), 404, "not_found_error")
-    assert_error(create(client, "/v1/messages/count_tokens", messages=[{"role": "user", "content": [{"type": "x"}]}]),
-                 400, "invalid_request_error", "'x'")
+    assert_error(
+        create(client, "/v1/messages/count_tokens", messages=[{"role": "user", "content": [{"type": "x"}]}]),
+        400,
+        "invalid_request_error",
+        "'x'",
+    )
 
 
 def test_stop_sequence_is_reported(gateway_client, fake_engine, tokenizer):
@@ -155,6 +181,7 @@ def test_stop_sequence_is_reported(gateway_client, fake_engine, tokenizer):
                 if event.finished:
                     event.token_ids = ids
                 yield event
+
         return events()
 
     fake_engine.submit = ending_on_the_stop_string
@@ -167,7 +194,9 @@ def test_stop_sequence_is_reported(gateway_client, fake_engine, tokenizer):
 def test_cache_control_breakpoint_is_pinned(gateway_client, fake_engine):
     fake_engine.pin_budget = 10_000
     client = gateway_client()
-    system = [{"type": "text", "text": "You answer questions about the weather.", "cache_control": {"type": "ephemeral"}}]
+    system = [
+        {"type": "text", "text": "You answer questions about the weather.", "cache_control": {"type": "ephemeral"}}
+    ]
     assert create(client, system=system).status_code == 200
     deadline = time.monotonic() + 10
     while not fake_engine.pins and time.monotonic() < deadline:
@@ -202,9 +231,20 @@ def test_breakpoint_pins_make_room_and_expire(fake_engine, monkeypatch):
 
 
 def test_sampling_extensions_reach_the_engine(gateway_client, fake_engine):
-    resp = create(gateway_client(), temperature=0.5, top_k=4, seed=3, presence_penalty=0.5, frequency_penalty=0.25,
-                  repetition_penalty=1.1, logit_bias={"42": -100}, min_tokens=2, stop_token_ids=[7], ignore_eos=True,
-                  stop_sequences=["END"])
+    resp = create(
+        gateway_client(),
+        temperature=0.5,
+        top_k=4,
+        seed=3,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repetition_penalty=1.1,
+        logit_bias={"42": -100},
+        min_tokens=2,
+        stop_token_ids=[7],
+        ignore_eos=True,
+        stop_sequences=["END"],
+    )
     assert resp.status_code == 200, resp.text
     p = fake_engine.submitted[0].sampling
     assert (p.temperature, p.top_k, p.seed, p.max_new_tokens, p.stop) == (0.5, 4, 3, 16, ["END"])

@@ -11,25 +11,34 @@ import logging
 import pytest
 
 from grammar.validation.fidelity import LLGUIDANCE, NEVER_MASKED, routed_schema_fidelity
+from tests.gateway.chat.test_gateway_routes import CALL_TEXT, MODEL, WEATHER_TOOL, chat, sse_events
 from tests.grammar.validation.test_fidelity_classifier import NOT_MASKED_CASES
-from tests.gateway.chat.test_gateway_routes import CALL_TEXT, MODEL, USER, WEATHER_TOOL, chat, sse_events
 
 RF_PARAM = "response_format.json_schema.schema"
 # bounded items: a repeated item may have no way to grow into a new one, so the value check does
 # not claim uniqueItems here (grammar/checks/value_rules.py) and strict mode refuses it
-UNIQUE = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer", "maximum": 100},
-                                                   "uniqueItems": True}}, "required": ["ids"]}
-CLOSED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}, "required": ["n"],
-          "additionalProperties": False}
+UNIQUE = {
+    "type": "object",
+    "properties": {"ids": {"type": "array", "items": {"type": "integer", "maximum": 100}, "uniqueItems": True}},
+    "required": ["ids"],
+}
+CLOSED = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
 OPEN_MAP = {"type": "object", "additionalProperties": {"type": "integer"}}
 
 
 # every case whose keyword is not masked under strict mode too (unevaluatedProperties is, in strict
 # mode; dependentRequired is kept by the value check once strict mode closes the object), by the
 # engine that compiles it (llguidance takes over some: tests/grammar/validation/test_llguidance_fidelity.py)
-STRICT_CASES = [c for c in NOT_MASKED_CASES
-                if c[5][:2] in {(k.pointer, k.keyword)
-                                for k in routed_schema_fidelity(c[1], strict=True).refused_in_strict}]
+STRICT_CASES = [
+    c
+    for c in NOT_MASKED_CASES
+    if c[5][:2] in {(k.pointer, k.keyword) for k in routed_schema_fidelity(c[1], strict=True).refused_in_strict}
+]
 LLGUIDANCE_CASES = {c[0] for c in NOT_MASKED_CASES if routed_schema_fidelity(c[1], strict=True).engine == LLGUIDANCE}
 
 
@@ -40,21 +49,23 @@ def json_schema(schema, **extra):
 def invalid_metric(client, mode: str, reason: str) -> float:
     prefix = f'jumpgate_structured_output_invalid_total{{mode="{mode}",reason="{reason}"}} '
     lines = [line for line in client.get("/metrics").text.splitlines() if line.startswith(prefix)]
-    return float(lines[0][len(prefix):]) if lines else 0.0
+    return float(lines[0][len(prefix) :]) if lines else 0.0
 
 
 # ------------------------------------------------------------------ strict: refused
 
 
 def test_every_not_masked_case_is_refused_in_strict_mode_unless_llguidance_enforces_it():
-    assert ({c[0] for c in NOT_MASKED_CASES} - {c[0] for c in STRICT_CASES}
-            == {"unevaluatedProperties_not_strict", "dependentRequired_open_object"} | LLGUIDANCE_CASES)
+    assert {c[0] for c in NOT_MASKED_CASES} - {c[0] for c in STRICT_CASES} == {
+        "unevaluatedProperties_not_strict",
+        "dependentRequired_open_object",
+    } | LLGUIDANCE_CASES
 
 
-@pytest.mark.parametrize("name,schema,strict,valid,violating,expected", STRICT_CASES,
-                         ids=[c[0] for c in STRICT_CASES])
-def test_strict_refuses_each_keyword_the_mask_does_not_enforce(gateway_client, fake_engine, name, schema, strict,
-                                                               valid, violating, expected):
+@pytest.mark.parametrize("name,schema,strict,valid,violating,expected", STRICT_CASES, ids=[c[0] for c in STRICT_CASES])
+def test_strict_refuses_each_keyword_the_mask_does_not_enforce(
+    gateway_client, fake_engine, name, schema, strict, valid, violating, expected
+):
     pointer, keyword, _ = expected
     resp = chat(gateway_client(), response_format=json_schema(schema, strict=True))
     assert resp.status_code == 400, resp.text
@@ -73,59 +84,109 @@ OBJ_AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}
 REFUSED_BEYOND_THE_TABLE = [
     # dependentRequired spelled as draft-7 dependencies, but the dependent comes first: once "a" is
     # written the grammar cannot go back for "b" (the spelling in order is enforced: test_name_dependencies.py)
-    ("dependencies_names_dependent_first", {"type": "object", "properties": {"b": {"type": "integer"},
-                                                                            "a": {"type": "integer"}},
-                                            "dependencies": {"a": ["b"]}}, [("/dependencies", "dependencies")]),
-    ("dependencies_schema", {"type": "object", "properties": OBJ_AB, "dependencies": {"a": {"required": ["b"]}}},
-     [("/dependencies", "dependencies")]),
-    ("unevaluatedItems_schema", {"type": "array", "prefixItems": [{"type": "integer"}],
-                                 "unevaluatedItems": {"type": "string"}}, [("/unevaluatedItems", "unevaluatedItems")]),
+    (
+        "dependencies_names_dependent_first",
+        {
+            "type": "object",
+            "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}},
+            "dependencies": {"a": ["b"]},
+        },
+        [("/dependencies", "dependencies")],
+    ),
+    (
+        "dependencies_schema",
+        {"type": "object", "properties": OBJ_AB, "dependencies": {"a": {"required": ["b"]}}},
+        [("/dependencies", "dependencies")],
+    ),
+    (
+        "unevaluatedItems_schema",
+        {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "string"}},
+        [("/unevaluatedItems", "unevaluatedItems")],
+    ),
     ("minLength_beside_format", {"type": "string", "format": "email", "minLength": 8}, [("/minLength", "minLength")]),
     # two listed values cannot fill three unique items: no valid instance, refused rather than cut or repeated
-    ("uniqueItems_exhausted_by_minItems", {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 3,
-                                           "uniqueItems": True}, [("/uniqueItems", "uniqueItems")]),
-    ("format_unenforced", {"type": "object", "properties": {"tel": {"type": "string", "format": "phone"}}},
-     [("/properties/tel/format", "format")]),
+    (
+        "uniqueItems_exhausted_by_minItems",
+        {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 3, "uniqueItems": True},
+        [("/uniqueItems", "uniqueItems")],
+    ),
+    (
+        "format_unenforced",
+        {"type": "object", "properties": {"tel": {"type": "string", "format": "phone"}}},
+        [("/properties/tel/format", "format")],
+    ),
     # llguidance does not implement `not`, so nobody takes the allOf over
     ("allOf_with_not", {"allOf": [{"type": "integer"}, {"not": {"const": 1}}]}, [("/allOf", "allOf")]),
     # llguidance refuses a multipleOf with too many digits (here 1/3)
     ("multipleOf_of_a_third", {"type": "number", "multipleOf": 1 / 3}, [("/multipleOf", "multipleOf")]),
-    ("siblings_of_an_overlapping_oneOf", {"type": "integer", "minimum": 0,
-                                          "oneOf": [{"type": "integer"}, {"type": "number"}]},
-     [("/oneOf", "oneOf"), ("/type", "type"), ("/minimum", "minimum")]),
+    (
+        "siblings_of_an_overlapping_oneOf",
+        {"type": "integer", "minimum": 0, "oneOf": [{"type": "integer"}, {"type": "number"}]},
+        [("/oneOf", "oneOf"), ("/type", "type"), ("/minimum", "minimum")],
+    ),
     # `if` tests a property that is not listed values: no discriminator, so not lowered to anyOf
-    ("if_then_else_without_discriminator", {"type": "object", "properties": OBJ_AB, "if": {"required": ["a"]},
-                                            "then": {"required": ["b"]}, "else": {"required": ["a"]}},
-     [("/if", "if"), ("/then", "then"), ("/else", "else")]),
+    (
+        "if_then_else_without_discriminator",
+        {
+            "type": "object",
+            "properties": OBJ_AB,
+            "if": {"required": ["a"]},
+            "then": {"required": ["b"]},
+            "else": {"required": ["a"]},
+        },
+        [("/if", "if"), ("/then", "then"), ("/else", "else")],
+    ),
     # two patterns a name could match both of: llguidance refuses them, so nobody enforces them
-    ("patternProperties_overlapping", {"type": "object", "patternProperties": {"^I_": {"type": "integer"},
-                                                                               "_X$": {"type": "integer"}}},
-     [("/patternProperties", "patternProperties")]),
+    (
+        "patternProperties_overlapping",
+        {"type": "object", "patternProperties": {"^I_": {"type": "integer"}, "_X$": {"type": "integer"}}},
+        [("/patternProperties", "patternProperties")],
+    ),
     # a discriminator, but its branch holds a keyword llguidance does not implement
-    ("if_on_a_discriminator_with_contains", {
-        "type": "object", "required": ["k"], "properties": {"k": {"enum": ["x", "y"]},
-                                                            "v": {"type": "array", "items": {"type": "integer"}}},
-        "if": {"properties": {"k": {"const": "x"}}},
-        "then": {"properties": {"v": {"items": {"type": "integer"}, "contains": {"const": 1}}}}},
-     [("/if", "if"), ("/then", "then"), ("/then/properties/v/contains", "contains")]),
+    (
+        "if_on_a_discriminator_with_contains",
+        {
+            "type": "object",
+            "required": ["k"],
+            "properties": {"k": {"enum": ["x", "y"]}, "v": {"type": "array", "items": {"type": "integer"}}},
+            "if": {"properties": {"k": {"const": "x"}}},
+            "then": {"properties": {"v": {"items": {"type": "integer"}, "contains": {"const": 1}}}},
+        },
+        [("/if", "if"), ("/then", "then"), ("/then/properties/v/contains", "contains")],
+    ),
     # a pattern opening with a lookahead, but under an anyOf, which grammar/rewrites/string_algebra.py's Lark form
     # does not cover (it is enforced on the way through closed objects and arrays only)
-    ("lookahead_pattern_under_anyOf", {
-        "type": "object", "required": ["h"],
-        "properties": {"h": {"anyOf": [{"type": "string", "pattern": "^(?!@@)[\\w@]+$"}, {"type": "null"}]}}},
-     [("/properties/h/anyOf/0/pattern", "pattern")]),
+    (
+        "lookahead_pattern_under_anyOf",
+        {
+            "type": "object",
+            "required": ["h"],
+            "properties": {"h": {"anyOf": [{"type": "string", "pattern": "^(?!@@)[\\w@]+$"}, {"type": "null"}]}},
+        },
+        [("/properties/h/anyOf/0/pattern", "pattern")],
+    ),
 ]
 # Keywords strict mode can refuse for reasons of their own (any keyword can also be refused as a
 # sibling of a combinator or of enum/const): each has a 400 test above or below.
-REFUSABLE = set(NEVER_MASKED) | {"required", "unevaluatedItems", "allOf", "oneOf", "multipleOf", "minLength",
-                                 "maxLength", "format", "type", "pattern"}
+REFUSABLE = set(NEVER_MASKED) | {
+    "required",
+    "unevaluatedItems",
+    "allOf",
+    "oneOf",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "format",
+    "type",
+    "pattern",
+}
 
 
-@pytest.mark.parametrize("name,schema,expected", REFUSED_BEYOND_THE_TABLE,
-                         ids=[c[0] for c in REFUSED_BEYOND_THE_TABLE])
+@pytest.mark.parametrize("name,schema,expected", REFUSED_BEYOND_THE_TABLE, ids=[c[0] for c in REFUSED_BEYOND_THE_TABLE])
 def test_strict_refuses_the_keywords_the_table_does_not_reach(gateway_client, fake_engine, name, schema, expected):
     assert {(k.pointer, k.keyword) for k in routed_schema_fidelity(schema, strict=True).refused_in_strict} == set(
-        expected)
+        expected
+    )
     resp = chat(gateway_client(), response_format=json_schema(schema, strict=True))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
@@ -141,18 +202,53 @@ def test_every_keyword_strict_mode_can_refuse_has_a_400_test():
     assert REFUSABLE <= shown, REFUSABLE - shown
 
 
-@pytest.mark.parametrize("schema,reply", [
-    ({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
-      "required": ["tags"]}, '{"tags":["a","b"]}'),
-    ({"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
-      "required": ["ids"]}, '{"ids":[1,2]}'),
-    (OPEN_MAP, '{"a":1,"b":2}'),
-    ({"type": "object", "required": ["xs"], "properties": {"xs": {"type": "array", "uniqueItems": True, "items": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "on": {"type": "boolean"}}}}}},
-     '{"xs":[{"a":1},{"a":1,"on":true}]}'),
-    ({"type": "object", "properties": {"card": {"type": "string"}, "address": {"type": "string"}},
-      "dependentRequired": {"card": ["address"]}}, '{"card":"1","address":"x"}'),
-])
+@pytest.mark.parametrize(
+    "schema,reply",
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+                "required": ["tags"],
+            },
+            '{"tags":["a","b"]}',
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+                "required": ["ids"],
+            },
+            '{"ids":[1,2]}',
+        ),
+        (OPEN_MAP, '{"a":1,"b":2}'),
+        (
+            {
+                "type": "object",
+                "required": ["xs"],
+                "properties": {
+                    "xs": {
+                        "type": "array",
+                        "uniqueItems": True,
+                        "items": {
+                            "type": "object",
+                            "properties": {"a": {"type": "integer"}, "on": {"type": "boolean"}},
+                        },
+                    }
+                },
+            },
+            '{"xs":[{"a":1},{"a":1,"on":true}]}',
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"card": {"type": "string"}, "address": {"type": "string"}},
+                "dependentRequired": {"card": ["address"]},
+            },
+            '{"card":"1","address":"x"}',
+        ),
+    ],
+)
 def test_strict_accepts_what_the_value_check_enforces(gateway_client, fake_engine, schema, reply):
     fake_engine.reply = lambda req: reply
     resp = chat(gateway_client(), response_format=json_schema(schema, strict=True))
@@ -161,9 +257,13 @@ def test_strict_accepts_what_the_value_check_enforces(gateway_client, fake_engin
 
 
 def test_strict_refusal_names_every_keyword_and_unenforced_formats(gateway_client):
-    schema = {"type": "object", "properties": {
-        "phone": {"type": "string", "format": "phone"},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "phone": {"type": "string", "format": "phone"},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True},
+        },
+    }
     error = chat(gateway_client(), response_format=json_schema(schema)).json()["error"]
     assert "'format' at '/properties/phone/format'" in error["message"]
     assert "'uniqueItems' at '/properties/tags/uniqueItems'" in error["message"]
@@ -195,8 +295,13 @@ def test_best_effort_reports_an_invalid_value(gateway_client, fake_engine):
     assert resp.status_code == 200, resp.text
     verdict = resp.json()["choices"][0]["jumpgate"]
     assert verdict["schema_valid"] is False and verdict["schema_mode"] == "best_effort"
-    assert verdict["schema_errors"] == [{"pointer": "/ids", "message": "[3, 3] has non-unique elements",
-                                         "schema_pointer": "/properties/ids/uniqueItems"}]
+    assert verdict["schema_errors"] == [
+        {
+            "pointer": "/ids",
+            "message": "[3, 3] has non-unique elements",
+            "schema_pointer": "/properties/ids/uniqueItems",
+        }
+    ]
     assert resp.headers["x-jumpgate-schema-valid"] == "false"
     assert invalid_metric(client, "best_effort", "schema") == 1
 
@@ -208,16 +313,20 @@ def test_best_effort_and_strict_false_report_a_valid_value(gateway_client, fake_
         strict = {} if extra else {"strict": False}
         resp = chat(client, response_format=json_schema(UNIQUE, **strict), **extra)
         assert resp.status_code == 200, resp.text
-        assert resp.json()["choices"][0]["jumpgate"] == {"schema_valid": True, "schema_mode": "best_effort",
-                                                         "schema_errors": []}
+        assert resp.json()["choices"][0]["jumpgate"] == {
+            "schema_valid": True,
+            "schema_mode": "best_effort",
+            "schema_errors": [],
+        }
         assert resp.headers["x-jumpgate-schema-valid"] == "true"
 
 
 def test_each_streamed_choice_carries_its_verdict_on_its_final_chunk(gateway_client, fake_engine):
     replies = iter(['{"ids":[1,2]}', '{"ids":[5,5]}'])
     fake_engine.reply = lambda req: next(replies)
-    events = sse_events(chat(gateway_client(), response_format=json_schema(UNIQUE), schema_mode="best_effort",
-                             n=2, stream=True))
+    events = sse_events(
+        chat(gateway_client(), response_format=json_schema(UNIQUE), schema_mode="best_effort", n=2, stream=True)
+    )
     finals = {c["index"]: c for e in events[:-1] for c in e["choices"] if c["finish_reason"]}
     assert {i: c["jumpgate"]["schema_valid"] for i, c in finals.items()} == {0: True, 1: False}
     early = [c for e in events[:-1] for c in e["choices"] if not c["finish_reason"]]
@@ -256,8 +365,7 @@ def test_a_strict_output_that_fails_is_counted_and_logged(gateway_client, fake_e
 def test_strict_valid_output_says_so(gateway_client, fake_engine):
     fake_engine.reply = lambda req: '{"n":4}'
     resp = chat(gateway_client(), response_format=json_schema(CLOSED))
-    assert resp.json()["choices"][0]["jumpgate"] == {"schema_valid": True, "schema_mode": "strict",
-                                                     "schema_errors": []}
+    assert resp.json()["choices"][0]["jumpgate"] == {"schema_valid": True, "schema_mode": "strict", "schema_errors": []}
     assert resp.headers["x-jumpgate-schema-valid"] == "true"
 
 
@@ -289,8 +397,12 @@ def test_a_value_closed_at_the_budget_ends_stop_and_says_so(gateway_client, fake
     client = gateway_client()
     choice = chat(client, response_format=json_schema(CLOSED)).json()["choices"][0]
     assert choice["finish_reason"] == "stop"
-    assert choice["jumpgate"] == {"schema_valid": True, "schema_mode": "strict", "schema_errors": [],
-                                  "closed_at_budget": True}
+    assert choice["jumpgate"] == {
+        "schema_valid": True,
+        "schema_mode": "strict",
+        "schema_errors": [],
+        "closed_at_budget": True,
+    }
     events = sse_events(chat(client, response_format=json_schema(CLOSED), stream=True))
     (final,) = [c for e in events[:-1] for c in e["choices"] if c["finish_reason"]]
     assert final["finish_reason"] == "stop" and final["jumpgate"]["closed_at_budget"] is True
@@ -313,8 +425,7 @@ def test_free_text_and_regex_carry_no_verdict(gateway_client, fake_engine):
 def test_tool_call_arguments_are_validated(gateway_client, fake_engine):
     fake_engine.reply = lambda req: CALL_TEXT
     resp = chat(gateway_client(), tools=[WEATHER_TOOL], tool_choice="required")
-    assert resp.json()["choices"][0]["jumpgate"] == {"schema_valid": True, "schema_mode": "strict",
-                                                     "schema_errors": []}
+    assert resp.json()["choices"][0]["jumpgate"] == {"schema_valid": True, "schema_mode": "strict", "schema_errors": []}
     fake_engine.reply = lambda req: '<tool_call>{"name":"get_weather","arguments":{"town":"Paris"}}</tool_call>'
     events = sse_events(chat(gateway_client(), tools=[WEATHER_TOOL], stream=True))
     final = [c for e in events[:-1] for c in e["choices"] if c["finish_reason"]][0]
@@ -372,11 +483,14 @@ def test_schema_check_reports_without_storing(gateway_client):
     assert client.get("/v1/schemas").json()["data"] == []
 
 
-@pytest.mark.parametrize("body,param", [
-    ({}, "schema"),
-    ({"schema": CLOSED, "tools": [WEATHER_TOOL]}, "tools"),
-    ({"schema": {"type": "nope"}}, "schema"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({}, "schema"),
+        ({"schema": CLOSED, "tools": [WEATHER_TOOL]}, "tools"),
+        ({"schema": {"type": "nope"}}, "schema"),
+    ],
+)
 def test_schema_check_refuses_bad_bodies(gateway_client, body, param):
     resp = gateway_client().post("/v1/schemas/check", json=body)
     assert resp.status_code == 400, resp.text
@@ -420,10 +534,10 @@ def rollback_client(fake_engine, rollback_grammar, tmp_path):
         yield client
 
 
-@pytest.mark.parametrize("name,schema,strict,valid,violating,expected", STRICT_CASES,
-                         ids=[c[0] for c in STRICT_CASES])
-def test_strict_takes_every_checkable_keyword_by_rollback(rollback_client, fake_engine, name, schema, strict,
-                                                          valid, violating, expected):
+@pytest.mark.parametrize("name,schema,strict,valid,violating,expected", STRICT_CASES, ids=[c[0] for c in STRICT_CASES])
+def test_strict_takes_every_checkable_keyword_by_rollback(
+    rollback_client, fake_engine, name, schema, strict, valid, violating, expected
+):
     """What validation detects (`checked`) strict mode now takes: the finished output is checked and
     a failing value rewritten (tests/grammar/checks/test_rollback_e2e.py runs it); only `unenforced` stays refused."""
     pointer, keyword, status = expected
@@ -450,8 +564,17 @@ def test_strict_tools_take_what_a_check_detects_and_refuse_what_none_does(rollba
     resp = chat(rollback_client, tools=[tool])
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["jumpgate"]["schema_valid"] is True
-    phone = {"type": "function", "function": {"name": "g", "parameters": {
-        "type": "object", "properties": {"phone": {"type": "string", "format": "phone"}}, "required": ["phone"]}}}
+    phone = {
+        "type": "function",
+        "function": {
+            "name": "g",
+            "parameters": {
+                "type": "object",
+                "properties": {"phone": {"type": "string", "format": "phone"}},
+                "required": ["phone"],
+            },
+        },
+    }
     error = chat(rollback_client, tools=[tool, phone]).json()["error"]
     assert error["code"] == "schema_not_enforceable" and error["param"] == "tools"
     assert "'format' at '/1/function/parameters/properties/phone/format'" in error["message"]

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from gateway.pipeline.prompt import PromptRenderer, schema_budget_tokens, schema_instructions
-from gateway.protocol import Message
 from gateway.pipeline.schema_compaction import DESCRIPTION_CHARS, STRUCTURE, compact_schema
+from gateway.protocol import Message
 
 MODEL = "SmolLM2-135M-Instruct"
 USER = [{"role": "user", "content": "Call the right tool."}]
@@ -19,11 +19,24 @@ CONTEXT = 8192
 
 def many_tools(count: int = 128, params: int = 20) -> list[dict]:
     """OpenAI's limit of 128 tools, each with 20 described string parameters."""
-    return [{"type": "function", "function": {
-        "name": f"tool_{t}", "description": f"Tool number {t}: does one thing well for the user's request.",
-        "parameters": {"type": "object", "required": [f"param_{p}" for p in range(params)],
-                       "properties": {f"param_{p}": {"type": "string", "description": f"Parameter {p} of tool {t}"}
-                                      for p in range(params)}}}} for t in range(count)]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{t}",
+                "description": f"Tool number {t}: does one thing well for the user's request.",
+                "parameters": {
+                    "type": "object",
+                    "required": [f"param_{p}" for p in range(params)],
+                    "properties": {
+                        f"param_{p}": {"type": "string", "description": f"Parameter {p} of tool {t}"}
+                        for p in range(params)
+                    },
+                },
+            },
+        }
+        for t in range(count)
+    ]
 
 
 def long_schema(min_bytes: int = 15_000) -> dict:
@@ -31,12 +44,20 @@ def long_schema(min_bytes: int = 15_000) -> dict:
     properties: dict = {}
     i = 0
     while len(json.dumps(properties)) < min_bytes:
-        properties[f"field_{i}"] = {
-            "type": "string", "description": f"Field {i}: " + "a human-readable explanation of this field " * 3,
-            "enum": [f"value_{i}_{v}" for v in range(12)]} if i % 3 == 0 else {
-            "type": "object", "description": f"Nested block {i}",
-            "properties": {"amount": {"type": "number"}, "note": {"type": "string", "description": "free text"}},
-            "required": ["amount"]}
+        properties[f"field_{i}"] = (
+            {
+                "type": "string",
+                "description": f"Field {i}: " + "a human-readable explanation of this field " * 3,
+                "enum": [f"value_{i}_{v}" for v in range(12)],
+            }
+            if i % 3 == 0
+            else {
+                "type": "object",
+                "description": f"Nested block {i}",
+                "properties": {"amount": {"type": "number"}, "note": {"type": "string", "description": "free text"}},
+                "required": ["amount"],
+            }
+        )
         i += 1
     return {"type": "object", "properties": properties, "required": list(properties)[:5]}
 
@@ -99,8 +120,13 @@ def test_text_within_the_budget_is_left_whole(tokenizer):
 
 def test_the_first_level_that_fits_is_chosen(tokenizer):
     """Long descriptions alone over the budget: trimming them is enough, the types stay."""
-    schema = {"type": "object", "required": ["city"], "properties": {
-        "city": {"type": "string", "description": "The city. " + "Spell it the way its residents do. " * 40}}}
+    schema = {
+        "type": "object",
+        "required": ["city"],
+        "properties": {
+            "city": {"type": "string", "description": "The city. " + "Spell it the way its residents do. " * 40}
+        },
+    }
     unbounded = PromptRenderer(tokenizer)
     full = schema_instructions("json_schema", schema)
     budget = tokens(unbounded, full) - 50
@@ -113,12 +139,19 @@ def test_the_first_level_that_fits_is_chosen(tokenizer):
 
 
 def test_structure_level_keeps_a_property_named_description():
-    schema = {"type": "object", "description": "an item", "properties": {
-        "description": {"type": "string", "description": "what it is"},
-        "kind": {"enum": list(range(20))}}}
+    schema = {
+        "type": "object",
+        "description": "an item",
+        "properties": {
+            "description": {"type": "string", "description": "what it is"},
+            "kind": {"enum": list(range(20))},
+        },
+    }
     out = compact_schema(schema, STRUCTURE)
-    assert out == {"type": "object", "properties": {"description": {"type": "string"},
-                                                    "kind": {"enum": list(range(8))}}}
+    assert out == {
+        "type": "object",
+        "properties": {"description": {"type": "string"}, "kind": {"enum": list(range(8))}},
+    }
 
 
 # ------------------------------------------------------------------ over HTTP (fake engine)
@@ -134,8 +167,9 @@ def test_128_tools_request_is_answered(gateway_client, long_context):
     tools = many_tools()
     args = {f"param_{p}": "x" for p in range(20)}
     long_context.reply = lambda req: f'<tool_call>{{"name":"tool_7","arguments":{json.dumps(args)}}}</tool_call>'
-    resp = gateway_client().post("/v1/chat/completions", json={
-        "model": MODEL, "messages": USER, "tools": tools, "max_tokens": 512})
+    resp = gateway_client().post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": USER, "tools": tools, "max_tokens": 512}
+    )
     assert resp.status_code == 200, resp.text
     call = resp.json()["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] == "tool_7" and json.loads(call["function"]["arguments"]) == args
@@ -149,8 +183,14 @@ def test_a_15kb_schema_is_not_a_context_length_error(gateway_client, long_contex
     long_context.max_context = long_context.kv_pool_tokens = 4096  # the full text would not fit at all
     long_context.reply = lambda req: "{}"
     client = gateway_client()
-    resp = client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": USER, "max_tokens": 16,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}})
+    resp = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": USER,
+            "max_tokens": 16,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}},
+        },
+    )
     assert "context_length_exceeded" not in resp.text
     assert resp.status_code == 200, resp.text

@@ -9,8 +9,8 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.registry.pinning import pin_name
 from gateway.pipeline.schema_registry import SchemaRegistry
+from gateway.registry.pinning import pin_name
 from gateway.settings import Settings
 from tests.fake_engine import FakeEngine
 
@@ -73,8 +73,10 @@ def test_a_pin_that_no_longer_fits_is_logged_and_the_server_starts(tokenizer, ga
         uploaded = upload(client)
 
     small = FakeEngine(tokenizer, pin_budget=1)
-    with caplog.at_level(logging.WARNING, logger="jumpgate.gateway.pinning"), \
-            serve(small, gateway_grammar, tmp_path) as client:
+    with (
+        caplog.at_level(logging.WARNING, logger="jumpgate.gateway.pinning"),
+        serve(small, gateway_grammar, tmp_path) as client,
+    ):
         assert small.pins == {}
         assert any("could not re-pin" in r.getMessage() for r in caplog.records)
         assert client.get("/health").status_code == 200

@@ -98,8 +98,19 @@ def test_tenants_are_isolated(tmp_path):
     assert reg.delete("tabc", entry.id) is True and reg.get("tabc", entry.id) is None
 
 
-@pytest.mark.parametrize("bad", ["../x", "sch_../../etc", "sch_XYZ", "sch_" + "a" * 8, "sch_" + "a" * 65,
-                                 "/etc/passwd", "sch_" + "a" * 16 + "/..", ""])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "../x",
+        "sch_../../etc",
+        "sch_XYZ",
+        "sch_" + "a" * 8,
+        "sch_" + "a" * 65,
+        "/etc/passwd",
+        "sch_" + "a" * 16 + "/..",
+        "",
+    ],
+)
 def test_ids_cannot_escape(tmp_path, bad):
     reg = SchemaRegistry(tmp_path / "reg")
     assert not valid_id(bad)

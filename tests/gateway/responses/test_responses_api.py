@@ -9,20 +9,33 @@ import json
 import msgspec
 import pytest
 
+from gateway.errors import APIError
 from gateway.pipeline.prompt import PromptRenderer
 from gateway.protocol import AssistantMessage, ToolMessage, UserMessage
-from gateway.responses.protocol import OutputMessage, OutputText, ResponseObject
 from gateway.responses.items import input_messages
+from gateway.responses.protocol import OutputMessage, OutputText, ResponseObject
 from gateway.responses.store import ResponseStore, StoredResponse, StoredTurn, new_response_id
-from gateway.errors import APIError
 from tests.conftest import OTHER_TOKEN
 
 MODEL = "SmolLM2-135M-Instruct"
 CALL_TEXT = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-CITY_FORMAT = {"type": "json_schema", "name": "city", "strict": True, "schema": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CITY_FORMAT = {
+    "type": "json_schema",
+    "name": "city",
+    "strict": True,
+    "schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
 
 
 def create(client, **body):
@@ -39,7 +52,7 @@ def events_of(resp) -> list[tuple[str, dict]]:
             head, _, data = block.partition("\ndata: ")
             assert head.startswith("event: "), block
             body = json.loads(data)
-            assert body["type"] == head[len("event: "):]
+            assert body["type"] == head[len("event: ") :]
             out.append((body["type"], body))
     return out
 
@@ -48,19 +61,25 @@ def events_of(resp) -> list[tuple[str, dict]]:
 
 
 def test_response_shape_and_usage(gateway_client, fake_engine):
-    resp = create(gateway_client(), instructions="Be brief.", max_output_tokens=20, temperature=0, seed=3,
-                  metadata={"k": "v"})
+    resp = create(
+        gateway_client(), instructions="Be brief.", max_output_tokens=20, temperature=0, seed=3, metadata={"k": "v"}
+    )
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["object"] == "response" and body["id"].startswith("resp_") and body["status"] == "completed"
     assert body["output"][0]["type"] == "message" and body["output"][0]["role"] == "assistant"
-    assert body["output"][0]["content"] == [{"type": "output_text", "text": "Hello there!", "annotations": [],
-                                          "logprobs": []}]
+    assert body["output"][0]["content"] == [
+        {"type": "output_text", "text": "Hello there!", "annotations": [], "logprobs": []}
+    ]
     assert body["metadata"] == {"k": "v"} and body["instructions"] == "Be brief."
     req = fake_engine.submitted[0]
-    assert body["usage"] == {"input_tokens": len(req.prompt_ids), "output_tokens": 4,
-                             "total_tokens": len(req.prompt_ids) + 4,
-                             "input_tokens_details": {"cached_tokens": 3}, "output_tokens_details": {"reasoning_tokens": 0}}
+    assert body["usage"] == {
+        "input_tokens": len(req.prompt_ids),
+        "output_tokens": 4,
+        "total_tokens": len(req.prompt_ids) + 4,
+        "input_tokens_details": {"cached_tokens": 3},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
     assert req.sampling.max_new_tokens == 20 and req.sampling.seed == 3
     assert "Be brief." in fake_engine.tokenizer.decode(req.prompt_ids)
 
@@ -86,12 +105,16 @@ def test_store_retrieve_delete_and_tenants(gateway_client):
     assert client.get(f"/v1/responses/{rid}", headers=alice).json() == created
     other = client.get(f"/v1/responses/{rid}", headers=bob)
     assert other.status_code == 404 and other.json()["error"]["code"] == "response_not_found"
-    chained = client.post("/v1/responses", json={"model": MODEL, "input": "more", "previous_response_id": rid},
-                          headers=bob)
+    chained = client.post(
+        "/v1/responses", json={"model": MODEL, "input": "more", "previous_response_id": rid}, headers=bob
+    )
     assert chained.status_code == 404 and chained.json()["error"]["param"] == "previous_response_id"
     assert client.delete(f"/v1/responses/{rid}", headers=bob).status_code == 404
     assert client.delete(f"/v1/responses/{rid}", headers=alice).json() == {
-        "id": rid, "deleted": True, "object": "response.deleted"}
+        "id": rid,
+        "deleted": True,
+        "object": "response.deleted",
+    }
     assert client.get(f"/v1/responses/{rid}", headers=alice).status_code == 404
 
 
@@ -119,8 +142,12 @@ def test_function_call_output_and_tool_call_items(gateway_client, fake_engine):
     assert call["type"] == "function_call" and call["name"] == "get_weather"
     assert json.loads(call["arguments"]) == {"city": "Paris"} and call["call_id"].startswith("call_")
     fake_engine.reply = lambda req: "Sunny."
-    follow = create(client, tools=[WEATHER], previous_response_id=body["id"],
-                    input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 21C"}])
+    follow = create(
+        client,
+        tools=[WEATHER],
+        previous_response_id=body["id"],
+        input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 21C"}],
+    )
     assert follow.status_code == 200, follow.text
     assert "sunny, 21C" in fake_engine.tokenizer.decode(fake_engine.submitted[-1].prompt_ids)
 
@@ -139,10 +166,19 @@ def test_stream_events(gateway_client):
     resp = create(gateway_client(), stream=True)
     events = events_of(resp)
     types = [t for t, _ in events]
-    assert types[:5] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added", "response.output_text.delta"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+    assert types[:5] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
     deltas = "".join(e["delta"] for t, e in events if t == "response.output_text.delta")
     final = events[-1][1]["response"]
@@ -170,21 +206,27 @@ def test_engine_failure_in_stream_is_response_failed(gateway_client, fake_engine
     assert last["response"]["error"]["code"] == "engine_error"
 
 
-@pytest.mark.parametrize("field, value, param", [
-    ("tools", [{"type": "web_search"}], "tools[0].type"),
-    ("tools", [{"type": "file_search", "name": "x"}], "tools[0].type"),
-    ("reasoning", {"effort": "high"}, "reasoning"),
-    ("background", True, "background"),
-    ("include", ["file_search_call.results"], "include"),
-    ("conversation", "conv_1", "conversation"),
-    ("truncation", "auto", "truncation"),
-    ("max_output_tokens", 0, "max_output_tokens"),
-    ("input", [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
-     "input[0].content[0].type"),
-    ("input", [{"type": "computer_call_output", "call_id": "c"}], "input[0].type"),
-    ("input", [{"type": "function_call", "name": "f"}], "input[0].call_id"),
-    ("input", [], "input"),
-])
+@pytest.mark.parametrize(
+    "field, value, param",
+    [
+        ("tools", [{"type": "web_search"}], "tools[0].type"),
+        ("tools", [{"type": "file_search", "name": "x"}], "tools[0].type"),
+        ("reasoning", {"effort": "high"}, "reasoning"),
+        ("background", True, "background"),
+        ("include", ["file_search_call.results"], "include"),
+        ("conversation", "conv_1", "conversation"),
+        ("truncation", "auto", "truncation"),
+        ("max_output_tokens", 0, "max_output_tokens"),
+        (
+            "input",
+            [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
+            "input[0].content[0].type",
+        ),
+        ("input", [{"type": "computer_call_output", "call_id": "c"}], "input[0].type"),
+        ("input", [{"type": "function_call", "name": "f"}], "input[0].call_id"),
+        ("input", [], "input"),
+    ],
+)
 def test_unsupported_and_bad_fields_name_the_param(gateway_client, field, value, param):
     resp = create(gateway_client(), **{field: value})
     assert resp.status_code == 400, resp.text
@@ -202,13 +244,15 @@ def test_chat_errors_use_responses_names(gateway_client):
 
 
 def test_input_items_become_chat_messages():
-    messages = input_messages([
-        {"role": "user", "content": "Weather?"},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
-        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
-        {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-    ])
+    messages = input_messages(
+        [
+            {"role": "user", "content": "Weather?"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        ]
+    )
     assert isinstance(messages[0], UserMessage)
     assistant = messages[1]
     assert isinstance(assistant, AssistantMessage) and assistant.content == "Checking."
@@ -220,10 +264,19 @@ def test_input_items_become_chat_messages():
 
 
 def _record(rid: str, size: int = 0) -> StoredResponse:
-    response = ResponseObject(id=rid, created_at=0, model=MODEL, status="completed",
-                              output=[OutputMessage(id="msg_1", content=[OutputText(text="x" * size)])])
-    return StoredResponse(response=response, turn=StoredTurn(messages=[UserMessage(content="hi")], prompt_text="p",
-                                                             prompt_ids=[1, 2], output_text="o", output_ids=[3]))
+    response = ResponseObject(
+        id=rid,
+        created_at=0,
+        model=MODEL,
+        status="completed",
+        output=[OutputMessage(id="msg_1", content=[OutputText(text="x" * size)])],
+    )
+    return StoredResponse(
+        response=response,
+        turn=StoredTurn(
+            messages=[UserMessage(content="hi")], prompt_text="p", prompt_ids=[1, 2], output_text="o", output_ids=[3]
+        ),
+    )
 
 
 def test_store_bounds_count_and_bytes_oldest_first(tmp_path):
@@ -260,9 +313,14 @@ def test_render_continuation_extends_the_exact_ids(tokenizer):
     output_text = " 12345"  # tokenized alone, the leading space may merge differently in context
     output_ids = [tokenizer.convert_tokens_to_ids(t) for t in tokenizer.tokenize(output_text)]
     output_ids = output_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    turn = StoredTurn(messages=first + [AssistantMessage(content=output_text)], prompt_text=prompt.text,
-                      prompt_ids=prompt.token_ids, output_text=output_text, output_ids=output_ids,
-                      tokenizer=renderer.tokenizer_fingerprint)
+    turn = StoredTurn(
+        messages=first + [AssistantMessage(content=output_text)],
+        prompt_text=prompt.text,
+        prompt_ids=prompt.token_ids,
+        output_text=output_text,
+        output_ids=output_ids,
+        tokenizer=renderer.tokenizer_fingerprint,
+    )
     chained = turn.messages + [UserMessage(content="Another.")]
     rendered = renderer.render_continuation(chained, None, None, turn)
     head = prompt.token_ids + output_ids
@@ -283,9 +341,14 @@ def test_a_turn_another_tokenizer_stored_is_rendered_afresh(tokenizer, other_tok
     assert other_tokenizer.convert_tokens_to_ids(OTHER_TOKEN) in prompt.token_ids
     output_text = " 12"
     output_ids = theirs.encode(output_text) + [other_tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    turn = StoredTurn(messages=first + [AssistantMessage(content=output_text)], prompt_text=prompt.text,
-                      prompt_ids=prompt.token_ids, output_text=output_text, output_ids=output_ids,
-                      tokenizer=theirs.tokenizer_fingerprint)
+    turn = StoredTurn(
+        messages=first + [AssistantMessage(content=output_text)],
+        prompt_text=prompt.text,
+        prompt_ids=prompt.token_ids,
+        output_text=output_text,
+        output_ids=output_ids,
+        tokenizer=theirs.tokenizer_fingerprint,
+    )
     chained = turn.messages + [UserMessage(content="Another.")]
     spliced = theirs.render_continuation(chained, None, None, turn).token_ids  # their own next turn: spliced
     assert spliced[: len(prompt.token_ids) + len(output_ids)] == prompt.token_ids + output_ids
@@ -300,8 +363,17 @@ def test_store_flags_reach_the_settings_and_the_store_folder(tmp_path):
     from gateway.app import build_response_store
     from gateway.cli import build_parser, serve_settings
 
-    args = build_parser().parse_args(["serve", "--registry-dir", str(tmp_path / "registry"),
-                                      "--responses-max-stored", "7", "--responses-max-bytes", "4096"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--registry-dir",
+            str(tmp_path / "registry"),
+            "--responses-max-stored",
+            "7",
+            "--responses-max-bytes",
+            "4096",
+        ]
+    )
     settings = serve_settings(args, environ={}).gateway
     assert (settings.responses_max_stored, settings.responses_max_bytes) == (7, 4096)
     store = build_response_store(settings)
@@ -342,10 +414,21 @@ def test_stream_disconnect_aborts_the_engine_request_and_stores_nothing(fake_eng
             if len([m for m in sent if m["type"] == "http.response.body" and m.get("body")]) >= 5:
                 gone.set()  # the client leaves after five events
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/v1/responses", "raw_path": b"/v1/responses", "query_string": b"",
-                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "state": {}}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/responses",
+            "raw_path": b"/v1/responses",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 8000),
+            "state": {},
+        }
         await asyncio.wait_for(app(scope, receive, send), timeout=20)
 
     asyncio.run(drive())
@@ -369,26 +452,45 @@ def test_chat_tools_with_a_format_answer_as_content(gateway_client, fake_engine)
     """OpenAIChatCompletionsModel with an output_type and tools sends both to chat completions."""
     fake_engine.reply = lambda req: ANSWER_TEXT
     client = gateway_client()
-    body = client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL],
-        "response_format": CHAT_FORMAT}).json()
+    body = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [CHAT_TOOL],
+            "response_format": CHAT_FORMAT,
+        },
+    ).json()
     choice = body["choices"][0]
     assert json.loads(choice["message"]["content"]) == {"city": "Paris"} and "tool_calls" not in choice["message"]
     assert choice["finish_reason"] == "stop"
     fake_engine.reply = lambda req: CALL_TEXT  # a real tool call stays a tool call
-    body = client.post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL],
-        "response_format": CHAT_FORMAT}).json()
+    body = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [CHAT_TOOL],
+            "response_format": CHAT_FORMAT,
+        },
+    ).json()
     assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert body["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_chat_tools_with_a_format_stream_the_answer_as_content(gateway_client, fake_engine):
     fake_engine.reply = lambda req: ANSWER_TEXT
-    resp = gateway_client().post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL],
-        "response_format": CHAT_FORMAT, "stream": True})
-    chunks = [json.loads(b[len("data: "):]) for b in resp.text.split("\n\n") if b.startswith("data: {")]
+    resp = gateway_client().post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [CHAT_TOOL],
+            "response_format": CHAT_FORMAT,
+            "stream": True,
+        },
+    )
+    chunks = [json.loads(b[len("data: ") :]) for b in resp.text.split("\n\n") if b.startswith("data: {")]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert not any("tool_calls" in d for d in deltas)
     assert json.loads("".join(d.get("content", "") for d in deltas)) == {"city": "Paris"}
@@ -397,6 +499,13 @@ def test_chat_tools_with_a_format_stream_the_answer_as_content(gateway_client, f
 
 def test_tools_with_a_non_object_format_are_refused(gateway_client):
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
-    resp = gateway_client().post("/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL], "response_format": fmt})
+    resp = gateway_client().post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [CHAT_TOOL],
+            "response_format": fmt,
+        },
+    )
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "response_format"

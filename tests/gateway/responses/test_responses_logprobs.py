@@ -14,12 +14,18 @@ INCLUDE = ["message.output_text.logprobs"]
 def expected_logprobs(tokenizer, text: str, top: int) -> list[dict]:
     """What the fake engine's records for `text` (3-character pieces) look like in the chat shape."""
     out = []
-    for piece in [text[i:i + 3] for i in range(0, len(text), 3)]:
+    for piece in [text[i : i + 3] for i in range(0, len(text), 3)]:
         for rec in fake_logprobs(tokenizer.encode(piece, add_special_tokens=False), top):
             tok = tokenizer.decode([rec.token_id])
-            item = {"token": tok, "logprob": rec.logprob, "bytes": list(tok.encode()),
-                    "top_logprobs": [{"token": tokenizer.decode([t]), "logprob": v,
-                                      "bytes": list(tokenizer.decode([t]).encode())} for t, v in rec.top]}
+            item = {
+                "token": tok,
+                "logprob": rec.logprob,
+                "bytes": list(tok.encode()),
+                "top_logprobs": [
+                    {"token": tokenizer.decode([t]), "logprob": v, "bytes": list(tokenizer.decode([t]).encode())}
+                    for t, v in rec.top
+                ],
+            }
             if rec.forced:
                 item["forced"] = True
             out.append(item)
@@ -70,12 +76,15 @@ def test_stream_without_the_include_has_empty_logprobs(gateway_client, fake_engi
     assert fake_engine.submitted[0].sampling.logprobs is None
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"top_logprobs": 21}, "top_logprobs"),
-    ({"top_logprobs": -1, "include": INCLUDE}, "top_logprobs"),
-    ({"include": INCLUDE + ["reasoning.encrypted_content"]}, "include"),
-    ({"include": INCLUDE, "tools": [WEATHER]}, "include"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": -1, "include": INCLUDE}, "top_logprobs"),
+        ({"include": INCLUDE + ["reasoning.encrypted_content"]}, "include"),
+        ({"include": INCLUDE, "tools": [WEATHER]}, "include"),
+    ],
+)
 def test_bad_logprob_options_name_the_param(gateway_client, fake_engine, body, param):
     resp = create(gateway_client(), **body)
     assert resp.status_code == 400, resp.text

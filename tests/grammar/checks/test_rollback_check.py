@@ -12,8 +12,26 @@ import torch
 
 from grammar.checks.rollback import EXHAUSTED, RollbackCheck, RollbackRules, RollbackVocab, value_spans
 
-TEXTS = [b"{", b'"', b"a", b'":', b"1", b"}", b"2", b"1}", b"12", b'"a', b"", b",", b" ", b'"x', b'x"', b'"y"}',
-         b"3", b"-"]
+TEXTS = [
+    b"{",
+    b'"',
+    b"a",
+    b'":',
+    b"1",
+    b"}",
+    b"2",
+    b"1}",
+    b"12",
+    b'"a',
+    b"",
+    b",",
+    b" ",
+    b'"x',
+    b'x"',
+    b'"y"}',
+    b"3",
+    b"-",
+]
 ID = {t: i for i, t in enumerate(TEXTS)}
 STOP = ID[b""]
 AT_LEAST_2 = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 2}}}
@@ -112,13 +130,19 @@ def written(schema, text: bytes, retries=3) -> RollbackCheck:
     return c
 
 
-@pytest.mark.parametrize("schema,text,path", [
-    # a repeat is rewritten from the first item equal to an earlier one, not the whole array
-    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, b'["a","b","a","b"]', (2,)),
-    ({"type": "object", "properties": {"p": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
-     b'{"p":3}', ("p",)),
-    ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}, b'{"d":"2024-13-45"}', ("d",)),
-])
+@pytest.mark.parametrize(
+    "schema,text,path",
+    [
+        # a repeat is rewritten from the first item equal to an earlier one, not the whole array
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, b'["a","b","a","b"]', (2,)),
+        (
+            {"type": "object", "properties": {"p": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
+            b'{"p":3}',
+            ("p",),
+        ),
+        ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}, b'{"d":"2024-13-45"}', ("d",)),
+    ],
+)
 def test_the_rollback_starts_at_the_value_the_error_names(schema, text, path):
     c = written(schema, text)
     start = value_spans(text)[path][0]
@@ -126,8 +150,12 @@ def test_the_rollback_starts_at_the_value_the_error_names(schema, text, path):
 
 
 def test_a_failing_container_is_reopened_at_its_bracket_then_rewritten_whole():
-    schema = {"type": "object", "properties": {"age": {"type": "integer"}, "license": {"type": "string"}},
-              "if": {"properties": {"age": {"minimum": 18}}}, "then": {"required": ["license"]}}
+    schema = {
+        "type": "object",
+        "properties": {"age": {"type": "integer"}, "license": {"type": "string"}},
+        "if": {"properties": {"age": {"minimum": 18}}},
+        "then": {"required": ["license"]},
+    }
     text = b'{"age":30}'
     c = written(schema, text)
     assert c.verdict() == 2  # the `}` and the stop token: the object goes on
@@ -146,7 +174,7 @@ def test_a_repeated_name_is_rewritten_from_its_quote_with_that_name_banned():
     c = written(schema, text)
     start = text.rindex(b'"a"')
     assert c.verdict() == len(text) - start + 1
-    assert c.failed == [(start, text[:start + 3])]
+    assert c.failed == [(start, text[: start + 3])]
     c.rollback(len(text) - start + 1)
     mask = torch.zeros((1, 9), dtype=torch.int32)
     words = mask[0].numpy().view(np.uint32)
@@ -160,16 +188,30 @@ def test_a_repeated_name_is_rewritten_from_its_quote_with_that_name_banned():
 
 # -- tool calls: each call's arguments against its function's parameters ------------------------
 
-TOOL_TEXTS = [b"<tool_call>", b'{"name":"f","arguments":', b'{"name":"g","arguments":', b"{", b'"a', b'":', b"1",
-              b"2", b"}", b"}</tool_call>", b"\n", b"", b"Sure. "]
+TOOL_TEXTS = [
+    b"<tool_call>",
+    b'{"name":"f","arguments":',
+    b'{"name":"g","arguments":',
+    b"{",
+    b'"a',
+    b'":',
+    b"1",
+    b"2",
+    b"}",
+    b"}</tool_call>",
+    b"\n",
+    b"",
+    b"Sure. ",
+]
 TOOL_ID = {t: i for i, t in enumerate(TOOL_TEXTS)}
 
 
 def tool_check(retries=2) -> RollbackCheck:
     from grammar.checks.rollback import ToolCallRollbackRules
 
-    rules = ToolCallRollbackRules({"f": AT_LEAST_2, "g": {"type": "object"}}, "<tool_call>",
-                                  RollbackVocab(TOOL_TEXTS), retries)
+    rules = ToolCallRollbackRules(
+        {"f": AT_LEAST_2, "g": {"type": "object"}}, "<tool_call>", RollbackVocab(TOOL_TEXTS), retries
+    )
     return RollbackCheck(rules)
 
 
@@ -198,7 +240,7 @@ def test_a_tool_calls_failing_argument_rolls_back_to_its_first_token_in_the_whol
     before = c.text
     assert c.verdict() == 4  # `1`, `}`, `}</tool_call>` and the stop token
     start, failed = c.failed[0]
-    assert failed == before[:start + 1] and before[start:start + 1] == b"1"
+    assert failed == before[: start + 1] and before[start : start + 1] == b"1"
     c.rollback(4)
     assert c.text.endswith(b'<tool_call>{"name":"f","arguments":{"a":')
     c.accept(TOOL_ID[b"1"])  # the same digit again may only go on to another number (12)

@@ -31,29 +31,49 @@ pytestmark = pytest.mark.e2e
 
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
 ADULT_NEEDS_LICENSE = {
-    "type": "object", "required": ["name", "age"],
+    "type": "object",
+    "required": ["name", "age"],
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "license": {"type": "string"}},
-    "if": {"properties": {"age": {"minimum": 18}}, "required": ["age"]}, "then": {"required": ["license"]},
+    "if": {"properties": {"age": {"minimum": 18}}, "required": ["age"]},
+    "then": {"required": ["license"]},
 }
 # name -> (schema, prompt)
 CASES = {
     "if_then_on_a_number": (ADULT_NEEDS_LICENSE, "Bob is 30 years old."),
-    "dependent_schemas": ({"type": "object", "required": ["name"],
-                           "properties": {"name": {"type": "string"}, "credit_card": {"type": "string"},
-                                          "billing_address": {"type": "string"}},
-                           "dependentSchemas": {"credit_card": {"required": ["billing_address"]}}},
-                          "Alice pays with credit card 4111 1111 1111 1111."),
-    "not_on_a_number": ({"type": "object", "required": ["name", "age"],
-                         "properties": {"name": {"type": "string"}, "age": {"type": "integer", "not": {"const": 30}}}},
-                        "Bob is 30 years old."),
+    "dependent_schemas": (
+        {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "credit_card": {"type": "string"},
+                "billing_address": {"type": "string"},
+            },
+            "dependentSchemas": {"credit_card": {"required": ["billing_address"]}},
+        },
+        "Alice pays with credit card 4111 1111 1111 1111.",
+    ),
+    "not_on_a_number": (
+        {
+            "type": "object",
+            "required": ["name", "age"],
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer", "not": {"const": 30}}},
+        },
+        "Bob is 30 years old.",
+    ),
     # the whole output is the failing value, so its rewrite reaches back into the cached prompt's KV;
     # jsonschema divides in floating point, and finds 19.99 no multiple of 0.01 (grammar/validation/fidelity.py)
     "cents_at_the_root": ({"type": "number", "multipleOf": 0.01}, "The price is 19.99 dollars. What is the price?"),
 }
 # the model keeps writing three small scores: no rewrite finds one of at least 10
-NEVER_FIXED = ({"type": "object", "required": ["scores"],
-                "properties": {"scores": {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 10}}}},
-               "The scores are 1, 2 and 3.")
+NEVER_FIXED = (
+    {
+        "type": "object",
+        "required": ["scores"],
+        "properties": {"scores": {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 10}}},
+    },
+    "The scores are 1, 2 and 3.",
+)
 
 
 def validate(schema, text: str) -> None:
@@ -61,8 +81,14 @@ def validate(schema, text: str) -> None:
 
 
 def request(handle, tokenizer, prompt: str, jump_forward: str = "verify") -> GenerateRequest:
-    return GenerateRequest(chat_ids(tokenizer, prompt, SYSTEM), SamplingParams(max_new_tokens=96, temperature=0.0),
-                           constraint=handle, jump_forward=jump_forward, strict=True, refuse_unfit=True)
+    return GenerateRequest(
+        chat_ids(tokenizer, prompt, SYSTEM),
+        SamplingParams(max_new_tokens=96, temperature=0.0),
+        constraint=handle,
+        jump_forward=jump_forward,
+        strict=True,
+        refuse_unfit=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +102,10 @@ def runs(real_engine, service, tokenizer):
         control = dataclasses.replace(handle, rollback_rules=None, _memo={})
         requests += [request(h, tokenizer, prompt) for h in (control, handle)]
     results = real_engine.generate_many(requests, timeout=900)
-    return ({name: (results[2 * i], results[2 * i + 1]) for i, name in enumerate(CASES)},
-            real_engine.stats().value_rewrites - before)
+    return (
+        {name: (results[2 * i], results[2 * i + 1]) for i, name in enumerate(CASES)},
+        real_engine.stats().value_rewrites - before,
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -139,17 +167,23 @@ def test_a_value_never_fixed_fails_the_request_and_frees_its_slots(engine_idle_c
 
 
 def ask(schema, prompt: str, **more) -> dict:
-    return {"model": MODEL, "temperature": 0, "max_tokens": 96,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema,
-                                                                        "strict": True}}, **more}
+    return {
+        "model": MODEL,
+        "temperature": 0,
+        "max_tokens": 96,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+        **more,
+    }
 
 
 def rewrite_counters(server) -> dict[str, float]:
     metrics = parse_metrics(httpx.get(f"{server.url}/metrics").text)
-    return {"rewrites": metrics["jumpgate_value_rewrites_total"],
-            "tokens": metrics["jumpgate_value_rewritten_tokens_total"],
-            "exhausted": metrics["jumpgate_value_rewrites_exhausted_total"]}
+    return {
+        "rewrites": metrics["jumpgate_value_rewrites_total"],
+        "tokens": metrics["jumpgate_value_rewritten_tokens_total"],
+        "exhausted": metrics["jumpgate_value_rewrites_exhausted_total"],
+    }
 
 
 def test_the_server_answers_whole_and_streamed(jumpgate_server):
@@ -166,8 +200,11 @@ def test_the_server_answers_whole_and_streamed(jumpgate_server):
 
 
 def test_the_schema_check_says_strict_takes_it_by_rollback(jumpgate_server):
-    response = httpx.post(f"{jumpgate_server.url}/v1/schemas/check", timeout=120,
-                          json={"kind": "json_schema", "schema": ADULT_NEEDS_LICENSE})
+    response = httpx.post(
+        f"{jumpgate_server.url}/v1/schemas/check",
+        timeout=120,
+        json={"kind": "json_schema", "schema": ADULT_NEEDS_LICENSE},
+    )
     assert response.status_code == 200, response.text
     check = response.json()
     assert check["strict_accepted"] is True
@@ -194,15 +231,42 @@ def test_a_value_never_fixed_is_a_422_and_the_server_goes_on(jumpgate_server):
 # name -> (function, prompt): a tool whose parameters hold a keyword only the check keeps
 TOOL_CASES = {
     # a pydantic `set[Guest]` field: unique items that are objects
-    "unique_objects": ({"name": "invite", "description": "", "parameters": {
-        "type": "object", "required": ["people"], "properties": {"people": {
-            "type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["name"], "properties": {
-                "name": {"type": "string"}, "role": {"type": "string"}}}}}}},
-        "Invite Ann and Ann as guests."),
-    "if_then": ({"name": "get_weather", "description": "", "parameters": {
-        "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}, "units": {"type": "string"}},
-        "if": {"required": ["city"]}, "then": {"required": ["units"]}}},
-        "What is the weather in Paris?"),
+    "unique_objects": (
+        {
+            "name": "invite",
+            "description": "",
+            "parameters": {
+                "type": "object",
+                "required": ["people"],
+                "properties": {
+                    "people": {
+                        "type": "array",
+                        "uniqueItems": True,
+                        "items": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": {"type": "string"}, "role": {"type": "string"}},
+                        },
+                    }
+                },
+            },
+        },
+        "Invite Ann and Ann as guests.",
+    ),
+    "if_then": (
+        {
+            "name": "get_weather",
+            "description": "",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {"city": {"type": "string"}, "units": {"type": "string"}},
+                "if": {"required": ["city"]},
+                "then": {"required": ["units"]},
+            },
+        },
+        "What is the weather in Paris?",
+    ),
 }
 
 
@@ -211,9 +275,13 @@ def tool_request(handle, tokenizer, name: str) -> GenerateRequest:
 
     function, prompt = TOOL_CASES[name]
     tools_prompt = render_tools_prompt([{"type": "function", "function": function}])
-    return GenerateRequest(chat_ids(tokenizer, prompt, tools_prompt),
-                           SamplingParams(max_new_tokens=128, temperature=0.0), constraint=handle, strict=True,
-                           refuse_unfit=True)
+    return GenerateRequest(
+        chat_ids(tokenizer, prompt, tools_prompt),
+        SamplingParams(max_new_tokens=128, temperature=0.0),
+        constraint=handle,
+        strict=True,
+        refuse_unfit=True,
+    )
 
 
 def arguments_of(text: str, name: str) -> str:
@@ -234,8 +302,9 @@ def test_a_tool_calls_arguments_are_checked_and_rewritten(real_engine, service, 
     assert handle.rollback_rules is not None and handle.fidelity.refused_in_strict == ()
     assert any(k.engine == ROLLBACK for k in handle.fidelity.keywords)
     control = dataclasses.replace(handle, rollback_rules=None, _memo={})
-    without, checked = real_engine.generate_many([tool_request(h, tokenizer, name) for h in (control, handle)],
-                                                 timeout=900)
+    without, checked = real_engine.generate_many(
+        [tool_request(h, tokenizer, name) for h in (control, handle)], timeout=900
+    )
     with pytest.raises(jsonschema.ValidationError):
         validate(function["parameters"], arguments_of(without.text, name))
     assert checked.finish_reason == "stop", checked
@@ -245,16 +314,23 @@ def test_a_tool_calls_arguments_are_checked_and_rewritten(real_engine, service, 
 def test_the_server_answers_a_checked_tool_call_whole_and_streamed(jumpgate_server):
     client = openai_client(jumpgate_server)
     function, prompt = TOOL_CASES["unique_objects"]
-    ask_tool = {"model": MODEL, "temperature": 0, "max_tokens": 128, "tool_choice": "required",
-                "tools": [{"type": "function", "function": function}], "parallel_tool_calls": False,
-                "messages": [{"role": "user", "content": prompt}]}
+    ask_tool = {
+        "model": MODEL,
+        "temperature": 0,
+        "max_tokens": 128,
+        "tool_choice": "required",
+        "tools": [{"type": "function", "function": function}],
+        "parallel_tool_calls": False,
+        "messages": [{"role": "user", "content": prompt}],
+    }
     whole = client.chat.completions.create(**ask_tool)
     assert whole.choices[0].finish_reason == "tool_calls"
     call = whole.choices[0].message.tool_calls[0]
     validate(function["parameters"], call.function.arguments)
     chunks = list(client.chat.completions.create(**ask_tool, stream=True))
-    streamed = "".join(tc.function.arguments or "" for c in chunks if c.choices
-                       for tc in c.choices[0].delta.tool_calls or [])
+    streamed = "".join(
+        tc.function.arguments or "" for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []
+    )
     assert streamed == call.function.arguments
 
 
@@ -268,9 +344,13 @@ def test_a_tool_call_never_fixed_fails_the_request_and_frees_its_slots(engine_id
     handle = service.compile(GrammarSpec.tool_calls([tool], "required", parallel_tool_calls=False))
     assert handle.rollback_rules is not None
     before = engine_idle_check.stats().value_rewrites_exhausted
-    request = GenerateRequest(chat_ids(tokenizer, prompt, render_tools_prompt([tool])),
-                              SamplingParams(max_new_tokens=128, temperature=0.0), constraint=handle, strict=True,
-                              refuse_unfit=True)
+    request = GenerateRequest(
+        chat_ids(tokenizer, prompt, render_tools_prompt([tool])),
+        SamplingParams(max_new_tokens=128, temperature=0.0),
+        constraint=handle,
+        strict=True,
+        refuse_unfit=True,
+    )
     with pytest.raises(EngineError, match=VALUE_RETRIES_EXHAUSTED):
         engine_idle_check.generate_many([request], timeout=600)
     assert engine_idle_check.stats().value_rewrites_exhausted == before + 1

@@ -14,9 +14,58 @@ from grammar.checks.value_check import ValueCheck, ValueCheckVocab
 from grammar.checks.value_rules import SchemaNavigator, canonical
 
 PIECES = [
-    "{", "}", "[", "]", ",", ":", '"', "a", "b", "c", "ab", 'b"', 'c"', '":', '"a', '"ab"', ',"ab":', '1,"ab":',
-    "1", "0", "2", "1.0", ".0", "-", '"a"', '","', '",', "\\", "u0061", "\\u0061", "x", "y", '"]', '"}', "},",
-    "true", "false", "e", 'a"', '"b"', "1]", "0,", "t", "f", "d", 'd"', '"c"', '"d"', "1}", "<c>", "<", "c>",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    '"',
+    "a",
+    "b",
+    "c",
+    "ab",
+    'b"',
+    'c"',
+    '":',
+    '"a',
+    '"ab"',
+    ',"ab":',
+    '1,"ab":',
+    "1",
+    "0",
+    "2",
+    "1.0",
+    ".0",
+    "-",
+    '"a"',
+    '","',
+    '",',
+    "\\",
+    "u0061",
+    "\\u0061",
+    "x",
+    "y",
+    '"]',
+    '"}',
+    "},",
+    "true",
+    "false",
+    "e",
+    'a"',
+    '"b"',
+    "1]",
+    "0,",
+    "t",
+    "f",
+    "d",
+    'd"',
+    '"c"',
+    '"d"',
+    "1}",
+    "<c>",
+    "<",
+    "c>",
 ]
 VOCAB = ValueCheckVocab([p.encode() for p in PIECES], frozenset())
 ID = {p: i for i, p in enumerate(PIECES)}
@@ -49,7 +98,7 @@ def test_a_token_closing_a_name_already_written_is_masked_out():
     check = check_after(["{", '"ab"', ":", "1", ",", '"a'])
     out = banned(check)
     assert 'b"' in out  # would close "ab" again
-    assert {"b", 'c"', "c"} .isdisjoint(out)  # growing the name, or closing another one, is fine
+    assert {"b", 'c"', "c"}.isdisjoint(out)  # growing the name, or closing another one, is fine
     assert check.banned == len(out)
 
 
@@ -126,14 +175,24 @@ REPEATABLE = {
     "declared and patternProperties": (_open_object(patternProperties={"^a": {"type": "integer"}}), []),
     "patternProperties only": ({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": False}, []),
     "empty properties (llguidance leaves it open)": ({"type": "object", "properties": {}}, []),
-    "nested in a declared property": ({"type": "object", "properties": {"c": _open_object(additionalProperties=True)}},
-                                      ["{", '"c"', ":"]),
-    "free object under additionalProperties": ({"type": "object", "additionalProperties": {"type": "object"}},
-                                               ["{", '"c"', ":"]),
+    "nested in a declared property": (
+        {"type": "object", "properties": {"c": _open_object(additionalProperties=True)}},
+        ["{", '"c"', ":"],
+    ),
+    "free object under additionalProperties": (
+        {"type": "object", "additionalProperties": {"type": "object"}},
+        ["{", '"c"', ":"],
+    ),
     "items of an array": ({"type": "array", "items": _open_object(additionalProperties=True)}, ["[", "{", "}", ","]),
     "an anyOf branch": ({"anyOf": [{"type": "null"}, _open_object(additionalProperties=True)]}, []),
-    "a $ref'd definition": ({"$defs": {"o": _open_object(additionalProperties={"type": "integer"})},
-                             "type": "object", "properties": {"c": {"$ref": "#/$defs/o"}}}, ["{", '"c"', ":"]),
+    "a $ref'd definition": (
+        {
+            "$defs": {"o": _open_object(additionalProperties={"type": "integer"})},
+            "type": "object",
+            "properties": {"c": {"$ref": "#/$defs/o"}},
+        },
+        ["{", '"c"', ":"],
+    ),
     "declared, outside strict mode": ("loose", []),
 }
 
@@ -141,8 +200,11 @@ REPEATABLE = {
 @pytest.mark.parametrize("shape", list(REPEATABLE))
 def test_a_name_written_again_is_masked_out_in_every_object_that_admits_it(shape):
     schema, before = REPEATABLE[shape]
-    navigator = SchemaNavigator(_open_object(), strict=False) if schema == "loose" else (
-        SchemaNavigator(schema) if schema is not None else None)
+    navigator = (
+        SchemaNavigator(_open_object(), strict=False)
+        if schema == "loose"
+        else (SchemaNavigator(schema) if schema is not None else None)
+    )
     check = ValueCheck(VOCAB, navigator)
     for piece in before + ["{", '"ab"', ":", "1", ","]:
         check.accept(ID[piece])
@@ -152,12 +214,15 @@ def test_a_name_written_again_is_masked_out_in_every_object_that_admits_it(shape
     assert 'c"' not in banned(check)  # another name is fine
 
 
-@pytest.mark.parametrize("schema", [
-    _open_object(),  # strict mode closes an object that declares properties and says nothing else
-    _open_object(additionalProperties=False),
-    {"type": "object", "unevaluatedProperties": False},
-    {"type": "object", "maxProperties": 1},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _open_object(),  # strict mode closes an object that declares properties and says nothing else
+        _open_object(additionalProperties=False),
+        {"type": "object", "unevaluatedProperties": False},
+        {"type": "object", "maxProperties": 1},
+    ],
+)
 def test_objects_whose_names_cannot_repeat_are_not_followed(schema):
     navigator = SchemaNavigator(schema)
     assert not navigator.names_may_repeat(navigator.root_nodes())
@@ -209,8 +274,9 @@ def test_listed_items_refuse_a_used_value_early_and_the_comma_once_all_are_used(
 
 
 def test_object_items_compare_canonically_at_their_closing_brace():
-    check = check_after(["[", "{", '"a"', ":", "1", ",", '"b"', ":", "2", "}", ",",
-                         "{", '"b"', ":", "2", ",", '"a"', ":", "1"], OBJECTS)
+    check = check_after(
+        ["[", "{", '"a"', ":", "1", ",", '"b"', ":", "2", "}", ",", "{", '"b"', ":", "2", ",", '"a"', ":", "1"], OBJECTS
+    )
     out = banned(check)
     assert "}" in out and "}," in out  # {"b":2,"a":1} equals {"a":1,"b":2}
     check = check_after(["[", "{", '"a"', ":", "1", "}", ",", "{", '"a"', ":", "2"], OBJECTS)
@@ -218,14 +284,30 @@ def test_object_items_compare_canonically_at_their_closing_brace():
 
 
 # object items of scalar properties: the check steers each item away from the earlier ones
-TAGS = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["a", "b"], "properties": {
-    "a": {"type": "integer"}, "b": {"type": "boolean"}}}}
-NAMES = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["c"], "properties": {
-    "c": {"type": "string"}}}}
-OPTIONAL = {"type": "array", "uniqueItems": True, "items": {"type": "object", "properties": {
-    "ab": {"const": 1}, "b": {"const": 1}}}}  # both optional: {}, {"ab":1}, {"b":1}, {"ab":1,"b":1}
-FLAGS = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["b"], "properties": {
-    "b": {"type": "boolean"}}}}
+TAGS = {
+    "type": "array",
+    "uniqueItems": True,
+    "items": {
+        "type": "object",
+        "required": ["a", "b"],
+        "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
+    },
+}
+NAMES = {
+    "type": "array",
+    "uniqueItems": True,
+    "items": {"type": "object", "required": ["c"], "properties": {"c": {"type": "string"}}},
+}
+OPTIONAL = {
+    "type": "array",
+    "uniqueItems": True,
+    "items": {"type": "object", "properties": {"ab": {"const": 1}, "b": {"const": 1}}},
+}  # both optional: {}, {"ab":1}, {"b":1}, {"ab":1,"b":1}
+FLAGS = {
+    "type": "array",
+    "uniqueItems": True,
+    "items": {"type": "object", "required": ["b"], "properties": {"b": {"type": "boolean"}}},
+}
 
 
 def item(*pieces: str) -> list[str]:
@@ -242,8 +324,13 @@ def test_a_listed_value_that_could_only_end_an_object_item_as_a_repeat_is_masked
 
 
 def test_a_value_end_that_leaves_only_used_combinations_is_masked_out_and_the_number_grows():
-    items = ["[", *item('"a"', ":", "1", ",", '"b"', ":", "true"), ",",
-             *item('"a"', ":", "1", ",", '"b"', ":", "false"), ","]
+    items = [
+        "[",
+        *item('"a"', ":", "1", ",", '"b"', ":", "true"),
+        ",",
+        *item('"a"', ":", "1", ",", '"b"', ":", "false"),
+        ",",
+    ]
     check = check_after(items + ["{", '"a"', ":", "1"], TAGS)
     out = banned(check)
     assert "," in out and '1,"ab":' in out  # "b" could only repeat true or false
@@ -296,8 +383,11 @@ def test_steering_object_items_rolls_back_with_the_output():
 
 
 def test_uniqueness_follows_properties_refs_and_branches():
-    schema = {"$defs": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
-              "type": "object", "properties": {"t": {"anyOf": [{"$ref": "#/$defs/tags"}, {"type": "null"}]}}}
+    schema = {
+        "$defs": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        "type": "object",
+        "properties": {"t": {"anyOf": [{"$ref": "#/$defs/tags"}, {"type": "null"}]}},
+    }
     check = check_after(["{", '"', "t", '":', "[", '"ab"', ",", '"a'], schema)
     assert 'b"' in banned(check)
     check = check_after(["{", '"', "x", '":', "[", '"ab"', ",", '"a'], schema)  # an undeclared name
@@ -374,8 +464,15 @@ def test_object_item_steering_agrees_with_brute_force_over_every_item_and_prefix
     import random
 
     fields = [("a", ["true", "false"], False), ("b", ["1", "2", '"x"'], True), ("c", ["null"], False)]
-    schema = {"type": "array", "uniqueItems": True, "items": {"type": "object", "required": ["b"], "properties": {
-        "a": {"type": "boolean"}, "b": {"enum": [1, 2, "x"]}, "c": {"type": "null"}}}}
+    schema = {
+        "type": "array",
+        "uniqueItems": True,
+        "items": {
+            "type": "object",
+            "required": ["b"],
+            "properties": {"a": {"type": "boolean"}, "b": {"enum": [1, 2, "x"]}, "c": {"type": "null"}},
+        },
+    }
     texts = []
     for combo in itertools.product(*[values + ([None] if not required else []) for _, values, required in fields]):
         pairs = [f'"{name}":{v}' for (name, _, _), v in zip(fields, combo) if v is not None]

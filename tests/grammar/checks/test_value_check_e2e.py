@@ -12,9 +12,9 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.validation.fidelity import routed_schema_fidelity
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT
 from grammar.kinds.tool_calls.parser import parse_tool_calls
+from grammar.validation.fidelity import routed_schema_fidelity
 from runtime.api import GenerateRequest
 from runtime.decode.sampling import SamplingParams
 from tests.conftest import chat_ids
@@ -34,16 +34,28 @@ def unique_array(name: str, items: dict, **more) -> dict:
 CASES = {
     "names_of_strings": ({"type": "object", "additionalProperties": {"type": "string"}}, ITEMS),
     "names_of_anything": ({"type": "object", "additionalProperties": True}, ITEMS),
-    "unique_strings": (unique_array("fruits", {"type": "string"}),
-                       "List the word apple three times: apple, apple, apple."),
+    "unique_strings": (
+        unique_array("fruits", {"type": "string"}),
+        "List the word apple three times: apple, apple, apple.",
+    ),
     "unique_integers": (unique_array("numbers", {"type": "integer"}), "The numbers are 3, 3, 3 and 3."),
-    "unique_enum": (unique_array("colors", {"enum": ["red", "green", "blue"]}, minItems=3),
-                    "Write red, red, red as a list of colors."),
-    "dependent_required": ({"type": "object", "required": ["name"],
-                            "properties": {"name": {"type": "string"}, "credit_card": {"type": "string"},
-                                           "billing_address": {"type": "string"}},
-                            "dependentRequired": {"credit_card": ["billing_address"]}},
-                           "Alice pays with credit card 4111 1111 1111 1111."),
+    "unique_enum": (
+        unique_array("colors", {"enum": ["red", "green", "blue"]}, minItems=3),
+        "Write red, red, red as a list of colors.",
+    ),
+    "dependent_required": (
+        {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "credit_card": {"type": "string"},
+                "billing_address": {"type": "string"},
+            },
+            "dependentRequired": {"credit_card": ["billing_address"]},
+        },
+        "Alice pays with credit card 4111 1111 1111 1111.",
+    ),
 }
 
 
@@ -55,17 +67,28 @@ def basket(**extra) -> dict:
 BASKET = "basket=blue, item=apple, item=pear, item=plum."
 # name -> (schema, prompt): declared properties beside additionalProperties, whose names the check
 # did not follow in strict mode (issue #42 item 3), at the top, in array items and behind a $ref
-CASES.update({
-    "declared_and_additional": (basket(additionalProperties={"type": "string"}), "Make a JSON object: " + BASKET),
-    "declared_and_additional_in_items": (
-        {"type": "object", "required": ["orders"],
-         "properties": {"orders": {"type": "array", "items": basket(additionalProperties={"type": "string"})}}},
-        "Make a JSON object with orders: " + BASKET),
-    "declared_and_additional_behind_a_ref": (
-        {"$defs": {"b": basket(additionalProperties={"type": "string"})}, "type": "object",
-         "properties": {"order": {"$ref": "#/$defs/b"}}, "required": ["order"]},
-        "Make a JSON object: order with " + BASKET),
-})
+CASES.update(
+    {
+        "declared_and_additional": (basket(additionalProperties={"type": "string"}), "Make a JSON object: " + BASKET),
+        "declared_and_additional_in_items": (
+            {
+                "type": "object",
+                "required": ["orders"],
+                "properties": {"orders": {"type": "array", "items": basket(additionalProperties={"type": "string"})}},
+            },
+            "Make a JSON object with orders: " + BASKET,
+        ),
+        "declared_and_additional_behind_a_ref": (
+            {
+                "$defs": {"b": basket(additionalProperties={"type": "string"})},
+                "type": "object",
+                "properties": {"order": {"$ref": "#/$defs/b"}},
+                "required": ["order"],
+            },
+            "Make a JSON object: order with " + BASKET,
+        ),
+    }
+)
 
 
 def repeated_names(text: str) -> list[str]:
@@ -99,8 +122,16 @@ def runs(real_engine, service, tokenizer):
         assert handle.value_check is not None
         control = handle.without_value_check()
         ids = chat_ids(tokenizer, prompt, SYSTEM)
-        requests += [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,
-                                     jump_forward="verify", strict=True) for h in (control, handle)]
+        requests += [
+            GenerateRequest(
+                ids,
+                SamplingParams(max_new_tokens=64, temperature=0.0),
+                constraint=h,
+                jump_forward="verify",
+                strict=True,
+            )
+            for h in (control, handle)
+        ]
     results = real_engine.generate_many(requests, timeout=900)
     return {name: (results[2 * i], results[2 * i + 1]) for i, name in enumerate(CASES)}
 
@@ -129,17 +160,36 @@ def test_with_the_check_nothing_repeats_and_the_output_validates(runs, name):
 
 
 def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, service, tokenizer):
-    tools = [{"type": "function", "function": {"name": "add_items", "description": "Add items to a basket",
-                                               "parameters": {"type": "object",
-                                                              "additionalProperties": {"type": "string"}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add_items",
+                "description": "Add items to a basket",
+                "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        }
+    ]
     handle = service.compile(GrammarSpec.tool_calls(tools, "required"))
     # a prompt that leads the unchecked model to repeat a name under fp32 and q4 weights alike
-    ids = chat_ids(tokenizer, "Call add_items with fruit=apple, fruit=pear, fruit=plum.",
-                   HERMES_TOOL_CALL_FORMAT.render_tools_prompt(tools))
+    ids = chat_ids(
+        tokenizer,
+        "Call add_items with fruit=apple, fruit=pear, fruit=plum.",
+        HERMES_TOOL_CALL_FORMAT.render_tools_prompt(tools),
+    )
     control, checked = real_engine.generate_many(
-        [GenerateRequest(ids, SamplingParams(max_new_tokens=64, temperature=0.0), constraint=h,
-                         jump_forward="verify", strict=True)
-         for h in (handle.without_value_check(), handle)], timeout=900)
+        [
+            GenerateRequest(
+                ids,
+                SamplingParams(max_new_tokens=64, temperature=0.0),
+                constraint=h,
+                jump_forward="verify",
+                strict=True,
+            )
+            for h in (handle.without_value_check(), handle)
+        ],
+        timeout=900,
+    )
 
     def calls(text: str) -> list[str]:
         """Each call's arguments as the gateway reads them (a string in them may hold the end
@@ -152,16 +202,23 @@ def test_tool_call_arguments_repeat_a_name_only_without_the_check(real_engine, s
 
 def object_array(name: str, properties: dict) -> dict:
     items = {"type": "object", "required": list(properties), "properties": properties}
-    return {"type": "object", "required": [name], "properties": {
-        name: {"type": "array", "items": items, "uniqueItems": True, "minItems": 2, "maxItems": 3}}}
+    return {
+        "type": "object",
+        "required": [name],
+        "properties": {name: {"type": "array", "items": items, "uniqueItems": True, "minItems": 2, "maxItems": 3}},
+    }
 
 
 # name -> (schema, prompt): object items the unchecked model repeats (greedy, the default weights)
 OBJECT_CASES = {
-    "string_and_boolean": (object_array("fruits", {"fruit": {"type": "string"}, "ripe": {"type": "boolean"}}),
-                           "I bought a ripe apple, a ripe apple and a ripe apple."),
-    "string_and_integer": (object_array("people", {"name": {"type": "string"}, "age": {"type": "integer"}}),
-                           "Bob is 30. Bob is 30. Bob is 30. List the people."),
+    "string_and_boolean": (
+        object_array("fruits", {"fruit": {"type": "string"}, "ripe": {"type": "boolean"}}),
+        "I bought a ripe apple, a ripe apple and a ripe apple.",
+    ),
+    "string_and_integer": (
+        object_array("people", {"name": {"type": "string"}, "age": {"type": "integer"}}),
+        "Bob is 30. Bob is 30. Bob is 30. List the people.",
+    ),
 }
 
 
@@ -173,9 +230,16 @@ def object_runs(real_engine, service, tokenizer):
     for schema, prompt in OBJECT_CASES.values():
         handle = service.compile(GrammarSpec.json_schema(schema))
         ids = chat_ids(tokenizer, prompt, SYSTEM)
-        requests += [GenerateRequest(ids, SamplingParams(max_new_tokens=120, temperature=0.0), constraint=h,
-                                     jump_forward="verify", strict=True)
-                     for h in (handle.without_value_check(), handle)]
+        requests += [
+            GenerateRequest(
+                ids,
+                SamplingParams(max_new_tokens=120, temperature=0.0),
+                constraint=h,
+                jump_forward="verify",
+                strict=True,
+            )
+            for h in (handle.without_value_check(), handle)
+        ]
     results = real_engine.generate_many(requests, timeout=900)
     return {name: (results[2 * i], results[2 * i + 1]) for i, name in enumerate(OBJECT_CASES)}
 
@@ -201,8 +265,15 @@ def test_unique_object_items_close_validly_at_every_budget_from_the_smallest(rea
         least = handle.min_completion_tokens()
         ids = chat_ids(tokenizer, prompt, SYSTEM)
         for budget in range(least, least + 6):
-            requests.append(GenerateRequest(ids, SamplingParams(max_new_tokens=budget, temperature=0.0),
-                                            constraint=handle, jump_forward="verify", strict=True))
+            requests.append(
+                GenerateRequest(
+                    ids,
+                    SamplingParams(max_new_tokens=budget, temperature=0.0),
+                    constraint=handle,
+                    jump_forward="verify",
+                    strict=True,
+                )
+            )
             schemas.append(schema)
     for schema, result in zip(schemas, real_engine.generate_many(requests, timeout=900)):
         value = json.loads(result.text)

@@ -39,8 +39,9 @@ def walk(matcher, tokenizer, text):
 OPEN = {"type": "object", "additionalProperties": {"type": "string"}}
 
 
-@pytest.mark.parametrize("spec", [GrammarSpec.json_schema(OPEN), GrammarSpec.of("json_object", None)],
-                         ids=["json_schema", "json_object"])
+@pytest.mark.parametrize(
+    "spec", [GrammarSpec.json_schema(OPEN), GrammarSpec.of("json_object", None)], ids=["json_schema", "json_object"]
+)
 def test_a_name_already_written_cannot_be_closed_again(service, tokenizer, vocab_size, spec):
     matcher = walk(service.compile(spec).new_matcher(), tokenizer, '{"apple":"1","apple')
     allowed = allowed_texts(matcher, vocab_size, tokenizer)
@@ -62,24 +63,32 @@ def test_rollback_after_a_rejected_draft_forgets_the_names(service, tokenizer, v
 
 def test_a_forced_span_that_would_repeat_a_name_is_not_drafted(service, tokenizer):
     # only two names exist, so after a name's first letter the grammar forces the rest of it
-    schema = {"type": "object", "propertyNames": {"enum": ["alpha", "beta"]},
-              "additionalProperties": {"type": "integer"}}
-    matcher = walk(service.compile(GrammarSpec.json_schema(schema, strict=False)).new_matcher(), tokenizer,
-                   '{"alpha":1,"al')
+    schema = {
+        "type": "object",
+        "propertyNames": {"enum": ["alpha", "beta"]},
+        "additionalProperties": {"type": "integer"},
+    }
+    matcher = walk(
+        service.compile(GrammarSpec.json_schema(schema, strict=False)).new_matcher(), tokenizer, '{"alpha":1,"al'
+    )
     forced = matcher.jump_forward_string()
     assert forced.startswith('pha"')  # the grammar alone would draft the repeat ...
     assert '"' not in tokenizer.decode(matcher.jump_forward_tokens())  # ... the check stops before its quote
 
 
 def test_completion_plans_and_closing_masks_avoid_repeats(service, tokenizer, vocab_size):
-    schema = {"type": "object", "required": ["colors"], "properties": {
-        "colors": {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True, "minItems": 2}}}
+    schema = {
+        "type": "object",
+        "required": ["colors"],
+        "properties": {
+            "colors": {"type": "array", "items": {"enum": ["red", "green"]}, "uniqueItems": True, "minItems": 2}
+        },
+    }
     matcher = walk(service.compile(GrammarSpec.json_schema(schema)).new_matcher(), tokenizer, '{"colors":["red",')
     plan = matcher.completion_plan()
     assert tokenizer.decode(plan) == '"green"]}'
     assert '"red' not in allowed_texts(matcher, vocab_size, tokenizer, matcher.fill_bitmask)
-    closing = allowed_texts(matcher, vocab_size, tokenizer,
-                            lambda b, r: matcher.fill_closing_bitmask(b, r, False))
+    closing = allowed_texts(matcher, vocab_size, tokenizer, lambda b, r: matcher.fill_closing_bitmask(b, r, False))
     assert closing and not any(t.startswith('"r') for t in closing)
     # a free name being written equal to an earlier one: the plan grows it instead of closing it
     matcher = walk(service.compile(GrammarSpec.json_schema(OPEN)).new_matcher(), tokenizer, '{"a":"1","a')
@@ -89,8 +98,12 @@ def test_completion_plans_and_closing_masks_avoid_repeats(service, tokenizer, vo
 
 def test_llguidance_matchers_carry_the_check(service, tokenizer, vocab_size):
     # llguidance compiles this schema (pattern beside maxLength); it refuses uniqueItems itself
-    schema = {"type": "object", "required": ["code"], "additionalProperties": {"type": "string"},
-              "properties": {"code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}}}
+    schema = {
+        "type": "object",
+        "required": ["code"],
+        "additionalProperties": {"type": "string"},
+        "properties": {"code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
+    }
     handle = service.compile(GrammarSpec.json_schema(schema, strict=False))
     assert handle.engine == "llguidance"
     matcher = walk(handle.new_matcher(), tokenizer, '{"code":"ab","x":"1","x')
@@ -100,8 +113,13 @@ def test_llguidance_matchers_carry_the_check(service, tokenizer, vocab_size):
 
 
 def test_a_grammar_warmed_from_disk_gets_its_check_back(tokenizer, vocab_size, tmp_path):
-    spec = GrammarSpec.json_schema({"type": "object", "required": ["xs"], "properties": {
-        "xs": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}})
+    spec = GrammarSpec.json_schema(
+        {
+            "type": "object",
+            "required": ["xs"],
+            "properties": {"xs": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        }
+    )
     first = GrammarService(tokenizer, vocab_size, cache_dir=tmp_path)
     first.compile(spec)
     first.close()
@@ -117,8 +135,12 @@ def test_a_grammar_warmed_from_disk_gets_its_check_back(tokenizer, vocab_size, t
 
 
 def test_tool_call_arguments_never_repeat_a_name(service, tokenizer, vocab_size):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "additionalProperties": {"type": "integer"}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object", "additionalProperties": {"type": "integer"}}},
+        }
+    ]
     handle = service.compile(GrammarSpec.tool_calls(tools, "required"))
     matcher = walk(handle.new_matcher(), tokenizer, '<tool_call>{"name":"f","arguments":{"apple":1,"apple')
     allowed = allowed_texts(matcher, vocab_size, tokenizer)
@@ -126,9 +148,14 @@ def test_tool_call_arguments_never_repeat_a_name(service, tokenizer, vocab_size)
 
 
 def test_unique_items_hold_on_llguidance_which_leaves_them_to_the_check(service, tokenizer, vocab_size):
-    schema = {"type": "object", "required": ["code", "tags"], "properties": {
-        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
-        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    schema = {
+        "type": "object",
+        "required": ["code", "tags"],
+        "properties": {
+            "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+    }
     handle = service.compile(GrammarSpec.json_schema(schema))
     assert handle.engine == "llguidance"
     matcher = walk(handle.new_matcher(), tokenizer, '{"code":"ab","tags":["x","x')
@@ -138,12 +165,22 @@ def test_unique_items_hold_on_llguidance_which_leaves_them_to_the_check(service,
     assert '"' in allowed_texts(bare, vocab_size, tokenizer)  # llguidance alone would repeat the item
 
 
-TAG = {"type": "object", "title": "Tag", "required": ["name", "weight"],
-       "properties": {"name": {"type": "string"}, "weight": {"type": "integer"}}}
-SETTINGS = {"type": "object", "required": ["mode"], "properties": {
-    "mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"}, "note": {"type": "string"}}}
-PICKS = {"type": "object", "required": ["mode", "on"], "properties": {
-    "mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"}}}
+TAG = {
+    "type": "object",
+    "title": "Tag",
+    "required": ["name", "weight"],
+    "properties": {"name": {"type": "string"}, "weight": {"type": "integer"}},
+}
+SETTINGS = {
+    "type": "object",
+    "required": ["mode"],
+    "properties": {"mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"}, "note": {"type": "string"}},
+}
+PICKS = {
+    "type": "object",
+    "required": ["mode", "on"],
+    "properties": {"mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"}},
+}
 
 
 def copying_writer(matcher, tokenizer, vocab_size, want: str, limit: int = 200) -> str:
@@ -160,11 +197,20 @@ def copying_writer(matcher, tokenizer, vocab_size, want: str, limit: int = 200) 
         allowed = {i for i in range(vocab_size) if (words[i // 32] >> (i % 32)) & 1}
         assert allowed, f"no token allowed after {out!r}"
         token = None
-        if steer and want[len(out):]:
-            wanted = encode(tokenizer, want[len(out):])[0]
-            token = wanted if wanted in allowed else next(
-                (i for i in sorted(allowed) if want[len(out):].startswith(tokenizer.decode([i])) and
-                 tokenizer.decode([i])), None)
+        if steer and want[len(out) :]:
+            wanted = encode(tokenizer, want[len(out) :])[0]
+            token = (
+                wanted
+                if wanted in allowed
+                else next(
+                    (
+                        i
+                        for i in sorted(allowed)
+                        if want[len(out) :].startswith(tokenizer.decode([i])) and tokenizer.decode([i])
+                    ),
+                    None,
+                )
+            )
         if token is None:
             steer = False
             plan = matcher.completion_plan()
@@ -177,8 +223,11 @@ def copying_writer(matcher, tokenizer, vocab_size, want: str, limit: int = 200) 
 def test_the_array_closes_once_every_object_item_is_used(service, tokenizer, vocab_size):
     import json
 
-    schema = {"type": "object", "required": ["xs"], "properties": {"xs": {"type": "array", "items": PICKS,
-                                                                          "uniqueItems": True, "minItems": 4}}}
+    schema = {
+        "type": "object",
+        "required": ["xs"],
+        "properties": {"xs": {"type": "array", "items": PICKS, "uniqueItems": True, "minItems": 4}},
+    }
     handle = service.compile(GrammarSpec.json_schema(schema))
     assert handle.fidelity.refused_in_strict == ()
     picks = [f'{{"mode":"{m}","on":{o}}}' for m in ("fast", "slow") for o in ("true", "false")]
@@ -188,19 +237,26 @@ def test_the_array_closes_once_every_object_item_is_used(service, tokenizer, voc
     assert matcher.values.dead_ends == 0
 
 
-@pytest.mark.parametrize("items,item_text", [
-    (TAG, '{"name":"tea","weight":1}'),
-    ({"$ref": "#/$defs/Tag"}, '{"name":"tea","weight":0}'),  # pydantic's set[Tag]; 0 cannot grow
-    (SETTINGS, '{"mode":"fast","on":true,"note":"x"}'),
-    (PICKS, '{"mode":"fast","on":true}'),  # 4 distinct items: the array must close at 4
-])
+@pytest.mark.parametrize(
+    "items,item_text",
+    [
+        (TAG, '{"name":"tea","weight":1}'),
+        ({"$ref": "#/$defs/Tag"}, '{"name":"tea","weight":0}'),  # pydantic's set[Tag]; 0 cannot grow
+        (SETTINGS, '{"mode":"fast","on":true,"note":"x"}'),
+        (PICKS, '{"mode":"fast","on":true}'),  # 4 distinct items: the array must close at 4
+    ],
+)
 def test_object_items_never_repeat_and_the_masks_never_empty(service, tokenizer, vocab_size, items, item_text):
     import json
 
     import jsonschema
 
-    schema = {"$defs": {"Tag": TAG}, "type": "object", "required": ["xs"],
-              "properties": {"xs": {"type": "array", "items": items, "uniqueItems": True}}}
+    schema = {
+        "$defs": {"Tag": TAG},
+        "type": "object",
+        "required": ["xs"],
+        "properties": {"xs": {"type": "array", "items": items, "uniqueItems": True}},
+    }
     handle = service.compile(GrammarSpec.json_schema(schema))
     assert handle.fidelity.refused_in_strict == ()
     matcher = handle.new_matcher()
@@ -212,14 +268,18 @@ def test_object_items_never_repeat_and_the_masks_never_empty(service, tokenizer,
     if items is PICKS:
         assert len(value["xs"]) == 2  # the writer's repeat was turned into the next distinct item
     bare = handle.without_value_check().new_matcher()  # the grammar alone would write the repeats
-    assert json.loads(copying_writer(bare, tokenizer, vocab_size, '{"xs":[' + ",".join([item_text] * 2) + "]}"))[
-        "xs"] == [json.loads(item_text)] * 2
+    assert (
+        json.loads(copying_writer(bare, tokenizer, vocab_size, '{"xs":[' + ",".join([item_text] * 2) + "]}"))["xs"]
+        == [json.loads(item_text)] * 2
+    )
 
 
-def test_completion_plans_and_closing_masks_grow_an_object_item_instead_of_repeating_it(
-        service, tokenizer, vocab_size):
-    schema = {"type": "object", "required": ["xs"], "properties": {"xs": {"type": "array", "items": TAG,
-                                                                          "uniqueItems": True}}}
+def test_completion_plans_and_closing_masks_grow_an_object_item_instead_of_repeating_it(service, tokenizer, vocab_size):
+    schema = {
+        "type": "object",
+        "required": ["xs"],
+        "properties": {"xs": {"type": "array", "items": TAG, "uniqueItems": True}},
+    }
     start = '{"xs":[{"name":"tea","weight":1},{"name":"tea","weight":1'
     matcher = walk(service.compile(GrammarSpec.json_schema(schema)).new_matcher(), tokenizer, start)
     text = tokenizer.decode(matcher.completion_plan())
@@ -234,9 +294,14 @@ def test_completion_plans_and_closing_masks_grow_an_object_item_instead_of_repea
 def test_object_items_are_steered_on_llguidance_too(service, tokenizer, vocab_size):
     import json
 
-    schema = {"type": "object", "required": ["code", "xs"], "properties": {
-        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
-        "xs": {"type": "array", "items": PICKS, "uniqueItems": True}}}
+    schema = {
+        "type": "object",
+        "required": ["code", "xs"],
+        "properties": {
+            "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+            "xs": {"type": "array", "items": PICKS, "uniqueItems": True},
+        },
+    }
     handle = service.compile(GrammarSpec.json_schema(schema))
     assert handle.engine == "llguidance" and handle.fidelity.refused_in_strict == ()
     matcher = handle.new_matcher()
@@ -250,8 +315,11 @@ def test_object_items_are_steered_on_llguidance_too(service, tokenizer, vocab_si
 def test_the_smallest_output_counts_distinct_items(service, tokenizer):
     import json
 
-    schema = {"type": "object", "required": ["xs"], "properties": {"xs": {"type": "array", "items": PICKS,
-                                                                          "uniqueItems": True, "minItems": 3}}}
+    schema = {
+        "type": "object",
+        "required": ["xs"],
+        "properties": {"xs": {"type": "array", "items": PICKS, "uniqueItems": True, "minItems": 3}},
+    }
     handle = service.compile(GrammarSpec.json_schema(schema))
     plan = handle.new_matcher().completion_plan()
     xs = json.loads(tokenizer.decode(plan))["xs"]

@@ -8,8 +8,7 @@ from grammar import GrammarSpec
 from grammar.engines.draft_split import DraftSplitter, ForcedSpanWatch
 
 NAME_ONLY = {"type": "object", "properties": {"full_name": {"type": "string"}}, "required": ["full_name"]}
-TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
-        "required": ["tags"]}
+TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}, "required": ["tags"]}
 
 
 def ids(tokenizer, text):
@@ -86,8 +85,12 @@ def test_matcher_learns_the_models_split_and_drafts_it_next_time(service, tokeni
     canonical = first.jump_forward_tokens()
     assert tokenizer.decode(canonical) == '{"full_name":"'
     # the "model" writes the span its own way: `{"` `f` `ull` `_name` `":` `"`
-    model_split = ids(tokenizer, '{"') + [one(tokenizer, "f")] + ids(tokenizer, "ull_name") + [
-        one(tokenizer, '":'), one(tokenizer, '"')]
+    model_split = (
+        ids(tokenizer, '{"')
+        + [one(tokenizer, "f")]
+        + ids(tokenizer, "ull_name")
+        + [one(tokenizer, '":'), one(tokenizer, '"')]
+    )
     assert tokenizer.decode(model_split) == '{"full_name":"' and model_split != canonical
     for token in model_split:
         assert first.accept(token)
@@ -109,8 +112,11 @@ def test_a_choice_straddling_the_end_of_the_span_is_drafted_only_where_valid(ser
 
 
 def test_direct_insertion_teaches_nothing(service, tokenizer):
-    handle = service.compile(GrammarSpec.json_schema({"type": "object", "properties": {
-        "zeta_value": {"type": "integer"}}, "required": ["zeta_value"]}))
+    handle = service.compile(
+        GrammarSpec.json_schema(
+            {"type": "object", "properties": {"zeta_value": {"type": "integer"}}, "required": ["zeta_value"]}
+        )
+    )
     before = len(service.draft_splitter)
     m = handle.new_matcher()
     for token in m.jump_forward_tokens(learn=False):

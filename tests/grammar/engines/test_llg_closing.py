@@ -23,8 +23,7 @@ from runtime.decode.sampling import SamplingParams
 
 
 def closed(properties: dict, required: list[str], **more) -> dict:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False,
-            **more}
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False, **more}
 
 
 MEDIA = {"kind": {"enum": ["book", "movie"]}, "author": {"type": "string"}, "director": {"type": "string"}}
@@ -37,31 +36,66 @@ LINE = {"name": SHORT, "sku": SHORT, "id": SHORT}
 CASES = {
     "multipleOf_quarter": (
         closed({"price": {"type": "number", "multipleOf": 0.25}}, ["price"]),
-        '{"price":19.75}', '{"price":0}'),
+        '{"price":19.75}',
+        '{"price":0}',
+    ),
     "if_then_else_discriminator": (
-        {**closed(MEDIA, ["kind"]), "if": {"properties": {"kind": {"const": "book"}}},
-         "then": {"required": ["author"], "properties": {"director": False}},
-         "else": {"required": ["director"], "properties": {"author": False}}},
-        '{"kind":"movie","director":"Steven Spielberg"}', '{"kind":"book","author":""}'),
+        {
+            **closed(MEDIA, ["kind"]),
+            "if": {"properties": {"kind": {"const": "book"}}},
+            "then": {"required": ["author"], "properties": {"director": False}},
+            "else": {"required": ["director"], "properties": {"author": False}},
+        },
+        '{"kind":"movie","director":"Steven Spielberg"}',
+        '{"kind":"book","author":""}',
+    ),
     "required_beside_anyOf": (
-        closed({"items": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
-            "type": "object", "properties": LINE, "required": ["sku"],
-            "anyOf": [{"required": ["name"]}, {"required": ["id"]}]}}}, ["items"]),
-        '{"items":[{"name":"apples","sku":"A-1"},{"sku":"B","id":"x"}]}', '{"items":[{"name":"","sku":""}]}'),
+        closed(
+            {
+                "items": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 2,
+                    "items": {
+                        "type": "object",
+                        "properties": LINE,
+                        "required": ["sku"],
+                        "anyOf": [{"required": ["name"]}, {"required": ["id"]}],
+                    },
+                }
+            },
+            ["items"],
+        ),
+        '{"items":[{"name":"apples","sku":"A-1"},{"sku":"B","id":"x"}]}',
+        '{"items":[{"name":"","sku":""}]}',
+    ),
     "pattern_with_maxLength": (
         closed({"word": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}}, ["word"]),
-        '{"word":"abcde"}', '{"word":"a"}'),
+        '{"word":"abcde"}',
+        '{"word":"a"}',
+    ),
     "pattern_with_minLength": (  # twelve letters, one token each (`false` is five letters here)
         closed({"code": {"type": "string", "pattern": "^[a-z]+$", "minLength": 12}}, ["code"]),
-        '{"code":"abcdefghijklmnop"}', '{"code":"abcdefgfalse"}'),
+        '{"code":"abcdefghijklmnop"}',
+        '{"code":"abcdefgfalse"}',
+    ),
     "counted_repetition": (  # `[0-9]{5}`: states whose masks are equal (llguidance shows no more),
         # walked by taking a digit not yet taken from such a state
         closed({"zip": {"type": "string", "pattern": "^[0-9]{5}-[a-z]+$", "maxLength": 20}}, ["zip"]),
-        '{"zip":"12345-abc"}', '{"zip":"01230-a"}'),
+        '{"zip":"12345-abc"}',
+        '{"zip":"01230-a"}',
+    ),
     "unique_items_beside_multipleOf": (  # the value check repairs the plan's second "" to "x"
-        closed({"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
-                "price": {"type": "number", "multipleOf": 0.25}}, ["tags", "price"]),
-        '{"tags":["red","blue","green"],"price":2.75}', '{"tags":["","x"],"price":0}'),
+        closed(
+            {
+                "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+                "price": {"type": "number", "multipleOf": 0.25},
+            },
+            ["tags", "price"],
+        ),
+        '{"tags":["red","blue","green"],"price":2.75}',
+        '{"tags":["","x"],"price":0}',
+    ),
 }
 
 
@@ -177,6 +211,7 @@ def test_the_budget_check_of_one_token_leaves_the_state_as_it_was(handles, token
 
 # -- the runtime's guard, unchanged, on llguidance matchers ----------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir):
     from runtime.engine.engine import Engine
@@ -188,8 +223,10 @@ def tiny_engine(tiny_model_dir):
     svc.close()
 
 
-@pytest.mark.parametrize("name", ["multipleOf_quarter", "if_then_else_discriminator", "required_beside_anyOf",
-                                  "unique_items_beside_multipleOf"])
+@pytest.mark.parametrize(
+    "name",
+    ["multipleOf_quarter", "if_then_else_discriminator", "required_beside_anyOf", "unique_items_beside_multipleOf"],
+)
 def test_strict_outputs_of_a_random_model_complete_at_every_tight_budget(tiny_engine, name):
     """A random model writes on and on; strict mode must close every value by its budget (the
     smallest one the schema allows, and a few more), where the same requests unguarded are cut."""
@@ -200,10 +237,14 @@ def test_strict_outputs_of_a_random_model_complete_at_every_tight_budget(tiny_en
     need = handle.min_completion_tokens()
     budgets = [need, need + 1, need + 3, need + 8, need + 20]
     prompts = [[1, 2, 3 + k] for k in range(2)]
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=b, temperature=0.0), constraint=handle, strict=strict)
-            for strict in (True, False) for b in budgets for p in prompts]
+    reqs = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=b, temperature=0.0), constraint=handle, strict=strict)
+        for strict in (True, False)
+        for b in budgets
+        for p in prompts
+    ]
     results = engine.generate_many(reqs)
-    strict_results, loose_results = results[: len(results) // 2], results[len(results) // 2:]
+    strict_results, loose_results = results[: len(results) // 2], results[len(results) // 2 :]
     for req, r in zip(reqs, strict_results):
         assert r.completion_tokens <= req.sampling.max_new_tokens
         validator(schema).validate(json.loads(r.text))

@@ -47,8 +47,9 @@ def test_masks_equal_llguidances_own_along_corpus_answers(views, tokenizer):
     for name, schema, value in cases:
         grammar = llguidance_grammar(schema, strict=True)
         starts = [compile_llguidance(view, grammar, name, None) for view in (memo.get(), own)]
-        tokens = tokenizer.encode(json.dumps(value, separators=(",", ":"), ensure_ascii=False),
-                                  add_special_tokens=False) + [eos]
+        tokens = tokenizer.encode(
+            json.dumps(value, separators=(",", ":"), ensure_ascii=False), add_special_tokens=False
+        ) + [eos]
         for _ in range(2):
             matchers = [LLGuidanceMatcher(start, frozenset({eos})) for start in starts]
             masks = [torch.zeros((1, words), dtype=torch.int32) for _ in matchers]
@@ -64,8 +65,9 @@ def test_masks_equal_llguidances_own_along_corpus_answers(views, tokenizer):
 
 
 def test_no_memo_when_entries_is_zero(tokenizer, smollm_dir):
-    built, encoder = build_llguidance_tokenizer(tokenizer, read_config(smollm_dir).vocab_size,
-                                                [tokenizer.eos_token_id], entries=0)
+    built, encoder = build_llguidance_tokenizer(
+        tokenizer, read_config(smollm_dir).vocab_size, [tokenizer.eos_token_id], entries=0
+    )
     assert encoder is None and built.vocab_size == read_config(smollm_dir).vocab_size
 
 
@@ -98,20 +100,23 @@ class _ShiftedTokenizer:
 
         class Encoding:
             pass
+
         out = Encoding()
         out.ids = [i + 1 for i in ids]
         return out
 
 
-def test_a_view_that_encodes_differently_falls_back_to_llguidances_own(views, tokenizer, smollm_dir, caplog,
-                                                                        monkeypatch):
+def test_a_view_that_encodes_differently_falls_back_to_llguidances_own(
+    views, tokenizer, smollm_dir, caplog, monkeypatch
+):
     memo, own = views
     import grammar.engines.llguidance.tokenizer as module
 
     # llguidance.hf builds its own view from the real tokenizer; the memo encodes through the shifted one
     monkeypatch.setattr(module.llguidance.hf, "from_tokenizer", lambda *a, **k: own)
     with caplog.at_level("INFO", logger="jumpgate.grammar"):
-        built, encoder = build_llguidance_tokenizer(_ShiftedTokenizer(tokenizer), read_config(smollm_dir).vocab_size,
-                                                    [tokenizer.eos_token_id])
+        built, encoder = build_llguidance_tokenizer(
+            _ShiftedTokenizer(tokenizer), read_config(smollm_dir).vocab_size, [tokenizer.eos_token_id]
+        )
     assert built is own and encoder is None
     assert "differs in the encoding of" in caplog.text

@@ -11,8 +11,11 @@ import torch
 from grammar import GrammarSpec
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
 
-WORD = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
-        "required": ["name"]}
+WORD = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
+    "required": ["name"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +118,16 @@ def test_strict_methods_plan_the_smallest_value(handle, tokenizer):
 
 # -- the direct-write mask and the one-call accept (grammar/engines/token_mask.py row_address) ------------
 
-RECORD = {"type": "object", "additionalProperties": False, "required": ["name", "tags", "score"],
-          "properties": {"name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8},
-                         "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3},
-                         "score": {"type": "number", "minimum": -5, "maximum": 5}}}
+RECORD = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "tags", "score"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8},
+        "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3},
+        "score": {"type": "number", "minimum": -5, "maximum": 5},
+    },
+}
 
 
 class ReferenceMatcher:
@@ -157,7 +166,7 @@ def test_the_direct_mask_and_accept_match_llguidances_helpers_along_a_walk(servi
             assert not r.is_error()
             assert fast.is_completed() is r.is_accepting()
             forced = [] if r.is_stopped() else r.compute_ff_tokens()
-            assert fast.jump_forward_tokens() == forced[:r.validate_tokens(forced)]
+            assert fast.jump_forward_tokens() == forced[: r.validate_tokens(forced)]
             if ok and probe != token_id:
                 fast.rollback(1)
                 r.rollback(1)
@@ -173,13 +182,18 @@ def test_row_address_refuses_what_the_direct_write_cannot_take():
     for row in (2, -3):
         with pytest.raises(IndexError):
             row_address(bitmask, row)
-    for bad in (torch.zeros((2, 5), dtype=torch.int64), torch.zeros((2, 10), dtype=torch.int32)[:, ::2],
-                torch.zeros(5, dtype=torch.int32), torch.zeros((1, 2, 5), dtype=torch.int32)):
+    for bad in (
+        torch.zeros((2, 5), dtype=torch.int64),
+        torch.zeros((2, 10), dtype=torch.int32)[:, ::2],
+        torch.zeros(5, dtype=torch.int32),
+        torch.zeros((1, 2, 5), dtype=torch.int32),
+    ):
         with pytest.raises(ValueError):
             row_address(bad, 0)
 
 
 # -- the forced path's masks, computed once per grammar (grammar/engines/llguidance/matcher.py ForcedPath) -------
+
 
 def _row(matcher, words: int) -> torch.Tensor:
     bitmask = torch.zeros((1, words), dtype=torch.int32)
@@ -189,6 +203,7 @@ def _row(matcher, words: int) -> torch.Tensor:
 
 def test_only_token_reads_a_singleton_row():
     import numpy as np
+
     from grammar.engines.llguidance.matcher import _only_token
 
     row = np.zeros(4, dtype=np.uint32)
@@ -209,8 +224,12 @@ def test_forced_path_masks_equal_llguidances_own_and_stop_at_the_first_choice(se
     from grammar.engines.llguidance.matcher import ForcedPath, LLGuidanceMatcher
 
     tag = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}
-    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": tag},
-              "required": ["id", "tag"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "tag": tag},
+        "required": ["id", "tag"],
+        "additionalProperties": False,
+    }
     handle = service.compile(GrammarSpec("json_schema", schema, True))
     assert isinstance(handle, LLGuidanceHandle)
     words = (len(tokenizer) + 31) // 32
@@ -261,8 +280,12 @@ def test_the_forced_path_is_kept_to_a_bounded_depth(service, tokenizer, monkeypa
 
     monkeypatch.setattr(module, "FORCED_DEPTH_KEPT", 1)
     name = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
-    schema = {"type": "object", "properties": {"code": {"type": "integer"}, "name": name},
-              "required": ["code", "name"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"code": {"type": "integer"}, "name": name},
+        "required": ["code", "name"],
+        "additionalProperties": False,
+    }
     handle = service.compile(GrammarSpec("json_schema", schema, True))
     assert isinstance(handle, LLGuidanceHandle)
     matcher, words = handle.new_matcher(), (len(tokenizer) + 31) // 32

@@ -13,78 +13,134 @@ from grammar import GrammarSpec
 from grammar.rewrites.all_of import distributed_any_of, lower_all_of, merged_all_of
 from grammar.validation.fidelity import ENFORCED, spec_fidelity
 
-BASE = {"type": "object", "properties": {"name": {"type": "string"}, "uid": {"type": "integer"}},
-        "required": ["name"]}
+BASE = {"type": "object", "properties": {"name": {"type": "string"}, "uid": {"type": "integer"}}, "required": ["name"]}
 # bitbucket-pipelines' image, cut down: three object forms (one forbids the others' names) or a name
 IMAGE = {
     "definitions": {
         "base": BASE,
-        "no_auth": {"allOf": [{"$ref": "#/definitions/base"},
-                              {"type": "object", "properties": {"password": {"not": {}}, "username": {"not": {}}}}]},
-        "basic_auth": {"allOf": [{"$ref": "#/definitions/base"},
-                                 {"type": "object", "properties": {"password": {"type": "string"},
-                                                                   "username": {"type": "string"}},
-                                  "required": ["username", "password"]}]},
+        "no_auth": {
+            "allOf": [
+                {"$ref": "#/definitions/base"},
+                {"type": "object", "properties": {"password": {"not": {}}, "username": {"not": {}}}},
+            ]
+        },
+        "basic_auth": {
+            "allOf": [
+                {"$ref": "#/definitions/base"},
+                {
+                    "type": "object",
+                    "properties": {"password": {"type": "string"}, "username": {"type": "string"}},
+                    "required": ["username", "password"],
+                },
+            ]
+        },
     },
     "type": "object",
-    "properties": {"image": {"oneOf": [{"$ref": "#/definitions/no_auth"}, {"$ref": "#/definitions/basic_auth"},
-                                       {"type": "string"}]}},
+    "properties": {
+        "image": {
+            "oneOf": [{"$ref": "#/definitions/no_auth"}, {"$ref": "#/definitions/basic_auth"}, {"type": "string"}]
+        }
+    },
     "required": ["image"],
 }
 
 
 def test_a_ref_and_an_extension_merge_into_one_object():
-    node = {"allOf": [{"$ref": "#/definitions/base"},
-                      {"properties": {"tag": {"type": "string"}}, "required": ["tag"], "minProperties": 2}],
-            "description": "d"}
+    node = {
+        "allOf": [
+            {"$ref": "#/definitions/base"},
+            {"properties": {"tag": {"type": "string"}}, "required": ["tag"], "minProperties": 2},
+        ],
+        "description": "d",
+    }
     merged = merged_all_of(node, {"definitions": {"base": BASE}})
-    assert merged == {"description": "d", "type": "object",
-                      "properties": {"name": {"type": "string"}, "uid": {"type": "integer"}, "tag": {"type": "string"}},
-                      "required": ["name", "tag"], "minProperties": 2}
+    assert merged == {
+        "description": "d",
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "uid": {"type": "integer"}, "tag": {"type": "string"}},
+        "required": ["name", "tag"],
+        "minProperties": 2,
+    }
 
 
 def test_types_intersect_and_shared_names_merge_their_subschemas():
-    node = {"type": ["object", "null"], "allOf": [
-        {"type": "object", "properties": {"a": {"type": "number"}}},
-        {"properties": {"a": {"type": ["integer", "string"]}}, "maxProperties": 3},
-        {"maxProperties": 5},
-    ]}
-    assert merged_all_of(node, node) == {"type": "object", "properties": {"a": {"type": "integer"}},
-                                         "maxProperties": 3}
+    node = {
+        "type": ["object", "null"],
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "number"}}},
+            {"properties": {"a": {"type": ["integer", "string"]}}, "maxProperties": 3},
+            {"maxProperties": 5},
+        ],
+    }
+    assert merged_all_of(node, node) == {"type": "object", "properties": {"a": {"type": "integer"}}, "maxProperties": 3}
 
 
-@pytest.mark.parametrize("node", [
-    {"allOf": [BASE, {"additionalProperties": False}]},  # closes over one branch's names only
-    {"allOf": [BASE, {"patternProperties": {"^x": {}}}]},
-    {"allOf": [BASE, {"if": {"required": ["uid"]}, "then": {"required": ["name"]}}]},
-    {"allOf": [BASE, {"anyOf": [{"required": ["uid"]}]}]},
-    {"allOf": [{"$ref": "#/nowhere"}, BASE]},
-    {"allOf": [{"type": "string"}, {"type": "object"}]},  # nothing is both: left to the check
-    {"allOf": [{"type": "number"}, {"not": {"type": "integer"}}]},
-    {"allOf": [BASE, {"properties": {"name": {"type": "string", "pattern": "a"}}},
-               {"properties": {"name": {"anyOf": [{"type": "string"}]}}}]},  # a name that cannot merge
-    {"allOf": [BASE]},  # a lone branch compiles as it is
-])
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"allOf": [BASE, {"additionalProperties": False}]},  # closes over one branch's names only
+        {"allOf": [BASE, {"patternProperties": {"^x": {}}}]},
+        {"allOf": [BASE, {"if": {"required": ["uid"]}, "then": {"required": ["name"]}}]},
+        {"allOf": [BASE, {"anyOf": [{"required": ["uid"]}]}]},
+        {"allOf": [{"$ref": "#/nowhere"}, BASE]},
+        {"allOf": [{"type": "string"}, {"type": "object"}]},  # nothing is both: left to the check
+        {"allOf": [{"type": "number"}, {"not": {"type": "integer"}}]},
+        {
+            "allOf": [
+                BASE,
+                {"properties": {"name": {"type": "string", "pattern": "a"}}},
+                {"properties": {"name": {"anyOf": [{"type": "string"}]}}},
+            ]
+        },  # a name that cannot merge
+        {"allOf": [BASE]},  # a lone branch compiles as it is
+    ],
+)
 def test_what_one_object_cannot_say_is_left_as_written(node):
     assert merged_all_of(node, {}) is None
 
 
 def test_the_merge_accepts_exactly_what_the_all_of_accepts():
-    node = {"type": "object", "allOf": [
-        {**BASE, "properties": {**BASE["properties"], "meta": {"type": "object", "properties": {"a": {"type": "integer"}}}}},
-        {"properties": {"name": {"type": "string"}, "tag": {"type": "string"},
-                        "meta": {"properties": {"b": {"type": "string"}}, "required": ["b"]}},
-         "required": ["tag"], "maxProperties": 3}]}
+    node = {
+        "type": "object",
+        "allOf": [
+            {
+                **BASE,
+                "properties": {
+                    **BASE["properties"],
+                    "meta": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                },
+            },
+            {
+                "properties": {
+                    "name": {"type": "string"},
+                    "tag": {"type": "string"},
+                    "meta": {"properties": {"b": {"type": "string"}}, "required": ["b"]},
+                },
+                "required": ["tag"],
+                "maxProperties": 3,
+            },
+        ],
+    }
     merged = merged_all_of(node, node)
     assert merged is not None and "allOf" not in merged["properties"]["meta"]
     values = [None, 1, "x", [], {}]
-    names = {"name": ["a", 1], "uid": [2, "2"], "tag": ["t", None], "other": [0],
-             "meta": [{"b": "x"}, {"a": 1}, {"a": "1", "b": "x"}, 3]}
-    objects = [dict(zip(keys, combo)) for r in range(len(names) + 1) for keys in itertools.combinations(names, r)
-               for combo in itertools.product(*(names[k] for k in keys))]
+    names = {
+        "name": ["a", 1],
+        "uid": [2, "2"],
+        "tag": ["t", None],
+        "other": [0],
+        "meta": [{"b": "x"}, {"a": 1}, {"a": "1", "b": "x"}, 3],
+    }
+    objects = [
+        dict(zip(keys, combo))
+        for r in range(len(names) + 1)
+        for keys in itertools.combinations(names, r)
+        for combo in itertools.product(*(names[k] for k in keys))
+    ]
     for value in values + objects:
-        assert jsonschema.Draft202012Validator(node).is_valid(value) == \
-            jsonschema.Draft202012Validator(merged).is_valid(value), value
+        assert jsonschema.Draft202012Validator(node).is_valid(value) == jsonschema.Draft202012Validator(
+            merged
+        ).is_valid(value), value
 
 
 def test_lowering_merges_nested_all_ofs_and_fidelity_says_enforced():
@@ -109,17 +165,22 @@ def test_the_mask_keeps_a_scalar_out_of_an_object_or_string_value(service, token
 
 
 # taskfile's root, cut down: closed properties beside an anyOf of "at least one of these names"
-AT_LEAST_ONE = {"type": "object", "additionalProperties": False, "required": ["version"],
-                "properties": {"version": {"type": "string"}, "includes": {"type": "object"},
-                               "tasks": {"type": "object"}},
-                "anyOf": [{"required": ["includes"]}, {"required": ["tasks"]}]}
+AT_LEAST_ONE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["version"],
+    "properties": {"version": {"type": "string"}, "includes": {"type": "object"}, "tasks": {"type": "object"}},
+    "anyOf": [{"required": ["includes"]}, {"required": ["tasks"]}],
+}
 
 
 def test_keywords_beside_an_any_of_distribute_into_its_branches():
     spread = distributed_any_of(AT_LEAST_ONE, AT_LEAST_ONE)
     assert [b["required"] for b in spread["anyOf"]] == [["version", "includes"], ["version", "tasks"]]
-    assert all(b["additionalProperties"] is False and set(b["properties"]) == {"version", "includes", "tasks"}
-               for b in spread["anyOf"])
+    assert all(
+        b["additionalProperties"] is False and set(b["properties"]) == {"version", "includes", "tasks"}
+        for b in spread["anyOf"]
+    )
     # a branch naming properties of its own would change what additionalProperties: false means
     assert distributed_any_of({**AT_LEAST_ONE, "anyOf": [{"properties": {"x": {}}}]}, {}) is None
     report = spec_fidelity("json_schema", AT_LEAST_ONE, strict=True)
@@ -140,11 +201,23 @@ def test_the_mask_keeps_names_beside_an_any_of(service, tokenizer):
 
 # dependabot's root, cut down: closed properties beside an allOf of a conditional, which no mask keeps
 # (not on a listed property, so llguidance does not keep it either: the schema stays with xgrammar)
-CONDITIONAL = {"type": "object", "additionalProperties": False, "required": ["version"],
-               "properties": {"version": {"type": "integer"}, "beta": {"type": "boolean"},
-                              "updates": {"type": "array", "items": {"type": "string"}}},
-               "allOf": [{"if": {"properties": {"version": {"minimum": 3}}, "required": ["version"]},
-                          "then": {}, "else": {"properties": {"updates": {"maxItems": 1}}}}]}
+CONDITIONAL = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["version"],
+    "properties": {
+        "version": {"type": "integer"},
+        "beta": {"type": "boolean"},
+        "updates": {"type": "array", "items": {"type": "string"}},
+    },
+    "allOf": [
+        {
+            "if": {"properties": {"version": {"minimum": 3}}, "required": ["version"]},
+            "then": {},
+            "else": {"properties": {"updates": {"maxItems": 1}}},
+        }
+    ],
+}
 
 
 def test_an_all_of_that_cannot_merge_still_masks_what_is_beside_it(service, tokenizer):

@@ -15,15 +15,18 @@ import pytest
 
 from bench.server_process import MODEL
 from grammar import GrammarSpec
+from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from grammar.rewrites.conditionals import allof_conditionals, discriminator, lower_conditionals
 from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity
-from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
 PAYMENT = {
     "type": "object",
-    "properties": {"method": {"type": "string", "enum": ["card", "bank", "cash"]},
-                   "card_number": {"type": "string", "pattern": "^[0-9]{4}$"}, "iban": {"type": "string"}},
+    "properties": {
+        "method": {"type": "string", "enum": ["card", "bank", "cash"]},
+        "card_number": {"type": "string", "pattern": "^[0-9]{4}$"},
+        "iban": {"type": "string"},
+    },
     "required": ["method"],
     "if": {"properties": {"method": {"const": "card"}}},
     "then": {"required": ["card_number"]},
@@ -58,13 +61,27 @@ def test_lowering_accepts_exactly_what_the_original_accepts(optional, test_requi
     assert any(a for _, a, _ in verdicts) and not all(a for _, a, _ in verdicts)
 
 
-@pytest.mark.parametrize("node", [
-    {"properties": {"x": {"type": "string"}}, "if": {"properties": {"x": {"const": "a"}}}, "then": {}},  # x unbounded
-    {"properties": {"x": {"enum": [1, 2]}}, "if": {"properties": {"x": {"minimum": 2}}}, "then": {}},  # not a listing
-    {"properties": {"x": {"enum": [1]}, "y": {"enum": [1]}},
-     "if": {"properties": {"x": {"const": 1}, "y": {"const": 1}}}, "then": {}},  # two properties tested
-    {"properties": {"x": {"enum": [1]}}, "anyOf": [{}], "if": {"properties": {"x": {"const": 1}}}},  # beside anyOf
-])
+@pytest.mark.parametrize(
+    "node",
+    [
+        {
+            "properties": {"x": {"type": "string"}},
+            "if": {"properties": {"x": {"const": "a"}}},
+            "then": {},
+        },  # x unbounded
+        {
+            "properties": {"x": {"enum": [1, 2]}},
+            "if": {"properties": {"x": {"minimum": 2}}},
+            "then": {},
+        },  # not a listing
+        {
+            "properties": {"x": {"enum": [1]}, "y": {"enum": [1]}},
+            "if": {"properties": {"x": {"const": 1}, "y": {"const": 1}}},
+            "then": {},
+        },  # two properties tested
+        {"properties": {"x": {"enum": [1]}}, "anyOf": [{}], "if": {"properties": {"x": {"const": 1}}}},  # beside anyOf
+    ],
+)
 def test_other_conditionals_are_left_alone(node):
     assert discriminator(node) is None
     assert lower_conditionals(node) == node
@@ -104,9 +121,16 @@ def strict_answers(server, name: str, schema: dict, asks: list[str], max_tokens:
     answers = []
     with httpx.Client(base_url=server.url, timeout=180) as http:
         for ask in asks:
-            resp = http.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": ask}], "max_tokens": max_tokens,
-                "temperature": 0, "response_format": rf})
+            resp = http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": ask}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "response_format": rf,
+                },
+            )
             assert resp.status_code == 200, resp.text
             choice = resp.json()["choices"][0]
             assert choice["finish_reason"] == "stop", choice
@@ -118,8 +142,13 @@ def strict_answers(server, name: str, schema: dict, asks: list[str], max_tokens:
 
 @pytest.mark.e2e
 def test_the_real_model_answers_a_conditional_schema_validly(jumpgate_server):
-    strict_answers(jumpgate_server, "payment", PAYMENT,
-                   ["Pay by card, as JSON.", "Pay by bank transfer, as JSON.", "Pay in cash, as JSON."], 64)
+    strict_answers(
+        jumpgate_server,
+        "payment",
+        PAYMENT,
+        ["Pay by card, as JSON.", "Pay by bank transfer, as JSON.", "Pay in cash, as JSON."],
+        64,
+    )
 
 
 # GitHub issue forms' shape: the discriminator listed through a $ref, one conditional per kind,
@@ -130,16 +159,35 @@ FORM_ITEM = {
     "properties": {"type": {"$ref": "#/$defs/kind"}},
     "required": ["type"],
     "allOf": [
-        {"$comment": "a markdown item has a value", "if": {"properties": {"type": {"const": "markdown"}}},
-         "then": {"properties": {"type": {}, "value": {"type": "string"}}, "required": ["value"],
-                  "additionalProperties": False}},
-        {"if": {"properties": {"type": {"const": "input"}}},
-         "then": {"properties": {"type": {}, "label": {"type": "string"}, "placeholder": {"type": "string"}},
-                  "required": ["label"], "additionalProperties": False}},
-        {"if": {"properties": {"type": {"const": "dropdown"}}},
-         "then": {"properties": {"type": {}, "label": {"type": "string"},
-                                 "options": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
-                  "required": ["label", "options"], "additionalProperties": False}},
+        {
+            "$comment": "a markdown item has a value",
+            "if": {"properties": {"type": {"const": "markdown"}}},
+            "then": {
+                "properties": {"type": {}, "value": {"type": "string"}},
+                "required": ["value"],
+                "additionalProperties": False,
+            },
+        },
+        {
+            "if": {"properties": {"type": {"const": "input"}}},
+            "then": {
+                "properties": {"type": {}, "label": {"type": "string"}, "placeholder": {"type": "string"}},
+                "required": ["label"],
+                "additionalProperties": False,
+            },
+        },
+        {
+            "if": {"properties": {"type": {"const": "dropdown"}}},
+            "then": {
+                "properties": {
+                    "type": {},
+                    "label": {"type": "string"},
+                    "options": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                },
+                "required": ["label", "options"],
+                "additionalProperties": False,
+            },
+        },
     ],
 }
 
@@ -148,10 +196,15 @@ INPUT = {
     "type": "object",
     "properties": {"type": {"enum": ["string", "number", "boolean"]}, "default": {}},
     "allOf": [
-        {"if": {"properties": {"type": {"enum": ["string"]}}, "required": ["type"]},
-         "then": {"properties": {"default": {"type": "string"}}}},
-        {"if": {"properties": {"type": {"enum": ["number"]}}, "required": ["type"]},
-         "then": {"properties": {"default": {"type": "number"}}}, "else": {"not": {"required": ["step"]}}},
+        {
+            "if": {"properties": {"type": {"enum": ["string"]}}, "required": ["type"]},
+            "then": {"properties": {"default": {"type": "string"}}},
+        },
+        {
+            "if": {"properties": {"type": {"enum": ["number"]}}, "required": ["type"]},
+            "then": {"properties": {"default": {"type": "number"}}},
+            "else": {"not": {"required": ["step"]}},
+        },
         {"if": {"not": {"required": ["type"]}}, "then": {"properties": {"default": {"type": "string"}}}},
     ],
 }
@@ -170,11 +223,20 @@ def _objects(names_values: dict, discriminator_values: list) -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize("schema,instances", [
-    (FORM_ITEM, _objects({"value": ["v"], "label": ["l"], "placeholder": ["p"], "options": [["a"], []]},
-                         ["markdown", "input", "dropdown", "other", None])),
-    (INPUT, _objects({"default": ["s", 1, True], "step": [1]}, ["string", "number", "boolean", None])),
-], ids=["form_item", "gitlab_input"])
+@pytest.mark.parametrize(
+    "schema,instances",
+    [
+        (
+            FORM_ITEM,
+            _objects(
+                {"value": ["v"], "label": ["l"], "placeholder": ["p"], "options": [["a"], []]},
+                ["markdown", "input", "dropdown", "other", None],
+            ),
+        ),
+        (INPUT, _objects({"default": ["s", 1, True], "step": [1]}, ["string", "number", "boolean", None])),
+    ],
+    ids=["form_item", "gitlab_input"],
+)
 def test_an_allof_of_conditionals_lowers_to_an_anyof_that_accepts_exactly_the_same(schema, instances):
     lowered = lower_conditionals(schema)
     assert "anyOf" in lowered and "if" not in json.dumps(lowered.get("allOf", []))
@@ -192,17 +254,34 @@ def test_the_names_only_a_then_declares_join_the_open_object():
     assert list(lower_conditionals(closed)["properties"]) == ["type"]  # a closed object keeps its names
 
 
-@pytest.mark.parametrize("node", [
-    {"properties": {"x": {"enum": [1, 2]}, "y": {"enum": [1, 2]}},  # two properties tested
-     "allOf": [{"if": {"properties": {"x": {"const": 1}}}, "then": {}},
-               {"if": {"properties": {"y": {"const": 1}}}, "then": {}}]},
-    {"properties": {"x": {"type": "string"}},  # x unbounded
-     "allOf": [{"if": {"properties": {"x": {"const": "a"}}}, "then": {"required": ["z"]}}]},
-    {"properties": {"x": {"enum": [1, 2]}},  # one conditional is not on a discriminator
-     "allOf": [{"if": {"properties": {"x": {"const": 1}}}, "then": {}}, {"if": {"minProperties": 2}, "then": {}}]},
-    {"properties": {"x": {"enum": [1, 2]}}, "anyOf": [{}],  # beside anyOf
-     "allOf": [{"if": {"properties": {"x": {"const": 1}}}, "then": {}}]},
-])
+@pytest.mark.parametrize(
+    "node",
+    [
+        {
+            "properties": {"x": {"enum": [1, 2]}, "y": {"enum": [1, 2]}},  # two properties tested
+            "allOf": [
+                {"if": {"properties": {"x": {"const": 1}}}, "then": {}},
+                {"if": {"properties": {"y": {"const": 1}}}, "then": {}},
+            ],
+        },
+        {
+            "properties": {"x": {"type": "string"}},  # x unbounded
+            "allOf": [{"if": {"properties": {"x": {"const": "a"}}}, "then": {"required": ["z"]}}],
+        },
+        {
+            "properties": {"x": {"enum": [1, 2]}},  # one conditional is not on a discriminator
+            "allOf": [
+                {"if": {"properties": {"x": {"const": 1}}}, "then": {}},
+                {"if": {"minProperties": 2}, "then": {}},
+            ],
+        },
+        {
+            "properties": {"x": {"enum": [1, 2]}},
+            "anyOf": [{}],  # beside anyOf
+            "allOf": [{"if": {"properties": {"x": {"const": 1}}}, "then": {}}],
+        },
+    ],
+)
 def test_other_allofs_of_conditionals_are_left_alone(node):
     assert allof_conditionals(node) is None
     assert lower_conditionals(node) == node
@@ -236,8 +315,15 @@ def test_the_llguidance_grammar_follows_each_kind(service, tokenizer):
 
 @pytest.mark.e2e
 def test_the_real_model_answers_an_allof_of_conditionals_validly(jumpgate_server):
-    answers = strict_answers(jumpgate_server, "form_item", FORM_ITEM, [
-        "A dropdown form item asking for the operating system, as JSON.",
-        "A text input form item asking for a name, as JSON.",
-        "A markdown form item thanking the reader, as JSON."], 96)
+    answers = strict_answers(
+        jumpgate_server,
+        "form_item",
+        FORM_ITEM,
+        [
+            "A dropdown form item asking for the operating system, as JSON.",
+            "A text input form item asking for a name, as JSON.",
+            "A markdown form item thanking the reader, as JSON.",
+        ],
+        96,
+    )
     assert len({a["type"] for a in answers}) >= 2  # the answers take different branches

@@ -19,10 +19,17 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.validation.fidelity import (CHECKED, ENFORCED, LLGUIDANCE, UNENFORCED, XGRAMMAR, routed_schema_fidelity,
-                              schema_fidelity)
-from grammar.rewrites.formats import BASE64, DATE, IPV4, IPV6, lower_formats
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
+from grammar.rewrites.formats import BASE64, DATE, IPV4, IPV6, lower_formats
+from grammar.validation.fidelity import (
+    CHECKED,
+    ENFORCED,
+    LLGUIDANCE,
+    UNENFORCED,
+    XGRAMMAR,
+    routed_schema_fidelity,
+    schema_fidelity,
+)
 from tests.grammar.validation.test_fidelity_classifier import grammar_accepts
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
@@ -66,8 +73,7 @@ def test_byte_beside_a_pattern_stays_unenforced():
 
 def test_byte_under_llguidance(service, tokenizer):
     # a scalar keyword without a declared type routes the schema to llguidance
-    schema = {"type": "object", "required": ["data", "n"],
-              "properties": {"data": BYTES, "n": {"minimum": 1}}}
+    schema = {"type": "object", "required": ["data", "n"], "properties": {"data": BYTES, "n": {"minimum": 1}}}
     report = routed_schema_fidelity(schema)
     assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
     handle = service.compile(GrammarSpec("json_schema", schema, True))
@@ -83,12 +89,21 @@ CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER  # what output validati
 EXACT = {"ipv4": IPV4, "ipv6": IPV6, "date": DATE}
 # (format, valid, violating): each violating value is one xgrammar's built-in mask admits
 EXACT_CASES = [
-    ("ipv4", ["1.2.3.4", "0.0.0.0", "255.255.255.255", "10.0.200.9"],
-     ["000.000.000.0", "01.2.3.4", "1.2.3.04", "00.0.0.0"]),
-    ("ipv6", ["::", "::1", "1:2:3:4:5:6:7:8", "fe80::a:0BCD", "1:2:3:4:5:6:7::", "::ffff:1.2.3.4", "1:2:3:4:5:6:1.2.3.4"],
-     ["::ffff:01.2.3.4", "::ffff:1.2.3.00"]),
-    ("date", ["2024-02-29", "2000-02-29", "2023-12-31", "0001-01-01", "9999-12-31"],
-     ["2023-02-29", "1900-02-29", "2023-04-31", "2023-02-30", "0000-01-01"]),
+    (
+        "ipv4",
+        ["1.2.3.4", "0.0.0.0", "255.255.255.255", "10.0.200.9"],
+        ["000.000.000.0", "01.2.3.4", "1.2.3.04", "00.0.0.0"],
+    ),
+    (
+        "ipv6",
+        ["::", "::1", "1:2:3:4:5:6:7:8", "fe80::a:0BCD", "1:2:3:4:5:6:7::", "::ffff:1.2.3.4", "1:2:3:4:5:6:1.2.3.4"],
+        ["::ffff:01.2.3.4", "::ffff:1.2.3.00"],
+    ),
+    (
+        "date",
+        ["2024-02-29", "2000-02-29", "2023-12-31", "0001-01-01", "9999-12-31"],
+        ["2023-02-29", "1900-02-29", "2023-04-31", "2023-02-30", "0000-01-01"],
+    ),
 ]
 
 
@@ -133,8 +148,11 @@ def test_exact_formats_are_enforced_by_xgrammar(fmt, valid, violating):
 
 @pytest.mark.parametrize("fmt,valid,violating", EXACT_CASES, ids=[c[0] for c in EXACT_CASES])
 def test_exact_formats_under_llguidance(service, tokenizer, fmt, valid, violating):
-    schema = {"type": "object", "required": ["v", "n"],
-              "properties": {"v": {"type": "string", "format": fmt}, "n": {"minimum": 1}}}
+    schema = {
+        "type": "object",
+        "required": ["v", "n"],
+        "properties": {"v": {"type": "string", "format": fmt}, "n": {"minimum": 1}},
+    }
     assert routed_schema_fidelity(schema).engine == LLGUIDANCE
     handle = service.compile(GrammarSpec("json_schema", schema, True))
     assert isinstance(handle, LLGuidanceHandle)
@@ -146,9 +164,12 @@ def test_exact_formats_under_llguidance(service, tokenizer, fmt, valid, violatin
 
 def test_the_shortest_ipv4_is_valid(service, tokenizer):
     """The closing planner's shortest completion was `000.000.000.0` under xgrammar's own mask."""
-    schema = {"type": "object", "properties": {"ip": {"type": "string", "format": "ipv4"},
-                                               "day": {"type": "string", "format": "date"}},
-              "required": ["ip", "day"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ip": {"type": "string", "format": "ipv4"}, "day": {"type": "string", "format": "date"}},
+        "required": ["ip", "day"],
+        "additionalProperties": False,
+    }
     plan = service.compile(GrammarSpec.json_schema(schema)).new_matcher().completion_plan()
     value = json.loads(tokenizer.decode(plan))
     assert jsonschema.Draft202012Validator(schema, format_checker=CHECKER).is_valid(value), value

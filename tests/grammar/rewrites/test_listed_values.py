@@ -10,18 +10,22 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, tools_fidelity
-from grammar.rewrites.listed_values import fitting_values, lower_listed_values, omitted_properties
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
+from grammar.rewrites.listed_values import fitting_values, lower_listed_values, omitted_properties
+from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, tools_fidelity
 from tests.grammar.validation.test_fidelity_classifier import grammar_accepts
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
 # as BFCL writes them: the listed values are strings, the type is not
-FIND = {"type": "object", "required": ["city"], "properties": {
-    "city": {"type": "string"},
-    "is_unisex": {"type": "boolean", "enum": ["True", "False", "dontcare"], "default": "dontcare"},
-    "rooms": {"type": "integer", "enum": ["1", 2, 3, "dontcare"]},
-}}
+FIND = {
+    "type": "object",
+    "required": ["city"],
+    "properties": {
+        "city": {"type": "string"},
+        "is_unisex": {"type": "boolean", "enum": ["True", "False", "dontcare"], "default": "dontcare"},
+        "rooms": {"type": "integer", "enum": ["1", 2, 3, "dontcare"]},
+    },
+}
 VALUES = {"city": ["a"], "is_unisex": ["True", True], "rooms": ["1", 2, 4]}
 
 
@@ -49,13 +53,16 @@ def test_the_lowered_schema_accepts_exactly_what_the_original_accepts():
     assert any(a for _, a, _ in verdicts) and not all(a for _, a, _ in verdicts)
 
 
-@pytest.mark.parametrize("schema,strict,root", [
-    ({**FIND, "required": ["city", "is_unisex"]}, True, True),  # required: no valid instance, refused
-    (FIND, False, True),  # not strict: the object stays open, so "is_unisex" could be written
-    (FIND, True, False),  # not the root: strict may not close it (an allOf branch stays open)
-    ({**FIND, "patternProperties": {"^is_": {}}}, True, True),  # the name would match a pattern
-    ({**FIND, "additionalProperties": {"type": "string"}}, True, True),  # the name would be additional
-])
+@pytest.mark.parametrize(
+    "schema,strict,root",
+    [
+        ({**FIND, "required": ["city", "is_unisex"]}, True, True),  # required: no valid instance, refused
+        (FIND, False, True),  # not strict: the object stays open, so "is_unisex" could be written
+        (FIND, True, False),  # not the root: strict may not close it (an allOf branch stays open)
+        ({**FIND, "patternProperties": {"^is_": {}}}, True, True),  # the name would match a pattern
+        ({**FIND, "additionalProperties": {"type": "string"}}, True, True),  # the name would be additional
+    ],
+)
 def test_what_cannot_be_left_out_is_left_alone(schema, strict, root):
     assert omitted_properties(schema, strict=strict, root=root) == []
 

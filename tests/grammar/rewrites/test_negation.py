@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.validation.fidelity import CHECKED, ENFORCED, LLGUIDANCE, routed_schema_fidelity
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from grammar.rewrites.negation import lower_negations, negation
+from grammar.validation.fidelity import CHECKED, ENFORCED, LLGUIDANCE, routed_schema_fidelity
 from tests.grammar.validation.test_pattern_properties import masked_writes
 
 INSTANCES = [None, True, 1, 2.5, "s", [], [1], {}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"c": 1}, {"a": "x", "c": 1}]
@@ -27,15 +27,30 @@ FORMS = [
     ({"required": ["a"]}, {"type": "object", "properties": {"a": False}}),
     ({"type": "object", "required": ["a"]}, {"properties": {"a": False}}),
     ({"required": ["a"], "properties": {"a": True}}, {"type": "object", "properties": {"a": False}}),
-    ({"type": "object", "required": ["a", "b"]},
-     {"anyOf": [{"properties": {"a": False}, "additionalProperties": True},
-                {"properties": {"b": False}, "additionalProperties": True}]}),
+    (
+        {"type": "object", "required": ["a", "b"]},
+        {
+            "anyOf": [
+                {"properties": {"a": False}, "additionalProperties": True},
+                {"properties": {"b": False}, "additionalProperties": True},
+            ]
+        },
+    ),
     ({"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, {"type": "object", "properties": {"a": False, "b": False}}),
-    ({"anyOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]},
-     {"properties": {"a": False, "b": False}}),
-    ({"allOf": [{"required": ["a"]}, {"required": ["b"]}]},
-     {"type": "object", "anyOf": [{"properties": {"a": False}, "additionalProperties": True},
-                                  {"properties": {"b": False}, "additionalProperties": True}]}),
+    (
+        {"anyOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]},
+        {"properties": {"a": False, "b": False}},
+    ),
+    (
+        {"allOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        {
+            "type": "object",
+            "anyOf": [
+                {"properties": {"a": False}, "additionalProperties": True},
+                {"properties": {"b": False}, "additionalProperties": True},
+            ],
+        },
+    ),
 ]
 # about values, or several names in one anyOf branch: not written as absent names
 LEFT_AS_WRITTEN = [
@@ -64,13 +79,19 @@ def test_value_forms_are_not_rewritten(not_value):
 
 
 def test_the_rewrite_merges_into_its_node_or_leaves_a_clash_alone():
-    declared = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
-                "not": {"required": ["b"]}}
+    declared = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+        "not": {"required": ["b"]},
+    }
     # a declared name becomes absent in place; a node declaring names keeps strict mode's closing
     assert lower_negations(declared) == {"type": "object", "properties": {"a": {"type": "string"}, "b": False}}
     # a node without names of its own stays open: it only says which names are absent
     assert lower_negations({"not": {"required": ["b"]}}) == {
-        "type": "object", "additionalProperties": True, "properties": {"b": False}}
+        "type": "object",
+        "additionalProperties": True,
+        "properties": {"b": False},
+    }
     clash = {"anyOf": [{"required": ["a"]}, {"required": ["c"]}], "not": {"type": "object", "required": ["a", "b"]}}
     assert lower_negations(clash) == clash  # a second anyOf: left to the engines, which refuse it
     assert lower_negations({"type": "string", "not": {"required": ["a"]}}) is False  # no string is an object
@@ -83,19 +104,35 @@ def test_the_rewrite_merges_into_its_node_or_leaves_a_clash_alone():
 
 ARRAY = {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2}
 # GitHub workflows' push trigger: branches or branches-ignore, not both
-TRIGGER = {"type": "object", "properties": {"branches": ARRAY, "branches-ignore": ARRAY, "tags": ARRAY},
-           "allOf": [{"not": {"type": "object", "required": ["branches", "branches-ignore"]}}]}
+TRIGGER = {
+    "type": "object",
+    "properties": {"branches": ARRAY, "branches-ignore": ARRAY, "tags": ARRAY},
+    "allOf": [{"not": {"type": "object", "required": ["branches", "branches-ignore"]}}],
+}
 # GitLab CI inputs: neither options nor default where a regex is given (here: always)
-INPUT = {"type": "object", "properties": {"regex": {"type": "string", "maxLength": 8},
-                                          "options": ARRAY, "default": {"type": "string", "maxLength": 8}},
-         "required": ["regex"], "not": {"anyOf": [{"required": ["options"]}, {"required": ["default"]}]}}
+INPUT = {
+    "type": "object",
+    "properties": {
+        "regex": {"type": "string", "maxLength": 8},
+        "options": ARRAY,
+        "default": {"type": "string", "maxLength": 8},
+    },
+    "required": ["regex"],
+    "not": {"anyOf": [{"required": ["options"]}, {"required": ["default"]}]},
+}
 # Bitbucket's final step: a deployment is never allowed there
-FINAL = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "deployment": {"not": {}}},
-         "required": ["name"]}
+FINAL = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "deployment": {"not": {}}},
+    "required": ["name"],
+}
 
 
-@pytest.mark.parametrize("schema,pointer", [(TRIGGER, "/allOf/0/not"), (INPUT, "/not"),
-                                            (FINAL, "/properties/deployment/not")], ids=["trigger", "input", "final"])
+@pytest.mark.parametrize(
+    "schema,pointer",
+    [(TRIGGER, "/allOf/0/not"), (INPUT, "/not"), (FINAL, "/properties/deployment/not")],
+    ids=["trigger", "input", "final"],
+)
 def test_strict_routes_name_negations_to_llguidance_enforced(schema, pointer):
     report = routed_schema_fidelity(schema, strict=True)
     assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
@@ -104,16 +141,22 @@ def test_strict_routes_name_negations_to_llguidance_enforced(schema, pointer):
 
 
 def test_a_negation_about_values_stays_refused():
-    schema = {"type": "object", "properties": {"tags": {"type": "string"}},
-              "not": {"required": ["tags"], "properties": {"tags": {"const": "x"}}}}
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "string"}},
+        "not": {"required": ["tags"], "properties": {"tags": {"const": "x"}}},
+    }
     report = routed_schema_fidelity(schema, strict=True)
     assert [(k.pointer, k.status) for k in report.refused_in_strict] == [("/not", CHECKED)]
 
 
 def test_llguidance_masks_refuse_the_absent_names(service, tokenizer):
     cases = [
-        (TRIGGER, ['{"branches":["main"]}', '{"branches-ignore":["dev"],"tags":["v1"]}', '{}'],
-         ['{"branches":["main"],"branches-ignore":["dev"]}']),
+        (
+            TRIGGER,
+            ['{"branches":["main"]}', '{"branches-ignore":["dev"],"tags":["v1"]}', "{}"],
+            ['{"branches":["main"],"branches-ignore":["dev"]}'],
+        ),
         (INPUT, ['{"regex":"a+"}'], ['{"regex":"a+","options":["a"]}', '{"regex":"a+","default":"a"}']),
         (FINAL, ['{"name":"ship"}'], ['{"name":"ship","deployment":"prod"}', '{"name":"ship","deployment":{}}']),
     ]

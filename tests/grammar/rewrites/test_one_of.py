@@ -8,16 +8,36 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from grammar.rewrites.one_of import exclusive_branches, lower_one_of
+from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
 from tests.grammar.validation.test_fidelity_classifier import grammar_accepts
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
 INT_OR_STRING = {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}  # Kubernetes'
 QUANTITY = {"oneOf": [{"type": ["string", "null"]}, {"type": ["number", "null"]}]}
-SAMPLES = [None, True, False, 0, 3, -2, 1.5, "", "a", "12", [], [1], ["a", 2], {}, {"a": 1}, {"kind": "a"},
-           {"a": 1, "kind": "b"}, {"a": 1, "x": 2}, {"a": 1, "x": 2, "kind": "a"}, {"x": 1, "kind": "a"}]
+SAMPLES = [
+    None,
+    True,
+    False,
+    0,
+    3,
+    -2,
+    1.5,
+    "",
+    "a",
+    "12",
+    [],
+    [1],
+    ["a", 2],
+    {},
+    {"a": 1},
+    {"kind": "a"},
+    {"a": 1, "kind": "b"},
+    {"a": 1, "x": 2},
+    {"a": 1, "x": 2, "kind": "a"},
+    {"x": 1, "kind": "a"},
+]
 
 PROVED = [
     INT_OR_STRING,
@@ -27,13 +47,19 @@ PROVED = [
     {"oneOf": [{"description": "any"}, {"type": "string"}]},  # strings match both: everything else is valid
     {"oneOf": [{"type": ["boolean", "null"]}, {"type": "null"}]},  # the second branch is only overlap
     {"oneOf": [{"const": 1}, {"const": "a"}]},
-    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
-               {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]},
+    {
+        "oneOf": [
+            {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+            {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]},
+        ]
+    },
     # SchemaStore's forms: a branch that is a $ref is judged by its definition, listed values by
     # their types, a nested anyOf by its branches' types
     {"oneOf": [{"type": "string"}, {"$ref": "#/$defs/x"}], "$defs": {"x": {"type": "integer", "minimum": 2}}},
-    {"oneOf": [{"type": "boolean"}, {"$ref": "#/definitions/s", "description": "a name"}],
-     "definitions": {"s": {"type": "string", "pattern": "^[a-z]+$"}}},
+    {
+        "oneOf": [{"type": "boolean"}, {"$ref": "#/definitions/s", "description": "a name"}],
+        "definitions": {"s": {"type": "string", "pattern": "^[a-z]+$"}},
+    },
     {"oneOf": [{"enum": ["a", "b"]}, {"type": "array", "items": {"type": "string"}}]},
     {"oneOf": [{"enum": [1, 2.5]}, {"type": "string"}]},
     {"oneOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]}, {"type": "object"}]},
@@ -41,9 +67,13 @@ PROVED = [
     {"oneOf": [{"required": ["a"]}, {"required": ["kind"], "description": "by kind"}]},
     {"oneOf": [{"required": ["a"]}, {"required": ["kind"]}, {"required": ["a", "kind"]}]},
     {"oneOf": [{"required": ["a", "x"]}, {"required": ["a", "kind"]}]},
-    {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
-     "$defs": {"a": {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
-               "b": {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}}},
+    {
+        "oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+        "$defs": {
+            "a": {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+            "b": {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]},
+        },
+    },
 ]
 NOT_PROVED = [
     {"oneOf": [{"type": "integer"}, {"type": "number"}]},  # leaves fractions only: not a type
@@ -120,9 +150,12 @@ def test_the_service_compiles_the_lowered_one_of_with_xgrammar(service, tokenize
 
 def test_a_one_of_with_a_referenced_branch_is_enforced_by_xgrammar(service, tokenizer):
     # SchemaStore's "a step is a command string or a step object"
-    schema = {"type": "object", "required": ["step"], "properties": {"step": {
-        "oneOf": [{"type": "string"}, {"$ref": "#/$defs/step"}]}},
-        "$defs": {"step": {"type": "object", "properties": {"run": {"type": "string"}}, "required": ["run"]}}}
+    schema = {
+        "type": "object",
+        "required": ["step"],
+        "properties": {"step": {"oneOf": [{"type": "string"}, {"$ref": "#/$defs/step"}]}},
+        "$defs": {"step": {"type": "object", "properties": {"run": {"type": "string"}}, "required": ["run"]}},
+    }
     report = routed_schema_fidelity(schema)
     assert report.engine == XGRAMMAR and report.refused_in_strict == ()
     verdict = {k.pointer: k for k in report.keywords}["/properties/step/oneOf"]
@@ -133,9 +166,11 @@ def test_a_one_of_with_a_referenced_branch_is_enforced_by_xgrammar(service, toke
 
 
 def test_exactly_one_of_two_names_goes_to_llguidance_and_its_mask_keeps_it(service, tokenizer):
-    schema = {"type": "object", "properties": {"url": {"type": "string"}, "path": {"type": "string"},
-                                               "timeout": {"type": "integer"}},
-              "oneOf": [{"required": ["url"]}, {"required": ["path"]}]}
+    schema = {
+        "type": "object",
+        "properties": {"url": {"type": "string"}, "path": {"type": "string"}, "timeout": {"type": "integer"}},
+        "oneOf": [{"required": ["url"]}, {"required": ["path"]}],
+    }
     report = routed_schema_fidelity(schema)
     assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
     handle = service.compile(GrammarSpec("json_schema", schema, True))

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from grammar import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpec
+from grammar.errors import GrammarUnserializable
 from grammar.service import compile_process
 from grammar.service.compile_process import CompileProcess
-from grammar.errors import GrammarUnserializable
 from grammar.service.worker_pool import CompileWorkerPool
 from tests.grammar.service.test_grammar_service import BIG_ENUM, RUNAWAY, pid_alive, required_integers
 
@@ -138,7 +138,8 @@ def test_a_child_does_not_outlive_its_parent(tokenizer_json, tmp_path):
     info = tmp_path / "tokenizer.json"
     info.write_text(tokenizer_json)
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, threading, time
         from grammar.service.compile_process import CompileProcess
         from tests.grammar.service.test_grammar_service import RUNAWAY
@@ -150,10 +151,16 @@ def test_a_child_does_not_outlive_its_parent(tokenizer_json, tmp_path):
                              daemon=True).start()
             print(process.pid, flush=True)
             time.sleep(600)
-    """))
+    """)
+    )
     root = Path(__file__).resolve().parents[3]
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root,
-                              env={**os.environ, "PYTHONPATH": str(root)})
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     try:
         child = int(parent.stdout.readline())
         time.sleep(0.5)

@@ -18,8 +18,7 @@ NS = disk_namespace("tokenizer-a")  # the namespace of the tokenizer these tests
 def compiled(service):
     """Three small compiled grammars for the real tokenizer, and that tokenizer's info."""
     compiler = xgr.GrammarCompiler(service.tokenizer_info, cache_enabled=False)
-    grammars = {key: compiler.compile_regex(pattern) for key, pattern in
-                (("k_a", "a+"), ("k_b", "b+"), ("k_c", "c+"))}
+    grammars = {key: compiler.compile_regex(pattern) for key, pattern in (("k_a", "a+"), ("k_b", "b+"), ("k_c", "c+"))}
     return service.tokenizer_info, grammars
 
 
@@ -115,8 +114,11 @@ def foreign_files(tmp_path) -> dict:
     fresh-looking temp file. None of them is this cache's."""
     other = tmp_path / disk_namespace("tokenizer-b")
     other.mkdir()
-    files = {other / "k_a.json": b'{"not": "for tokenizer a"}', tmp_path / "k_b.json": b"written by an older Jumpgate",
-             other / ".k_c.abc.tmp": b"x"}
+    files = {
+        other / "k_a.json": b'{"not": "for tokenizer a"}',
+        tmp_path / "k_b.json": b"written by an older Jumpgate",
+        other / ".k_c.abc.tmp": b"x",
+    }
     for path, data in files.items():
         path.write_bytes(data)
     old = time.time() - 3600  # old enough to be evicted first, or cleaned as a stale temp file

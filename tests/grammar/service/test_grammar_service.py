@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from grammar.service.cache import MemoryLRU
 from grammar import (
     CompiledGrammarHandle,
     GrammarCompileMemoryError,
@@ -22,6 +21,7 @@ from grammar import (
     GrammarSpec,
     GrammarSpecError,
 )
+from grammar.service.cache import MemoryLRU
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
@@ -124,8 +124,9 @@ def test_stale_temp_files_in_the_disk_cache_are_removed_at_start(make_service, t
     assert not stale.exists() and fresh.exists()
 
 
-def test_another_tokenizers_grammars_are_skipped_and_kept(make_service, tmp_path, tokenizer, other_tokenizer,
-                                                          other_model_dir):
+def test_another_tokenizers_grammars_are_skipped_and_kept(
+    make_service, tmp_path, tokenizer, other_tokenizer, other_model_dir
+):
     """Two models share the cache folder: neither opens, evicts nor deletes the other's grammars."""
     from runtime.model.loader import read_config
 
@@ -135,8 +136,9 @@ def test_another_tokenizers_grammars_are_skipped_and_kept(make_service, tmp_path
     ours = {p: p.read_bytes() for p in tmp_path.rglob("*.json")}
     assert len(ours) == 1
 
-    other = GrammarService(other_tokenizer, read_config(other_model_dir).vocab_size, cache_dir=tmp_path,
-                           max_disk_bytes=1)  # a budget too small for anything but its own newest file
+    other = GrammarService(
+        other_tokenizer, read_config(other_model_dir).vocab_size, cache_dir=tmp_path, max_disk_bytes=1
+    )  # a budget too small for anything but its own newest file
     try:
         assert other.warm_from_disk() == 0  # the first model's grammar is not its to load
         other.compile(spec)
@@ -222,8 +224,12 @@ def test_json_object_is_any_compact_object(make_service, tokenizer):
 def runaway_ebnf(rules: int = 10_000) -> GrammarSpec:
     """A grammar of many sequential rules: xgrammar's compile is super-linear in them (10,000 take
     about 13 s and 220 MB here), and serializing the result more so (1,000 rules: past 4 GB)."""
-    return GrammarSpec.ebnf("root ::= " + " ".join(f"r{i}" for i in range(rules)) + "\n"
-                            + "\n".join(f'r{i} ::= "k{i}" | [0-9]+' for i in range(rules)))
+    return GrammarSpec.ebnf(
+        "root ::= "
+        + " ".join(f"r{i}" for i in range(rules))
+        + "\n"
+        + "\n".join(f'r{i} ::= "k{i}" | [0-9]+' for i in range(rules))
+    )
 
 
 RUNAWAY = runaway_ebnf()
@@ -337,13 +343,23 @@ def test_a_compile_past_the_memory_limit_is_refused_clearly(make_service, tokeni
 def required_integers(n: int) -> dict:
     """n required properties: compiles in about a second at 4000 (10 MB), but xgrammar 0.2.9's
     serialize_json writes the whole FSM once per rule, so serializing it would need > 3 GB."""
-    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
-            "required": [f"p{i}" for i in range(n)], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+        "required": [f"p{i}" for i in range(n)],
+        "additionalProperties": False,
+    }
 
 
 def test_a_grammar_too_big_to_serialize_is_compiled_in_process_for_memory_only(make_service, tmp_path, tokenizer):
-    svc = ready_service(make_service, cache_dir=tmp_path, compile_timeout_s=60, compile_memory_bytes=3 << 30,
-                        workers=1, max_memory_entries=1)
+    svc = ready_service(
+        make_service,
+        cache_dir=tmp_path,
+        compile_timeout_s=60,
+        compile_memory_bytes=3 << 30,
+        workers=1,
+        max_memory_entries=1,
+    )
     spec = GrammarSpec.json_schema(required_integers(4000))
     handle = svc.compile(spec)
     assert accepts(handle, tokenizer, "{" + ",".join(f'"p{i}":{i}' for i in range(4000)) + "}")

@@ -29,7 +29,12 @@ def test_meta_schema_error_points_at_the_bad_keyword():
 
 def test_draft_comes_from_dollar_schema():
     # draft-04 spells exclusiveMinimum as a boolean; 2020-12 as a number
-    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 0, "exclusiveMinimum": True}
+    draft4 = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "number",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+    }
     validate_json_schema(draft4)
     e = refusal({k: v for k, v in draft4.items() if k != "$schema"})
     assert e.pointer == "/exclusiveMinimum"
@@ -55,7 +60,10 @@ def test_local_refs_must_resolve_and_anchors_are_refused():
 
 
 def test_unsatisfiable_bounds_point_at_the_lower_bound():
-    assert refusal({"type": "object", "properties": {"age": {"type": "integer", "minimum": 9, "maximum": 3}}}).pointer == "/properties/age/minimum"
+    assert (
+        refusal({"type": "object", "properties": {"age": {"type": "integer", "minimum": 9, "maximum": 3}}}).pointer
+        == "/properties/age/minimum"
+    )
     assert refusal({"type": "number", "exclusiveMinimum": 1, "maximum": 1}).pointer == "/exclusiveMinimum"
     assert refusal({"type": "string", "minLength": 5, "maxLength": 2}).pointer == "/minLength"
     assert refusal({"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 1}).pointer == "/minItems"
@@ -64,8 +72,11 @@ def test_unsatisfiable_bounds_point_at_the_lower_bound():
 
 def test_a_value_every_instance_holds_and_no_value_fits_is_refused():
     # BFCL's shape: an array whose enum lists strings, as a required property
-    bfcl = {"type": "object", "required": ["intents"], "properties": {
-        "intents": {"type": "array", "items": {"type": "string"}, "enum": ["Weather", "News"]}}}
+    bfcl = {
+        "type": "object",
+        "required": ["intents"],
+        "properties": {"intents": {"type": "array", "items": {"type": "string"}, "enum": ["Weather", "News"]}},
+    }
     e = refusal(bfcl)
     assert e.pointer == "/properties/intents/enum" and "no instance can match" in e.message
     # Kubernetes' IntOrString as its own document: an object that must be a string or an integer
@@ -105,7 +116,13 @@ def test_root_must_be_an_object_and_pointer_prefix_is_applied():
 
 @pytest.mark.parametrize(
     "pattern, fragment",
-    [("(", "position"), ("a{2,1}", ""), ("(a)\\1", "Backreference"), ("\\bword", "Word boundary"), ("(?i)abc", "not supported")],
+    [
+        ("(", "position"),
+        ("a{2,1}", ""),
+        ("(a)\\1", "Backreference"),
+        ("\\bword", "Word boundary"),
+        ("(?i)abc", "not supported"),
+    ],
 )
 def test_bad_regexes_are_refused(pattern, fragment):
     with pytest.raises(GrammarSpecError) as e:
@@ -131,14 +148,17 @@ def test_validate_spec_dispatches_by_kind():
     assert e.value.pointer == "/properties/x/$ref"
 
 
-@pytest.mark.parametrize("raw,escaped", [
-    ("^(.|[\r\n])*$", "^(.|[\\r\\n])*$"),  # GitHub's workflow schema, as JSON decodes it
-    ("a\tb", "a\\tb"),
-    ("a\\\nb", "a\\nb"),  # an escaped raw line feed is a line feed
-    ("a\\\\\nb", "a\\\\\\nb"),  # an escaped backslash, then a raw line feed
-    ("a\x01", "a\\x01"),
-    ("^[a-z]+$", "^[a-z]+$"),
-])
+@pytest.mark.parametrize(
+    "raw,escaped",
+    [
+        ("^(.|[\r\n])*$", "^(.|[\\r\\n])*$"),  # GitHub's workflow schema, as JSON decodes it
+        ("a\tb", "a\\tb"),
+        ("a\\\nb", "a\\nb"),  # an escaped raw line feed is a line feed
+        ("a\\\\\nb", "a\\\\\\nb"),  # an escaped backslash, then a raw line feed
+        ("a\x01", "a\\x01"),
+        ("^[a-z]+$", "^[a-z]+$"),
+    ],
+)
 def test_raw_control_characters_in_patterns_are_written_as_escapes(raw, escaped):
     import re
 
@@ -152,8 +172,12 @@ def test_raw_control_characters_in_patterns_are_written_as_escapes(raw, escaped)
 def test_a_raw_line_feed_in_a_character_class_compiles(service, tokenizer):
     """xgrammar's lexer refused it ("Character class should not contain newline"), so GitHub's
     workflow schemas were an invalid schema even in best effort."""
-    schema = {"type": "object", "properties": {"run": {"type": "string", "pattern": "^\\$\\{\\{(.|[\r\n])*\\}\\}$"}},
-              "required": ["run"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"run": {"type": "string", "pattern": "^\\$\\{\\{(.|[\r\n])*\\}\\}$"}},
+        "required": ["run"],
+        "additionalProperties": False,
+    }
     validate_json_schema(schema)
     validate_regex("^(.|[\r\n])*$")
     for strict in (True, False):
@@ -167,15 +191,18 @@ def test_a_raw_line_feed_in_a_character_class_compiles(service, tokenizer):
     assert all(matcher.accept(t) for t in tokenizer.encode("x\ny", add_special_tokens=False))
 
 
-@pytest.mark.parametrize("pattern, counted", [
-    ("^(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$", "^(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+){0,1}$"),
-    ("(?:ab+)?c", "(?:ab+){0,1}c"),
-    ("a\\)?b", "a\\)?b"),  # an escaped parenthesis is a character
-    ("a\\\\(b)?", "a\\\\(b){0,1}"),  # after an escaped backslash it closes a group
-    ("[)?]x", "[)?]x"),  # inside a class
-    ("(a)??", "(a)??"),  # lazy: left as written
-    ("^[a-z]+$", "^[a-z]+$"),
-])
+@pytest.mark.parametrize(
+    "pattern, counted",
+    [
+        ("^(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$", "^(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+){0,1}$"),
+        ("(?:ab+)?c", "(?:ab+){0,1}c"),
+        ("a\\)?b", "a\\)?b"),  # an escaped parenthesis is a character
+        ("a\\\\(b)?", "a\\\\(b){0,1}"),  # after an escaped backslash it closes a group
+        ("[)?]x", "[)?]x"),  # inside a class
+        ("(a)??", "(a)??"),  # lazy: left as written
+        ("^[a-z]+$", "^[a-z]+$"),
+    ],
+)
 def test_optional_groups_are_written_as_counted_groups(pattern, counted):
     import re
 
@@ -195,8 +222,12 @@ def test_the_mask_keeps_an_optional_group_that_ends_in_a_repeat(service, tokeniz
     prefix the mask lets through must complete, by the closing plan, to a value the pattern takes."""
     import jsonschema
 
-    schema = {"type": "object", "properties": {"version": {"type": "string", "pattern": SEMVER}},
-              "required": ["version"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"version": {"type": "string", "pattern": SEMVER}},
+        "required": ["version"],
+        "additionalProperties": False,
+    }
     handle = service.compile(GrammarSpec("json_schema", schema, True))
 
     def accepts(text: str) -> bool:

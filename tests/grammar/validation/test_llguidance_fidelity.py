@@ -11,22 +11,29 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
 from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguidance
-from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.llguidance.schema import llguidance_grammar, llguidance_refusal
+from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
+from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
 from runtime.model.loader import read_config
 from tests.grammar.validation.test_fidelity_classifier import NOT_MASKED_CASES
 
 # The cases of the classifier's table that llguidance takes over (explicit, so it cannot grow or
 # shrink unnoticed); every other case stays with xgrammar and strict mode still refuses it.
 EXPECTED_LLGUIDANCE = {
-    "pattern_with_maxLength", "pattern_with_minLength", "multipleOf_number", "multipleOf_one_sided_range",
+    "pattern_with_maxLength",
+    "pattern_with_minLength",
+    "multipleOf_number",
+    "multipleOf_one_sided_range",
     "multipleOf_fractional_divisor",
     # (type_beside_anyOf and minimum_beside_allOf now hold an if/then/else or a not, which llguidance does
     # not enforce either: their plain forms are merged for xgrammar, grammar/rewrites/all_of.py)
-    "allOf_two_branches", "minimum_beside_ref",
-    "required_undeclared", "minLength_without_type", "minimum_without_type", "patternProperties",
+    "allOf_two_branches",
+    "minimum_beside_ref",
+    "required_undeclared",
+    "minLength_without_type",
+    "minimum_without_type",
+    "patternProperties",
 }
 TAKEN = [c for c in NOT_MASKED_CASES if c[0] in EXPECTED_LLGUIDANCE]
 DATA = Path(__file__).parents[2] / "data"
@@ -47,8 +54,9 @@ def test_the_cases_llguidance_takes_over_are_the_expected_ones():
 
 
 @pytest.mark.parametrize("name,schema,strict,valid,violating,expected", TAKEN, ids=[c[0] for c in TAKEN])
-def test_llguidance_refuses_what_xgrammar_would_let_through(service, tokenizer, name, schema, strict, valid,
-                                                            violating, expected):
+def test_llguidance_refuses_what_xgrammar_would_let_through(
+    service, tokenizer, name, schema, strict, valid, violating, expected
+):
     pointer, keyword, _ = expected
     handle = service.compile(GrammarSpec("json_schema", schema, strict))
     assert isinstance(handle, LLGuidanceHandle)
@@ -61,8 +69,11 @@ def test_llguidance_refuses_what_xgrammar_would_let_through(service, tokenizer, 
 
 
 def test_the_issue_schema_refuses_a_sixth_letter(service, tokenizer):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
-              "required": ["name"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}},
+        "required": ["name"],
+    }
     handle = service.compile(GrammarSpec("json_schema", schema, True))
     assert writes(handle, tokenizer, '{"name":"abcde"}')
     assert not writes(handle, tokenizer, '{"name":"abcdef"}')
@@ -84,18 +95,22 @@ def test_the_cache_key_names_the_engine(service):
 def test_keywords_neither_engine_nor_the_value_check_enforce_stay_with_xgrammar_and_refused():
     # uniqueItems over pattern-bound items: llguidance does not implement it and the value check
     # does not claim it (a repeat could not grow into a new item), so nothing is routed
-    schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
-              "uniqueItems": True}
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, "uniqueItems": True}
     report = routed_schema_fidelity(schema, strict=True)
     assert report.engine == XGRAMMAR
     assert {k.keyword for k in report.refused_in_strict} == {"uniqueItems", "maxLength"}
 
 
 def test_keywords_the_value_check_enforces_do_not_keep_a_schema_from_llguidance():
-    schema = {"type": "object", "required": ["code", "tags"], "properties": {
-        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
-        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-        "uniqueItems": {"type": "string", "enum": ["a name, not the keyword"]}}}
+    schema = {
+        "type": "object",
+        "required": ["code", "tags"],
+        "properties": {
+            "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "uniqueItems": {"type": "string", "enum": ["a name, not the keyword"]},
+        },
+    }
     assert llguidance_refusal(schema, strict=True) is None  # uniqueItems is the value check's job
     report = routed_schema_fidelity(schema, strict=True)
     assert report.engine == LLGUIDANCE and report.refused_in_strict == ()
@@ -110,14 +125,16 @@ def test_a_divisor_that_is_no_binary_fraction_stays_refused(tokenizer, smollm_di
     eos = tokenizer.eos_token_id
     grammar = llguidance_grammar(schema, strict=True)
     llg_tokenizer = LLGuidanceTokenizer(tokenizer, read_config(smollm_dir).vocab_size, [eos]).get()
-    handle = LLGuidanceHandle("k", "json_schema", grammar, compile_llguidance(llg_tokenizer, grammar, "t", None),
-                              frozenset({eos}))
+    handle = LLGuidanceHandle(
+        "k", "json_schema", grammar, compile_llguidance(llg_tokenizer, grammar, "t", None), frozenset({eos})
+    )
     assert writes(handle, tokenizer, '{"price":19.99}')  # what routing it to llguidance would let through
     assert not jsonschema.Draft202012Validator(schema).is_valid({"price": 19.99})
     report = routed_schema_fidelity(schema, strict=True)
     assert report.engine == XGRAMMAR
-    assert [(k.pointer, k.keyword) for k in report.refused_in_strict] == [("/properties/price/multipleOf",
-                                                                           "multipleOf")]
+    assert [(k.pointer, k.keyword) for k in report.refused_in_strict] == [
+        ("/properties/price/multipleOf", "multipleOf")
+    ]
     assert "binary fraction" in report.refused_in_strict[0].reason
     quarter = {**schema, "properties": {"price": {"type": "number", "multipleOf": 0.25}}}
     assert routed_schema_fidelity(quarter, strict=True).engine == LLGUIDANCE
@@ -145,8 +162,11 @@ def test_strict_closes_an_all_of_as_a_whole(service, tokenizer):
     assert writes(handle, tokenizer, '{"id":1,"name":"a"}')
     assert not writes(handle, tokenizer, '{"id":1}')  # both branches' required hold
     assert not writes(handle, tokenizer, '{"id":1,"name":"a","x":2}')  # closed over the branches' names
-    beside = {"type": "object", "properties": {"a": {"type": "integer"}},
-              "allOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    beside = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "allOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}],
+    }
     handle = service.compile(GrammarSpec("json_schema", beside, True))
     assert writes(handle, tokenizer, '{"a":1,"b":2}')
     assert not writes(handle, tokenizer, '{"a":1}')

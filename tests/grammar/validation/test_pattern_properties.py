@@ -15,8 +15,8 @@ import torch
 
 from bench.server_process import MODEL
 from grammar import GrammarSpec
-from grammar.validation.fidelity import DUPLICATE_KEYS, ENFORCED, LLGUIDANCE, VALUE_CHECK, routed_schema_fidelity
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
+from grammar.validation.fidelity import DUPLICATE_KEYS, ENFORCED, LLGUIDANCE, VALUE_CHECK, routed_schema_fidelity
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
 
@@ -32,11 +32,20 @@ def masked_writes(handle, tokenizer, text: str) -> bool:
             return False
     return matcher.is_terminated()
 
-ENV = {"type": "object", "patternProperties": {"^[A-Z_][A-Z0-9_]*$": {"type": "string", "maxLength": 12}},
-       "additionalProperties": False, "minProperties": 2}
+
+ENV = {
+    "type": "object",
+    "patternProperties": {"^[A-Z_][A-Z0-9_]*$": {"type": "string", "maxLength": 12}},
+    "additionalProperties": False,
+    "minProperties": 2,
+}
 # a declared name that also matches a pattern must satisfy both schemas
-HEADERS = {"type": "object", "properties": {"name": {"type": "string"}, "x-id": {"type": "integer", "minimum": 5}},
-           "patternProperties": {"^x-": {"type": "integer", "maximum": 10}}, "required": ["name"]}
+HEADERS = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "x-id": {"type": "integer", "minimum": 5}},
+    "patternProperties": {"^x-": {"type": "integer", "maximum": 10}},
+    "required": ["name"],
+}
 
 
 def test_strict_routes_disjoint_patterns_to_llguidance_with_names_checked():
@@ -48,7 +57,8 @@ def test_strict_routes_disjoint_patterns_to_llguidance_with_names_checked():
         # names matching a pattern could repeat: the value check keeps them unique
         assert verdicts[("", DUPLICATE_KEYS)] == (ENFORCED, VALUE_CHECK)
     assert ("/patternProperties/^[A-Z_][A-Z0-9_]*$/maxLength", "maxLength") in {
-        (k.pointer, k.keyword) for k in routed_schema_fidelity(ENV, strict=True).keywords}  # pattern schemas walked
+        (k.pointer, k.keyword) for k in routed_schema_fidelity(ENV, strict=True).keywords
+    }  # pattern schemas walked
 
 
 def test_the_grammar_matches_names_and_values_and_never_repeats_a_name(service, tokenizer):
@@ -83,9 +93,16 @@ def test_the_real_model_answers_a_pattern_properties_map_validly(jumpgate_server
     with httpx.Client(base_url=jumpgate_server.url, timeout=180) as http:
         check = http.post("/v1/schemas/check", json={"schema": ENV}).json()
         assert check["strict_accepted"] is True and check["fidelity"]["engine"] == "llguidance"
-        resp = http.post("/v1/chat/completions", json={
-            "model": MODEL, "max_tokens": 96, "temperature": 0, "response_format": rf,
-            "messages": [{"role": "user", "content": "Environment variables for a web server, as JSON."}]})
+        resp = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "max_tokens": 96,
+                "temperature": 0,
+                "response_format": rf,
+                "messages": [{"role": "user", "content": "Environment variables for a web server, as JSON."}],
+            },
+        )
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
     text = choice["message"]["content"]

@@ -23,23 +23,52 @@ from tests.conftest import chat_ids
 
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
 SCHEMAS = {
-    "person": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                                 "email": {"type": "string", "format": "email"}},
-               "required": ["name", "age", "email"], "additionalProperties": False},
-    "order": {"type": "object", "properties": {
-        "id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-        "items": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
-            "type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
-            "required": ["sku", "qty"], "additionalProperties": False}},
-        "status": {"enum": ["new", "paid", "shipped"]}},
-        "required": ["id", "items", "status"], "additionalProperties": False},
-    "weather": {"type": "object", "properties": {"city": {"type": "string"}, "celsius": {"type": "number"},
-                                                  "sky": {"enum": ["clear", "cloudy", "rain", "snow"]}},
-                "required": ["city", "celsius", "sky"], "additionalProperties": False},
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "email": {"type": "string", "format": "email"},
+        },
+        "required": ["name", "age", "email"],
+        "additionalProperties": False,
+    },
+    "order": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+                    "required": ["sku", "qty"],
+                    "additionalProperties": False,
+                },
+            },
+            "status": {"enum": ["new", "paid", "shipped"]},
+        },
+        "required": ["id", "items", "status"],
+        "additionalProperties": False,
+    },
+    "weather": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "celsius": {"type": "number"},
+            "sky": {"enum": ["clear", "cloudy", "rain", "snow"]},
+        },
+        "required": ["city", "celsius", "sky"],
+        "additionalProperties": False,
+    },
 }
-PROMPTS = {"person": "Make up a person with a name, an age and an email address.",
-           "order": "Make up a small web-shop order with two items.",
-           "weather": "Describe today's weather in Lisbon."}
+PROMPTS = {
+    "person": "Make up a person with a name, an age and an email address.",
+    "order": "Make up a small web-shop order with two items.",
+    "weather": "Describe today's weather in Lisbon.",
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +84,16 @@ def tiles_engine(smollm_dir, cpu_ops):
 
 
 def _requests(service, tokenizer, mode):
-    return [GenerateRequest(chat_ids(tokenizer, PROMPTS[name], SYSTEM),
-                            SamplingParams(max_new_tokens=80, temperature=0.0),
-                            constraint=service.compile(GrammarSpec.json_schema(schema)), jump_forward=mode, strict=True)
-            for name, schema in SCHEMAS.items()]
+    return [
+        GenerateRequest(
+            chat_ids(tokenizer, PROMPTS[name], SYSTEM),
+            SamplingParams(max_new_tokens=80, temperature=0.0),
+            constraint=service.compile(GrammarSpec.json_schema(schema)),
+            jump_forward=mode,
+            strict=True,
+        )
+        for name, schema in SCHEMAS.items()
+    ]
 
 
 @pytest.mark.e2e
@@ -84,8 +119,9 @@ def test_the_flag_is_refused_with_one_log_line_where_it_cannot_run(tiny_model_di
     for tiles in ("on", "auto", "off"):
         with caplog.at_level(logging.WARNING, logger="jumpgate.engine"):
             caplog.clear()
-            engine = Engine(model=str(tiny_model_dir), device="cpu", weights="fp32", attention_tiles=tiles,
-                            kv_pool_tokens=256)
+            engine = Engine(
+                model=str(tiny_model_dir), device="cpu", weights="fp32", attention_tiles=tiles, kv_pool_tokens=256
+            )
         try:
             refused = [r for r in caplog.records if "--attention-tiles: not used" in r.getMessage()]
             assert len(refused) == (1 if tiles == "on" else 0)  # auto falls back quietly

@@ -47,8 +47,9 @@ def make_batch(specs, seed=0):
     ext_lens = [e for _, _, e in specs]
     t = sum(ext_lens)
     zeros = torch.zeros(t, dtype=torch.int64)
-    return ForwardBatch(zeros, zeros, zeros, ext_lens, [r.numel() for r in rows], rows,
-                        torch.zeros(0, dtype=torch.int64))
+    return ForwardBatch(
+        zeros, zeros, zeros, ext_lens, [r.numel() for r in rows], rows, torch.zeros(0, dtype=torch.int64)
+    )
 
 
 def run_backend(batch, q, k, v):
@@ -68,8 +69,9 @@ def random_qkv(batch, heads, kv_heads, dim, slots=4096, seed=1):
 def test_groups_bucket_by_shared_slots_and_stop_at_first_mismatch():
     a, b = ("A", 40, True), ("B", 30, False)
     batch = make_batch([(a, 5, 1), (a, 9, 1), (b, 2, 1), (None, 50, 1), (b, 3, 3), (a, 0, 1)])
-    groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, max_extend=65,
-                                min_shared=8, min_saved=0)
+    groups = find_prefix_groups(
+        batch.extend_lens, batch.seq_lens, batch.slot_rows, max_extend=65, min_shared=8, min_saved=0
+    )
     by_members = {tuple(gr.members): gr.shared_len for gr in groups}
     # the last A request has only the prefix: its last slot is its new token, so the group keeps 39
     assert by_members == {(0, 1, 5): 39, (2, 4): 30}
@@ -100,8 +102,7 @@ def test_groups_need_two_members_a_long_enough_prefix_and_short_extends():
 def test_groups_form_only_where_they_save_more_prefix_reads_than_their_suffixes_cost():
     a = ("A", 40, True)
     batch = make_batch([(a, 5, 1), (a, 9, 1), (a, 2, 1)])  # saves 80 reads, suffixes hold 16
-    find = lambda **kw: find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65,
-                                           min_shared=8, **kw)
+    find = lambda **kw: find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 65, min_shared=8, **kw)
     assert [gr.members for gr in find(min_saved=80)] == [[0, 1, 2]]
     assert find(min_saved=81) == []
     batch = make_batch([(a, 50, 1), (a, 40, 1)])  # saves 40 reads, suffixes hold 90
@@ -122,9 +123,14 @@ def test_merge_by_lse_equals_attention_over_both_halves():
 
 A, B, C = ("A", 70, True), ("B", 45, False), ("C", 33, True)
 MIXED = [
-    (A, 12, 1), (A, 3, 1), (A, 20, 5),  # group A: decodes and a jump-forward draft of 5 tokens
-    (None, 30, 1), (None, 9, 4),  # private decode and draft
-    (B, 7, 1), (B, 15, 1), (B, 1, 1),  # group B over scattered slots, one with no private past
+    (A, 12, 1),
+    (A, 3, 1),
+    (A, 20, 5),  # group A: decodes and a jump-forward draft of 5 tokens
+    (None, 30, 1),
+    (None, 9, 4),  # private decode and draft
+    (B, 7, 1),
+    (B, 15, 1),
+    (B, 1, 1),  # group B over scattered slots, one with no private past
     (A, 90, 80),  # a prompt chunk after the cached A prefix, next to the decodes
     (C, 4, 1),  # alone under its prefix: no group
     (None, 100, 100),  # a prefill chunk from scratch
@@ -136,10 +142,18 @@ def test_cascade_equals_plain_attention_on_a_mixed_batch(heads, kv_heads, dim):
     batch = make_batch(MIXED)
     q, k, v = random_qkv(batch, heads, kv_heads, dim)
     plain = run_backend(batch, q, k, v)
-    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
-                                             TorchAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    batch.prefix_groups = find_prefix_groups(
+        batch.extend_lens,
+        batch.seq_lens,
+        batch.slot_rows,
+        TorchAttentionBackend.max_short_extend,
+        min_shared=16,
+        min_saved=0,
+    )
     assert sorted((tuple(gr.members), gr.shared_len) for gr in batch.prefix_groups) == [
-        ((0, 1, 2), 70), ((5, 6, 7), 45)]
+        ((0, 1, 2), 70),
+        ((5, 6, 7), 45),
+    ]
     torch.testing.assert_close(run_backend(batch, q, k, v), plain, atol=FP32_TOL, rtol=FP32_TOL)
 
 
@@ -147,8 +161,14 @@ def test_cascade_in_bfloat16_stays_within_bfloat16_rounding_of_plain_attention()
     batch = make_batch(MIXED)
     q, k, v = (x.to(torch.bfloat16) for x in random_qkv(batch, 9, 3, 64))
     plain = run_backend(batch, q, k, v)
-    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
-                                             TorchAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    batch.prefix_groups = find_prefix_groups(
+        batch.extend_lens,
+        batch.seq_lens,
+        batch.slot_rows,
+        TorchAttentionBackend.max_short_extend,
+        min_shared=16,
+        min_saved=0,
+    )
     assert batch.prefix_groups
     torch.testing.assert_close(run_backend(batch, q, k, v), plain, atol=3e-2, rtol=3e-2)
 
@@ -173,23 +193,31 @@ def test_cli_flag_turns_cascade_off():
 
 # ------------------------------------------------------------------------------- the real model
 
+
 @pytest.mark.e2e
 def test_greedy_tokens_equal_with_cascade_on_and_off(real_engine, tokenizer, smollm_dir, formed_groups):
     from runtime.api import GenerateRequest
-    from runtime.engine.engine import Engine
     from runtime.decode.sampling import SamplingParams
+    from runtime.engine.engine import Engine
     from tests.conftest import chat_ids
 
-    system = ("You are a careful assistant for a travel agency. Answer briefly and politely. " * 3 +
-              " ".join(f"Rule {i}: never book a flight on day {i} without asking the customer first."
-                       for i in range(1, 30)))
-    questions = ["Can I fly to Rome?", "What is a layover?", "Book me a hotel.", "Is day 3 free?",
-                 "How long is a flight to Oslo?", "Do you sell trains?"]
+    system = "You are a careful assistant for a travel agency. Answer briefly and politely. " * 3 + " ".join(
+        f"Rule {i}: never book a flight on day {i} without asking the customer first." for i in range(1, 30)
+    )
+    questions = [
+        "Can I fly to Rome?",
+        "What is a layover?",
+        "Book me a hotel.",
+        "Is day 3 free?",
+        "How long is a flight to Oslo?",
+        "Do you sell trains?",
+    ]
     prompts = [chat_ids(tokenizer, q, system=system) for q in questions]
     assert len(prompts[0]) > 400
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
 
     formed = formed_groups
+
     def outputs(engine):
         engine.generate(prompts[0], greedy)  # caches the system prompt
         return [r.token_ids for r in engine.generate_many([GenerateRequest(p, greedy) for p in prompts])]

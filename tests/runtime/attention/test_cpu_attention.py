@@ -63,8 +63,11 @@ def pass_of(extend_lens, seq_lens, slot_rows):
 
 def random_qkv(t, heads, kv_heads, dim, num_slots=4096, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(t, heads, dim, generator=g) * 2, torch.randn(num_slots, kv_heads, dim, generator=g),
-            torch.randn(num_slots, kv_heads, dim, generator=g))
+    return (
+        torch.randn(t, heads, dim, generator=g) * 2,
+        torch.randn(num_slots, kv_heads, dim, generator=g),
+        torch.randn(num_slots, kv_heads, dim, generator=g),
+    )
 
 
 def run(backend, batch, q, k, v):
@@ -102,7 +105,9 @@ def rows_seeing(batch, more_than: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tiles", TILES)
-@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (8, 2, 24), (6, 2, 128), (4, 1, 40), (4, 2, 32)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim", [(9, 3, 64), (4, 4, 16), (8, 2, 24), (6, 2, 128), (4, 1, 40), (4, 2, 32)]
+)
 def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim, tiles):
     batch = make_batch(mixed_for(tiles))
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
@@ -185,17 +190,29 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_inside_an_extend(cpu_ops
     # the whole sequence as one prefill: row i sees i + 1 keys
     full = run(backend, pass_of([total], [total], [slots]), q_all, k, v)
     others = make_batch([(1, 500), (40, 90), (3, 3), (2, 800)], seed=3)
-    for prefix, ext_len in [(699, 1), (100, 50), (0, 700), (120, 5), (31, 2), (63, 65), (480, 60), (511, 1),
-                            (512, 1), (600, 37)]:
+    for prefix, ext_len in [
+        (699, 1),
+        (100, 50),
+        (0, 700),
+        (120, 5),
+        (31, 2),
+        (63, 65),
+        (480, 60),
+        (511, 1),
+        (512, 1),
+        (600, 37),
+    ]:
         rows = slots[: prefix + ext_len]
         alone = pass_of([ext_len], [prefix + ext_len], [rows])
         q = q_all[prefix : prefix + ext_len]
         out_alone = run(backend, alone, q, k, v)
         assert torch.equal(out_alone, full[prefix : prefix + ext_len]), (prefix, ext_len)
         # the same rows among others, in the middle of q
-        mixed = pass_of([others.extend_lens[0], ext_len, *others.extend_lens[1:]],
-                        [others.seq_lens[0], prefix + ext_len, *others.seq_lens[1:]],
-                        [others.slot_rows[0], rows, *others.slot_rows[1:]])
+        mixed = pass_of(
+            [others.extend_lens[0], ext_len, *others.extend_lens[1:]],
+            [others.seq_lens[0], prefix + ext_len, *others.seq_lens[1:]],
+            [others.slot_rows[0], rows, *others.slot_rows[1:]],
+        )
         q_mixed = torch.cat([torch.randn(1, heads, dim), q, torch.randn(others.num_tokens - 1, heads, dim)])
         assert torch.equal(rows_of(run(backend, mixed, q_mixed, k, v), mixed, 1), out_alone), (prefix, ext_len)
 
@@ -217,8 +234,18 @@ def test_the_thread_count_changes_nothing(cpu_ops, tiles):
 
 def grouped_specs(a_len: int, b_len: int):
     a, b = ("A", a_len, True), ("B", b_len, False)
-    return [(a, 12, 1), (a, 3, 1), (a, 20, 5), (None, 30, 1), (b, 7, 1), (b, 15, 1), (b, 1, 1),
-            (a, 90, 65), (None, 100, 100), (a, 0, 1)] + [(a, i, 1) for i in range(40)]  # A: more than one tile
+    return [
+        (a, 12, 1),
+        (a, 3, 1),
+        (a, 20, 5),
+        (None, 30, 1),
+        (b, 7, 1),
+        (b, 15, 1),
+        (b, 1, 1),
+        (a, 90, 65),
+        (None, 100, 100),
+        (a, 0, 1),
+    ] + [(a, i, 1) for i in range(40)]  # A: more than one tile
 
 
 # With tiles, A's rows all see more than 512 keys (the AMX path), and B's members fall either side
@@ -236,8 +263,14 @@ def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim, tiles):
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
     v = values_for(v, tiles)
     plain = run(backend_for(cpu_ops, tiles), batch, q, k, v)
-    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
-                                             CpuPagedAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    batch.prefix_groups = find_prefix_groups(
+        batch.extend_lens,
+        batch.seq_lens,
+        batch.slot_rows,
+        CpuPagedAttentionBackend.max_short_extend,
+        min_shared=16,
+        min_saved=0,
+    )
     assert sorted(len(g.members) for g in batch.prefix_groups) == [3, 45]  # A: a 65-token extend too
     grouped = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     assert torch.equal(grouped, plain)
@@ -286,8 +319,9 @@ def test_auto_picks_it_on_cpu_and_falls_back_to_torch(cpu_ops, monkeypatch, capl
     assert make_attention_backend("torch", CPU).name == "torch"
     with pytest.raises(ValueError, match="CPU only"):
         make_attention_backend("cpu", torch.device("cuda"))
-    import runtime.cpu_kernels as cpu_kernels
     from torch.utils import cpp_extension
+
+    import runtime.cpu_kernels as cpu_kernels
 
     def broken(**_kw):
         raise RuntimeError("Error building extension 'x'\nmore lines")
@@ -317,8 +351,8 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_start(cpu_ops):
 def test_engine_greedy_tokens_equal_torch_backend(cpu_ops, tiny_model_dir):
     """Chunked prefill after a cached prefix, jump-free batched decode; same tokens as torch."""
     from runtime.api import GenerateRequest
-    from runtime.engine.engine import Engine
     from runtime.decode.sampling import SamplingParams
+    from runtime.engine.engine import Engine
 
     g = torch.Generator().manual_seed(5)
     shared = torch.randint(100, 40000, (24,), generator=g).tolist()
@@ -327,8 +361,16 @@ def test_engine_greedy_tokens_equal_torch_backend(cpu_ops, tiny_model_dir):
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     outs = {}
     for backend in ("torch", "cpu"):
-        engine = Engine(model=str(tiny_model_dir), device="cpu", dtype="float32", attention_backend=backend,
-                        kv_pool_tokens=512, chunked_prefill_tokens=16, max_running_requests=4, debug_invariants=True)
+        engine = Engine(
+            model=str(tiny_model_dir),
+            device="cpu",
+            dtype="float32",
+            attention_backend=backend,
+            kv_pool_tokens=512,
+            chunked_prefill_tokens=16,
+            max_running_requests=4,
+            debug_invariants=True,
+        )
         assert engine.runner.attn.name == backend and engine.info.attention_backend == backend
         try:
             first = engine.generate(prompts[0], greedy)

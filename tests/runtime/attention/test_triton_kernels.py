@@ -24,9 +24,9 @@ import torch
 
 from bench.probes.device_check import SMOKE, attention_case, build_model
 from runtime.attention import TorchAttentionBackend, make_attention_backend, triton_interpreter_enabled
+from runtime.decode.sampler import apply_bitmask_, apply_token_bitmask
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool
-from runtime.decode.sampler import apply_bitmask_, apply_token_bitmask
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU = torch.device("cpu")
@@ -42,9 +42,9 @@ def kernels():
         pytest.skip("no GPU and TRITON_INTERPRET is off: Triton kernels cannot run here")
     from triton.runtime.interpreter import InterpretedFunction
 
-    from runtime.model import cuda_graphs
-    from runtime.decode import triton_bitmask
     from runtime.attention import triton_backend
+    from runtime.decode import triton_bitmask
+    from runtime.model import cuda_graphs
 
     interpreted = isinstance(triton_backend.extend_kernel, InterpretedFunction)
     assert interpreted == (not ON_GPU), "kernel modules were imported before TRITON_INTERPRET was set"
@@ -58,13 +58,16 @@ def kernels():
 SPECS = [(20, 20), (37, 1), (45, 13), (1, 1), (70, 1), (9, 3)]
 
 
-@pytest.mark.parametrize("dtype,heads,kv_heads,dim,atol", [
-    (torch.float32, 4, 4, 16, FP32_TOL),
-    (torch.float32, 4, 2, 24, FP32_TOL),  # head_dim 24: padded to a 32-wide tile
-    (torch.float32, 8, 2, 16, FP32_TOL),
-    (torch.float16, 8, 2, 16, 2e-3),
-    (torch.bfloat16, 4, 2, 16, 2e-2),
-])
+@pytest.mark.parametrize(
+    "dtype,heads,kv_heads,dim,atol",
+    [
+        (torch.float32, 4, 4, 16, FP32_TOL),
+        (torch.float32, 4, 2, 24, FP32_TOL),  # head_dim 24: padded to a 32-wide tile
+        (torch.float32, 8, 2, 16, FP32_TOL),
+        (torch.float16, 8, 2, 16, 2e-3),
+        (torch.bfloat16, 4, 2, 16, 2e-2),
+    ],
+)
 def test_attention_matches_torch_backend(kernels, dtype, heads, kv_heads, dim, atol):
     q, k, v, batch = attention_case(SPECS, heads, kv_heads, dim, dtype, DEV, slots=200, seed=heads + dim)
     ref = TorchAttentionBackend()
@@ -108,9 +111,13 @@ def test_split_counts(kernels):
 # a draft and a prompt chunk after A's prefix (extends: never in a Triton group), group B over
 # scattered slots with one member holding no private past, private decodes and a fresh prefill.
 _A, _B, _C = ("A", 70, True), ("B", 45, False), ("C", 33, True)
-CASCADE_MIXED = ([(_A, 3 + 2 * i, 1) for i in range(20)] + [(_A, 20, 5), (_A, 90, 80)]
-                 + [(None, 30, 1), (None, 9, 4)] + [(_B, 7, 1), (_B, 15, 1), (_B, 1, 1)]
-                 + [(_C, 4, 1), (None, 100, 100)])
+CASCADE_MIXED = (
+    [(_A, 3 + 2 * i, 1) for i in range(20)]
+    + [(_A, 20, 5), (_A, 90, 80)]
+    + [(None, 30, 1), (None, 9, 4)]
+    + [(_B, 7, 1), (_B, 15, 1), (_B, 1, 1)]
+    + [(_C, 4, 1), (None, 100, 100)]
+)
 
 
 def _cascade_case(dtype, heads, kv_heads, dim, seed):
@@ -122,11 +129,14 @@ def _cascade_case(dtype, heads, kv_heads, dim, seed):
     return batch, q, k, v
 
 
-@pytest.mark.parametrize("dtype,heads,kv_heads,dim,atol", [
-    (torch.float32, 8, 2, 16, FP32_TOL),
-    (torch.float32, 9, 3, 24, FP32_TOL),
-    (torch.bfloat16, 4, 4, 16, 2e-2),
-])
+@pytest.mark.parametrize(
+    "dtype,heads,kv_heads,dim,atol",
+    [
+        (torch.float32, 8, 2, 16, FP32_TOL),
+        (torch.float32, 9, 3, 24, FP32_TOL),
+        (torch.bfloat16, 4, 4, 16, 2e-2),
+    ],
+)
 def test_shared_prefix_decode_equals_plain_attention(kernels, dtype, heads, kv_heads, dim, atol):
     from runtime.attention.cascade import find_prefix_groups
 
@@ -135,8 +145,14 @@ def test_shared_prefix_decode_equals_plain_attention(kernels, dtype, heads, kv_h
     ref.prepare(batch)  # no groups: every request over its whole row
     want = ref.forward(q, k, v).float()
     ta = kernels.attn
-    batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows,
-                                             ta.TritonAttentionBackend.max_short_extend, min_shared=16, min_saved=0)
+    batch.prefix_groups = find_prefix_groups(
+        batch.extend_lens,
+        batch.seq_lens,
+        batch.slot_rows,
+        ta.TritonAttentionBackend.max_short_extend,
+        min_shared=16,
+        min_saved=0,
+    )
     assert sorted((len(g.members), g.shared_len) for g in batch.prefix_groups) == [(3, 45), (20, 70)]
     members = 64 // (heads // kv_heads)
     for splits in (1, 4):
@@ -171,7 +187,7 @@ def test_shared_prefix_groups_given_by_hand(kernels):
 
 def _random_mask(b: int, vocab: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-2**31, 2**31 - 1, (b, (vocab + 31) // 32), generator=g, dtype=torch.int64).to(torch.int32)
+    return torch.randint(-(2**31), 2**31 - 1, (b, (vocab + 31) // 32), generator=g, dtype=torch.int64).to(torch.int32)
 
 
 @pytest.mark.parametrize("words", [False, True], ids=["lane-words", "unpacked-words"])
@@ -256,19 +272,31 @@ def test_decode_graph_buffers_and_padding_match_eager(kernels):
     ids = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
     torch_attn = TorchAttentionBackend()
     # the engine's layout: ids, positions and logits rows on the device; slots on the host
-    prefill = ForwardBatch(torch.cat(ids).to(DEV), torch.cat([torch.arange(n) for n in lens]).to(DEV),
-                           torch.cat([s[:n] for s, n in zip(slots, lens)]), lens, lens,
-                           [s[:n] for s, n in zip(slots, lens)], torch.tensor([8, 12, 25], device=DEV))
+    prefill = ForwardBatch(
+        torch.cat(ids).to(DEV),
+        torch.cat([torch.arange(n) for n in lens]).to(DEV),
+        torch.cat([s[:n] for s, n in zip(slots, lens)]),
+        lens,
+        lens,
+        [s[:n] for s, n in zip(slots, lens)],
+        torch.tensor([8, 12, 25], device=DEV),
+    )
     model.forward(prefill, kv, torch_attn)
-    graphs = kernels.graphs.DecodeCudaGraphs(model, kv, 4, 64, batch_sizes=(1, 4), capture=ON_GPU,
-                                             min_split_tokens=4, max_kv_splits=2)
+    graphs = kernels.graphs.DecodeCudaGraphs(
+        model, kv, 4, 64, batch_sizes=(1, 4), capture=ON_GPU, min_split_tokens=4, max_kv_splits=2
+    )
 
     def decode(rows):
         nxt = torch.randint(0, vocab, (len(rows),), generator=g)
-        return ForwardBatch(nxt.to(DEV), torch.tensor([lens[r] for r in rows], device=DEV),
-                            torch.stack([slots[r][lens[r]] for r in rows]), [1] * len(rows),
-                            [lens[r] + 1 for r in rows], [slots[r][: lens[r] + 1] for r in rows],
-                            torch.arange(len(rows), device=DEV))
+        return ForwardBatch(
+            nxt.to(DEV),
+            torch.tensor([lens[r] for r in rows], device=DEV),
+            torch.stack([slots[r][lens[r]] for r in rows]),
+            [1] * len(rows),
+            [lens[r] + 1 for r in rows],
+            [slots[r][: lens[r] + 1] for r in rows],
+            torch.arange(len(rows), device=DEV),
+        )
 
     for rows in ([0, 1, 2], [1, 2]):
         batch = decode(rows)
@@ -285,8 +313,15 @@ def test_decode_graph_buffers_and_padding_match_eager(kernels):
             assert mine[kv.scratch_slot].abs().sum() > 0
         for r in rows:
             lens[r] += 1
-    extend = ForwardBatch(torch.tensor([1, 2]), torch.tensor([lens[0], lens[0] + 1]), slots[0][lens[0]:lens[0] + 2],
-                          [2], [lens[0] + 2], [slots[0][: lens[0] + 2]], torch.tensor([1]))
+    extend = ForwardBatch(
+        torch.tensor([1, 2]),
+        torch.tensor([lens[0], lens[0] + 1]),
+        slots[0][lens[0] : lens[0] + 2],
+        [2],
+        [lens[0] + 2],
+        [slots[0][: lens[0] + 2]],
+        torch.tensor([1]),
+    )
     assert not graphs.can_run(extend)  # extend passes run eagerly
 
 
@@ -308,20 +343,37 @@ def test_decode_graph_with_shared_prefix_groups_matches_eager(kernels):
     for r in range(4):  # prefill: the first request writes the prefix, the others extend after it
         start = 0 if r in (0, 3) else 20
         n = lens[r] - start
-        model.forward(ForwardBatch(torch.randint(0, vocab, (n,), generator=g).to(DEV),
-                                   torch.arange(start, lens[r]).to(DEV), rows[r][start:lens[r]], [n], [lens[r]],
-                                   [rows[r][: lens[r]]], torch.tensor([n - 1], device=DEV)), kv, torch_attn)
-    graphs = kernels.graphs.DecodeCudaGraphs(model, kv, 4, 64, batch_sizes=(1, 4), capture=ON_GPU,
-                                             min_split_tokens=4, max_kv_splits=2)
+        model.forward(
+            ForwardBatch(
+                torch.randint(0, vocab, (n,), generator=g).to(DEV),
+                torch.arange(start, lens[r]).to(DEV),
+                rows[r][start : lens[r]],
+                [n],
+                [lens[r]],
+                [rows[r][: lens[r]]],
+                torch.tensor([n - 1], device=DEV),
+            ),
+            kv,
+            torch_attn,
+        )
+    graphs = kernels.graphs.DecodeCudaGraphs(
+        model, kv, 4, 64, batch_sizes=(1, 4), capture=ON_GPU, min_split_tokens=4, max_kv_splits=2
+    )
 
     def decode(reqs):
         nxt = torch.randint(0, vocab, (len(reqs),), generator=g)
-        batch = ForwardBatch(nxt.to(DEV), torch.tensor([lens[r] for r in reqs], device=DEV),
-                             torch.stack([rows[r][lens[r]] for r in reqs]), [1] * len(reqs),
-                             [lens[r] + 1 for r in reqs], [rows[r][: lens[r] + 1] for r in reqs],
-                             torch.arange(len(reqs), device=DEV))
-        batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, batch.slot_rows, 1,
-                                                 min_shared=8, min_saved=0)
+        batch = ForwardBatch(
+            nxt.to(DEV),
+            torch.tensor([lens[r] for r in reqs], device=DEV),
+            torch.stack([rows[r][lens[r]] for r in reqs]),
+            [1] * len(reqs),
+            [lens[r] + 1 for r in reqs],
+            [rows[r][: lens[r] + 1] for r in reqs],
+            torch.arange(len(reqs), device=DEV),
+        )
+        batch.prefix_groups = find_prefix_groups(
+            batch.extend_lens, batch.seq_lens, batch.slot_rows, 1, min_shared=8, min_saved=0
+        )
         return batch
 
     for reqs, members in (([0, 3, 1, 2], [0, 2, 3]), ([2, 0], [0, 1]), ([3], None)):
@@ -382,15 +434,16 @@ class _ThreeTokens:
         return None
 
 
-def test_engine_forms_groups_by_the_backends_threshold_and_cascade_keeps_the_tokens(kernels, tiny_model_dir,
-                                                                                     formed_groups):
+def test_engine_forms_groups_by_the_backends_threshold_and_cascade_keeps_the_tokens(
+    kernels, tiny_model_dir, formed_groups
+):
     """Three requests decoding together under a cached 70-token prefix: the runner forms groups
     only when they save the backend's min_saved_prefix_reads (either default is too high for this
     step: no group; 0 forms them), and with groups the Triton engine's greedy tokens equal its own
     without and the torch backend's with them."""
     from runtime.api import GenerateRequest
-    from runtime.engine.engine import Engine
     from runtime.decode.sampling import SamplingParams
+    from runtime.engine.engine import Engine
 
     formed = formed_groups
     g = torch.Generator().manual_seed(9)
@@ -399,15 +452,23 @@ def test_engine_forms_groups_by_the_backends_threshold_and_cascade_keeps_the_tok
     greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     outs = {}
     for backend, min_saved in (("torch", 0), ("triton", None), ("triton", 0)):
-        engine = Engine(model=str(tiny_model_dir), device=DEV.type, dtype="float32", attention_backend=backend,
-                        kv_pool_tokens=512, max_running_requests=4, debug_invariants=True)
+        engine = Engine(
+            model=str(tiny_model_dir),
+            device=DEV.type,
+            dtype="float32",
+            attention_backend=backend,
+            kv_pool_tokens=512,
+            max_running_requests=4,
+            debug_invariants=True,
+        )
         if min_saved is not None:
             engine.runner.attn.min_saved_prefix_reads = min_saved
         formed.clear()
         try:
             engine.generate(prompts[0], SamplingParams(max_new_tokens=1, temperature=0.0))  # caches the prefix
-            outs[backend, min_saved] = [r.token_ids for r in engine.generate_many(
-                [GenerateRequest(p, greedy) for p in prompts])]
+            outs[backend, min_saved] = [
+                r.token_ids for r in engine.generate_many([GenerateRequest(p, greedy) for p in prompts])
+            ]
         finally:
             engine.shutdown()
         decode_groups = [gr for gr in formed if len(gr.members) == 3]
@@ -419,8 +480,8 @@ def test_engine_greedy_tokens_equal_torch_backend(kernels, tiny_model_dir):
     """Chunked prefill (extends after cached prefixes), a shared prefix hit, then batched decode
     with one grammar-constrained request among free ones (the mask applies to that row only)."""
     from runtime.api import GenerateRequest
-    from runtime.engine.engine import Engine
     from runtime.decode.sampling import SamplingParams
+    from runtime.engine.engine import Engine
 
     g = torch.Generator().manual_seed(5)
     shared = torch.randint(100, 40000, (24,), generator=g).tolist()
@@ -428,15 +489,24 @@ def test_engine_greedy_tokens_equal_torch_backend(kernels, tiny_model_dir):
     prompts.append(torch.randint(100, 40000, (9,), generator=g).tolist())
     outs = {}
     for backend in ("torch", "triton"):
-        engine = Engine(model=str(tiny_model_dir), device=DEV.type, dtype="float32", attention_backend=backend,
-                        kv_pool_tokens=512, chunked_prefill_tokens=16, max_running_requests=4, debug_invariants=True)
+        engine = Engine(
+            model=str(tiny_model_dir),
+            device=DEV.type,
+            dtype="float32",
+            attention_backend=backend,
+            kv_pool_tokens=512,
+            chunked_prefill_tokens=16,
+            max_running_requests=4,
+            debug_invariants=True,
+        )
         assert engine.runner.attn.name == backend
         assert (engine.runner.cuda_graphs is not None) == (ON_GPU and backend == "triton")
         try:
             first = engine.generate(prompts[0], SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True))
             greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
-            rest = engine.generate_many([GenerateRequest(prompts[1], greedy, constraint=_ThreeTokens()),
-                                         GenerateRequest(prompts[2], greedy)])
+            rest = engine.generate_many(
+                [GenerateRequest(prompts[1], greedy, constraint=_ThreeTokens()), GenerateRequest(prompts[2], greedy)]
+            )
         finally:
             engine.shutdown()
         assert rest[0].cached_tokens >= len(shared)
@@ -452,15 +522,22 @@ def test_engine_jump_forward_verify_equals_torch_backend(kernels, tiny_model_dir
     backend's, and `verify` equals `off` on both (the CUDA path of #4, before a GPU runs it)."""
     from grammar import GrammarService, GrammarSpec
     from runtime.api import GenerateRequest
+    from runtime.decode.sampling import SamplingParams
     from runtime.engine.engine import Engine
     from runtime.model.loader import read_config
-    from runtime.decode.sampling import SamplingParams
 
-    spec = GrammarSpec.json_schema({
-        "type": "object", "additionalProperties": False, "required": ["status", "count", "tags"],
-        "properties": {"status": {"enum": ["accepted_by_reviewer", "rejected_by_reviewer"]},
-                       "count": {"type": "integer"}, "tags": {"type": "array", "maxItems": 2,
-                                                               "items": {"type": "string", "maxLength": 4}}}})
+    spec = GrammarSpec.json_schema(
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["status", "count", "tags"],
+            "properties": {
+                "status": {"enum": ["accepted_by_reviewer", "rejected_by_reviewer"]},
+                "count": {"type": "integer"},
+                "tags": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 4}},
+            },
+        }
+    )
     g = torch.Generator().manual_seed(11)
     shared = torch.randint(100, 40000, (20,), generator=g).tolist()
     prompts = [shared + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (5, 9, 2)]
@@ -470,12 +547,20 @@ def test_engine_jump_forward_verify_equals_torch_backend(kernels, tiny_model_dir
         service = GrammarService(tokenizer, read_config(tiny_model_dir).vocab_size)
         handle = service.compile(spec)
         for mode in ("off", "verify"):
-            engine = Engine(model=str(tiny_model_dir), device=DEV.type, dtype="float32", attention_backend=backend,
-                            kv_pool_tokens=1024, max_running_requests=4, debug_invariants=True)
+            engine = Engine(
+                model=str(tiny_model_dir),
+                device=DEV.type,
+                dtype="float32",
+                attention_backend=backend,
+                kv_pool_tokens=1024,
+                max_running_requests=4,
+                debug_invariants=True,
+            )
             try:
                 greedy = SamplingParams(max_new_tokens=40, temperature=0.0)
-                res = engine.generate_many([GenerateRequest(p, greedy, constraint=handle, jump_forward=mode)
-                                            for p in prompts])
+                res = engine.generate_many(
+                    [GenerateRequest(p, greedy, constraint=handle, jump_forward=mode) for p in prompts]
+                )
                 stats = engine.stats()
             finally:
                 engine.shutdown()
@@ -501,14 +586,28 @@ def _env(**extra) -> dict:
 
 @pytest.mark.slow
 def test_device_check_smoke_runs_on_cpu(smollm_dir):
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh"), "--smoke", "--tokenizer-dir", str(smollm_dir)],
-                          cwd=ROOT, env=_env(PYTHON=sys.executable), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_check.sh"), "--smoke", "--tokenizer-dir", str(smollm_dir)],
+        cwd=ROOT,
+        env=_env(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = next(r for r in lines if r.get("section") == "summary")
     assert summary["ok"], summary
     seen = {r.get("section") or r.get("check") for r in lines}
-    assert {"attention", "bitmask", "bitmask_sweep", "cuda_graph_decode", "model", "decode_attention", "imports"} <= seen
+    assert {
+        "attention",
+        "bitmask",
+        "bitmask_sweep",
+        "cuda_graph_decode",
+        "model",
+        "decode_attention",
+        "imports",
+    } <= seen
     assert any(r.get("batch") == 3 and r.get("check") == "cuda_graph_decode" for r in lines)  # padded 3 -> 4
     assert all(r["ok"] for r in lines if r.get("section") == "bitmask_sweep" and "ok" in r)
     # the whole engine: Triton backend == torch backend greedy, then the per-backend bench and profile
@@ -521,8 +620,14 @@ def test_device_check_smoke_runs_on_cpu(smollm_dir):
 @pytest.mark.slow
 def test_kernels_compile_for_sm90():
     """Ahead-of-time compile (triton ships ptxas): catches GPU-only compile errors here."""
-    proc = subprocess.run([sys.executable, "-m", "bench.probes.device_check", "--aot", "90", "--quick"], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.probes.device_check", "--aot", "90", "--quick"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines and all(r["ok"] for r in lines), proc.stdout[-3000:] + proc.stderr[-2000:]
     assert {r["kernel"].split()[0] for r in lines} == {"extend", "decode", "prefix", "merge", "bitmask"}

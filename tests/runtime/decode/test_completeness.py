@@ -22,7 +22,6 @@ from grammar import GrammarService, GrammarSpec
 from grammar.checks.closing import allowed_subset
 from runtime.api import EngineError, GenerateRequest
 from runtime.decode.completeness import (
-    CHECK_SLACK,
     CLOSING_MARGIN,
     FAR_TOKENS,
     MAX_DIGITS,
@@ -38,8 +37,7 @@ REFUSED = {k for k in json.loads((DATA / "schema_corpus_refusals.json").read_tex
 SCHEMAS = {p.stem: json.loads(p.read_text()) for p in sorted((DATA / "schema_corpus").glob("*.json"))}
 REGEXES = {r["name"]: r["pattern"] for r in json.loads((DATA / "regex_corpus.json").read_text())}
 # see tests/grammar/test_grammar_e2e.py: keywords xgrammar compiles without enforcing them
-UNENFORCED = {"if_then_else_country_postal": {"if", "then", "else"},
-              "numeric_bounds_sensor": {"multipleOf"}}
+UNENFORCED = {"if_then_else_country_postal": {"if", "then", "else"}, "numeric_bounds_sensor": {"multipleOf"}}
 
 
 def errors_of(name: str, schema: dict, value) -> list[str]:
@@ -180,7 +178,7 @@ def test_guard_closes_when_the_budget_comes_within_the_bound():
     assert m.fills[-1] == ("closing", False, 11)  # the plan's class, the model choosing
     while m.plan:
         drive(g, m, out, max_new)
-    assert out[-len(plan):] == plan and len(out) <= max_new
+    assert out[-len(plan) :] == plan and len(out) <= max_new
 
 
 def test_guard_follows_the_stored_plan_token_for_token_when_tight():
@@ -192,7 +190,7 @@ def test_guard_follows_the_stored_plan_token_for_token_when_tight():
     made = m.plans_made
     taken = [drive(g, m, out, max_new) for _ in plan]
     assert taken == plan and len(out) == max_new - 1
-    assert [f for f in m.fills[-len(plan):]] == [("plan", t) for t in plan]
+    assert [f for f in m.fills[-len(plan) :]] == [("plan", t) for t in plan]
     assert m.plans_made == made + 1  # planned once, then followed
 
 
@@ -328,20 +326,27 @@ def compile_schema(service, schema):
 
 
 def obj(props: dict, required=None) -> dict:
-    return {"type": "object", "properties": props, "required": list(required if required is not None else props),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(required if required is not None else props),
+        "additionalProperties": False,
+    }
 
 
-@pytest.mark.parametrize("schema,minimal", [
-    (obj({"a": {"type": "string"}}), '{"a":""}'),
-    (obj({"n": {"type": "integer"}}), '{"n":0}'),
-    (obj({"ok": {"type": "boolean"}}), '{"ok":false}'),
-    (obj({"tags": {"type": "array", "items": {"type": "string"}}}), '{"tags":[]}'),
-    (obj({"a": {"type": "string"}, "b": {"type": "string"}}), '{"a":"","b":""}'),
-    (obj({"inner": obj({"x": {"type": "string"}})}), '{"inner":{"x":""}}'),
-    (obj({"a": {"type": "string"}, "opt": {"type": "string"}}, required=["a"]), '{"a":""}'),
-    (obj({"n": {"type": "integer", "minimum": 1}, "m": {"type": "integer"}}), '{"n":1,"m":0}'),
-])
+@pytest.mark.parametrize(
+    "schema,minimal",
+    [
+        (obj({"a": {"type": "string"}}), '{"a":""}'),
+        (obj({"n": {"type": "integer"}}), '{"n":0}'),
+        (obj({"ok": {"type": "boolean"}}), '{"ok":false}'),
+        (obj({"tags": {"type": "array", "items": {"type": "string"}}}), '{"tags":[]}'),
+        (obj({"a": {"type": "string"}, "b": {"type": "string"}}), '{"a":"","b":""}'),
+        (obj({"inner": obj({"x": {"type": "string"}})}), '{"inner":{"x":""}}'),
+        (obj({"a": {"type": "string"}, "opt": {"type": "string"}}, required=["a"]), '{"a":""}'),
+        (obj({"n": {"type": "integer", "minimum": 1}, "m": {"type": "integer"}}), '{"n":1,"m":0}'),
+    ],
+)
 def test_completion_bound_is_the_minimal_instance(service, tokenizer, schema, minimal):
     """The bound is the token count of the path to the minimal instance (forced text in the
     tokenizer's own tokens, then closers such as `"}`): never more than the tokenizer's encoding
@@ -383,7 +388,8 @@ def test_every_corpus_schema_has_a_valid_shortest_completion(service, tokenizer,
     value = json.loads(tokenizer.decode(plan))
     if getattr(handle, "engine", "xgrammar") == "llguidance":  # exact: every keyword holds
         jsonschema.validators.validator_for(SCHEMAS[name], default=jsonschema.Draft202012Validator)(
-            SCHEMAS[name]).validate(value)
+            SCHEMAS[name]
+        ).validate(value)
     assert not errors_of(name, SCHEMAS[name], value), (name, value)
 
 
@@ -464,8 +470,7 @@ LOOP_PRONE = {
     "leek; oak, pine, birch, elm.",
     "loop_prone_array_of_notes": "Turn these minutes into notes with a title and a body: budget approved "
     "for Q3; hiring freeze lifted in the support team; office move postponed to October.",
-    "loop_prone_free_object_map": "Label each item with its category: hammer, tulip, violin, salmon, "
-    "granite.",
+    "loop_prone_free_object_map": "Label each item with its category: hammer, tulip, violin, salmon, granite.",
     "extract_12_fields": "Extract the person and company record from this profile: Maria Okafor is Head of "
     "Data at Brightwave Analytics, a fintech firm headquartered in Lisbon (brightwave.io). Reach her at "
     "maria.okafor@brightwave.io or +351 21 555 0199. Skills: Python, SQL, forecasting, team leadership. "
@@ -580,8 +585,7 @@ def test_budget_below_the_smallest_instance_is_refused_at_once(engine_idle_check
 
 WELL_BEHAVED = {
     "boolean_flags": "Classify this message: 'Win a free cruise!!! Send your bank details to claim.'",
-    "enum_sentiment": "What is the sentiment of this review: 'The battery lasts two days and the screen is "
-    "gorgeous.'",
+    "enum_sentiment": "What is the sentiment of this review: 'The battery lasts two days and the screen is gorgeous.'",
     "person_basic": "Extract the person: Ada Lovelace, 36, ada@example.com.",
     "integer_range_small": "Pick a number from 1 to 10 for how urgent this is: 'server down for all users'.",
     "geojson_point": "Give the GeoJSON point for longitude 4.9, latitude 52.37.",
@@ -618,9 +622,14 @@ def test_engine_is_idle_after_the_loop_prone_runs(loop_prone_runs, engine_idle_c
 
 # ==== the guard on the real grammar, a scripted model ===============================================
 
-REFS = obj({"refs": {"type": "array", "items": obj({k: {"type": "string"} for k in "abcdefgh"})},
-            "spec": {"type": ["object", "null"], "properties": {"x": {"type": "string"}}}}, required=["refs"])
-REFS_ITEM = '{' + ",".join(f'"{k}":"lifecycle.k8s.io/v1alpha1.Lifecycle"' for k in "abcdefgh") + '}'
+REFS = obj(
+    {
+        "refs": {"type": "array", "items": obj({k: {"type": "string"} for k in "abcdefgh"})},
+        "spec": {"type": ["object", "null"], "properties": {"x": {"type": "string"}}},
+    },
+    required=["refs"],
+)
+REFS_ITEM = "{" + ",".join(f'"{k}":"lifecycle.k8s.io/v1alpha1.Lifecycle"' for k in "abcdefgh") + "}"
 
 
 def scripted_strict_run(handle, tokenizer, script: list[int], max_new: int) -> list[int]:

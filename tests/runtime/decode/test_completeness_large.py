@@ -25,23 +25,23 @@ LOOPING_STRINGS = [
     '{"url":"https://example.com/https://example.com/https://example.com/https://example.com/',
     # near-copies: a counter changes from copy to copy
     '{"url":"https://example.com/items/1/https://example.com/items/2/https://example.com/items/3/'
-    'https://example.com/items/4/https://example.com/items/5/',
+    "https://example.com/items/4/https://example.com/items/5/",
     '{"p":"/home/user/docs/home/user/docs/home/user/docs/home/user/docs/home/user/docs',
     '{"t":"very very very very very very very very very very very very very',
     '{"u":"https://www.brightwave.io/about/team/maria-okafor/https://www.brightwave.io/about/team/'
-    'maria-okafor/https://www.brightwave.io/about/team/maria-okafor/',
+    "maria-okafor/https://www.brightwave.io/about/team/maria-okafor/",
 ]
 LEGIT_STRINGS = [
     '{"summary":"The harbour authority met on Monday to review the winter dredging plan. Silt levels rose 14 '
-    'percent after the November storms, two berths are restricted to vessels under 9 metres draught, and the '
-    'contractor asks for a six week extension.',
+    "percent after the November storms, two berths are restricted to vessels under 9 metres draught, and the "
+    "contractor asks for a six week extension.",
     '{"url":"https://www.example.com/products/electronics/audio/headphones/wireless/noise-cancelling/'
-    'model-x1000?ref=homepage&utm_source=newsletter&utm_medium=email',
+    "model-x1000?ref=homepage&utm_source=newsletter&utm_medium=email",
     '{"path":"/usr/local/lib/python3.11/site-packages/jumpgate/runtime/completeness/tests/data/schema_corpus/'
-    'loop_prone.json',
+    "loop_prone.json",
     '{"x":"the cat and the dog and the bird and the fish and the horse and the cow and the pig and the hen',
     '{"notes":"budget approved for Q3; hiring freeze lifted in the support team; office move postponed to '
-    'October; budget approved for Q4',
+    "October; budget approved for Q4",
     '{"addr":"Rua Augusta 123, 1100-048 Lisboa, Portugal; Avenida da Liberdade 245, 1250-143 Lisboa, Portugal',
     '{"csv":"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30',
     '{"date":"2024-01-01, 2024-01-02, 2024-01-03, 2024-01-04, 2024-01-05, 2024-01-06',
@@ -96,14 +96,16 @@ def large_schema() -> dict:
     def group(prefix: str, n: int, **more) -> dict:
         return obj({f"{prefix}_field_{k}": text if k % 3 else number for k in range(n)} | more)
 
-    return obj({
-        "record_identifier": text,
-        "homepage_url": {"type": "string", "description": "free-form URL"},
-        "owner_details": group("owner", 8, postal_address=group("address", 6)),
-        "product_details": group("product", 8, related_links=obj({"documentation_url": text, "support_url": text})),
-        "billing_details": group("billing", 8),
-        "feature_flags": obj({f"feature_flag_{k}": {"type": "boolean"} for k in range(6)}),
-    })
+    return obj(
+        {
+            "record_identifier": text,
+            "homepage_url": {"type": "string", "description": "free-form URL"},
+            "owner_details": group("owner", 8, postal_address=group("address", 6)),
+            "product_details": group("product", 8, related_links=obj({"documentation_url": text, "support_url": text})),
+            "billing_details": group("billing", 8),
+            "feature_flags": obj({f"feature_flag_{k}": {"type": "boolean"} for k in range(6)}),
+        }
+    )
 
 
 def required_count(schema: dict) -> int:
@@ -122,13 +124,16 @@ def test_large_schema_plan_is_its_minimal_instance(service, tokenizer):
     value = json.loads(tokenizer.decode(plan))
     jsonschema.validate(value, schema)
     # from the middle of the URL string, the plan closes it and every container after it
-    for t in tokenizer.encode('{"record_identifier":"r1","homepage_url":"https://a.b/https://a.b/',
-                              add_special_tokens=False):
+    for t in tokenizer.encode(
+        '{"record_identifier":"r1","homepage_url":"https://a.b/https://a.b/', add_special_tokens=False
+    ):
         assert matcher.accept(t)
     rest = matcher.completion_plan()
     assert rest is not None
-    jsonschema.validate(json.loads('{"record_identifier":"r1","homepage_url":"https://a.b/https://a.b/'
-                                   + tokenizer.decode(rest)), schema)
+    jsonschema.validate(
+        json.loads('{"record_identifier":"r1","homepage_url":"https://a.b/https://a.b/' + tokenizer.decode(rest)),
+        schema,
+    )
 
 
 def test_json_object_and_regex_plans(service, tokenizer):
@@ -144,12 +149,17 @@ def test_json_object_and_regex_plans(service, tokenizer):
     assert re.fullmatch(pattern, "Items: apple, pear, plum" + tokenizer.decode(m.completion_plan()))
 
 
-@pytest.mark.parametrize("field", [{"response_format": {"type": "json_object"}}, {"regex": "[a-z]+"},
-                                   {"ebnf": 'root ::= "a"+'}], ids=["json_object", "regex", "ebnf"])
+@pytest.mark.parametrize(
+    "field",
+    [{"response_format": {"type": "json_object"}}, {"regex": "[a-z]+"}, {"ebnf": 'root ::= "a"+'}],
+    ids=["json_object", "regex", "ebnf"],
+)
 def test_gateway_sends_json_object_regex_and_ebnf_as_strict(gateway_client, fake_engine, field):
     """The gateway asks the engine for the guard on every kind (it used to send them unguarded)."""
-    resp = gateway_client().post("/v1/chat/completions", json={
-        "model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], **field})
+    resp = gateway_client().post(
+        "/v1/chat/completions",
+        json={"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], **field},
+    )
     assert resp.status_code == 200, resp.text
     assert fake_engine.submitted[-1].strict is True
 
@@ -157,9 +167,11 @@ def test_gateway_sends_json_object_regex_and_ebnf_as_strict(gateway_client, fake
 # ==== the real SmolLM2 ============================================================================
 
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
-PROFILE = ("Fill in the full record for Brightwave Analytics (https://brightwave.io/about/team/maria-okafor/), "
-           "owner Maria Okafor, Rua Augusta 123, Lisbon; product RiskBoard with docs at "
-           "https://brightwave.io/docs/riskboard/ and support at https://brightwave.io/support/.")
+PROFILE = (
+    "Fill in the full record for Brightwave Analytics (https://brightwave.io/about/team/maria-okafor/), "
+    "owner Maria Okafor, Rua Augusta 123, Lisbon; product RiskBoard with docs at "
+    "https://brightwave.io/docs/riskboard/ and support at https://brightwave.io/support/."
+)
 
 
 def greedy(n: int) -> SamplingParams:
@@ -184,8 +196,11 @@ def test_strict_json_object_and_regex_complete_within_a_small_budget(engine_idle
     fruits = chat_ids(tokenizer, "List as many fruits as you can, separated by commas.")
     pattern = r"Fruits: [a-z ]+(, [a-z ]+)*\."
     cases = [(GrammarSpec.json_object(), story, 20), (GrammarSpec.regex(pattern), fruits, 16)]
-    specs = [GenerateRequest(ids, greedy(budget), constraint=service.compile(spec), strict=strict)
-             for spec, ids, budget in cases for strict in (True, False)]
+    specs = [
+        GenerateRequest(ids, greedy(budget), constraint=service.compile(spec), strict=strict)
+        for spec, ids, budget in cases
+        for strict in (True, False)
+    ]
     strict_obj, loose_obj, strict_re, loose_re = engine_idle_check.generate_many(specs, timeout=900)
     assert isinstance(json.loads(strict_obj.text), dict) and strict_obj.completion_tokens <= 20
     assert re.fullmatch(pattern, strict_re.text) and strict_re.completion_tokens <= 16
@@ -194,4 +209,3 @@ def test_strict_json_object_and_regex_complete_within_a_small_budget(engine_idle
     # without strict mode the same budgets cut both outputs: closing is what completed them
     assert loose_obj.finish_reason == "length" and loose_re.finish_reason == "length"
     assert not re.fullmatch(pattern, loose_re.text)
-

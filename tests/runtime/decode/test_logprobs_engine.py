@@ -15,10 +15,10 @@ import torch
 
 from grammar import GrammarSpec
 from runtime.api import GenerateRequest
-from runtime.forward_batch import ForwardBatch
-from runtime.kvcache.pool import KVPool
 from runtime.decode.sampler import apply_token_bitmask
 from runtime.decode.sampling import SamplingParams
+from runtime.forward_batch import ForwardBatch
+from runtime.kvcache.pool import KVPool
 from tests.conftest import chat_ids
 
 pytestmark = pytest.mark.e2e
@@ -28,8 +28,12 @@ TOL = 2e-3  # our fp32 runtime vs transformers' fp32 forward
 # give a row the same bits for any batch, so exactly; fp32 BLAS rounds by row count
 OWN_TOL = {"q4": 0.0}
 OWN_TOL_OTHER = 1e-4
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-          "required": ["city"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +60,21 @@ def hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
 
 def own_logits(engine, ids: list[int]) -> torch.Tensor:
     """The engine's model on `ids` in one prefill pass over a fresh pool, on the engine's thread."""
+
     def run():
         mc, n = engine.model_config, len(ids)
         kv = KVPool(mc.num_layers, n + 1, mc.num_kv_heads, mc.head_dim, engine.dtype, engine.device)
         slots = kv.allocator.alloc(n)
         batch = ForwardBatch(torch.tensor(ids), torch.arange(n), slots, [n], [n], [slots], torch.arange(n))
         return engine.runner.model.forward(batch, kv, engine.runner.attn).float()  # the engine's own backend
+
     return engine.call(run).result(timeout=300)
 
 
 def reference_logprobs(logits: torch.Tensor, prompt: list[int], output: list[int], constraint=None) -> torch.Tensor:
     """[len(output), V]: log-softmax of the masked logits at each output position, from `logits`
     [len(prompt + output), V] of the whole sequence."""
-    logits = logits[len(prompt) - 1: len(prompt) + len(output) - 1].clone()
+    logits = logits[len(prompt) - 1 : len(prompt) + len(output) - 1].clone()
     if constraint is not None:
         matcher = constraint.new_matcher()
         mask = torch.full((len(output), (logits.shape[-1] + 31) // 32), -1, dtype=torch.int32)
@@ -90,8 +96,9 @@ def references(engine, hf_model, prompt, output, constraint=None) -> list[tuple[
     return refs
 
 
-def check_against_reference(result, ref: torch.Tensor, top_count: int, forced_allowed: bool = False,
-                            tol: float = TOL) -> int:
+def check_against_reference(
+    result, ref: torch.Tensor, top_count: int, forced_allowed: bool = False, tol: float = TOL
+) -> int:
     """Every record equals the reference at its position; returns how many were forced."""
     records = result.logprobs
     assert records is not None and len(records) >= len(result.token_ids) - 1  # the EOS has no record
@@ -102,7 +109,11 @@ def check_against_reference(result, ref: torch.Tensor, top_count: int, forced_al
             assert forced_allowed and rec.logprob == 0.0
             forced += 1
             continue
-        assert math.isclose(rec.logprob, ref[i, rec.token_id].item(), abs_tol=tol), (i, rec, ref[i, rec.token_id].item())
+        assert math.isclose(rec.logprob, ref[i, rec.token_id].item(), abs_tol=tol), (
+            i,
+            rec,
+            ref[i, rec.token_id].item(),
+        )
         assert len(rec.top) == min(top_count, int(torch.isfinite(ref[i]).sum()))
         for tok, value in rec.top:  # never a masked-out token; values of the same distribution
             assert math.isfinite(ref[i, tok].item())
@@ -113,8 +124,9 @@ def check_against_reference(result, ref: torch.Tensor, top_count: int, forced_al
 
 def test_greedy_free_text_logprobs_equal_the_models(engine_idle_check, tokenizer, hf_model):
     ids = chat_ids(tokenizer, "What is the capital of France?")
-    result = engine_idle_check.generate(ids, SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=5,
-                                                            ignore_eos=True))
+    result = engine_idle_check.generate(
+        ids, SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=5, ignore_eos=True)
+    )
     assert len(result.logprobs) == len(result.token_ids) == 8
     for ref, tol in references(engine_idle_check, hf_model, ids, result.token_ids):
         check_against_reference(result, ref, 5, tol=tol)
@@ -126,8 +138,7 @@ def test_fp32_logprobs_equal_transformers(fp32_engine, tokenizer, hf_model):
     """Whatever format the shared engine runs: fp32 against the independent implementation (and
     its own recompute)."""
     ids = chat_ids(tokenizer, "What is the capital of France?")
-    result = fp32_engine.generate(ids, SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=5,
-                                                      ignore_eos=True))
+    result = fp32_engine.generate(ids, SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=5, ignore_eos=True))
     assert fp32_engine.info.weights == "fp32"
     refs = references(fp32_engine, hf_model, ids, result.token_ids)
     assert len(refs) == 2
@@ -136,8 +147,9 @@ def test_fp32_logprobs_equal_transformers(fp32_engine, tokenizer, hf_model):
 
 
 def test_no_logprobs_unless_asked(engine_idle_check, tokenizer):
-    result = engine_idle_check.generate(chat_ids(tokenizer, "Name a fruit."), SamplingParams(max_new_tokens=3,
-                                                                                           temperature=0.0))
+    result = engine_idle_check.generate(
+        chat_ids(tokenizer, "Name a fruit."), SamplingParams(max_new_tokens=3, temperature=0.0)
+    )
     assert result.logprobs is None
 
 
@@ -155,9 +167,12 @@ def test_constrained_logprobs_use_the_masked_distribution(real_engine, service, 
     log-softmax; verify mode reports jump-forward tokens' verified values, direct mode marks them."""
     handle = service.compile(GrammarSpec.json_schema(SCHEMA))
     ids = chat_ids(tokenizer, "Which city is the Eiffel tower in? Reply in JSON.")
-    specs = [GenerateRequest(ids, SamplingParams(max_new_tokens=24, temperature=0.0, logprobs=3),
-                             constraint=handle, jump_forward=mode),
-             GenerateRequest(chat_ids(tokenizer, "Say hi."), SamplingParams(max_new_tokens=4, temperature=0.0))]
+    specs = [
+        GenerateRequest(
+            ids, SamplingParams(max_new_tokens=24, temperature=0.0, logprobs=3), constraint=handle, jump_forward=mode
+        ),
+        GenerateRequest(chat_ids(tokenizer, "Say hi."), SamplingParams(max_new_tokens=4, temperature=0.0)),
+    ]
     constrained, free = real_engine.generate_many(specs, timeout=300)
     assert free.logprobs is None
     assert constrained.text.startswith("{")

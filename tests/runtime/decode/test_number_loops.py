@@ -122,8 +122,10 @@ NUMBERS = {
     "top_level_number": ({"type": "number"}, "1."),
     "top_level_integer": ({"type": "integer"}, ""),
     "top_level_multiple_of": ({"type": "number", "multipleOf": 0.5}, ""),  # llguidance's exact mask
-    "in_object": ({"type": "object", "properties": {"v": {"type": "number"}}, "required": ["v"],
-                   "additionalProperties": False}, '{"v":1.'),
+    "in_object": (
+        {"type": "object", "properties": {"v": {"type": "number"}}, "required": ["v"], "additionalProperties": False},
+        '{"v":1.',
+    ),
     "in_array": ({"type": "array", "items": {"type": "number", "minimum": 1}}, "[1."),
     "exponent": ({"type": "number"}, "1e"),
 }
@@ -146,8 +148,10 @@ def test_a_lower_bound_ends_numbers_sooner(service, tokenizer):
 
 # ==== the real model through the real engine ======================================================
 
-PRIMED = ("Write this number exactly, with every one of its digits: "
-          "1.1111111111111111111111111111111111111111111111111111111111111111111111111111111111111111")
+PRIMED = (
+    "Write this number exactly, with every one of its digits: "
+    "1.1111111111111111111111111111111111111111111111111111111111111111111111111111111111111111"
+)
 
 
 @pytest.mark.e2e
@@ -157,8 +161,12 @@ def test_the_real_model_primed_to_write_1_1111_gets_a_bounded_valid_number(real_
     ids = chat_ids(tokenizer, PRIMED, "You are a JSON API. Reply with one JSON value only.")
     budget = 64
     strict, loose = real_engine.generate_many(
-        [GenerateRequest(ids, SamplingParams(max_new_tokens=budget, temperature=0.0), constraint=handle, strict=s)
-         for s in (True, False)], timeout=600)
+        [
+            GenerateRequest(ids, SamplingParams(max_new_tokens=budget, temperature=0.0), constraint=handle, strict=s)
+            for s in (True, False)
+        ],
+        timeout=600,
+    )
     # without strict mode the model writes digits until the budget: the loop is real
     assert loose.finish_reason == "length" and longest_digit_run(loose.text) > 2 * MAX_DIGITS, loose.text
     assert strict.finish_reason == "stop" and not strict.closed_at_budget, strict

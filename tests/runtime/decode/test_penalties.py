@@ -54,8 +54,12 @@ def test_min_tokens_holds_the_stop_token_unless_nothing_else_is_left():
 
 
 def test_bad_values_are_refused_by_name():
-    for bad, name in ((dict(presence_penalty=2.5), "presence_penalty"), (dict(repetition_penalty=0.0), "repetition_penalty"),
-                      (dict(logit_bias={3: 200.0}), "logit_bias"), (dict(min_tokens=9, max_new_tokens=4), "min_tokens")):
+    for bad, name in (
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(logit_bias={3: 200.0}), "logit_bias"),
+        (dict(min_tokens=9, max_new_tokens=4), "min_tokens"),
+    ):
         with pytest.raises(ValueError, match=name):
             SamplingParams(**bad).validate()
 
@@ -78,12 +82,15 @@ def prompt(tokenizer):
 @pytest.mark.e2e
 def test_each_option_changes_the_greedy_output_as_it_says(real_engine, tokenizer, prompt):
     (banana,) = tokenizer.encode(" banana", add_special_tokens=False)
-    plain, biased, penalized, held = real_engine.generate_many([
-        GenerateRequest(prompt, greedy(max_new_tokens=24)),
-        GenerateRequest(prompt, greedy(max_new_tokens=24, logit_bias={banana: 100.0})),
-        GenerateRequest(prompt, greedy(max_new_tokens=24, frequency_penalty=2.0, presence_penalty=1.0)),
-        GenerateRequest(chat_ids(tokenizer, SHORT), greedy(max_new_tokens=40, min_tokens=20)),
-    ], timeout=600)
+    plain, biased, penalized, held = real_engine.generate_many(
+        [
+            GenerateRequest(prompt, greedy(max_new_tokens=24)),
+            GenerateRequest(prompt, greedy(max_new_tokens=24, logit_bias={banana: 100.0})),
+            GenerateRequest(prompt, greedy(max_new_tokens=24, frequency_penalty=2.0, presence_penalty=1.0)),
+            GenerateRequest(chat_ids(tokenizer, SHORT), greedy(max_new_tokens=40, min_tokens=20)),
+        ],
+        timeout=600,
+    )
     assert plain.token_ids[0] != banana and biased.token_ids[0] == banana
     most_plain = Counter(plain.token_ids).most_common(1)[0][1]
     most_penalized = Counter(penalized.token_ids).most_common(1)[0][1]
@@ -94,8 +101,13 @@ def test_each_option_changes_the_greedy_output_as_it_says(real_engine, tokenizer
 @pytest.mark.e2e
 def test_min_tokens_alone_lengthens_a_short_answer(real_engine, tokenizer):
     ids = chat_ids(tokenizer, SHORT)
-    short, held = real_engine.generate_many([GenerateRequest(ids, greedy(max_new_tokens=40)),
-                                             GenerateRequest(ids, greedy(max_new_tokens=40, min_tokens=20))], timeout=600)
+    short, held = real_engine.generate_many(
+        [
+            GenerateRequest(ids, greedy(max_new_tokens=40)),
+            GenerateRequest(ids, greedy(max_new_tokens=40, min_tokens=20)),
+        ],
+        timeout=600,
+    )
     assert short.finish_reason == "stop" and short.completion_tokens < 20
     assert held.completion_tokens >= 20
     assert held.token_ids[:3] == short.token_ids[:3]  # the same answer until its end is held back
@@ -116,14 +128,18 @@ def test_a_bias_cannot_leave_the_grammar(real_engine, tokenizer, service):
     handle = service.compile(GrammarSpec.regex(r"(yes|no)"))
     maybe = tokenizer.encode(" maybe", add_special_tokens=False)[0]
     ids = chat_ids(tokenizer, "Answer maybe.")
-    out = real_engine.generate(ids, greedy(max_new_tokens=8, logit_bias={maybe: 100.0}, presence_penalty=2.0),
-                               constraint=handle)
+    out = real_engine.generate(
+        ids, greedy(max_new_tokens=8, logit_bias={maybe: 100.0}, presence_penalty=2.0), constraint=handle
+    )
     assert out.text in ("yes", "no"), out
 
 
 def test_ids_outside_the_vocabulary_are_refused(real_engine, prompt):
     vocab = real_engine.model_config.vocab_size
-    for fields, param in ((dict(logit_bias={vocab: 1.0}), "logit_bias"), (dict(stop_token_ids=[vocab + 5]), "stop_token_ids")):
+    for fields, param in (
+        (dict(logit_bias={vocab: 1.0}), "logit_bias"),
+        (dict(stop_token_ids=[vocab + 5]), "stop_token_ids"),
+    ):
         with pytest.raises(EngineError) as e:
             real_engine.validate(GenerateRequest(prompt, greedy(max_new_tokens=4, **fields)))
         assert e.value.param == param
@@ -139,14 +155,31 @@ def test_the_official_client_sends_them(jumpgate_server, tokenizer):
     client = openai_client(jumpgate_server)
     (banana,) = tokenizer.encode(" banana", add_special_tokens=False)
     messages = [{"role": "user", "content": "Write the word 'cat' ten times."}]
-    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=8,
-                                       logit_bias={str(banana): 100}, presence_penalty=0.5,
-                                       extra_body={"repetition_penalty": 1.1, "min_tokens": 8})
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=8,
+        logit_bias={str(banana): 100},
+        presence_penalty=0.5,
+        extra_body={"repetition_penalty": 1.1, "min_tokens": 8},
+    )
     assert r.choices[0].message.content.startswith(" banana") or r.choices[0].message.content.startswith("banana")
     assert r.usage.completion_tokens == 8
-    t = client.completions.create(model=MODEL, prompt="cat cat cat cat", temperature=0, max_tokens=6,
-                                  frequency_penalty=2.0, logit_bias={str(banana): 100})
+    t = client.completions.create(
+        model=MODEL,
+        prompt="cat cat cat cat",
+        temperature=0,
+        max_tokens=6,
+        frequency_penalty=2.0,
+        logit_bias={str(banana): 100},
+    )
     assert "banana" in t.choices[0].text
-    resp = client.responses.create(model=MODEL, input="Write the word 'cat' ten times.", max_output_tokens=8,
-                                   temperature=0, extra_body={"logit_bias": {str(banana): 100}, "min_tokens": 8})
+    resp = client.responses.create(
+        model=MODEL,
+        input="Write the word 'cat' ten times.",
+        max_output_tokens=8,
+        temperature=0,
+        extra_body={"logit_bias": {str(banana): 100}, "min_tokens": 8},
+    )
     assert "banana" in resp.output_text and resp.usage.output_tokens == 8

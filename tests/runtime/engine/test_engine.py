@@ -8,15 +8,21 @@ import json
 import pytest
 
 from runtime.api import EngineError, EngineStats, GenerateRequest
+from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine
 from runtime.model.config import ModelLoadError
-from runtime.decode.sampling import SamplingParams
 from tests.conftest import chat_ids
 
 pytestmark = pytest.mark.e2e
 
-QUESTIONS = ["Tell me a joke.", "What is 2+2?", "Name three colors.", "Write a haiku about rain.",
-             "Who wrote Hamlet?", "Explain gravity briefly."]
+QUESTIONS = [
+    "Tell me a joke.",
+    "What is 2+2?",
+    "Name three colors.",
+    "Write a haiku about rain.",
+    "Who wrote Hamlet?",
+    "Explain gravity briefly.",
+]
 
 
 def greedy(n=24, **kw):
@@ -166,6 +172,7 @@ def test_chunked_prefill_matches_transformers(smollm_dir, tokenizer):
             by_chunk[chunk] = e.generate(ids, greedy(12, ignore_eos=True)).token_ids
     assert by_chunk[64] == by_chunk[4096]
     hf = AutoModelForCausalLM.from_pretrained(str(smollm_dir), dtype=torch.float32).eval()
-    ref = hf.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                      pad_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist()
+    ref = hf.generate(
+        torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id
+    )[0, len(ids) :].tolist()
     assert ours == ref

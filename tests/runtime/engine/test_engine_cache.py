@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.api import GenerateRequest
-from runtime.engine.engine import Engine
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.engine import Engine
 from runtime.engine.policies import POLICIES
 from tests.conftest import chat_ids
 
@@ -15,14 +15,24 @@ SYSTEM = "You are a helpful assistant for a travel agency. " * 6
 
 
 def _workload(tokenizer):
-    qs = ["Plan a trip to Rome.", "Best time to visit Oslo?", "Cheap flights to Lima?", "Pack for a ski trip.",
-          "Visa rules for Japan?", "Museums in Paris?", "Food in Bangkok?", "Beaches near Lisbon?"]
+    qs = [
+        "Plan a trip to Rome.",
+        "Best time to visit Oslo?",
+        "Cheap flights to Lima?",
+        "Pack for a ski trip.",
+        "Visa rules for Japan?",
+        "Museums in Paris?",
+        "Food in Bangkok?",
+        "Beaches near Lisbon?",
+    ]
     return [chat_ids(tokenizer, q, system=SYSTEM) for q in qs]
 
 
 def _run(model_dir, prompts, **cfg):
     with Engine(model=str(model_dir), debug_invariants=True, **cfg) as e:
-        reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)) for p in prompts]
+        reqs = [
+            GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)) for p in prompts
+        ]
         out = e.generate_many(reqs, timeout=300)
         stats = e.stats()
         e.check_invariant()
@@ -41,8 +51,14 @@ def test_cache_on_equals_off_with_eviction_and_retraction(tiny_model_dir, refere
     prompts, expected = reference
     longest = max(len(p) for p in prompts) + 40
     # Room for about three requests at once: forces eviction of cached prefixes and retraction.
-    ids, stats = _run(tiny_model_dir, prompts, radix_cache=True, schedule_policy=policy,
-                      kv_pool_tokens=3 * longest, chunked_prefill_tokens=64)
+    ids, stats = _run(
+        tiny_model_dir,
+        prompts,
+        radix_cache=True,
+        schedule_policy=policy,
+        kv_pool_tokens=3 * longest,
+        chunked_prefill_tokens=64,
+    )
     assert ids == expected
     assert stats.cached_prompt_tokens > 0
     assert stats.evicted_tokens > 0 or stats.retractions > 0
@@ -70,7 +86,9 @@ def test_shared_prefix_is_prefilled_once(tiny_model_dir, tokenizer):
         out = e.generate_many([GenerateRequest(p, SamplingParams(max_new_tokens=4, temperature=0.0)) for p in prompts])
         stats = e.stats()
     shared = len(chat_ids(tokenizer, "", system=SYSTEM)) - 8
-    assert all(r.cached_tokens >= shared for r in out[1:]) or sum(r.cached_tokens for r in out) >= shared * (len(prompts) - 1)
+    assert all(r.cached_tokens >= shared for r in out[1:]) or sum(r.cached_tokens for r in out) >= shared * (
+        len(prompts) - 1
+    )
     assert stats.cached_prompt_tokens >= shared * (len(prompts) - 1)
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from runtime.api import EngineError, GenerateRequest, StreamEvent
-from runtime.engine.engine import Engine
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.engine import Engine
 
 TIMEOUT_S = 120  # no scenario here may take longer; a hang fails instead of blocking the suite
 
@@ -85,8 +85,9 @@ def random_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(100, 40000) for _ in range(n)]
 
 
-async def consume(engine: Engine, spec: GenerateRequest, *, leave_after: int | None = None,
-                  abort_after: int | None = None) -> list[StreamEvent]:
+async def consume(
+    engine: Engine, spec: GenerateRequest, *, leave_after: int | None = None, abort_after: int | None = None
+) -> list[StreamEvent]:
     """Stream one request. leave_after: stop listening after N events (closing the iteration early);
     abort_after: call Engine.abort after N events and keep listening until the end."""
     events: list[StreamEvent] = []
@@ -160,7 +161,7 @@ def test_mixed_completions_aborts_errors_and_evictions_return_to_baseline(engine
         for i in range(3):
             jobs.append(("left", consume(engine, GenerateRequest(prompt(250, i == 0), greedy(200)), leave_after=2)))
         # Engine.abort while streaming
-        for i in range(2):
+        for _ in range(2):
             jobs.append(("aborted", consume(engine, GenerateRequest(prompt(150, True), greedy(200)), abort_after=1)))
         # grammars that break in each way a matcher can, next to a healthy neighbour
         for fail_in in ("new_matcher", "fill_bitmask", "accept", "jump_forward_tokens", "is_terminated"):
@@ -189,8 +190,7 @@ def test_mixed_completions_aborts_errors_and_evictions_return_to_baseline(engine
     assert stats.evicted_tokens > 0, stats  # the pool was under pressure
 
     # and the engine keeps serving afterwards
-    again = engine.generate_many([GenerateRequest(prompt(100, True), greedy(8)) for _ in range(3)],
-                                 timeout=TIMEOUT_S)
+    again = engine.generate_many([GenerateRequest(prompt(100, True), greedy(8)) for _ in range(3)], timeout=TIMEOUT_S)
     assert [r.finish_reason for r in again] == ["length"] * 3
     assert_baseline(engine)
 
@@ -297,8 +297,9 @@ def test_waiting_queue_is_bounded_and_refuses_at_once(engine_factory):
     waiting_seen: list[int] = []
 
     async def scenario():
-        burst = [asyncio.ensure_future(consume(engine, GenerateRequest(random_ids(rng, 50), greedy(32))))
-                 for _ in range(4)]
+        burst = [
+            asyncio.ensure_future(consume(engine, GenerateRequest(random_ids(rng, 50), greedy(32)))) for _ in range(4)
+        ]
         await asyncio.sleep(0)  # all four submitted before the engine thread runs
         t0 = time.monotonic()
         with pytest.raises(EngineError) as refused:

@@ -6,18 +6,19 @@ from __future__ import annotations
 import pytest
 
 from runtime.api import BACKGROUND_PRIORITY, GenerateRequest
-from runtime.kvcache.cache_manager import CacheManager
 from runtime.counters import EngineCounters
+from runtime.engine.policies import POLICIES, SchedulePolicy
+from runtime.engine.scheduler import RequestCounts, Scheduler
+from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.pool import ReqToTokenTable, SlotAllocator
 from runtime.kvcache.radix_cache import RadixCache
 from runtime.request import Req
-from runtime.engine.policies import POLICIES, SchedulePolicy
-from runtime.engine.scheduler import RequestCounts, Scheduler
 
 
 def req(ids, priority: int = 0, arrival: float = 0.0) -> Req:
-    return Req(spec=GenerateRequest(prompt_ids=list(ids), priority=priority), emit=lambda ev: None, detok=None,
-               arrival=arrival)
+    return Req(
+        spec=GenerateRequest(prompt_ids=list(ids), priority=priority), emit=lambda ev: None, detok=None, arrival=arrival
+    )
 
 
 def ids(reqs) -> set[str]:

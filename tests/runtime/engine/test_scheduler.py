@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from runtime.api import GenerateRequest
-from runtime.kvcache.cache_manager import CacheManager
 from runtime.counters import EngineCounters
+from runtime.engine.policies import SchedulePolicy, dfs_weight_order
+from runtime.engine.scheduler import RequestCounts, Scheduler
+from runtime.kvcache.cache_manager import CacheManager
 from runtime.kvcache.pool import ReqToTokenTable, SlotAllocator
 from runtime.kvcache.radix_cache import RadixCache
 from runtime.request import Req
-from runtime.engine.policies import SchedulePolicy, dfs_weight_order
-from runtime.engine.scheduler import RequestCounts, Scheduler
 
 
 def req(ids: list[int], arrival: float = 0.0) -> Req:

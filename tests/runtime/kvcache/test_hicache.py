@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from runtime.api import EngineError, GenerateRequest
-from runtime.kvcache.tiers.disk_store import DiskStore
+from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine
 from runtime.kvcache.hiradix_cache import HiRadixCache
-from runtime.kvcache.tiers.host_pool import HostKVPool, gather_kv, scatter_kv
 from runtime.kvcache.pool import KVPool
-from runtime.decode.sampling import SamplingParams
+from runtime.kvcache.tiers.disk_store import DiskStore
+from runtime.kvcache.tiers.host_pool import HostKVPool, gather_kv, scatter_kv
 from tests.conftest import chat_ids
 
 PAGE = 4
@@ -31,8 +31,9 @@ LAYERS, HEADS, DIM = 2, 1, 3
 # ------------------------------------------------------------------------------ unit: the tiers
 
 
-def make_cache(tmp_path=None, device_slots=32, host_slots=32, policy="write_through", min_load=1,
-               disk_bytes=1 << 30) -> HiRadixCache:
+def make_cache(
+    tmp_path=None, device_slots=32, host_slots=32, policy="write_through", min_load=1, disk_bytes=1 << 30
+) -> HiRadixCache:
     kv = KVPool(LAYERS, device_slots, HEADS, DIM)
     host = HostKVPool.like(kv, host_slots)
     disk = None
@@ -60,13 +61,13 @@ def compute(cache: HiRadixCache, key, namespace: str = "") -> int:
     cache.load_back(key, namespace)  # as the engine does at admission
     m = cache.match_prefix(key, namespace)
     cache.lock(m.node)
-    assert torch.equal(gather_kv(cache.kv, m.slots), token_kv(key)[:, :, :m.length]), "loaded KV differs"
+    assert torch.equal(gather_kv(cache.kv, m.slots), token_kv(key)[:, :, : m.length]), "loaded KV differs"
     rest = len(key) - m.length
     if cache.allocator.num_free < rest:
         cache.evict(rest - cache.allocator.num_free)
     new = cache.allocator.alloc(rest)
     assert new is not None
-    scatter_kv(cache.kv, new, token_kv(key)[:, :, m.length:])
+    scatter_kv(cache.kv, new, token_kv(key)[:, :, m.length :])
     slots = torch.cat([m.slots, new])
     cache.cache_finished(list(key), slots, m.node, m.length, namespace)
     cache.check_invariant()
@@ -110,8 +111,13 @@ def test_random_workload_with_pins_and_prefetch_keeps_every_invariant(tmp_path):
     for seed in range(8):
         rng = random.Random(seed)
         policy = ("write_through", "write_through_selective", "write_back")[seed % 3]
-        c = make_cache(tmp_path / str(seed) if seed % 2 else None, device_slots=rng.choice([16, 24, 40]),
-                       host_slots=rng.choice([8, 16, 24]), policy=policy, min_load=rng.choice([1, 4, 8]))
+        c = make_cache(
+            tmp_path / str(seed) if seed % 2 else None,
+            device_slots=rng.choice([16, 24, 40]),
+            host_slots=rng.choice([8, 16, 24]),
+            policy=policy,
+            min_load=rng.choice([1, 4, 8]),
+        )
         prefixes = [[rng.randrange(30) for _ in range(rng.randrange(4, 14))] for _ in range(6)]
         pins = []
         for _ in range(120):
@@ -284,8 +290,14 @@ def test_pinned_node_is_never_demoted():
 # ------------------------------------------------------------------------------ the engine
 
 SYSTEM = "You are a helpful assistant for a travel agency. " * 6
-QUESTIONS = ["Plan a trip to Rome.", "Best time to visit Oslo?", "Cheap flights to Lima?", "Pack for a ski trip.",
-             "Visa rules for Japan?", "Museums in Paris?"]
+QUESTIONS = [
+    "Plan a trip to Rome.",
+    "Best time to visit Oslo?",
+    "Cheap flights to Lima?",
+    "Pack for a ski trip.",
+    "Visa rules for Japan?",
+    "Museums in Paris?",
+]
 
 
 def _prompts(tokenizer):
@@ -317,9 +329,15 @@ def expected(tiny_model_dir, tokenizer):
 
 def tiered(model_dir, tmp_path, **cfg) -> Engine:
     longest = 200
-    base = dict(model=str(model_dir), kv_pool_tokens=2 * longest, host_pool_tokens=8 * longest,
-                disk_cache_dir=str(tmp_path / "kvcache"), hicache_page_tokens=16, hicache_min_load_tokens=16,
-                debug_invariants=True)
+    base = dict(
+        model=str(model_dir),
+        kv_pool_tokens=2 * longest,
+        host_pool_tokens=8 * longest,
+        disk_cache_dir=str(tmp_path / "kvcache"),
+        hicache_page_tokens=16,
+        hicache_min_load_tokens=16,
+        debug_invariants=True,
+    )
     base.update(cfg)
     return Engine(**base)
 
@@ -331,7 +349,7 @@ def test_tiers_give_the_cache_off_outputs(tiny_model_dir, tmp_path, expected, po
         got = _serve(e, prompts, rounds=2)
         stats = e.stats()
     assert [ids for ids, _ in got] == want * 2
-    second = [cached for _, cached in got[len(prompts):]]
+    second = [cached for _, cached in got[len(prompts) :]]
     assert all(c > 0 for c in second), second  # every revisit hits a lower tier
     assert stats.tier_counters["hicache_demoted_tokens"] > 0 and stats.tier_counters["hicache_loaded_host_tokens"] > 0
     assert stats.kv_slots_request_only == 0
@@ -456,18 +474,19 @@ POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required":
 
 
 def test_schema_prefix_is_a_prefix_of_every_request_using_it(tokenizer):
-    from gateway.registry.pinning import schema_prefix_ids
     from gateway.pipeline.prompt import PromptRenderer, schema_instructions
     from gateway.protocol import SystemMessage, UserMessage
+    from gateway.registry.pinning import schema_prefix_ids
 
     renderer = PromptRenderer(tokenizer)
     for system in ("You are a geometry bot.", None):
         ids = schema_prefix_ids(renderer, "json_schema", POINT, system)
         head = [SystemMessage(content=system)] if system else []
         for user in ("Give me a point.", "x?"):
-            req = renderer.render_chat([*head, UserMessage(content=user)], None,
-                                       schema_instructions("json_schema", POINT)).token_ids
-            assert req[:len(ids)] == ids
+            req = renderer.render_chat(
+                [*head, UserMessage(content=user)], None, schema_instructions("json_schema", POINT)
+            ).token_ids
+            assert req[: len(ids)] == ids
         text = renderer.decode(ids)
         assert "conforms to this JSON schema" in text and "user" not in text.rsplit("<|im_end|>", 1)[-1]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from runtime.kvcache.pool import SlotAllocator
 from runtime.kvcache.lru_queue import LRUQueue
+from runtime.kvcache.pool import SlotAllocator
 from runtime.kvcache.prefix_cache import NoPrefixCache
 from runtime.kvcache.radix_cache import RadixCache, common_len
 
@@ -252,7 +253,8 @@ def test_common_len_matches_naive(a, b):
     shared = a[:150] + b  # long shared runs exercise the chunked compare
     assert common_len(tuple(a), tuple(b)) == naive
     assert common_len(tuple(a), tuple(shared)) == len(a[:150]) + next(
-        (i for i, (x, y) in enumerate(zip(a[150:], b)) if x != y), min(len(a[150:]), len(b)))
+        (i for i, (x, y) in enumerate(zip(a[150:], b)) if x != y), min(len(a[150:]), len(b))
+    )
 
 
 def test_long_keys_across_many_branches():
@@ -376,8 +378,9 @@ def test_against_brute_force_model(page_size, num_slots, program):
                 if new is None:
                     c.unlock(m.node)
                     continue
-                running.append(dict(ns=ns, key=key, node=m.node, matched=m.length,
-                                    slots=torch.cat([m.slots, new]), new=new))
+                running.append(
+                    dict(ns=ns, key=key, node=m.node, matched=m.length, slots=torch.cat([m.slots, new]), new=new)
+                )
         elif op[0] == "finish" and running:
             r = running.pop(op[1] % len(running))
             expect = model.longest(r["ns"], r["key"])
@@ -390,8 +393,9 @@ def test_against_brute_force_model(page_size, num_slots, program):
             model.sync_after_evict(c, freed)
         for r in running:  # locked paths are never evicted
             assert c.prefix_match_length(r["key"], r["ns"]) >= r["matched"]
-        pinned = {(r["ns"], tuple(r["key"][:j])) for r in running
-                  for j in range(page_size, r["matched"] + 1, page_size)}
+        pinned = {
+            (r["ns"], tuple(r["key"][:j])) for r in running for j in range(page_size, r["matched"] + 1, page_size)
+        }
         assert c.protected_size == page_size * len(pinned)
         c.check_invariant(running_only_slots=sum(r["new"].numel() for r in running))
         check_slot_partition(c, model, running)

@@ -12,13 +12,12 @@ import multiprocessing
 import os
 import time
 
-import pytest
 import torch
 
 from runtime.api import GenerateRequest
-from runtime.kvcache.tiers.disk_store import DiskStore, chain_hash, chain_seed
-from runtime.engine.engine import Engine
 from runtime.decode.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.kvcache.tiers.disk_store import DiskStore, chain_hash, chain_seed
 from runtime.kvcache.tiers.shared_folder import STALE_TEMP_S, temp_name
 from tests.conftest import chat_ids
 
@@ -93,8 +92,12 @@ def test_two_processes_write_and_read_one_folder_concurrently(tmp_path):
     root = tmp_path / "kv"
     barrier, out = SPAWN.Barrier(2), SPAWN.Queue()
     everyone = list(range(60))
-    procs = run_processes([(write_then_read_all, (root, range(0, 40), everyone, barrier, out)),
-                           (write_then_read_all, (root, range(20, 60), everyone, barrier, out))])
+    procs = run_processes(
+        [
+            (write_then_read_all, (root, range(0, 40), everyone, barrier, out)),
+            (write_then_read_all, (root, range(20, 60), everyone, barrier, out)),
+        ]
+    )
     results = [out.get(timeout=180) for _ in procs]
     join_all(procs)
     for _, wrong, stats in results:
@@ -117,8 +120,12 @@ def test_the_byte_budget_holds_for_the_whole_folder(tmp_path):
     probe.close()
     budget = 10 * page_bytes
     out, barrier = SPAWN.Queue(), SPAWN.Barrier(2)
-    procs = run_processes([(write_pages, (root, range(0, 40), budget, out, barrier)),
-                           (write_pages, (root, range(100, 140), budget, out, barrier))])
+    procs = run_processes(
+        [
+            (write_pages, (root, range(0, 40), budget, out, barrier)),
+            (write_pages, (root, range(100, 140), budget, out, barrier)),
+        ]
+    )
     stats = [out.get(timeout=180) for _ in procs]
     join_all(procs)
     used = sum(f.stat().st_size for f in page_files(root))
@@ -254,8 +261,15 @@ GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
 
 
 def engine_config(model_dir, disk_dir, **extra) -> dict:
-    cfg = dict(model=str(model_dir), kv_pool_tokens=512, host_pool_tokens=1024, disk_cache_dir=str(disk_dir),
-               hicache_page_tokens=16, hicache_min_load_tokens=16, debug_invariants=True)
+    cfg = dict(
+        model=str(model_dir),
+        kv_pool_tokens=512,
+        host_pool_tokens=1024,
+        disk_cache_dir=str(disk_dir),
+        hicache_page_tokens=16,
+        hicache_min_load_tokens=16,
+        debug_invariants=True,
+    )
     cfg.update(extra)
     return cfg
 
@@ -271,13 +285,13 @@ def test_an_engine_loads_the_prefix_another_engine_process_wrote(tiny_model_dir,
     prompts = [chat_ids(tokenizer, q, system=SYSTEM) for q in ("Rome in May?", "Oslo in June?")]
     disk = tmp_path / "shared-kv"
     with Engine(model=str(tiny_model_dir), radix_cache=False, kv_pool_tokens=1024) as plain:
-        recomputed = [r.token_ids for r in plain.generate_many([GenerateRequest(p, GREEDY) for p in prompts],
-                                                                 timeout=300)]
+        recomputed = [
+            r.token_ids for r in plain.generate_many([GenerateRequest(p, GREEDY) for p in prompts], timeout=300)
+        ]
     with Engine(**engine_config(tiny_model_dir, disk)) as b:  # replica B: started on an empty folder
         assert b.explain_prefix(prompts[0]).cached_tokens == 0
         out = SPAWN.Queue()
-        a = SPAWN.Process(target=serve_in_another_process,
-                          args=(engine_config(tiny_model_dir, disk), prompts[:1], out))
+        a = SPAWN.Process(target=serve_in_another_process, args=(engine_config(tiny_model_dir, disk), prompts[:1], out))
         a.start()
         from_a = out.get(timeout=300)
         a.join(timeout=60)

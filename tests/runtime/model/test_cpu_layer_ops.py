@@ -21,7 +21,7 @@ from runtime.kvcache.pool import KVPool
 from runtime.model.decoder import rms_norm
 from runtime.model.rope import RotaryEmbedding
 
-BF16_STEP = 2.0 ** -7  # relative spacing of bf16 values: one rounding differs by at most this
+BF16_STEP = 2.0**-7  # relative spacing of bf16 values: one rounding differs by at most this
 
 
 def close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -52,9 +52,18 @@ def rope_inputs(t, heads=9, kv_heads=3, dim=64, num_slots=512, seed=2):
     from runtime.model.config import ModelConfig
 
     g = torch.Generator().manual_seed(seed)
-    cfg = ModelConfig(vocab_size=10, hidden_size=heads * dim, intermediate_size=8, num_layers=1, num_heads=heads,
-                      num_kv_heads=kv_heads, head_dim=dim, rms_norm_eps=1e-5, rope_theta=10000.0,
-                      max_position_embeddings=4096)
+    cfg = ModelConfig(
+        vocab_size=10,
+        hidden_size=heads * dim,
+        intermediate_size=8,
+        num_layers=1,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=dim,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+    )
     rope = RotaryEmbedding(cfg, 4096, torch.device("cpu"), torch.float32)
     qkv = torch.randn(t, (heads + 2 * kv_heads) * dim, generator=g).bfloat16()
     positions = torch.randint(0, 4096, (t,), generator=g)
@@ -105,10 +114,18 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_with_any_thread_count(cp
         results = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            results.append((cpu_ops.rms_norm_bf16(x, w, 1e-5), cpu_ops.silu_mul_bf16(gate_up),
-                            cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, 9)))
-        alone = (cpu_ops.rms_norm_bf16(x[7:8], w, 1e-5), cpu_ops.silu_mul_bf16(gate_up[7:8]),
-                 cpu_ops.rope_store(qkv[7:8], cos[7:8], sin[7:8], slots[7:8], kc, vc, 9))
+            results.append(
+                (
+                    cpu_ops.rms_norm_bf16(x, w, 1e-5),
+                    cpu_ops.silu_mul_bf16(gate_up),
+                    cpu_ops.rope_store(qkv, cos, sin, slots, kc, vc, 9),
+                )
+            )
+        alone = (
+            cpu_ops.rms_norm_bf16(x[7:8], w, 1e-5),
+            cpu_ops.silu_mul_bf16(gate_up[7:8]),
+            cpu_ops.rope_store(qkv[7:8], cos[7:8], sin[7:8], slots[7:8], kc, vc, 9),
+        )
     finally:
         torch.set_num_threads(before)
     for a, b in zip(*results):
@@ -134,8 +151,8 @@ def test_bad_inputs_raise_instead_of_writing_out_of_bounds(cpu_ops):
 
 def test_q4_model_fused_path_matches_its_torch_path(cpu_ops, smollm_dir, tokenizer):
     from runtime.attention import make_attention_backend
-    from runtime.model.loader import read_config
     from runtime.model.decoder import load_model
+    from runtime.model.loader import read_config
     from tests.conftest import chat_ids
 
     cfg = read_config(smollm_dir)

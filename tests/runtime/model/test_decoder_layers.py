@@ -13,8 +13,8 @@ from runtime.attention import make_attention_backend
 from runtime.attention.cascade import find_prefix_groups
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool
-from runtime.model.loader import read_config
 from runtime.model.decoder import load_model
+from runtime.model.loader import read_config
 from tests.conftest import make_tiny_llama
 
 CPU = torch.device("cpu")
@@ -31,12 +31,19 @@ def mixed_pass(prompts: list[list[int]], new: list[int], shared: int) -> tuple[F
         next_slot += len(p) - shared
         row = torch.cat([torch.arange(shared), own])
         rows.append(row)
-        ids.extend(p[len(p) - n:])
+        ids.extend(p[len(p) - n :])
         positions.extend(range(len(p) - n, len(p)))
-        out_slots.append(row[len(p) - n:])
+        out_slots.append(row[len(p) - n :])
     ends = torch.tensor(new).cumsum(0) - 1
-    batch = ForwardBatch(torch.tensor(ids), torch.tensor(positions), torch.cat(out_slots), list(new),
-                         [len(p) for p in prompts], rows, ends)
+    batch = ForwardBatch(
+        torch.tensor(ids),
+        torch.tensor(positions),
+        torch.cat(out_slots),
+        list(new),
+        [len(p) for p in prompts],
+        rows,
+        ends,
+    )
     batch.prefix_groups = find_prefix_groups(batch.extend_lens, batch.seq_lens, rows, 64, min_shared=8, min_saved=0)
     return batch, next_slot
 
@@ -47,15 +54,19 @@ def both_paths(model, cfg, prompts, new, shared):
     attn = make_attention_backend("auto", CPU)
     assert attn.name.startswith("cpu"), attn.name  # the kernel the one call runs
     batch, slots = mixed_pass(prompts, new, shared)
-    kv = KVPool(cfg.num_layers, slots + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU,
-                head_major=attn.kv_head_major)
+    kv = KVPool(
+        cfg.num_layers, slots + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU, head_major=attn.kv_head_major
+    )
     # the cached part: every prompt's earlier tokens, written once through the plain loop
     loop, model._loop = model._loop, None
     try:
         for row, p, n in zip(batch.slot_rows, prompts, new):
             m = len(p) - n
-            model.forward(ForwardBatch(torch.tensor(p[:m]), torch.arange(m), row[:m], [m], [m], [row[:m]],
-                                       torch.tensor([m - 1])), kv, attn)
+            model.forward(
+                ForwardBatch(torch.tensor(p[:m]), torch.arange(m), row[:m], [m], [m], [row[:m]], torch.tensor([m - 1])),
+                kv,
+                attn,
+            )
     finally:
         model._loop = loop
     start = ([t.clone() for t in kv.k], [t.clone() for t in kv.v])
@@ -79,8 +90,10 @@ def test_one_call_equals_the_python_layer_loop_on_the_real_model(cpu_ops, smollm
     model = load_model(smollm_dir, cfg, fmt, CPU, torch.float32)
     assert model._loop is not None, f"{fmt}: every layer should run in the one call here"
     system = tokenizer.encode("You are a careful assistant that answers in one short sentence. " * 3)
-    prompts = [system + tokenizer.encode(q) for q in
-               ("Name a river.", "What is the tallest mountain on Earth?", "Say hello.", "Count to five please.")]
+    prompts = [
+        system + tokenizer.encode(q)
+        for q in ("Name a river.", "What is the tallest mountain on Earth?", "Say hello.", "Count to five please.")
+    ]
     new = [1, 1, 5, len(prompts[3]) - len(system) - 2]  # two decodes, a short extend, a longer chunk
     out = both_paths(model, cfg, prompts, new, len(system))
     for a, b in zip(out["one call"], out["python"]):
@@ -138,8 +151,34 @@ def test_bad_tables_raise_instead_of_running(cpu_ops, smollm_dir):
     cos = sin = torch.zeros(1, cfg.head_dim)
     meta = torch.tensor([[0, 1, 1, 0, -1, 0]])
     with pytest.raises(RuntimeError, match="caches"):
-        cpu_ops.decoder_layers(h, x, cos, sin, torch.tensor([0]), kv.k[:-1], kv.v[:-1], model._loop, torch.tensor([0]),
-                               meta, False, cfg.num_heads, 1e-5)
+        cpu_ops.decoder_layers(
+            h,
+            x,
+            cos,
+            sin,
+            torch.tensor([0]),
+            kv.k[:-1],
+            kv.v[:-1],
+            model._loop,
+            torch.tensor([0]),
+            meta,
+            False,
+            cfg.num_heads,
+            1e-5,
+        )
     with pytest.raises(RuntimeError, match="slot out of range"):
-        cpu_ops.decoder_layers(h, x, cos, sin, torch.tensor([9]), kv.k, kv.v, model._loop, torch.tensor([0]), meta,
-                               False, cfg.num_heads, 1e-5)
+        cpu_ops.decoder_layers(
+            h,
+            x,
+            cos,
+            sin,
+            torch.tensor([9]),
+            kv.k,
+            kv.v,
+            model._loop,
+            torch.tensor([0]),
+            meta,
+            False,
+            cfg.num_heads,
+            1e-5,
+        )

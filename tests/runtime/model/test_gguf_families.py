@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.model.loader import read_config, resolve_model_dir
 from runtime.model.config import ModelLoadError
 from runtime.model.decoder import DecoderModel, load_weights
+from runtime.model.loader import read_config, resolve_model_dir
 from tests.runtime.model.test_model_families import PROMPT, longrope, run_ours
 from tests.runtime.model.test_model_families import save_tiny as save_tiny_model
 
@@ -24,8 +24,13 @@ CPU = torch.device("cpu")
 VOCAB = 512  # the tiny models' vocabulary: SmolLM2's first 512 tokens
 FIRST_PLAIN_TOKEN = 17  # SmolLM2's ids below this are special (control) tokens
 IDS = list(range(20, 44))  # a prompt of 24 tokens in that vocabulary
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def _llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -137,9 +142,17 @@ def _build(kind: str, out: Path, tokenizer_dir: Path) -> Path:
     if kind == "qwen2":
         return save_tiny(out, tokenizer_dir, tf.Qwen2Config, tf.Qwen2ForCausalLM)
     if kind == "phi3":  # Phi-4-mini's shape: partial rotary with longrope
-        return save_tiny(out, tokenizer_dir, tf.Phi3Config, tf.Phi3ForCausalLM, pad_token_id=0,
-                         partial_rotary_factor=0.75, max_position_embeddings=256, original_max_position_embeddings=16,
-                         rope_scaling=longrope(6, 2))
+        return save_tiny(
+            out,
+            tokenizer_dir,
+            tf.Phi3Config,
+            tf.Phi3ForCausalLM,
+            pad_token_id=0,
+            partial_rotary_factor=0.75,
+            max_position_embeddings=256,
+            original_max_position_embeddings=16,
+            rope_scaling=longrope(6, 2),
+        )
     return save_tiny(out, tokenizer_dir, tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=32)
 
 
@@ -150,8 +163,13 @@ def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
     converted = resolve_model_dir(gguf_path)
     assert converted.is_relative_to(cache_dir)
     cfg, want = read_config(converted), read_config(folder)
-    assert (cfg.model_type, cfg.qk_norm, cfg.attention_bias, cfg.head_dim, cfg.rotary_dim) == \
-           (want.model_type, want.qk_norm, want.attention_bias, want.head_dim, want.rotary_dim)
+    assert (cfg.model_type, cfg.qk_norm, cfg.attention_bias, cfg.head_dim, cfg.rotary_dim) == (
+        want.model_type,
+        want.qk_norm,
+        want.attention_bias,
+        want.head_dim,
+        want.rotary_dim,
+    )
     ours = run_ours(DecoderModel(cfg, load_weights(converted), CPU, torch.float32), cfg, IDS, len(IDS) - 4)
     ref = run_ours(DecoderModel(want, load_weights(folder), CPU, torch.float32), want, IDS, len(IDS) - 4)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
@@ -172,5 +190,7 @@ def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cac
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3\)"):
+    with pytest.raises(
+        ModelLoadError, match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3\)"
+    ):
         resolve_model_dir(path)

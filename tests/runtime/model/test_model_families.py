@@ -13,15 +13,25 @@ import torch
 from runtime.attention import TorchAttentionBackend, make_attention_backend
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool
-from runtime.model.loader import read_config
 from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.decoder import DecoderModel, load_model, load_weights
 from runtime.model.families.registry import model_config
+from runtime.model.loader import read_config
 from tests.conftest import chat_ids
 
 CPU = torch.device("cpu")
-TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+TINY = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 PROMPT = "Families of models share one decoder; each one differs a little."
 DECODE_STEPS = 4
 
@@ -58,11 +68,37 @@ def run_ours(model: DecoderModel, cfg: ModelConfig, ids: list[int], n_prompt: in
     kv = KVPool(cfg.num_layers, len(ids) + 8, cfg.num_kv_heads, cfg.head_dim)
     slots = kv.allocator.alloc(len(ids))
     p = slots[:n_prompt]
-    rows = [model.forward(ForwardBatch(torch.tensor(ids[:n_prompt]), torch.arange(n_prompt), p, [n_prompt],
-                                       [n_prompt], [p], torch.arange(n_prompt)), kv, attn)]
+    rows = [
+        model.forward(
+            ForwardBatch(
+                torch.tensor(ids[:n_prompt]),
+                torch.arange(n_prompt),
+                p,
+                [n_prompt],
+                [n_prompt],
+                [p],
+                torch.arange(n_prompt),
+            ),
+            kv,
+            attn,
+        )
+    ]
     for pos in range(n_prompt, len(ids)):
-        rows.append(model.forward(ForwardBatch(torch.tensor([ids[pos]]), torch.tensor([pos]), slots[pos:pos + 1],
-                                               [1], [pos + 1], [slots[:pos + 1]], torch.tensor([0])), kv, attn))
+        rows.append(
+            model.forward(
+                ForwardBatch(
+                    torch.tensor([ids[pos]]),
+                    torch.tensor([pos]),
+                    slots[pos : pos + 1],
+                    [1],
+                    [pos + 1],
+                    [slots[: pos + 1]],
+                    torch.tensor([0]),
+                ),
+                kv,
+                attn,
+            )
+        )
     return torch.cat(rows)
 
 
@@ -79,6 +115,7 @@ def assert_matches_transformers(model_dir: Path, tokenizer, attn=None) -> ModelC
 
 
 # ---- Qwen3 --------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory, smollm_dir) -> Path:
@@ -121,11 +158,13 @@ def test_qwen3_fused_cpu_path_applies_the_qk_norms(qwen3_dir, tokenizer, cpu_ops
 
 # ---- Phi-3 / Phi-4-mini ---------------------------------------------------------------------------
 
+
 def _phi3_dir(tmp_path_factory, smollm_dir, name, **overrides) -> Path:
     from transformers import Phi3Config, Phi3ForCausalLM
 
-    return save_tiny(tmp_path_factory.mktemp(name), smollm_dir, Phi3Config, Phi3ForCausalLM,
-                     pad_token_id=0, **overrides)
+    return save_tiny(
+        tmp_path_factory.mktemp(name), smollm_dir, Phi3Config, Phi3ForCausalLM, pad_token_id=0, **overrides
+    )
 
 
 def test_phi3_fused_projections_match_transformers(tmp_path_factory, smollm_dir, tokenizer):
@@ -136,28 +175,45 @@ def test_phi3_fused_projections_match_transformers(tmp_path_factory, smollm_dir,
 
 def longrope(n: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"rope_type": "longrope", "short_factor": (1 + torch.rand(n, generator=g)).tolist(),
-            "long_factor": (1 + 4 * torch.rand(n, generator=g)).tolist()}
+    return {
+        "rope_type": "longrope",
+        "short_factor": (1 + torch.rand(n, generator=g)).tolist(),
+        "long_factor": (1 + 4 * torch.rand(n, generator=g)).tolist(),
+    }
 
 
 def test_phi3_longrope_matches_transformers_past_the_original_context(tmp_path_factory, smollm_dir, tokenizer):
     """Served context 256 > original 16, so the long factors and the attention factor apply (as
     transformers does once a sequence passes 16 tokens; the prompt here does)."""
-    d = _phi3_dir(tmp_path_factory, smollm_dir, "tiny-phi3-longrope", max_position_embeddings=256,
-                  original_max_position_embeddings=16, rope_scaling=longrope(8, 1))
+    d = _phi3_dir(
+        tmp_path_factory,
+        smollm_dir,
+        "tiny-phi3-longrope",
+        max_position_embeddings=256,
+        original_max_position_embeddings=16,
+        rope_scaling=longrope(8, 1),
+    )
     cfg = assert_matches_transformers(d, tokenizer)
     assert cfg.rope_scaling["rope_type"] == "longrope"
 
 
 def test_phi4_mini_partial_rotary_matches_transformers(tmp_path_factory, smollm_dir, tokenizer):
     """Phi-4-mini's shape: rope on 3/4 of each head (12 of 16 dims) with longrope factors for them."""
-    d = _phi3_dir(tmp_path_factory, smollm_dir, "tiny-phi4-mini", partial_rotary_factor=0.75,
-                  max_position_embeddings=256, original_max_position_embeddings=16, rope_scaling=longrope(6, 2))
+    d = _phi3_dir(
+        tmp_path_factory,
+        smollm_dir,
+        "tiny-phi4-mini",
+        partial_rotary_factor=0.75,
+        max_position_embeddings=256,
+        original_max_position_embeddings=16,
+        rope_scaling=longrope(6, 2),
+    )
     cfg = assert_matches_transformers(d, tokenizer)
     assert (cfg.rotary_dim, cfg.head_dim) == (12, 16)
 
 
 # ---- refusals -----------------------------------------------------------------------------------
+
 
 def test_an_unsupported_model_type_names_the_supported_families():
     with pytest.raises(ModelLoadError) as e:
@@ -169,13 +225,15 @@ def test_an_unsupported_model_type_names_the_supported_families():
 
 # ---- end to end -----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def qwen3_server(qwen3_dir, tmp_path_factory):
     """`jumpgate serve --model <tiny Qwen3 folder>`: the real CLI and runtime on a non-Llama family."""
     from bench.server_process import JumpgateServer
 
-    srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-qwen3"), kv_pool_tokens=4096,
-                         extra_args=["--model", str(qwen3_dir)])
+    srv = JumpgateServer(
+        tmp_path_factory.mktemp("jumpgate-qwen3"), kv_pool_tokens=4096, extra_args=["--model", str(qwen3_dir)]
+    )
     srv.start()
     try:
         yield srv
@@ -191,12 +249,19 @@ def test_serve_a_qwen3_folder_answers_a_strict_json_schema(qwen3_server):
 
     from tests.conftest import openai_client
 
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
-              "required": ["name", "ok"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
+        "additionalProperties": False,
+    }
     client = openai_client(qwen3_server)
     model = client.models.list().data[0].id  # the folder's name
     resp = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Name and ok, as JSON."}], max_tokens=40,
-        response_format={"type": "json_schema", "json_schema": {"name": "t", "strict": True, "schema": schema}})
+        model=model,
+        messages=[{"role": "user", "content": "Name and ok, as JSON."}],
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "strict": True, "schema": schema}},
+    )
     jsonschema.validate(json.loads(resp.choices[0].message.content), schema)
     assert resp.choices[0].finish_reason == "stop"

@@ -95,7 +95,9 @@ def test_no_less_exact_than_aten(bf16_kernels):
     ours = Int4Linear(w, None)
     theirs = Int4Linear(w, None, kernels=False)
     assert theirs.kernel.startswith("aten")
-    err = {name: (lin.native(x).double() - exact).abs().mean().item() for name, lin in (("ours", ours), ("aten", theirs))}
+    err = {
+        name: (lin.native(x).double() - exact).abs().mean().item() for name, lin in (("ours", ours), ("aten", theirs))
+    }
     assert err["ours"] < err["aten"], err
 
 
@@ -173,8 +175,10 @@ def test_aten_path_unchanged(aten_only):
 
 def int8_codes(n: int, k: int, seed: int = 0) -> Int8Codes:
     g = torch.Generator().manual_seed(seed)
-    return Int8Codes(torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g),
-                     torch.rand(n, k // INT4_GROUP, generator=g) * 0.01)
+    return Int8Codes(
+        torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g),
+        torch.rand(n, k // INT4_GROUP, generator=g) * 0.01,
+    )
 
 
 @pytest.mark.parametrize("n,k", [(1536, 576), (48, 64)])

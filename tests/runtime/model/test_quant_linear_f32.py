@@ -31,8 +31,10 @@ def q4_1(n: int, k: int, seed: int = 0) -> Int4Codes:
 
 def q8_0(n: int, k: int, seed: int = 0) -> Int8Codes:
     g = torch.Generator().manual_seed(seed)
-    return Int8Codes(torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
-                     (torch.rand(n, k // INT4_GROUP, generator=g) * 0.01 + 1e-4).half().float())
+    return Int8Codes(
+        torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
+        (torch.rand(n, k // INT4_GROUP, generator=g) * 0.01 + 1e-4).half().float(),
+    )
 
 
 def reference_weights(w: Int4Codes) -> torch.Tensor:
@@ -67,7 +69,7 @@ def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(
     x = torch.randn(40, 128, generator=torch.Generator().manual_seed(2))
     threads = torch.get_num_threads()
     for lin in (lin4, lin8):
-        alone = torch.cat([lin(x[i:i + 1]) for i in range(40)])
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(40)])
         for m in (2, 4, 5, 7, 13, 40):  # both paths, every remainder of the 4- and 6-row steps
             assert torch.equal(lin(x[:m]), alone[:m]), m
         try:

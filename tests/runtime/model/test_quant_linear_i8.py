@@ -11,7 +11,7 @@ import torch
 
 import runtime.model.linear as linear
 from runtime.model.linear import CodesLinearF32, Int4Linear, Int4LinearI8, make_q4_linear, pack_int4_quads
-from runtime.model.quant_codes import INT4_GROUP, Int4Codes
+from runtime.model.quant_codes import Int4Codes
 from tests.runtime.model.test_quant_linear_f32 import q4_1, reference_weights
 
 
@@ -45,8 +45,10 @@ def modelled(w: Int4Codes, x: torch.Tensor) -> torch.Tensor:
     n, k = w.codes.shape
     digits, scales, blocks = coded(x)
     q = w.codes.double().reshape(n, k // 32, 32)
-    terms = sum(torch.einsum("ngk,mgk->mng", q, dig.double()) * s.double().reshape(len(x), 1, -1)
-                for dig, s in zip(digits, scales))
+    terms = sum(
+        torch.einsum("ngk,mgk->mng", q, dig.double()) * s.double().reshape(len(x), 1, -1)
+        for dig, s in zip(digits, scales)
+    )
     offsets = torch.einsum("ng,mg->mng", w.offsets().double(), blocks.double().sum(-1))
     return (terms * w.scales.double()[None] + offsets).sum(-1)
 

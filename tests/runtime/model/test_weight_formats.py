@@ -27,11 +27,11 @@ import torch
 from runtime.attention import make_attention_backend
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool
-from runtime.model.linear import DenseLinear, Int4Linear, Int8Linear
-from runtime.model.quant_codes import Int4Codes
-from runtime.model.loader import read_config, read_gguf_codes, source_gguf
-from runtime.model.decoder import DecoderModel, load_model, load_weights
 from runtime.model.config import ModelLoadError
+from runtime.model.decoder import DecoderModel, load_model, load_weights
+from runtime.model.linear import DenseLinear, Int4Linear, Int8Linear
+from runtime.model.loader import read_config, read_gguf_codes, source_gguf
+from runtime.model.quant_codes import Int4Codes
 from runtime.model.weight_format import choose_format
 from tests.conftest import chat_ids
 
@@ -39,6 +39,7 @@ CPU = torch.device("cpu")
 
 
 # ---- kernels (unit) ------------------------------------------------------------------------------
+
 
 def test_int4_linear_computes_the_dequantized_product():
     torch.manual_seed(0)
@@ -67,16 +68,18 @@ def test_q4_1_blocks_map_onto_the_int4_layout_exactly():
     qs = blocks[..., 4:]
     codes = torch.from_numpy(np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(8, 64))
     ref = dequantize(blocks.reshape(8, 40), GGMLQuantizationType.Q4_1)
-    torch.testing.assert_close(Int4Codes.from_q4_1(d, m, codes).dequantize(), torch.from_numpy(ref),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(Int4Codes.from_q4_1(d, m, codes).dequantize(), torch.from_numpy(ref), atol=1e-6, rtol=0)
 
 
 def test_int8_and_dense_linears_keep_the_callers_dtype():
     torch.manual_seed(2)
     w, b, x = torch.randn(64, 32), torch.randn(64), torch.randn(3, 32)
     ref = x @ w.t() + b
-    for lin, tol in ((DenseLinear(w, b, torch.float32), 1e-5), (DenseLinear(w, b, torch.bfloat16), 0.1),
-                     (Int8Linear(w, b), 0.15)):
+    for lin, tol in (
+        (DenseLinear(w, b, torch.float32), 1e-5),
+        (DenseLinear(w, b, torch.bfloat16), 0.1),
+        (Int8Linear(w, b), 0.15),
+    ):
         out = lin(x)
         assert out.dtype == torch.float32
         torch.testing.assert_close(out, ref, atol=tol, rtol=0.05)
@@ -84,6 +87,7 @@ def test_int8_and_dense_linears_keep_the_callers_dtype():
 
 
 # ---- the choice (unit) ---------------------------------------------------------------------------
+
 
 def test_format_choice_and_its_reason(monkeypatch):
     import runtime.model.weight_format as wf
@@ -94,22 +98,27 @@ def test_format_choice_and_its_reason(monkeypatch):
         assert fmt == "q4" and "batch-invariant" in reason and "--weights fp32" in reason and "avx2" in reason
         assert "AMX tiles" not in reason
     monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
-    assert "int4 kernel on AMX tiles" in choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)[1]
+    assert (
+        "int4 kernel on AMX tiles"
+        in choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)[1]
+    )
     monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # q4 through the AVX2 kernel
     fmt, reason = choose_format("auto", CPU, torch.float32, gguf_q4=True, invariant_attention=True)
     assert fmt == "q4" and "AVX2 + FMA" in reason and "integer dot products" in reason
     for flags, gguf_q4, invariant, dtype, why in (
-            ({"avx2"}, True, True, torch.float32, "neither native bf16 nor AVX2 + FMA"),
-            ({"avx512_bf16"}, False, True, torch.float32, "no Q4_1 blocks"),
-            ({"avx512_bf16"}, True, False, torch.float32, "not batch-invariant"),
-            ({"avx512_bf16"}, True, True, torch.bfloat16, "engine dtype")):
+        ({"avx2"}, True, True, torch.float32, "neither native bf16 nor AVX2 + FMA"),
+        ({"avx512_bf16"}, False, True, torch.float32, "no Q4_1 blocks"),
+        ({"avx512_bf16"}, True, False, torch.float32, "not batch-invariant"),
+        ({"avx512_bf16"}, True, True, torch.bfloat16, "engine dtype"),
+    ):
         monkeypatch.setattr(wf, "cpu_flags", lambda: frozenset(flags))
         fmt, reason = choose_format("auto", CPU, dtype, gguf_q4=gguf_q4, invariant_attention=invariant)
         assert fmt == "fp32" and why in reason, reason
     assert choose_format("auto", CPU, torch.float32, gguf_q4=True)[0] == "fp32"  # invariance is not assumed
     assert choose_format("q8", CPU, torch.float32, gguf_q4=True) == ("q8", "requested")
-    assert choose_format("auto", torch.device("cuda"), torch.bfloat16, gguf_q4=True, invariant_attention=True)[0] \
-        == "bf16"
+    assert (
+        choose_format("auto", torch.device("cuda"), torch.bfloat16, gguf_q4=True, invariant_attention=True)[0] == "bf16"
+    )
     assert choose_format("fp32", torch.device("cuda"), torch.bfloat16, gguf_q4=True)[0] == "fp32"
     with pytest.raises(ModelLoadError, match="CPU kernels only"):
         choose_format("q4", torch.device("cuda"), torch.bfloat16, gguf_q4=True)
@@ -132,22 +141,30 @@ def test_a_float_source_is_quantized_when_q4_is_requested(tiny_model_dir, tokeni
 
 # (prompt, a 64-token continuation to teacher-force along: fixed text, so the reference is one pass)
 CASES = [
-    ("Write a short poem about the sea.",
-     "The sea is wide and deep and blue, it sings to me the whole night through. Its waves roll in upon the "
-     "shore, and then they leave to come once more. The gulls cry out above the foam, the sailors dream of "
-     "sailing home, and every tide that turns the sand will write a story on the land, then wash it all away again."),
-    ("What is the capital of France?",
-     "The capital of France is Paris. It is the largest city in the country and sits on the river Seine in "
-     "the north of France. Paris is known for the Eiffel Tower, the Louvre museum and its cafes, and about "
-     "two million people live in the city itself, with many more in the towns and suburbs around it."),
-    ("Explain photosynthesis in simple terms.",
-     "Photosynthesis is how plants make their own food. They take in sunlight through their leaves, water "
-     "through their roots, and carbon dioxide from the air. Using the energy of the light, they turn the water "
-     "and carbon dioxide into sugar, which feeds the plant, and oxygen, which they release into the air we breathe."),
-    ("List three uses of JSON.",
-     "1. Sending data between a web server and a browser, for example the results of a search. 2. Storing "
-     "configuration files for programs, since JSON is easy for people to read and edit. 3. Saving structured "
-     "records, such as user profiles and orders, in document databases that many web applications use."),
+    (
+        "Write a short poem about the sea.",
+        "The sea is wide and deep and blue, it sings to me the whole night through. Its waves roll in upon the "
+        "shore, and then they leave to come once more. The gulls cry out above the foam, the sailors dream of "
+        "sailing home, and every tide that turns the sand will write a story on the land, then wash it all away again.",
+    ),
+    (
+        "What is the capital of France?",
+        "The capital of France is Paris. It is the largest city in the country and sits on the river Seine in "
+        "the north of France. Paris is known for the Eiffel Tower, the Louvre museum and its cafes, and about "
+        "two million people live in the city itself, with many more in the towns and suburbs around it.",
+    ),
+    (
+        "Explain photosynthesis in simple terms.",
+        "Photosynthesis is how plants make their own food. They take in sunlight through their leaves, water "
+        "through their roots, and carbon dioxide from the air. Using the energy of the light, they turn the water "
+        "and carbon dioxide into sugar, which feeds the plant, and oxygen, which they release into the air we breathe.",
+    ),
+    (
+        "List three uses of JSON.",
+        "1. Sending data between a web server and a browser, for example the results of a search. 2. Storing "
+        "configuration files for programs, since JSON is easy for people to read and edit. 3. Saving structured "
+        "records, such as user profiles and orders, in document databases that many web applications use.",
+    ),
 ]
 CONTINUATION = 64
 # format -> least top-1 agreement with fp32, and largest logits difference (see the module docstring)
@@ -167,8 +184,9 @@ def _prefill(model, cfg, ids, attn=None):
     n = len(ids)
     kv = KVPool(cfg.num_layers, n + 8, cfg.num_kv_heads, cfg.head_dim)
     s = kv.allocator.alloc(n)
-    return model.forward(ForwardBatch(torch.tensor(ids), torch.arange(n), s, [n], [n], [s], torch.arange(n)),
-                         kv, attn or _attention())
+    return model.forward(
+        ForwardBatch(torch.tensor(ids), torch.arange(n), s, [n], [n], [s], torch.arange(n)), kv, attn or _attention()
+    )
 
 
 def _decode_steps(model, cfg, ids, n_prompt, attn=None):
@@ -181,11 +199,37 @@ def _decode_steps(model, cfg, ids, n_prompt, attn=None):
     slots = kv.allocator.alloc(n)
     attn = attn or _attention()
     p = slots[:n_prompt]
-    rows = [model.forward(ForwardBatch(torch.tensor(ids[:n_prompt]), torch.arange(n_prompt), p, [n_prompt],
-                                       [n_prompt], [p], torch.tensor([n_prompt - 1])), kv, attn)]
+    rows = [
+        model.forward(
+            ForwardBatch(
+                torch.tensor(ids[:n_prompt]),
+                torch.arange(n_prompt),
+                p,
+                [n_prompt],
+                [n_prompt],
+                [p],
+                torch.tensor([n_prompt - 1]),
+            ),
+            kv,
+            attn,
+        )
+    ]
     for pos in range(n_prompt, n - 1):
-        rows.append(model.forward(ForwardBatch(torch.tensor([ids[pos]]), torch.tensor([pos]), slots[pos:pos + 1],
-                                               [1], [pos + 1], [slots[:pos + 1]], torch.tensor([0])), kv, attn))
+        rows.append(
+            model.forward(
+                ForwardBatch(
+                    torch.tensor([ids[pos]]),
+                    torch.tensor([pos]),
+                    slots[pos : pos + 1],
+                    [1],
+                    [pos + 1],
+                    [slots[: pos + 1]],
+                    torch.tensor([0]),
+                ),
+                kv,
+                attn,
+            )
+        )
     return torch.cat(rows)
 
 
@@ -199,7 +243,7 @@ def reference(smollm_dir, tokenizer):
         ids = chat_ids(tokenizer, prompt)
         cont = tokenizer.encode(answer, add_special_tokens=False)[:CONTINUATION]
         assert len(cont) == CONTINUATION, len(cont)
-        out.append((ids + cont, len(ids), _prefill(model, cfg, ids + cont)[len(ids) - 1:-1]))
+        out.append((ids + cont, len(ids), _prefill(model, cfg, ids + cont)[len(ids) - 1 : -1]))
     return cfg, out
 
 
@@ -212,8 +256,11 @@ def test_q4_holds_the_ggufs_own_weights(smollm_dir):
     int4 = {k: v for k, v in codes.items() if isinstance(v, Int4Codes)}
     assert len(int4) == 7 * cfg.num_layers  # q, k, v, o, gate, up, down of every layer
     fp32 = load_weights(smollm_dir)
-    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.self_attn.k_proj.weight",
-                 "model.layers.29.mlp.down_proj.weight"):
+    for name in (
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.7.self_attn.k_proj.weight",
+        "model.layers.29.mlp.down_proj.weight",
+    ):
         assert torch.equal(int4[name].dequantize(), fp32[name])
     # the tied embedding is Q8_0: the logits layer of q4 runs its codes as they are
     embed = codes["model.embed_tokens.weight"]
@@ -231,8 +278,10 @@ def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
     attn = _attention(fmt if tiles else None)
     model = load_model(smollm_dir, cfg, fmt, CPU, torch.float32)
     assert model.weights == fmt
-    for path, logits_of in (("prefill", lambda ids, n: _prefill(model, cfg, ids, attn)[n - 1:-1]),
-                            ("decode", lambda ids, n: _decode_steps(model, cfg, ids, n, attn))):
+    for path, logits_of in (
+        ("prefill", lambda ids, n: _prefill(model, cfg, ids, attn)[n - 1 : -1]),
+        ("decode", lambda ids, n: _decode_steps(model, cfg, ids, n, attn)),
+    ):
         agree = total = 0
         worst = 0.0
         for ids, n_prompt, ref_logits in refs:
@@ -241,7 +290,9 @@ def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
             agree += int((logits.argmax(-1) == ref_logits.argmax(-1)).sum())
             total += len(ref_logits)
             worst = max(worst, (logits - ref_logits).abs().max().item())
-        print(f"{fmt}{' on tiles' if tiles else ''} {path}: top-1 agreement {agree / total:.4f}, logits max-abs {worst:.4f}")
+        print(
+            f"{fmt}{' on tiles' if tiles else ''} {path}: top-1 agreement {agree / total:.4f}, logits max-abs {worst:.4f}"
+        )
         assert agree / total >= MIN_AGREEMENT[fmt], path
         assert worst <= MAX_LOGIT_DIFF[fmt], path
 
@@ -258,6 +309,10 @@ def test_auto_picks_q4_where_its_kernels_run_and_says_why(smollm_dir):
     assert ("batch-invariant attention" if fast else "neither native bf16") in model.weights_reason
     if fast:  # the layers run the kernel the reason names
         avx2_only = not any(f in cpu_flags() for f in NATIVE_BF16)
-        assert model.layers[0].qkv.kernel == ("jumpgate_cpu.int4_linear_i8" if avx2_only else "jumpgate_cpu.int4_linear")
+        assert model.layers[0].qkv.kernel == (
+            "jumpgate_cpu.int4_linear_i8" if avx2_only else "jumpgate_cpu.int4_linear"
+        )
     model = load_model(smollm_dir, cfg, "auto", CPU, torch.float32, invariant_attention=False)
-    assert model.weights == "fp32" and ("not batch-invariant" if fast else "neither native bf16") in model.weights_reason
+    assert (
+        model.weights == "fp32" and ("not batch-invariant" if fast else "neither native bf16") in model.weights_reason
+    )
