@@ -219,7 +219,7 @@ class JumpgateServer:
     def rss_mb(self) -> float:
         """Resident memory of the server: every process of the session it started (vLLM runs its
         engine in a child process)."""
-        return sum(_rss_mb(pid) for pid in _session_pids(self.pid))
+        return sum(_rss_mb(pid) for pid in session_pids(self.pid))
 
     def __enter__(self) -> JumpgateServer:
         return self.start()
@@ -305,7 +305,7 @@ def proc_stats() -> list[tuple[int, list[str]]]:
     return out
 
 
-def _session_pids(leader: int) -> list[int]:
+def session_pids(leader: int) -> list[int]:
     """The processes whose session id is `leader` (what `start_new_session` started, and its children)."""
     return [pid for pid, fields in proc_stats() if int(fields[3]) == leader] or [leader]
 

@@ -13,6 +13,7 @@ comes). One JSON line per batch size: `one_call_ms`, `python_loop_ms`, the milli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -25,13 +26,11 @@ from runtime.engine.engine import Engine
 
 def compare(engine, batch_size: int, context: int, rounds: int) -> dict:
     model, cfg, attn = engine.runner.model, engine.model_config, engine.runner.attn
-    loop = model._loop
     batch, kv = decode_pass(model, cfg, attn, batch_size, context)
     ms: dict[str, list[float]] = {"one_call": [], "python_loop": []}
-    try:
-        for _ in range(rounds):
-            for name in ms:
-                model._loop = loop if name == "one_call" else None
+    for _ in range(rounds):
+        for name in ms:
+            with contextlib.nullcontext() if name == "one_call" else model.python_layer_loop():
                 for _ in range(5):  # warm-up
                     model.forward(batch, kv, attn)
                 times = []
@@ -39,9 +38,7 @@ def compare(engine, batch_size: int, context: int, rounds: int) -> dict:
                     t0 = time.perf_counter()
                     model.forward(batch, kv, attn)
                     times.append(time.perf_counter() - t0)
-                ms[name].append(statistics.median(times) * 1e3)
-    finally:
-        model._loop = loop
+            ms[name].append(statistics.median(times) * 1e3)
     one, py = statistics.median(ms["one_call"]), statistics.median(ms["python_loop"])
     return {
         "bench": "layer_loop",
@@ -69,7 +66,7 @@ def main(argv=None) -> None:
         device="cpu", kv_pool_tokens=4096, radix_cache=False, weights=args.weights, max_running_requests=64
     ).start()
     try:
-        if engine.runner.model._loop is None:
+        if engine.runner.model.layer_loop is None:
             emit(
                 {
                     "bench": "layer_loop",

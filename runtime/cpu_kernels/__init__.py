@@ -38,9 +38,22 @@ from typing import Any
 
 import torch
 
-from runtime.model.weight_format import cpu_flags
-
 log = logging.getLogger("jumpgate.attention")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is no such file): what the
+    kernels are built for, and what the weight format choice reads (runtime/model/weight_format.py)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
 
 FOLDER = Path(__file__).parent
 SOURCES = (
@@ -59,7 +72,8 @@ CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 
 _lock = threading.Lock()
-_loaded: dict[str, Any] = {}
+# the kernels this process built or loaded, by build key (a test may swap in {} to force a build)
+loaded: dict[str, Any] = {}
 OP_NAME = "jumpgate_cpu::paged_attention"
 
 
@@ -88,9 +102,9 @@ def load_cpu_kernels() -> Any:
     """The op namespace `torch.ops.jumpgate_cpu`, or None where it cannot be built (logged once per process)."""
     key = build_key()
     with _lock:
-        if key not in _loaded:
-            _loaded[key] = _build(key)
-        return _loaded[key]
+        if key not in loaded:
+            loaded[key] = _build(key)
+        return loaded[key]
 
 
 def _build(key: str) -> Any:

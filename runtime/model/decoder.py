@@ -23,6 +23,8 @@ norms between the qkv matmul and rope in torch: the one-call layer loop has no s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -156,6 +158,20 @@ class DecoderModel:
         # made once: each pass would otherwise convert every layer's tensors from a Python list
         loop = self.layer_loop_spec()
         self._loop = None if loop is None else torch.classes.jumpgate_cpu.DecoderWeights(*loop)
+
+    @property
+    def layer_loop(self) -> object | None:
+        """The fused layers' weights for the one-call C++ layer loop (None: the Python loop runs)."""
+        return self._loop
+
+    @contextmanager
+    def python_layer_loop(self) -> Iterator[None]:
+        """Run the per-layer Python loop while inside (tests and benches compare it with the one call)."""
+        kept, self._loop = self._loop, None
+        try:
+            yield
+        finally:
+            self._loop = kept
 
     def layer_loop_spec(self) -> tuple[list[int], list[torch.Tensor | None]] | None:
         """(kinds, params) of every layer for runtime/cpu_kernels/decoder_layers.cpp, which runs the

@@ -32,29 +32,15 @@ On CUDA, `auto` keeps dense weights in the engine dtype.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
+from runtime.cpu_kernels import cpu_flags
 from runtime.model.config import ModelLoadError
 
 WEIGHT_FORMATS = ("auto", "fp32", "bf16", "q8", "q4")
 QUANTIZED = ("q8", "q4")
 DTYPE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 FORMAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is no such file)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def cpu_summary() -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.server_process import MODEL, ServerFailed, VllmServer, _session_pids
+from bench.server_process import MODEL, ServerFailed, VllmServer, session_pids
 
 
 def test_vllm_command_serves_the_benchmarks_model_name_with_prefix_caching(tmp_path):
@@ -43,14 +43,14 @@ def test_a_server_that_exits_at_start_is_reported_under_its_name(tmp_path):
     assert server.proc is None  # stopped: nothing left running
 
 
-def test_session_pids_include_the_children_of_what_was_started():
+def testsession_pids_include_the_children_of_what_was_started():
     proc = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        pids = _session_pids(proc.pid)
+        pids = session_pids(proc.pid)
         while len(pids) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-            pids = _session_pids(proc.pid)
+            pids = session_pids(proc.pid)
         assert proc.pid in pids and len(pids) == 3, pids  # the shell and its two sleeps
         assert os.getpid() not in pids
     finally:

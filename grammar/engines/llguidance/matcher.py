@@ -148,7 +148,7 @@ class LLGuidancePlanMatcher:
         return b""  # llguidance shows no parser state: masks alone tell states apart
 
 
-def _only_token(row: bytes) -> int | None:
+def only_token(row: bytes) -> int | None:
     """The one token a mask row allows, or None if it allows none or several."""
     words = np.frombuffer(row, dtype=np.uint32)
     nonzero = np.flatnonzero(words)
@@ -244,7 +244,7 @@ class LLGuidanceMatcher(StrictMethods):
             return
         self._write_mask(address, size)
         written = ctypes.string_at(address, size)
-        self._forced.only.setdefault(self._consumed, _only_token(written))
+        self._forced.only.setdefault(self._consumed, only_token(written))
         self._forced.rows.setdefault(key, written)
 
     def accept(self, token_id: int) -> bool:
@@ -272,6 +272,11 @@ class LLGuidanceMatcher(StrictMethods):
         # consume_token would put a refusing matcher in a permanent error state; try_consume_tokens
         # consumes the token only if it is allowed (one call, where validate + consume were two)
         return self._try_consume([token_id]) == 1
+
+    @property
+    def forced_path_depth(self) -> int:
+        """How many of the accepted tokens, from the first, follow the spec's forced path."""
+        return self._on_path
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:

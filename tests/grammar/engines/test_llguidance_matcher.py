@@ -204,17 +204,17 @@ def _row(matcher, words: int) -> torch.Tensor:
 def test_only_token_reads_a_singleton_row():
     import numpy as np
 
-    from grammar.engines.llguidance.matcher import _only_token
+    from grammar.engines.llguidance.matcher import only_token
 
     row = np.zeros(4, dtype=np.uint32)
-    assert _only_token(row.tobytes()) is None
+    assert only_token(row.tobytes()) is None
     row[2] = 1 << 31
-    assert _only_token(row.tobytes()) == 2 * 32 + 31
+    assert only_token(row.tobytes()) == 2 * 32 + 31
     row[2] |= 1
-    assert _only_token(row.tobytes()) is None
+    assert only_token(row.tobytes()) is None
     row[2], row[0] = 0, 4
     row[3] = 1
-    assert _only_token(row.tobytes()) is None
+    assert only_token(row.tobytes()) is None
 
 
 def test_forced_path_masks_equal_llguidances_own_and_stop_at_the_first_choice(service, tokenizer):
@@ -266,11 +266,11 @@ def test_forced_path_masks_equal_llguidances_own_and_stop_at_the_first_choice(se
     third, reference = handle.new_matcher(), plain()
     for token in text[:depth]:
         assert third.accept(token) and reference.accept(token)
-    assert third._on_path == depth
+    assert third.forced_path_depth == depth
     assert torch.equal(_row(third, words), _row(reference, words))
     rows_before = dict(path.rows)
     assert third.accept(text[depth]) and reference.accept(text[depth])
-    assert third._on_path == depth  # the model's choice leaves the path
+    assert third.forced_path_depth == depth  # the model's choice leaves the path
     assert torch.equal(_row(third, words), _row(reference, words))
     assert path.rows == rows_before  # nothing off the path is kept
 

@@ -327,7 +327,7 @@ def test_auto_picks_it_on_cpu_and_falls_back_to_torch(cpu_ops, monkeypatch, capl
         raise RuntimeError("Error building extension 'x'\nmore lines")
 
     monkeypatch.setattr(cpp_extension, "load", broken)
-    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    monkeypatch.setattr(cpu_kernels, "loaded", {})
     monkeypatch.setattr(cpu_kernels, "build_dir", lambda: tmp_path / "ext")  # nothing built there yet
     with caplog.at_level(logging.WARNING, logger="jumpgate.attention"):
         assert make_attention_backend("auto", CPU).name == "torch"

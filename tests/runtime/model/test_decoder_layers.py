@@ -6,6 +6,8 @@ the logits and every K/V written are bit for bit the same, for each fused format
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -58,8 +60,7 @@ def both_paths(model, cfg, prompts, new, shared):
         cfg.num_layers, slots + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU, head_major=attn.kv_head_major
     )
     # the cached part: every prompt's earlier tokens, written once through the plain loop
-    loop, model._loop = model._loop, None
-    try:
+    with model.python_layer_loop():
         for row, p, n in zip(batch.slot_rows, prompts, new):
             m = len(p) - n
             model.forward(
@@ -67,19 +68,12 @@ def both_paths(model, cfg, prompts, new, shared):
                 kv,
                 attn,
             )
-    finally:
-        model._loop = loop
     start = ([t.clone() for t in kv.k], [t.clone() for t in kv.v])
     out = {}
     for path in ("one call", "python"):
         kv.k, kv.v = [t.clone() for t in start[0]], [t.clone() for t in start[1]]
-        kept = model._loop
-        if path == "python":
-            model._loop = None
-        try:
+        with model.python_layer_loop() if path == "python" else contextlib.nullcontext():
             out[path] = (model.forward(batch, kv, attn), torch.stack(kv.k), torch.stack(kv.v))
-        finally:
-            model._loop = kept
     assert batch.prefix_groups, "the pass should read its shared prefix once"
     return out
 
@@ -88,7 +82,7 @@ def both_paths(model, cfg, prompts, new, shared):
 def test_one_call_equals_the_python_layer_loop_on_the_real_model(cpu_ops, smollm_dir, tokenizer, fmt):
     cfg = read_config(smollm_dir)
     model = load_model(smollm_dir, cfg, fmt, CPU, torch.float32)
-    assert model._loop is not None, f"{fmt}: every layer should run in the one call here"
+    assert model.layer_loop is not None, f"{fmt}: every layer should run in the one call here"
     system = tokenizer.encode("You are a careful assistant that answers in one short sentence. " * 3)
     prompts = [
         system + tokenizer.encode(q)
@@ -112,7 +106,7 @@ def test_one_call_adds_the_qkv_biases_as_the_python_loop_does(cpu_ops, tmp_path,
         p[:24] = prompts[0][:24]
     for fmt in ("q4", "bf16"):
         model = load_model(model_dir, cfg, fmt, CPU, torch.float32)
-        assert model._loop is not None and model.layers[0].qkv.bias is not None
+        assert model.layer_loop is not None and model.layers[0].qkv.bias is not None
         out = both_paths(model, cfg, prompts, [1, 3, 16], 24)
         for a, b in zip(out["one call"], out["python"]):
             assert torch.equal(a, b), fmt
@@ -159,7 +153,7 @@ def test_bad_tables_raise_instead_of_running(cpu_ops, smollm_dir):
             torch.tensor([0]),
             kv.k[:-1],
             kv.v[:-1],
-            model._loop,
+            model.layer_loop,
             torch.tensor([0]),
             meta,
             False,
@@ -175,7 +169,7 @@ def test_bad_tables_raise_instead_of_running(cpu_ops, smollm_dir):
             torch.tensor([9]),
             kv.k,
             kv.v,
-            model._loop,
+            model.layer_loop,
             torch.tensor([0]),
             meta,
             False,

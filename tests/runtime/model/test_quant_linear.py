@@ -82,7 +82,8 @@ def test_q4_1_scales_kept_as_fp16_give_the_float32_layouts_bits(bf16_kernels, m)
 
 
 def test_amx_tiles_run_where_the_cpu_has_them(bf16_kernels):
-    from runtime.model.weight_format import AMX_TILES, cpu_flags
+    from runtime.cpu_kernels import cpu_flags
+    from runtime.model.weight_format import AMX_TILES
 
     # the AMX flags and a kernel that grants tiles (Linux 5.16+): the int4 kernel uses them
     assert bf16_kernels.int4_linear_amx() == all(f in cpu_flags() for f in AMX_TILES)
