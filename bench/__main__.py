@@ -45,6 +45,7 @@ SUITE_HELP = {
 # Probes: `python -m bench.probes.NAME [...]`, no --quick, not run by CI (bench/probes/__init__.py).
 PROBES = {
     "closing_plan_cost": "one completion plan and one budget check on a 48-property schema, per engine",
+    "corpus_answers": "named corpus schemas answered strict by a fresh server, one line each (fidelity, by name)",
     "guard_cost": "the real engine on that schema under the strict guard's budget rule and the one before",
     "layer_loop_bench": "a decode pass with the decoder layers in one C++ call vs the Python layer loop",
     "logprobs_overhead": "a greedy decode batch without logprobs, with them, and with 20 alternatives",
