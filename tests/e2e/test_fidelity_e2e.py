@@ -304,7 +304,12 @@ ENFORCED_KEYWORDS = {
         order(required=["sku"], anyOf=[{"required": ["name"]}, {"required": ["id"]}]),
         order(),
         "Add apples to the order. We do not know their SKU.",  # the control leaves the sku out
-        {"/properties/items/items/required": "llguidance", "/properties/items/items/anyOf": "llguidance"},
+        # the keywords beside the anyOf merge into its branches, which xgrammar masks (grammar/rewrites/all_of.py)
+        {
+            "/properties/items/items/anyOf": "xgrammar",
+            "/properties/items/items/anyOf/0/required": "xgrammar",
+            "/properties/items/items/anyOf/1/required": "xgrammar",
+        },
     ),
     "dependentRequired": (
         {
