@@ -75,13 +75,20 @@ class ClusterEngineClient:
         return self._events(req.rid, call)
 
     async def _events(self, rid: str, call: Any) -> AsyncIterator[StreamEvent]:
+        finished = False
         try:
             async for event in call:
+                finished = event.finished
                 yield event
         except Exception as exc:  # noqa: BLE001 -- every replica failure becomes an engine error
             raise engine_error_of(exc) from exc
         finally:
             self._calls.pop(rid, None)
+            if not finished:
+                # The consumer left early (client gone, its task cancelled): cancel the call here.
+                # `abort(rid)`, called after the consumer's task was cancelled, finds the call already
+                # popped by this `finally`, and the replica's request ran on (a CI run saw it).
+                call.cancel()
 
     def abort(self, rid: str) -> None:
         call = self._calls.pop(rid, None)
