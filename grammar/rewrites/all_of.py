@@ -68,7 +68,7 @@ def merged_all_of(node: Any, root: Any) -> dict | None:
         if not isinstance(target, dict) or "$ref" in target:
             return None
         parts.append({k: v for k, v in target.items() if k not in _SCOPE_KEYWORDS})
-    if any(k not in MERGED_KEYWORDS | OPEN_KEYWORDS and k not in ANNOTATION_KEYWORDS for part in parts for k in part):
+    if not all(mergeable_part(part) for part in parts):
         return None
     naming = [p for p in parts if "properties" in p or OPEN_KEYWORDS & set(p)]
     opened = [p for p in naming if OPEN_KEYWORDS & set(p)]

@@ -88,6 +88,11 @@ class LLGuidanceHandle:
             self._memo.setdefault("forced_path", ForcedPath()),
         )
 
+    @property
+    def forced_path(self) -> ForcedPath | None:
+        """The forced-text path its matchers share (None until the first matcher is made)."""
+        return self._memo.get("forced_path")
+
     def without_value_check(self) -> LLGuidanceHandle:
         """The same grammar with its matchers not followed by the value check (for comparisons)."""
         return replace(self, value_check=None, navigator=None, _memo={})

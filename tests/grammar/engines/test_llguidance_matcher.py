@@ -242,7 +242,7 @@ def test_forced_path_masks_equal_llguidances_own_and_stop_at_the_first_choice(se
     for token in text:
         assert torch.equal(_row(first, words), _row(reference, words)), tokenizer.decode([token])
         assert first.accept(token) and reference.accept(token)
-    path = handle._memo["forced_path"]
+    path = handle.forced_path
     assert isinstance(path, ForcedPath)
     # `{"` and `id` are forced, one token each (`":` is not: it might merge with what follows)
     depth = next(d for d in sorted(path.only) if path.only[d] is None)
@@ -292,4 +292,4 @@ def test_the_forced_path_is_kept_to_a_bounded_depth(service, tokenizer, monkeypa
     for token in ids(tokenizer, '{"code":4,"name":"ab"}'):
         _row(matcher, words)
         assert matcher.accept(token)
-    assert {depth for depth, _ in handle._memo["forced_path"].rows} == {0}
+    assert {depth for depth, _ in handle.forced_path.rows} == {0}
