@@ -116,24 +116,14 @@ class _CallInProgress:
     arguments: list[str] = field(default_factory=list)
 
 
-class ToolCallStreamParser:
-    """Splits generated text, as it arrives, into content deltas and tool-call deltas.
+class StepParser:
+    """What both streaming parsers share (this one and tag_parser.py's): the buffer, the content and
+    calls collected, and feed/finish driving `_step` (one transition; True while another may follow)."""
 
-    For each call: one ToolCallStartDelta (index, id, name), then ToolCallArgumentsDelta pieces
-    whose concatenation is the arguments JSON. Text before the first call is content (trailing
-    whitespace before a call dropped); whitespace between calls is dropped. A block that is not
-    a well-formed call is given back as content, never lost.
-    """
-
-    def __init__(self, fmt: ToolCallFormat = HERMES_TOOL_CALL_FORMAT, id_factory: Callable[[], str] = new_tool_call_id):
-        self._fmt = fmt
-        self._new_id = id_factory
-        self._buf = ""
-        self._state = "text"  # text | header | args | raw_args | tail | between
-        self._scanner = _JsonObjectScanner()
-        self._calls: list[_CallInProgress] = []
-        self._content: list[str] = []
-        self._finished = False
+    _buf: str
+    _content: list[str]
+    _calls: list[_CallInProgress]
+    _finished: bool
 
     @property
     def content(self) -> str:
@@ -160,6 +150,29 @@ class ToolCallStreamParser:
                 pass
             self._finished = True
         return out
+
+    def _step(self, out: list[Delta], *, final: bool) -> bool:
+        raise NotImplementedError
+
+
+class ToolCallStreamParser(StepParser):
+    """Splits generated text, as it arrives, into content deltas and tool-call deltas.
+
+    For each call: one ToolCallStartDelta (index, id, name), then ToolCallArgumentsDelta pieces
+    whose concatenation is the arguments JSON. Text before the first call is content (trailing
+    whitespace before a call dropped); whitespace between calls is dropped. A block that is not
+    a well-formed call is given back as content, never lost.
+    """
+
+    def __init__(self, fmt: ToolCallFormat = HERMES_TOOL_CALL_FORMAT, id_factory: Callable[[], str] = new_tool_call_id):
+        self._fmt = fmt
+        self._new_id = id_factory
+        self._buf = ""
+        self._state = "text"  # text | header | args | raw_args | tail | between
+        self._scanner = _JsonObjectScanner()
+        self._calls: list[_CallInProgress] = []
+        self._content: list[str] = []
+        self._finished = False
 
     # one transition; True if progress was made and another step may follow
     def _step(self, out: list[Delta], *, final: bool) -> bool:

@@ -20,7 +20,7 @@ from grammar.kinds.tool_calls.parser import (
     ContentDelta,
     Delta,
     JsonObjectScanner,
-    ToolCall,
+    StepParser,
     ToolCallArgumentsDelta,
     ToolCallStartDelta,
     new_tool_call_id,
@@ -30,7 +30,7 @@ from grammar.kinds.tool_calls.tag_format import CallShape, TagShape
 HEADER_SLACK = 64 + 48  # past a header's literal parts: the longest tool name, and what arg_prefix matches
 
 
-class TagToolCallParser:
+class TagToolCallParser(StepParser):
     """Streams the output of a `TagShape` format as ContentDelta / ToolCallStartDelta /
     ToolCallArgumentsDelta (the same deltas as the Hermes parser); `reasoning` collects
     reasoning channels (harmony analysis)."""
@@ -59,33 +59,8 @@ class TagToolCallParser:
         self._starts = starts
 
     @property
-    def content(self) -> str:
-        return "".join(self._content)
-
-    @property
     def reasoning(self) -> str:
         return "".join(self._reasoning)
-
-    @property
-    def tool_calls(self) -> list[ToolCall]:
-        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
-
-    def feed(self, text: str) -> list[Delta]:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        out: list[Delta] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[Delta]:
-        out: list[Delta] = []
-        if not self._finished:
-            while self._step(out, final=True):
-                pass
-            self._finished = True
-        return out
 
     # one transition; True if progress was made and another may follow
     def _step(self, out: list[Delta], *, final: bool) -> bool:
