@@ -14,6 +14,7 @@ from runtime.constraint import CompiledConstraint
 from runtime.decode.sampling import SamplingParams
 
 JumpForwardMode = Literal["verify", "direct", "off"]
+SpeculativeMode = Literal["ngram", "off"]
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -40,6 +41,7 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     constraint: CompiledConstraint | None = None  # grammar; None = free text
     jump_forward: JumpForwardMode | None = None  # None = the engine's default
+    speculative: SpeculativeMode | None = None  # prompt-lookup drafts; None = the engine's default
     strict: bool = False  # strict JSON: budget-aware closing / loop breaking may apply
     # the output must fit its checked keywords: with the rewrites of check-and-roll-back spent, fail
     # (VALUE_RETRIES_EXHAUSTED) rather than finish with a value that breaks them
@@ -144,6 +146,9 @@ class EngineStats:
     forward_tokens: int = 0
     jump_forward_tokens: int = 0  # tokens written by jump-forward (accepted drafts + direct)
     jump_forward_rejected: int = 0  # draft tokens rolled back by verification
+    lookup_draft_tokens: int = 0  # prompt-lookup draft tokens queued for verification
+    lookup_accepted_tokens: int = 0  # of which verification kept
+    lookup_rejected_tokens: int = 0  # of which verification rolled back
     retractions: int = 0
     closed_at_budget: int = 0  # strict requests whose value budget closing completed (they end `stop`)
     value_rewrites: int = 0  # values rolled back and written again by check-and-roll-back

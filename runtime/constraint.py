@@ -33,6 +33,10 @@ class TokenMatcher(Protocol):
         `learn=False`: the caller inserts them without the model (direct jump-forward), so the
         matcher must not take them for the model's own choices."""
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` the grammar accepts in a row from the current
+        state (state unchanged): a draft is cut there before any row is spent on it."""
+
     @property
     def withholds_output(self) -> bool:
         """Whether nothing of the output may be sent before it is whole (its check may roll

@@ -19,6 +19,9 @@ class EngineCounters:
     forward_tokens: int = 0
     jump_forward_tokens: int = 0
     jump_forward_rejected: int = 0
+    lookup_draft_tokens: int = 0
+    lookup_accepted_tokens: int = 0
+    lookup_rejected_tokens: int = 0
     retractions: int = 0
     closed_at_budget: int = 0
     value_rewrites: int = 0

@@ -114,6 +114,23 @@ class EngineConfig:
     max_jump_forward_tokens: int = setting(
         64, "most tokens one jump-forward step appends", flag="--max-jump-forward-tokens", min=1
     )
+    speculative: str = setting(
+        "ngram",
+        "prompt-lookup drafts, verified in the same pass (outputs unchanged): ngram, off",
+        flag="--speculative",
+        choices=("ngram", "off"),
+    )
+    speculative_tokens: int = setting(
+        8, "most prompt-lookup draft tokens a step verifies", flag="--speculative-tokens", min=1
+    )
+    speculative_row_cost: float = setting(
+        0.1,
+        "cost of one more logits row, as a share of a decode step: a draft token is queued only while "
+        "its chance of being kept is higher",
+        flag="--speculative-row-cost",
+        type=float,
+        min=0.0,
+    )
     loop_breaking: bool = setting(
         True,
         "do not close a strict JSON value that repeats itself (loop breaking)",

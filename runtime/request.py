@@ -17,6 +17,7 @@ from runtime.api import GenerateRequest, StreamEvent, TokenLogprob
 from runtime.constraint import TokenMatcher
 from runtime.decode.completeness import CompletionGuard
 from runtime.decode.detokenizer import IncrementalDetokenizer
+from runtime.decode.lookup import LookupDraft
 
 
 @dataclass
@@ -30,7 +31,8 @@ class Req:
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)  # prompt then output (set in __post_init__)
-    draft: list[int] = field(default_factory=list)  # verify mode: forced tokens awaiting verification
+    draft: list[int] = field(default_factory=list)  # tokens awaiting verification: forced, then looked up
+    lookup: LookupDraft | None = None  # prompt-lookup drafts (None: off)
     # KV state: positions [0, kv_len) of token_ids have KV in the slots of row `row`;
     # [0, cached_len) of those are the prefix cache's (locked via `node`), the rest are ours.
     row: int | None = None
@@ -48,6 +50,7 @@ class Req:
     finished: bool = False
     finish_reason: str | None = None
     jump_forward_tokens: int = 0
+    lookup_tokens: int = 0  # prompt-lookup draft tokens verification kept
     # Token ids accepted since the last emitted event (sent with the next event).
     unsent_ids: list[int] = field(default_factory=list)
     pending_text: str = ""  # text of those tokens that is safe to emit

@@ -19,11 +19,13 @@ from runtime.api import VALUE_RETRIES_EXHAUSTED, TokenLogprob
 from runtime.counters import EngineCounters
 from runtime.decode.completeness import TEXT_TAIL
 from runtime.decode.logprobs import forced_logprob, masked_log_softmax, token_logprobs
+from runtime.decode.lookup import LookupDraft
 from runtime.decode.penalties import adjust_logits_, hold_stop_
 from runtime.decode.sampler import apply_token_bitmask, sample_token
 from runtime.request import Req
 
 JUMP_FORWARD_MODES = ("verify", "direct", "off")
+SPECULATIVE_MODES = ("ngram", "off")
 # Strict requests: choices re-drawn at most this often when they would overrun the budget
 # (then the shortest completion path's next token is taken).
 MAX_VETTED_CHOICES = 8
@@ -153,6 +155,7 @@ class Decoder:
         since every position draws once, as it would without drafts, a seed gives the same output
         whatever was drafted."""
         draft, r.draft = r.draft, []
+        looked_up = r.lookup.last_len if r.lookup is not None and draft else 0  # the draft's lookup tail
         kv_before = r.kv_len
         r.kv_len += fed - len(draft)  # real tokens now have KV; drafts count only once accepted
         accepted_draft = 0
@@ -177,14 +180,27 @@ class Decoder:
         if finish is not None and finish[0] == REWIND:
             self.rewind(r)
             finish = None
-        self.counters.jump_forward_tokens += accepted_draft
-        self.counters.jump_forward_rejected += rejected
-        r.jump_forward_tokens += accepted_draft
+        forced = len(draft) - looked_up
+        forced_accepted = min(accepted_draft, forced)
+        self.counters.jump_forward_tokens += forced_accepted
+        self.counters.jump_forward_rejected += forced - forced_accepted
+        r.jump_forward_tokens += forced_accepted
+        if looked_up:
+            lookup_accepted = accepted_draft - forced_accepted
+            self.counters.lookup_accepted_tokens += lookup_accepted
+            self.counters.lookup_rejected_tokens += looked_up - lookup_accepted
+            r.lookup_tokens += lookup_accepted
+            if accepted_draft >= forced:  # else its lookup tokens were never tried
+                r.lookup.verified(looked_up, lookup_accepted)
         r.last_token_at = time.monotonic()
         if r.first_token_at is None:
             r.first_token_at = r.last_token_at
             self.counters.ttft_seconds_sum += r.first_token_at - r.arrival
-        return finish if finish is not None else self.plan_jump_forward(r)
+        if finish is None:
+            finish = self.plan_jump_forward(r)
+        if finish is None and r.lookup is not None:
+            self.plan_lookup(r)
+        return finish
 
     def accept_token(self, r: Req, tok: int, record: TokenLogprob | None = None) -> Finish | None:
         """Append one output token, advance the grammar, check finish conditions. Returns
@@ -247,12 +263,33 @@ class Decoder:
         del r.output_ids[keep:]
         del r.token_ids[len(r.prompt_ids) + keep :]
         r.draft = []
+        if r.lookup is not None:
+            r.lookup.index.forget_from(len(r.token_ids))
         self.truncate_kv(r, len(r.token_ids) - 1)
         r.restart_text()
         if r.guard is not None:
             r.guard.restart()
         self.counters.value_rewrites += 1
         self.counters.rewritten_tokens += n
+
+    def plan_lookup(self, r: Req) -> None:
+        """Queue a prompt-lookup draft after the forced one (if any): tokens that followed the
+        last occurrence of the output's latest n-gram (lookup.py), cut before a stop token and to
+        what the grammar accepts, so no row is spent on a token the mask would refuse."""
+        lk: LookupDraft = r.lookup
+        lk.last_len = 0
+        p = r.spec.sampling
+        room = min(self.max_jump_forward_tokens, p.max_new_tokens - len(r.output_ids) - 1) - len(r.draft)
+        draft = lk.propose(r.token_ids, r.draft, room)
+        stop = next((i for i, t in enumerate(draft) if t in self.eos_ids or t in p.stop_token_ids), None)
+        if stop is not None:
+            draft = draft[:stop]
+        if draft and r.matcher is not None:
+            draft = draft[: max(0, r.matcher.valid_prefix(r.draft + draft) - len(r.draft))]
+        if draft:
+            r.draft = r.draft + draft
+            lk.last_len = len(draft)
+            self.counters.lookup_draft_tokens += len(draft)
 
     def plan_jump_forward(self, r: Req) -> Finish | None:
         """Queue the grammar's forced tokens: as a draft (verify) or as output (direct)."""

@@ -40,7 +40,7 @@ from runtime.counters import EngineCounters
 from runtime.decode.decoding import Decoder
 from runtime.decode.sampling import SamplingParams
 from runtime.engine.client_io import Emit, collect_results, stream_events
-from runtime.engine.intake import Limits, new_request, validate
+from runtime.engine.intake import Limits, LookupSettings, new_request, validate
 from runtime.engine.policies import SchedulePolicy
 from runtime.engine.scheduler import RequestCounts, Scheduler
 from runtime.engine.torch_thread import TorchThread
@@ -126,6 +126,7 @@ class Engine:
         self.decoder = Decoder(
             eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions, self.cache.truncate
         )
+        self.lookup_settings = LookupSettings(cfg.speculative, cfg.speculative_tokens, cfg.speculative_row_cost)
         self.info = EngineInfo(
             model_name=self.model_name,
             device=str(self.device),
@@ -206,6 +207,7 @@ class Engine:
             default_jump_forward=self.config.jump_forward,
             loop_breaking=self.config.loop_breaking,
             max_number_digits=self.config.max_number_digits,
+            lookup=self.lookup_settings,
         )
 
     def enqueue(self, spec: GenerateRequest, emit: Emit) -> None:

@@ -14,8 +14,9 @@ import torch
 
 from runtime.api import EngineError, GenerateRequest, StreamEvent
 from runtime.decode.completeness import MAX_DIGITS, CompletionGuard
-from runtime.decode.decoding import JUMP_FORWARD_MODES
+from runtime.decode.decoding import JUMP_FORWARD_MODES, SPECULATIVE_MODES
 from runtime.decode.detokenizer import IncrementalDetokenizer
+from runtime.decode.lookup import LookupDraft
 from runtime.request import Req
 
 
@@ -46,6 +47,8 @@ def validate(spec: GenerateRequest, limits: Limits) -> GenerateRequest:
         )
     if spec.jump_forward is not None and spec.jump_forward not in JUMP_FORWARD_MODES:
         raise EngineError(f"jump_forward: must be one of {', '.join(JUMP_FORWARD_MODES)}", param="jump_forward")
+    if spec.speculative is not None and spec.speculative not in SPECULATIVE_MODES:
+        raise EngineError(f"speculative: must be one of {', '.join(SPECULATIVE_MODES)}", param="speculative")
     if not all(0 <= t < limits.vocab_size for t in spec.prompt_ids):
         raise EngineError("prompt holds token ids outside the vocabulary", param="prompt")
     for param, ids in (("logit_bias", spec.sampling.logit_bias), ("stop_token_ids", spec.sampling.stop_token_ids)):
@@ -75,6 +78,7 @@ def new_request(
     default_jump_forward: str,
     loop_breaking: bool,
     max_number_digits: int = MAX_DIGITS,
+    lookup: LookupSettings | None = None,
 ) -> Req:
     """The engine's state for a validated `spec`: its matcher, strict guard and generator."""
     gen = None
@@ -94,4 +98,19 @@ def new_request(
         guard=guard,
         jump_forward=(spec.jump_forward or default_jump_forward) if spec.constraint is not None else "off",
         generator=gen,
+        lookup=lookup.for_request(spec.speculative) if lookup is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    """The engine's prompt-lookup defaults (engine_config.py's `speculative*` settings)."""
+
+    mode: str
+    max_tokens: int
+    row_cost: float
+
+    def for_request(self, requested: str | None) -> LookupDraft | None:
+        if (requested or self.mode) != "ngram":
+            return None
+        return LookupDraft(self.max_tokens, self.row_cost)

@@ -304,6 +304,14 @@ class LLGuidanceMatcher(StrictMethods):
     def is_completed(self) -> bool:
         return self._terminated or self._matcher.is_accepting()
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """Leading tokens of `token_ids` accepted in a row (llguidance validates without consuming)."""
+        if self._terminated or self._matcher.is_stopped() or not token_ids:
+            return 0
+        cut = next((i for i, t in enumerate(token_ids) if t in self._stop_ids), len(token_ids))
+        kept = self._matcher.validate_tokens(list(token_ids[:cut])) if cut else 0
+        return len(without_repeats(self.values, list(token_ids[:kept])))
+
     def jump_forward_tokens(self, learn: bool = True) -> list[int]:
         """Tokens llguidance forces from here (its canonical tokenization), not accepted."""
         if self._terminated or self._matcher.is_stopped():

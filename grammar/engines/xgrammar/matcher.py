@@ -162,6 +162,20 @@ class XGrammarMatcher(StrictMethods):
             return ""
         return self._matcher.find_jump_forward_string()
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """Leading tokens of `token_ids` accepted in a row (checked by accepting, then rolling
+        back the raw matcher, so the value checks and the splitter's watch never see them)."""
+        if self._matcher.is_terminated():
+            return 0
+        accepted = 0
+        for token_id in token_ids:
+            if token_id in self._special_ids or not self._matcher.accept_token(int(token_id)):
+                break
+            accepted += 1
+        if accepted:
+            self._matcher.rollback(accepted)
+        return len(without_repeats(self.values, list(token_ids[:accepted])))
+
     def jump_forward_tokens(self, learn: bool = True) -> list[int]:
         """Forced tokens, not accepted: the forced text split as the model was seen to write it
         (else the tokenizer's own encoding), cut to the longest prefix the matcher accepts

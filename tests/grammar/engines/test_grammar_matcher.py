@@ -148,3 +148,20 @@ def test_terminated_mask_sets_the_sign_bit_for_a_stop_token_at_bit_31(tokenizer,
         assert allowed(matcher, vocab_size) == {31}
     finally:
         svc.close()
+
+
+def test_valid_prefix_counts_the_tokens_the_grammar_takes_and_leaves_the_state(service, tokenizer, vocab_size):
+    """A prompt-lookup draft is cut where the grammar would refuse it; checking changes nothing."""
+    matcher = service.compile(GrammarSpec.json_schema(NAME_ONLY)).new_matcher()
+    for token in encode(tokenizer, '{"name":"'):
+        assert matcher.accept(token)
+    before = allowed(matcher, vocab_size)
+    good = encode(tokenizer, 'Ada"}')
+    assert matcher.valid_prefix(good) == len(good)
+    assert matcher.valid_prefix(good + encode(tokenizer, " more")) == len(good)  # nothing after the object
+    assert matcher.valid_prefix([tokenizer.eos_token_id]) == 0  # a special token is never drafted
+    assert matcher.valid_prefix([]) == 0
+    assert allowed(matcher, vocab_size) == before
+    for token in good:
+        assert matcher.accept(token)
+    assert matcher.is_completed()

@@ -293,3 +293,17 @@ def test_the_forced_path_is_kept_to_a_bounded_depth(service, tokenizer, monkeypa
         _row(matcher, words)
         assert matcher.accept(token)
     assert {depth for depth, _ in handle.forced_path.rows} == {0}
+
+
+def test_valid_prefix_counts_the_tokens_the_grammar_takes_and_leaves_the_state(handle, tokenizer):
+    """A prompt-lookup draft is cut where the grammar would refuse it; checking changes nothing."""
+    vocab = len(tokenizer)
+    matcher = handle.new_matcher()
+    for token in ids(tokenizer, '{"name":"'):
+        assert matcher.accept(token)
+    before = mask_of(matcher, vocab).clone()
+    word = ids(tokenizer, "abc")
+    assert matcher.valid_prefix(word) == len(word)
+    assert matcher.valid_prefix(word + ids(tokenizer, "DEF")) == len(word)  # ^[a-z]+$
+    assert matcher.valid_prefix([]) == 0
+    assert torch.equal(mask_of(matcher, vocab), before)

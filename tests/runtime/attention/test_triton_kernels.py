@@ -428,6 +428,12 @@ class _ThreeTokens:
     def jump_forward_tokens(self, learn: bool = True) -> list[int]:
         return []
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        n = 0
+        while n < len(token_ids) and token_ids[n] in self.allowed(self.n + n):
+            n += 1
+        return n
+
     withholds_output = False
 
     def output_verdict(self) -> int | None:

@@ -57,6 +57,10 @@ class FlakyMatcher:
         self._tick("jump_forward_tokens")
         return []
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        self._tick("valid_prefix")
+        return len(token_ids)
+
     withholds_output = False
 
     def output_verdict(self) -> int | None:

@@ -1,0 +1,100 @@
+"""Prompt-lookup drafts through the real engine and SmolLM2: outputs identical with them off
+(greedy, sampled with a seed, under a JSON schema, batched), fewer forward passes where the answer
+copies the prompt, and a clear refusal of an unknown mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from grammar import GrammarSpec
+from runtime.api import EngineError, GenerateRequest
+from runtime.decode.sampling import SamplingParams
+from tests.conftest import chat_ids
+
+pytestmark = pytest.mark.e2e
+
+DIRECTORY = (
+    "Staff directory.\n"
+    "Profile 1. Amara Okafor works as Head of Logistics at Tidewater Freight, Lagos; email amara@tidewater.ng.\n"
+    "Profile 2. Lukas Brenner works as Senior Data Engineer at Nordlicht Energie, Hamburg; email lukas@nordlicht.de.\n"
+    "Profile 3. Sofia Marquez works as Chief Sommelier at Bodega Alta Vista, Mendoza; email sofia@altavista.ar.\n"
+)
+RECORD = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "title": {"type": "string"},
+        "company": {"type": "string"},
+        "city": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    "required": ["name", "title", "company", "city", "email"],
+    "additionalProperties": False,
+}
+
+
+def copy_prompt(tokenizer, who: str) -> list[int]:
+    return chat_ids(tokenizer, f"Copy the line of {who} from the directory, word for word.", system=DIRECTORY)
+
+
+def passes_and_output(engine, spec: GenerateRequest):
+    before = engine.stats()
+    result = engine.generate_many([spec], timeout=300)[0]
+    after = engine.stats()
+    return (
+        result,
+        after.forward_passes - before.forward_passes,
+        after.lookup_accepted_tokens - before.lookup_accepted_tokens,
+    )
+
+
+def test_greedy_copying_takes_fewer_passes_and_the_same_tokens(engine_idle_check, tokenizer):
+    ids = copy_prompt(tokenizer, "Lukas Brenner")
+    sampling = SamplingParams(max_new_tokens=48, temperature=0.0)
+    off, off_passes, off_kept = passes_and_output(engine_idle_check, GenerateRequest(ids, sampling, speculative="off"))
+    on, on_passes, on_kept = passes_and_output(engine_idle_check, GenerateRequest(ids, sampling, speculative="ngram"))
+    assert on.token_ids == off.token_ids and on.finish_reason == off.finish_reason
+    assert off_kept == 0
+    assert on_kept > 0
+    assert on_passes < off_passes
+
+
+def test_sampled_output_with_a_seed_does_not_depend_on_drafts(engine_idle_check, tokenizer):
+    ids = copy_prompt(tokenizer, "Sofia Marquez")
+    sampling = SamplingParams(max_new_tokens=40, temperature=0.7, top_p=0.9, seed=11)
+    off = engine_idle_check.generate(ids, sampling, speculative="off")
+    on = engine_idle_check.generate(ids, sampling, speculative="ngram")
+    assert on.token_ids == off.token_ids
+
+
+def test_a_json_schema_answer_is_the_same_with_drafts_batched_or_alone(engine_idle_check, service, tokenizer):
+    handle = service.compile(GrammarSpec.json_schema(RECORD))
+    people = ["Amara Okafor", "Lukas Brenner", "Sofia Marquez"]
+    sampling = SamplingParams(max_new_tokens=96, temperature=0.0)
+
+    def specs(mode):
+        return [
+            GenerateRequest(
+                chat_ids(tokenizer, f"Give the record of {p} as JSON.", system=DIRECTORY),
+                sampling,
+                constraint=handle,
+                strict=True,
+                speculative=mode,
+            )
+            for p in people
+        ]
+
+    before = engine_idle_check.stats()
+    batched_on = engine_idle_check.generate_many(specs("ngram"), timeout=300)
+    kept = engine_idle_check.stats().lookup_accepted_tokens - before.lookup_accepted_tokens
+    alone_off = [engine_idle_check.generate_many([s], timeout=300)[0] for s in specs("off")]
+    for on, off in zip(batched_on, alone_off):
+        assert on.token_ids == off.token_ids
+        assert on.finish_reason == off.finish_reason == "stop"
+    assert kept > 0  # the values copy the directory
+
+
+def test_an_unknown_mode_is_refused(engine_idle_check, tokenizer):
+    with pytest.raises(EngineError) as e:
+        engine_idle_check.generate(chat_ids(tokenizer, "Hi"), SamplingParams(max_new_tokens=4), speculative="eagle")
+    assert e.value.param == "speculative"
