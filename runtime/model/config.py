@@ -31,12 +31,22 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rope
     rotary_dim: int | None = None  # dims of a head that rope turns (Phi-4-mini: 3/4); None: all
     model_type: str = "llama"
+    # Mixture of experts (Qwen3-MoE, Mixtral; runtime/model/moe.py): 0 experts is a dense model
+    num_experts: int = 0
+    experts_per_token: int = 0  # top-k routed experts per token
+    moe_intermediate_size: int = 0  # one expert's MLP width
+    norm_topk_prob: bool = True  # renormalize the top-k router probabilities to sum to 1
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP (intermediate_size) in a MoE model
+    shared_expert_intermediate_size: int = 0  # an always-on expert beside the routed ones (0: none)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if self.rotary_dim is None:
             self.rotary_dim = self.head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     @classmethod
     def from_hf(

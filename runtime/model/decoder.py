@@ -19,6 +19,8 @@ one call (the same kernels in the same order, so the same bits): ~13 calls from 
 computes a row alone, in a fixed order, so batch invariance holds through them. fp32 keeps the plain torch ops: it is
 the bit-for-bit reference. A model with q/k norms (Qwen3) runs the fused ops layer by layer, the
 norms between the qkv matmul and rope in torch: the one-call layer loop has no step for them.
+A MoE layer (Qwen3-MoE, Mixtral) runs routed experts (runtime/model/moe.py) in place of gate_up and
+down; the loop has no routing step either, so a MoE model runs the fused ops layer by layer too.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from runtime.kvcache.pool import KVPool
 from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.families.registry import family_for_model_type
 from runtime.model.linear import DenseLinear, make_int8_group_linear, make_q4_linear, make_q8_linear
+from runtime.model.moe import MoEMLP
 from runtime.model.quant_codes import Int4Codes, Int8Codes
 from runtime.model.rope import RotaryEmbedding
 from runtime.model.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
@@ -72,7 +75,13 @@ def make_linear(
 
 class DecoderLayer:
     def __init__(
-        self, w: dict[str, torch.Tensor], cfg: ModelConfig, fmt: str, dtype: torch.dtype, int4: dict[str, Int4Codes]
+        self,
+        w: dict[str, torch.Tensor],
+        cfg: ModelConfig,
+        fmt: str,
+        dtype: torch.dtype,
+        int4: dict[str, Int4Codes],
+        index: int = 0,
     ):
         def linear(names: list[str], bias: bool = False):
             b = torch.cat([w[n.replace(".weight", ".bias")] for n in names]) if bias else None
@@ -84,10 +93,31 @@ class DecoderLayer:
             ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], cfg.attention_bias
         )
         self.o_proj = linear(["self_attn.o_proj.weight"])
-        self.gate_up = linear(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
-        self.down = linear(["mlp.down_proj.weight"])
+        self.moe = _moe_mlp(w, cfg, linear) if cfg.is_moe_layer(index) else None  # routed experts instead
+        self.gate_up = None if self.moe else linear(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
+        self.down = None if self.moe else linear(["mlp.down_proj.weight"])
         self.q_norm = w["self_attn.q_norm.weight"] if cfg.qk_norm else None  # over each head's dims
         self.k_norm = w["self_attn.k_norm.weight"] if cfg.qk_norm else None
+
+
+def _moe_mlp(w: dict[str, torch.Tensor], cfg: ModelConfig, linear) -> MoEMLP:
+    """A MoE layer's experts (`mlp.experts.{e}.*`, `mlp.gate` the router), each in the model's format."""
+
+    def pair(prefix: str) -> tuple:
+        return linear([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"]), linear(
+            [f"{prefix}.down_proj.weight"]
+        )
+
+    experts = [pair(f"mlp.experts.{e}") for e in range(cfg.num_experts)]
+    shared = pair("mlp.shared_expert") if cfg.shared_expert_intermediate_size else None
+    return MoEMLP(
+        w["mlp.gate.weight"],
+        experts,
+        cfg.experts_per_token,
+        cfg.norm_topk_prob,
+        shared,
+        w.get("mlp.shared_expert_gate.weight") if shared else None,
+    )
 
 
 # The logits layer's format per linear format. int4 would cost the logits too much accuracy. Under
@@ -140,7 +170,7 @@ class DecoderModel:
                 own_int4 = {
                     k[len(prefix) :]: v for k, v in codes.items() if k.startswith(prefix) and isinstance(v, Int4Codes)
                 }
-                self.layers.append(DecoderLayer(own, cfg, self.weights, dtype, own_int4))
+                self.layers.append(DecoderLayer(own, cfg, self.weights, dtype, own_int4, i))
         except KeyError as e:
             raise ModelLoadError(f"weights: missing tensor {e}") from e
         self.rope = RotaryEmbedding(cfg, cfg.max_position_embeddings, device, dtype)
@@ -158,6 +188,12 @@ class DecoderModel:
         # made once: each pass would otherwise convert every layer's tensors from a Python list
         loop = self.layer_loop_spec()
         self._loop = None if loop is None else torch.classes.jumpgate_cpu.DecoderWeights(*loop)
+
+    @property
+    def graph_capturable(self) -> bool:
+        """Whether a decode pass can be captured as a CUDA graph: MoE routing picks its experts on
+        the host (data-dependent control flow), so a MoE model runs eagerly."""
+        return all(layer.moe is None for layer in self.layers)
 
     @property
     def layer_loop(self) -> object | None:
@@ -178,6 +214,8 @@ class DecoderModel:
         fused layers in one call; None where some linear layer only runs from Python (or takes
         another activation dtype)."""
         if self.fused_ops is None or self.cfg.qk_norm:  # the C++ loop has no q/k norm step
+            return None
+        if any(layer.moe is not None for layer in self.layers):  # nor a routing step (MoEMLP.loop_spec)
             return None
         kinds, params = [], []
         after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
@@ -248,6 +286,9 @@ class DecoderModel:
         o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
         h += layer.o_proj(o)  # in place: no new residual tensor per layer
         x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
+        if layer.moe is not None:
+            h += layer.moe(x)  # float32 sums of the experts' rows
+            return
         gate, up = layer.gate_up(x).chunk(2, dim=-1)
         h += layer.down(F.silu(gate) * up)
 
@@ -262,6 +303,9 @@ class DecoderModel:
         o = attn.forward_as(q, kv.k[li], kv.v[li], self._act).reshape(t, self.q_size)  # o_proj's input dtype
         # a bf16 delta into the float32 stream is an exact widening
         x = self._add_norm(h, layer.o_proj.native(o), layer.post_norm, cfg.rms_norm_eps)
+        if layer.moe is not None:
+            h += layer.moe(x)
+            return self._norm(h, next_norm, cfg.rms_norm_eps)
         return self._add_norm(
             h, layer.down.native(self._silu_mul(layer.gate_up.native(x))), next_norm, cfg.rms_norm_eps
         )

@@ -155,7 +155,8 @@ def _gguf_family(gguf_path: Path, reader):
     """The model family of a GGUF file's `general.architecture`, or a ModelLoadError naming the supported ones."""
     f = reader.fields.get("general.architecture")
     arch = None if f is None else f.contents()
-    family = family_for_gguf_arch(arch)
+    experts = reader.fields.get(f"{arch}.expert_count")
+    family = family_for_gguf_arch(arch, experts=experts is not None and int(experts.contents()) > 0)
     if family is None:
         raise ModelLoadError(
             f"{gguf_path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(supported_gguf_archs())})"
@@ -269,12 +270,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 def read_gguf_codes(gguf_path: Path) -> dict:
     """The GGUF's own quantized codes by Hugging Face name: Q4_1 tensors as `Int4Codes` (Q/K rows
     unpermuted like the dequantized copy where the family's are permuted), Q8_0 tensors as `Int8Codes`; other types are not in the
-    result."""
+    result. A stacked experts tensor gives each expert's codes (`mlp.experts.{e}.gate_proj.weight`, ...)."""
     import numpy as np
-    import torch
     from gguf import GGMLQuantizationType, GGUFReader
-
-    from runtime.model.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
 
     reader = GGUFReader(str(gguf_path))
     arch, family = _gguf_family(gguf_path, reader)
@@ -288,7 +286,15 @@ def read_gguf_codes(gguf_path: Path) -> dict:
         name = _hf_name(t.name, names)
         if name is None or t.tensor_type not in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
             continue
-        rows = int(t.shape[1])  # GGUF lists dims innermost first: (K, N)
+        q8 = t.tensor_type == GGMLQuantizationType.Q8_0
+        rows = int(t.shape[1])  # GGUF lists dims innermost first: (K, N), stacked experts (K, N, E)
+        experts = int(t.shape[2]) if len(t.shape) == 3 else 1
+        blocks = np.asarray(t.data, dtype=np.uint8).reshape(experts, rows, -1)  # [E, N, bytes of a row]
+        if len(t.shape) == 3:  # each expert's codes under its own name (runtime/model/moe.py's split)
+            base, proj, _ = name.rsplit(".", 2)
+            for e, part in enumerate(blocks):
+                out[f"{base}.{e}.{proj}.weight"] = _block_codes(part, q8)
+            continue
         heads = (
             None
             if not family.gguf_permuted_qk
@@ -298,33 +304,44 @@ def read_gguf_codes(gguf_path: Path) -> dict:
             if name.endswith("k_proj.weight")
             else None
         )
-        if t.tensor_type == GGMLQuantizationType.Q8_0:
-            blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 2 + INT4_GROUP)
-            d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-            codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-            if heads is not None:
-                codes, d = (_unpermute_rope(a, heads) for a in (codes, d))
-            # float32 in numpy: a torch conversion of the 49k-row embedding's scales would run on
-            # this (the caller's) thread's OpenMP team, a second team beside the engine thread's
-            out[name] = Int8Codes(
-                torch.from_numpy(np.ascontiguousarray(codes)),
-                torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)),
-            )
-            continue
-        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 4 + INT4_GROUP // 2)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-        qs = blocks[..., 4:]
-        # Low nibbles hold a block's first 16 values, high nibbles its last 16.
-        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
-        if heads is not None:
-            codes, d, m = (_unpermute_rope(a, heads) for a in (codes, d, m))
-        out[name] = Int4Codes.from_q4_1(
-            torch.from_numpy(np.ascontiguousarray(d)),
-            torch.from_numpy(np.ascontiguousarray(m)),
-            torch.from_numpy(np.ascontiguousarray(codes)),
-        )
+        out[name] = _block_codes(blocks[0], q8, heads)
     return out
+
+
+def _block_codes(blocks, q8: bool, heads: int | None = None):
+    """One matrix's Q8_0 (`q8`) or Q4_1 blocks, uint8 [rows, bytes], as `Int8Codes` / `Int4Codes`,
+    its rows unpermuted for rope where `heads` is given."""
+    import numpy as np
+    import torch
+
+    from runtime.model.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
+
+    rows = blocks.shape[0]
+    if q8:
+        blocks = blocks.reshape(rows, -1, 2 + INT4_GROUP)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+        codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+        if heads is not None:
+            codes, d = (_unpermute_rope(a, heads) for a in (codes, d))
+        # float32 in numpy: a torch conversion of the 49k-row embedding's scales would run on
+        # this (the caller's) thread's OpenMP team, a second team beside the engine thread's
+        return Int8Codes(
+            torch.from_numpy(np.ascontiguousarray(codes)),
+            torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)),
+        )
+    blocks = blocks.reshape(rows, -1, 4 + INT4_GROUP // 2)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    qs = blocks[..., 4:]
+    # Low nibbles hold a block's first 16 values, high nibbles its last 16.
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
+    if heads is not None:
+        codes, d, m = (_unpermute_rope(a, heads) for a in (codes, d, m))
+    return Int4Codes.from_q4_1(
+        torch.from_numpy(np.ascontiguousarray(d)),
+        torch.from_numpy(np.ascontiguousarray(m)),
+        torch.from_numpy(np.ascontiguousarray(codes)),
+    )
 
 
 def load_tokenizer(model_dir: Path):

@@ -123,7 +123,7 @@ class ModelRunner:
         # shared-prefix groups are built only for a backend that reads them
         self.cascade = cfg.cascade_attention and self.attn.supports_prefix_groups
         self.cuda_graphs = None  # decode passes replayed from CUDA graphs (CUDA + triton only)
-        if cfg.cuda_graphs and device.type == "cuda" and self.attn.name == "triton":
+        if cfg.cuda_graphs and device.type == "cuda" and self.attn.name == "triton" and self.model.graph_capturable:
             from runtime.model.cuda_graphs import DecodeCudaGraphs
 
             self.cuda_graphs = DecodeCudaGraphs(

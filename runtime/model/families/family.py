@@ -34,6 +34,16 @@ GGUF_NAMES = {
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
 }
 
+# A MoE family's router and experts: llama.cpp stacks each layer's experts into one 3-D tensor
+# (`ffn_*_exps`, [experts, rows, cols]), which the family's `weights` splits per expert
+# (runtime/model/moe.py split_stacked_experts).
+MOE_GGUF_NAMES = {
+    "blk.{i}.ffn_gate_inp.weight": "model.layers.{i}.mlp.gate.weight",
+    "blk.{i}.ffn_gate_exps.weight": "model.layers.{i}.mlp.experts.gate_proj.weight",
+    "blk.{i}.ffn_up_exps.weight": "model.layers.{i}.mlp.experts.up_proj.weight",
+    "blk.{i}.ffn_down_exps.weight": "model.layers.{i}.mlp.experts.down_proj.weight",
+}
+
 Weights = dict[str, torch.Tensor]
 GGUFField = Callable[[str, Any], Any]  # (key without the "{arch}." prefix, default) -> value
 GGUFTensor = Callable[[str], "list[float] | None"]  # a small tensor's values by GGUF name (None: absent)
@@ -54,6 +64,8 @@ class Family:
     hf_architecture: str  # config.json `architectures[0]` written for a converted GGUF
     gguf_arch: str | None = None  # GGUF `general.architecture`; None: not read from GGUF
     gguf_permuted_qk: bool = False  # llama.cpp permutes Q/K rows for rope (llama only, not qwen2/qwen3)
+    # reads the GGUFs of `gguf_arch` with experts (`{arch}.expert_count` > 0: Mixtral is arch llama)
+    gguf_experts: bool = False
     gguf_names: dict[str, str] = field(default_factory=dict)  # added to / overriding GGUF_NAMES
     # config.json dict -> ModelConfig fields that differ from the common reading
     config: Callable[[dict[str, Any]], dict[str, Any]] = _no_fields

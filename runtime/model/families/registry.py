@@ -7,18 +7,24 @@ from typing import Any
 from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.families.family import Family
 from runtime.model.families.llama import LLAMA, QWEN2
+from runtime.model.families.mixtral import MIXTRAL
 from runtime.model.families.phi3 import PHI3
 from runtime.model.families.qwen3 import QWEN3
+from runtime.model.families.qwen3_moe import QWEN3_MOE
 
-FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3, PHI3)
+FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3, PHI3, QWEN3_MOE, MIXTRAL)
 
 
 def family_for_model_type(model_type: str) -> Family | None:
     return next((f for f in FAMILIES if model_type in f.model_types), None)
 
 
-def family_for_gguf_arch(arch: str) -> Family | None:
-    return next((f for f in FAMILIES if f.gguf_arch is not None and f.gguf_arch == arch), None)
+def family_for_gguf_arch(arch: str, experts: bool = False) -> Family | None:
+    """The family of a GGUF architecture; `experts`: the file has routed experts (llama with
+    experts is Mixtral)."""
+    return next(
+        (f for f in FAMILIES if f.gguf_arch is not None and (f.gguf_arch, f.gguf_experts) == (arch, experts)), None
+    )
 
 
 def supported_model_types() -> tuple[str, ...]:
@@ -26,7 +32,7 @@ def supported_model_types() -> tuple[str, ...]:
 
 
 def supported_gguf_archs() -> tuple[str, ...]:
-    return tuple(f.gguf_arch for f in FAMILIES if f.gguf_arch is not None)
+    return tuple(dict.fromkeys(f.gguf_arch for f in FAMILIES if f.gguf_arch is not None))
 
 
 def model_config(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:

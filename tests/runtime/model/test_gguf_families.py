@@ -191,6 +191,7 @@ def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cac
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(
-        ModelLoadError, match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3\)"
+        ModelLoadError,
+        match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen3moe\)",
     ):
         resolve_model_dir(path)

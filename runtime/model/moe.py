@@ -1,0 +1,113 @@
+"""A mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router picks each token's top-k experts.
+
+Routing is transformers': softmax of the router logits in float32, the top k, renormalized to sum
+to 1 where the config says (`norm_topk_prob`; Mixtral always). The experts of a pass run grouped:
+the (token, expert) pairs are sorted by expert (stable, so a token's contributions are added in
+expert order whatever else is in the batch), each active expert runs one matmul over its rows, and
+the weighted rows are added back per token. Each expert's gate_up and down are linear layers in the
+model's weight format (runtime/model/linear.py), so q4/q8 experts run the same kernels as dense
+layers; the C++ one-call layer loop (runtime/cpu_kernels/decoder_layers.cpp) has no routing step,
+so a MoE model runs the per-layer Python loop (`loop_spec()` is None).
+A shared expert (Qwen2-MoE's, where a config has one) runs on every token, scaled by a sigmoid gate.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+
+# checkpoint names of stacked experts ([experts, rows, cols]: transformers >= 5's fused form, or a
+# GGUF's `ffn_*_exps` as runtime/model/loader.py names them) -> per-expert names
+STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def split_stacked_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`mlp.experts.{gate_up,gate,up,down}_proj.weight` stacked over experts -> one tensor per expert
+    (`mlp.experts.{e}.gate_proj.weight`, ...). transformers' fused `gate_up_proj` is [E, 2I, H]
+    (gate rows first) and its `down_proj` [E, H, I], already `y = x @ W.T` per expert."""
+    out = {}
+    for name, w in weights.items():
+        m = STACKED.match(name)
+        if m is None or w.dim() != 3:
+            out[name] = w
+            continue
+        base, kind = m.groups()
+        for e, we in enumerate(w.unbind(0)):
+            if kind == "gate_up_proj":
+                out[f"{base}.{e}.gate_proj.weight"], out[f"{base}.{e}.up_proj.weight"] = we.chunk(2)
+            else:
+                out[f"{base}.{e}.{kind}.weight"] = we
+    return out
+
+
+class MoEMLP:
+    """Routed experts (plus an optional shared expert) in place of a dense MLP. `experts`: one
+    (gate_up, down) pair of linear layers per expert; `router`: [experts, hidden] float32."""
+
+    def __init__(
+        self,
+        router: torch.Tensor,
+        experts: list[tuple],
+        top_k: int,
+        norm_topk_prob: bool,
+        shared: tuple | None = None,
+        shared_gate: torch.Tensor | None = None,
+    ):
+        if not 0 < top_k <= len(experts) or router.shape[0] != len(experts):
+            raise ValueError(f"moe: top {top_k} of {len(experts)} experts, router rows {router.shape[0]}")
+        self.router = router.float().contiguous()
+        self.experts = experts
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.shared = shared
+        self.shared_gate = None if shared_gate is None else shared_gate.float().contiguous()
+
+    @staticmethod
+    def loop_spec():
+        """None: routing has no step in the one-call C++ layer loop; the decoder runs its Python loop."""
+        return None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] float32, expert ids [T, k]) of each token's top-k experts."""
+        probs = F.linear(x.float(), self.router).softmax(dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP's output for rows `x` [T, hidden] (any activation dtype), in float32."""
+        t, hidden = x.shape
+        weights, ids = self.route(x)
+        flat = ids.flatten()
+        order = flat.argsort(stable=True)  # (token, expert) pairs grouped by expert
+        token = order // self.top_k
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        xs = x[token]
+        ys = torch.empty(len(order), hidden, dtype=torch.float32, device=x.device)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                ys[start : start + n] = _mlp(self.experts[e], xs[start : start + n])
+                start += n
+        ys *= weights.flatten()[order].unsqueeze(1)
+        out = torch.zeros(t, hidden, dtype=torch.float32, device=x.device).index_add_(0, token, ys)
+        if self.shared is not None:
+            shared = _mlp(self.shared, x)
+            if self.shared_gate is not None:
+                shared = shared * torch.sigmoid(F.linear(x.float(), self.shared_gate))
+            out += shared
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        layers = [lin for pair in [*self.experts, *([self.shared] if self.shared else [])] for lin in pair]
+        return self.router.nbytes + sum(lin.nbytes for lin in layers)
+
+
+def _mlp(pair: tuple, x: torch.Tensor) -> torch.Tensor:
+    gate_up, down = pair
+    gate, up = gate_up(x).chunk(2, dim=-1)
+    return down(F.silu(gate) * up).float()
