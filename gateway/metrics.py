@@ -98,6 +98,8 @@ ENGINE_COUNTERS = (
         "jumpgate_jump_forward_rejected_tokens",
         "Jump-forward draft tokens rolled back by verification.",
     ),
+    ("lookup_draft_tokens", "jumpgate_lookup_draft_tokens", "Prompt-lookup draft tokens queued for verification."),
+    ("lookup_accepted_tokens", "jumpgate_lookup_accepted_tokens", "Prompt-lookup draft tokens verification kept."),
     ("retractions", "jumpgate_retractions", "Running requests sent back to the queue for lack of KV slots."),
     (
         "closed_at_budget",
