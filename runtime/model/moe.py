@@ -18,6 +18,8 @@ import re
 import torch
 import torch.nn.functional as F
 
+from runtime.model.config import ModelLoadError
+
 # checkpoint names of stacked experts ([experts, rows, cols]: transformers >= 5's fused form, or a
 # GGUF's `ffn_*_exps` as runtime/model/loader.py names them) -> per-expert names
 STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|gate_proj|up_proj|down_proj)\.weight$")
@@ -40,6 +42,16 @@ def split_stacked_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.T
             else:
                 out[f"{base}.{e}.{kind}.weight"] = we
     return out
+
+
+def check_experts(fields: dict) -> dict:
+    """A MoE family's config fields, refused in one line where they name no experts to route to."""
+    experts, top_k = fields["num_experts"], fields["experts_per_token"]
+    if not 0 < top_k <= experts:
+        raise ModelLoadError(
+            f"config.json: {top_k} experts per token of {experts}: a MoE model needs 0 < top-k <= experts"
+        )
+    return fields
 
 
 class MoEMLP:

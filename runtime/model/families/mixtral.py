@@ -11,19 +11,21 @@ from __future__ import annotations
 import re
 
 from runtime.model.families.family import MOE_GGUF_NAMES, Family, GGUFField, GGUFTensor, Weights
-from runtime.model.moe import split_stacked_experts
+from runtime.model.moe import check_experts, split_stacked_experts
 
 _EXPERT = re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
 _PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 def _config(hf: dict) -> dict:
-    return {
-        "num_experts": int(hf["num_local_experts"]),
-        "experts_per_token": int(hf["num_experts_per_tok"]),
-        "moe_intermediate_size": int(hf["intermediate_size"]),
-        "norm_topk_prob": True,
-    }
+    return check_experts(
+        {
+            "num_experts": int(hf["num_local_experts"]),
+            "experts_per_token": int(hf["num_experts_per_tok"]),
+            "moe_intermediate_size": int(hf["intermediate_size"]),
+            "norm_topk_prob": True,
+        }
+    )
 
 
 def _gguf_config(field: GGUFField, _tensor: GGUFTensor) -> dict:

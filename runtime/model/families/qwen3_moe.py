@@ -8,14 +8,14 @@ renormalizes for this arch, so a GGUF reads as `norm_topk_prob: true`."""
 from __future__ import annotations
 
 from runtime.model.families.family import MOE_GGUF_NAMES, Family, GGUFField, GGUFTensor, Weights
-from runtime.model.moe import split_stacked_experts
+from runtime.model.moe import check_experts, split_stacked_experts
 
 
 def _config(hf: dict) -> dict:
     layers = int(hf["num_hidden_layers"])
     step = int(hf.get("decoder_sparse_step") or 1)
     mlp_only = {int(i) for i in hf.get("mlp_only_layers") or []}
-    return {
+    out = {
         "qk_norm": True,
         "attention_bias": bool(hf.get("attention_bias", False)),
         # transformers >= 5 writes `num_local_experts` for it
@@ -25,6 +25,7 @@ def _config(hf: dict) -> dict:
         "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
         "dense_layers": tuple(i for i in range(layers) if i in mlp_only or (i + 1) % step),
     }
+    return check_experts(out)
 
 
 def _gguf_config(field: GGUFField, _tensor: GGUFTensor) -> dict:
@@ -46,6 +47,7 @@ QWEN3_MOE = Family(
     model_types=("qwen3_moe",),
     hf_architecture="Qwen3MoeForCausalLM",
     gguf_arch="qwen3moe",
+    gguf_experts=True,
     gguf_names={
         "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
         "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",

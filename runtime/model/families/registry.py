@@ -20,11 +20,10 @@ def family_for_model_type(model_type: str) -> Family | None:
 
 
 def family_for_gguf_arch(arch: str, experts: bool = False) -> Family | None:
-    """The family of a GGUF architecture; `experts`: the file has routed experts (llama with
-    experts is Mixtral)."""
-    return next(
-        (f for f in FAMILIES if f.gguf_arch is not None and (f.gguf_arch, f.gguf_experts) == (arch, experts)), None
-    )
+    """The family of a GGUF architecture; `experts`: the file has routed experts (`{arch}.expert_count`
+    > 0), which picks the arch's MoE family where it has one (llama with experts is Mixtral)."""
+    of_arch = [f for f in FAMILIES if f.gguf_arch is not None and f.gguf_arch == arch]
+    return next((f for f in of_arch if f.gguf_experts == experts), of_arch[0] if of_arch else None)
 
 
 def supported_model_types() -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from runtime.model.decoder import DecoderModel, load_weights
 from runtime.model.loader import read_config, resolve_model_dir
 from tests.runtime.model.test_model_families import PROMPT, longrope, run_ours
 from tests.runtime.model.test_model_families import save_tiny as save_tiny_model
+from tests.runtime.model.test_moe_families import mixtral, qwen3_moe
 
 CPU = torch.device("cpu")
 VOCAB = 512  # the tiny models' vocabulary: SmolLM2's first 512 tokens
@@ -69,9 +70,29 @@ def _small_vocab(tokenizer_dir: Path, size: int) -> tuple[list[str], list[int], 
     return tokens, [3 if i < FIRST_PLAIN_TOKEN else 1 for i in range(len(tokens))], merges
 
 
-def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path) -> Path:
-    """`hf_dir` as a float32 GGUF of architecture `arch_name`, as convert_hf_to_gguf writes one."""
+def _stack_experts(weights: dict) -> dict:
+    """Each layer's experts stacked into one [experts, rows, cols] tensor per projection, named as
+    convert_hf_to_gguf names them before the map (`mlp.experts.gate_proj.weight`, Mixtral's
+    `block_sparse_moe.experts.w1.weight`)."""
+    import re
+
+    out, stacks = {}, {}
+    for name, w in weights.items():
+        m = re.match(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$", name)
+        if m is None:
+            out[name] = w
+        else:
+            stacks.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = w
+    for name, parts in stacks.items():
+        out[name] = torch.stack([parts[e] for e in range(len(parts))])
+    return out
+
+
+def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path, experts_type=None) -> Path:
+    """`hf_dir` as a float32 GGUF of architecture `arch_name`, as convert_hf_to_gguf writes one;
+    `experts_type` (a GGMLQuantizationType): the stacked experts in those blocks."""
     import gguf
+    from gguf.quants import quantize
     from safetensors.torch import load_file
 
     cfg = read_config(hf_dir)
@@ -97,6 +118,11 @@ def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path) -> 
     writer.add_token_merges(merges)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if cfg.num_experts:  # convert_hf_to_gguf TextModel / Qwen2MoeModel.set_gguf_parameters
+        writer.add_expert_count(cfg.num_experts)
+        writer.add_expert_used_count(cfg.experts_per_token)
+        if arch_name != "llama":  # Mixtral's experts are feed_forward_length wide
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg))
     if arch_name == "phi3":  # convert_hf_to_gguf Phi3MiniModel.set_gguf_parameters / generate_extra_tensors
@@ -110,12 +136,15 @@ def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path) -> 
         writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
         writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
-    for name, w in load_file(str(hf_dir / "model.safetensors")).items():
+    for name, w in _stack_experts(load_file(str(hf_dir / "model.safetensors"))).items():
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert target is not None, name
         w = w.float().numpy()
         if arch_name == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = _llama_permute(w, cfg.num_heads if "q_proj" in name else cfg.num_kv_heads)
+        if experts_type is not None and w.ndim == 3:
+            writer.add_tensor(target, quantize(np.ascontiguousarray(w), experts_type), raw_dtype=experts_type)
+            continue
         writer.add_tensor(target, np.ascontiguousarray(w))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -153,23 +182,26 @@ def _build(kind: str, out: Path, tokenizer_dir: Path) -> Path:
             original_max_position_embeddings=16,
             rope_scaling=longrope(6, 2),
         )
+    if kind == "qwen3_moe":
+        return qwen3_moe(out, tokenizer_dir, vocab_size=VOCAB)
+    if kind == "mixtral":
+        return mixtral(out, tokenizer_dir, vocab_size=VOCAB)
     return save_tiny(out, tokenizer_dir, tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=32)
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama3", "phi3"])
+GGUF_ARCH = {"llama3": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe"}  # llama.cpp's arch of each kind
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama3", "phi3", "qwen3_moe", "mixtral"])
 def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
     folder = _build(kind, tmp_path / "hf", smollm_dir)
-    gguf_path = write_gguf(folder, tmp_path / f"tiny-{kind}.gguf", "llama" if kind == "llama3" else kind, smollm_dir)
+    gguf_path = write_gguf(folder, tmp_path / f"tiny-{kind}.gguf", GGUF_ARCH.get(kind, kind), smollm_dir)
     converted = resolve_model_dir(gguf_path)
     assert converted.is_relative_to(cache_dir)
     cfg, want = read_config(converted), read_config(folder)
-    assert (cfg.model_type, cfg.qk_norm, cfg.attention_bias, cfg.head_dim, cfg.rotary_dim) == (
-        want.model_type,
-        want.qk_norm,
-        want.attention_bias,
-        want.head_dim,
-        want.rotary_dim,
-    )
+    fields = ("model_type", "qk_norm", "attention_bias", "head_dim", "rotary_dim")
+    moe = ("num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob", "dense_layers")
+    assert [getattr(cfg, f) for f in fields + moe] == [getattr(want, f) for f in fields + moe]
     ours = run_ours(DecoderModel(cfg, load_weights(converted), CPU, torch.float32), cfg, IDS, len(IDS) - 4)
     ref = run_ours(DecoderModel(want, load_weights(folder), CPU, torch.float32), want, IDS, len(IDS) - 4)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
@@ -195,3 +227,41 @@ def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cac
         match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen3moe\)",
     ):
         resolve_model_dir(path)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_q4_1_experts_run_from_the_ggufs_own_blocks(kind, tmp_path, cache_dir, smollm_dir, cpu_ops):
+    """Stacked experts stored as Q4_1 (the rest float32): each expert's codes are read as they are
+    (their dequantization is the converted folder's weights), `auto` picks q4 for them, and its
+    greedy tokens agree with the float32 reference's."""
+    from gguf import GGMLQuantizationType
+
+    from runtime.model.decoder import load_model
+    from runtime.model.families.registry import family_for_model_type
+    from runtime.model.loader import read_gguf_codes, source_gguf
+    from runtime.model.quant_codes import Int4Codes
+    from tests.runtime.model.test_moe_families import MIN_AGREEMENT
+
+    folder = _build(kind, tmp_path / "hf", smollm_dir)
+    gguf_path = write_gguf(
+        folder, tmp_path / f"tiny-{kind}-q4_1.gguf", GGUF_ARCH[kind], smollm_dir, GGMLQuantizationType.Q4_1
+    )
+    converted = resolve_model_dir(gguf_path)
+    cfg = read_config(converted)
+    codes = read_gguf_codes(source_gguf(converted))
+    assert len(codes) == 3 * cfg.num_experts * cfg.num_layers
+    weights = load_weights(converted)
+    per_expert = family_for_model_type(cfg.model_type).weights(weights, cfg)  # the stacked experts split
+    for name in ("model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.1.mlp.experts.7.down_proj.weight"):
+        assert isinstance(codes[name], Int4Codes)
+    for name, c in codes.items():
+        assert torch.equal(c.dequantize(), per_expert[name]), name
+    ref = DecoderModel(cfg, weights, CPU, torch.float32)
+    model = load_model(converted, cfg, "auto", CPU, torch.float32, invariant_attention=True)
+    assert model.weights == "q4", model.weights_reason
+    ids = IDS + list(range(60, 100))
+    exact = run_ours(ref, cfg, ids, len(IDS))
+    ours = run_ours(model, cfg, ids, len(IDS))
+    agree = float((ours.argmax(-1) == exact.argmax(-1)).float().mean())
+    print(f"{kind} Q4_1 experts, q4: greedy agreement with fp32 {agree:.4f} over {len(ids)} positions")
+    assert agree >= MIN_AGREEMENT
