@@ -225,6 +225,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0..20, needs logprobs: true
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables of the chat template
+    # reasoning models (docs/reasoning.md): none | minimal | low | medium | high, and Jumpgate's
+    # budget of the think block in tokens (what Anthropic's `thinking.budget_tokens` maps to)
+    reasoning_effort: str | None = None
+    thinking_budget: NonNegInt | None = None
 
 
 # msgspec allows one array-like type per union, so the four OpenAI prompt shapes (str, [str],
@@ -253,19 +257,30 @@ class PromptTokensDetails(Struct):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(Struct):
+    reasoning_tokens: int = 0  # tokens of the think block, its markers included
+
+
 class Usage(Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails | UnsetType = UNSET  # a reasoning model's answers
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+def make_usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int | None = None
+) -> Usage:
+    """`reasoning_tokens` None: the request had no think block (no completion_tokens_details)."""
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        completion_tokens_details=UNSET
+        if reasoning_tokens is None
+        else CompletionTokensDetails(reasoning_tokens=reasoning_tokens),
     )
 
 
@@ -323,6 +338,7 @@ class ChatMessage(Struct):
     content: str | None
     role: Literal["assistant"] = "assistant"
     tool_calls: list[ToolCall] | UnsetType = UNSET
+    reasoning_content: str | None | UnsetType = UNSET  # a reasoning model's think block (vLLM's field)
 
 
 class ChatChoice(Struct):
@@ -358,6 +374,7 @@ class ToolCallDelta(Struct):
 class ChoiceDelta(Struct):
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
     tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 

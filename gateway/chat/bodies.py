@@ -32,9 +32,18 @@ def finish_reason(engine_reason: str | None, has_tool_calls: bool = False) -> st
 
 
 def usage_of(outcomes: list[Outcome]) -> Usage:
-    """OpenAI counts the prompt once for n choices; completions add up."""
+    """OpenAI counts the prompt once for n choices; completions (and their reasoning) add up."""
     first = outcomes[0]
-    return make_usage(first.prompt_tokens, sum(o.completion_tokens for o in outcomes), first.cached_tokens)
+    reasoning = sum(o.reasoning_tokens for o in outcomes) if first.reasoning is not None else None
+    return make_usage(first.prompt_tokens, sum(o.completion_tokens for o in outcomes), first.cached_tokens, reasoning)
+
+
+def reasoning_field(outcome: Outcome):
+    """`reasoning_content` of a choice: the think block's text (null where the model wrote none;
+    left out where the request could have none)."""
+    if outcome.reasoning is None:
+        return UNSET
+    return outcome.reasoning or None
 
 
 def chat_choice(
@@ -55,7 +64,7 @@ def chat_choice(
             if not calls:
                 return ChatChoice(
                     index=index,
-                    message=ChatMessage(content=content),
+                    message=ChatMessage(content=content, reasoning_content=reasoning_field(outcome)),
                     finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
                     jumpgate=_calls_validity(check, outcome, answers) or UNSET,
                 )
@@ -63,14 +72,16 @@ def chat_choice(
             tool_calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
             return ChatChoice(
                 index=index,
-                message=ChatMessage(content=content or None, tool_calls=tool_calls),
+                message=ChatMessage(
+                    content=content or None, tool_calls=tool_calls, reasoning_content=reasoning_field(outcome)
+                ),
                 logprobs=chat_logprobs(outcome.logprobs, outcome.token_texts),
                 finish_reason="tool_calls" if outcome.finish_reason != "length" else "length",  # type: ignore[arg-type]
                 jumpgate=_calls_validity(check, outcome, calls) or UNSET,
             )
     return ChatChoice(
         index=index,
-        message=ChatMessage(content=outcome.text),
+        message=ChatMessage(content=outcome.text, reasoning_content=reasoning_field(outcome)),
         logprobs=chat_logprobs(outcome.logprobs, outcome.token_texts),
         finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
         jumpgate=choice_validity(check, outcome, False) or UNSET,

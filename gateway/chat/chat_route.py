@@ -54,4 +54,5 @@ class ChatController(Controller):
                 prepared, streams, include_usage, on_close, s.settings.retry_after_s, answer_tool
             ),
             respond=lambda outcomes: chat_completion(prepared, outcomes, answer_tool),
+            reasoning=lambda: prepared.reasoning,
         )

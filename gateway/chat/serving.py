@@ -38,9 +38,12 @@ async def serve_generation(
     stream: bool,
     events: Events,
     respond: Callable[[list[Outcome]], Any],
+    reasoning: Callable[[], Any] | None = None,
 ) -> Response[Any]:
     """`prepare()` validates and returns the engine requests (raising an APIError for a bad
-    request); `events(streams, on_close)` makes the SSE body; `respond(outcomes)` the whole one."""
+    request); `events(streams, on_close)` makes the SSE body; `respond(outcomes)` the whole one;
+    `reasoning()`, once prepared: the request's think block (gateway.pipeline.reasoning's
+    ReasoningPlan, or None), whose text the streams split from the answer."""
     s = services
     permit = s.limiter.acquire()
     streams: list[EngineStream] = []
@@ -52,7 +55,9 @@ async def serve_generation(
         if isinstance(priority, int):  # an in-process request of the server's own (a Batch API line)
             for r in engine_requests:
                 r.priority = priority
-        streams = open_streams(s.engine, engine_requests, s.metrics, s.settings.retry_after_s)
+        block = reasoning() if reasoning is not None else None
+        splitter = block.splitter if block is not None else None
+        streams = open_streams(s.engine, engine_requests, s.metrics, s.settings.retry_after_s, splitter)
         if stream:
             # Headers and the first event go out now, while the request waits in the engine's queue:
             # a queued client sees its stream start instead of a silent connection it may time out.

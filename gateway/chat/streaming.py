@@ -21,7 +21,7 @@ from msgspec import UNSET
 from gateway.chat.bodies import choice_validity, finish_reason, usage_of
 from gateway.errors import stream_error
 from gateway.pipeline import grammar_adapter
-from gateway.pipeline.generation import EngineStream, close_all, merge
+from gateway.pipeline.generation import EngineStream, close_all, merge, reasoning_of
 from gateway.pipeline.logprobs import chat_logprobs, completion_logprobs, text_length
 from gateway.pipeline.output_validation import OutputCheck
 from gateway.pipeline.preparation import Prepared
@@ -220,6 +220,9 @@ def chat_events(
         async with aclosing(merge(streams)) as events:
             async for index, event in events:
                 logprobs = chat_logprobs(event.logprobs, streams[index].outcome.token_texts) if event.logprobs else None
+                reasoning = reasoning_of(event)
+                if reasoning:  # the think block streams apart from the answer
+                    yield chunk(index, ChoiceDelta(reasoning_content=reasoning))
                 if event.text or logprobs is not None:
                     parser = parsers[index]
                     feed = (event.text, []) if parser is None else parser.feed(event.text)

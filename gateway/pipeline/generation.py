@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
@@ -64,15 +64,43 @@ class Outcome:
     # requests that asked for logprobs: the records so far, and the tokenizer's texts to show them
     logprobs: list[TokenLogprob] | None = None
     token_texts: TokenTexts | None = None
+    # a reasoning model's think block (`text` is then the answer after it); None: no block
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+
+
+@dataclass
+class SplitEvent(StreamEvent):
+    """An event of a request with a think block: `text` is the answer's piece, `reasoning` the block's."""
+
+    reasoning: str = ""
+
+
+_EVENT_FIELDS = tuple(f.name for f in fields(StreamEvent) if f.name != "text")
+
+
+def reasoning_of(event: StreamEvent) -> str:
+    return event.reasoning if isinstance(event, SplitEvent) else ""
 
 
 class EngineStream:
-    def __init__(self, engine: EngineClient, request: GenerateRequest, metrics: GatewayMetrics | None):
+    def __init__(
+        self,
+        engine: EngineClient,
+        request: GenerateRequest,
+        metrics: GatewayMetrics | None,
+        splitter: Any = None,
+    ):
+        """`splitter`: a grammar.reasoning ReasoningSplitter, for a request whose output opens with
+        a think block (its events become `SplitEvent`s)."""
         self.engine = engine
         self.request = request
         self.rid = request.rid
         self.metrics = metrics
         self.outcome = Outcome(prompt_tokens=len(request.prompt_ids))
+        self.splitter = splitter
+        if splitter is not None:
+            self.outcome.reasoning = ""
         if request.sampling.logprobs is not None:
             self.outcome.logprobs, self.outcome.token_texts = [], token_texts(engine.tokenizer)
         self.finished = False
@@ -91,8 +119,23 @@ class EngineStream:
 
     async def _next_event(self) -> StreamEvent:
         event = await self._events.__anext__()
+        if self.splitter is not None:
+            event = self._split(event)
         self._account(event)
         return event
+
+    def _split(self, event: StreamEvent) -> SplitEvent:
+        """The event's text as (block, answer) pieces; its tokens count as reasoning while the
+        output is in the block (or may still open it) and the block goes on after them."""
+        before = self.splitter.thinking
+        reasoning, content = self.splitter.feed(event.text)
+        if event.finished:
+            more_reasoning, more_content = self.splitter.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        if before and (self.splitter.thinking or reasoning or not content):
+            self.outcome.reasoning_tokens += len(event.token_ids)
+        self.outcome.reasoning = (self.outcome.reasoning or "") + reasoning
+        return SplitEvent(**{name: getattr(event, name) for name in _EVENT_FIELDS}, text=content, reasoning=reasoning)
 
     def __aiter__(self) -> EngineStream:
         return self
@@ -188,13 +231,18 @@ class EngineStream:
 
 
 def open_streams(
-    engine: EngineClient, requests: list[GenerateRequest], metrics: GatewayMetrics | None, retry_after_s: int = 1
+    engine: EngineClient,
+    requests: list[GenerateRequest],
+    metrics: GatewayMetrics | None,
+    retry_after_s: int = 1,
+    splitter: Callable[[], Any] | None = None,
 ) -> list[EngineStream]:
-    """Submit all n requests; if one is refused, abort the ones already queued and raise."""
+    """Submit all n requests; if one is refused, abort the ones already queued and raise.
+    `splitter()`: a fresh think-block splitter per stream (None: no block)."""
     streams: list[EngineStream] = []
     try:
         for req in requests:
-            streams.append(EngineStream(engine, req, metrics))
+            streams.append(EngineStream(engine, req, metrics, splitter() if splitter is not None else None))
     except EngineError as exc:
         close_all(streams)
         raise from_engine_error(exc, retry_after_s) from exc

@@ -18,6 +18,13 @@ from gateway.errors import bad_request, context_length_exceeded, model_not_found
 from gateway.pipeline.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.pipeline.output_validation import STRICT, OutputCheck, build_output_check
 from gateway.pipeline.prompt import PromptRenderer, RenderedPrompt
+from gateway.pipeline.reasoning import (
+    ReasoningPlan,
+    check_budget_fields,
+    effort_kwargs,
+    plan_reasoning,
+    reasoning_constraint,
+)
 from gateway.pipeline.schema_registry import SchemaRegistry
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.settings import Settings
@@ -51,6 +58,7 @@ class Prepared:
     sampling: SamplingParams
     namespace: str
     output_check: OutputCheck | None = None  # validates structured outputs before their final chunk
+    reasoning: ReasoningPlan | None = None  # the think block the output opens with (None: none)
 
     def engine_requests(self, n: int, jump_forward: str | None, rid_prefix: str | None = None) -> list[GenerateRequest]:
         """n engine requests; with a seed, choice i uses seed + i (distinct yet reproducible)."""
@@ -293,7 +301,8 @@ async def prepare_chat(
     if not req.messages:
         raise bad_request("'messages' must contain at least one message.", "messages")
     check_sampling_fields(req)
-    extra_vars = template_kwargs(req)
+    check_budget_fields(req.reasoning_effort, req.thinking_budget)
+    extra_vars = effort_kwargs(req.reasoning_effort, template_kwargs(req))
     check_n(req.n, settings)
     stop = stop_list(req.stop)
     if (
@@ -320,6 +329,9 @@ async def prepare_chat(
     check = None
     if compile:
         check = build_output_check(plan, constraint, schema_mode_of(req, registry, tenant), metrics=services.metrics)
+    reasoning = plan_reasoning(rendered.text, max_new, req.reasoning_effort, req.thinking_budget, plan.kind is not None)
+    if reasoning is not None and compile:  # the block first, the constraint after it
+        constraint = await reasoning_constraint(reasoning, constraint, services.grammar, engine.tokenizer, max_new)
     return Prepared(
         request_id=new_id("chatcmpl"),
         created=int(time.time()),
@@ -331,6 +343,7 @@ async def prepare_chat(
         sampling=sampling,
         namespace=cache_namespace(tenant, req.cache_salt),
         output_check=check,
+        reasoning=reasoning,
     )
 
 

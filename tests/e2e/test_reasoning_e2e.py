@@ -1,0 +1,171 @@
+"""Reasoning end to end: a tiny random-weight Qwen3 whose tokenizer (SmolLM2's) has Qwen3's think
+markers as added tokens, served with Qwen3's chat template by a real `jumpgate serve`, driven by
+the official openai client. The think block is sent apart from the answer (`reasoning_content`,
+whole and streamed), strict JSON after the block is valid and never ends `length`,
+`enable_thinking: false` and `reasoning_effort: "none"` leave no block, the thinking budget closes
+the block in time, and usage counts the block's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+
+TEMPLATES = Path(__file__).parents[1] / "data" / "templates"
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "note": {"type": "string", "maxLength": 20},
+    },
+    "required": ["city", "days", "note"],
+    "additionalProperties": False,
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "trip", "strict": True, "schema": SCHEMA}}
+MESSAGES = [{"role": "user", "content": "Plan a short trip: which city, how many days? Think first."}]
+N = 4
+
+
+def make_tiny_qwen3(out: Path, smollm_dir: Path) -> Path:
+    """A 2-layer random Qwen3 with SmolLM2's vocabulary plus `<think>` and `</think>` (added, not
+    special, as in Qwen3's tokenizer)."""
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(smollm_dir))
+    tok.add_tokens(["<think>", "</think>"])
+    tok.save_pretrained(str(out))
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=(len(tok) + 63) // 64 * 64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, smollm_dir):
+    from bench.server_process import JumpgateServer
+
+    model_dir = make_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-think"), smollm_dir)
+    args = ["--model", str(model_dir), "--chat-template", str(TEMPLATES / "qwen3.jinja")]
+    srv = JumpgateServer(tmp_path_factory.mktemp("reasoning"), kv_pool_tokens=8192, extra_args=args)
+    srv.start()
+    try:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0)
+        yield srv, client, client.models.list().data[0].id
+    finally:
+        srv.stop()
+
+
+def test_the_models_entry_names_the_reasoning_format(served):
+    _, client, _ = served
+    assert client.models.list().data[0].model_extra["jumpgate"]["reasoning_format"] == "qwen_3"
+
+
+def test_strict_json_after_the_think_block_is_valid_within_max_tokens(served):
+    _, client, model = served
+    resp = client.chat.completions.create(
+        model=model, messages=MESSAGES, response_format=FORMAT, max_tokens=96, n=N, temperature=1.0, seed=7
+    )
+    for choice in resp.choices:
+        assert choice.finish_reason == "stop"
+        message = choice.message
+        assert message.model_extra["reasoning_content"]  # the block, apart from the answer
+        assert "<think>" not in message.content and "</think>" not in message.content
+        jsonschema.validate(json.loads(message.content), SCHEMA)
+    details = resp.usage.completion_tokens_details
+    assert 0 < details.reasoning_tokens < resp.usage.completion_tokens
+
+
+def test_a_tight_max_tokens_still_completes_the_answer(served):
+    """Budget-aware closing counts the block's way out and the answer's shortest completion."""
+    _, client, model = served
+    resp = client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        response_format=FORMAT,
+        max_tokens=40,
+        extra_body={"thinking_budget": 1000},
+        n=N,
+        temperature=1.0,
+        seed=3,
+    )
+    for choice in resp.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_the_thinking_budget_closes_the_block(served):
+    _, client, model = served
+    resp = client.chat.completions.create(
+        model=model, messages=MESSAGES, response_format=FORMAT, max_tokens=200, extra_body={"thinking_budget": 10}
+    )
+    assert resp.usage.completion_tokens_details.reasoning_tokens <= 10 + 2  # the way out's tokens
+    jsonschema.validate(json.loads(resp.choices[0].message.content), SCHEMA)
+
+
+def test_a_streamed_answer_equals_the_whole_one(served):
+    _, client, model = served
+    body = {"model": model, "messages": MESSAGES, "response_format": FORMAT, "max_tokens": 80, "temperature": 0}
+    whole = client.chat.completions.create(**body).choices[0].message
+    reasoning, content, finish = "", "", None
+    usage = None
+    for chunk in client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        content += delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "stop"
+    assert (reasoning, content) == (whole.model_extra["reasoning_content"], whole.content)
+    assert usage.completion_tokens_details.reasoning_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}],
+    ids=["kwargs", "effort"],
+)
+def test_thinking_off_leaves_no_block(served, extra):
+    _, client, model = served
+    resp = client.chat.completions.create(
+        model=model, messages=MESSAGES, response_format=FORMAT, max_tokens=40, extra_body=extra
+    )
+    message = resp.choices[0].message
+    assert "reasoning_content" not in (message.model_extra or {})
+    jsonschema.validate(json.loads(message.content), SCHEMA)
+    assert resp.usage.completion_tokens_details is None
+
+
+def test_free_text_with_an_effort_gets_a_bounded_block(served):
+    _, client, model = served
+    resp = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=64, reasoning_effort="low", temperature=1.0, seed=1
+    )
+    # low: a quarter of max_tokens; random weights write no end marker, so the budget ends the block
+    assert resp.usage.completion_tokens_details.reasoning_tokens <= 16 + 2
+    assert resp.choices[0].message.model_extra["reasoning_content"] is not None
