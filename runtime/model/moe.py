@@ -74,7 +74,7 @@ class MoEMLP:
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
         self.shared = shared
-        self.shared_gate = None if shared_gate is None else shared_gate.float().contiguous()
+        self.shared_gate = None if shared_gate is None else shared_gate.float().reshape(1, -1)  # [1, hidden]
 
     @staticmethod
     def loop_spec():
@@ -112,11 +112,6 @@ class MoEMLP:
                 shared = shared * torch.sigmoid(F.linear(x.float(), self.shared_gate))
             out += shared
         return out
-
-    @property
-    def nbytes(self) -> int:
-        layers = [lin for pair in [*self.experts, *([self.shared] if self.shared else [])] for lin in pair]
-        return self.router.nbytes + sum(lin.nbytes for lin in layers)
 
 
 def _mlp(pair: tuple, x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from runtime.model.decoder import DecoderModel, load_weights
 from runtime.model.loader import read_config, resolve_model_dir
 from tests.runtime.model.test_model_families import PROMPT, longrope, run_ours
 from tests.runtime.model.test_model_families import save_tiny as save_tiny_model
-from tests.runtime.model.test_moe_families import mixtral, qwen3_moe
+from tests.runtime.model.test_moe_families import mixtral, qwen2_moe, qwen3_moe
 
 CPU = torch.device("cpu")
 VOCAB = 512  # the tiny models' vocabulary: SmolLM2's first 512 tokens
@@ -123,6 +123,8 @@ def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path, exp
         writer.add_expert_used_count(cfg.experts_per_token)
         if arch_name != "llama":  # Mixtral's experts are feed_forward_length wide
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if cfg.shared_expert_intermediate_size:
+            writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg))
     if arch_name == "phi3":  # convert_hf_to_gguf Phi3MiniModel.set_gguf_parameters / generate_extra_tensors
@@ -186,13 +188,20 @@ def _build(kind: str, out: Path, tokenizer_dir: Path) -> Path:
         return qwen3_moe(out, tokenizer_dir, vocab_size=VOCAB)
     if kind == "mixtral":
         return mixtral(out, tokenizer_dir, vocab_size=VOCAB)
+    if kind == "qwen2_moe":
+        return qwen2_moe(out, tokenizer_dir, vocab_size=VOCAB)
     return save_tiny(out, tokenizer_dir, tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=32)
 
 
-GGUF_ARCH = {"llama3": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe"}  # llama.cpp's arch of each kind
+GGUF_ARCH = {
+    "llama3": "llama",
+    "mixtral": "llama",
+    "qwen3_moe": "qwen3moe",
+    "qwen2_moe": "qwen2moe",
+}  # llama.cpp's arch of each kind
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama3", "phi3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama3", "phi3", "qwen3_moe", "mixtral", "qwen2_moe"])
 def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
     folder = _build(kind, tmp_path / "hf", smollm_dir)
     gguf_path = write_gguf(folder, tmp_path / f"tiny-{kind}.gguf", GGUF_ARCH.get(kind, kind), smollm_dir)
@@ -201,6 +210,7 @@ def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
     cfg, want = read_config(converted), read_config(folder)
     fields = ("model_type", "qk_norm", "attention_bias", "head_dim", "rotary_dim")
     moe = ("num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob", "dense_layers")
+    moe += ("shared_expert_intermediate_size",)
     assert [getattr(cfg, f) for f in fields + moe] == [getattr(want, f) for f in fields + moe]
     ours = run_ours(DecoderModel(cfg, load_weights(converted), CPU, torch.float32), cfg, IDS, len(IDS) - 4)
     ref = run_ours(DecoderModel(want, load_weights(folder), CPU, torch.float32), want, IDS, len(IDS) - 4)
@@ -224,12 +234,12 @@ def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cac
     writer.close()
     with pytest.raises(
         ModelLoadError,
-        match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen3moe\)",
+        match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen2moe, qwen3moe\)",
     ):
         resolve_model_dir(path)
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral", "qwen2_moe"])
 def test_q4_1_experts_run_from_the_ggufs_own_blocks(kind, tmp_path, cache_dir, smollm_dir, cpu_ops):
     """Stacked experts stored as Q4_1 (the rest float32): each expert's codes are read as they are
     (their dequantization is the converted folder's weights), `auto` picks q4 for them, and its

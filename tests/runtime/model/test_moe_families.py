@@ -37,6 +37,14 @@ def qwen3_moe(out: Path, tokenizer_dir: Path, **overrides) -> Path:
     return save_tiny(out, tokenizer_dir, Qwen3MoeConfig, Qwen3MoeForCausalLM, **fields)
 
 
+def qwen2_moe(out: Path, tokenizer_dir: Path, **overrides) -> Path:
+    """Qwen1.5-MoE's shape: q/k/v biases and a shared expert beside the routed ones."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    fields = {**MOE, "num_experts": 8, "shared_expert_intermediate_size": 64, **overrides}
+    return save_tiny(out, tokenizer_dir, Qwen2MoeConfig, Qwen2MoeForCausalLM, **fields)
+
+
 def mixtral(out: Path, tokenizer_dir: Path, **overrides) -> Path:
     from transformers import MixtralConfig, MixtralForCausalLM
 
@@ -54,7 +62,12 @@ def mixtral_dir(tmp_path_factory, smollm_dir) -> Path:
     return mixtral(tmp_path_factory.mktemp("tiny-mixtral"), smollm_dir)
 
 
-@pytest.fixture(params=["qwen3_moe", "mixtral"])
+@pytest.fixture(scope="module")
+def qwen2_moe_dir(tmp_path_factory, smollm_dir) -> Path:
+    return qwen2_moe(tmp_path_factory.mktemp("tiny-qwen2-moe"), smollm_dir)
+
+
+@pytest.fixture(params=["qwen3_moe", "mixtral", "qwen2_moe"])
 def moe_dir(request) -> Path:
     return request.getfixturevalue(f"{request.param}_dir")
 
@@ -81,6 +94,12 @@ def test_mixtral_matches_transformers(mixtral_dir, tokenizer):
     assert "model.layers.0.block_sparse_moe.experts.7.w2.weight" in load_weights(mixtral_dir)
     cfg = assert_matches_transformers(mixtral_dir, tokenizer)
     assert (cfg.model_type, cfg.num_experts, cfg.experts_per_token, cfg.moe_intermediate_size) == ("mixtral", 8, 2, 64)
+
+
+def test_qwen2_moe_shared_expert_matches_transformers(qwen2_moe_dir, tokenizer):
+    assert "model.layers.0.mlp.shared_expert_gate.weight" in load_weights(qwen2_moe_dir)
+    cfg = assert_matches_transformers(qwen2_moe_dir, tokenizer)
+    assert (cfg.shared_expert_intermediate_size, cfg.attention_bias, cfg.norm_topk_prob) == (64, True, False)
 
 
 def test_moe_under_the_engines_default_attention_backend(moe_dir, tokenizer):
