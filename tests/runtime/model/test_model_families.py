@@ -223,6 +223,31 @@ def test_an_unsupported_model_type_names_the_supported_families():
         assert supported in str(e.value)
 
 
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma3"])
+def test_serve_refuses_an_unsupported_family_in_one_line(model_type, tmp_path, smollm_dir):
+    """`jumpgate serve --model <folder>` of a family Jumpgate does not run: exit 1 with one line on
+    stderr naming it and the supported ones, no traceback."""
+    import json
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm_dir / name, tmp_path / name)
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "hidden_size": 64}))
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--model", str(tmp_path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert f"model_type={model_type!r}" in lines[0] and "qwen3_moe, mixtral" in lines[0]
+
+
 # ---- end to end -----------------------------------------------------------------------------------
 
 
