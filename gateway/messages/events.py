@@ -1,7 +1,8 @@
 """Server-sent events for `/v1/messages`, as Anthropic sends them.
 
     message_start, then per content block: content_block_start, content_block_delta...
-    (text_delta for text, input_json_delta for a tool_use block's input), content_block_stop;
+    (thinking_delta then signature_delta for a thinking block, text_delta for text,
+    input_json_delta for a tool_use block's input), content_block_stop;
     then message_delta (stop_reason, stop_sequence, usage) and message_stop. A failure after
     the stream began is an `event: error` with Anthropic's error body.
 
@@ -19,10 +20,10 @@ import msgspec
 from gateway.chat.streaming import owning
 from gateway.errors import stream_error
 from gateway.messages.errors import error_body
-from gateway.messages.protocol import Message, TextOut, ToolUseOut, Usage
+from gateway.messages.protocol import Message, TextOut, ThinkingOut, ToolUseOut, Usage
 from gateway.messages.results import stop_reason, tool_use_id, usage_of
 from gateway.pipeline import grammar_adapter
-from gateway.pipeline.generation import EngineStream, Outcome
+from gateway.pipeline.generation import EngineStream, Outcome, reasoning_of
 
 
 def sse(event: str, body: dict[str, Any]) -> bytes:
@@ -47,16 +48,28 @@ class MessageStreamWriter:
     def close(self) -> list[bytes]:
         if self.open is None:
             return []
+        out = []
+        if self.open == "thinking":  # the block's signature (empty: nothing checks it) ends it
+            delta = {"type": "signature_delta", "signature": ""}
+            out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}))
         self.open = self.call_index = None
-        return [sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return out + [sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def begin(self, block: Any) -> list[bytes]:
         out = self.close()
         self.index += 1
-        self.open = "text" if isinstance(block, TextOut) else "tool_use"
+        self.open = {TextOut: "text", ThinkingOut: "thinking"}.get(type(block), "tool_use")
         out.append(
             sse("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
         )
+        return out
+
+    def thinking(self, piece: str) -> list[bytes]:
+        if not piece:
+            return []
+        out = self.begin(ThinkingOut(thinking="")) if self.open != "thinking" else []
+        delta = {"type": "thinking_delta", "thinking": piece}
+        out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}))
         return out
 
     def text(self, piece: str) -> list[bytes]:
@@ -130,6 +143,8 @@ def message_events(
     async def body() -> AsyncGenerator[bytes, None]:
         yield writer.start(msg_id, model, len(stream.request.prompt_ids))
         async for event in stream:
+            for piece in writer.thinking(reasoning_of(event)):
+                yield piece
             if not event.text:
                 continue
             for piece in pieces(*parser.feed(event.text)) if parser is not None else writer.text(event.text):

@@ -46,7 +46,7 @@ class ToolResultBlock(Struct, tag="tool_result", tag_field="type"):
 
 
 class ThinkingBlock(Struct, tag="thinking", tag_field="type"):
-    """Echoed back from another model's turn; dropped (this server's model does not reason)."""
+    """Echoed back from an earlier turn; dropped from the prompt (chat templates drop past think blocks too)."""
 
     thinking: str
     signature: str | None = None
@@ -170,7 +170,14 @@ class ToolUseOut(Struct, tag="tool_use", tag_field="type"):
     input: dict[str, Any]
 
 
-ContentBlock = Union[TextOut, ToolUseOut]
+class ThinkingOut(Struct, tag="thinking", tag_field="type"):
+    """A reasoning model's think block. `signature` is empty: nothing checks it when it comes back."""
+
+    thinking: str
+    signature: str = ""
+
+
+ContentBlock = Union[ThinkingOut, TextOut, ToolUseOut]
 
 
 class Usage(Struct, omit_defaults=False):

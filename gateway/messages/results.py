@@ -11,7 +11,7 @@ import json
 import uuid
 from typing import Any
 
-from gateway.messages.protocol import ContentBlock, Message, StopReason, TextOut, ToolUseOut, Usage
+from gateway.messages.protocol import ContentBlock, Message, StopReason, TextOut, ThinkingOut, ToolUseOut, Usage
 from gateway.pipeline import grammar_adapter
 from gateway.pipeline.generation import Outcome
 
@@ -68,12 +68,16 @@ def usage_of(outcome: Outcome) -> Usage:
     )
 
 
-def content_blocks(text: str, parse_tool_calls: bool, answer_tool: str | None) -> list[ContentBlock]:
-    """Text before the calls, then one tool_use block per call; the final-answer tool's arguments
-    (tools + output_config.format) are the text."""
+def content_blocks(
+    text: str, parse_tool_calls: bool, answer_tool: str | None, thinking: str | None = None
+) -> list[ContentBlock]:
+    """The think block (where one was written), text before the calls, then one tool_use block
+    per call; the final-answer tool's arguments (tools + output_config.format) are the text."""
     content, calls = grammar_adapter.parse_tool_calls(text) if parse_tool_calls else (text, [])
     answer = "".join(c.arguments for c in calls if c.name == answer_tool)
     blocks: list[ContentBlock] = []
+    if thinking:
+        blocks.append(ThinkingOut(thinking=thinking))
     if (content or "") + answer:
         blocks.append(TextOut(text=(content or "") + answer))
     for c in calls:
@@ -90,7 +94,7 @@ def message(
     answer_tool: str | None,
     stop_sequence: str | None,
 ) -> Message:
-    blocks = content_blocks(outcome.text, parse_tool_calls, answer_tool)
+    blocks = content_blocks(outcome.text, parse_tool_calls, answer_tool, outcome.reasoning)
     has_tool_use = any(isinstance(b, ToolUseOut) for b in blocks)
     return Message(
         id=msg_id,

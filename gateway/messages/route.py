@@ -26,6 +26,7 @@ from gateway.messages.translate import MessagesPlan, renamed, to_chat_request
 from gateway.pipeline.constraints import plan_chat
 from gateway.pipeline.generation import Outcome, RequestLog
 from gateway.pipeline.preparation import Prepared, check_model, prepare_chat
+from gateway.pipeline.reasoning import effort_kwargs
 from gateway.services import GatewayServices
 
 
@@ -89,6 +90,7 @@ class MessagesController(Controller):
                 s.settings.retry_after_s,
             ),
             respond=respond,
+            reasoning=lambda: prepared.reasoning,
         )
 
     @post("/count_tokens", status_code=200, summary="Count a message request's input tokens")
@@ -104,9 +106,12 @@ class MessagesController(Controller):
         chat = to_chat_request(data).chat
         try:
             cplan = plan_chat(chat, s.registry, tenant)
+            kwargs = effort_kwargs(chat.reasoning_effort, None)  # thinking off: the template's closed block
             schema = (cplan.kind, cplan.payload) if cplan.kind else None
             rendered = await anyio.to_thread.run_sync(
-                lambda: s.renderer.render_chat(chat.messages, cplan.tools, cplan.instructions, schema)
+                lambda: s.renderer.render_chat(
+                    chat.messages, cplan.tools, cplan.instructions, schema, template_kwargs=kwargs
+                )
             )
         except APIError as exc:
             raise renamed(exc) from exc

@@ -35,6 +35,7 @@ from gateway.messages.protocol import (
     ToolUseBlock,
 )
 from gateway.pipeline.answer_tool import fold_format_into_tools
+from gateway.pipeline.reasoning import model_thinks
 from gateway.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -61,6 +62,51 @@ _PARAM_NAMES = {
 }
 _TOOL_PARAM = re.compile(r"^tools\[(\d+)\]\.function\.(name|parameters)")
 EFFORT_ALLOWED = (None, "high")  # Anthropic's default: what this server does anyway
+
+
+THINKING_TYPES = ("enabled", "adaptive", "disabled")
+# Anthropic's efforts → reasoning_effort (the think block's share of max_tokens, gateway.pipeline.reasoning)
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+
+
+def check_thinking(req: CountTokensRequest) -> None:
+    thinking = req.thinking
+    if thinking is not None:
+        if thinking.type not in THINKING_TYPES:
+            raise bad_request(
+                f"'thinking.type' must be one of {', '.join(THINKING_TYPES)}; got {thinking.type!r}.", "thinking.type"
+            )
+        if thinking.type == "enabled" and thinking.budget_tokens is None:
+            raise bad_request(
+                "'thinking.budget_tokens' is required when thinking is enabled.", "thinking.budget_tokens"
+            )
+        if thinking.budget_tokens is not None:
+            if thinking.budget_tokens < 1:
+                raise bad_request("'thinking.budget_tokens' must be at least 1.", "thinking.budget_tokens")
+            max_tokens = getattr(req, "max_tokens", None)
+            if max_tokens is not None and thinking.budget_tokens >= max_tokens:
+                raise bad_request(
+                    f"'max_tokens' ({max_tokens}) must be greater than 'thinking.budget_tokens' "
+                    f"({thinking.budget_tokens}).",
+                    "thinking.budget_tokens",
+                )
+    effort = req.output_config.effort if req.output_config else None
+    if effort is not None and effort not in EFFORTS:
+        raise bad_request(
+            f"'output_config.effort' must be one of {', '.join(EFFORTS)}; got {effort!r}.", "output_config.effort"
+        )
+
+
+def thinking_fields(req: CountTokensRequest) -> dict[str, Any]:
+    """`thinking` in chat's terms. As on Anthropic's API, a request that does not enable thinking
+    gets no think block (`reasoning_effort` "none": the template's `enable_thinking` false)."""
+    if not model_thinks():
+        return {}
+    thinking = req.thinking
+    if thinking is None or thinking.type == "disabled":
+        return {"reasoning_effort": "none"}
+    effort = req.output_config.effort if req.output_config else None
+    return {"thinking_budget": thinking.budget_tokens, "reasoning_effort": EFFORTS.get(effort or "", None)}
 
 
 @dataclass
@@ -141,19 +187,22 @@ def decode_tool(raw: Any, index: int) -> CustomTool:
 def check_unsupported(req: CountTokensRequest) -> None:
     """Options this server cannot honour are refused by name, never silently ignored."""
     thinking = req.thinking
-    if thinking is not None and thinking.type != "disabled":
-        raise bad_request(
-            f"'thinking' of type '{thinking.type}' is not supported: the served model has no reasoning "
-            'format. Send {"type": "disabled"} or leave \'thinking\' out.',
-            "thinking",
-        )
     effort = req.output_config.effort if req.output_config else None
-    if effort not in EFFORT_ALLOWED:
-        raise bad_request(
-            f"'output_config.effort' '{effort}' is not supported: the served model has no reasoning "
-            "format, so only the default effort 'high' is served.",
-            "output_config.effort",
-        )
+    if not model_thinks():
+        if thinking is not None and thinking.type != "disabled":
+            raise bad_request(
+                f"'thinking' of type '{thinking.type}' is not supported: the served model has no reasoning "
+                'format. Send {"type": "disabled"} or leave \'thinking\' out.',
+                "thinking",
+            )
+        if effort not in EFFORT_ALLOWED:
+            raise bad_request(
+                f"'output_config.effort' '{effort}' is not supported: the served model has no reasoning "
+                "format, so only the default effort 'high' is served.",
+                "output_config.effort",
+            )
+    else:
+        check_thinking(req)
     if not req.messages:
         raise bad_request("'messages' must contain at least one message.", "messages")
     if req.messages[-1].role == "assistant":
@@ -253,7 +302,7 @@ def assistant_message(blocks: list[InputBlock], where: str, plan: MessagesPlan, 
             )
             mark(plan, block.cache_control, index, block.name)
         elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
-            continue  # another model's reasoning: this model has none to continue
+            continue  # an earlier turn's reasoning: templates leave past think blocks out
         else:
             raise bad_request(
                 f"A 'tool_result' block must be in a user message ('{where}.content[{j}]').",
@@ -343,6 +392,7 @@ def to_chat_request(req: CountTokensRequest) -> MessagesPlan:
         tool_choice=choice,
         parallel_tool_calls=parallel,
         **fields,
+        **thinking_fields(req),
     )
     plan.answer_tool = fold_format_into_tools(plan.chat, "output_config.format.schema")
     return plan

@@ -41,6 +41,11 @@ class ReasoningPlan:
         return ReasoningSplitter(self.markers, self.state)
 
 
+def model_thinks() -> bool:
+    """Whether the served model writes a think block this gateway separates."""
+    return think_markers(grammar_adapter.reasoning_format_name()) is not None
+
+
 def effort_kwargs(effort: str | None, template_kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
     """`reasoning_effort: "none"` turns thinking off in the template (Qwen3's `enable_thinking`),
     unless the client set that variable itself."""

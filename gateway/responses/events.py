@@ -2,6 +2,7 @@
 
     response.created, response.in_progress,
     per output item: response.output_item.added,
+      reasoning (a think block, first): response.reasoning_text.delta..., response.reasoning_text.done
       message: response.content_part.added, response.output_text.delta..., response.output_text.done,
                response.content_part.done
       function_call: response.function_call_arguments.delta..., response.function_call_arguments.done
@@ -22,7 +23,7 @@ import msgspec
 from gateway.chat.streaming import owning
 from gateway.errors import stream_error
 from gateway.pipeline import grammar_adapter
-from gateway.pipeline.generation import EngineStream, Outcome
+from gateway.pipeline.generation import EngineStream, Outcome, reasoning_of
 from gateway.pipeline.logprobs import chat_token_logprobs
 from gateway.protocol import ChatTokenLogprob
 from gateway.responses.items import finished_response, item_id
@@ -30,7 +31,9 @@ from gateway.responses.protocol import (
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
+    OutputReasoning,
     OutputText,
+    ReasoningText,
     ResponseError,
     ResponseEvent,
     ResponseObject,
@@ -50,6 +53,7 @@ class ResponseStreamWriter:
         self.call_index: int | None = None  # the open call's index in the tool-call stream
         self.answer_index: int | None = None  # the final-answer call's index (its arguments are text)
         self.pending_logprobs: list[ChatTokenLogprob] = []  # tokens whose text has not been sent yet
+        self.reasoning_item: OutputReasoning | None = None  # the open reasoning item
 
     def event(self, type: str, **fields: Any) -> bytes:
         body = msgspec.json.encode(ResponseEvent(type=type, sequence_number=self.seq, **fields))
@@ -66,8 +70,50 @@ class ResponseStreamWriter:
     def output_index(self) -> int:
         return len(self.items) - 1
 
+    def reasoning(self, piece: str) -> list[bytes]:
+        """A piece of the think block (its item opens with the first one)."""
+        if not piece:
+            return []
+        out: list[bytes] = []
+        item = self.reasoning_item
+        if item is None:
+            item = self.reasoning_item = OutputReasoning(
+                id=item_id("rs"), content=[ReasoningText(text="")], status="in_progress"
+            )
+            self.items.append(item)
+            out.append(self.event("response.output_item.added", output_index=self.output_index, item=item))
+        item.content[0].text += piece
+        out.append(
+            self.event(
+                "response.reasoning_text.delta",
+                item_id=item.id,
+                output_index=self.items.index(item),
+                content_index=0,
+                delta=piece,
+            )
+        )
+        return out
+
+    def close_reasoning(self) -> list[bytes]:
+        item = self.reasoning_item
+        if item is None:
+            return []
+        self.reasoning_item = None
+        item.status = "completed"
+        index = self.items.index(item)
+        return [
+            self.event(
+                "response.reasoning_text.done",
+                item_id=item.id,
+                output_index=index,
+                content_index=0,
+                text=item.content[0].text,
+            ),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
     def open_message(self) -> list[bytes]:
-        out = self.close_call()
+        out = self.close_reasoning() + self.close_call()
         self.message = OutputMessage(id=item_id("msg"), content=[], status="in_progress")
         self.items.append(self.message)
         out.append(self.event("response.output_item.added", output_index=self.output_index, item=self.message))
@@ -112,7 +158,7 @@ class ResponseStreamWriter:
             if name == self.answer_tool:
                 self.answer_index = index
             else:
-                out += self.close_message() + self.close_call()
+                out += self.close_reasoning() + self.close_message() + self.close_call()
                 self.call = OutputFunctionCall(
                     id=item_id("fc"), call_id=call_id or item_id("call"), name=name, arguments="", status="in_progress"
                 )
@@ -189,8 +235,10 @@ class ResponseStreamWriter:
         ]
 
     def finish(self, outcome: Outcome) -> tuple[list[bytes], ResponseObject]:
-        out = self.close_message() + self.close_call()
-        if not self.items:  # nothing generated: still one (empty) message, as the whole response has
+        out = self.close_reasoning() + self.close_message() + self.close_call()
+        if all(
+            isinstance(i, OutputReasoning) for i in self.items
+        ):  # no answer: still one (empty) message, as the whole response has
             out += self.open_message() + self.close_message()
         response = finished_response(self.shell, outcome, self.items)
         kind = "response.completed" if response.status == "completed" else "response.incomplete"
@@ -232,6 +280,8 @@ def response_events(
         for event in writer.start():
             yield event
         async for event in stream:
+            for piece in writer.reasoning(reasoning_of(event)):
+                yield piece
             if parser is None:  # plain text (logprobs are never asked together with tools)
                 texts = stream.outcome.token_texts
                 logprobs = chat_token_logprobs(event.logprobs, texts) if event.logprobs and texts else None

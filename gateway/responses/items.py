@@ -19,6 +19,7 @@ from gateway.errors import APIError, bad_request, describe_validation
 from gateway.pipeline import grammar_adapter
 from gateway.pipeline.answer_tool import fold_format_into_tools
 from gateway.pipeline.generation import Outcome
+from gateway.pipeline.reasoning import EFFORT_SHARE, model_thinks
 from gateway.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -50,7 +51,10 @@ from gateway.responses.protocol import (
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
+    OutputReasoning,
     OutputText,
+    OutputTokensDetails,
+    ReasoningText,
     Refusal,
     ResponseObject,
     ResponseRequest,
@@ -97,8 +101,7 @@ def check_unsupported(req: ResponseRequest) -> None:
             )
         if tool.name is None:
             raise bad_request(f"Missing required parameter: 'tools[{i}].name'.", f"tools[{i}].name")
-    if req.reasoning and any(v is not None for v in req.reasoning.values()):
-        raise bad_request("'reasoning' is not supported by this server (the model does not reason).", "reasoning")
+    check_reasoning(req.reasoning)
     if req.background:
         raise bad_request("'background' is not supported by this server.", "background")
     for value in req.include or []:
@@ -125,6 +128,32 @@ def check_unsupported(req: ResponseRequest) -> None:
         raise bad_request("'max_tool_calls' is not supported by this server.", "max_tool_calls")
 
 
+REASONING_KEYS = ("effort", "summary")
+
+
+def check_reasoning(reasoning: dict[str, Any] | None) -> None:
+    """`reasoning` is for a model that writes a think block: its effort (as chat's
+    `reasoning_effort`) and summary "auto" (the raw block is given; no summary is written)."""
+    if not reasoning or all(v is None for v in reasoning.values()):
+        return
+    if not model_thinks():
+        raise bad_request("'reasoning' is not supported by this server (the model writes no think block).", "reasoning")
+    for key, value in reasoning.items():
+        if key not in REASONING_KEYS:
+            raise bad_request(f"'reasoning.{key}' is not supported by this server.", f"reasoning.{key}")
+        if key == "summary" and value not in (None, "auto"):
+            raise bad_request(
+                f"'reasoning.summary' {value!r} is not supported by this server: the raw think block is "
+                "given as the reasoning item's content, with no summary (send 'auto' or leave it out).",
+                "reasoning.summary",
+            )
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in EFFORT_SHARE:
+        raise bad_request(
+            f"'reasoning.effort' must be one of {', '.join(EFFORT_SHARE)}; got {effort!r}.", "reasoning.effort"
+        )
+
+
 # --------------------------------------------------------------------------- input → messages
 
 
@@ -134,11 +163,14 @@ def parts_text(content: str | list[ContentPart]) -> str:
     return "".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
 
 
-def decode_item(raw: Any, index: int) -> InputItem:
-    """One `input` element by its `type` (a message may leave it out); errors name `input[i]`."""
+def decode_item(raw: Any, index: int) -> InputItem | None:
+    """One `input` element by its `type` (a message may leave it out); errors name `input[i]`;
+    None: a reasoning item (handed back by clients that replay a turn's output)."""
     if not isinstance(raw, dict):
         raise bad_request(f"Invalid value for 'input[{index}]': expected an object.", f"input[{index}]")
     kind = raw.get("type", "message")
+    if kind == "reasoning":
+        return None  # an earlier turn's think block: templates drop it from the prompt as well
     types: dict[str, type] = {
         "message": MessageItem,
         "function_call": FunctionCallItem,
@@ -178,6 +210,8 @@ def input_messages(input: str | list[dict[str, Any]]) -> list[Message]:
     messages: list[Message] = []
     for index, raw in enumerate(input):
         item = decode_item(raw, index)
+        if item is None:
+            continue
         if isinstance(item, MessageItem):
             text = parts_text(item.content)
             cls = {"user": UserMessage, "system": SystemMessage, "developer": DeveloperMessage}.get(item.role)
@@ -262,6 +296,7 @@ def to_chat_request(req: ResponseRequest, previous: list[Message]) -> ChatPlan:
         ignore_eos=req.ignore_eos,
         logprobs=True if wants_logprobs(req) else None,
         top_logprobs=(req.top_logprobs or 0) if wants_logprobs(req) else None,
+        reasoning_effort=(req.reasoning or {}).get("effort"),
     )
     answer_tool = fold_format_into_tools(chat, "text.format.schema")
     return ChatPlan(chat=chat, history=history, answer_tool=answer_tool)
@@ -289,10 +324,14 @@ def output_items(
     answer_tool: str | None,
     status: str,
     logprobs: list[ChatTokenLogprob] | None = None,
+    reasoning: str | None = None,
 ) -> list[OutputItem]:
-    """`logprobs` (all generated tokens) go on the message text; requests with tools never have them."""
+    """`logprobs` (all generated tokens) go on the message text; requests with tools never have them.
+    `reasoning`: the think block (None: the request had none), the first item where it is not empty."""
     content, calls = grammar_adapter.parse_tool_calls(text) if parse_tool_calls else (text, [])
     items: list[OutputItem] = []
+    if reasoning:
+        items.append(OutputReasoning(id=item_id("rs"), content=[ReasoningText(text=reasoning)], status=status))  # type: ignore[arg-type]
     answers = [c.arguments for c in calls if c.name == answer_tool]
     message_text = (content or "") + "".join(answers)
     if message_text or not calls:
@@ -315,6 +354,7 @@ def usage_of(outcome: Outcome) -> ResponseUsage:
         output_tokens=outcome.completion_tokens,
         total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
         input_tokens_details=InputTokensDetails(cached_tokens=outcome.cached_tokens),
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=outcome.reasoning_tokens),
     )
 
 
@@ -344,6 +384,7 @@ def response_shell(req: ResponseRequest, response_id: str, created_at: int | Non
         tools=list(req.tools or []),
         user=req.user,
         top_logprobs=req.top_logprobs,
+        reasoning={"effort": (req.reasoning or {}).get("effort"), "summary": (req.reasoning or {}).get("summary")},
     )
 
 

@@ -130,8 +130,9 @@ class ResponseRequest(Struct, kw_only=True):
     parallel_tool_calls: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     top_logprobs: int | None = None  # alternatives per token, reported only with the logprobs include
-    # Accepted only at their neutral values (refused by name otherwise)
+    # {"effort": none..high, "summary": "auto"}: for a reasoning model (docs/reasoning.md)
     reasoning: dict[str, Any] | None = None
+    # Accepted only at their neutral values (refused by name otherwise)
     background: bool | None = None
     include: list[str] | None = None  # only "message.output_text.logprobs"
     conversation: Any = None
@@ -174,7 +175,20 @@ class OutputFunctionCall(Struct, tag="function_call", tag_field="type", kw_only=
     status: Literal["completed", "incomplete", "in_progress"] = "completed"
 
 
-OutputItem = Union[OutputMessage, OutputFunctionCall]
+class ReasoningText(Struct, tag="reasoning_text", tag_field="type"):
+    text: str
+
+
+class OutputReasoning(Struct, tag="reasoning", tag_field="type", kw_only=True):
+    """A reasoning model's think block, as its raw text (no summary is written: `summary` is empty)."""
+
+    id: str
+    content: list[ReasoningText]
+    summary: list[dict[str, Any]] = field(default_factory=list)
+    status: Literal["completed", "incomplete", "in_progress"] = "completed"
+
+
+OutputItem = Union[OutputReasoning, OutputMessage, OutputFunctionCall]
 
 
 class InputTokensDetails(Struct):
@@ -249,7 +263,7 @@ class ResponseEvent(Struct, kw_only=True):
     content_index: int | UnsetType = UNSET
     item_id: str | UnsetType = UNSET
     item: OutputItem | UnsetType = UNSET
-    part: OutputText | UnsetType = UNSET
+    part: OutputText | ReasoningText | UnsetType = UNSET
     delta: str | UnsetType = UNSET
     text: str | UnsetType = UNSET
     arguments: str | UnsetType = UNSET

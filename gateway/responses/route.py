@@ -108,7 +108,9 @@ class ResponsesController(Controller):
             logprobs = None
             if outcome.logprobs is not None and outcome.token_texts is not None:
                 logprobs = chat_token_logprobs(outcome.logprobs, outcome.token_texts)
-            items = output_items(outcome.text, prepared.plan.parse_tool_calls, plan.answer_tool, status, logprobs)
+            items = output_items(
+                outcome.text, prepared.plan.parse_tool_calls, plan.answer_tool, status, logprobs, outcome.reasoning
+            )
             response = finished_response(shell, outcome, items)
             save(response, outcome)
             return response
@@ -130,6 +132,7 @@ class ResponsesController(Controller):
                 s.settings.retry_after_s,
             ),
             respond=respond,
+            reasoning=lambda: prepared.reasoning,
         )
 
     @get("/{response_id:str}", summary="Retrieve a stored response")

@@ -169,3 +169,112 @@ def test_free_text_with_an_effort_gets_a_bounded_block(served):
     # low: a quarter of max_tokens; random weights write no end marker, so the budget ends the block
     assert resp.usage.completion_tokens_details.reasoning_tokens <= 16 + 2
     assert resp.choices[0].message.model_extra["reasoning_content"] is not None
+
+
+# ---- /v1/responses ---------------------------------------------------------------------------------
+
+
+def test_responses_give_a_reasoning_item_before_the_answer(served):
+    _, client, model = served
+    body = {
+        "model": model,
+        "input": MESSAGES[0]["content"],
+        "text": {"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA, "strict": True}},
+        "max_output_tokens": 80,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "temperature": 0,
+    }
+    whole = client.responses.create(**body)
+    assert [item.type for item in whole.output] == ["reasoning", "message"]
+    reasoning = whole.output[0].content[0].text
+    assert reasoning and whole.usage.output_tokens_details.reasoning_tokens > 0
+    jsonschema.validate(json.loads(whole.output_text), SCHEMA)
+
+    deltas, texts, done = [], [], None
+    for event in client.responses.create(**body, stream=True):
+        if event.type == "response.reasoning_text.delta":
+            deltas.append(event.delta)
+        elif event.type == "response.output_text.delta":
+            texts.append(event.delta)
+        elif event.type == "response.completed":
+            done = event.response
+    assert "".join(deltas) == reasoning and "".join(texts) == whole.output_text
+    assert [item.type for item in done.output] == ["reasoning", "message"]
+
+    # a client that hands the reasoning item back in the next turn's input
+    follow = client.responses.create(
+        model=model,
+        input=[
+            {"role": "user", "content": "Trip?"},
+            whole.output[0].model_dump(),
+            {"role": "user", "content": "Again"},
+        ],
+        max_output_tokens=24,
+        reasoning={"effort": "low"},
+    )
+    assert follow.status in ("completed", "incomplete")
+
+
+def test_responses_refuse_a_summary_they_cannot_write(served):
+    _, client, model = served
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=model, input="hi", reasoning={"summary": "detailed"})
+    assert err.value.body["param"] == "reasoning.summary"
+
+
+# ---- /v1/messages (the anthropic client) -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def claude(served):
+    anthropic = pytest.importorskip("anthropic")
+    srv, _, model = served
+    return anthropic.Anthropic(base_url=srv.base_url.removesuffix("/v1"), api_key="none", max_retries=0), model
+
+
+def test_messages_with_thinking_enabled_give_a_thinking_block(claude):
+    client, model = claude
+    body = {
+        "model": model,
+        "max_tokens": 96,
+        "messages": MESSAGES,
+        "thinking": {"type": "enabled", "budget_tokens": 24},
+        "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+        "extra_body": {"temperature": 0},  # (the current SDK sends no temperature itself)
+    }
+    whole = client.messages.create(**body)
+    assert [b.type for b in whole.content] == ["thinking", "text"]
+    assert whole.content[0].thinking and whole.content[0].signature == ""
+    jsonschema.validate(json.loads(whole.content[1].text), SCHEMA)
+    assert whole.stop_reason == "end_turn"
+
+    with client.messages.stream(**body) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    kinds = [e.delta.type for e in events if e.type == "content_block_delta"]
+    assert "thinking_delta" in kinds and "signature_delta" in kinds and "text_delta" in kinds
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == whole.content[0].thinking
+    assert final.content[1].text == whole.content[1].text
+
+
+def test_messages_without_thinking_write_no_block(claude):
+    client, model = claude
+    reply = client.messages.create(
+        model=model,
+        max_tokens=40,
+        messages=MESSAGES,
+        output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+    )
+    assert [b.type for b in reply.content] == ["text"]
+    jsonschema.validate(json.loads(reply.content[0].text), SCHEMA)
+
+
+def test_messages_refuse_a_budget_not_below_max_tokens(claude):
+    anthropic = pytest.importorskip("anthropic")
+    client, model = claude
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(
+            model=model, max_tokens=32, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 32}
+        )
+    assert "budget_tokens" in str(err.value)
