@@ -4,11 +4,13 @@ Routing is transformers': softmax of the router logits in float32, the top k, re
 to 1 where the config says (`norm_topk_prob`; Mixtral always). The experts of a pass run grouped:
 the (token, expert) pairs are sorted by expert (stable, so a token's contributions are added in
 expert order whatever else is in the batch), each active expert runs one matmul over its rows, and
-the weighted rows are added back per token. Each expert's gate_up and down are linear layers in the
+the weighted rows are added back per token. With the router summed in float64 (`route`), a row's
+output does not depend on the rest of the pass wherever the experts' kernels do not (q4, q8). Each expert's gate_up and down are linear layers in the
 model's weight format (runtime/model/linear.py), so q4/q8 experts run the same kernels as dense
 layers; the C++ one-call layer loop (runtime/cpu_kernels/decoder_layers.cpp) has no routing step,
 so a MoE model runs the per-layer Python loop (`loop_spec()` is None).
-A shared expert (Qwen2-MoE's, where a config has one) runs on every token, scaled by a sigmoid gate.
+A shared expert (Qwen2-MoE's, where a config has one) runs on every token, scaled by a sigmoid gate
+(its gate product in float64 too).
 """
 
 from __future__ import annotations
@@ -69,12 +71,12 @@ class MoEMLP:
     ):
         if not 0 < top_k <= len(experts) or router.shape[0] != len(experts):
             raise ValueError(f"moe: top {top_k} of {len(experts)} experts, router rows {router.shape[0]}")
-        self.router = router.float().contiguous()
+        self.router = router.double().contiguous()  # float64 (see route): small beside the experts
         self.experts = experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
         self.shared = shared
-        self.shared_gate = None if shared_gate is None else shared_gate.float().reshape(1, -1)  # [1, hidden]
+        self.shared_gate = None if shared_gate is None else shared_gate.double().reshape(1, -1)  # [1, hidden]
 
     @staticmethod
     def loop_spec():
@@ -82,8 +84,13 @@ class MoEMLP:
         return None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [T, k] float32, expert ids [T, k]) of each token's top-k experts."""
-        probs = F.linear(x.float(), self.router).softmax(dim=-1)
+        """(weights [T, k] float32, expert ids [T, k]) of each token's top-k experts. The router's
+        product is summed in float64 and rounded to float32: a BLAS sums a row in an order that
+        depends on the row count, and in float32 those last-bit differences could pick another
+        expert or weight once the batch changes; in float64 they stay far below float32's rounding,
+        so a row routes the same whatever else is in the pass (the q4/q8 formats' batch invariance)."""
+        logits = F.linear(x.double(), self.router).float()
+        probs = logits.softmax(dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -93,6 +100,24 @@ class MoEMLP:
         """The MLP's output for rows `x` [T, hidden] (any activation dtype), in float32."""
         t, hidden = x.shape
         weights, ids = self.route(x)
+        out = self._one_row(x, weights, ids) if t == 1 else self._grouped(x, weights, ids)
+        if self.shared is not None:
+            shared = _mlp(self.shared, x)
+            if self.shared_gate is not None:
+                shared = shared * torch.sigmoid(F.linear(x.double(), self.shared_gate)).float()
+            out += shared
+        return out
+
+    def _one_row(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """A batch-1 decode step without the sort and scatter: the same products, weights and sums
+        in the same (expert) order as `_grouped`, so the same bits where the kernels' rows are."""
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e, w in sorted(zip(ids[0].tolist(), weights[0].tolist())):
+            out += _mlp(self.experts[e], x) * w
+        return out
+
+    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        t, hidden = x.shape
         flat = ids.flatten()
         order = flat.argsort(stable=True)  # (token, expert) pairs grouped by expert
         token = order // self.top_k
@@ -105,13 +130,7 @@ class MoEMLP:
                 ys[start : start + n] = _mlp(self.experts[e], xs[start : start + n])
                 start += n
         ys *= weights.flatten()[order].unsqueeze(1)
-        out = torch.zeros(t, hidden, dtype=torch.float32, device=x.device).index_add_(0, token, ys)
-        if self.shared is not None:
-            shared = _mlp(self.shared, x)
-            if self.shared_gate is not None:
-                shared = shared * torch.sigmoid(F.linear(x.float(), self.shared_gate))
-            out += shared
-        return out
+        return torch.zeros(t, hidden, dtype=torch.float32, device=x.device).index_add_(0, token, ys)
 
 
 def _mlp(pair: tuple, x: torch.Tensor) -> torch.Tensor:

@@ -106,13 +106,9 @@ def test_moe_under_the_engines_default_attention_backend(moe_dir, tokenizer):
     assert_matches_transformers(moe_dir, tokenizer, attn=make_attention_backend("auto", CPU))
 
 
-def test_a_mixed_pass_matches_transformers(moe_dir, tokenizer):
-    """One pass: request a decodes a token over its cached prefix, request b is prefilled; the
-    experts of both run grouped, and each row equals transformers' logits of its sequence."""
-    cfg = read_config(moe_dir)
-    model = DecoderModel(cfg, load_weights(moe_dir), CPU, torch.float32)
-    a, b = chat_ids(tokenizer, PROMPT), chat_ids(tokenizer, "A second request, prefilled beside the decode.")
-    attn = TorchAttentionBackend()
+def mixed_pass(model: DecoderModel, cfg, a: list[int], b: list[int], attn) -> torch.Tensor:
+    """Prefill a alone; then one pass where a decodes token 100 over its cached prefix and b is
+    prefilled: logits of a's decode row, then of every row of b."""
     kv = KVPool(cfg.num_layers, 256, cfg.num_kv_heads, cfg.head_dim)
     sa = kv.allocator.alloc(len(a))
     model.forward(
@@ -120,11 +116,10 @@ def test_a_mixed_pass_matches_transformers(moe_dir, tokenizer):
         kv,
         attn,
     )
-    nxt = 100
     s_new, sb = kv.allocator.alloc(1), kv.allocator.alloc(len(b))
-    mixed = model.forward(
+    return model.forward(
         ForwardBatch(
-            torch.tensor([nxt] + b),
+            torch.tensor([100] + b),
             torch.tensor([len(a)] + list(range(len(b)))),
             torch.cat([s_new, sb]),
             [1, len(b)],
@@ -135,8 +130,32 @@ def test_a_mixed_pass_matches_transformers(moe_dir, tokenizer):
         kv,
         attn,
     )
-    torch.testing.assert_close(mixed[0], hf_logits(moe_dir, a + [nxt])[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_mixed_pass_matches_transformers(moe_dir, tokenizer):
+    """One pass: request a decodes a token over its cached prefix, request b is prefilled; the
+    experts of both run grouped, and each row equals transformers' logits of its sequence."""
+    cfg = read_config(moe_dir)
+    model = DecoderModel(cfg, load_weights(moe_dir), CPU, torch.float32)
+    a, b = chat_ids(tokenizer, PROMPT), chat_ids(tokenizer, "A second request, prefilled beside the decode.")
+    mixed = mixed_pass(model, cfg, a, b, TorchAttentionBackend())
+    torch.testing.assert_close(mixed[0], hf_logits(moe_dir, a + [100])[-1], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(mixed[1:], hf_logits(moe_dir, b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_quantized_moe_rows_do_not_depend_on_the_batch(moe_dir, fmt, tokenizer, cpu_ops):
+    """Under the batch-invariant formats and attention backend, a MoE model's rows in a mixed pass
+    equal, bit for bit, the same rows computed alone (the engine's equalities: a batch equals each
+    request alone, a cache hit equals a recompute)."""
+    cfg = read_config(moe_dir)
+    model = load_model(moe_dir, cfg, fmt, CPU, torch.float32, invariant_attention=True)
+    attn = make_attention_backend("auto", CPU)
+    a, b = chat_ids(tokenizer, PROMPT), chat_ids(tokenizer, "A second request, prefilled beside the decode.")
+    mixed = mixed_pass(model, cfg, a, b, attn)
+    alone_a = run_ours(model, cfg, a + [100], len(a), attn)[-1]
+    alone_b = run_ours(model, cfg, b, len(b), attn)
+    assert torch.equal(mixed[0], alone_a) and torch.equal(mixed[1:], alone_b)
 
 
 def test_the_experts_of_a_pass_run_one_matmul_each(qwen3_moe_dir, tokenizer):
