@@ -307,7 +307,7 @@ KEYWORD_TABLE: tuple[KeywordRow, ...] = (
         "`format`",
         "unenforced",
         "one jsonschema cannot check (`simple-template`): refused in strict mode",
-        "grammar/validation/fidelity.py",
+        "grammar/validation/fidelity_scalars.py",
         _obj("t", {"type": "string", "format": "simple-template"}),
         "/properties/t/format",
         "format",
