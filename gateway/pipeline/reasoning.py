@@ -8,10 +8,10 @@ to be written by the model. While there is a block:
 
 - a request with a constraint (`response_format`, tools, ...) gets the block's grammar first and
   its own after it (`ThinkThenConstraint`), so the answer is constrained only once the block ends;
-- the block has a thinking budget: `thinking_budget` (tokens), else `reasoning_effort`'s share of
-  `max_tokens` (minimal 1/8, low 1/4, medium 1/2, high 3/4), else for a constrained request half of
-  `max_tokens`; never more than leaves room for the answer's shortest completion. A free-text
-  request gets a budget only where it asked for one;
+- the block has a thinking budget: `thinking_budget` (tokens, as given), else `reasoning_effort`'s
+  share of `max_tokens` (minimal 1/8, low 1/4, medium 1/2, high 3/4), else for a constrained request
+  half of `max_tokens`; a share never more than leaves room for the block's way out and the
+  answer's shortest completion. A free-text request gets a budget only where it asked for one;
 - the output is split into `reasoning_content` and the answer (`ReasoningPlan.splitter`).
 """
 
@@ -36,6 +36,7 @@ class ReasoningPlan:
     markers: ThinkMarkers
     state: str  # grammar.reasoning.markers: OPEN or TO_COME
     budget: int | None  # tokens of the block (None: unbounded)
+    asked: bool = False  # the budget is the request's own `thinking_budget` (kept as given)
 
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.markers, self.state)
@@ -73,11 +74,12 @@ def plan_reasoning(
     state = block_state(markers, prompt_text)
     if state == CLOSED:
         return None
+    asked = budget is not None
     if budget is None and effort is not None:
         budget = int(max_new * EFFORT_SHARE[effort])
     elif budget is None and constrained:
         budget = int(max_new * CONSTRAINED_SHARE)
-    return ReasoningPlan(markers, state, budget)
+    return ReasoningPlan(markers, state, budget, asked)
 
 
 async def reasoning_constraint(plan: ReasoningPlan, answer: Any, service: Any, tokenizer: Any, max_new: int) -> Any:
@@ -97,8 +99,10 @@ async def reasoning_constraint(plan: ReasoningPlan, answer: Any, service: Any, t
     way_out = plan.markers.end + plan.markers.after
     constraint = ThinkThenConstraint(think, answer, opening, way_out, encode, plan.budget)
     need = constraint.min_completion_tokens()
-    if plan.budget is not None and need is not None:
-        # the answer's shortest completion, and the block's way out, must fit after the budget
+    if plan.budget is not None and not plan.asked and need is not None:
+        # a default budget leaves room for the block's way out and the answer's shortest
+        # completion; a budget the request gave is kept (a strict answer is still completed in
+        # time by budget-aware closing, which counts both)
         room = max(0, max_new - need - ANSWER_MARGIN)
         constraint.budget = min(constraint.budget, room)
     return constraint

@@ -98,6 +98,30 @@ def test_strict_json_after_the_think_block_is_valid_within_max_tokens(served):
     assert 0 < details.reasoning_tokens < resp.usage.completion_tokens
 
 
+@pytest.mark.parametrize("max_tokens", [32, 64])
+def test_twenty_strict_answers_after_a_block_are_all_valid(served, max_tokens):
+    """The issue's target: strict json_schema after reasoning valid within max_tokens, none `length`."""
+    _, client, model = served
+    choices = []
+    for seed in range(4):
+        resp = client.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            response_format=FORMAT,
+            max_tokens=max_tokens,
+            n=5,
+            temperature=1.0,
+            seed=100 * seed,
+            extra_body={"thinking_budget": max_tokens},  # more than fits: closing must end the block
+        )
+        choices += resp.choices
+        assert resp.usage.completion_tokens <= 5 * max_tokens
+    assert len(choices) == 20
+    for choice in choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
 def test_a_tight_max_tokens_still_completes_the_answer(served):
     """Budget-aware closing counts the block's way out and the answer's shortest completion."""
     _, client, model = served
@@ -169,6 +193,60 @@ def test_free_text_with_an_effort_gets_a_bounded_block(served):
     # low: a quarter of max_tokens; random weights write no end marker, so the budget ends the block
     assert resp.usage.completion_tokens_details.reasoning_tokens <= 16 + 2
     assert resp.choices[0].message.model_extra["reasoning_content"] is not None
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "plan_trip", "parameters": SCHEMA, "strict": True},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    },
+]
+
+
+def test_tool_calls_follow_the_block_whole_and_streamed(served):
+    _, client, model = served
+    body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 96, "temperature": 0}
+    whole = client.chat.completions.create(**body, tool_choice="required")
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.model_extra["reasoning_content"]
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    for name, args in calls:
+        jsonschema.validate(args, next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name))
+
+    reasoning, streamed, finish = "", {}, None
+    for chunk in client.chat.completions.create(**body, tool_choice="required", stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for d in delta.tool_calls or []:
+            call = streamed.setdefault(d.index, {"name": "", "arguments": ""})
+            call["name"] += d.function.name or ""
+            call["arguments"] += d.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert reasoning == choice.message.model_extra["reasoning_content"]
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(streamed.items())] == calls
+
+    named = client.chat.completions.create(
+        **body, tool_choice={"type": "function", "function": {"name": "add"}}, n=4, seed=5
+    )
+    for c in named.choices:
+        assert c.finish_reason == "tool_calls" and [t.function.name for t in c.message.tool_calls] == ["add"]
 
 
 # ---- /v1/responses ---------------------------------------------------------------------------------
