@@ -202,7 +202,9 @@ class ThinkThenMatcher:
         return self.answer is not None and self.answer.closes_value(token_id)
 
     def fill_plan_bitmask(self, bitmask: torch.Tensor, row: int, token_id: int) -> None:
-        self.think.fill_plan_bitmask(bitmask, row, token_id)
+        # the answer's own: its value check may clear a plan token that would repeat an item
+        part = self.think if self.in_block or self.answer is None else self.answer
+        part.fill_plan_bitmask(bitmask, row, token_id)
 
     def _close_block(self, bitmask: torch.Tensor, row: int, plan_token: int | None = None) -> None:
         plan = self.way_out()
