@@ -17,7 +17,9 @@ max_tokens 160) at a fixed concurrency. One JSON line per workload:
 
 Fields: ttft_p50_s / ttft_p90_s (time to the first content or tool-call delta), output_tok_s and
 req_s (over the workload's wall time), cached_frac (cached / prompt tokens), complete_frac
-(finish_reason stop or tool_calls, not length), valid_frac (valid among the complete ones).
+(finish_reason stop or tool_calls, not length), valid_frac (valid among the complete ones),
+server_cpu_s (CPU time of the server's processes during the workload) and req_per_server_cpu_s: on a
+machine other work shares, the figure its load stretches least.
 
 `--weights fp32,auto` serves the workloads once per weight format, each on a fresh server, in
 one run; the later formats' lines carry `req_s_vs_fp32`, `output_tok_s_vs_fp32`, `ttft_p50_s_vs_fp32`.
@@ -473,7 +475,11 @@ async def run_jobs(jobs: list, concurrency: int, client: httpx.AsyncClient) -> t
     return [r for job_results in per_job for r in job_results], time.perf_counter() - t0  # in job order
 
 
-async def run_http(url: str, workloads: list[Workload], warmup_body: dict) -> dict[str, dict]:
+async def run_http(
+    url: str, workloads: list[Workload], warmup_body: dict, cpu_seconds: Callable[[], float] | None = None
+) -> dict[str, dict]:
+    """Each workload in turn; `cpu_seconds` (the server's CPU time so far) adds `server_cpu_s` and
+    `req_per_server_cpu_s` to its line."""
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     out = {}
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800, connect=30), limits=limits) as client:
@@ -483,8 +489,13 @@ async def run_http(url: str, workloads: list[Workload], warmup_body: dict) -> di
         if w.status != 200:
             raise RuntimeError(f"warm-up request failed: {w.status} {w.error}")
         for wl in workloads:
+            cpu0 = cpu_seconds() if cpu_seconds else None
             results, wall = await run_jobs(wl.jobs, wl.concurrency, client)
             out[wl.name] = summarize(wl.name, results, wall, wl.concurrency)
+            if cpu0 is not None:
+                used = cpu_seconds() - cpu0
+                out[wl.name]["server_cpu_s"] = used
+                out[wl.name]["req_per_server_cpu_s"] = out[wl.name]["requests"] / used if used > 0 else None
     return out
 
 
@@ -730,7 +741,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                 rec["speculative"] = mode
             ref = reference.setdefault(name, rec)
             if ref is not rec:
-                for key in ("req_s", "output_tok_s", "ttft_p50_s"):
+                for key in ("req_s", "output_tok_s", "ttft_p50_s", "req_per_server_cpu_s"):
                     if rec.get(key) and ref.get(key):
                         rec[f"{key}_vs_{ref['run']}"] = rec[key] / ref[key]
                 rec[f"outputs_same_as_{ref['run']}"] = rec["outputs_sha"] == ref["outputs_sha"]
@@ -781,7 +792,7 @@ def serve_once(
             checkout=checkout,
         )
         with server:
-            results = asyncio.run(run_http(server.url, workloads, warmup_body))
+            results = asyncio.run(run_http(server.url, workloads, warmup_body, server.cpu_seconds))
             chain = []
             if "responses-chain" in wanted and checkout is None:
                 chain = asyncio.run(run_responses_chain(server.url, agent_system_prompt(tok, 1500), args.max_tokens))
@@ -801,7 +812,7 @@ def serve_vllm(args, python: str, dtype: str, workloads, warmup_body) -> tuple[d
     with tempfile.TemporaryDirectory(prefix="jumpgate-serve-bench-vllm-") as tmp:
         server = VllmServer(Path(tmp), python, resolve_model_dir(), dtype, threads_bind=args.vllm_threads_bind)
         with server:
-            results = asyncio.run(run_http(server.url, workloads, warmup_body))
+            results = asyncio.run(run_http(server.url, workloads, warmup_body, server.cpu_seconds))
             return (
                 results,
                 [],

@@ -216,6 +216,14 @@ class JumpgateServer:
                 return m
             time.sleep(interval_s)
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, its exited children's included) of every process of the server's
+        session so far: on a shared machine, work per request that other processes' load does not
+        stretch as it stretches wall time."""
+        tick = os.sysconf("SC_CLK_TCK")
+        stats = dict(proc_stats())
+        return sum(sum(int(x) for x in stats[pid][11:15]) for pid in session_pids(self.pid) if pid in stats) / tick
+
     def rss_mb(self) -> float:
         """Resident memory of the server: every process of the session it started (vLLM runs its
         engine in a child process)."""
