@@ -142,11 +142,14 @@ def source_gguf(model_dir: Path) -> Path | None:
 
 
 def _hf_name(gguf_name: str, names: dict[str, str]) -> str | None:
-    """The Hugging Face name of a GGUF tensor (`names`: the family's map, "{i}" the layer index)."""
+    """The Hugging Face name of a GGUF tensor (`names`: the family's map, "{i}" the layer index,
+    "{e}" an expert's in the per-expert names of older Mixtral files, `blk.N.ffn_gate.E.weight`)."""
     parts = gguf_name.split(".")
     if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
-        templ = ".".join(["blk", "{i}", *parts[2:]])
-        target = names.get(templ)
+        target = names.get(".".join(["blk", "{i}", *parts[2:]]))
+        if target is None and len(parts) > 4 and parts[3].isdigit():
+            target = names.get(".".join(["blk", "{i}", parts[2], "{e}", *parts[4:]]))
+            return target.format(i=parts[1], e=parts[3]) if target else None
         return target.format(i=parts[1]) if target else None
     return names.get(gguf_name)
 

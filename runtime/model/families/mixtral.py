@@ -3,7 +3,8 @@ width `intermediate_size`, the top `num_experts_per_tok` per token, always renor
 (runtime/model/moe.py). Its checkpoints name the experts `block_sparse_moe.experts.{e}.w1/w3/w2`
 (gate, up, down) and the router `block_sparse_moe.gate`, renamed here to the decoder's names.
 llama.cpp writes Mixtral as GGUF arch `llama` (Q/K rows permuted) with `llama.expert_count` set,
-which is how the registry tells it from a dense Llama.
+which is how the registry tells it from a dense Llama; its experts stacked (`ffn_gate_exps`) or, in
+files written before April 2024, one tensor each (`ffn_gate.{e}`).
 `sliding_window` is not applied (no released Mixtral sets one); as for Mistral, attention is full."""
 
 from __future__ import annotations
@@ -56,7 +57,13 @@ MIXTRAL = Family(
     gguf_arch="llama",
     gguf_experts=True,
     gguf_permuted_qk=True,
-    gguf_names=MOE_GGUF_NAMES,
+    gguf_names={
+        **MOE_GGUF_NAMES,
+        # llama.cpp's Mixtral files before its stacked experts (April 2024) name each expert's tensors
+        "blk.{i}.ffn_gate.{e}.weight": "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
+        "blk.{i}.ffn_up.{e}.weight": "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
+        "blk.{i}.ffn_down.{e}.weight": "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
+    },
     config=_config,
     gguf_config=_gguf_config,
     weights=_weights,

@@ -88,9 +88,24 @@ def _stack_experts(weights: dict) -> dict:
     return out
 
 
-def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path, experts_type=None) -> Path:
+def _per_expert_name(name: str) -> str | None:
+    """An expert tensor's name in llama.cpp's Mixtral files before stacked experts (its convert.py):
+    `blk.N.ffn_gate.E.weight` for `model.layers.N.block_sparse_moe.experts.E.w1.weight`."""
+    import re
+
+    m = re.match(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$", name)
+    if m is None:
+        return None
+    proj = {"w1": "gate", "w3": "up", "w2": "down"}[m[3]]
+    return f"blk.{m[1]}.ffn_{proj}.{m[2]}.weight"
+
+
+def write_gguf(
+    hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path, experts_type=None, stack: bool = True
+) -> Path:
     """`hf_dir` as a float32 GGUF of architecture `arch_name`, as convert_hf_to_gguf writes one;
-    `experts_type` (a GGMLQuantizationType): the stacked experts in those blocks."""
+    `experts_type` (a GGMLQuantizationType): the stacked experts in those blocks; `stack` False:
+    Mixtral's experts one tensor each, as llama.cpp wrote them before April 2024."""
     import gguf
     from gguf.quants import quantize
     from safetensors.torch import load_file
@@ -138,8 +153,9 @@ def write_gguf(hf_dir: Path, out: Path, arch_name: str, tokenizer_dir: Path, exp
         writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
         writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
-    for name, w in _stack_experts(load_file(str(hf_dir / "model.safetensors"))).items():
-        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    for name, w in (_stack_experts(weights) if stack else weights).items():
+        target = _per_expert_name(name) or names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert target is not None, name
         w = w.float().numpy()
         if arch_name == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -237,6 +253,20 @@ def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cac
         match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen2moe, qwen3moe\)",
     ):
         resolve_model_dir(path)
+
+
+def test_an_older_mixtral_gguf_with_one_tensor_per_expert(tmp_path, cache_dir, smollm_dir):
+    folder = _build("mixtral", tmp_path / "hf", smollm_dir)
+    gguf_path = write_gguf(folder, tmp_path / "tiny-mixtral-per-expert.gguf", "llama", smollm_dir, stack=False)
+    from gguf import GGUFReader
+
+    assert "blk.1.ffn_down.7.weight" in {t.name for t in GGUFReader(str(gguf_path)).tensors}
+    converted = resolve_model_dir(gguf_path)
+    cfg, want = read_config(converted), read_config(folder)
+    assert (cfg.model_type, cfg.num_experts) == ("mixtral", 8)
+    ours = run_ours(DecoderModel(cfg, load_weights(converted), CPU, torch.float32), cfg, IDS, len(IDS) - 4)
+    ref = run_ours(DecoderModel(want, load_weights(folder), CPU, torch.float32), want, IDS, len(IDS) - 4)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral", "qwen2_moe"])
