@@ -64,11 +64,14 @@ def make_tiny_qwen3(out: Path, smollm_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, smollm_dir):
+def model_dir(tmp_path_factory, smollm_dir):
+    return make_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-think"), smollm_dir)
+
+
+def serve(tmp_path_factory, model_dir, template: str, *flags: str):
     from bench.server_process import JumpgateServer
 
-    model_dir = make_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-think"), smollm_dir)
-    args = ["--model", str(model_dir), "--chat-template", str(TEMPLATES / "qwen3.jinja")]
+    args = ["--model", str(model_dir), "--chat-template", str(TEMPLATES / template), *flags]
     srv = JumpgateServer(tmp_path_factory.mktemp("reasoning"), kv_pool_tokens=8192, extra_args=args)
     srv.start()
     try:
@@ -76,6 +79,18 @@ def served(tmp_path_factory, smollm_dir):
         yield srv, client, client.models.list().data[0].id
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_dir):
+    """Qwen3's template: the model opens the block itself (reasoning format detected)."""
+    yield from serve(tmp_path_factory, model_dir, "qwen3.jinja")
+
+
+@pytest.fixture(scope="module")
+def opened(tmp_path_factory, model_dir):
+    """A template whose generation prompt opens the block, with DeepSeek-R1's markers by flag."""
+    yield from serve(tmp_path_factory, model_dir, "qwen3_thinking.jinja", "--reasoning-format", "deepseek_r1")
 
 
 def test_the_models_entry_names_the_reasoning_format(served):
@@ -356,3 +371,31 @@ def test_messages_refuse_a_budget_not_below_max_tokens(claude):
             model=model, max_tokens=32, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 32}
         )
     assert "budget_tokens" in str(err.value)
+
+
+# ---- a prompt that opens the block (DeepSeek-R1's markers, chosen by flag) --------------------------
+
+
+def test_an_opened_block_is_reasoning_from_the_first_token(opened):
+    _, client, model = opened
+    entry = client.models.list().data[0].model_extra["jumpgate"]
+    assert entry["reasoning_format"] == "deepseek_r1" and entry["detected"] is False
+    resp = client.chat.completions.create(
+        model=model, messages=MESSAGES, response_format=FORMAT, max_tokens=48, n=N, temperature=1.0, seed=11
+    )
+    for choice in resp.choices:
+        assert choice.finish_reason == "stop"
+        assert choice.message.model_extra["reasoning_content"]
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)  # no blank line: R1 writes none
+
+
+def test_effort_none_closes_a_block_the_template_opened(opened):
+    """This template has no enable_thinking: a budget of 0 closes the block at once."""
+    _, client, model = opened
+    resp = client.chat.completions.create(
+        model=model, messages=MESSAGES, response_format=FORMAT, max_tokens=40, reasoning_effort="none"
+    )
+    message = resp.choices[0].message
+    assert message.model_extra["reasoning_content"] is None  # an empty block
+    assert resp.usage.completion_tokens_details.reasoning_tokens == 1  # `</think>` alone
+    jsonschema.validate(json.loads(message.content), SCHEMA)
