@@ -58,7 +58,7 @@ def check_experts(fields: dict) -> dict:
 
 class MoEMLP:
     """Routed experts (plus an optional shared expert) in place of a dense MLP. `experts`: one
-    (gate_up, down) pair of linear layers per expert; `router`: [experts, hidden] float32."""
+    (gate_up, down) pair of linear layers per expert; `router`: [experts, hidden] (`mlp.gate.weight`)."""
 
     def __init__(
         self,
@@ -71,7 +71,9 @@ class MoEMLP:
     ):
         if not 0 < top_k <= len(experts) or router.shape[0] != len(experts):
             raise ValueError(f"moe: top {top_k} of {len(experts)} experts, router rows {router.shape[0]}")
-        self.router = router.double().contiguous()  # float64 (see route): small beside the experts
+        # float64 (see route), [hidden, experts]: x @ it beat F.linear's float64 path on the dev box
+        # (hidden 2048, 128 experts, 1 thread: 2 rows 0.05 against 0.23 ms, 16 rows 0.14 against 0.39 ms)
+        self.router = router.double().t().contiguous()
         self.experts = experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
@@ -89,7 +91,7 @@ class MoEMLP:
         depends on the row count, and in float32 those last-bit differences could pick another
         expert or weight once the batch changes; in float64 they stay far below float32's rounding,
         so a row routes the same whatever else is in the pass (the q4/q8 formats' batch invariance)."""
-        logits = F.linear(x.double(), self.router).float()
+        logits = (x.double() @ self.router).float()
         probs = logits.softmax(dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
