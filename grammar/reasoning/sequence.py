@@ -43,25 +43,28 @@ class ThinkThenConstraint:
         whole = opening + way_out
         self._tails = [encode(whole[i:]) for i in range(len(whole) - 1, -1, -1)]
         self.budget = _NO_BUDGET if budget is None else max(0, int(budget))
-        self._min: dict[str, int | None] = {}
+        self._memo: dict[str, Any] = {}
 
     def new_matcher(self) -> ThinkThenMatcher:
         return ThinkThenMatcher(self)
 
     def min_completion_tokens(self) -> int | None:
-        if "min" not in self._min:
-            self._min["min"] = _length(self.new_matcher().completion_plan())
-        return self._min["min"]
+        if "min" not in self._memo:
+            self._memo["min"] = _length(self.new_matcher().completion_plan())
+        return self._memo["min"]
+
+    def answer_plan(self) -> list[int] | None:
+        """The answer's shortest completion from its start (the same for every request; [] for free text)."""
+        if "answer" not in self._memo:
+            self._memo["answer"] = [] if self.answer is None else self.answer.new_matcher().completion_plan()
+        return self._memo["answer"]
 
     def answer_plan_length(self) -> int | None:
-        """Tokens of the answer's shortest completion from its start (0 for free text)."""
-        if "answer" not in self._min:
-            self._min["answer"] = 0 if self.answer is None else _length(self.answer.new_matcher().completion_plan())
-        return self._min["answer"]
+        return _length(self.answer_plan())
 
     def __getattr__(self, name: str) -> Any:
         # the answer's report (fidelity, value check...) is the request's
-        if name in ("think", "answer", "budget", "_min", "_tails"):
+        if name in ("think", "answer", "budget", "_memo", "_tails"):
             raise AttributeError(name)
         return getattr(self.answer, name)
 
@@ -176,7 +179,7 @@ class ThinkThenMatcher:
         if not self.in_block:
             return self._answer_plan()
         way_out = self.way_out()
-        answer = self._answer_plan()  # the answer's matcher is still at its start
+        answer = self.constraint.answer_plan()  # the answer's matcher is still at its start
         return None if way_out is None or answer is None else way_out + answer
 
     def completion_bound_after(self, token_id: int) -> int | None:
