@@ -50,6 +50,7 @@ PROBES = {
     "layer_loop_bench": "a decode pass with the decoder layers in one C++ call vs the Python layer loop",
     "logprobs_overhead": "a greedy decode batch without logprobs, with them, and with 20 alternatives",
     "quant_linear_bench": "the q4 linear kernels vs what they replaced; --stream: GB/s read a second",
+    "think_block_cost": "a think block before a JSON answer: mask + accept per token, the strict guard's calls inside the block",
     "device_check": "the CUDA path: Triton kernels vs torch, CUDA graphs (bash bench/device_check.sh)",
     "device_engine": "the whole engine on a GPU, Triton + CUDA graphs vs the torch backend",
 }
