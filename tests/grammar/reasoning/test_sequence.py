@@ -112,3 +112,20 @@ def test_the_answers_report_is_the_requests(service, encode):
     c = constraint(service, encode)
     assert c.fidelity is c.answer.fidelity  # what the output check reads
     json.dumps(c.min_completion_tokens())
+
+
+class Part:
+    """A picklable stand-in for a compiled handle (the cluster's SharedConstraint travels as its spec)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.fidelity = f"{name}'s report"
+
+
+def test_the_constraint_travels_by_pickle_without_its_tokenizer():
+    import pickle
+
+    c = ThinkThenConstraint(Part("think"), Part("answer"), "<think>", "</think>\n\n", lambda text: [len(text)], 7)
+    copy = pickle.loads(pickle.dumps(c))
+    assert (copy.think.name, copy.answer.name, copy.budget) == ("think", "answer", 7)
+    assert copy.fidelity == "answer's report"
