@@ -118,13 +118,15 @@ class ThinkThenMatcher:
 
     def valid_prefix(self, token_ids: list[int]) -> int:
         """Leading tokens of `token_ids` accepted in a row (state unchanged): the block's, then
-        the answer's from its start once they close the block."""
+        the answer's from its start once they close the block. A draft stops where the thinking
+        budget is spent (the way out is then forced, not drafted)."""
         if not self.in_block:
             return len(token_ids) if self.answer is None else self.answer.valid_prefix(token_ids)
+        room = self.constraint.budget - self.block_tokens
         taken = 0
         closed = False
         for t in token_ids:
-            if not self.think.accept(t):
+            if taken >= room or not self.think.accept(t):
                 break
             taken += 1
             if self.think.is_completed():

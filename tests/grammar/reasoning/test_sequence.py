@@ -129,3 +129,8 @@ def test_the_constraint_travels_by_pickle_without_its_tokenizer():
     copy = pickle.loads(pickle.dumps(c))
     assert (copy.think.name, copy.answer.name, copy.budget) == ("think", "answer", 7)
     assert copy.fidelity == "answer's report"
+
+
+def test_a_draft_stops_where_the_budget_is_spent(service, encode):
+    m = constraint(service, encode, state=OPEN, budget=3).new_matcher()
+    assert m.valid_prefix(encode(" one two three four five")) == 3
