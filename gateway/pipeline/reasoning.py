@@ -56,6 +56,14 @@ def effort_kwargs(effort: str | None, template_kwargs: dict[str, Any] | None) ->
 
 
 def check_budget_fields(effort: str | None, budget: int | None, param: str = "thinking_budget") -> None:
+    """A bad value, or a budget for a model that writes no think block (effort "none" is neutral)."""
+    if not model_thinks() and ((effort is not None and effort != "none") or budget is not None):
+        field = "reasoning_effort" if effort is not None and effort != "none" else param
+        raise bad_request(
+            f"'{field}' is not supported: the served model writes no think block "
+            f"(reasoning format {grammar_adapter.reasoning_format_name()!r}; docs/reasoning.md).",
+            field,
+        )
     if effort is not None and effort not in EFFORT_SHARE:
         raise bad_request(
             f"'reasoning_effort' must be one of {', '.join(EFFORT_SHARE)}; got {effort!r}.", "reasoning_effort"

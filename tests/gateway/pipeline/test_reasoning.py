@@ -57,10 +57,18 @@ def test_effort_none_turns_thinking_off_in_the_template(qwen3_reasoning):
 
 
 @pytest.mark.parametrize(("effort", "budget", "param"), [("huge", None, "reasoning_effort"), (None, -1, "b")])
-def test_bad_budget_fields_are_refused(effort, budget, param):
+def test_bad_budget_fields_are_refused(qwen3_reasoning, effort, budget, param):
     with pytest.raises(APIError) as info:
         check_budget_fields(effort, budget, "b")
     assert info.value.status == 400 and info.value.param == param
+
+
+@pytest.mark.parametrize(("effort", "budget", "param"), [("low", None, "reasoning_effort"), (None, 10, "b")])
+def test_a_budget_for_a_model_that_does_not_think_is_refused(effort, budget, param):
+    with pytest.raises(APIError) as info:
+        check_budget_fields(effort, budget, "b")
+    assert info.value.status == 400 and info.value.param == param
+    check_budget_fields("none", None)  # neutral
 
 
 class ReplayEngine:
