@@ -49,6 +49,7 @@ PROBES = {
     "guard_cost": "the real engine on that schema under the strict guard's budget rule and the one before",
     "layer_loop_bench": "a decode pass with the decoder layers in one C++ call vs the Python layer loop",
     "logprobs_overhead": "a greedy decode batch without logprobs, with them, and with 20 alternatives",
+    "moe_bench": "one MoE layer with a pass's experts grouped (one matmul per active expert) vs per token",
     "quant_linear_bench": "the q4 linear kernels vs what they replaced; --stream: GB/s read a second",
     "think_block_cost": "a think block before a JSON answer: mask + accept per token, the strict guard's calls inside the block",
     "device_check": "the CUDA path: Triton kernels vs torch, CUDA graphs (bash bench/device_check.sh)",
