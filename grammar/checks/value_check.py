@@ -50,7 +50,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from grammar.checks.value_rules import DependentNames, ItemRule, ObjectItems, SchemaNavigator, canonical
+from grammar.checks.canonical import canonical
+from grammar.checks.object_items import ItemRule, ObjectItems
+from grammar.checks.value_rules import DependentNames, SchemaNavigator
 from grammar.engines.token_mask import allowed_among, allowed_ids
 
 log = logging.getLogger("jumpgate.grammar")
