@@ -72,7 +72,10 @@ def serve(tmp_path_factory, model_dir, template: str, *flags: str):
     from bench.server_process import JumpgateServer
 
     args = ["--model", str(model_dir), "--chat-template", str(TEMPLATES / template), *flags]
-    srv = JumpgateServer(tmp_path_factory.mktemp("reasoning"), kv_pool_tokens=8192, extra_args=args)
+    # (a first start may build the CPU kernels: minutes on a loaded 2-core host)
+    srv = JumpgateServer(
+        tmp_path_factory.mktemp("reasoning"), kv_pool_tokens=8192, extra_args=args, startup_timeout_s=600
+    )
     srv.start()
     try:
         client = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0)
@@ -399,3 +402,14 @@ def test_effort_none_closes_a_block_the_template_opened(opened):
     assert message.model_extra["reasoning_content"] is None  # an empty block
     assert resp.usage.completion_tokens_details.reasoning_tokens == 1  # `</think>` alone
     jsonschema.validate(json.loads(message.content), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"reasoning_effort": "extreme"}, "reasoning_effort"), ({"thinking_budget": -1}, "thinking_budget")],
+)
+def test_bad_reasoning_fields_are_a_400_naming_them(served, extra, param):
+    _, client, model = served
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, extra_body=extra)
+    assert err.value.body["param"] == param
