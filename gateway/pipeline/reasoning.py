@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from gateway.errors import bad_request
 from gateway.pipeline import grammar_adapter
 from grammar.reasoning.markers import CLOSED, TO_COME, ThinkMarkers, block_state, think_markers, think_tag
@@ -106,7 +108,7 @@ async def reasoning_constraint(plan: ReasoningPlan, answer: Any, service: Any, t
     opening = plan.markers.begin if plan.state == TO_COME else ""
     way_out = plan.markers.end + plan.markers.after
     constraint = ThinkThenConstraint(think, answer, opening, way_out, encode, plan.budget)
-    need = constraint.min_completion_tokens()
+    need = await anyio.to_thread.run_sync(constraint.min_completion_tokens)  # plans: off the event loop
     if plan.budget is not None and not plan.asked and need is not None:
         # a default budget leaves room for the block's way out and the answer's shortest
         # completion; a budget the request gave is kept (a strict answer is still completed in

@@ -21,11 +21,13 @@ Both parts are `runtime.constraint` matchers (typed structurally: grammar import
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
 _NO_BUDGET = 1 << 62
+_ANSWER_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled answer -> its plan from the start
 
 
 class ThinkThenConstraint:
@@ -54,10 +56,20 @@ class ThinkThenConstraint:
         return self._memo["min"]
 
     def answer_plan(self) -> list[int] | None:
-        """The answer's shortest completion from its start (the same for every request; [] for free text)."""
-        if "answer" not in self._memo:
-            self._memo["answer"] = [] if self.answer is None else self.answer.new_matcher().completion_plan()
-        return self._memo["answer"]
+        """The answer's shortest completion from its start ([] for free text): the same for every
+        request of that grammar, so planned once per compiled answer (a large schema's plan is
+        milliseconds), not once per request."""
+        if self.answer is None:
+            return []
+        try:
+            return _ANSWER_PLANS[self.answer]
+        except KeyError:
+            plan = _ANSWER_PLANS[self.answer] = self.answer.new_matcher().completion_plan()
+            return plan
+        except TypeError:  # a handle that cannot be weakly referenced: planned per constraint
+            if "answer" not in self._memo:
+                self._memo["answer"] = self.answer.new_matcher().completion_plan()
+            return self._memo["answer"]
 
     def answer_plan_length(self) -> int | None:
         return _length(self.answer_plan())
