@@ -5,7 +5,8 @@
 - cpu_backend.py:    CpuPagedAttentionBackend (a batch-invariant C++ kernel; CPU, float32)
   (its kernel, runtime/cpu_kernels/paged_attention.cpp, is built on first use, cached per machine)
 - cascade.py:        shared-prefix (cascade) attention: prefix groups, attention with LSE, the merge
-- triton_backend.py: TritonAttentionBackend and its kernels (CUDA; CPU under TRITON_INTERPRET=1)
+- triton_backend.py: TritonAttentionBackend, its launchers and metadata (CUDA; CPU under TRITON_INTERPRET=1)
+- triton_kernels.py: the Triton kernels themselves (extend, split-K decode, shared prefix, merge)
 
 The Triton backend is imported only when asked for: importing triton is slow, and the
 interpreter must be switched on (TRITON_INTERPRET) before its kernels are defined.
