@@ -457,9 +457,12 @@ def summarize(name: str, results: list[tuple[Result, bool]], wall: float, concur
 
 
 def outputs_digest(results: list[Result]) -> str:
-    """A digest of every answer in job order (text, tool calls, finish reason): runs of the same
+    """A digest of every answer in job order (text, tool calls' names and arguments, finish reason): runs of the same
     greedy workload compare equal exactly when every answer is the same."""
-    answers = [(r.content, sorted(r.tool_calls.items()), r.finish_reason, r.status) for r in results]
+    answers = [
+        (r.content, [(c["name"], c["arguments"]) for _, c in sorted(r.tool_calls.items())], r.finish_reason, r.status)
+        for r in results
+    ]  # a call's id is random: name and arguments are the answer
     return hashlib.sha256(json.dumps(answers, sort_keys=True).encode()).hexdigest()[:16]
 
 
