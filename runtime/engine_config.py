@@ -55,6 +55,14 @@ class EngineConfig:
         flag="--attention-tiles",
         choices=("auto", "on", "off"),
     )
+    attention_precision: str = setting(
+        "auto",
+        "the precision of those tile products: bf16 (Q, K and the softmax weights rounded to bf16, "
+        "float32 sums: the fastest), float32 (each operand split into two bf16 words, within 1e-4 of "
+        "float32: three products a score); auto: bf16 (docs/serving.md)",
+        flag="--attention-precision",
+        choices=("auto", "bf16", "float32"),
+    )
     cuda_graphs: bool = setting(
         True,
         "run decode passes eagerly on CUDA instead of replaying CUDA graphs (graphs: CUDA + triton only)",

@@ -32,9 +32,10 @@ class AttentionBackend(ABC):
     # the KV pool's layout this backend reads fastest (runtime/kvcache/pool.py)
     kv_head_major = False
 
-    def enable_tiles(self, weights: str) -> bool:
-        """Run the products on matrix tiles for a model with `weights` (--attention-tiles); False
-        where this backend cannot (only the cpu kernel can: cpu_backend.py)."""
+    def enable_tiles(self, weights: str, precision: str = "float32") -> bool:
+        """Run the products on matrix tiles for a model with `weights` (--attention-tiles), at
+        `precision` (bf16 or float32: --attention-precision); False where this backend cannot
+        (only the cpu kernel can: cpu_backend.py)."""
         return False
 
     @abstractmethod
@@ -52,8 +53,8 @@ class AttentionBackend(ABC):
         so directly saves the conversion pass."""
         return self.forward(q, k_cache, v_cache).to(dtype)
 
-    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool] | None:
-        """(slots, meta, tiles) of the prepared pass, what the cpu kernel takes, for a caller that
+    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool] | None:
+        """(slots, meta, tiles, bf16 products) of the prepared pass, what the cpu kernel takes, for a caller that
         runs every layer in C++ (runtime/cpu_kernels/decoder_layers.cpp); None where this backend
         is not that kernel."""
         return None

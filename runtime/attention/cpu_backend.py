@@ -27,10 +27,12 @@ float32 only: other dtypes (e.g. --dtype bfloat16 on CPU) go through the torch b
 
 AMX tiles (`enable_tiles`, the engine's --attention-tiles, on by default where it can run: q4, q8
 and bf16 weights on a CPU with AMX): every row's block products run as bf16 tile products instead
-(runtime/cpu_kernels/paged_attention_tiles.h), float32 operands split into two bf16 words, close to
-float32 (tests: within 1e-4 of SDPA). Same blocks, same fold order, so the invariance above holds on
-that path too; only formats that round the attention output to bf16 next may take it
-(TILE_FORMATS), and once on, every pass takes it. Long prompts prefill faster and a prefix group's
+(runtime/cpu_kernels/paged_attention_tiles.h), at one of two precisions (--attention-precision):
+`float32`, float32 operands split into two bf16 words (three products a score; within 1e-4 of
+SDPA), or `bf16`, Q, K and the probabilities rounded once to bf16 with float32 sums (one product a
+score; runtime/cpu_kernels/paged_attention_bf16.h). Same blocks, same fold order, so the invariance
+above holds on that path too; only formats that round the attention output to bf16 next may take
+it (TILE_FORMATS), and once on, every pass takes it. Long prompts prefill faster and a prefix group's
 shared blocks cost less; a decode's few rows per block pay the K/V preparation alone, so decoding
 long unshared contexts costs more (figures in docs/perf-log.md).
 
@@ -52,6 +54,15 @@ from runtime.forward_batch import ForwardBatch
 # Formats whose linear layers take bf16 activations: the attention output is rounded to bf16 next,
 # so near-float32 tile products cost them nothing that matters (tests/runtime/model/test_weight_formats.py's drift).
 TILE_FORMATS = frozenset({"q4", "q8", "bf16"})
+PRECISIONS = ("bf16", "float32")  # of the tile products (--attention-precision, after auto)
+# what --attention-precision auto takes: bf16 agrees with the float32 reference's greedy tokens as
+# often as float32 tiles do (tests/runtime/model/test_weight_formats.py's long-context drift)
+AUTO_PRECISION = "bf16"
+
+
+def tile_precision(requested: str) -> str:
+    """--attention-precision's value after `auto`."""
+    return AUTO_PRECISION if requested == "auto" else requested
 
 
 class CpuPagedAttentionBackend(AttentionBackend):
@@ -64,13 +75,17 @@ class CpuPagedAttentionBackend(AttentionBackend):
     def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext
         self.tiles = False  # AMX tile products: set by enable_tiles (see the module docstring)
+        self.bf16_products = False  # their precision: bf16 operands (else float32 ones split in two words)
         self.batch: ForwardBatch | None = None
         self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes
 
-    def enable_tiles(self, weights: str) -> bool:
+    def enable_tiles(self, weights: str, precision: str = "float32") -> bool:
+        if precision not in PRECISIONS:
+            raise ValueError(f"attention precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
         self.tiles = weights in TILE_FORMATS and bool(self.ext.int4_linear_amx())  # the CPU grants AMX
+        self.bf16_products = self.tiles and precision == "bf16"
         if self.tiles:
-            self.name = "cpu-amx"
+            self.name = "cpu-amx-bf16" if self.bf16_products else "cpu-amx"
         return self.tiles
 
     def prepare(self, batch: ForwardBatch) -> None:
@@ -97,15 +112,20 @@ class CpuPagedAttentionBackend(AttentionBackend):
                 self.fallback = TorchAttentionBackend()
                 self.fallback.prepare(self.batch)
             return self.fallback.forward(q, k_cache, v_cache)
-        return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta, self.tiles)
+        return self.ext.paged_attention(
+            q, k_cache, v_cache, self.slots, self.meta, self.tiles, False, self.bf16_products
+        )
 
-    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        return self.slots, self.meta, self.tiles  # float32 q and caches only: the loop's pool is float32
+    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
+        # float32 q and caches only: the loop's pool is float32
+        return self.slots, self.meta, self.tiles, self.bf16_products
 
     def forward_as(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
         if dtype == torch.bfloat16 and q.dtype == torch.float32 and k_cache.dtype == torch.float32:
             # written as bf16 by the kernel: the same values as float32 then .to(bfloat16)
-            return self.ext.paged_attention(q, k_cache, v_cache, self.slots, self.meta, self.tiles, True)
+            return self.ext.paged_attention(
+                q, k_cache, v_cache, self.slots, self.meta, self.tiles, True, self.bf16_products
+            )
         return super().forward_as(q, k_cache, v_cache, dtype)

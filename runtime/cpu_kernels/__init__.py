@@ -64,7 +64,13 @@ SOURCES = (
     FOLDER / "quant_linear_i8.cpp",
     FOLDER / "decoder_layers.cpp",
 )
-HEADERS = (FOLDER / "vec.h", FOLDER / "amx.h", FOLDER / "paged_attention_tiles.h", FOLDER / "ops.h")
+HEADERS = (
+    FOLDER / "vec.h",
+    FOLDER / "amx.h",
+    FOLDER / "paged_attention_tiles.h",
+    FOLDER / "paged_attention_bf16.h",
+    FOLDER / "ops.h",
+)
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
 # cpp_extension.load appends to the lists it is given, so it gets copies (the key hashes these).

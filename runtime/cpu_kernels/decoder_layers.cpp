@@ -78,7 +78,8 @@ at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& a, const 
 torch::Tensor decoder_layers(torch::Tensor h, torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed,
                              torch::Tensor out_slots, std::vector<torch::Tensor> k_caches,
                              std::vector<torch::Tensor> v_caches, const c10::intrusive_ptr<DecoderWeights>& weights,
-                             torch::Tensor attn_slots, torch::Tensor attn_meta, bool tiles, int64_t heads, double eps) {
+                             torch::Tensor attn_slots, torch::Tensor attn_meta, bool tiles, int64_t heads, double eps,
+                             bool bf16_products) {
   const int64_t layers = weights->layers;
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == layers && v_caches.size() == k_caches.size(),
               "decoder_layers: ", layers, " layers need as many K and V caches, not ", k_caches.size(), " and ",
@@ -106,7 +107,8 @@ torch::Tensor decoder_layers(torch::Tensor h, torch::Tensor x, torch::Tensor cos
     at::Tensor o;
     {
       RECORD_FUNCTION("jumpgate_cpu::paged_attention", {});
-      o = paged_attention(q, k_caches[li], v_caches[li], attn_slots, attn_meta, tiles, bf16).reshape({t, q_width});
+      o = paged_attention(q, k_caches[li], v_caches[li], attn_slots, attn_meta, tiles, bf16, bf16_products)
+              .reshape({t, q_width});
     }
     x = add_norm(run(1, o), p[LINEARS * PER_LINEAR]);
     at::Tensor act;
@@ -125,6 +127,6 @@ TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
       .def(torch::init<std::vector<int64_t>, c10::List<std::optional<at::Tensor>>>());
   m.def("decoder_layers(Tensor(a!) h, Tensor x, Tensor cos, Tensor sin_signed, Tensor out_slots, "
         "Tensor(b!)[] k_caches, Tensor(c!)[] v_caches, __torch__.torch.classes.jumpgate_cpu.DecoderWeights weights, "
-        "Tensor attn_slots, Tensor attn_meta, bool tiles, int heads, float eps) -> Tensor",
+        "Tensor attn_slots, Tensor attn_meta, bool tiles, int heads, float eps, bool bf16_products=False) -> Tensor",
         &decoder_layers);
 }

@@ -7,7 +7,7 @@
 
 // paged_attention.cpp
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
-                              torch::Tensor meta, bool use_tiles, bool bf16_out);
+                              torch::Tensor meta, bool use_tiles, bool bf16_out, bool bf16_products);
 // layer_ops.cpp
 torch::Tensor add_rms_norm_bf16(torch::Tensor h, torch::Tensor delta, torch::Tensor w, double eps);
 torch::Tensor add_rms_norm_f32(torch::Tensor h, torch::Tensor delta, torch::Tensor w, double eps);

@@ -273,8 +273,11 @@ TileFn pick(int nc, bool full) {
 // head_dim is a multiple of 32 (else the vector path).
 // bf16_out: the result in bf16 (what the next layer takes in the bf16-activation formats), saving a
 // conversion pass per layer; the same values as float32 output then .to(bfloat16).
+// bf16_products: the AMX path at bf16 precision (q, k and the softmax weights rounded once to bf16:
+// paged_attention_bf16.h), else at float32 precision (each split into two bf16 words).
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out) {
+                              torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out,
+                              bool bf16_products) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_attention: shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "paged_attention: float32 only");
@@ -293,7 +296,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const bool amx = use_tiles && D % 32 == 0 && amx_usable();
   TileFn amx_fn = fn;
 #if defined(JUMPGATE_AMX)
-  if (amx) amx_fn = &run_tile_amx;
+  if (amx) amx_fn = bf16_products ? &run_tile_amx<false> : &run_tile_amx<true>;
 #endif
   auto out = torch::empty({T, H, D}, q.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat)
                                          .memory_format(at::MemoryFormat::Contiguous));
@@ -373,6 +376,6 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
 // A dispatcher op (not a pybind function), so torch.profiler sees it by name.
 TORCH_LIBRARY(jumpgate_cpu, m) {
   m.def("tiles_min_keys() -> int", []() -> int64_t { return TILES_MIN_KEYS; });
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False) -> Tensor",
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False, bool bf16_products=False) -> Tensor",
         &paged_attention);
 }

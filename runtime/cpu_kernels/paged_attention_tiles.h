@@ -13,7 +13,9 @@
 // instruction's float32 sums: close to float32 (tests/runtime/attention/test_cpu_attention.py: within 1e-4 of
 // SDPA). V takes no remainder: in the formats that turn tiles on it is the qkv layer's bf16 output.
 // The scores are transposed to a row per state (2 x 16 x 16 words), so each state's softmax runs
-// in its own row and a decode's 3 states cost 3 rows, not a tile's 16.
+// in its own row and a decode's 3 states cost 3 rows, not a tile's 16. That is the float32
+// precision (SPLIT); the bf16 precision (paged_attention_bf16.h) rounds q, k and p once and runs
+// its chunks in columns.
 //
 // Batch invariance holds as on the vector path: a tile instruction computes each output from its
 // own row and column, and the softmax and the value sums of a state run in its own row, so
@@ -127,14 +129,20 @@ struct BlockKV {
     v = scratch(values, BLK / 2 * D);
   }
 
+  // SPLIT: K as hi and lo words (the float32 precision); else its words alone (bf16)
+  template <bool SPLIT>
   void fill(const float* const* kp, const float* const* vp, int kc, int64_t D) {
     const __m512i zero = _mm512_setzero_si512();
     for (int j = 0; j < BLK; ++j)
       for (int64_t c = 0; c < D; c += 32) {
         __m512i hi = zero, lo = zero;
-        if (j < kc) split_words(_mm512_loadu_ps(kp[j] + c), _mm512_loadu_ps(kp[j] + c + 16), hi, lo);
+        if (j < kc) {
+          const __m512 x0 = _mm512_loadu_ps(kp[j] + c), x1 = _mm512_loadu_ps(kp[j] + c + 16);
+          if constexpr (SPLIT) split_words(x0, x1, hi, lo);
+          else hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+        }
         _mm512_storeu_si512(&k_hi[j * D + c], hi);
-        _mm512_storeu_si512(&k_lo[j * D + c], lo);
+        if constexpr (SPLIT) _mm512_storeu_si512(&k_lo[j * D + c], lo);
       }
     // V's words (rounded: in the formats tiles serve V is the qkv layer's bf16 output, so exact and
     // with no lo part), key 2r's and key 2r + 1's interleaved dim by dim
@@ -169,6 +177,7 @@ struct States {
     std::fill(acc, acc + n * D, 0.f);
   }
 
+  template <bool SPLIT>
   void set_q(int64_t st, const float* q, int64_t D) {
     for (int64_t dp = 0; dp < D / 2; ++dp) {  // dim pair dp: chunk dp / 16, row dp % 16
       uint32_t hi = 0, lo = 0;
@@ -176,10 +185,10 @@ struct States {
         const float x = q[2 * dp + e];
         const uint16_t h = bf16_word(x);
         hi |= static_cast<uint32_t>(h) << (16 * e);
-        lo |= static_cast<uint32_t>(bf16_word(x - bf16_value(h))) << (16 * e);
+        if constexpr (SPLIT) lo |= static_cast<uint32_t>(bf16_word(x - bf16_value(h))) << (16 * e);
       }
       qt_hi[dp * stride + st] = hi;
-      qt_lo[dp * stride + st] = lo;
+      if constexpr (SPLIT) qt_lo[dp * stride + st] = lo;
     }
   }
 };
@@ -276,6 +285,10 @@ void fold_chunk(const Args& a, States& s, const BlockKV& kv, int64_t st0, int n,
   }
 }
 
+#include "paged_attention_bf16.h"  // fold_columns: the bf16 precision's block
+
+// SPLIT: the float32 precision (fold_chunk), else bf16 (fold_columns, the output kept [D][state])
+template <bool SPLIT>
 void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
   const int64_t G = a.group, D = a.dim;
   segs += t.first_seg;
@@ -285,10 +298,11 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     n_max = std::max(n_max, segs[sg].n0 + segs[sg].rows - 1);
   }
   States s(rows * G, D);
+  if constexpr (!SPLIT) std::fill(s.acc, s.acc + s.stride * D, 0.f);
   for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
     for (int64_t i = 0; i < segs[sg].rows; ++i)
       for (int64_t g = 0; g < G; ++g, ++st)
-        s.set_q(st, a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head, D);
+        s.set_q<SPLIT>(st, a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head, D);
   // The blocks in order, each for all states (a shared block, seg -1) or one segment's; each
   // block's K/V is made into tile operands once for all the states that read it.
   struct Job { int64_t base, seg, st0; };
@@ -300,6 +314,20 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       if (segs[sg].n0 + segs[sg].rows - 1 > base) jobs.push_back({base, sg, st0});
   }
   BlockKV block(D);
+  thread_local std::vector<uint32_t> values_t;
+  uint32_t* const vt = SPLIT ? nullptr : scratch(values_t, BLK / 2 * D);
+  bool have_vt = false;  // V^T of the current block made (only chunks of many states need it)
+  auto fold = [&](int64_t st, int n, const vi& valid) {
+    if constexpr (SPLIT) {
+      fold_chunk(a, s, block, st, n, valid);
+    } else if (n <= ROW_STATES) {
+      fold_rows(a, s, block, st, n, valid);
+    } else {
+      if (!have_vt) transpose_values(block.v, vt, D);
+      have_vt = true;
+      fold_columns(a, s, block, vt, st, n, valid);
+    }
+  };
   for (size_t x = 0; x < jobs.size(); ++x) {
     const Job& job = jobs[x];
     const Seg& owner = segs[job.seg < 0 ? 0 : job.seg];  // whose slots address the block
@@ -312,10 +340,11 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       kp[j] = a.k + off;
       vp[j] = a.v + off;
     }
-    block.fill(kp, vp, kc, D);
+    block.fill<SPLIT>(kp, vp, kc, D);
+    have_vt = false;
     if (job.seg < 0) {  // every state of the tile sees all 32 keys
       for (int64_t st = 0; st < s.count; st += TS)
-        fold_chunk(a, s, block, st, static_cast<int>(std::min<int64_t>(TS, s.count - st)), splat_i(BLK));
+        fold(st, static_cast<int>(std::min<int64_t>(TS, s.count - st)), splat_i(BLK));
       continue;
     }
     const Seg& seg = segs[job.seg];
@@ -327,14 +356,22 @@ void run_tile_amx(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
         const int64_t i = (st + k - job.st0) / G;
         valid[k] = static_cast<int32_t>(std::min<int64_t>(BLK, seg.n0 + i - job.base));
       }
-      fold_chunk(a, s, block, st, n, valid);
+      fold(st, n, valid);
     }
   }
   for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
     for (int64_t i = 0; i < segs[sg].rows; ++i)
       for (int64_t g = 0; g < G; ++g, ++st) {
         const int64_t dst = ((segs[sg].row0 + i) * a.heads + kvh * G + g) * D;
-        for (int64_t c = 0; c < D; c += W) put(a, dst + c, load(&s.acc[st * D + c]) / s.l[st], W);
+        for (int64_t c = 0; c < D; c += W) {
+          vf o;
+          if constexpr (SPLIT) o = load(&s.acc[st * D + c]);
+          else  // column st of the [D][stride] output
+            o = (vf)_mm512_i32gather_ps(_mm512_mullo_epi32((__m512i)splat_i(static_cast<int32_t>(s.stride)),
+                                                           _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)),
+                                        &s.acc[c * s.stride + st], 4);
+          put(a, dst + c, o / s.l[st], W);
+        }
       }
 }
 #endif  // JUMPGATE_AMX

@@ -261,9 +261,22 @@ class DecoderModel:
         x = self._norm(h, self.layers[0].input_norm, eps)
         tables = attn.paged_tables() if self._loop is not None else None
         if tables is not None:  # every layer in one call: the same kernels, the same bits
-            slots, meta, tiles = tables
+            slots, meta, tiles, bf16_products = tables
             x = self.fused_ops.decoder_layers(
-                h, x, cos, sin, batch.out_slots, kv.k, kv.v, self._loop, slots, meta, tiles, self.cfg.num_heads, eps
+                h,
+                x,
+                cos,
+                sin,
+                batch.out_slots,
+                kv.k,
+                kv.v,
+                self._loop,
+                slots,
+                meta,
+                tiles,
+                self.cfg.num_heads,
+                eps,
+                bf16_products,
             )
         else:
             after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]

@@ -20,6 +20,7 @@ import torch
 
 from runtime.attention import make_attention_backend
 from runtime.attention.cascade import find_prefix_groups
+from runtime.attention.cpu_backend import tile_precision
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool, ReqToTokenTable
@@ -99,7 +100,11 @@ class ModelRunner:
             invariant_attention=self.attn.batch_invariant,
         )
         # the kernel's float32 passes only (other dtypes go through torch)
-        tiles = cfg.attention_tiles != "off" and dtype == torch.float32 and self.attn.enable_tiles(self.model.weights)
+        tiles = (
+            cfg.attention_tiles != "off"
+            and dtype == torch.float32
+            and self.attn.enable_tiles(self.model.weights, tile_precision(cfg.attention_precision))
+        )
         if cfg.attention_tiles == "on" and not tiles:
             log.warning(
                 "--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights, "

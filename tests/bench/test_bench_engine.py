@@ -31,9 +31,10 @@ def expected_attention(weights: str) -> str:
     import torch
 
     from runtime.attention import make_attention_backend
+    from runtime.attention.cpu_backend import tile_precision
 
     backend = make_attention_backend("auto", torch.device("cpu"))
-    backend.enable_tiles(weights)
+    backend.enable_tiles(weights, tile_precision("auto"))
     return backend.name
 
 
@@ -51,7 +52,7 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     ref, chosen, auto = lines
     assert ref["weights"] == "fp32" and chosen["weights"] == "q4" and chosen["weights_reason"]
     assert ref["attention"] == expected_attention("fp32") in ("cpu", "torch")
-    assert chosen["attention"] == expected_attention("q4") in ("cpu", "cpu-amx", "torch")
+    assert chosen["attention"] == expected_attention("q4") in ("cpu", "cpu-amx", "cpu-amx-bf16", "torch")
     # auto chose one of the two measured formats: reported, not measured again
     assert auto == {
         "bench": "engine",

@@ -1,8 +1,8 @@
 """--attention-tiles end to end (the cpu attention kernel on AMX tiles; runtime/attention/cpu_backend.py).
 
-The default (`auto`) takes tiles wherever they can run. With the real SmolLM2 in q4 on a CPU with
-AMX, the engine keeps the equalities the batch-invariant
-kernel exists for: jump-forward `verify` gives `off`'s tokens, a prompt served from the prefix
+The default (`auto`) takes tiles wherever they can run, at bf16 precision (`--attention-precision
+auto`; `float32` the other run). With the real SmolLM2 in q4 on a CPU with AMX, at either
+precision, the engine keeps the equalities the batch-invariant kernel exists for: jump-forward `verify` gives `off`'s tokens, a prompt served from the prefix
 cache gives the tokens it gave cold, and strict outputs validate. Elsewhere `on` is refused with
 one log line, `auto` says nothing, and the engine runs as with `off` (tiny model). The kernel's own checks are in
 tests/runtime/attention/test_cpu_attention.py; its drift from fp32 in tests/runtime/model/test_weight_formats.py.
@@ -22,6 +22,12 @@ from runtime.decode.sampling import SamplingParams
 from tests.conftest import chat_ids
 
 SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
+# House rules after the system line, long enough (~700 tokens) that every row of these requests
+# sees more than the kernel's tiles_min_keys() (512) keys: the tile path, not the vector one
+RULES = " ".join(
+    f"Rule {i}: a reply names each field once, keeps numbers as numbers, and never adds a field the schema lacks."
+    for i in range(1, 31)
+)
 SCHEMAS = {
     "person": {
         "type": "object",
@@ -71,14 +77,16 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiles_engine(smollm_dir, cpu_ops):
+@pytest.fixture(scope="module", params=["auto", "float32"])
+def tiles_engine(smollm_dir, cpu_ops, request):
     from runtime.engine.engine import Engine
 
     if not cpu_ops.int4_linear_amx():
         pytest.skip("no AMX tiles on this CPU")
-    engine = Engine(kv_pool_tokens=8192, debug_invariants=True).start()  # the default: auto
-    assert engine.info.weights == "q4" and engine.info.attention_backend == "cpu-amx"
+    # the default (auto: tiles at bf16 precision), then tiles at float32 precision
+    engine = Engine(kv_pool_tokens=8192, debug_invariants=True, attention_precision=request.param).start()
+    banner = {"auto": "cpu-amx-bf16", "float32": "cpu-amx"}[request.param]
+    assert engine.info.weights == "q4" and engine.info.attention_backend == banner
     yield engine
     engine.shutdown()
 
@@ -86,7 +94,7 @@ def tiles_engine(smollm_dir, cpu_ops):
 def _requests(service, tokenizer, mode):
     return [
         GenerateRequest(
-            chat_ids(tokenizer, PROMPTS[name], SYSTEM),
+            chat_ids(tokenizer, PROMPTS[name], SYSTEM + "\n\n" + RULES),
             SamplingParams(max_new_tokens=80, temperature=0.0),
             constraint=service.compile(GrammarSpec.json_schema(schema)),
             jump_forward=mode,
@@ -97,8 +105,10 @@ def _requests(service, tokenizer, mode):
 
 
 @pytest.mark.e2e
-def test_verify_equals_off_and_the_cache_changes_no_token(tiles_engine, service, tokenizer):
-    off = tiles_engine.generate_many(_requests(service, tokenizer, "off"), timeout=600)
+def test_verify_equals_off_and_the_cache_changes_no_token(tiles_engine, service, tokenizer, cpu_ops):
+    requests = _requests(service, tokenizer, "off")
+    assert min(len(r.prompt_ids) for r in requests) > cpu_ops.tiles_min_keys()  # every row on tiles
+    off = tiles_engine.generate_many(requests, timeout=600)
     # the same prompts again: now all but their last token come from the prefix cache, and drafts
     # of forced text go in as several rows per pass
     verify = tiles_engine.generate_many(_requests(service, tokenizer, "verify"), timeout=600)

@@ -11,7 +11,9 @@
 - the engine gives the same greedy tokens with it as with torch (tiny model);
 - AMX tiles (--attention-tiles, on a CPU with AMX): within 1e-4 of SDPA, the same bitwise
   invariance and prefix-group equality, the vector path's bits where head_dim is not a multiple
-  of 32, and only for formats with bf16 activations. tests/runtime/attention/test_attention_tiles.py runs the engine on them.
+  of 32, and only for formats with bf16 activations. At bf16 precision (--attention-precision
+  bf16: Q, K and the softmax weights rounded once to bf16) all the same, within 3e-2 of SDPA over
+  the bf16-rounded Q and K. tests/runtime/attention/test_attention_tiles.py runs the engine on them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,20 @@ from runtime.forward_batch import ForwardBatch, PrefixGroup
 CPU = torch.device("cpu")
 TOL = 1e-5
 TILES_TOL = 1e-4  # products as bf16 word pairs (hi*hi + lo*hi + hi*lo): close to float32, not equal
-TILES = [False, True]  # the vector path, then AMX tiles where the CPU has them
+# bf16 products: the softmax weights rounded to bf16 (2^-9 relative) before the value sums, against
+# SDPA over the same bf16-rounded q and k
+BF16_TOL = 3e-2
+# the vector path, then AMX tiles where the CPU has them, at float32 and at bf16 precision
+TILES = [False, True, "bf16"]
+
+
+def tol_for(tiles) -> float:
+    return BF16_TOL if tiles == "bf16" else TILES_TOL if tiles else TOL
+
+
+def reference_qk(q: torch.Tensor, k: torch.Tensor, tiles) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k as the kernel multiplies them: bf16-rounded at bf16 precision."""
+    return (q.bfloat16().float(), k.bfloat16().float()) if tiles == "bf16" else (q, k)
 
 
 def values_for(v: torch.Tensor, tiles: bool) -> torch.Tensor:
@@ -38,9 +53,9 @@ def values_for(v: torch.Tensor, tiles: bool) -> torch.Tensor:
     return v.bfloat16().float() if tiles else v
 
 
-def backend_for(cpu_ops, tiles: bool) -> CpuPagedAttentionBackend:
+def backend_for(cpu_ops, tiles) -> CpuPagedAttentionBackend:
     backend = CpuPagedAttentionBackend(cpu_ops)
-    if tiles and not backend.enable_tiles("q4"):
+    if tiles and not backend.enable_tiles("q4", "bf16" if tiles == "bf16" else "float32"):
         pytest.skip("no AMX tiles on this CPU")
     return backend
 
@@ -113,9 +128,9 @@ def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim, tiles):
     q, k, v = random_qkv(batch.num_tokens, heads, kv_heads, dim)
     v = values_for(v, tiles)
     out = run(backend_for(cpu_ops, tiles), batch, q, k, v)
-    tol = TILES_TOL if tiles else TOL
-    assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= tol
-    assert (out - run(TorchAttentionBackend(), batch, q, k, v)).abs().max().item() <= tol
+    tol, (qr, kr) = tol_for(tiles), reference_qk(q, k, tiles)
+    assert (out - sdpa_reference(batch, qr, kr, v)).abs().max().item() <= tol
+    assert (out - run(TorchAttentionBackend(), batch, qr, kr, v)).abs().max().item() <= tol
     if tiles:  # other bits than the vector path's where a row sees enough keys and head_dim allows
         vector = run(CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
         long = rows_seeing(batch, cpu_ops.tiles_min_keys())
@@ -250,7 +265,7 @@ def grouped_specs(a_len: int, b_len: int):
 
 # With tiles, A's rows all see more than 512 keys (the AMX path), and B's members fall either side
 # (508, 516, 502 keys: a member on the vector path leaves the group, which changes no bit either)
-GROUPED = {False: grouped_specs(70, 45), True: grouped_specs(600, 500)}
+GROUPED = {False: grouped_specs(70, 45), True: grouped_specs(600, 500), "bf16": grouped_specs(600, 500)}
 
 
 @pytest.mark.parametrize("tiles", TILES)
@@ -274,7 +289,7 @@ def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim, tiles):
     assert sorted(len(g.members) for g in batch.prefix_groups) == [3, 45]  # A: a 65-token extend too
     grouped = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     assert torch.equal(grouped, plain)
-    assert (grouped - sdpa_reference(batch, q, k, v)).abs().max().item() <= (TILES_TOL if tiles else TOL)
+    assert (grouped - sdpa_reference(batch, *reference_qk(q, k, tiles), v)).abs().max().item() <= tol_for(tiles)
 
 
 def test_tiles_only_for_formats_with_bf16_activations_and_only_with_amx(cpu_ops):
@@ -285,7 +300,29 @@ def test_tiles_only_for_formats_with_bf16_activations_and_only_with_amx(cpu_ops)
     for fmt in ("q4", "q8", "bf16"):
         backend = CpuPagedAttentionBackend(cpu_ops)
         assert backend.enable_tiles(fmt) == amx and backend.name == ("cpu-amx" if amx else "cpu")
+        assert not backend.bf16_products
+        backend = CpuPagedAttentionBackend(cpu_ops)
+        assert backend.enable_tiles(fmt, "bf16") == amx and backend.bf16_products == amx
+        assert backend.name == ("cpu-amx-bf16" if amx else "cpu")
     assert not TorchAttentionBackend().enable_tiles("q4")
+    with pytest.raises(ValueError, match="attention precision 'fp16'"):
+        CpuPagedAttentionBackend(cpu_ops).enable_tiles("q4", "fp16")
+
+
+def test_bf16_precision_takes_effect_on_the_tile_rows_only(cpu_ops):
+    """At bf16 precision the rows that take tiles get other bits than at float32 precision (within
+    BF16_TOL of SDPA over the rounded and the unrounded q and k alike: most of the difference is the
+    softmax weights' rounding), and the rows on the vector path the same bits."""
+    batch = make_batch(MIXED + LONG)
+    q, k, v = random_qkv(batch.num_tokens, 9, 3, 64)
+    v = values_for(v, True)
+    out = run(backend_for(cpu_ops, "bf16"), batch, q, k, v)
+    for qr, kr in ((q, k), reference_qk(q, k, "bf16")):
+        assert (out - sdpa_reference(batch, qr, kr, v)).abs().max().item() <= BF16_TOL
+    long = rows_seeing(batch, cpu_ops.tiles_min_keys())
+    f32 = run(backend_for(cpu_ops, True), batch, q, k, v)
+    assert torch.equal(out[~long], f32[~long]) and not torch.equal(out[long], f32[long])
+    assert (out[long] - f32[long]).abs().max().item() <= BF16_TOL
 
 
 def test_checks_its_inputs(cpu_ops):

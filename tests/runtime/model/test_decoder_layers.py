@@ -50,10 +50,10 @@ def mixed_pass(prompts: list[list[int]], new: list[int], shared: int) -> tuple[F
     return batch, next_slot
 
 
-def both_paths(model, cfg, prompts, new, shared):
+def both_paths(model, cfg, prompts, new, shared, attn=None):
     """(logits, K, V) of the pass through the one-call loop and through the Python loop, each from
     the same pool contents (the cached prefix written by a first pass of the Python loop)."""
-    attn = make_attention_backend("auto", CPU)
+    attn = attn or make_attention_backend("auto", CPU)
     assert attn.name.startswith("cpu"), attn.name  # the kernel the one call runs
     batch, slots = mixed_pass(prompts, new, shared)
     kv = KVPool(
@@ -93,6 +93,24 @@ def test_one_call_equals_the_python_layer_loop_on_the_real_model(cpu_ops, smollm
     for a, b in zip(out["one call"], out["python"]):
         assert torch.equal(a, b)
     assert out["one call"][0].shape[0] == len(prompts)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_one_call_equals_the_python_layer_loop_on_amx_tiles(cpu_ops, smollm_dir, tokenizer, precision):
+    """The same with attention on AMX tiles at either --attention-precision, the rows past 512 keys
+    (a ~600-token shared prefix): the one call hands the precision to the kernel as the Python loop does."""
+    attn = make_attention_backend("auto", CPU)
+    if not attn.enable_tiles("q4", precision):
+        pytest.skip("no AMX tiles on this CPU")
+    cfg = read_config(smollm_dir)
+    model = load_model(smollm_dir, cfg, "q4", CPU, torch.float32)
+    system = tokenizer.encode("You are a careful assistant that answers in one short sentence. " * 50)
+    assert len(system) > cpu_ops.tiles_min_keys()
+    prompts = [system + tokenizer.encode(q) for q in ("Name a river.", "Say hello.", "Count to five please.")]
+    new = [1, 5, len(prompts[2]) - len(system) - 2]
+    out = both_paths(model, cfg, prompts, new, len(system), attn)
+    for a, b in zip(out["one call"], out["python"]):
+        assert torch.equal(a, b)
 
 
 def test_one_call_adds_the_qkv_biases_as_the_python_loop_does(cpu_ops, tmp_path, smollm_dir):
