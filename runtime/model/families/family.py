@@ -1,8 +1,10 @@
 """What a model family is: the hooks a family module fills in for the shared decoder.
 
 The decoder (runtime/model/decoder.py) reads Hugging Face Llama tensor names
-(`model.layers.{i}.self_attn.q_proj.weight`, ...) plus optional per-head `q_norm` / `k_norm`;
-a family whose checkpoints differ renames or splits its tensors in `weights`. GGUF files are
+(`model.layers.{i}.self_attn.q_proj.weight`, ...) plus optional per-head `q_norm` / `k_norm`,
+and in a MoE layer `mlp.gate.weight` (the router) with `mlp.experts.{e}.{gate,up,down}_proj.weight`
+(and `mlp.shared_expert.*` where there is one); a family whose checkpoints differ renames or splits
+its tensors in `weights`. GGUF files are
 turned into such a folder by runtime/model/loader.py through `gguf_names` and `gguf_config`.
 """
 
