@@ -57,9 +57,9 @@ class EngineConfig:
     )
     attention_precision: str = setting(
         "auto",
-        "the precision of those tile products: bf16 (Q, K and the softmax weights rounded to bf16, "
-        "float32 sums: the fastest), float32 (each operand split into two bf16 words, within 1e-4 of "
-        "float32: three products a score); auto: bf16 (docs/serving.md)",
+        "the precision of those tile products: bf16 (q and k rounded to bf16, one product a score with "
+        "float32 sums: the fastest), float32 (q and k each split into two bf16 words, three products a "
+        "score, within 1e-4 of float32); auto: bf16 (docs/serving.md)",
         flag="--attention-precision",
         choices=("auto", "bf16", "float32"),
     )

@@ -28,9 +28,9 @@ float32 only: other dtypes (e.g. --dtype bfloat16 on CPU) go through the torch b
 AMX tiles (`enable_tiles`, the engine's --attention-tiles, on by default where it can run: q4, q8
 and bf16 weights on a CPU with AMX): every row's block products run as bf16 tile products instead
 (runtime/cpu_kernels/paged_attention_tiles.h), at one of two precisions (--attention-precision):
-`float32`, float32 operands split into two bf16 words (three products a score; within 1e-4 of
-SDPA), or `bf16`, Q, K and the probabilities rounded once to bf16 with float32 sums (one product a
-score; runtime/cpu_kernels/paged_attention_bf16.h). Same blocks, same fold order, so the invariance
+`float32`, q and k split into two bf16 words each (three products a score; within 1e-4 of SDPA),
+or `bf16`, q and k rounded once to bf16 (one product a score, float32 sums;
+runtime/cpu_kernels/paged_attention_bf16.h); the probabilities are two words at both. Same blocks, same fold order, so the invariance
 above holds on that path too; only formats that round the attention output to bf16 next may take
 it (TILE_FORMATS), and once on, every pass takes it. Long prompts prefill faster and a prefix group's
 shared blocks cost less; a decode's few rows per block pay the K/V preparation alone, so decoding
@@ -75,7 +75,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
     def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext
         self.tiles = False  # AMX tile products: set by enable_tiles (see the module docstring)
-        self.bf16_products = False  # their precision: bf16 operands (else float32 ones split in two words)
+        self.bf16_products = False  # their precision: q and k as bf16 (else each split in two words)
         self.batch: ForwardBatch | None = None
         self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes
 
