@@ -22,9 +22,10 @@ import torch.nn.functional as F
 
 from runtime.model.config import ModelLoadError
 
-# checkpoint names of stacked experts ([experts, rows, cols]: transformers >= 5's fused form, or a
-# GGUF's `ffn_*_exps` as runtime/model/loader.py names them) -> per-expert names
-STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|gate_proj|up_proj|down_proj)\.weight$")
+# checkpoint names of stacked experts ([experts, rows, cols]: transformers >= 5's in-memory form,
+# `mlp.experts.gate_up_proj` without a `.weight`, or a GGUF's `ffn_*_exps` as runtime/model/loader.py
+# names them) -> per-expert names
+STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight)?$")
 
 
 def split_stacked_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -102,6 +102,28 @@ def test_qwen2_moe_shared_expert_matches_transformers(qwen2_moe_dir, tokenizer):
     assert (cfg.shared_expert_intermediate_size, cfg.attention_bias, cfg.norm_topk_prob) == (64, True, False)
 
 
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_a_checkpoint_of_stacked_experts_loads_too(kind, request, tmp_path, tokenizer):
+    """transformers >= 5 holds each layer's experts stacked (`mlp.experts.gate_up_proj` [E, 2I, H],
+    gate rows first, and `down_proj` [E, H, I]); a checkpoint saved from its state_dict has those."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    folder = request.getfixturevalue(f"{kind}_dir")
+    state = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).state_dict()
+    assert state["model.layers.0.mlp.experts.gate_up_proj"].dim() == 3
+    for f in folder.iterdir():
+        if f.suffix != ".safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    save_file(
+        {k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, str(tmp_path / "model.safetensors")
+    )
+    cfg = read_config(tmp_path)
+    ids = chat_ids(tokenizer, PROMPT)
+    ours = run_ours(DecoderModel(cfg, load_weights(tmp_path), CPU, torch.float32), cfg, ids, len(ids))
+    torch.testing.assert_close(ours, hf_logits(folder, ids), atol=1e-4, rtol=1e-4)
+
+
 def test_moe_under_the_engines_default_attention_backend(moe_dir, tokenizer):
     assert_matches_transformers(moe_dir, tokenizer, attn=make_attention_backend("auto", CPU))
 
