@@ -227,8 +227,8 @@ def greedy_agreement(moe_dir: Path, fmt: str, tokenizer) -> float:
     return float((ours.argmax(-1) == exact.argmax(-1)).float().mean())
 
 
-@pytest.mark.parametrize("fmt", ["q8", "q4"])
-def test_quantized_experts_agree_with_float32(moe_dir, fmt, tokenizer, cpu_ops):
+@pytest.mark.parametrize("fmt", ["bf16", "q8", "q4"])
+def test_bf16_q8_q4_experts_agree_with_float32(moe_dir, fmt, tokenizer, cpu_ops):
     agree = greedy_agreement(moe_dir, fmt, tokenizer)
     print(f"{moe_dir.name} {fmt}: greedy agreement with fp32 {agree:.4f}")
     assert agree >= MIN_AGREEMENT
