@@ -478,11 +478,25 @@ async def run_jobs(jobs: list, concurrency: int, client: httpx.AsyncClient) -> t
     return [r for job_results in per_job for r in job_results], time.perf_counter() - t0  # in job order
 
 
+# Jumpgate's engine counters (/metrics) whose change over a workload goes on its line.
+ENGINE_COUNTERS = {
+    "forward_passes": "jumpgate_forward_passes_total",
+    "generated_tokens": "jumpgate_engine_generated_tokens_total",
+    "lookup_draft_tokens": "jumpgate_lookup_draft_tokens_total",
+    "lookup_accepted_tokens": "jumpgate_lookup_accepted_tokens_total",
+}
+
+
 async def run_http(
-    url: str, workloads: list[Workload], warmup_body: dict, cpu_seconds: Callable[[], float] | None = None
+    url: str,
+    workloads: list[Workload],
+    warmup_body: dict,
+    cpu_seconds: Callable[[], float] | None = None,
+    metrics: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, dict]:
     """Each workload in turn; `cpu_seconds` (the server's CPU time so far) adds `server_cpu_s` and
-    `req_per_server_cpu_s` to its line."""
+    `req_per_server_cpu_s` to its line, `metrics` (a Jumpgate server's /metrics) the engine counters'
+    change (forward passes, prompt-lookup drafts: figures no other load changes)."""
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     out = {}
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800, connect=30), limits=limits) as client:
@@ -493,8 +507,14 @@ async def run_http(
             raise RuntimeError(f"warm-up request failed: {w.status} {w.error}")
         for wl in workloads:
             cpu0 = cpu_seconds() if cpu_seconds else None
+            before = metrics() if metrics else None
             results, wall = await run_jobs(wl.jobs, wl.concurrency, client)
             out[wl.name] = summarize(wl.name, results, wall, wl.concurrency)
+            if before is not None:
+                after = metrics()
+                for field, name in ENGINE_COUNTERS.items():
+                    if name in after and name in before:
+                        out[wl.name][field] = after[name] - before[name]
             if cpu0 is not None:
                 used = cpu_seconds() - cpu0
                 out[wl.name]["server_cpu_s"] = used
@@ -795,7 +815,7 @@ def serve_once(
             checkout=checkout,
         )
         with server:
-            results = asyncio.run(run_http(server.url, workloads, warmup_body, server.cpu_seconds))
+            results = asyncio.run(run_http(server.url, workloads, warmup_body, server.cpu_seconds, server.metrics))
             chain = []
             if "responses-chain" in wanted and checkout is None:
                 chain = asyncio.run(run_responses_chain(server.url, agent_system_prompt(tok, 1500), args.max_tokens))
