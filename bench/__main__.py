@@ -23,6 +23,7 @@ SUITES = {
     "fidelity": "bench.fidelity_bench",
     "cluster": "bench.cluster_bench",
     "batch": "bench.batch_bench",
+    "ttft": "bench.ttft_bench",
 }
 
 
@@ -41,6 +42,7 @@ SUITE_HELP = {
     "fidelity": "strict answers to real-world schemas (Kubernetes, SchemaStore, BFCL) through a server",
     "cluster": "prefix-aware vs round-robin vs power-of-two routing over 2 replicas on Ray Serve",
     "batch": "the Batch API vs the same extraction requests online at concurrency 4: req/s ratio, cached fraction",
+    "ttft": "cold time to first token at ~1k/3k/8k unique prompt tokens, streamed, one at a time (--vllm PYTHON)",
 }
 # Probes: `python -m bench.probes.NAME [...]`, no --quick, not run by CI (bench/probes/__init__.py).
 PROBES = {

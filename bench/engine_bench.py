@@ -1,7 +1,8 @@
-"""`python -m bench engine [--formats fp32,auto,bf16,q8,q4] [--threads N]`: prefill and decode speed of
-our runtime per weight format, side by side in one run, with fp32 (eager) as the reference. A format
-written `auto+tiles` (or `q4+tiles`, ...) runs with `--attention-tiles on`, `auto+vector` with
-`--attention-tiles off` (the float32 vector code); a plain format with the engine's default (auto).
+"""`python -m bench engine [--formats fp32,auto,bf16,q8,q4] [--threads N] [--prefill-only 1024,3072]`:
+prefill and decode speed of our runtime per weight format, side by side in one run, with fp32 (eager)
+as the reference. A format written `auto+tiles` (or `q4+tiles`, ...) runs with `--attention-tiles on`,
+`auto+vector` with `--attention-tiles off` (the float32 vector code), `+attn-bf16` / `+attn-float32`
+with that `--attention-precision` (`q4+tiles+attn-float32`); a plain format with the engine's defaults.
 
 One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens, the
 ratios to fp32 from the same run, and the split of a batch-1 decode step into linear layers,
@@ -18,6 +19,9 @@ The prefill split (`prefill_split_*`): one 3k-token prefill (1k with --quick) in
 model passes only, split by the profiler into linear layers and attention; on each line
 `prefill_split_ceiling_vs_<reference>` is the reference's prefill over this format's attention alone,
 the most the prefill ratio could reach if this format's linear layers took no time.
+`--prefill-only N,N,...`: that split alone, at each prompt length, one line per format and length
+(`prefill_ms`, `linear_ms`, `attention_ms`, `attention_frac`, and `prefill_ms_vs_<first format>`),
+no decode runs: the attention kernel's share of a prefill as prompts grow.
 """
 
 from __future__ import annotations
@@ -181,20 +185,68 @@ def _prefill_split(model, cfg, attn, ids: list[int], chunk: int) -> dict[str, fl
     return {"prefill_s": seconds, **_profiled_shares(prefill, 1, seconds)}
 
 
-TILES_SUFFIX = {"": "auto", "tiles": "on", "vector": "off"}  # format suffix -> --attention-tiles
+TILES_SUFFIX = {"tiles": "on", "vector": "off"}  # format suffix -> --attention-tiles
+PRECISION_SUFFIX = {"attn-bf16": "bf16", "attn-float32": "float32"}  # -> --attention-precision
 
 
-def _measure(fmt: str, quick: bool, threads: int | None, tiles: str = "auto") -> dict:
-    new_tokens = 16 if quick else 64
-    engine = Engine(
+def parse_format(requested: str) -> tuple[str, dict[str, str]]:
+    """`q4+tiles+attn-bf16` -> ("q4", the Engine settings its suffixes ask for)."""
+    fmt, *suffixes = requested.split("+")
+    settings = {"attention_tiles": "auto", "attention_precision": "auto"}
+    for suffix in suffixes:
+        if suffix in TILES_SUFFIX:
+            settings["attention_tiles"] = TILES_SUFFIX[suffix]
+        elif suffix in PRECISION_SUFFIX:
+            settings["attention_precision"] = PRECISION_SUFFIX[suffix]
+        else:
+            raise ValueError(f"{requested}: a format's suffixes are +tiles, +vector, +attn-bf16 or +attn-float32")
+    return fmt, settings
+
+
+def _engine(fmt: str, threads: int | None, settings: dict[str, str]) -> Engine:
+    return Engine(
         device="cpu",
         kv_pool_tokens=16384,
         radix_cache=False,
         weights=fmt,
         num_threads=threads,
         max_running_requests=64,
-        attention_tiles=tiles,
+        **settings,
     ).start()
+
+
+def _prefill_only(fmt: str, threads: int | None, settings: dict[str, str], lengths: list[int]) -> list[dict]:
+    """The prefill split alone at each prompt length (`--prefill-only`)."""
+    engine = _engine(fmt, threads, settings)
+    model, tok = engine.runner.model, engine.tokenizer
+    text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 1000, add_special_tokens=False)
+    attn, lines = engine.runner.attn, []
+    for n in lengths:
+        ids = text_ids[:n]
+        pre = engine.call(
+            lambda ids=ids: _prefill_split(model, engine.model_config, attn, ids, engine.config.chunked_prefill_tokens)
+        ).result()
+        lines.append(
+            {
+                "bench": "engine",
+                "kind": "prefill_split",
+                "weights": model.weights,
+                "attention": engine.info.attention_backend,
+                "threads": torch.get_num_threads(),
+                "tokens": len(ids),
+                "prefill_ms": pre["prefill_s"] * 1e3,
+                "linear_ms": pre["prefill_s"] * pre["linear_frac"] * 1e3,
+                "attention_ms": pre["prefill_s"] * pre["attention_frac"] * 1e3,
+                "attention_frac": pre["attention_frac"],
+            }
+        )
+    engine.shutdown()
+    return lines
+
+
+def _measure(fmt: str, quick: bool, threads: int | None, settings: dict[str, str] | None = None) -> dict:
+    new_tokens = 16 if quick else 64
+    engine = _engine(fmt, threads, settings or {})
     model, tok = engine.runner.model, engine.tokenizer
     greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)
@@ -266,21 +318,41 @@ def run(quick: bool = False, argv=None) -> None:
         help="weight formats, the first the reference (default: fp32,auto,bf16,q8,q4)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument(
+        "--prefill-only",
+        default=None,
+        metavar="N,N,...",
+        help="only the prefill split, at these prompt lengths in tokens (e.g. 1024,3072,8192), no decode runs",
+    )
     args = ap.parse_args(argv or [])
+    try:
+        formats = [(requested, *parse_format(requested)) for requested in args.formats.split(",")]
+        lengths = [int(n) for n in args.prefill_only.split(",")] if args.prefill_only else None
+    except ValueError as e:
+        ap.error(str(e))
+    if lengths is not None:
+        if not lengths or min(lengths) < 1:
+            ap.error("--prefill-only: positive prompt lengths")
+        first: dict[int, dict] = {}
+        for requested, fmt, settings in formats:
+            for line in _prefill_only(fmt, args.threads, settings, lengths):
+                line["requested"] = requested
+                ref_line = first.setdefault(line["tokens"], line)
+                line[f"prefill_ms_vs_{ref_line['requested']}"] = line["prefill_ms"] / ref_line["prefill_ms"]
+                emit(line)
+        return
     ref = None
     done = set()
     cpu = torch.device("cpu")
     invariant = make_attention_backend("auto", cpu).batch_invariant  # what the engines will use
-    for requested in args.formats.split(","):
-        fmt, _, tiles = requested.partition("+")
-        if tiles not in TILES_SUFFIX:
-            ap.error(f"{requested}: a format's suffix is +tiles or +vector")
+    for requested, fmt, settings in formats:
         resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32, invariant)
-        if (resolved, tiles) in done:  # auto chose a format measured already: report the choice only
+        key = (resolved, tuple(sorted(settings.items())))
+        if key in done:  # auto chose a format measured already: report the choice only
             emit({"bench": "engine", "requested": requested, "weights": resolved, "weights_reason": reason})
             continue
-        done.add((resolved, tiles))
-        res = _measure(fmt, quick, args.threads, tiles=TILES_SUFFIX[tiles])
+        done.add(key)
+        res = _measure(fmt, quick, args.threads, settings)
         res["requested"] = requested
         ref = ref or res
         for key in [k for k in res if k.startswith(("prefill_tok_s", "decode_tok_s"))]:

@@ -45,6 +45,7 @@ TRIM = {
     "fidelity": ["--sources", "handmade", "--per-source", "1", "--mask-sample", "0"],
     "cluster": ["--requests", "4", "--prefix-tokens", "64", "--policies", "prefix,round_robin"],
     "batch": ["--requests", "4", "--max-tokens", "24"],
+    "ttft": ["--lengths", "200", "--reps", "1", "--max-tokens", "4"],
 }
 COVERED_ELSEWHERE = {"engine"}
 
