@@ -8,8 +8,9 @@ from litestar import Controller, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from gateway.cache_explain.protocol import CacheBoundary, CachedTier, CacheExplanation
 from gateway.pipeline.preparation import prepare_chat
-from gateway.protocol import CacheBoundary, CachedTier, CacheExplainRequest, CacheExplanation
+from gateway.protocol import CacheExplainRequest
 from gateway.services import GatewayServices
 from runtime.api import PrefixExplanation
 

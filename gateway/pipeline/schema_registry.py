@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.protocol import SchemaEntry
+from gateway.registry.protocol import SchemaEntry
 from gateway.tenant_files import TEMP_PATTERN, tenant_dir, tenant_of, write_atomic
 from grammar.service.cache import remove_stale_temp_files
 

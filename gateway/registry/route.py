@@ -19,8 +19,15 @@ from gateway.pipeline import grammar_adapter
 from gateway.pipeline.constraints import ConstraintPlan, check_tools, compile_plan
 from gateway.pipeline.output_validation import build_output_check
 from gateway.pipeline.schema_registry import ForeignEntry
-from gateway.protocol import SchemaCheck, SchemaCheckRequest, SchemaDeleted, SchemaEntry, SchemaList, SchemaUpload
 from gateway.registry.pinning import pin_schema, unpin_schema
+from gateway.registry.protocol import (
+    SchemaCheck,
+    SchemaCheckRequest,
+    SchemaDeleted,
+    SchemaEntry,
+    SchemaList,
+    SchemaUpload,
+)
 from gateway.services import GatewayServices
 
 

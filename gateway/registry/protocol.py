@@ -1,0 +1,63 @@
+"""The schema registry's bodies: an upload, a stored entry, a check (POST /v1/schemas/check), lists."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from msgspec import UNSET, Struct, UnsetType
+
+from gateway.protocol import SchemaMode, ToolDefinition
+
+
+class SchemaUpload(Struct, kw_only=True):
+    """POST /v1/schemas: exactly one of `schema` (JSON schema), `regex`, `ebnf`, `tools`."""
+
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    tools: list[ToolDefinition] | None = None
+    # keep this schema's prompt prefix (system_prompt + schema text) resident in the KV cache
+    pin: bool = False
+    system_prompt: str | None = None  # the system prompt that requests using this schema send (for the pin)
+    schema_mode: SchemaMode | None = None  # best_effort: register a schema whose keywords are not all enforced
+
+
+class SchemaEntry(Struct, kw_only=True):
+    id: str
+    kind: Literal["json_schema", "regex", "ebnf", "tools"]
+    payload: Any  # the schema dict, the regex/EBNF string, or the list of tool dicts
+    created: int
+    name: str | None = None
+    object: Literal["schema"] = "schema"
+    pinned_tokens: int | None = None  # set in the response of an upload with "pin": true
+    schema_mode: SchemaMode | None = None  # requests with this schema_id default to it
+    fidelity: dict[str, Any] | UnsetType = UNSET  # set in the response of an upload (schemas and tools)
+
+
+class SchemaCheckRequest(Struct, kw_only=True):
+    """POST /v1/schemas/check: one of `schema` or `tools`; nothing is stored."""
+
+    schema: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    strict: bool = True  # the schema's strictness (tools: each function's own `strict`)
+
+
+class SchemaCheck(Struct):
+    """How faithfully each keyword would be kept, and whether strict mode would accept the schema."""
+
+    fidelity: dict[str, Any]
+    strict_accepted: bool
+    strict_refusal: str | None = None  # the 400's message a strict request with this schema would get
+    object: Literal["schema.check"] = "schema.check"
+
+
+class SchemaList(Struct):
+    data: list[SchemaEntry]
+    object: Literal["list"] = "list"
+
+
+class SchemaDeleted(Struct):
+    id: str
+    deleted: bool = True
+    object: Literal["schema"] = "schema"
