@@ -23,7 +23,7 @@ from runtime.api import GenerateRequest
 from runtime.decode.completeness import MAX_DIGITS, CompletionGuard, runaway_number, trailing_digits
 from runtime.decode.sampling import SamplingParams
 from tests.conftest import chat_ids
-from tests.runtime.decode.test_completeness import FakeMatcher
+from tests.runtime.decode.completeness_helpers import FakeMatcher
 
 DIGIT_RUN = re.compile(r"[0-9]+")
 
