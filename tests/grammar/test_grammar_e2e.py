@@ -41,7 +41,7 @@ SYSTEM = "You are a JSON API. Reply with one compact JSON value only."
 # the fidelity report (grammar/validation/fidelity.py) classifies them (strict mode refuses these schemas at
 # the gateway): for these schemas a validation error is accepted only where its schema path passes through one of them.
 # Everything else (types, required, enums, consts, patterns, bounds, additionalProperties, ...)
-# must hold. tests/grammar/validation/test_fidelity_classifier.py pins the list this produces.
+# must hold. tests/grammar/validation/test_fidelity_classifier_cases.py pins the list this produces.
 KNOWN_UNENFORCED = {
     name: {k.keyword for k in report.refused_in_strict}
     for name in COMPILED_NAMES

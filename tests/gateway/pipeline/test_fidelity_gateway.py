@@ -12,7 +12,7 @@ import pytest
 
 from grammar.validation.fidelity import LLGUIDANCE, NEVER_MASKED, routed_schema_fidelity
 from tests.gateway.chat.test_gateway_routes import CALL_TEXT, MODEL, WEATHER_TOOL, chat, sse_events
-from tests.grammar.validation.test_fidelity_classifier import NOT_MASKED_CASES
+from tests.grammar.validation.fidelity_cases import NOT_MASKED_CASES
 
 RF_PARAM = "response_format.json_schema.schema"
 # bounded items: a repeated item may have no way to grow into a new one, so the value check does

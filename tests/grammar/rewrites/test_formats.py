@@ -30,7 +30,7 @@ from grammar.validation.fidelity import (
     routed_schema_fidelity,
     schema_fidelity,
 )
-from tests.grammar.validation.test_fidelity_classifier import grammar_accepts
+from tests.grammar.validation.fidelity_cases import grammar_accepts
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
 BYTES = {"type": ["string", "null"], "format": "byte"}  # as Kubernetes writes a []byte field

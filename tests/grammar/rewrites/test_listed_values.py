@@ -13,7 +13,7 @@ from grammar import GrammarSpec
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from grammar.rewrites.listed_values import fitting_values, lower_listed_values, omitted_properties
 from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, tools_fidelity
-from tests.grammar.validation.test_fidelity_classifier import grammar_accepts
+from tests.grammar.validation.fidelity_cases import grammar_accepts
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
 # as BFCL writes them: the listed values are strings, the type is not

@@ -11,7 +11,7 @@ from grammar import GrammarSpec
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from grammar.rewrites.one_of import exclusive_branches, lower_one_of
 from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
-from tests.grammar.validation.test_fidelity_classifier import grammar_accepts
+from tests.grammar.validation.fidelity_cases import grammar_accepts
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
 INT_OR_STRING = {"oneOf": [{"type": ["string", "null"]}, {"type": ["integer", "null"]}]}  # Kubernetes'

@@ -16,7 +16,7 @@ from grammar.engines.llguidance.schema import llguidance_grammar, llguidance_ref
 from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity, schema_fidelity
 from runtime.model.loader import read_config
-from tests.grammar.validation.test_fidelity_classifier import NOT_MASKED_CASES
+from tests.grammar.validation.fidelity_cases import NOT_MASKED_CASES
 
 # The cases of the classifier's table that llguidance takes over (explicit, so it cannot grow or
 # shrink unnoticed); every other case stays with xgrammar and strict mode still refuses it.
