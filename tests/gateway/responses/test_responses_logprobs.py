@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fake_engine import fake_logprobs
-from tests.gateway.responses.test_responses_api import WEATHER, create, events_of
+from tests.gateway.responses.responses_helpers import WEATHER, create, events_of
 
 INCLUDE = ["message.output_text.logprobs"]
 
