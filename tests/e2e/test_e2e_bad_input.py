@@ -12,7 +12,7 @@ import pytest
 
 from bench.server_process import MODEL
 from tests.conftest import openai_client
-from tests.e2e.test_e2e_server import CORPUS, TOOLS, WEATHER_Q, assert_openai_error, chat_body
+from tests.e2e.e2e_server_helpers import CORPUS, TOOLS, WEATHER_Q, assert_openai_error, chat_body
 
 pytestmark = pytest.mark.e2e
 
