@@ -26,7 +26,7 @@ _EXPORTS = {
     "XGrammarMatcher": "grammar.engines.xgrammar.matcher",
     "CompiledGrammarHandle": "grammar.service.service",
     "GrammarService": "grammar.service.service",
-    "GrammarServiceStats": "grammar.service.service",
+    "GrammarServiceStats": "grammar.service.stats",
     "GrammarSpec": "grammar.spec",
     "tokenizer_fingerprint": "grammar.spec",
     "build_tokenizer_info": "grammar.engines.xgrammar.tokenizer",

@@ -63,13 +63,14 @@ from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguida
 from grammar.engines.llguidance.schema import llguidance_grammar
 from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.xgrammar.matcher import XGrammarMatcher
-from grammar.engines.xgrammar.tokenizer import build_tokenizer_info, special_token_ids
+from grammar.engines.xgrammar.tokenizer import build_tokenizer_info, make_encoder, special_token_ids
 from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
 from grammar.kinds.tool_calls.grammar import arguments_schema
 from grammar.service.cache import DiskGrammarCache, MemoryLRU, disk_namespace, grammar_from_json
 from grammar.service.compile import COMPILE_POLICY_VERSION, compile_spec
 from grammar.service.compile_process import CompileProcess
+from grammar.service.stats import GrammarServiceStats
 from grammar.service.worker_pool import CompileFn, CompileJob, CompileWorkerPool
 from grammar.spec import GrammarSpec, tokenizer_fingerprint
 from grammar.validate import validate_spec
@@ -125,28 +126,6 @@ class CompiledGrammarHandle:
         return self.compiled.memory_size_bytes
 
 
-@dataclass
-class GrammarServiceStats:
-    memory_hits: int = 0
-    disk_hits: int = 0
-    disk_loaded: int = 0  # grammars read from disk into memory at start-up (warm_from_disk)
-    misses: int = 0  # compiles started (neither memory nor disk had the key)
-    compile_errors: int = 0  # specs refused (validation or xgrammar)
-    compile_timeouts: int = 0
-    compile_memory_errors: int = 0  # compiles past the memory limit (or whose process died)
-    compile_seconds_total: float = 0.0
-    compile_seconds_max: float = 0.0
-    memory_entries: int = 0
-    memory_bytes: int = 0
-    compile_processes_replaced: int = 0  # compile processes killed or dead, and started again
-    # compiles done in-process because the compile process could not send the grammar back
-    # (serializing it needed too much memory or time); such grammars are never on disk
-    compile_unserializable: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
-
-
 class GrammarService:
     def __init__(
         self,
@@ -173,7 +152,7 @@ class GrammarService:
             f"{tokenizer_fingerprint(hf_tokenizer)}|vocab={vocab_size}|stop={self.stop_token_ids}"
             f"|policy={COMPILE_POLICY_VERSION}".encode()
         ).hexdigest()
-        self._encode = _make_encoder(hf_tokenizer)
+        self._encode = make_encoder(hf_tokenizer)
         self._special_ids = frozenset(special_token_ids(hf_tokenizer))
         # Token classes for strict-mode closing (grammar/checks/closing.py), shared by every grammar.
         self._closing_vocab = ClosingVocab(hf_tokenizer, vocab_size, self.stop_token_ids, self._special_ids)
@@ -507,18 +486,3 @@ class GrammarService:
             navigator=(navigator_for(kind, spec.payload, spec.strict) if json_kind and spec else None),
             value_check_begin=value_check_begin(kind, spec.payload) if spec else None,
         )
-
-
-def _make_encoder(hf_tokenizer: Any):
-    """Text -> token ids as the model's tokenizer would produce them, without BOS/EOS."""
-    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
-    if backend is not None:  # the Rust tokenizer directly: several times faster than __call__
-
-        def encode(text: str) -> list[int]:
-            return backend.encode(text, add_special_tokens=False).ids
-    else:
-
-        def encode(text: str) -> list[int]:
-            return list(hf_tokenizer.encode(text, add_special_tokens=False))
-
-    return encode
