@@ -46,6 +46,7 @@ SUITE_HELP = {
 }
 # Probes: `python -m bench.probes.NAME [...]`, no --quick, not run by CI (bench/probes/__init__.py).
 PROBES = {
+    "attention_precision": "the cpu attention kernel alone: prefill and decode per --attention-precision, and vector",
     "closing_plan_cost": "one completion plan and one budget check on a 48-property schema, per engine",
     "corpus_answers": "named corpus schemas answered strict by a fresh server, one line each (fidelity, by name)",
     "guard_cost": "the real engine on that schema under the strict guard's budget rule and the one before",
