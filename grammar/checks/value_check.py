@@ -46,13 +46,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from typing import NamedTuple
 
 import numpy as np
 
 from grammar.checks.canonical import canonical
-from grammar.checks.object_items import ItemRule, ObjectItems
-from grammar.checks.value_rules import DependentNames, SchemaNavigator
+from grammar.checks.value_frames import ArrayFrame, ObjectFrame, dependents_pending
+from grammar.checks.value_rules import SchemaNavigator
+from grammar.checks.value_text import SCALAR_BYTES, ValueCheckVocab, decode_json_string, plain_item, plain_spelling
 from grammar.engines.token_mask import allowed_among, allowed_ids
 
 log = logging.getLogger("jumpgate.grammar")
@@ -61,28 +61,6 @@ STRUCT, STRING, SCALAR = 0, 1, 2  # where the scan is: between values, in a stri
 KEY, VALUE, ITEM, FIELD = 0, 1, 2, 3  # what the current string or scalar is (FIELD: a value of an object item)
 _QUOTE, _BACKSLASH, _COMMA = 0x22, 0x5C, 0x2C
 _WHITESPACE = frozenset(b" \t\n\r")
-_SCALAR = frozenset(b"0123456789+-.eEtrufalsn")  # what numbers, true, false and null are made of
-_FILLERS = ("x", "q", "z", "k", "1", "2", "3", "5", "7", "9")  # grow a repeated name or item in a plan
-
-
-class _Obj(NamedTuple):
-    keys: frozenset  # names written so far (decoded; kept only where the grammar may repeat one)
-    nodes: tuple | None  # the schema nodes of this object (None: no schema rules)
-    key: str | None  # the name whose value is being written
-    want_key: bool  # the next string is a name
-    start: int  # offset of its `{` when it is an item of a unique array, else -1
-    free: bool  # the grammar may write a name twice here (it does not close the object's names)
-    deps: DependentNames | None  # dependentRequired here (None: none)
-    model: ObjectItems | None = None  # an item of a unique array of scalar-property objects (value_rules.py)
-    done: tuple = ()  # with a model: the (name, canonical value) pairs written so far
-
-
-class _Arr(NamedTuple):
-    items: frozenset  # canonical forms of the items so far (unique arrays only)
-    count: int  # items started
-    nodes: tuple | None
-    rule: ItemRule | None  # None: items may repeat
-    start: int
 
 
 def _fail_open(default):
@@ -104,41 +82,6 @@ def _fail_open(default):
         return guarded
 
     return wrap
-
-
-class ValueCheckVocab:
-    """Token texts and the tokens that can complete a name or an item, computed once per vocabulary."""
-
-    def __init__(self, decoded_vocab: list[bytes], special_ids: frozenset[int]) -> None:
-        self.texts = [b"" if i in special_ids else bytes(t) for i, t in enumerate(decoded_vocab)]
-        self.vocab_size = len(self.texts)
-        self.quote_ids = np.array([i for i, t in enumerate(self.texts) if b'"' in t], dtype=np.int64)
-        self.struct_ids = np.array(
-            [i for i, t in enumerate(self.texts) if any(c in t for c in b'",]}')], dtype=np.int64
-        )
-        # only a token with two quotes can both open and close a name
-        self.two_quote_ids = np.array([i for i, t in enumerate(self.texts) if t.count(b'"') >= 2], dtype=np.int64)
-        # Inside a name or a unique item: a token with one quote, no backslash and no bracket after the
-        # quote completes exactly the text before its quote, so the tokens to ban are looked up by that
-        # text; the others (`":"`, `\"`, `"]`) are simulated.
-        self.closing_by_text: dict[bytes, list[int]] = {}
-        # between a unique array's items: what can complete one (a whole string, a delimiter) or
-        # write a second integer 0
-        delimiting = [i for i, t in enumerate(self.texts) if any(c in t for c in b",]}")]
-        zero = [i for i, t in enumerate(self.texts) if t.startswith((b"0", b"-0"))]
-        self.item_start_ids = np.unique(np.array(self.two_quote_ids.tolist() + delimiting + zero, dtype=np.int64))
-        # inside a number or literal only a token with another character can end it
-        self.scalar_only = np.array([bool(t) and all(c in _SCALAR for c in t) for t in self.texts], dtype=bool)
-        complex_ids = []
-        for i in self.quote_ids.tolist():
-            before, _, after = self.texts[i].partition(b'"')
-            if b'"' in after or b"\\" in before or any(c in after for c in b"]}"):
-                complex_ids.append(i)
-            else:
-                self.closing_by_text.setdefault(before, []).append(i)
-        self.complex_quote_ids = np.array(complex_ids, dtype=np.int64)
-        by_text = {t: i for i, t in enumerate(self.texts) if t}
-        self.filler_ids = [by_text[f.encode()] for f in _FILLERS if f.encode() in by_text]
 
 
 class ValueCheck:
@@ -227,7 +170,7 @@ class ValueCheck:
     def may_steer(self) -> bool:
         """Is a unique array open (whose next items a completion plan may have to write unlike the
         earlier ones)? Names alone never lengthen a plan by more than the repair of one token."""
-        return any(type(f) is _Arr and f.rule is not None for f in self._stack)
+        return any(type(f) is ArrayFrame and f.rule is not None for f in self._stack)
 
     def violates(self, token_id: int) -> bool:
         return self.first_violation([token_id]) == 0
@@ -248,7 +191,7 @@ class ValueCheck:
             if candidates is None:
                 allowed = allowed_ids(words)
                 top = self._stack[-1] if self._stack else None
-                rule = top.rule if self._mode == SCALAR and type(top) is _Arr else None
+                rule = top.rule if self._mode == SCALAR and type(top) is ArrayFrame else None
                 if rule is not None and not rule.finite and not (rule.integer_only and self._buf == b"-"):
                     allowed = allowed[~self._vocab.scalar_only[allowed]]  # digits only grow the number
             else:
@@ -268,7 +211,7 @@ class ValueCheck:
 
     def _may_ban(self) -> bool:
         return any(
-            (f.keys and f.free) or _pending(f) if type(f) is _Obj else (f.rule is not None and f.items)
+            (f.keys and f.free) or dependents_pending(f) if type(f) is ObjectFrame else (f.rule is not None and f.items)
             for f in self._stack
         )
 
@@ -288,10 +231,13 @@ class ValueCheck:
             ):
                 return self._vocab.quote_ids
             return None
-        in_unique = type(top) is _Arr and top.rule is not None
+        in_unique = type(top) is ArrayFrame and top.rule is not None
         # with no unique array open, only a name can repeat, and only a two-quote token writes one whole
-        items = any(f.start >= 0 or (f.rule is not None if type(f) is _Arr else _pending(f)) for f in self._stack)
-        if self._mode == STRING and self._role == KEY and _pending(top):
+        items = any(
+            f.start >= 0 or (f.rule is not None if type(f) is ArrayFrame else dependents_pending(f))
+            for f in self._stack
+        )
+        if self._mode == STRING and self._role == KEY and dependents_pending(top):
             return None  # a name is written while a dependent is missing: the grammar's names are few
         if self._mode == STRING:
             if self._role == ITEM and top.rule.finite is not None:
@@ -309,12 +255,12 @@ class ValueCheck:
         if self._mode != STRING or self._role == VALUE or self._esc or b"\\" in self._buf:
             return None
         top = self._stack[-1]
-        if _pending(top) or self._role == FIELD or (type(top) is _Obj and top.model is not None):
+        if dependents_pending(top) or self._role == FIELD or (type(top) is ObjectFrame and top.model is not None):
             return None
         if self._role == KEY:
-            done = [_plain(name) for name in top.keys]
+            done = [plain_spelling(name) for name in top.keys]
         elif top.rule.finite is None:
-            done = [_plain_item(c) for c in top.items if c.startswith('"')]
+            done = [plain_item(c) for c in top.items if c.startswith('"')]
         else:
             return None
         found: list[int] = []
@@ -358,7 +304,7 @@ class ValueCheck:
                     return True
                 continue
             if self._mode == SCALAR:
-                if c in _SCALAR:
+                if c in SCALAR_BYTES:
                     if self._grow(c) and check:
                         return True
                     continue
@@ -375,7 +321,7 @@ class ValueCheck:
         self._buf += bytes((c,))
         if self._role == KEY:
             top = self._stack[-1]
-            return (_pending(top) and self._skips_a_dependent(self._buf, False)) or (
+            return (dependents_pending(top) and self._skips_a_dependent(self._buf, False)) or (
                 top.model is not None and self._dead()
             )
         if self._role == FIELD:
@@ -384,7 +330,9 @@ class ValueCheck:
 
     def _steered(self, top) -> bool:
         """Is `top` an object item whose earlier items it must end unlike (so the check steers it)?"""
-        return type(top) is _Obj and top.model is not None and len(self._stack) > 1 and bool(self._stack[-2].items)
+        return (
+            type(top) is ObjectFrame and top.model is not None and len(self._stack) > 1 and bool(self._stack[-2].items)
+        )
 
     def _narrows(self) -> bool:
         """Can the text of the current object item's value just written have narrowed its values?"""
@@ -429,20 +377,20 @@ class ValueCheck:
     def _close_string(self) -> bool:
         self._mode = STRUCT
         if self._role == KEY:
-            name = _decode_string(self._buf)
+            name = decode_json_string(self._buf)
             obj = self._stack[-1]
             skips = (
-                _pending(obj)
+                dependents_pending(obj)
                 and name not in obj.deps.missing(obj.keys)
-                and self._skips_a_dependent(_plain(name) or b"", True)
+                and self._skips_a_dependent(plain_spelling(name) or b"", True)
             )
             keys = obj.keys | {name} if obj.free or obj.deps is not None else obj.keys
             self._stack = self._stack[:-1] + (obj._replace(keys=keys, key=name, want_key=False),)
             return name in obj.keys or skips or (obj.model is not None and self._dead())
         if self._role == ITEM:
-            return self._item_done(canonical(_decode_string(self._buf)))
+            return self._item_done(canonical(decode_json_string(self._buf)))
         if self._role == FIELD:
-            return self._field_done(canonical(_decode_string(self._buf)))
+            return self._field_done(canonical(decode_json_string(self._buf)))
         return False
 
     def _end_scalar(self) -> bool:
@@ -471,16 +419,16 @@ class ValueCheck:
             return False
         top = self._stack[-1] if self._stack else None
         if c == _COMMA:
-            if type(top) is _Obj:
+            if type(top) is ObjectFrame:
                 self._stack = self._stack[:-1] + (top._replace(want_key=True),)
                 return top.model is not None and self._dead()
-            elif type(top) is _Arr and top.rule is not None:
+            elif type(top) is ArrayFrame and top.rule is not None:
                 return top.rule.exhausted(top.items)  # no unused value left: the array must close
             return False
         if c in b"}]":
             if top is None:
                 return False
-            missing = _pending(top)  # a written name requires another, not written yet
+            missing = dependents_pending(top)  # a written name requires another, not written yet
             self._stack = self._stack[:-1]
             if not self._stack and self._begin is not None:
                 self._armed = b""  # the call's object is complete: free text (or the next call) follows
@@ -494,22 +442,22 @@ class ValueCheck:
                 return self._item_done(canonical(json.loads(raw))) or missing
             except ValueError:
                 return missing
-        if c == _QUOTE and type(top) is _Obj and top.want_key:
+        if c == _QUOTE and type(top) is ObjectFrame and top.want_key:
             self._mode, self._role, self._buf, self._esc = STRING, KEY, b"", 0
             return False
         if top is None and c not in b'{["':
             return False  # outside any JSON value (or a top-level scalar: nothing to keep unique)
-        if c not in b'{["' and c not in _SCALAR:
+        if c not in b'{["' and c not in SCALAR_BYTES:
             return False  # `:` and anything the grammar allows between values
         return self._value_starts(c, top, base + i)
 
     def _value_starts(self, c: int, top, offset: int) -> bool:
         nav = self._nav
         item = False
-        field = type(top) is _Obj and top.model is not None
+        field = type(top) is ObjectFrame and top.model is not None
         if top is None:
             nodes = nav.root_nodes() if nav is not None else None
-        elif type(top) is _Obj:
+        elif type(top) is ObjectFrame:
             nodes = nav.value_nodes(top.nodes, top.key or "") if nav is not None and top.nodes is not None else None
         else:
             self._stack = self._stack[:-1] + (top._replace(count=top.count + 1),)
@@ -520,11 +468,11 @@ class ValueCheck:
             free = nav is None or nodes is None or nav.names_may_repeat(nodes)
             deps = nav.dependent_names(nodes) if nav is not None and nodes else None
             model = top.rule.objects if item else None
-            self._stack += (_Obj(frozenset(), nodes, None, True, start, free, deps, model),)
+            self._stack += (ObjectFrame(frozenset(), nodes, None, True, start, free, deps, model),)
             return False
         if c == 0x5B:  # [
             rule = nav.item_rule(nodes) if nav is not None and nodes else None
-            self._stack += (_Arr(frozenset(), 0, nodes, rule, start),)
+            self._stack += (ArrayFrame(frozenset(), 0, nodes, rule, start),)
             return False
         self._mode = STRING if c == _QUOTE else SCALAR
         self._role, self._esc = (ITEM if item else FIELD if field else VALUE), 0
@@ -534,33 +482,8 @@ class ValueCheck:
         return item and self._bad_item_prefix()
 
 
-def _pending(frame) -> bool:
-    """Is `frame` an object holding a name whose dependentRequired names are not all written?"""
-    return type(frame) is _Obj and frame.deps is not None and bool(frame.deps.missing(frame.keys))
-
-
 def without_repeats(values: ValueCheck | None, draft: list[int]) -> list[int]:
     """`draft` cut before its first token the check forbids (a jump-forward draft never writes a
     repeated name or item); all of it without a check."""
     cut = values.first_violation(draft) if values is not None and draft else None
     return draft if cut is None else draft[:cut]
-
-
-@functools.lru_cache(maxsize=8192)
-def _plain(text: str) -> bytes | None:
-    """How a JSON string spells `text` without escapes (None: it needs one)."""
-    raw = text.encode()
-    return None if any(c in raw for c in b'"\\') or any(c < 0x20 for c in raw) else raw
-
-
-@functools.lru_cache(maxsize=8192)
-def _plain_item(canon: str) -> bytes | None:
-    return _plain(json.loads(canon))
-
-
-def _decode_string(raw: bytes) -> str:
-    """A JSON string's value from the bytes between its quotes (its raw text if malformed)."""
-    try:
-        return json.loads(b'"' + raw + b'"')
-    except ValueError:
-        return raw.decode("utf-8", "replace")

@@ -50,7 +50,7 @@ from grammar.checks.rollback import (
     TagCallRollbackRules,
     ToolCallRollbackRules,
 )
-from grammar.checks.value_check import ValueCheck, ValueCheckVocab
+from grammar.checks.value_check import ValueCheck
 from grammar.checks.value_rules import (
     VALUE_CHECK_KINDS,
     SchemaNavigator,
@@ -58,6 +58,7 @@ from grammar.checks.value_rules import (
     value_check_begin,
     value_checked,
 )
+from grammar.checks.value_text import ValueCheckVocab
 from grammar.engines.draft_split import DraftSplitter
 from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguidance
 from grammar.engines.llguidance.schema import llguidance_grammar

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from grammar.checks.value_check import ValueCheck, ValueCheckVocab
+from grammar.checks.value_check import ValueCheck
 from grammar.checks.value_rules import SchemaNavigator, canonical
+from grammar.checks.value_text import ValueCheckVocab
 from tests.grammar.checks.value_check_vocab import ID, banned, check_after
 
 # -- unique items ----------------------------------------------------------------------------

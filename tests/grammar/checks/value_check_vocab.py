@@ -7,8 +7,9 @@ import math
 
 import torch
 
-from grammar.checks.value_check import ValueCheck, ValueCheckVocab
+from grammar.checks.value_check import ValueCheck
 from grammar.checks.value_rules import SchemaNavigator
+from grammar.checks.value_text import ValueCheckVocab
 
 PIECES = [
     "{",
