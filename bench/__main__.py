@@ -10,20 +10,20 @@ import sys
 import traceback
 
 SUITES = {
-    "engine": "bench.engine_bench",
-    "cache": "bench.cache_bench",
-    "cascade": "bench.cascade_bench",
-    "hicache": "bench.hicache_bench",
-    "grammar": "bench.grammar_bench",
-    "grammar_engines": "bench.grammar_engines_bench",
-    "value_check": "bench.value_check_bench",
-    "serve": "bench.serve_bench",
-    "soak": "bench.soak_bench",
-    "validation": "bench.validation_bench",
-    "fidelity": "bench.fidelity_bench",
-    "cluster": "bench.cluster_bench",
-    "batch": "bench.batch_bench",
-    "ttft": "bench.ttft_bench",
+    "engine": "bench.suites.engine",
+    "cache": "bench.suites.cache",
+    "cascade": "bench.suites.cascade",
+    "hicache": "bench.suites.hicache",
+    "grammar": "bench.suites.grammar",
+    "grammar_engines": "bench.suites.grammar_engines",
+    "value_check": "bench.suites.value_check",
+    "serve": "bench.suites.serve",
+    "soak": "bench.suites.soak",
+    "validation": "bench.suites.validation",
+    "fidelity": "bench.suites.fidelity",
+    "cluster": "bench.suites.cluster",
+    "batch": "bench.suites.batch",
+    "ttft": "bench.suites.ttft",
 }
 
 

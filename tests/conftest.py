@@ -162,7 +162,7 @@ def chat_ids(tokenizer, user: str, system: str | None = None) -> list[int]:
 
 
 def openai_client(server):
-    """The official client for a test server (bench.server_process.JumpgateServer): no retries, so
+    """The official client for a test server (bench.harness.server_process.JumpgateServer): no retries, so
     a failure shows at once, and a timeout a CPU's slowest answer fits in."""
     import openai
 
@@ -249,7 +249,7 @@ def chat(client, **body):
 def jumpgate_server(tmp_path_factory):
     """One real `jumpgate serve` subprocess with the default model for every end-to-end test module
     that needs only the default flags (the model loads once, not once per module)."""
-    from bench.server_process import JumpgateServer
+    from bench.harness.server_process import JumpgateServer
 
     srv = JumpgateServer(tmp_path_factory.mktemp("jumpgate-e2e"), kv_pool_tokens=16384)
     srv.start()

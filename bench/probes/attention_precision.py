@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from bench.common import emit
+from bench.harness.common import emit
 from runtime.cpu_kernels import load_cpu_kernels
 
 MODES = {"vector": (False, False), "float32": (True, False), "bf16": (True, True)}  # (tiles, bf16 products)

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import xgrammar as xgr
 
-from bench.common import default_tokenizer
+from bench.harness.common import default_tokenizer
 from grammar.checks.closing import ClosingVocab
 from grammar.engines.llguidance.matcher import LLGuidanceMatcher, compile_llguidance
 from grammar.engines.llguidance.schema import llguidance_grammar

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import emit
-from bench.fidelity_client import chat_body
-from bench.fidelity_corpus import SOURCES, build_corpus
-from bench.server_process import JumpgateServer
+from bench.fidelity.client import chat_body
+from bench.fidelity.corpus import SOURCES, build_corpus
+from bench.harness.common import emit
+from bench.harness.server_process import JumpgateServer
 from grammar.checks.rollback import schema_validator
 
 

@@ -16,7 +16,7 @@ import time
 import jsonschema
 
 import runtime.decode.completeness as completeness
-from bench.common import default_tokenizer
+from bench.harness.common import default_tokenizer
 from grammar import GrammarService, GrammarSpec
 from runtime.api import GenerateRequest
 from runtime.decode.sampling import SamplingParams

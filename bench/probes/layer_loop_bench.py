@@ -1,5 +1,5 @@
 """`python -m bench.probes.layer_loop_bench [--batches 1,16,64] [--context 60] [--rounds 6]`: a decode pass
-of the real model (`bench.engine_bench.decode_pass`) with its decoder layers in one C++ call
+of the real model (`bench.suites.engine.decode_pass`) with its decoder layers in one C++ call
 (runtime/cpu_kernels/decoder_layers.cpp) against the Python layer loop it replaces, in the default
 weight format.
 
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from bench.common import emit
-from bench.engine_bench import decode_pass
+from bench.harness.common import emit
+from bench.suites.engine import decode_pass
 from runtime.engine.engine import Engine
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from bench.common import emit
-from bench.workloads import chat
+from bench.harness.common import emit
+from bench.harness.workloads import chat
 from runtime.api import GenerateRequest
 from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine

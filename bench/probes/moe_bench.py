@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.common import emit
+from bench.harness.common import emit
 from runtime.model.decoder import make_linear
 from runtime.model.moe import MoEMLP
 

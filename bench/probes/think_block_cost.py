@@ -2,7 +2,7 @@
 
 A reasoning request's constraint is `ThinkThenConstraint` (grammar/reasoning/sequence.py): the
 block's grammar, then the answer's. Prints one JSON line per walk, median µs per token to fill the
-mask and accept the token (bench.common.mask_walk_us) on the default model's tokenizer:
+mask and accept the token (bench.harness.common.mask_walk_us) on the default model's tokenizer:
 
 - `answer_alone`: the JSON answer under its own matcher (a request without a block);
 - `block_then_answer`: a block of free text, `</think>\\n\\n`, then the same answer, through the
@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 
-from bench.common import default_tokenizer, mask_walk_us
+from bench.harness.common import default_tokenizer, mask_walk_us
 from grammar import GrammarService, GrammarSpec
 from grammar.reasoning.markers import TO_COME, think_markers, think_tag
 from grammar.reasoning.sequence import ThinkThenConstraint

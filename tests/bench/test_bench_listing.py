@@ -1,6 +1,6 @@
-"""Every bench is reachable (issue #43 item 5): a module of bench/ is a suite of `python -m bench`
-or one of the suites' helpers, a module of bench/probes/ is a listed probe, and `python -m bench
---help` names each with its line."""
+"""Every bench is reachable (issue #43 item 5): bench/ holds its entry point and packages only, a
+module of bench/suites/ is a suite of `python -m bench`, a module of bench/probes/ is a listed
+probe, and `python -m bench --help` names each with its line."""
 
 from __future__ import annotations
 
@@ -11,27 +11,23 @@ from pathlib import Path
 from bench.__main__ import PROBES, SUITE_HELP, SUITES
 
 ROOT = Path(__file__).resolve().parents[2]
-# Modules the suites import, not benches themselves.
-HELPERS = {
-    "__init__",
-    "__main__",
-    "common",
-    "fidelity_classify",
-    "fidelity_client",
-    "fidelity_corpus",
-    "fidelity_tally",
-    "replica_killer",
-    "server_process",
-    "workloads",
-}
+# The packages of bench/: suites (one suite a module), probes, and what they share.
+PACKAGES = {"suites", "probes", "harness", "fidelity", "results"}
 
 
-def test_every_bench_module_is_a_suite_or_a_helper():
-    suites = {module.removeprefix("bench.") for module in SUITES.values()}
+def test_bench_holds_only_its_entry_point_and_its_packages():
     modules = {p.stem for p in (ROOT / "bench").glob("*.py")}
-    assert modules - HELPERS == suites, (
-        f"not a suite: {sorted(modules - HELPERS - suites)} (list it in bench/__main__.py's SUITES and SUITE_HELP and "
-        "in tests/bench/test_bench_suites.py's TRIM, or move it to bench/probes/ and PROBES, or add a helper to HELPERS)"
+    assert modules == {"__init__", "__main__"}, f"a module at the top of bench/: {sorted(modules)}"
+    folders = {p.name for p in (ROOT / "bench").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == PACKAGES
+
+
+def test_every_module_of_suites_is_a_suite():
+    suites = {module.removeprefix("bench.suites.") for module in SUITES.values()}
+    modules = {p.stem for p in (ROOT / "bench" / "suites").glob("*.py")} - {"__init__"}
+    assert modules == suites, (
+        f"not a suite: {sorted(modules - suites)} (list it in bench/__main__.py's SUITES and SUITE_HELP and "
+        "in tests/bench/test_bench_suites.py's TRIM, or move it to bench/probes/ and PROBES, or to bench/harness/)"
     )
 
 

@@ -1,4 +1,4 @@
-"""bench/server_process.py's server lifecycles beyond Jumpgate's own: vLLM's command line and
+"""bench/harness/server_process.py's server lifecycles beyond Jumpgate's own: vLLM's command line and
 environment, a failed start reported under the server's name, and memory summed over the
 processes the server started (vLLM's engine runs in a child)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.server_process import MODEL, ServerFailed, VllmServer, session_pids
+from bench.harness.server_process import MODEL, ServerFailed, VllmServer, session_pids
 
 
 def test_vllm_command_serves_the_benchmarks_model_name_with_prefix_caching(tmp_path):

@@ -1,4 +1,4 @@
-"""bench/fidelity_bench.py without the real model: each answer's verdict (valid, invalid, cut off,
+"""bench/suites/fidelity.py without the real model: each answer's verdict (valid, invalid, cut off,
 refused, duplicate keys) on hand-made responses, the check report's reading, the corpus sample,
 the summary and detail lines; then the client side against the real gateway app over the scripted
 fake engine (real grammar service), so check and answer parsing meet the routes' real answers."""
@@ -10,7 +10,10 @@ import json
 
 import pytest
 
-from bench.fidelity_bench import (
+from bench.fidelity.client import Answer, Check, answer_all, chat_body, check_all, read_check
+from bench.fidelity.corpus import Entry, select
+from bench.fidelity.tally import answer_lines, answered, refused, tally
+from bench.suites.fidelity import (
     AnswerLog,
     Row,
     answer_line,
@@ -21,9 +24,6 @@ from bench.fidelity_bench import (
     pick,
     summarize,
 )
-from bench.fidelity_client import Answer, Check, answer_all, chat_body, check_all, read_check
-from bench.fidelity_corpus import Entry, select
-from bench.fidelity_tally import answer_lines, answered, refused, tally
 
 SCHEMA = {
     "type": "object",
@@ -386,7 +386,7 @@ def wait_for(condition, timeout_s=5.0):
 
 
 def test_guard_stops_the_server_past_its_memory_and_restarts_it_a_bounded_number_of_times():
-    from bench.fidelity_client import ServerGuard
+    from bench.fidelity.client import ServerGuard
 
     server = FakeServer()
     with ServerGuard(server, limit_mb=1000, max_restarts=1) as guard:
@@ -410,7 +410,7 @@ def mock_client(handler):
 def test_a_check_that_takes_the_server_past_its_memory_is_its_schema_s():
     import httpx
 
-    from bench.fidelity_client import SERVER_MEMORY, ServerGuard
+    from bench.fidelity.client import SERVER_MEMORY, ServerGuard
 
     server = FakeServer()
     state = {"compile_s": 0.0}
@@ -448,7 +448,7 @@ def test_a_check_that_takes_the_server_past_its_memory_is_its_schema_s():
 def test_a_request_that_lost_the_server_is_sent_once_more_and_skipped_schemas_are_not_asked():
     import httpx
 
-    from bench.fidelity_client import NOT_ASKED, ServerGuard
+    from bench.fidelity.client import NOT_ASKED, ServerGuard
 
     server = FakeServer()
     calls = []

@@ -1,4 +1,4 @@
-"""bench/fidelity_corpus.py: the handmade source, BFCL type normalisation, Kubernetes ref inlining,
+"""bench/fidelity/corpus.py: the handmade source, BFCL type normalisation, Kubernetes ref inlining,
 dedupe and order; each package source only where its package is installed (the `corpus` extra,
 which CI does not install). The packages are looked up with find_spec, as the builder does, not
 with pytest.importorskip: installed with --no-deps (as documented), two of them fail to import."""
@@ -10,8 +10,8 @@ import json
 import jsonschema
 import pytest
 
-from bench import fidelity_corpus as fc
-from bench.fidelity_corpus import K8sDefinitions, Skip, build_corpus, canonical, normalise_bfcl, schema_refs
+from bench.fidelity import corpus as fc
+from bench.fidelity.corpus import K8sDefinitions, Skip, build_corpus, canonical, normalise_bfcl, schema_refs
 
 
 def test_handmade_source_is_every_corpus_file_in_name_order():

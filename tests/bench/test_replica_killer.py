@@ -1,4 +1,4 @@
-"""bench/replica_killer.py, the chaos of `python -m bench soak --cluster`, against a real process
+"""bench/harness/replica_killer.py, the chaos of `python -m bench soak --cluster`, against a real process
 tree standing in for Ray's: workers titled as Ray Serve titles its replicas, under the process the
 bench started. The killer must find them there, kill only the deployment it is asked for, and
 attribute a failure to a kill only when the kill could have caused it."""
@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from bench.replica_killer import Kill, ReplicaKiller, replica_pids
+from bench.harness.replica_killer import Kill, ReplicaKiller, replica_pids
 
 TREE = (
     "(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "

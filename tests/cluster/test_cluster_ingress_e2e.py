@@ -14,7 +14,7 @@ pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is no
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-from bench.server_process import MODEL, JumpgateServer  # noqa: E402
+from bench.harness.server_process import MODEL, JumpgateServer  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

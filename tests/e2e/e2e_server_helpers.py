@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "schema_corpus"

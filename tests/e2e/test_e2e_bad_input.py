@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 from tests.conftest import openai_client
 from tests.e2e.e2e_server_helpers import CORPUS, TOOLS, WEATHER_Q, assert_openai_error, chat_body
 

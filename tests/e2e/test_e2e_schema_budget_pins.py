@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import pytest
 
-from bench.server_process import MODEL, JumpgateServer
+from bench.harness.server_process import MODEL, JumpgateServer
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 from tests.e2e.e2e_server_helpers import CORPUS, EXAMPLES, TOOLS, WEATHER_Q, assert_openai_error, chat_body
 
 pytestmark = pytest.mark.e2e

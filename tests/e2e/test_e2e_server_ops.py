@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 from tests.e2e.e2e_server_helpers import EXAMPLES, ROOT, assert_openai_error, chat_body
 
 pytestmark = pytest.mark.e2e

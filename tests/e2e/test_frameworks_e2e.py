@@ -22,7 +22,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import math
 import openai
 import pytest
 
-from bench.server_process import MODEL, JumpgateServer
+from bench.harness.server_process import MODEL, JumpgateServer
 from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e

@@ -69,7 +69,7 @@ def model_dir(tmp_path_factory, smollm_dir):
 
 
 def serve(tmp_path_factory, model_dir, template: str, *flags: str):
-    from bench.server_process import JumpgateServer
+    from bench.harness.server_process import JumpgateServer
 
     args = ["--model", str(model_dir), "--chat-template", str(TEMPLATES / template), *flags]
     # (a first start may build the CPU kernels: minutes on a loaded 2-core host)

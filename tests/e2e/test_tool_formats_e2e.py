@@ -72,7 +72,7 @@ N = 4  # choices per request
 
 @pytest.fixture(scope="module", params=FORMATS, ids=[f[0] for f in FORMATS])
 def served(request, tmp_path_factory, tiny_model_dir):
-    from bench.server_process import JumpgateServer
+    from bench.harness.server_process import JumpgateServer
 
     name, template, explicit = request.param
     args = ["--model", str(tiny_model_dir), "--chat-template", str(TEMPLATES / template)]

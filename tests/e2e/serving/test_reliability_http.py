@@ -19,7 +19,7 @@ import uuid
 import httpx
 import pytest
 
-from bench.server_process import MODEL, JumpgateServer, is_idle
+from bench.harness.server_process import MODEL, JumpgateServer, is_idle
 from gateway.auth import tenant_id
 
 KEYS = {"load": "sk-load-0001", "alice": "sk-alice-0001", "bob": "sk-bob-0001"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.server_process import JumpgateServer
+from bench.harness.server_process import JumpgateServer
 
 pytestmark = pytest.mark.e2e
 

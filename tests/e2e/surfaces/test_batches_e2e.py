@@ -13,7 +13,7 @@ import time
 import openai
 import pytest
 
-from bench.server_process import MODEL, JumpgateServer
+from bench.harness.server_process import MODEL, JumpgateServer
 from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 
 pytestmark = pytest.mark.e2e
 

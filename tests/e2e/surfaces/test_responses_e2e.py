@@ -10,7 +10,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 from tests.conftest import openai_client
 
 pytestmark = pytest.mark.e2e

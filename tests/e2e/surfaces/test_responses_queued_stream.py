@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from bench.server_process import MODEL, JumpgateServer, is_idle, parse_metrics
+from bench.harness.server_process import MODEL, JumpgateServer, is_idle, parse_metrics
 
 pytestmark = pytest.mark.e2e
 

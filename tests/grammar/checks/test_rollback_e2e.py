@@ -20,7 +20,7 @@ import jsonschema
 import openai
 import pytest
 
-from bench.server_process import MODEL, parse_metrics
+from bench.harness.server_process import MODEL, parse_metrics
 from grammar import GrammarSpec
 from grammar.validation.fidelity import ROLLBACK, routed_schema_fidelity
 from runtime.api import VALUE_RETRIES_EXHAUSTED, EngineError, GenerateRequest

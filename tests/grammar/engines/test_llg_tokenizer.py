@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from bench.workloads import corpus_examples
+from bench.harness.workloads import corpus_examples
 from grammar.engines.llguidance.matcher import LLGuidanceMatcher, compile_llguidance
 from grammar.engines.llguidance.schema import llguidance_grammar, llguidance_refusal
 from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer, MemoEncoder, build_llguidance_tokenizer, same_view

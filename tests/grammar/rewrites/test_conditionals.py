@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 from grammar import GrammarSpec
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from grammar.rewrites.conditionals import allof_conditionals, discriminator, lower_conditionals

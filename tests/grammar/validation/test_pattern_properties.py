@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import torch
 
-from bench.server_process import MODEL
+from bench.harness.server_process import MODEL
 from grammar import GrammarSpec
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
 from grammar.validation.fidelity import DUPLICATE_KEYS, ENFORCED, LLGUIDANCE, VALUE_CHECK, routed_schema_fidelity

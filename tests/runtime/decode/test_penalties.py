@@ -150,7 +150,7 @@ def test_ids_outside_the_vocabulary_are_refused(real_engine, prompt):
 
 @pytest.mark.e2e
 def test_the_official_client_sends_them(jumpgate_server, tokenizer):
-    from bench.server_process import MODEL
+    from bench.harness.server_process import MODEL
 
     client = openai_client(jumpgate_server)
     (banana,) = tokenizer.encode(" banana", add_special_tokens=False)

@@ -254,7 +254,7 @@ def test_serve_refuses_an_unsupported_family_in_one_line(model_type, tmp_path, s
 @pytest.fixture(scope="module")
 def qwen3_server(qwen3_dir, tmp_path_factory):
     """`jumpgate serve --model <tiny Qwen3 folder>`: the real CLI and runtime on a non-Llama family."""
-    from bench.server_process import JumpgateServer
+    from bench.harness.server_process import JumpgateServer
 
     srv = JumpgateServer(
         tmp_path_factory.mktemp("jumpgate-qwen3"), kv_pool_tokens=4096, extra_args=["--model", str(qwen3_dir)]

@@ -240,7 +240,7 @@ def test_bf16_q8_q4_experts_agree_with_float32(moe_dir, fmt, tokenizer, cpu_ops)
 @pytest.fixture(scope="module")
 def qwen3_moe_server(qwen3_moe_dir, tmp_path_factory):
     """`jumpgate serve --model <tiny Qwen3-MoE folder>`: the real CLI and runtime on a MoE family."""
-    from bench.server_process import JumpgateServer
+    from bench.harness.server_process import JumpgateServer
 
     srv = JumpgateServer(
         tmp_path_factory.mktemp("jumpgate-qwen3-moe"), kv_pool_tokens=4096, extra_args=["--model", str(qwen3_moe_dir)]

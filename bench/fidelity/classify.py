@@ -1,7 +1,7 @@
 """`python -m bench fidelity --classify`: strict mode's verdict on the whole corpus, without a model.
 
 Whether strict mode answers a schema is decided at compile time, so it can be measured on every
-corpus schema (bench/fidelity_corpus.py) without generating anything. For each schema this runs
+corpus schema (bench/fidelity/corpus.py) without generating anything. For each schema this runs
 what the server runs for a strict `json_schema` request (grammar/service/service.py, then
 gateway/pipeline/output_validation.py):
 
@@ -29,8 +29,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from bench.common import emit
-from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
+from bench.fidelity.corpus import SOURCES, Entry, build_corpus, select
+from bench.harness.common import emit
 from grammar.checks.rollback import DEFAULT_VALUE_RETRIES
 from grammar.errors import GrammarSpecError
 from grammar.spec import GrammarSpec

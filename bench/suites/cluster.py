@@ -15,8 +15,8 @@ import random
 import statistics
 import time
 
-from bench.common import emit
-from bench.workloads import USER_TASKS, agent_system_prompt, chat
+from bench.harness.common import emit
+from bench.harness.workloads import USER_TASKS, agent_system_prompt, chat
 from gateway.cluster.client import ClusterEngineClient
 from gateway.cluster.launch import start_replicas, stop_replicas
 from gateway.cluster.routing_log import ROUTING_LOG

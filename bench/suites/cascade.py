@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from bench.common import emit
+from bench.harness.common import emit
 from runtime.attention.cascade import find_prefix_groups
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch, PrefixGroup

@@ -25,8 +25,8 @@ import statistics
 import tempfile
 import time
 
-from bench.common import emit, run_timed
-from bench.workloads import ROOT, chat
+from bench.harness.common import emit, run_timed
+from bench.harness.workloads import ROOT, chat
 from grammar import GrammarService, GrammarSpec
 from runtime.api import EngineStats, GenerateRequest
 from runtime.decode.sampling import SamplingParams

@@ -18,8 +18,8 @@ import argparse
 import json
 import statistics
 
-from bench.common import default_tokenizer, emit, mask_walk_us
-from bench.workloads import CORPUS_DATA, corpus_examples
+from bench.harness.common import default_tokenizer, emit, mask_walk_us
+from bench.harness.workloads import CORPUS_DATA, corpus_examples
 from grammar import GrammarService, GrammarSpec
 
 OPEN = {"type": "object", "additionalProperties": {"type": "string"}}

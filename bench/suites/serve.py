@@ -58,9 +58,9 @@ from typing import Any, Awaitable, Callable, Sequence
 import httpx
 import jsonschema
 
-from bench.common import emit, git_commit
-from bench.server_process import MODEL, JumpgateServer, VllmServer
-from bench.workloads import ROOT, USER_TASKS, agent_system_prompt, agent_tools
+from bench.harness.common import emit, git_commit
+from bench.harness.server_process import MODEL, JumpgateServer, VllmServer
+from bench.harness.workloads import ROOT, USER_TASKS, agent_system_prompt, agent_tools
 
 EXTRACT_SCHEMA_PATH = ROOT / "tests" / "data" / "schema_corpus" / "extract_12_fields.json"
 COMPLETE = ("stop", "tool_calls")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from bench.common import emit, run_timed
-from bench.workloads import FEW_SHOT, FEW_SHOT_QUESTIONS, USER_TASKS, agent_system_prompt, chat
+from bench.harness.common import emit, run_timed
+from bench.harness.workloads import FEW_SHOT, FEW_SHOT_QUESTIONS, USER_TASKS, agent_system_prompt, chat
 from runtime.api import GenerateRequest
 from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine

@@ -16,7 +16,7 @@ left behind, and every acknowledged upload and stored response is read back.
 
 `--cluster` runs the same clients against `jumpgate serve --replicas 2` on Ray Serve (the gateway
 replicas share the registry and responses folders, the engines the grammar cache and disk tier)
-and SIGKILLs one replica every `--kill-every` seconds (`bench/replica_killer.py`): a request that
+and SIGKILLs one replica every `--kill-every` seconds (`bench/harness/replica_killer.py`): a request that
 fails with the clear 503 `engine_stopped` while a replica died under it counts as
 `killed_in_flight`; any other failure is a server error.
 
@@ -42,9 +42,11 @@ from typing import Any, Sequence
 
 import httpx
 
-from bench.common import emit
-from bench.replica_killer import ReplicaKiller, descendants
-from bench.serve_bench import (
+from bench.harness.common import emit
+from bench.harness.replica_killer import ReplicaKiller, descendants
+from bench.harness.server_process import JumpgateServer
+from bench.harness.workloads import USER_TASKS, agent_tools
+from bench.suites.serve import (
     DOCUMENT_PEOPLE,
     EXTRACT_SCHEMA_PATH,
     MODEL,
@@ -56,8 +58,6 @@ from bench.serve_bench import (
     stream_chat,
     tool_calls_valid,
 )
-from bench.server_process import JumpgateServer
-from bench.workloads import USER_TASKS, agent_tools
 
 # json-extract in the soak: the first five fields of tests/data/schema_corpus/extract_12_fields.json,
 # with bounded strings, so that a request can finish while 63 others share the CPU.

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.server_process import proc_stats
+from bench.harness.server_process import proc_stats
 
 
 def descendants(root: int) -> list[int]:

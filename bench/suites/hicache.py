@@ -30,8 +30,8 @@ import shutil
 import tempfile
 import time
 
-from bench.common import emit, run_timed
-from bench.workloads import USER_TASKS, agent_system_prompt, chat
+from bench.harness.common import emit, run_timed
+from bench.harness.workloads import USER_TASKS, agent_system_prompt, chat
 from runtime.api import GenerateRequest
 from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine

@@ -9,7 +9,7 @@ sending the request to the first streamed chunk with content. One JSON line per 
 length: the median, every time, and the prompt tokens the server counted (its `usage`).
 
 `--vllm PYTHON` runs the same prompts against vLLM's OpenAI server first (one fresh server per
-`--vllm-dtypes` entry, started as `bench serve --vllm` starts it: bench/server_process.py), and
+`--vllm-dtypes` entry, started as `bench serve --vllm` starts it: bench/harness/server_process.py), and
 every Jumpgate line carries `ttft_vs_vllm-<dtype>`: its median over vLLM's (at most 1 is as fast
 or faster). `--jumpgate-args "--attention-precision float32"` (repeatable) serves Jumpgate once
 per entry with those flags added, side by side in the same run (default: one run, its defaults).
@@ -30,8 +30,8 @@ from typing import Sequence
 
 import httpx
 
-from bench.common import emit, git_commit
-from bench.server_process import MODEL, JumpgateServer, VllmServer
+from bench.harness.common import emit, git_commit
+from bench.harness.server_process import MODEL, JumpgateServer, VllmServer
 
 WORDS = (
     "river stone window garden letter market engine silver forest harbor candle mirror valley "
@@ -151,7 +151,7 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
-    from bench.serve_bench import exit_on_sigterm
+    from bench.suites.serve import exit_on_sigterm
     from runtime.model.loader import load_tokenizer, resolve_model_dir
 
     args = parse_args(quick, argv)

@@ -23,8 +23,8 @@ import statistics
 
 import xgrammar as xgr
 
-from bench.common import default_tokenizer, emit, mask_walk_us
-from bench.workloads import corpus_examples
+from bench.harness.common import default_tokenizer, emit, mask_walk_us
+from bench.harness.workloads import corpus_examples
 from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguidance
 from grammar.engines.llguidance.schema import llguidance_grammar, llguidance_refusal
 from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
@@ -45,7 +45,7 @@ def load_cases(quick: bool) -> list[tuple[str, dict, str]]:
 
 class MaskTimer:
     """Both engines' compilers for the default model's tokenizer, to time their masks along a text
-    (also used by bench/fidelity_bench.py on the model's own answers)."""
+    (also used by bench/suites/fidelity.py on the model's own answers)."""
 
     def __init__(self):
         self.tokenizer, vocab = default_tokenizer()

@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from bench.common import emit
-from bench.fidelity_client import PROMPT_TOO_LONG
+from bench.fidelity.client import PROMPT_TOO_LONG
+from bench.harness.common import emit
 
 OUTCOMES = ("valid", "invalid", "cut_off", "refused", "error")
 
@@ -96,7 +96,7 @@ def tally(lines: Sequence[dict[str, Any]], corpus: int | None = None) -> dict[st
 
 
 def run(paths: Sequence[str]) -> None:
-    from bench.fidelity_corpus import SOURCES, build_corpus
+    from bench.fidelity.corpus import SOURCES, build_corpus
 
     by_schema = answer_lines(paths)
     _, stats = build_corpus(list(SOURCES))

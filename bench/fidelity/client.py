@@ -1,5 +1,5 @@
 """The fidelity bench's side of the wire: schema checks and strict requests, and the server kept
-alive under a memory limit (bench/fidelity_bench.py runs them and judges the answers)."""
+alive under a memory limit (bench/suites/fidelity.py runs them and judges the answers)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import httpx
 
-from bench.fidelity_corpus import Entry
-from bench.server_process import MODEL, JumpgateServer, ServerFailed, parse_metrics
+from bench.fidelity.corpus import Entry
+from bench.harness.server_process import MODEL, JumpgateServer, ServerFailed, parse_metrics
 from grammar.validation.fidelity import DUPLICATE_KEYS, ENFORCED, XGRAMMAR
 
 COMPILE_SECONDS = "jumpgate_grammar_compile_seconds_total"

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from bench.common import emit, run_timed
+from bench.harness.common import emit, run_timed
 from runtime.api import GenerateRequest
 from runtime.attention import make_attention_backend
 from runtime.decode.sampling import SamplingParams

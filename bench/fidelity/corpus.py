@@ -22,7 +22,7 @@ Install them with `pip install --no-deps kubernetes-validate check-jsonschema bf
 Entries are deduplicated by canonical JSON (sorted keys; the first one wins, in source order), and
 the order is fixed: sources in SOURCES order, then file names sorted (BFCL: file, line, function).
 
-  python -m bench.fidelity_corpus [--sources a,b]   # one JSON line per source, then the total
+  python -m bench.fidelity.corpus [--sources a,b]   # one JSON line per source, then the total
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from bench.common import emit
-from bench.workloads import ROOT
+from bench.harness.common import emit
+from bench.harness.workloads import ROOT
 
 SOURCES = ("handmade", "kubernetes", "schemastore", "bfcl")
 PACKAGES = {
@@ -389,7 +389,7 @@ def build_corpus(sources: tuple[str, ...] | list[str] = SOURCES) -> tuple[list[E
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fidelity_corpus", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fidelity.corpus", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sources", default=",".join(SOURCES), help="comma-separated subset of " + ", ".join(SOURCES))
     args = ap.parse_args(argv)
     entries, stats = build_corpus([s.strip() for s in args.sources.split(",") if s.strip()])

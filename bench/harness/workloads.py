@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DATA = ROOT / "tests" / "data"
 
 _POLICY_LINES = [

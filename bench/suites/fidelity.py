@@ -1,8 +1,8 @@
 """`python -m bench fidelity`: schema fidelity on real-world schemas, through a real server.
 
-The corpus is bench/fidelity_corpus.py's (handmade, Kubernetes, SchemaStore, BFCL; a source whose
+The corpus is bench/fidelity/corpus.py's (handmade, Kubernetes, SchemaStore, BFCL; a source whose
 package is not installed is left out and said so). The bench starts its own `jumpgate serve`
-(bench/server_process.py) and, for each schema:
+(bench/harness/server_process.py) and, for each schema:
 
 1. **check**, one schema at a time: `POST /v1/schemas/check` (strict) says which engine compiles it
    (`xgrammar` / `llguidance`), or that strict mode refuses it and which keywords. `compile_ms` is
@@ -23,13 +23,13 @@ package is not installed is left out and said so). The bench starts its own `jum
    output token from the first to the last, no queueing or prefill); the totals give the median,
    the slowest schema and slowest / median.
 
-The server runs under a memory limit (`--server-memory-mb`, bench/fidelity_client.py's
+The server runs under a memory limit (`--server-memory-mb`, bench/fidelity/client.py's
 ServerGuard): past it, it is stopped and started again (at most `--max-restarts` times). A check
 that took it there is `check_refused: server_memory` and its schema is not asked; a request that
 lost the server is sent once more; `server_kills` / `server_restarts` on the total line count them.
 3. **mask**, after the server has stopped: on up to `--mask-sample` valid answers per source, µs
    per token to fill the token mask along the answer's own text with the engine that compiled the
-   schema (bench/grammar_engines_bench.py's MaskTimer, median of `--mask-reps`).
+   schema (bench/suites/grammar_engines.py's MaskTimer, median of `--mask-reps`).
 
 Output: while the answers come in, one `kind: "answer"` line per schema (source, name, engine,
 outcome, finish_reason, completion_tokens, elapsed_s, and the first error's message when not
@@ -38,8 +38,8 @@ part way still says what it saw; at the end one JSON line per source and one for
 (`kind`: "source" / "total"), then one `kind: "detail"` line per schema that was not answered
 validly (or repeated a key, or whose verdict the server reported differently), to investigate.
 
-  python -m bench fidelity --classify [...]   # no server: bench/fidelity_classify.py
-  python -m bench fidelity --tally LOG [...]  # totals of answer logs: bench/fidelity_tally.py
+  python -m bench fidelity --classify [...]   # no server: bench/fidelity/classify.py
+  python -m bench fidelity --tally LOG [...]  # totals of answer logs: bench/fidelity/tally.py
   python -m bench fidelity [--quick] [--sources a,b] [--per-source N] [--limit N]
                            [--max-tokens 384] [--concurrency 4] [--mask-sample 8]
                            [--server-memory-mb 8000] [--max-restarts 5] [--log FILE]
@@ -59,8 +59,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from bench.common import emit, git_commit
-from bench.fidelity_client import (
+from bench.fidelity.client import (
     PROMPT_TOO_LONG,
     SERVER_MEMORY,
     Answer,
@@ -70,11 +69,12 @@ from bench.fidelity_client import (
     check_all,
     short,
 )
-from bench.fidelity_corpus import SOURCES, Entry, build_corpus, select
-from bench.fidelity_tally import answered, decode_summary, refused
-from bench.fidelity_tally import run as tally_run
-from bench.serve_bench import exit_on_sigterm, percentile
-from bench.server_process import MODEL, JumpgateServer
+from bench.fidelity.corpus import SOURCES, Entry, build_corpus, select
+from bench.fidelity.tally import answered, decode_summary, refused
+from bench.fidelity.tally import run as tally_run
+from bench.harness.common import emit, git_commit
+from bench.harness.server_process import MODEL, JumpgateServer
+from bench.suites.serve import exit_on_sigterm, percentile
 from gateway.pipeline.grammar_adapter import FidelityReport
 from gateway.pipeline.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
 from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR
@@ -256,7 +256,7 @@ def detail(row: Row) -> dict[str, Any] | None:
 def time_masks(rows: list[Row], sample: int, reps: int) -> None:
     """`mask_us` on up to `sample` valid answers per source (spread evenly), with the engine that
     compiled each schema."""
-    from bench.grammar_engines_bench import MaskTimer
+    from bench.suites.grammar_engines import MaskTimer
 
     timer = MaskTimer()
     for source in dict.fromkeys(r.entry.source for r in rows):
@@ -364,11 +364,11 @@ async def drive(
 
 def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
     argv = list(argv or [])
-    if "--classify" in argv:  # strict mode's verdicts on the whole corpus, no server (bench/fidelity_classify.py)
-        from bench.fidelity_classify import run as classify_run
+    if "--classify" in argv:  # strict mode's verdicts on the whole corpus, no server (bench/fidelity/classify.py)
+        from bench.fidelity.classify import run as classify_run
 
         return classify_run([a for a in argv if a != "--classify"])
-    if "--tally" in argv:  # totals of answer logs, no server (bench/fidelity_tally.py)
+    if "--tally" in argv:  # totals of answer logs, no server (bench/fidelity/tally.py)
         return tally_run([a for a in argv if a != "--tally"])
     args = parse_args(quick, argv)
     exit_on_sigterm()
