@@ -22,9 +22,9 @@ from typing import Sequence
 
 import httpx
 
+from bench.harness.chat_workloads import DOCUMENT_PEOPLE, extract_document
 from bench.harness.common import emit, git_commit
 from bench.harness.server_process import MODEL, JumpgateServer
-from bench.suites.serve import DOCUMENT_PEOPLE, extract_document
 
 PREFIXES = 4
 SCHEMA = {

@@ -72,9 +72,9 @@ from bench.fidelity.client import (
 from bench.fidelity.corpus import SOURCES, Entry, build_corpus, select
 from bench.fidelity.tally import answered, decode_summary, refused
 from bench.fidelity.tally import run as tally_run
+from bench.harness.chat_workloads import exit_on_sigterm, percentile
 from bench.harness.common import emit, git_commit
 from bench.harness.server_process import MODEL, JumpgateServer
-from bench.suites.serve import exit_on_sigterm, percentile
 from gateway.pipeline.grammar_adapter import FidelityReport
 from gateway.pipeline.output_validation import BEST_EFFORT, DUPLICATE_KEY, OutputCheck
 from grammar.validation.fidelity import LLGUIDANCE, XGRAMMAR

@@ -151,7 +151,7 @@ def parse_args(quick: bool, argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(quick: bool = False, argv: Sequence[str] | None = None) -> None:
-    from bench.suites.serve import exit_on_sigterm
+    from bench.harness.chat_workloads import exit_on_sigterm
     from runtime.model.loader import load_tokenizer, resolve_model_dir
 
     args = parse_args(quick, argv)

@@ -17,9 +17,9 @@ import json
 import jsonschema
 import pytest
 
+from bench.harness.chat_workloads import agent_messages
 from bench.harness.server_process import MODEL
 from bench.harness.workloads import agent_system_prompt, agent_tools
-from bench.suites.serve import agent_messages
 from grammar import GrammarSpec
 from grammar.kinds.tool_calls.parser import parse_tool_calls
 from runtime.decode.completeness import CompletionGuard

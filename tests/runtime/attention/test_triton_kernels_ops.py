@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.probes.device_check import attention_case
+from bench.harness.device_cases import attention_case
 from runtime.attention import TorchAttentionBackend, make_attention_backend
 from runtime.decode.sampler import apply_bitmask_, apply_token_bitmask
 from tests.runtime.attention.triton_helpers import CPU, DEV, ON_GPU, tiny_model

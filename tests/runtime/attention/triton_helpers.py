@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from bench.probes.device_check import SMOKE, build_model
+from bench.harness.device_cases import build_model
+from bench.probes.device_check import SMOKE
 from runtime.attention import triton_interpreter_enabled
 from runtime.kvcache.pool import KVPool
 
