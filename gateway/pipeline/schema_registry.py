@@ -24,11 +24,12 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, Struct, UnsetType
 
-from gateway.registry.protocol import SchemaEntry
+from gateway.protocol import SchemaMode
 from gateway.tenant_files import TEMP_PATTERN, tenant_dir, tenant_of, write_atomic
 from grammar.service.cache import remove_stale_temp_files
 
@@ -36,6 +37,18 @@ log = logging.getLogger("jumpgate.gateway.registry")
 
 ID_RE = re.compile(r"^sch_[0-9a-f]{16,64}$")
 _PIN_SUFFIX = ".pin.json"
+
+
+class SchemaEntry(Struct, kw_only=True):
+    id: str
+    kind: Literal["json_schema", "regex", "ebnf", "tools"]
+    payload: Any  # the schema dict, the regex/EBNF string, or the list of tool dicts
+    created: int
+    name: str | None = None
+    object: Literal["schema"] = "schema"
+    pinned_tokens: int | None = None  # set in the response of an upload with "pin": true
+    schema_mode: SchemaMode | None = None  # requests with this schema_id default to it
+    fidelity: dict[str, Any] | UnsetType = UNSET  # set in the response of an upload (schemas and tools)
 
 
 class ForeignEntry(Exception):

@@ -1,11 +1,13 @@
-"""The schema registry's bodies: an upload, a stored entry, a check (POST /v1/schemas/check), lists."""
+"""The schema registry's request and answer bodies: an upload, a check (POST /v1/schemas/check), lists
+(a stored entry, `SchemaEntry`, is the store's own record: gateway/pipeline/schema_registry.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from msgspec import UNSET, Struct, UnsetType
+from msgspec import Struct
 
+from gateway.pipeline.schema_registry import SchemaEntry
 from gateway.protocol import SchemaMode, ToolDefinition
 
 
@@ -21,18 +23,6 @@ class SchemaUpload(Struct, kw_only=True):
     pin: bool = False
     system_prompt: str | None = None  # the system prompt that requests using this schema send (for the pin)
     schema_mode: SchemaMode | None = None  # best_effort: register a schema whose keywords are not all enforced
-
-
-class SchemaEntry(Struct, kw_only=True):
-    id: str
-    kind: Literal["json_schema", "regex", "ebnf", "tools"]
-    payload: Any  # the schema dict, the regex/EBNF string, or the list of tool dicts
-    created: int
-    name: str | None = None
-    object: Literal["schema"] = "schema"
-    pinned_tokens: int | None = None  # set in the response of an upload with "pin": true
-    schema_mode: SchemaMode | None = None  # requests with this schema_id default to it
-    fidelity: dict[str, Any] | UnsetType = UNSET  # set in the response of an upload (schemas and tools)
 
 
 class SchemaCheckRequest(Struct, kw_only=True):
