@@ -50,7 +50,6 @@ class Req:
     finished: bool = False
     finish_reason: str | None = None
     jump_forward_tokens: int = 0
-    lookup_tokens: int = 0  # prompt-lookup draft tokens verification kept
     # Token ids accepted since the last emitted event (sent with the next event).
     unsent_ids: list[int] = field(default_factory=list)
     pending_text: str = ""  # text of those tokens that is safe to emit

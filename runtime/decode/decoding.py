@@ -189,7 +189,6 @@ class Decoder:
             lookup_accepted = accepted_draft - forced_accepted
             self.counters.lookup_accepted_tokens += lookup_accepted
             self.counters.lookup_rejected_tokens += looked_up - lookup_accepted
-            r.lookup_tokens += lookup_accepted
             if accepted_draft >= forced:  # else its lookup tokens were never tried
                 r.lookup.verified(looked_up, lookup_accepted)
         r.last_token_at = time.monotonic()
