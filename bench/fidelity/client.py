@@ -1,5 +1,5 @@
 """The fidelity bench's side of the wire: schema checks and strict requests, and the server kept
-alive under a memory limit (bench/suites/fidelity.py runs them and judges the answers)."""
+alive under a memory limit (bench/suites/structured/fidelity.py runs them and judges the answers)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Every bench is reachable (issue #43 item 5): bench/ holds its entry point and packages only, a
-module of bench/suites/ is a suite of `python -m bench`, a module of bench/probes/ is a listed
-probe, and `python -m bench --help` names each with its line."""
+module of bench/suites/ (or of its groups kvcache/, structured/) is the suite of `python -m bench` of
+its name, a module of bench/probes/ is a listed probe, and `python -m bench --help` names each with
+its line."""
 
 from __future__ import annotations
 
@@ -22,11 +23,23 @@ def test_bench_holds_only_its_entry_point_and_its_packages():
     assert folders == PACKAGES
 
 
-def test_every_module_of_suites_is_a_suite():
-    suites = {module.removeprefix("bench.suites.") for module in SUITES.values()}
-    modules = {p.stem for p in (ROOT / "bench" / "suites").glob("*.py")} - {"__init__"}
+# The groups of bench/suites/: suites of one concern together, so no package holds more than 12 modules.
+SUITE_GROUPS = {"kvcache", "structured"}
+
+
+def test_every_module_of_suites_is_a_suite_named_like_its_module():
+    suites_dir = ROOT / "bench" / "suites"
+    groups = {p.name for p in suites_dir.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert groups == SUITE_GROUPS
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for p in suites_dir.rglob("*.py")
+        if p.stem != "__init__" and "__pycache__" not in p.parts
+    }
+    suites = set(SUITES.values())
+    assert all(module.rsplit(".", 1)[1] == name for name, module in SUITES.items())
     assert modules == suites, (
-        f"not a suite: {sorted(modules - suites)} (list it in bench/__main__.py's SUITES and SUITE_HELP and "
+        f"not a suite: {sorted(modules - suites)}, missing: {sorted(suites - modules)} (list it in bench/__main__.py's SUITES and SUITE_HELP and "
         "in tests/bench/test_bench_suites.py's TRIM, or move it to bench/probes/ and PROBES, or to bench/harness/)"
     )
 

@@ -1,4 +1,4 @@
-"""bench/suites/fidelity.py without the real model: each answer's verdict (valid, invalid, cut off,
+"""bench/suites/structured/fidelity.py without the real model: each answer's verdict (valid, invalid, cut off,
 refused, duplicate keys) on hand-made responses, the check report's reading, the corpus sample,
 the summary and detail lines; then the client side against the real gateway app over the scripted
 fake engine (real grammar service), so check and answer parsing meet the routes' real answers."""
@@ -13,7 +13,7 @@ import pytest
 from bench.fidelity.client import Answer, Check, answer_all, chat_body, check_all, read_check
 from bench.fidelity.corpus import Entry, select
 from bench.fidelity.tally import answer_lines, answered, refused, tally
-from bench.suites.fidelity import (
+from bench.suites.structured.fidelity import (
     AnswerLog,
     Row,
     answer_line,

@@ -83,7 +83,7 @@ def test_strict_pattern_with_max_length_answers_within_the_length(http):
     rf = {"type": "json_schema", "json_schema": {"name": "word", "schema": WORD, "strict": True}}
     resp = http.post("/v1/chat/completions", json=body(response_format=rf, n=3, temperature=1.0, seed=7))
     assert resp.status_code == 200, resp.text
-    # the slowest choice's mean decode step, which bench/suites/fidelity.py reports per schema
+    # the slowest choice's mean decode step, which bench/suites/structured/fidelity.py reports per schema
     assert 0 < float(resp.headers["x-jumpgate-decode-ms-per-token"]) < 60_000
     for choice in resp.json()["choices"]:
         word = json.loads(choice["message"]["content"])["word"]

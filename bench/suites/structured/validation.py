@@ -7,7 +7,7 @@ result.
 - `duplicates`: open-object schemas sampled at temperature 1: how many outputs repeat a key
   (the grammar cannot prevent it; the gateway detects and counts it).
 
-    python -m bench.suites.validation [--quick] [--what cost|duplicates]
+    python -m bench.suites.structured.validation [--quick] [--what cost|duplicates]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from bench.harness.server_process import MODEL, JumpgateServer
 from gateway.pipeline.constraints import ConstraintPlan
 from gateway.pipeline.output_validation import build_output_check
 
-CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "schema_corpus"
+CORPUS = Path(__file__).resolve().parents[3] / "tests" / "data" / "schema_corpus"
 COST_SCHEMAS = ("person_basic", "order_with_line_items", "extract_12_fields", "kubernetes_pod_minimal", "recipe")
 OPEN_SCHEMAS = (
     "map_additional_properties_integers",

@@ -45,7 +45,7 @@ def load_cases(quick: bool) -> list[tuple[str, dict, str]]:
 
 class MaskTimer:
     """Both engines' compilers for the default model's tokenizer, to time their masks along a text
-    (also used by bench/suites/fidelity.py on the model's own answers)."""
+    (also used by bench/suites/structured/fidelity.py on the model's own answers)."""
 
     def __init__(self):
         self.tokenizer, vocab = default_tokenizer()

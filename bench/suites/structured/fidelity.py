@@ -29,7 +29,7 @@ that took it there is `check_refused: server_memory` and its schema is not asked
 lost the server is sent once more; `server_kills` / `server_restarts` on the total line count them.
 3. **mask**, after the server has stopped: on up to `--mask-sample` valid answers per source, µs
    per token to fill the token mask along the answer's own text with the engine that compiled the
-   schema (bench/suites/grammar_engines.py's MaskTimer, median of `--mask-reps`).
+   schema (bench/suites/structured/grammar_engines.py's MaskTimer, median of `--mask-reps`).
 
 Output: while the answers come in, one `kind: "answer"` line per schema (source, name, engine,
 outcome, finish_reason, completion_tokens, elapsed_s, and the first error's message when not
@@ -256,7 +256,7 @@ def detail(row: Row) -> dict[str, Any] | None:
 def time_masks(rows: list[Row], sample: int, reps: int) -> None:
     """`mask_us` on up to `sample` valid answers per source (spread evenly), with the engine that
     compiled each schema."""
-    from bench.suites.grammar_engines import MaskTimer
+    from bench.suites.structured.grammar_engines import MaskTimer
 
     timer = MaskTimer()
     for source in dict.fromkeys(r.entry.source for r in rows):
