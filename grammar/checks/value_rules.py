@@ -27,6 +27,7 @@ from typing import Any
 from grammar.checks.canonical import canonical
 from grammar.checks.object_items import OBJECT_ITEM_KEYWORDS, SCALAR_KINDS, Field, ItemRule, ObjectItems
 from grammar.rewrites.listed_values import fitting_values
+from grammar.schema.keyword_sets import ALL_VALIDATION_KEYWORDS
 from grammar.schema.walk import ANNOTATION_KEYWORDS, resolve_local_ref
 
 MAX_FINITE = 256  # beyond this many listed values, items are treated as unbounded (prefix checks cost)
@@ -378,58 +379,9 @@ def dependent_required_exact(node: dict, strict: bool) -> str | None:
     return None
 
 
-_VALIDATING = frozenset(
-    (
-        "type",
-        "enum",
-        "const",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "format",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        "items",
-        "prefixItems",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "unevaluatedItems",
-        "additionalItems",
-        "properties",
-        "required",
-        "additionalProperties",
-        "minProperties",
-        "maxProperties",
-        "patternProperties",
-        "propertyNames",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "unevaluatedProperties",
-        "$ref",
-        "anyOf",
-        "oneOf",
-        "allOf",
-        "not",
-        "if",
-        "then",
-        "else",
-        "$dynamicRef",
-        "$recursiveRef",
-    )
-)
-
-
 def _validating(node: dict) -> set[str]:
     """The keywords of `node` that change which values are valid."""
-    return {k for k in node if k in _VALIDATING}
+    return {k for k in node if k in ALL_VALIDATION_KEYWORDS}
 
 
 def _typed(node: dict) -> bool:

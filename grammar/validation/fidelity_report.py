@@ -11,6 +11,16 @@ from typing import Any
 
 import jsonschema
 
+from grammar.schema.keyword_sets import (  # noqa: F401 -- the report's vocabulary, re-exported
+    ARRAY_KEYWORDS,
+    COMBINATORS,
+    KEYWORD_TYPES,
+    NUMBER_KEYWORDS,
+    OBJECT_KEYWORDS,
+    STRING_KEYWORDS,
+    VALIDATION_KEYWORDS,
+)
+
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
 VALUE_CHECK = "value_check"  # Jumpgate's own mask over repeated names and items (grammar/checks/value_check.py)
@@ -43,33 +53,6 @@ MASKED_FORMATS = frozenset(
 # Formats jsonschema can check after generation, with the packages installed here.
 CHECKABLE_FORMATS = frozenset(jsonschema.FormatChecker().checkers)
 
-STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
-NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-ARRAY_KEYWORDS = (
-    "items",
-    "prefixItems",
-    "minItems",
-    "maxItems",
-    "uniqueItems",
-    "contains",
-    "minContains",
-    "maxContains",
-    "unevaluatedItems",
-)
-OBJECT_KEYWORDS = (
-    "properties",
-    "required",
-    "additionalProperties",
-    "minProperties",
-    "maxProperties",
-    "patternProperties",
-    "propertyNames",
-    "dependentRequired",
-    "dependentSchemas",
-    "dependencies",
-    "unevaluatedProperties",
-)
-COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 NEVER_MASKED = {
     "uniqueItems": "uniqueItems is not masked: an array may repeat an item",
     "contains": "contains is not masked: an array need not hold a matching item",
@@ -94,18 +77,6 @@ VALUE_CHECKED = {
     "dependentRequired": "enforced by Jumpgate's value check: the object cannot close, nor skip past a missing "
     "dependent name, while a written name's dependents are missing",
 }
-# Validation keywords (2020-12 plus drafts 4-7); any other keyword is an annotation or unknown and
-# does not change which values are valid.
-VALIDATION_KEYWORDS = frozenset(
-    ("type", "enum", "const")
-    + STRING_KEYWORDS
-    + NUMBER_KEYWORDS
-    + ARRAY_KEYWORDS
-    + OBJECT_KEYWORDS
-    + COMBINATORS
-    + ("not", "if", "then", "else")
-)
-KEYWORD_TYPES = {**{k: ("string",) for k in STRING_KEYWORDS}, **{k: ("integer", "number") for k in NUMBER_KEYWORDS}}
 
 
 @dataclass(frozen=True)
