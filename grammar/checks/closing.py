@@ -43,6 +43,7 @@ from grammar.engines.token_mask import allow_only
 MAX_PLAN_TOKENS = 1024
 MAX_TRIES = 64  # candidates per step that make no progress, before falling back
 MAX_CLASS_TESTS = 16  # closing mask: class members checked for progress
+MAX_LOOP_WALKS = 4  # states a plan went round, each walked again taking the other way first
 _FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
 _LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
 
@@ -196,13 +197,19 @@ def _step(
     after: torch.Tensor,
     seen: set[bytes],
     taken: dict[bytes, set[int]],
+    branches: dict[bytes, set[int]] | None = None,
+    looped: dict[bytes, set[int]] | None = None,
 ) -> int | None:
     """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
     in class order that makes progress, else the first one not yet taken from a state like this.
+    `branches` holds what the plan took from each state so far (kept across forced text): a state
+    met again means the plan went round (a tool-call section whose end marker shares its start with
+    the next call's), so a candidate taken there before comes last, and is noted in `looped`.
     Leaves `after[0]` holding the new state's mask. None if the grammar allows no candidate."""
     here = _State(mask[0], m, vocab)
     seen.add(here.sig)
     done = taken.setdefault(here.sig, set())
+    went = branches.setdefault(here.sig, set()) if branches is not None else set()
     if here.in_text and not allowed_subset(mask[0], vocab.quoted).numel():
         # free text of a regex or EBNF: end it if one character can
         tok = _completing_single(m, vocab, mask[0])
@@ -210,7 +217,7 @@ def _step(
             done.add(tok)
             m.fill_mask(after, 0)
             return tok
-    fallback = first = None
+    fallback = first = again = None
     tries = 0
     for ids in vocab.text_classes if here.in_text else vocab.classes:
         for j, tok in enumerate(allowed_subset(mask[0], ids).tolist()):
@@ -220,7 +227,14 @@ def _step(
                 continue
             m.fill_mask(after, 0)
             if _progress(vocab, ids, tok, here, after[0], _signature(after[0], m), seen):
+                if tok in went:  # taken from this state before: another way first
+                    m.rollback(1)
+                    again = tok if again is None else again
+                    if looped is not None:
+                        looped.setdefault(here.sig, set()).add(tok)
+                    continue
                 done.add(tok)
+                went.add(tok)
                 return tok
             m.rollback(1)
             tries += 1
@@ -229,10 +243,11 @@ def _step(
                 fallback = tok
             if j == 0 and ids is vocab.fillers:
                 break  # `0` leads nowhere: neither will `false` (inside text, all are characters)
-    tok = fallback if fallback is not None else first
+    tok = again if again is not None else fallback if fallback is not None else first
     if tok is None:
         return None
     done.add(tok)
+    went.add(tok)
     m.accept(tok)
     m.fill_mask(after, 0)
     return tok
@@ -251,13 +266,37 @@ def _accept_forced(m: PlanMatcher, vocab: ClosingVocab) -> list[int]:
 
 def completion_plan(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> list[int] | None:
     """The tokens of the greedy plan from `matcher`'s state (not changed) to a complete value;
-    None if no plan was found within `limit` tokens."""
+    None if no plan was found within `limit` tokens. A plan that went round a state (kimi's
+    `<|tool_call` begins both the next call and the section end) is walked again, once per state it
+    went round (the last first), taking the other way there from the first visit; the shortest walk
+    is the plan, and one that goes round nothing ends the search (it closes the section instead of
+    writing one more call)."""
+    looped: dict[bytes, set[int]] = {}
+    plan = _walk_plan(matcher, vocab, limit, {}, looped)
+    for sig, toks in list(reversed(looped.items()))[:MAX_LOOP_WALKS]:
+        again: dict[bytes, set[int]] = {}
+        other = _walk_plan(matcher, vocab, limit, {sig: toks}, again)
+        if other is not None and (plan is None or len(other) < len(plan)):
+            plan = other
+            if not again:
+                break
+    return plan
+
+
+def _walk_plan(
+    matcher: PlanMatcher,
+    vocab: ClosingVocab,
+    limit: int,
+    avoid: dict[bytes, set[int]],
+    looped: dict[bytes, set[int]] | None,
+) -> list[int] | None:
     m = matcher.fork()
     mask = new_bitmask(vocab.vocab_size)
     after = new_bitmask(vocab.vocab_size)
     plan: list[int] = []
     seen: set[bytes] = set()
     taken: dict[bytes, set[int]] = {}
+    branches = {sig: set(toks) for sig, toks in avoid.items()}
     have_mask = False
     while len(plan) <= limit:
         if m.is_completed():
@@ -271,7 +310,7 @@ def completion_plan(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_
             continue
         if not have_mask:
             m.fill_mask(mask, 0)
-        tok = _step(m, vocab, mask, after, seen, taken)
+        tok = _step(m, vocab, mask, after, seen, taken, branches, looped)
         if tok is None:
             return None
         plan.append(tok)
