@@ -329,7 +329,14 @@ async def prepare_chat(
     check = None
     if compile:
         check = build_output_check(plan, constraint, schema_mode_of(req, registry, tenant), metrics=services.metrics)
-    reasoning = plan_reasoning(rendered.text, max_new, req.reasoning_effort, req.thinking_budget, plan.kind is not None)
+    reasoning = plan_reasoning(
+        rendered.text,
+        max_new,
+        req.reasoning_effort,
+        req.thinking_budget,
+        plan.kind is not None,
+        tools=plan.kind == "tool_calls",
+    )
     if reasoning is not None and compile:  # the block first, the constraint after it
         constraint = await reasoning_constraint(reasoning, constraint, services.grammar, engine.tokenizer, max_new)
     return Prepared(

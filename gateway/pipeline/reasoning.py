@@ -31,6 +31,7 @@ from grammar.reasoning.split import ReasoningSplitter
 EFFORT_SHARE = {"none": 0.0, "minimal": 0.125, "low": 0.25, "medium": 0.5, "high": 0.75}
 CONSTRAINED_SHARE = EFFORT_SHARE["medium"]  # a constrained request that names no budget
 ANSWER_MARGIN = 8  # tokens kept beyond the answer's shortest completion
+HARMONY_EFFORTS = ("low", "medium", "high")  # the efforts gpt-oss's template names
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,13 @@ def model_thinks() -> bool:
 
 
 def effort_kwargs(effort: str | None, template_kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`reasoning_effort: "none"` turns thinking off in the template (Qwen3's `enable_thinking`),
-    unless the client set that variable itself."""
-    if effort != "none" or think_markers(grammar_adapter.reasoning_format_name()) is None:
+    """`reasoning_effort: "none"` turns thinking off in the template (Qwen3's `enable_thinking`);
+    gpt-oss's template takes the effort itself (`Reasoning: low|medium|high` in its system
+    message); unless the client set that variable itself."""
+    name = grammar_adapter.reasoning_format_name()
+    if name == "harmony" and effort in HARMONY_EFFORTS:
+        return {"reasoning_effort": effort, **(template_kwargs or {})}
+    if effort != "none" or think_markers(name) is None:
         return template_kwargs
     return {"enable_thinking": False, **(template_kwargs or {})}
 
@@ -75,12 +80,19 @@ def check_budget_fields(effort: str | None, budget: int | None, param: str = "th
 
 
 def plan_reasoning(
-    prompt_text: str | None, max_new: int, effort: str | None, budget: int | None, constrained: bool
+    prompt_text: str | None,
+    max_new: int,
+    effort: str | None,
+    budget: int | None,
+    constrained: bool,
+    tools: bool = False,
 ) -> ReasoningPlan | None:
-    """The request's think block (None: the model writes none for this prompt)."""
+    """The request's think block (None: the model writes none for this prompt); `tools`: the
+    answer is tool calls (harmony then leaves the channel to the tool grammar)."""
     markers = think_markers(grammar_adapter.reasoning_format_name())
     if markers is None or prompt_text is None:
         return None
+    markers = markers.for_answer(tools)
     state = block_state(markers, prompt_text)
     if state == CLOSED:
         return None

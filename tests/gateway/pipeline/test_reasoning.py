@@ -176,3 +176,24 @@ def test_messages_thinking_refusals(qwen3_reasoning, body, param):
     with pytest.raises(APIError) as info:
         to_chat_request(messages_request(**body))
     assert info.value.status == 400 and info.value.param == param
+
+
+@pytest.fixture
+def harmony_reasoning():
+    """The served model is gpt-oss-like: harmony tool calls and its analysis channel."""
+    before = (grammar_adapter.tool_call_format_name(), grammar_adapter.reasoning_format_name())
+    grammar_adapter.use_formats("harmony", "harmony")
+    yield
+    grammar_adapter.use_formats(*before)
+
+
+def test_harmonys_analysis_channel_is_planned_as_a_block(harmony_reasoning):
+    prompt = "<|start|>user<|message|>hi<|end|><|start|>assistant"
+    plan = plan_reasoning(prompt, 100, None, None, True)
+    assert (plan.state, plan.budget, plan.markers.begin) == ("to_come", 50, "<|channel|>analysis<|message|>")
+    assert plan.markers.after == "<|start|>assistant<|channel|>final<|message|>"  # response_format: final channel
+    assert plan_reasoning(prompt, 100, None, None, True, tools=True).markers.after == "<|start|>assistant"
+    assert plan_reasoning(prompt + "<|channel|>final<|message|>", 100, None, None, True) is None
+    assert effort_kwargs("high", None) == {"reasoning_effort": "high"}  # gpt-oss's template variable
+    assert effort_kwargs("low", {"reasoning_effort": "medium"}) == {"reasoning_effort": "medium"}
+    check_budget_fields("low", 10)  # the model thinks: effort and budget are taken

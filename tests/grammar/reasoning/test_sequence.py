@@ -134,3 +134,45 @@ def test_the_constraint_travels_by_pickle_without_its_tokenizer():
 def test_a_draft_stops_where_the_budget_is_spent(service, encode):
     m = constraint(service, encode, state=OPEN, budget=3).new_matcher()
     assert m.valid_prefix(encode(" one two three four five")) == 3
+
+
+HARMONY = think_markers("harmony")
+ADD = {"type": "function", "function": {"name": "add", "parameters": SCHEMA, "strict": True}}
+
+
+def harmony_constraint(service, encode, answer_spec, tools: bool):
+    markers = HARMONY.for_answer(tools)
+    think = service.compile(GrammarSpec.of("structural_tag", think_tag(markers, TO_COME), True))
+    answer = service.compile(answer_spec)
+    return ThinkThenConstraint(think, answer, markers.begin, markers.end + markers.after, encode, None)
+
+
+def test_harmony_answers_in_the_final_channel_after_the_analysis_one(service, encode, tokenizer):
+    c = harmony_constraint(service, encode, GrammarSpec.of("json_schema", SCHEMA, True), tools=False)
+    m = c.new_matcher()
+    assert tokenizer.decode(m.completion_plan()) == (
+        '<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>{"a":0}'
+    )
+    feed(m, encode("<|channel|>analysis<|message|>free {{ text<|end|><|start|>assistant<|channel|>final<|message|>"))
+    assert not m.in_block and not m.accept(encode("hello")[0])
+    feed(m, encode('{"a":7}'))
+    assert m.is_completed()
+
+
+def test_harmony_tool_calls_follow_the_analysis_in_the_commentary_channel(service, encode, tokenizer):
+    from grammar.kinds.tool_calls.format import get_tool_call_format
+    from grammar.kinds.tool_calls.parser import parse_tool_calls
+    from grammar.reasoning.split import split_reasoning
+
+    payload = {"tools": [ADD], "tool_choice": "required", "parallel_tool_calls": True, "format": "harmony"}
+    c = harmony_constraint(service, encode, GrammarSpec.of("tool_calls", payload, True), tools=True)
+    m = c.new_matcher()
+    plan = tokenizer.decode(m.completion_plan())
+    assert plan.startswith("<|channel|>analysis<|message|><|end|><|start|>assistant")
+    text = "<|channel|>analysis<|message|>add one<|end|><|start|>assistant"
+    text += "<|channel|>commentary to=functions.add<|constrain|>json<|message|>"
+    feed(m, encode(text + '{"a":1}<|call|>'))
+    assert m.is_completed()
+    reasoning, content = split_reasoning(HARMONY.for_answer(True), TO_COME, text + '{"a":1}<|call|>')
+    _, calls = parse_tool_calls(content, get_tool_call_format("harmony"))
+    assert reasoning == "add one" and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1})]

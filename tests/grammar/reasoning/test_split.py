@@ -9,6 +9,7 @@ from grammar.reasoning.split import ReasoningSplitter, split_reasoning
 
 QWEN = think_markers("qwen_3")
 R1 = think_markers("deepseek_r1")
+HARMONY = think_markers("harmony")
 
 
 def streamed(markers, state, pieces):
@@ -59,7 +60,7 @@ def test_the_prompts_end_says_where_the_block_stands():
     assert block_state(QWEN, "<|im_start|>assistant\n") == TO_COME
     assert block_state(QWEN, "<|im_start|>assistant\n<think>\n") == OPEN
     assert block_state(QWEN, "<|im_start|>assistant\n<think>\n\n</think>\n\n") == CLOSED
-    assert think_markers("none") is None and think_markers("harmony") is None
+    assert think_markers("none") is None
 
 
 def test_the_blocks_tag_opens_only_where_the_prompt_did_not():
@@ -67,3 +68,25 @@ def test_the_blocks_tag_opens_only_where_the_prompt_did_not():
     assert to_come["elements"][0]["begin"] == "<think>"
     assert to_come["elements"][1] == {"type": "const_string", "value": "\n\n"}
     assert think_tag(R1, OPEN)["format"]["begin"] == ""
+
+
+def test_harmonys_analysis_channel_is_the_block_and_the_final_channel_the_answer():
+    text = '<|channel|>analysis<|message|>Paris, 3 days.<|end|><|start|>assistant<|channel|>final<|message|>{"a":1}'
+    whole = split_reasoning(HARMONY, TO_COME, text)
+    assert whole == ("Paris, 3 days.", '{"a":1}')
+    assert streamed(HARMONY, TO_COME, list(text)) == whole
+    # with tools the way out stops at the next message's start: the tool grammar writes the channel
+    calls = HARMONY.for_answer(tools=True)
+    call = "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{}<|call|>"
+    assert split_reasoning(calls, TO_COME, f"<|channel|>analysis<|message|>x<|end|><|start|>assistant{call}") == (
+        "x",
+        call,
+    )
+    assert HARMONY.for_answer(tools=False) == HARMONY and R1.for_answer(tools=True) == R1
+
+
+def test_a_harmony_prompt_that_opened_the_final_channel_has_no_block():
+    prompt = "<|start|>user<|message|>Hi<|end|><|start|>assistant"
+    assert block_state(HARMONY, prompt) == TO_COME
+    assert block_state(HARMONY, prompt + "<|channel|>analysis<|message|>") == OPEN
+    assert block_state(HARMONY, prompt + "<|channel|>final<|message|>") == CLOSED
