@@ -1,7 +1,9 @@
 """The fidelity report's types and vocabulary: each JSON schema keyword at its pointer is
 `enforced` (a mask keeps it), `checked` (validation after generation detects a break) or
 `unenforced`; `with_rollback` turns `checked` into check-and-roll-back's `enforced`. The rules that
-decide which: grammar/validation/fidelity_walk.py (docs/structured-output.md, docs/keywords.md).
+decide which: grammar/validation/fidelity_walk.py; what each way of keeping a keyword makes of its
+entry (status, engine, reason): the keyword table's row (grammar/validation/keywords/, read by
+`keyword_entry`; docs/keywords.md).
 """
 
 from __future__ import annotations
@@ -20,17 +22,13 @@ from grammar.schema.keyword_sets import (  # noqa: F401 -- the report's vocabula
     STRING_KEYWORDS,
     VALIDATION_KEYWORDS,
 )
+from grammar.validation.keywords import DEFAULT_RULES, ROWS
 
 ENFORCED, CHECKED, UNENFORCED = "enforced", "checked", "unenforced"
 XGRAMMAR, LLGUIDANCE = "xgrammar", "llguidance"  # the engines that compile JSON schemas
 VALUE_CHECK = "value_check"  # Jumpgate's own mask over repeated names and items (grammar/checks/value_check.py)
 ROLLBACK = "check_and_rollback"  # the finished output checked, a failing value rewritten (grammar/checks/rollback.py)
 DUPLICATE_KEYS = "duplicate keys"  # the pseudo-keyword under which the open-object risk is reported
-OMITTED = (
-    "no listed value satisfies the property's other keywords, so it is valid only when absent: the "
-    "object is closed and the grammar leaves it out"
-)
-
 # Formats whose shape xgrammar 0.2.9 masks (a malformed value is refused by the grammar).
 MASKED_FORMATS = frozenset(
     {
@@ -53,31 +51,6 @@ MASKED_FORMATS = frozenset(
 # Formats jsonschema can check after generation, with the packages installed here.
 CHECKABLE_FORMATS = frozenset(jsonschema.FormatChecker().checkers)
 
-NEVER_MASKED = {
-    "uniqueItems": "uniqueItems is not masked: an array may repeat an item",
-    "contains": "contains is not masked: an array need not hold a matching item",
-    "minContains": "minContains is not masked",
-    "maxContains": "maxContains is not masked",
-    "not": "not is not masked: a value the sub-schema describes can be generated",
-    "if": "if/then/else is not masked: the conditional branch is not applied",
-    "then": "if/then/else is not masked: the conditional branch is not applied",
-    "else": "if/then/else is not masked: the conditional branch is not applied",
-    "dependentRequired": "dependentRequired is not masked: a dependent property may be left out",
-    "dependentSchemas": "dependentSchemas is not masked",
-    "dependencies": "dependencies is not masked",
-    "patternProperties": "patternProperties is not masked (xgrammar mis-handles names matching the patterns)",
-}
-NAMES_CHECKED = (
-    "enforced by Jumpgate's value check: a token that would close a name already written in "
-    "the same object is masked out"
-)
-VALUE_CHECKED = {
-    "uniqueItems": "enforced by Jumpgate's value check: a token that would complete an item equal to an earlier "
-    "one, or leave an object item no way to end unlike every earlier one, is masked out",
-    "dependentRequired": "enforced by Jumpgate's value check: the object cannot close, nor skip past a missing "
-    "dependent name, while a written name's dependents are missing",
-}
-
 
 @dataclass(frozen=True)
 class KeywordFidelity:
@@ -88,6 +61,7 @@ class KeywordFidelity:
     engine: str = XGRAMMAR  # whose mask the status is about
     # xgrammar approximates this keyword where llguidance enforces it exactly
     exact_in_llguidance: bool = field(default=False, compare=False)
+    rule: str = field(default="", compare=False)  # the keyword table's row that keeps it ("": masked plainly)
 
     def as_dict(self) -> dict[str, str]:
         out = {"pointer": self.pointer, "keyword": self.keyword, "status": self.status}
@@ -96,6 +70,32 @@ class KeywordFidelity:
         if self.engine != XGRAMMAR:
             out["engine"] = self.engine
         return out
+
+
+# How each means of the keyword table reads in an entry before routing and rollback: its status,
+# whose mask it is about, and whether llguidance's mask would keep it exactly.
+_KEPT = {
+    XGRAMMAR: (ENFORCED, XGRAMMAR, False),
+    LLGUIDANCE: (CHECKED, XGRAMMAR, True),
+    VALUE_CHECK: (ENFORCED, VALUE_CHECK, False),
+    ROLLBACK: (CHECKED, XGRAMMAR, False),
+    CHECKED: (CHECKED, XGRAMMAR, False),
+    UNENFORCED: (UNENFORCED, XGRAMMAR, False),
+}
+# keyword -> the table's rule for a keyword no engine masks, where nothing more specific applies
+NEVER_MASKED = DEFAULT_RULES
+
+
+def keyword_entry(pointer: str, keyword: str, rule: str = "", **fields: Any) -> KeywordFidelity:
+    """The entry for `keyword` at `pointer` kept as the keyword table's row `rule` says: its status,
+    engine and reason (the row's template, filled with `keyword` and `fields`); "" is a keyword the
+    engine masks plainly."""
+    if not rule:
+        return KeywordFidelity(pointer, keyword, ENFORCED)
+    row = ROWS[rule]
+    status, engine, exact = _KEPT[row.kept_by]
+    reason = row.reason.format(keyword=keyword, **fields)
+    return KeywordFidelity(pointer, keyword, status, reason, engine=engine, exact_in_llguidance=exact, rule=rule)
 
 
 @dataclass(frozen=True)

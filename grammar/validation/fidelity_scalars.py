@@ -13,74 +13,37 @@ from grammar.rewrites.formats import FORMAT_PATTERNS, pattern_for
 from grammar.rewrites.string_algebra import leading_lookaheads
 from grammar.validation.fidelity_report import (
     CHECKABLE_FORMATS,
-    CHECKED,
-    ENFORCED,
     KEYWORD_TYPES,
     MASKED_FORMATS,
-    UNENFORCED,
 )
 
 
 def classify_scalar_keyword(node: dict, keyword: str, types: set[str] | None, mark) -> None:
     """Mark one string or number keyword of `node` (`types`: its allowed JSON types, None when
-    undeclared) through `mark(keyword, status, reason, exact_in_llguidance=...)`."""
+    undeclared) through `mark(keyword, rule, **fields)`: the keyword table's row that keeps it
+    (grammar/validation/keywords/), "" where the engine masks it plainly."""
     applies_to = KEYWORD_TYPES[keyword]
     if types is not None and not types & set(applies_to):
         return  # the keyword cannot apply to any allowed type (JSON Schema ignores it too)
     if keyword == "multipleOf" and not _binary_fraction(node[keyword]):
-        mark(
-            keyword,
-            CHECKED,
-            f"multipleOf {node[keyword]!r} is not a binary fraction: jsonschema (like most "
-            "validators) divides in floating point and refuses some of its exact multiples "
-            "(19.99 is not a multiple of 0.01 there), so no mask can promise a value it accepts; "
-            "use an integer or a power-of-two fraction (0.5, 0.25), or best effort",
-        )
+        mark(keyword, "multipleOf.float_division", divisor=node[keyword])
     elif types is None:
-        mark(
-            keyword,
-            CHECKED,
-            f"{keyword} is masked only under a declared type ({' or '.join(applies_to)}); add one beside it",
-            exact_in_llguidance=True,
-        )
+        mark(keyword, "scalar.untyped", types=" or ".join(applies_to))
     elif keyword == "pattern" and leading_lookaheads(node[keyword]) is not None:
-        mark(
-            keyword,
-            CHECKED,
-            "xgrammar has no lookahead (it would enforce the pattern without it); llguidance "
-            "enforces lookaheads that open an anchored pattern, on the way through closed "
-            "objects and arrays, with printable ASCII values",
-            exact_in_llguidance=True,
-        )
+        mark(keyword, "pattern.lookahead")
     elif keyword in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
-        mark(
-            keyword,
-            CHECKED,
-            f"{keyword} is ignored beside {'pattern' if 'pattern' in node else 'format'}; "
-            "write the length into the pattern (e.g. ^[a-z]{1,5}$)",
-            exact_in_llguidance="pattern" in node and "format" not in node,
-        )
+        mark(keyword, "length.beside_format" if "format" in node else "length.beside_pattern")
     elif keyword == "multipleOf" and ("number" in types or _one_sided_range(node) or not _whole(node[keyword])):
-        mark(
-            keyword,
-            CHECKED,
-            "multipleOf is masked only for type integer with a whole divisor (xgrammar ignores "
-            "2.5), and not beside a one-sided range (give both a lower and an upper bound, or "
-            "neither)",
-            exact_in_llguidance=True,
-        )
+        mark(keyword, "multipleOf.not_integer")
     elif keyword == "format" and pattern_for(node) is not None:
-        mark(keyword, ENFORCED, f"format {node['format']!r} is compiled as its pattern")
+        mark(keyword, "format.pattern", format=node["format"])
     elif keyword == "format" and (node["format"] not in MASKED_FORMATS or node["format"] in FORMAT_PATTERNS):
         # a format compiled as its pattern, beside a pattern of its own, is left to the engine's
         # built-in mask, which admits values the format does not (an ipv4 octet with a leading zero)
         fmt = node["format"]
-        if fmt in CHECKABLE_FORMATS:
-            mark(keyword, CHECKED, f"format {fmt!r} is not masked; it is checked after generation")
-        else:
-            mark(keyword, UNENFORCED, f"format {fmt!r} is neither masked nor checkable here")
+        mark(keyword, "format.checked" if fmt in CHECKABLE_FORMATS else "format.unknown", format=fmt)
     else:
-        mark(keyword, ENFORCED)
+        mark(keyword)
 
 
 def _binary_fraction(divisor: Any) -> bool:

@@ -1,11 +1,14 @@
 """The classifier behind the fidelity report: a walk over a JSON schema deciding, node by node,
 how each validation keyword is kept (the rules, established against xgrammar 0.2.9 by feeding a
 violating instance to a matcher, are listed in docs/structured-output.md; every row of the keyword
-table, grammar/validation/keywords.py, has an example schema the tests hold this walk to).
+table, grammar/validation/keywords/, has an example schema the tests hold this walk to). The walk
+names the table's row (its `rule`) for each keyword it does not find plainly masked; the row says
+the status, engine and reason (fidelity_report.keyword_entry).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -30,19 +33,17 @@ from grammar.validation.fidelity_report import (
     CHECKED,
     COMBINATORS,
     DUPLICATE_KEYS,
-    ENFORCED,
     KEYWORD_TYPES,
-    NAMES_CHECKED,
     NEVER_MASKED,
     OBJECT_KEYWORDS,
-    OMITTED,
     UNENFORCED,
     VALIDATION_KEYWORDS,
-    VALUE_CHECK,
-    VALUE_CHECKED,
     KeywordFidelity,
+    keyword_entry,
 )
 from grammar.validation.fidelity_scalars import classify_scalar_keyword
+
+VALUE_CHECKED = ("uniqueItems", "dependentRequired")  # what the value check can keep (grammar/checks/value_rules.py)
 
 # -- the walk --------------------------------------------------------------------------------
 
@@ -84,14 +85,12 @@ def _classify_node(
         if isinstance(node.get(name), dict):
             children += [(v, join_pointer(here, name, k), None) for k, v in node[name].items()]
 
-    def mark(keyword: str, status: str, reason: str = "", exact_in_llguidance: bool = False) -> None:
-        if status != ENFORCED and status != UNENFORCED:
-            status = _checked_or_unenforced(node, keyword)
-        entries.append(
-            KeywordFidelity(
-                join_pointer(here, keyword), keyword, status, reason, exact_in_llguidance=exact_in_llguidance
-            )
-        )
+    def mark(keyword: str, rule: str = "", **fields: Any) -> None:
+        """`keyword` of this node kept as the keyword table's row `rule` says ("": masked plainly)."""
+        entry = keyword_entry(join_pointer(here, keyword), keyword, rule, **fields)
+        if entry.status == CHECKED and _checked_or_unenforced(node, keyword) == UNENFORCED:
+            entry = replace(entry, status=UNENFORCED)
+        entries.append(entry)
 
     combinator = next((k for k in COMBINATORS if k in node), None)
     if combinator is not None:
@@ -103,7 +102,7 @@ def _classify_node(
     for keyword in present:
         value = node[keyword]
         if keyword == "type":
-            mark(keyword, ENFORCED)
+            mark(keyword)
         elif keyword in KEYWORD_TYPES:
             classify_scalar_keyword(node, keyword, types, mark)
         elif keyword in NEVER_MASKED:
@@ -112,12 +111,7 @@ def _classify_node(
             if keyword in ("then", "else") and "if" not in node:
                 continue  # ignored by JSON Schema without `if`
             if keyword in ("if", "then", "else") and discriminator(node, None, document) is not None:
-                mark(
-                    keyword,
-                    CHECKED,
-                    NEVER_MASKED[keyword] + " by xgrammar; on a discriminator llguidance enforces it as anyOf branches",
-                    exact_in_llguidance=True,
-                )
+                mark(keyword, "conditional.discriminator")
                 if keyword != "if":
                     children.append((value, join_pointer(here, keyword), None))
                 continue
@@ -132,41 +126,21 @@ def _classify_node(
                     if keyword == "uniqueItems"
                     else dependent_required_exact(node, strict)
                 )
+                checked = "uniqueItems" if keyword == "uniqueItems" else "dependentRequired"
                 if why_not is None:
-                    entries.append(
-                        KeywordFidelity(
-                            join_pointer(here, keyword),
-                            keyword,
-                            ENFORCED,
-                            VALUE_CHECKED[keyword if not spelled else "dependentRequired"],
-                            engine=VALUE_CHECK,
-                        )
-                    )
+                    mark(keyword, f"{checked}.value_check")
                 else:
-                    mark(keyword, CHECKED, why_not)
+                    mark(keyword, f"{checked}.inexact", detail=why_not)
                 continue
             if keyword == "not" and negation(value) is not None:
                 # names absent (grammar/rewrites/negation.py): llguidance compiles it as `properties: {name:
                 # false}`, which xgrammar refuses; the sub-schema itself is never generated
-                mark(
-                    keyword,
-                    CHECKED,
-                    NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces this form "
-                    "(names that must be absent) as properties that may not be written",
-                    exact_in_llguidance=True,
-                )
+                mark(keyword, "not.absent_names")
                 continue
             if keyword == "not" and node.get("type") == "string" and excluded_strings(value) is not None:
                 # a string's `not` of patterns or listed strings: a complement in llguidance's regexes
                 # (grammar/rewrites/string_algebra.py); the sub-schema itself is never generated
-                mark(
-                    keyword,
-                    CHECKED,
-                    NEVER_MASKED[keyword] + " by xgrammar; llguidance enforces a string's `not` of "
-                    "patterns or listed strings (as a regex complement), on the way through "
-                    "closed objects and arrays, with printable ASCII values",
-                    exact_in_llguidance=True,
-                )
+                mark(keyword, "not.string_complement")
                 continue
             if (
                 keyword == "patternProperties"
@@ -175,75 +149,44 @@ def _classify_node(
             ):
                 # no engine's name regexes have lookaheads: the grammar writes the names without
                 # them (grammar/rewrites/string_algebra.py), validation after generation keeps them
-                mark(
-                    keyword,
-                    CHECKED,
-                    NEVER_MASKED[keyword] + "; a name pattern that opens with lookaheads is "
-                    "masked without them (no engine writes lookaheads in names)",
-                )
+                mark(keyword, "patternProperties.lookahead")
                 children += [(v, join_pointer(here, keyword, k), None) for k, v in value.items()]
                 continue
             if keyword == "patternProperties" and isinstance(value, dict):
                 # llguidance matches names against the patterns exactly (and refuses patterns two
                 # of which a name could match, which then stay refused here)
-                mark(
-                    keyword,
-                    CHECKED,
-                    NEVER_MASKED[keyword] + "; llguidance enforces patterns that do not overlap",
-                    exact_in_llguidance=True,
-                )
+                mark(keyword, "patternProperties.disjoint")
                 children += [(v, join_pointer(here, keyword, k), None) for k, v in value.items()]
                 continue
-            mark(keyword, CHECKED, NEVER_MASKED[keyword])
+            mark(keyword, NEVER_MASKED[keyword])
         elif keyword == "required":
             declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
             undeclared = [n for n in value if n not in declared] if isinstance(value, list) else []
             if undeclared:
-                names = ", ".join(map(str, undeclared))
-                mark(
-                    keyword,
-                    CHECKED,
-                    f"required names properties not declared in properties ({names}), which xgrammar does not force",
-                    exact_in_llguidance=True,
-                )
+                mark(keyword, "required.undeclared", names=", ".join(map(str, undeclared)))
             else:
-                mark(keyword, ENFORCED)
+                mark(keyword)
         elif keyword == "unevaluatedProperties":
             closed = strict or node.get("additionalProperties") is False
-            mark(
-                keyword,
-                ENFORCED if closed else CHECKED,
-                "" if closed else "unevaluatedProperties is not masked outside strict mode",
-            )
+            mark(keyword, "" if closed else "unevaluatedProperties.open")
         elif keyword == "unevaluatedItems":
-            exact = value is False
-            mark(keyword, ENFORCED if exact else CHECKED, "" if exact else "only unevaluatedItems: false is masked")
+            mark(keyword, "" if value is False else "unevaluatedItems.schema")
         elif keyword == "properties" and isinstance(value, dict):
-            mark(keyword, ENFORCED)
+            mark(keyword)
             omitted = omitted_properties(node, strict=strict, root=root)
             for name in omitted:  # grammar/rewrites/listed_values.py leaves them out of the grammar
                 entries += [
-                    KeywordFidelity(join_pointer(here, keyword, name, k), k, ENFORCED, OMITTED)
+                    keyword_entry(join_pointer(here, keyword, name, k), k, "listed_values.omitted")
                     for k in value[name]
                     if k in VALIDATION_KEYWORDS
                 ]
             children += [c for c, name in zip(_subschemas(node, keyword, here), value) if name not in omitted]
         else:  # items, prefixItems, additionalProperties, min/maxItems, min/maxProperties, propertyNames
-            mark(keyword, ENFORCED)
+            mark(keyword)
             children += _subschemas(node, keyword, here)
     if _allows_additional_names(node, types, strict):
-        if names_checked and "propertyNames" not in node:
-            entries.append(KeywordFidelity(here, DUPLICATE_KEYS, ENFORCED, NAMES_CHECKED, engine=VALUE_CHECK))
-        else:
-            entries.append(
-                KeywordFidelity(
-                    here,
-                    DUPLICATE_KEYS,
-                    CHECKED,
-                    "names of additional properties are not kept unique by the grammar; "
-                    "a repeated name is detected after generation",
-                )
-            )
+        checked = names_checked and "propertyNames" not in node
+        entries.append(keyword_entry(here, DUPLICATE_KEYS, f"duplicate_keys.{'value_check' if checked else 'checked'}"))
     return entries, children
 
 
@@ -262,18 +205,12 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
     if conditionals:
         # an allOf of conditionals on one listed property: llguidance enforces it as one anyOf
         # (grammar/rewrites/conditionals.py); each conditional's keywords are reported where they are written
-        why = (
-            "if/then/else is not masked by xgrammar; in an allOf of conditionals on one listed property, "
-            "llguidance enforces them as anyOf branches"
-        )
-        mark("allOf", CHECKED, why, exact_in_llguidance=True)
+        mark("allOf", "allOf.conditionals")
         for i in conditionals:
             for keyword in ("if", "then", "else"):
                 if keyword in value[i]:
                     entries.append(
-                        KeywordFidelity(
-                            join_pointer(here, "allOf", i, keyword), keyword, CHECKED, why, exact_in_llguidance=True
-                        )
+                        keyword_entry(join_pointer(here, "allOf", i, keyword), keyword, "allOf.conditionals")
                     )
                     if keyword != "if":
                         children.append((value[i][keyword], join_pointer(here, "allOf", i, keyword), None))
@@ -281,26 +218,21 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
         if len(rest) == 1:  # the one other branch is walked as a single-branch allOf's would be
             children.append((value[rest[0]], join_pointer(here, "allOf", rest[0]), None))
     elif merged is not None:
-        mark("allOf", ENFORCED)
+        mark("allOf")
         children.append((merged, here, None))
         return entries, children
     elif partial is not None and len(value) > 1:
-        mark(
-            "allOf",
-            CHECKED,
-            "allOf branches that are not plain schemas are not masked by xgrammar",
-            exact_in_llguidance=True,
-        )
+        mark("allOf", "allOf.partial")
     elif combinator == "allOf" and isinstance(value, list) and len(value) > 1:
-        mark("allOf", CHECKED, "allOf with several branches compiles as any JSON value", exact_in_llguidance=True)
+        mark("allOf", "allOf.several")
     elif combinator == "anyOf" and siblings and (spread := distributed_any_of(node, document)) is not None:
-        mark("anyOf", ENFORCED)
+        mark("anyOf")
         children += [(b, join_pointer(here, "anyOf", i), None) for i, b in enumerate(spread["anyOf"])]
         return entries, children
     elif combinator == "oneOf" and exclusive is None:
-        mark("oneOf", CHECKED, "oneOf branches that may overlap are compiled as anyOf (more than one may match)")
+        mark("oneOf", "oneOf.overlap")
     else:
-        mark(combinator, ENFORCED)
+        mark(combinator)
         children += _subschemas(node, combinator, here)
     if partial is not None:  # the keywords beside are in the merged node
         children.append((partial, here, None))
@@ -311,17 +243,12 @@ def _classify_combinator(node, here, strict, combinator, present, mark, entries,
             and combinator in ("anyOf", "oneOf")
             and _branch_types_within(value if exclusive is None else exclusive, node["type"])
         ):
-            mark(keyword, ENFORCED)  # every branch already has one of these types
+            mark(keyword)  # every branch already has one of these types
             continue
         if keyword in ("then", "else") and "if" not in node:
             continue
-        mark(
-            keyword,
-            CHECKED,
-            f"keywords beside {combinator} are ignored by xgrammar (only {combinator} is compiled); "
-            f"move {keyword} into the {combinator} branches",
-            exact_in_llguidance=combinator in ("anyOf", "allOf", "$ref") or exclusive is not None,
-        )
+        exact = combinator in ("anyOf", "allOf", "$ref") or exclusive is not None
+        mark(keyword, f"beside_combinator.{'exact' if exact else 'overlap'}", combinator=combinator)
     return entries, children
 
 
@@ -332,24 +259,15 @@ def _classify_listed_values(node, here, present, mark, entries, children):
     fitting = fitting_values(node) if not implied else None  # non-empty: compiled as just these
     for keyword in present:
         if keyword in ("enum", "const"):
-            mark(keyword, ENFORCED)
+            mark(keyword)
         elif keyword in ("then", "else") and "if" not in node:
             continue
         elif implied:
-            mark(keyword, ENFORCED)  # every listed value satisfies it, and only listed values are generated
+            mark(keyword)  # every listed value satisfies it, and only listed values are generated
         elif fitting:
-            mark(
-                keyword,
-                ENFORCED,
-                "only the listed values that satisfy it are generated (grammar/rewrites/listed_values.py)",
-            )
+            mark(keyword, "listed_values.fitting")
         else:
-            mark(
-                keyword,
-                CHECKED,
-                "beside enum/const only the listed values are compiled; this keyword is ignored "
-                "and a listed value breaks it",
-            )
+            mark(keyword, "listed_values.ignored")
     return entries, children
 
 
