@@ -1,4 +1,5 @@
-"""Optional API keys. Each key is a tenant: its schemas and its KV-cache prefixes are its own.
+"""Optional API keys. Each key is a tenant: its schemas and its KV-cache prefixes are its own
+(the prefixes' namespace: gateway.pipeline.preparation.cache_namespace).
 
 With no keys configured every request is the default tenant "". Keys are compared in constant time
 (hmac.compare_digest against every configured key, so timing says nothing about which one matched).
@@ -22,13 +23,6 @@ DEFAULT_TENANT = ""
 def tenant_id(api_key: str) -> str:
     """A short, stable, non-reversible id for a key (used in file names and cache namespaces)."""
     return "t" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
-
-
-def cache_namespace(tenant: str, cache_salt: str | None) -> str:
-    """Prefixes are shared only within one namespace: the tenant, optionally split further by a salt."""
-    if not cache_salt:
-        return tenant
-    return f"{tenant}/{hashlib.sha256(cache_salt.encode()).hexdigest()[:16]}"
 
 
 class Authenticator:

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from gateway.auth import INTERNAL_TENANT_SCOPE_KEY
-from gateway.chat.serving import PRIORITY_SCOPE_KEY
+from gateway.chat.chat_route import PRIORITY_SCOPE_KEY
 from runtime.api import BACKGROUND_PRIORITY
 
 

@@ -9,9 +9,8 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from gateway.chat.bodies import completion
-from gateway.chat.serving import serve_generation
-from gateway.chat.streaming import completion_events
+from gateway.chat.bodies import completion, completion_events
+from gateway.chat.chat_route import serve_generation
 from gateway.errors import bad_request
 from gateway.pipeline.constraints import compile_plan, plan_completion
 from gateway.pipeline.generation import RequestLog

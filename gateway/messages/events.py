@@ -7,7 +7,7 @@
     the stream began is an `event: error` with Anthropic's error body.
 
 The joined `partial_json` pieces of a tool_use block are exactly the arguments text the
-whole response parses into `input`. As for chat (`gateway.chat.streaming.owning`), the event stream
+whole response parses into `input`. As for chat (`gateway.chat.bodies.owning`), the event stream
 owns the engine stream and calls `on_close(outcome)` however it ends.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, AsyncGenerator, Callable
 
 import msgspec
 
-from gateway.chat.streaming import owning
+from gateway.chat.bodies import owning
 from gateway.errors import stream_error
 from gateway.messages.errors import error_body
 from gateway.messages.protocol import Message, TextOut, ThinkingOut, ToolUseOut, Usage

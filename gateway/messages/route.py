@@ -16,7 +16,7 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from gateway.chat.serving import serve_generation
+from gateway.chat.chat_route import serve_generation
 from gateway.errors import APIError
 from gateway.messages.cache_pins import pin_breakpoints, pins_of
 from gateway.messages.events import message_events

@@ -5,7 +5,7 @@ same planning, rendering and grammar as chat.
 blocks tool messages; `tools[].input_schema` become function parameters (strict, as every Jumpgate
 tool is, unless `strict: false`), `tool_choice` auto/any/tool/none becomes auto/required/named/none,
 `output_config.format` a json_schema response format (with tools: the final-answer tool,
-`gateway.pipeline.answer_tool`). Errors name the Anthropic fields.
+`gateway.pipeline.constraints.fold_format_into_tools`). Errors name the Anthropic fields.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from gateway.messages.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gateway.pipeline.answer_tool import fold_format_into_tools
+from gateway.pipeline.constraints import fold_format_into_tools
 from gateway.pipeline.reasoning import model_thinks
 from gateway.protocol import (
     AssistantMessage,

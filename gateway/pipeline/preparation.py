@@ -6,6 +6,7 @@ request the engine could never serve is a 400 before anything is queued.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -13,7 +14,6 @@ from typing import Any, Callable
 
 import anyio
 
-from gateway.auth import cache_namespace
 from gateway.errors import bad_request, context_length_exceeded, model_not_found
 from gateway.pipeline.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.pipeline.output_validation import STRICT, OutputCheck, build_output_check
@@ -87,6 +87,14 @@ class Prepared:
                 )
             )
         return requests
+
+
+def cache_namespace(tenant: str, cache_salt: str | None) -> str:
+    """Prefixes are shared only within one namespace: the tenant, optionally split further by a salt
+    (`cache_salt`); a tenant's schemas are pinned in its unsalted namespace."""
+    if not cache_salt:
+        return tenant
+    return f"{tenant}/{hashlib.sha256(cache_salt.encode()).hexdigest()[:16]}"
 
 
 def served_model_names(engine: EngineClient, settings: Settings) -> list[str]:

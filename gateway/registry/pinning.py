@@ -17,8 +17,8 @@ from typing import Any
 
 import anyio
 
-from gateway.auth import cache_namespace
 from gateway.errors import APIError, bad_request
+from gateway.pipeline.preparation import cache_namespace
 from gateway.pipeline.prompt import PromptRenderer, schema_instructions
 from gateway.pipeline.schema_registry import SchemaRegistry
 from gateway.protocol import SystemMessage, UserMessage

@@ -13,11 +13,11 @@ from litestar import Controller, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from gateway.auth import cache_namespace
 from gateway.errors import APIError, bad_request, not_found
 from gateway.pipeline import grammar_adapter
 from gateway.pipeline.constraints import ConstraintPlan, check_tools, compile_plan
 from gateway.pipeline.output_validation import build_output_check
+from gateway.pipeline.preparation import cache_namespace
 from gateway.pipeline.schema_registry import ForeignEntry
 from gateway.registry.pinning import pin_schema, unpin_schema
 from gateway.registry.protocol import (

@@ -20,7 +20,7 @@ from typing import Any, AsyncGenerator, Callable
 
 import msgspec
 
-from gateway.chat.streaming import owning
+from gateway.chat.bodies import owning
 from gateway.errors import stream_error
 from gateway.pipeline import grammar_adapter
 from gateway.pipeline.generation import EngineStream, Outcome, reasoning_of

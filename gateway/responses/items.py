@@ -1,8 +1,9 @@
 """Responses API ↔ the chat path: a `ResponseRequest` becomes a `ChatCompletionRequest` (so it goes
 through the same planning, rendering and grammar as chat), and an engine outcome becomes output items.
 
-Tools with an output format become a final-answer tool (`gateway.pipeline.answer_tool`); a call of it comes
-back as the output message's text.
+Tools with an output format become a final-answer tool
+(`gateway.pipeline.constraints.fold_format_into_tools`); a call of it comes back as the output
+message's text.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import msgspec
 
 from gateway.errors import APIError, bad_request, describe_validation
 from gateway.pipeline import grammar_adapter
-from gateway.pipeline.answer_tool import fold_format_into_tools
+from gateway.pipeline.constraints import fold_format_into_tools
 from gateway.pipeline.generation import Outcome
 from gateway.pipeline.reasoning import EFFORT_SHARE, model_thinks
 from gateway.protocol import (

@@ -14,7 +14,7 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from gateway.chat.serving import serve_generation
+from gateway.chat.chat_route import serve_generation
 from gateway.errors import APIError, not_found
 from gateway.pipeline.generation import Outcome, RequestLog
 from gateway.pipeline.logprobs import chat_token_logprobs

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import Authenticator, cache_namespace, tenant_id
+from gateway.auth import Authenticator, tenant_id
 from gateway.errors import APIError
+from gateway.pipeline.preparation import cache_namespace
 
 MODEL = "SmolLM2-135M-Instruct"
 
