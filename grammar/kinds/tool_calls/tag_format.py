@@ -262,7 +262,7 @@ class TagToolCallFormat:
         # tag otherwise allows several)
         parallel = parallel_tool_calls and not isinstance(tool_choice, dict)
         tag = xgrammar_tag(self.name, tools, tool_choice, parallel)
-        tag["format"] = _compact_arguments(tag["format"], functions, self.shape.calls)
+        tag["format"] = _text_ends_at_stop(_compact_arguments(tag["format"], functions, self.shape.calls))
         if tool_choice == "required" or isinstance(tool_choice, dict):  # harmony's tags let both end with no call
             while tag["format"].get("type") == "optional":
                 tag["format"] = tag["format"]["content"]
@@ -336,6 +336,21 @@ def _compact_arguments(node: Any, functions: dict[str, dict], calls: tuple[CallS
         k: _compact_arguments(v, functions, calls) if k in ("format", "content", "elements", "tags") else v
         for k, v in node.items()
     }
+
+
+def _text_ends_at_stop(node: Any) -> Any:
+    """A plain-text message (harmony's final channel) may also end at the stop token: gpt-oss
+    ends its answer with `<|return|>`, which is its stop token, so the runtime never hands that
+    marker to the grammar; and a text answer can then always end (budget-aware closing needs no
+    spelled end marker to stop it inside max_tokens)."""
+    if isinstance(node, list):
+        return [_text_ends_at_stop(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "tag" and node.get("content", {}).get("type") == "any_text":
+        ends = node["end"] if isinstance(node["end"], list) else [node["end"]]
+        return {**node, "end": [*ends, ""] if "" not in ends else ends}
+    return {k: _text_ends_at_stop(v) if k in ("format", "content", "elements", "tags") else v for k, v in node.items()}
 
 
 def _tool_name(begin: str, calls: tuple[CallShape, ...], functions: dict[str, dict]) -> str | None:

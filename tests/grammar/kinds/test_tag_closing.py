@@ -61,3 +61,15 @@ def test_kimi_closes_the_section_after_the_call_it_is_writing(service, tokenizer
         ("get_weather", {"a": 0})
     ]
     assert m.completion_bound() == len(plan)
+
+
+def test_harmonys_final_message_may_end_at_the_stop_token(service, tokenizer):
+    """gpt-oss ends its answer with `<|return|>`, its stop token, which the grammar never sees: a
+    final-channel answer is complete where it stands, so closing can always stop it."""
+    m = matcher(service, "harmony", choice="auto")
+    text = "<|channel|>final<|message|>Sunny in Paris"
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        assert m.accept(token)
+    assert m.is_completed() and m.completion_plan() == []
+    content, parsed = parse_tool_calls(text, get_tool_call_format("harmony"))
+    assert (content, parsed) == ("Sunny in Paris", [])
