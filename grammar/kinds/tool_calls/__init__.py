@@ -4,7 +4,8 @@ tool format: the model writes calls in a `ToolCallFormat` and the gateway parses
 - format.py:  how calls look (markers, the tools prompt, past calls and tool results)
 - grammar.py: the structural tag that constrains the output per tool_choice
 - payload.py: the checks of tools / tool_choice / parallel_tool_calls
-- parser.py:  the model's output split into content and calls, whole or streamed
+- parser.py:  the model's output split into content and calls, whole or streamed (Hermes's parser;
+  the structural-tag formats' in tag_parser.py; what both share in step_parser.py)
 """
 
 from __future__ import annotations

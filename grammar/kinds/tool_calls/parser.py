@@ -1,4 +1,6 @@
-"""The model's output split into content and tool calls, whole or as it streams.
+"""The model's output split into content and tool calls, whole or as it streams: Hermes's own
+parser here, the structural-tag formats' in tag_parser.py (`stream_parser` picks), both built on
+step_parser.py.
 
 For each call the stream parser yields one ToolCallStartDelta (index, id, name), then
 ToolCallArgumentsDelta pieces whose concatenation is the arguments JSON; text outside the calls
@@ -9,150 +11,23 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, ToolCallFormat
-
-
-def new_tool_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
-
-
-# -- results and streaming deltas -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text of the arguments object, exactly as generated
-
-    def to_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass(frozen=True)
-class ContentDelta:
-    text: str
-
-    def to_openai(self) -> dict:
-        return {"content": self.text}
-
-
-@dataclass(frozen=True)
-class ToolCallStartDelta:
-    index: int
-    id: str
-    name: str
-
-    def to_openai(self) -> dict:
-        call = {
-            "index": self.index,
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": ""},
-        }
-        return {"tool_calls": [call]}
-
-
-@dataclass(frozen=True)
-class ToolCallArgumentsDelta:
-    index: int
-    arguments: str
-
-    def to_openai(self) -> dict:
-        return {"tool_calls": [{"index": self.index, "function": {"arguments": self.arguments}}]}
-
-
-Delta = ContentDelta | ToolCallStartDelta | ToolCallArgumentsDelta
-
+from grammar.kinds.tool_calls.step_parser import (
+    CallInProgress,
+    ContentDelta,
+    Delta,
+    JsonObjectScanner,
+    StepParser,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallStartDelta,
+    new_tool_call_id,
+)
+from grammar.kinds.tool_calls.tag_parser import TagToolCallParser
 
 _HEADER_RE = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:')
-
-
-class _JsonObjectScanner:
-    """Finds where a JSON object/array ends, one character at a time (strings and escapes aware)."""
-
-    __slots__ = ("depth", "in_string", "escaped", "started")
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
-        self.started = False
-
-    def feed(self, text: str) -> int:
-        """Consume `text`; return how many characters belong to the value (len(text) if not done)."""
-        for i, ch in enumerate(text):
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-                self.started = True
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return i + 1
-        return len(text)
-
-    @property
-    def done(self) -> bool:
-        return self.started and self.depth == 0
-
-
-@dataclass
-class _CallInProgress:
-    id: str
-    name: str
-    arguments: list[str] = field(default_factory=list)
-
-
-class StepParser:
-    """What both streaming parsers share (this one and tag_parser.py's): the buffer, the content and
-    calls collected, and feed/finish driving `_step` (one transition; True while another may follow)."""
-
-    _buf: str
-    _content: list[str]
-    _calls: list[_CallInProgress]
-    _finished: bool
-
-    @property
-    def content(self) -> str:
-        return "".join(self._content)
-
-    @property
-    def tool_calls(self) -> list[ToolCall]:
-        return [ToolCall(c.id, c.name, "".join(c.arguments)) for c in self._calls]
-
-    def feed(self, text: str) -> list[Delta]:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        out: list[Delta] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> list[Delta]:
-        """Flush what was held back (a partial marker, trailing whitespace) at end of output."""
-        out: list[Delta] = []
-        if not self._finished:
-            while self._step(out, final=True):
-                pass
-            self._finished = True
-        return out
-
-    def _step(self, out: list[Delta], *, final: bool) -> bool:
-        raise NotImplementedError
 
 
 class ToolCallStreamParser(StepParser):
@@ -169,8 +44,8 @@ class ToolCallStreamParser(StepParser):
         self._new_id = id_factory
         self._buf = ""
         self._state = "text"  # text | header | args | raw_args | tail | between
-        self._scanner = _JsonObjectScanner()
-        self._calls: list[_CallInProgress] = []
+        self._scanner = JsonObjectScanner()
+        self._calls: list[CallInProgress] = []
         self._content: list[str] = []
         self._finished = False
 
@@ -196,11 +71,11 @@ class ToolCallStreamParser(StepParser):
             m = _HEADER_RE.match(self._buf)
             if m:
                 name = json.loads(f'"{m.group(1)}"')
-                call = _CallInProgress(self._new_id(), name)
+                call = CallInProgress(self._new_id(), name)
                 self._calls.append(call)
                 out.append(ToolCallStartDelta(len(self._calls) - 1, call.id, name))
                 self._buf = self._buf[m.end() :]
-                self._scanner = _JsonObjectScanner()
+                self._scanner = JsonObjectScanner()
                 self._state = "args"
                 return True
             idx = self._buf.find(end)
@@ -281,15 +156,11 @@ class ToolCallStreamParser(StepParser):
             raw = self._fmt.call_begin + body + (self._fmt.call_end if closed else "")
             self._emit_text(out, raw)
             return
-        call = _CallInProgress(self._new_id(), name)
+        call = CallInProgress(self._new_id(), name)
         self._calls.append(call)
         out.append(ToolCallStartDelta(len(self._calls) - 1, call.id, name))
         args_text = args if isinstance(args, str) else json.dumps(args, separators=(",", ":"), ensure_ascii=False)
         self._emit_args(out, args_text)
-
-
-JsonObjectScanner = _JsonObjectScanner  # shared with the structural-tag parser (tag_parser.py)
-CallInProgress = _CallInProgress
 
 
 def _safe_text_cut(text: str, marker: str) -> int:
@@ -312,8 +183,6 @@ def stream_parser(
     (`schemas`: each tool's parameters, to type markup arguments)."""
     if isinstance(fmt, ToolCallFormat):
         return ToolCallStreamParser(fmt, id_factory)
-    from grammar.kinds.tool_calls.tag_parser import TagToolCallParser
-
     return TagToolCallParser(fmt.shape, schemas, id_factory)
 
 

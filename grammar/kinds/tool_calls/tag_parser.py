@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from grammar.kinds.tool_calls.parser import (
+from grammar.kinds.tool_calls.step_parser import (
     CallInProgress,
     ContentDelta,
     Delta,
