@@ -9,7 +9,7 @@ from typing import Any
 @dataclass(frozen=True)
 class KeywordRow:
     keywords: str  # what the row covers, as the docs name it
-    kept_by: str  # xgrammar | llguidance | value_check | check_and_rollback | unenforced
+    kept_by: str  # xgrammar | llguidance | value_check | check_and_rollback | unenforced | checked
     condition: str  # when this row applies ("" : always)
     module: str  # where it is done
     example: dict[str, Any]  # a schema in which the keyword is kept this way
