@@ -10,6 +10,11 @@ in the real models.
   151936 as in Qwen3's config; a 2-layer Qwen3.
 - DeepSeek: the tokenizer.json as shipped (128,000 BPE ranks, 1,283 added tokens); a 2-layer
   Llama (the runtime has no DeepSeek-V3 family: attention and MoE differ, the tokens do not).
+- gpt-oss (harmony): o200k_base's ranks, vendored as tests/data/tokenizers/o200k_base.tiktoken.gz
+  (MIT, as tiktoken; the file's sha256 is the one tiktoken pins), with o200k_harmony's special
+  tokens (199998-201087: `<|start|>`, `<|channel|>`, `<|message|>`, `<|end|>`, `<|return|>`,
+  `<|call|>`, `<|constrain|>`, reserved ones); stop tokens `<|return|>` and `<|call|>` as
+  gpt-oss's generation config has them; a 2-layer Llama (the runtime has no gpt-oss family).
 """
 
 from __future__ import annotations
@@ -54,6 +59,32 @@ QWEN3_ADDED = [
     ("</think>", False),
 ]
 QWEN3_VOCAB = 151936
+# o200k_base's split pattern (tiktoken_ext.openai_public.o200k_base)
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+# o200k_harmony's named special tokens; every other id from 199998 to 201087 is <|reserved_N|>
+HARMONY_SPECIAL = {
+    199998: "<|startoftext|>",
+    199999: "<|endoftext|>",
+    200002: "<|return|>",
+    200003: "<|constrain|>",
+    200005: "<|channel|>",
+    200006: "<|start|>",
+    200007: "<|end|>",
+    200008: "<|message|>",
+    200012: "<|call|>",
+    200018: "<|endofprompt|>",
+}
+HARMONY_VOCAB = 201088
 
 
 def package_file(package: str, *parts: str) -> Path:
@@ -98,6 +129,35 @@ def deepseek_tokenizer(out: Path):
         clean_up_tokenization_spaces=False,
     )
     tok.chat_template = (TEMPLATES / "deepseek_v3_original.jinja").read_text(encoding="utf-8")
+    tok.save_pretrained(str(out))
+    return tok
+
+
+def harmony_tokenizer(out: Path):
+    """gpt-oss's o200k_harmony tokenizer from the vendored o200k_base ranks, saved in `out` with
+    gpt-oss's template."""
+    import gzip
+
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    out.mkdir(parents=True, exist_ok=True)
+    ranks = out / "o200k_base.tiktoken"
+    ranks.write_bytes(gzip.decompress((TEMPLATES.parent / "tokenizers" / "o200k_base.tiktoken.gz").read_bytes()))
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=O200K_PATTERN).converted()
+    ranks.unlink()
+    assert backend.get_vocab_size() == 199998, backend.get_vocab_size()
+    backend.add_special_tokens(
+        [
+            AddedToken(HARMONY_SPECIAL.get(i, f"<|reserved_{i}|>"), normalized=False, special=True)
+            for i in range(199998, HARMONY_VOCAB)
+        ]
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|return|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False
+    )
+    tok.chat_template = (TEMPLATES / "gpt_oss_original.jinja").read_text(encoding="utf-8")
     tok.save_pretrained(str(out))
     return tok
 
@@ -150,3 +210,27 @@ def tiny_deepseek_llama(out: Path) -> Path:
         eos_token_id=tok.eos_token_id,
     )
     return _save(out, LlamaForCausalLM(cfg).eval())
+
+
+def tiny_harmony_llama(out: Path) -> Path:
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tok = harmony_tokenizer(out)
+    stops = [tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|call|>")]
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=HARMONY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=tok.convert_tokens_to_ids("<|startoftext|>"),
+        eos_token_id=stops,
+    )
+    _save(out, LlamaForCausalLM(cfg).eval())
+    GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=stops).save_pretrained(str(out))
+    return out

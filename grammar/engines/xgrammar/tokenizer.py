@@ -5,13 +5,66 @@
 which the model would happily sample. xgrammar treats tokens with an empty decoded form as
 special (never allowed by a grammar), so those entries are blanked here, except the stop tokens,
 which the matcher must still accept at the end.
+
+Special tokens that a model format writes in its output are kept as text: gpt-oss's `<|channel|>`,
+`<|message|>`, `<|call|>`..., Kimi's `<|tool_calls_section_begin|>`, Mistral's `[TOOL_CALLS]`
+are special in their tokenizers, and a grammar that could not take them would force the marker
+spelled in plain pieces, which the model never writes. Which tokens those are is read from the
+text of every model format xgrammar describes (`output_markers`).
 """
 
 from __future__ import annotations
 
+import json
+from functools import lru_cache
 from typing import Any
 
 import xgrammar as xgr
+
+# xgrammar 0.2.9's model formats (get_model_structural_tag), and the markers of formats written by
+# hand (grammar/kinds/tool_calls: mistral) or of think blocks
+XGRAMMAR_MODEL_FORMATS = (
+    "llama",
+    "qwen_3",
+    "qwen_3_coder",
+    "qwen_3_5",
+    "mimo",
+    "harmony",
+    "deepseek_r1",
+    "deepseek_v3_1",
+    "deepseek_v3_2",
+    "deepseek_v4",
+    "deepseek_v4_1",
+    "kimi",
+    "kimi_k3",
+    "glm_4_7",
+    "minimax",
+    "minimax_m3",
+    "gemma_4",
+    "cohere",
+    "exaone",
+)
+OTHER_MARKERS = ("[TOOL_CALLS]", "[ARGS]", "<think>", "</think>")
+
+
+@lru_cache(maxsize=1)
+def _formats_text() -> str:
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    texts = list(OTHER_MARKERS)
+    for name in XGRAMMAR_MODEL_FORMATS:
+        try:
+            tag = xgr.get_model_structural_tag(name, tools=tool, tool_choice="auto", reasoning=True)
+        except Exception:  # a format this xgrammar does not know
+            continue
+        texts.append(json.dumps(tag.model_dump(mode="json", exclude_none=True), ensure_ascii=False))
+    return "\n".join(texts)
+
+
+def output_markers(hf_tokenizer: Any) -> set[str]:
+    """The special tokens' texts that some model format writes in its output."""
+    text = _formats_text()
+    added = getattr(hf_tokenizer, "added_tokens_decoder", None) or {}
+    return {str(tok) for tok in added.values() if len(str(tok)) > 1 and str(tok) in text}
 
 
 def default_stop_token_ids(hf_tokenizer: Any) -> list[int]:
@@ -44,11 +97,13 @@ def build_tokenizer_info(
 
 
 def special_token_ids(hf_tokenizer: Any) -> list[int]:
-    """Ids of added tokens marked special (chat markers, EOS, ...)."""
+    """Ids of added tokens marked special (chat markers, EOS, ...), less the model formats' output
+    markers (`output_markers`)."""
     added = getattr(hf_tokenizer, "added_tokens_decoder", None) or {}
     ids = {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
     ids.update(int(i) for i in (getattr(hf_tokenizer, "all_special_ids", None) or []))
-    return sorted(ids)
+    markers = output_markers(hf_tokenizer)
+    return sorted(i for i in ids if str(added.get(i, "")) not in markers)
 
 
 def make_encoder(hf_tokenizer: Any):

@@ -262,7 +262,7 @@ class TagToolCallFormat:
         # tag otherwise allows several)
         parallel = parallel_tool_calls and not isinstance(tool_choice, dict)
         tag = xgrammar_tag(self.name, tools, tool_choice, parallel)
-        tag["format"] = _text_ends_at_stop(_compact_arguments(tag["format"], functions, self.shape.calls))
+        tag["format"] = _ends_at_stop(_compact_arguments(tag["format"], functions, self.shape.calls))
         if tool_choice == "required" or isinstance(tool_choice, dict):  # harmony's tags let both end with no call
             while tag["format"].get("type") == "optional":
                 tag["format"] = tag["format"]["content"]
@@ -338,19 +338,25 @@ def _compact_arguments(node: Any, functions: dict[str, dict], calls: tuple[CallS
     }
 
 
-def _text_ends_at_stop(node: Any) -> Any:
-    """A plain-text message (harmony's final channel) may also end at the stop token: gpt-oss
-    ends its answer with `<|return|>`, which is its stop token, so the runtime never hands that
-    marker to the grammar; and a text answer can then always end (budget-aware closing needs no
-    spelled end marker to stop it inside max_tokens)."""
+# end markers that are the model's own stop tokens (gpt-oss: `<|return|>` ends its answer, `<|call|>`
+# a tool call); the runtime stops on them and never hands them to the grammar
+STOP_MARKERS = ("<|return|>", "<|call|>")
+
+
+def _ends_at_stop(node: Any) -> Any:
+    """A message whose end marker is a stop token (harmony's final channel and its calls) may also
+    end where it stands: the stop token ends it. Without this a real gpt-oss tokenizer could never
+    finish a call (the grammar would want `<|call|>` as text, which the stop token is not), and a
+    text answer could never be closed inside max_tokens."""
     if isinstance(node, list):
-        return [_text_ends_at_stop(n) for n in node]
+        return [_ends_at_stop(n) for n in node]
     if not isinstance(node, dict):
         return node
-    if node.get("type") == "tag" and node.get("content", {}).get("type") == "any_text":
+    if node.get("type") == "tag":
         ends = node["end"] if isinstance(node["end"], list) else [node["end"]]
-        return {**node, "end": [*ends, ""] if "" not in ends else ends}
-    return {k: _text_ends_at_stop(v) if k in ("format", "content", "elements", "tags") else v for k, v in node.items()}
+        if any(e in STOP_MARKERS for e in ends) and "" not in ends:
+            node = {**node, "end": [*ends, ""]}
+    return {k: _ends_at_stop(v) if k in ("format", "content", "elements", "tags") else v for k, v in node.items()}
 
 
 def _tool_name(begin: str, calls: tuple[CallShape, ...], functions: dict[str, dict]) -> str | None:

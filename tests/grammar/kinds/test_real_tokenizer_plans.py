@@ -1,9 +1,11 @@
 """Tool-call grammars over real tokenizers (Qwen3's and DeepSeek's, from registry packages; see
 tests/e2e/real_tokenizer_models.py): each marker the grammar forces is the tokenizer's one special
 token in the shortest completion, as in the model's own output, and the think block's way out is
-the real `</think>` token. (A marker the plan chooses at a branch, DeepSeek's
-`<｜tool▁calls▁end｜>` after a call, is spelled in plain pieces: the planner's token classes hold
-no added tokens. The text, and so the parse, is the same.)"""
+the real `</think>` token. gpt-oss's markers are special tokens in its tokenizer: the grammar takes
+them as the tokens (grammar/engines/xgrammar/tokenizer.py's `output_markers`). (A marker the plan
+chooses at a branch, DeepSeek's `<｜tool▁calls▁end｜>` after a call, harmony's `<|constrain|>`,
+is spelled in plain pieces: the planner's token classes hold no added tokens. The text, and so the
+parse, is the same.)"""
 
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from grammar.kinds.tool_calls.format import get_tool_call_format
 from grammar.kinds.tool_calls.parser import parse_tool_calls
 from grammar.reasoning.markers import TO_COME, think_markers, think_tag
 from grammar.reasoning.sequence import ThinkThenConstraint
-from tests.e2e.real_tokenizer_models import QWEN3_VOCAB, deepseek_tokenizer, qwen3_tokenizer
+from tests.e2e.real_tokenizer_models import (
+    HARMONY_VOCAB,
+    QWEN3_VOCAB,
+    deepseek_tokenizer,
+    harmony_tokenizer,
+    qwen3_tokenizer,
+)
 
 ADD = {
     "type": "object",
@@ -27,6 +35,8 @@ ADD = {
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": ADD, "strict": True}}]
 # family -> (tokenizer builder, vocabulary, format, markers of one call that must each be one token)
 FAMILIES = {
+    # gpt-oss's call ends at its stop token <|call|> (not in the plan); <|constrain|> follows a branch
+    "harmony": (harmony_tokenizer, HARMONY_VOCAB, "harmony", ["<|channel|>", "<|message|>"]),
     "qwen3": (qwen3_tokenizer, QWEN3_VOCAB, "qwen_3", ["<tool_call>", "</tool_call>"]),
     "deepseek": (
         deepseek_tokenizer,
@@ -64,16 +74,23 @@ def test_each_marker_of_the_plan_is_one_special_token(family):
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 0})]
 
 
-def test_the_think_blocks_way_out_is_the_real_end_token(family):
-    tok, svc, _, _ = family
-    markers = think_markers("qwen_3")
+REASONING = {"qwen_3": "qwen_3", "deepseek_r1": "deepseek_r1", "harmony": "harmony"}  # tool format -> think format
+
+
+def test_the_think_blocks_markers_are_the_real_tokens(family):
+    tok, svc, fmt, _ = family
+    markers = think_markers(REASONING[fmt])
     think = svc.compile(GrammarSpec.of("structural_tag", think_tag(markers, TO_COME), True))
     answer = svc.compile(GrammarSpec.of("json_schema", ADD, True))
 
     def encode(text):
         return list(tok.encode(text, add_special_tokens=False))
 
-    plan = ThinkThenConstraint(think, answer, markers.begin, markers.end + markers.after, encode).new_matcher()
-    ids = plan.completion_plan()
-    assert ids[:2] == [tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>")]
-    assert tok.decode(ids) == '<think></think>\n\n{"a":0}'
+    way_out = markers.end + markers.after
+    plan = ThinkThenConstraint(think, answer, markers.begin, way_out, encode).new_matcher().completion_plan()
+    assert tok.decode(plan) == markers.begin + way_out + '{"a":0}'
+    assert plan[: len(encode(markers.begin + way_out))] == encode(markers.begin + way_out)
+    specials = {
+        t for t in encode(markers.begin + markers.end) if tok.convert_ids_to_tokens(t) in markers.begin + markers.end
+    }
+    assert specials and specials <= set(plan)  # <think>/</think>, harmony's <|channel|> <|message|> <|end|>

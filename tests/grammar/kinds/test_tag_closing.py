@@ -73,3 +73,14 @@ def test_harmonys_final_message_may_end_at_the_stop_token(service, tokenizer):
     assert m.is_completed() and m.completion_plan() == []
     content, parsed = parse_tool_calls(text, get_tool_call_format("harmony"))
     assert (content, parsed) == ("Sunny in Paris", [])
+
+
+def test_a_harmony_call_may_end_at_the_stop_token(service, tokenizer):
+    """gpt-oss stops on `<|call|>`: after its arguments a call is complete, so the stop token can
+    end it; the parser reads the call without the marker."""
+    m = matcher(service, "harmony")
+    text = '<|channel|>commentary to=functions.add<|constrain|>json<|message|>{"a":3}'
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        assert m.accept(token)
+    assert m.is_completed()
+    assert calls(tokenizer, "harmony", tokenizer.encode(text, add_special_tokens=False)) == [("add", {"a": 3})]
