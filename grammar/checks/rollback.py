@@ -24,7 +24,11 @@ violation
    path, the tokens that stay on it (or complete the same value) are banned, unless that would
    leave no token at all (the grammar forces that text there). The rewritten value therefore
    parts from the failed one at the first place where the grammar leaves a choice: the model's
-   next-best choice there, then its own continuation.
+   next-best choice there, then its own continuation;
+4. a value rewritten from its start is also held to the family of values the keyword it broke
+   still allows there (grammar/checks/value_family.py: the listed values of an `enum` or `const`,
+   the opening of a `type`), where the grammar allows any of them: so a rewrite does not write the
+   next value of the same failing kind, it converges.
 
 At most `max_retries` rewrites per output; after that the verdict is `EXHAUSTED` and the output is
 left as it is (the runtime fails a strict request rather than send a value that breaks its
@@ -45,6 +49,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 
+from grammar.checks.value_family import Family, combine, error_family, family_candidates
 from grammar.engines.token_mask import allowed_among, allowed_ids
 
 DEFAULT_VALUE_RETRIES = 4  # rewrites per output (`--value-retries`)
@@ -102,6 +107,8 @@ class RollbackVocab:
 
 
 Failure = tuple[int, int, "tuple | None"]  # (start, end) of a value to rewrite, its path (None: a repeated name)
+# a failure and the family of values its keyword allows there (grammar/checks/value_family.py), or None
+Checked = tuple[int, int, "tuple | None", "Family | None"]
 
 
 class RollbackRules:
@@ -115,13 +122,18 @@ class RollbackRules:
     def failures(self, data: bytes) -> list[Failure] | None:
         """Every value of the output `data` that breaks the schema, and every repeated name; None
         when `data` is not JSON (the grammar's business; validation after generation reports it)."""
+        found = self.checked(data)
+        return None if found is None else [f[:3] for f in found]
+
+    def checked(self, data: bytes) -> list[Checked] | None:
+        """`failures`, each with the family of values its keyword allows at that value."""
         try:
             value = json.loads(data)
         except (ValueError, RecursionError):
             return None
         spans, repeats = scan_json(data)
-        return [_span(spans, _failing_path(e)) for e in self.validator.iter_errors(value)] + [
-            (s, e, None) for s, e in repeats
+        return [_failure(spans, e) for e in self.validator.iter_errors(value)] + [
+            (s, e, None, None) for s, e in repeats
         ]
 
 
@@ -135,8 +147,8 @@ class ToolCallRollbackRules(RollbackRules):
         self.vocab = vocab
         self.max_retries = max_retries
 
-    def failures(self, data: bytes) -> list[Failure] | None:
-        found: list[Failure] = []
+    def checked(self, data: bytes) -> list[Checked] | None:
+        found: list[Checked] = []
         index, at = 0, data.find(self.call_begin)
         while at >= 0:
             start = at + len(self.call_begin)
@@ -149,9 +161,9 @@ class ToolCallRollbackRules(RollbackRules):
             validator = self.validators.get(call.get("name")) if isinstance(call, dict) else None
             if validator is not None and "arguments" in call:
                 for error in validator.iter_errors(call["arguments"]):
-                    s, e, path = _span(spans, ("arguments",) + _failing_path(error))
-                    found.append((start + s, start + e, (index,) + path))
-            found += [(start + s, start + e, None) for s, e in repeats]
+                    s, e, path, family = _failure(spans, error, ("arguments",))
+                    found.append((start + s, start + e, (index,) + path, family))
+            found += [(start + s, start + e, None, None) for s, e in repeats]
             index, at = index + 1, data.find(self.call_begin, start + whole[1])
         return found
 
@@ -169,8 +181,8 @@ class TagCallRollbackRules(RollbackRules):
         self.vocab = vocab
         self.max_retries = max_retries
 
-    def failures(self, data: bytes) -> list[Failure] | None:
-        found: list[Failure] = []
+    def checked(self, data: bytes) -> list[Checked] | None:
+        found: list[Checked] = []
         for index, m in enumerate(self.header.finditer(data)):
             start = m.end()
             name = next((v for v in m.groupdict().values() if v), b"").decode("utf-8", "replace")
@@ -183,16 +195,16 @@ class TagCallRollbackRules(RollbackRules):
             validator = self.validators.get(name)
             if validator is not None:
                 for error in validator.iter_errors(args):
-                    s, e, path = _span(spans, _failing_path(error))
-                    found.append((start + s, start + e, (index,) + path))
-            found += [(start + s, start + e, None) for s, e in repeats]
+                    s, e, path, family = _failure(spans, error)
+                    found.append((start + s, start + e, (index,) + path, family))
+            found += [(start + s, start + e, None, None) for s, e in repeats]
         return found
 
 
 class RollbackCheck:
     """The check's state for one output (one per request, beside its grammar matcher)."""
 
-    __slots__ = ("_rules", "_text", "_starts", "failed", "retries", "_reopened")
+    __slots__ = ("_rules", "_text", "_starts", "failed", "retries", "_reopened", "held")
 
     def __init__(self, rules: RollbackRules) -> None:
         self._rules = rules
@@ -201,6 +213,8 @@ class RollbackCheck:
         self.failed: list[tuple[int, bytes]] = []  # (value's start offset, text up to the value's end)
         self.retries = 0
         self._reopened: set[tuple] = set()  # containers already rewritten from their closing bracket
+        # (where its rewrite began, the text before a rewritten value, the family it is held to)
+        self.held: list[tuple[int, bytes, Family]] = []
 
     # -- following the output ------------------------------------------------------------
 
@@ -225,20 +239,26 @@ class RollbackCheck:
         to roll back to rewrite the failing value (the caller rolls them back, this check's
         included), or EXHAUSTED when the rewrites are spent (nothing is rolled back)."""
         data = bytes(self._text)
-        candidates = self._rules.failures(data)
+        candidates = self._rules.checked(data)
         if not candidates:
             return None
         if self.retries >= self._rules.max_retries:
             return EXHAUSTED
         # the value that starts last is rewritten (a repeated name from its opening quote, the same
         # name banned there)
-        start, end, path = max(candidates, key=lambda s: s[:2])
+        start, end, path, _ = max(candidates, key=lambda s: s[:2])
+        whole = start
         if path is not None and data[end - 1] in b"}]" and path not in self._reopened:
             self._reopened.add(path)
             start = end - 1
         self.retries += 1
         self.failed.append((start, data[:end]))
         first = _token_at(self._starts, start)
+        if start == whole:
+            # written again from its start: held to what every keyword it broke there allows
+            family = combine(c[3] for c in candidates if c[:2] == (start, end) and c[3] is not None)
+            if family:
+                self.held.append((self._starts[first], data[:start], family))
         return len(self._starts) - first
 
     # -- the mask ------------------------------------------------------------------------
@@ -249,7 +269,10 @@ class RollbackCheck:
         if not self.failed:
             return 0
         words = bitmask[row].numpy().view(np.uint32)
-        ids = np.unique(np.concatenate([self._repeating(start, failed, words) for start, failed in self.failed]))
+        held = self._hold(words)
+        ids = np.unique(
+            np.concatenate([_NONE] + [self._repeating(s, failed, words) for s, failed in self.failed if s not in held])
+        )
         if not len(ids):
             return 0
         kept = words.copy()
@@ -258,6 +281,26 @@ class RollbackCheck:
             words[:] = kept
             return 0
         return len(ids)
+
+    def _hold(self, words: np.ndarray) -> set[int]:
+        """Keep in `words` only the tokens that write a held value as its family allows (where any
+        allowed token does: else the grammar cannot write the family there, and the mask stands).
+        Returns the start offsets of the values so held: their failed text, outside the family,
+        needs no ban of its own (which would also ban a listed value sharing its first letters)."""
+        held: set[int] = set()
+        text = bytes(self._text)
+        for cut, prefix, family in self.held:
+            if len(text) < cut:
+                continue  # rolled back before this rewrite began: the text may take another way
+            ids = family_candidates(prefix, family, text, self._rules.vocab, words)
+            if ids is None or not len(ids):
+                continue
+            ids = allowed_among(words, ids)
+            if len(ids):
+                words[:] = 0
+                np.bitwise_or.at(words, ids >> 5, np.uint32(1) << (ids & 31).astype(np.uint32))
+                held.add(len(prefix))
+        return held
 
     def _repeating(self, start: int, failed: bytes, words: np.ndarray) -> np.ndarray:
         """The allowed tokens after which the text would still run along `failed` past `start`, or
@@ -320,6 +363,15 @@ def _failing_path(error: jsonschema.ValidationError) -> tuple:
                 return path + (index,)
             seen.append(item)
     return path
+
+
+def _failure(spans: dict[tuple, tuple[int, int]], error: jsonschema.ValidationError, above: tuple = ()) -> Checked:
+    """(start, end, path, family) of the value `error` names (under `above` in the text): the
+    family only where that very value was found (not an enclosing one) and the error is its own."""
+    wanted = above + _failing_path(error)
+    start, end, path = _span(spans, wanted)
+    own = path == wanted and tuple(error.absolute_path) == wanted[len(above) :]
+    return start, end, path, error_family(error.validator, error.validator_value) if own else None
 
 
 def _span(spans: dict[tuple, tuple[int, int]], path: tuple) -> tuple[int, int, tuple]:
