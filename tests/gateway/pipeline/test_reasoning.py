@@ -197,3 +197,24 @@ def test_harmonys_analysis_channel_is_planned_as_a_block(harmony_reasoning):
     assert effort_kwargs("high", None) == {"reasoning_effort": "high"}  # gpt-oss's template variable
     assert effort_kwargs("low", {"reasoning_effort": "medium"}) == {"reasoning_effort": "medium"}
     check_budget_fields("low", 10)  # the model thinks: effort and budget are taken
+
+
+def test_harmonys_analysis_streams_as_reasoning_and_final_as_content(harmony_reasoning):
+    pieces = ["<|channel|>", "analysis", "<|message|>", "Paris,", " 3 days", "<|end|>", "<|start|>", "assistant"]
+    pieces += ["<|channel|>", "final", "<|message|>", '{"a"', ":1}"]
+    events = [StreamEvent(rid="r", text=t, token_ids=[i]) for i, t in enumerate(pieces)]
+    events.append(StreamEvent(rid="r", finished=True, finish_reason="stop", completion_tokens=len(pieces)))
+    plan = plan_reasoning("<|start|>user<|message|>hi<|end|><|start|>assistant", 100, None, None, True)
+    stream = EngineStream(ReplayEngine(events), GenerateRequest(prompt_ids=[1], rid="r"), None, plan.splitter())
+
+    async def collect():
+        return [e async for e in stream]
+
+    streamed = asyncio.run(collect())
+    outcome = stream.outcome
+    assert (outcome.reasoning, outcome.text) == ("Paris, 3 days", '{"a":1}')
+    assert "".join(reasoning_of(e) for e in streamed) == outcome.reasoning
+    choice = chat_choice(0, outcome, False)
+    assert choice.message.reasoning_content == "Paris, 3 days" and choice.message.content == '{"a":1}'
+    items = output_items(outcome.text, False, None, "completed", reasoning=outcome.reasoning)
+    assert isinstance(items[0], OutputReasoning) and items[0].content[0].text == "Paris, 3 days"
