@@ -7,7 +7,8 @@ Where every branch, and the node's own keywords beside `allOf`, say only `type`,
 `required`, bounds (`minLength`, `maximum`, `minProperties`, ...), value keywords that one part
 says (`pattern`, `format`, `enum`, `items`, ...) and annotations, the `allOf` is exactly the
 schema with the intersection of the types, the union of the properties and of the required names,
-the tightest bounds and those value keywords. A name declared by several branches takes
+the tightest bounds and those value keywords (with `unevaluatedProperties: false` beside it, the
+parts may also say `patternProperties`: see `_closed_union`). A name declared by several branches takes
 their subschemas merged the same way (identical ones are kept once); where that merge is not
 possible, nothing is merged. A branch that is only a local `$ref` stands for the definition it
 names (one link; the definition's own `$ref`s stay references). Anything else in a branch
@@ -60,7 +61,8 @@ def merged_all_of(node: Any, root: Any) -> dict | None:
     own = {k: v for k, v in node.items() if k != "allOf"}
     if len(node["allOf"]) == 1 and not set(own) - _PARENT_ONLY - ANNOTATION_KEYWORDS:
         return None  # a lone branch: both engines compile it as it is
-    parts = [{k: v for k, v in own.items() if k not in _PARENT_ONLY}]
+    closed = own.get("unevaluatedProperties") is False
+    parts = [{k: v for k, v in own.items() if k not in _PARENT_ONLY and not (closed and k == "unevaluatedProperties")}]
     for branch in node["allOf"]:
         target = follow_local_refs(branch, root, only_bare=True)
         if target is True or target == {}:
@@ -70,6 +72,9 @@ def merged_all_of(node: Any, root: Any) -> dict | None:
         parts.append({k: v for k, v in target.items() if k not in _SCOPE_KEYWORDS})
     if not all(mergeable_part(part) for part in parts):
         return None
+    if closed:
+        merged = _closed_union(parts, root)
+        return None if merged is None else {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, **merged}
     naming = [p for p in parts if "properties" in p or OPEN_KEYWORDS & set(p)]
     opened = [p for p in naming if OPEN_KEYWORDS & set(p)]
     if opened and len(naming) > 1:
@@ -80,6 +85,43 @@ def merged_all_of(node: Any, root: Any) -> dict | None:
     if merged is None:
         return None
     return {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, **merged}
+
+
+def _closed_union(parts: list[dict], root: Any) -> dict | None:
+    """`unevaluatedProperties: false` beside an `allOf` whose parts name their properties
+    (`properties`, `patternProperties`) and say nothing of the other names: a name is evaluated
+    where some part's property or pattern takes it, so the allOf is the one object of every part's
+    properties and patterns (those of a name or pattern several parts declare merged), closed
+    (`additionalProperties: false`): in one object a name's property and every pattern it matches
+    apply together, as every part's do in the allOf. compose-spec's services (container_spec and
+    workload_spec, each with its `^x-` pattern) compiled as any JSON value before."""
+    if any("additionalProperties" in p or "unevaluatedProperties" in p for p in parts):
+        return None
+    said = [p["propertyNames"] for p in parts if "propertyNames" in p]
+    if len(said) > 1:
+        return None
+    patterns: dict[str, list] = {}
+    for part in parts:
+        declared = part.get("patternProperties", {})
+        if not isinstance(declared, dict):
+            return None
+        for pattern, sub in declared.items():
+            patterns.setdefault(pattern, []).append(sub)
+    merged = _merge([{k: v for k, v in p.items() if k not in OPEN_KEYWORDS} for p in parts], root)
+    if merged is None:
+        return None
+    if patterns:
+        merged["patternProperties"] = {}
+        for pattern, subs in patterns.items():
+            unique = list({json.dumps(s, sort_keys=True): s for s in subs}.values())
+            sub = unique[0] if len(unique) == 1 else merged_all_of({"allOf": unique}, root)
+            if sub is None:
+                return None
+            merged["patternProperties"][pattern] = sub
+    if said:
+        merged["propertyNames"] = said[0]
+    merged["additionalProperties"] = False
+    return merged
 
 
 def _merge(parts: list[dict], root: Any) -> dict | None:

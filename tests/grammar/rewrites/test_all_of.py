@@ -234,3 +234,58 @@ def test_an_all_of_that_cannot_merge_still_masks_what_is_beside_it(service, toke
     assert writes('{"version":2,"updates":["a","b"]}')  # the conditional is left to the check
     assert not writes('{"versio":')  # before: the node compiled as any JSON value
     assert not writes('{"updates":[]}')  # version is required
+
+
+# compose-spec's service: two parts, each with its own properties and an `^x-` pattern, closed by
+# `unevaluatedProperties: false` beside the allOf
+CONTAINER = {"type": "object", "properties": {"image": {"type": "string"}, "ports": {"type": "array"}}}
+WORKLOAD = {"type": "object", "properties": {"scale": {"type": "integer"}, "image": {"minLength": 1}}}
+SERVICE = {
+    "$defs": {
+        "container": {**CONTAINER, "patternProperties": {"^x-": {}}},
+        "workload": {**WORKLOAD, "patternProperties": {"^x-": {}, "^l-": {"type": "string"}}},
+    },
+    "allOf": [{"$ref": "#/$defs/container"}, {"$ref": "#/$defs/workload"}],
+    "properties": {"restart": {"enum": ["no", "always"]}},
+    "required": ["image"],
+    "unevaluatedProperties": False,
+}
+
+
+def test_unevaluated_properties_beside_an_all_of_close_the_union_of_its_parts():
+    merged = merged_all_of(SERVICE, SERVICE)
+    assert merged is not None and merged["additionalProperties"] is False
+    assert set(merged["properties"]) == {"image", "ports", "scale", "restart"}
+    assert merged["patternProperties"] == {"^x-": {}, "^l-": {"type": "string"}}
+    values = [None, "x", {}]
+    names = {
+        "image": ["a", "", 1],
+        "ports": [[], "80"],
+        "scale": [2, "2"],
+        "restart": ["always", "sometimes"],
+        "x-extra": [{"any": 1}],
+        "l-label": ["a", 1],
+        "other": [0],
+    }
+    objects = [
+        dict(zip(keys, combo))
+        for r in range(4)
+        for keys in itertools.combinations(names, r)
+        for combo in itertools.product(*(names[k] for k in keys))
+    ]
+    for value in values + objects:
+        assert jsonschema.Draft202012Validator(SERVICE).is_valid(value) == jsonschema.Draft202012Validator(
+            {**merged, "$defs": SERVICE["$defs"]}
+        ).is_valid(value), value
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"properties": {"a": {}}, "additionalProperties": {"type": "string"}},  # evaluates every name
+        {"properties": {"a": {}}, "unevaluatedProperties": False},
+        {"properties": {"a": {}}, "anyOf": [{"required": ["a"]}]},  # evaluates what its branches do
+    ],
+)
+def test_a_part_that_evaluates_names_its_own_way_is_left_as_written(part):
+    assert merged_all_of({"allOf": [CONTAINER, part], "unevaluatedProperties": False}, {}) is None
