@@ -235,3 +235,30 @@ def _lower_conditional(out: dict, root: Any) -> Any:
     lowered["anyOf"] = branches
     every_body = [c.get(k) for c in conditionals.values() for k in ("then", "else")]
     return _with_branch_names(lowered, every_body, root)
+
+
+def narrow_by_branches(schema: Any) -> Any:
+    """For xgrammar's mask only (it ignores `if`/`then`/`else`): a property both branches of a
+    conditional declare, whose own schema beside them says nothing, is written as the `anyOf` of
+    the two. Sound, not exact: whichever branch applies, the value fits one of them; the
+    conditional itself stays with check-and-roll-back. github-actions' root declares `outputs` as
+    `{}` and lets `then`/`else` say what it is (composite outputs or the others), so its mask let
+    any JSON value in, and the rewrites ran out on it."""
+    return rewrite_bottom_up(schema, lambda out: _narrowed(out, schema))
+
+
+def _narrowed(out: dict, root: Any) -> dict:
+    if "if" not in out or not isinstance(out.get("properties"), dict):
+        return out
+    then = follow_local_refs(out.get("then"), root, only_bare=True)
+    otherwise = follow_local_refs(out.get("else"), root, only_bare=True)
+    if not isinstance(then, dict) or not isinstance(otherwise, dict):
+        return out  # a missing branch allows anything
+    properties = dict(out["properties"])
+    for name, own in out["properties"].items():
+        if own is not True and not (isinstance(own, dict) and not set(own) - _ANNOTATIONS):
+            continue
+        first, second = _declared(name, then, None), _declared(name, otherwise, None)
+        if first is not None and second is not None:
+            properties[name] = first if _key(first) == _key(second) else {"anyOf": [first, second]}
+    return out if properties == out["properties"] else {**out, "properties": properties}

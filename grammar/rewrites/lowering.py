@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from grammar.rewrites.all_of import lower_all_of
+from grammar.rewrites.conditionals import narrow_by_branches
 from grammar.rewrites.formats import lower_formats
 from grammar.rewrites.listed_values import lower_listed_values
 from grammar.rewrites.one_of import lower_one_of
@@ -25,7 +26,12 @@ from grammar.schema.canonical import canonical_schema
 
 def lower_for_masks(schema: Any, strict: bool, partial_all_of: bool = False) -> Any:
     """The canonical form of `schema` with every rewrite above applied. `partial_all_of`
-    (xgrammar): an `allOf` is merged without the branches that cannot be, which are left to
-    check-and-roll-back (llguidance enforces those branches, so it gets them)."""
-    merged = lower_all_of(canonical_schema(schema), partial=partial_all_of)
+    (xgrammar): an `allOf` is merged without the branches that cannot be, and a property that both
+    branches of an `if` declare is narrowed to their `anyOf` (grammar/rewrites/conditionals.py
+    `narrow_by_branches`), both left to check-and-roll-back (llguidance enforces those, so it
+    gets them as written)."""
+    canonical = canonical_schema(schema)
+    if partial_all_of:
+        canonical = narrow_by_branches(canonical)
+    merged = lower_all_of(canonical, partial=partial_all_of)
     return lower_formats(lower_listed_values(lower_one_of(merged), strict=strict))

@@ -16,7 +16,7 @@ import pytest
 from bench.harness.server_process import MODEL
 from grammar import GrammarSpec
 from grammar.engines.llguidance.matcher import LLGuidanceHandle
-from grammar.rewrites.conditionals import allof_conditionals, discriminator, lower_conditionals
+from grammar.rewrites.conditionals import allof_conditionals, discriminator, lower_conditionals, narrow_by_branches
 from grammar.validation.fidelity import ENFORCED, LLGUIDANCE, XGRAMMAR, routed_schema_fidelity
 from tests.grammar.validation.test_llguidance_fidelity import writes
 
@@ -327,3 +327,54 @@ def test_the_real_model_answers_an_allof_of_conditionals_validly(jumpgate_server
         96,
     )
     assert len({a["type"] for a in answers}) >= 2  # the answers take different branches
+
+
+# -- a property both branches declare, narrowed for xgrammar's mask (narrow_by_branches) ----------
+
+# github-actions' shape: `outputs` is `{}` beside the conditional, whose branches say what it is
+ACTION = {
+    "type": "object",
+    "properties": {"runs": {"type": "object", "properties": {"using": {"type": "string"}}}, "outputs": {}},
+    "required": ["runs"],
+    "additionalProperties": False,
+    "if": {"properties": {"runs": {"properties": {"using": {"const": "composite"}}}}},
+    "then": {"properties": {"outputs": {"$ref": "#/$defs/composite"}}},
+    "else": {"properties": {"outputs": {"type": "object", "additionalProperties": {"type": "string"}}}},
+    "$defs": {"composite": {"type": "object", "additionalProperties": {"type": "object", "required": ["value"]}}},
+}
+
+
+def test_a_property_both_branches_declare_is_narrowed_to_their_any_of():
+    narrowed = narrow_by_branches(ACTION)["properties"]["outputs"]
+    assert narrowed == {"anyOf": [{"$ref": "#/$defs/composite"}, ACTION["else"]["properties"]["outputs"]]}
+    # sound: whatever the conditional accepts, the narrowed object (conditional dropped) accepts too
+    loose = {k: v for k, v in narrow_by_branches(ACTION).items() if k not in ("if", "then", "else")}
+    for using, outputs in itertools.product(["composite", "node20"], [{}, {"a": "x"}, {"a": {"value": 1}}, 5, "x"]):
+        value = {"runs": {"using": using}, "outputs": outputs}
+        if jsonschema.Draft202012Validator(ACTION).is_valid(value):
+            assert jsonschema.Draft202012Validator(loose).is_valid(value), value
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {**ACTION, "else": None},  # no else: anything goes there
+        {**ACTION, "properties": {**ACTION["properties"], "outputs": {"type": "object"}}},  # said beside
+        {**ACTION, "then": {"required": ["outputs"]}},  # only one branch declares it
+    ],
+)
+def test_other_properties_are_not_narrowed(node):
+    node = {k: v for k, v in node.items() if v is not None}
+    assert narrow_by_branches(node)["properties"]["outputs"] == node["properties"]["outputs"]
+
+
+def test_xgrammars_mask_keeps_a_scalar_out_of_the_narrowed_property(service, tokenizer):
+    handle = service.compile(GrammarSpec.json_schema(ACTION))
+    assert handle.fidelity.engine == XGRAMMAR
+
+    def writes_all(text: str) -> bool:
+        matcher = handle.new_matcher()
+        return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert writes_all('{"runs":{"using":"node20"},"outputs":{"a":"x"}}')
+    assert not writes_all('{"runs":{"using":"node20"},"outputs":5')  # before: any JSON value
