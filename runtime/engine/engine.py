@@ -329,7 +329,7 @@ class Engine:
                 self._wake.clear()
                 continue
             try:
-                self.step()
+                self._timed_step()
             except Exception as e:  # never leave callers hanging: fail what was in flight, keep serving
                 log.exception("engine step failed")
                 for r in self.scheduler.running + self.scheduler.waiting:
@@ -377,23 +377,38 @@ class Engine:
         else:
             self.scheduler.add(req)
 
-    def step(self) -> None:
-        """One forward pass: schedule -> run -> process."""
-        t_step = time.perf_counter()
+    def _timed_step(self) -> None:
+        """`step`, timed: a step that ran a pass adds its whole time to `engine_seconds`; then the
+        invariants are checked where `debug_invariants` asks."""
+        started = time.perf_counter()
+        if self.step():
+            self.counters.engine_seconds += time.perf_counter() - started
+            if self.config.debug_invariants:
+                self.check_invariant()
+
+    def step(self) -> bool:
+        """One forward pass: schedule -> run -> process; False when there was nothing to run."""
+        plan = self._schedule()
+        if not plan:
+            return False
+        self._process(self._run(plan))
+        return True
+
+    def _schedule(self) -> list[tuple[Req, int]]:
+        """The next pass's (request, new tokens) rows; a request that can never fit fails here."""
         schedule = self.scheduler.schedule()
         if schedule.unservable is not None:
             self._finish(schedule.unservable, "error", error="request does not fit the KV pool")
-        if not schedule.plan:
-            return
-        t_run = time.perf_counter()
-        out = self.runner.run(schedule.plan)
-        self.counters.forward_seconds += time.perf_counter() - t_run
+        return schedule.plan
+
+    def _run(self, plan: list[tuple[Req, int]]) -> PassOutput:
+        """The forward pass of `plan`, timed and counted."""
+        started = time.perf_counter()
+        out = self.runner.run(plan)
+        self.counters.forward_seconds += time.perf_counter() - started
         self.counters.forward_passes += 1
-        self.counters.forward_tokens += sum(n for _, n in schedule.plan)
-        self._process(out)
-        self.counters.engine_seconds += time.perf_counter() - t_step
-        if self.config.debug_invariants:
-            self.check_invariant()
+        self.counters.forward_tokens += sum(n for _, n in plan)
+        return out
 
     def _process(self, out: PassOutput) -> None:
         """Choose and accept tokens for every request whose logits this pass produced; account
