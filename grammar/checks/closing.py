@@ -9,7 +9,10 @@ The plan is greedy over token classes, tried in order at each state:
 5. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
 6. any single-character token the grammar allows (a pattern, an enum, a minLength).
 In free text outside a JSON string (a regex, an EBNF rule) a single character that completes the
-match is taken first.
+match is taken first. Inside a string that cannot end yet (an object name just opened), a required
+name of the schema that the grammar takes here is spelled first, where the matcher carries a
+`NameHint` (grammar/checks/plan_names.py): the first letter in vocabulary order would rather start
+an optional name, and its value, and the next, so that a large schema's plan found no end.
 Inside text (a string, a regex: where plain letters are allowed) `]`, `}`, `,` and `0` are just
 characters, so there the order is string closers, single characters (newline and space first),
 then the rest. A candidate is taken only if it makes progress: a `"` that may be followed by
@@ -36,6 +39,7 @@ from typing import Protocol
 
 import torch
 
+from grammar.checks.plan_names import NameTail
 from grammar.engines.token_mask import allow_only
 
 # Plans longer than this are not made (no closing): a schema with dozens of required properties
@@ -43,6 +47,8 @@ from grammar.engines.token_mask import allow_only
 MAX_PLAN_TOKENS = 1024
 MAX_TRIES = 64  # candidates per step that make no progress, before falling back
 MAX_CLASS_TESTS = 16  # closing mask: class members checked for progress
+MAX_WAY_OUT_DEPTH = 8  # characters searched ahead for the end of a string a plan is stuck in
+MAX_WAY_OUT_TRIES = 2048  # characters tried in those searches, in all of one plan's
 MAX_LOOP_WALKS = 4  # states a plan went round, each walked again taking the other way first
 _FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
 _LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
@@ -73,6 +79,9 @@ class PlanMatcher(Protocol):
 
     def state_detail(self) -> bytes:
         """What tells apart two states with the same mask, beyond the mask (b"" if nothing)."""
+
+    def names(self) -> NameTail | None:
+        """The schema's required names and the name written so far here (None: no hint)."""
 
 
 def new_bitmask(vocab_size: int) -> torch.Tensor:
@@ -116,6 +125,10 @@ class ClosingVocab:
         # newline or a space an item of a pattern
         self.text_classes = [self.quoted, self.singles, self.comma_closers, self.fillers]
         self.quote_id = vocab.get('"')
+        # byte -> the token that is that one printable ASCII character (the planner spells names with them)
+        self.single_bytes = {
+            ord(pieces[i]): i for i in reversed(singles) if pieces[i].isascii() and pieces[i].isprintable()
+        }
         self.quote_led = frozenset(i for _, i in quoted + comma if pieces[i].startswith('"'))
         self._closer_set = set(self.closers.tolist()) | set(self.comma_closers.tolist())
         # Tokens that may commit the output to more structure (a new item, property, string or
@@ -190,6 +203,60 @@ def _completing_single(m: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tens
     return None
 
 
+def _way_out(m: PlanMatcher, vocab: ClosingVocab, budget: list[int]) -> int | None:
+    """The first character of the shortest run of single characters from `m`'s state (unchanged)
+    after which a string closer is allowed: a breadth-first search over the states those runs
+    reach (told apart as the plan tells them), at most MAX_WAY_OUT_DEPTH deep, each character tried
+    taken off `budget[0]` (one plan's searches share it). Without it the walk's "first candidate
+    not yet taken" goes through the alphabet in a pattern's free part and never writes the
+    literal that ends it."""
+    row = new_bitmask(vocab.vocab_size)
+    m.fill_mask(row, 0)
+    seen = {_signature(row[0], m)}
+    frontier: list[list[int]] = [[]]
+    for _ in range(MAX_WAY_OUT_DEPTH):
+        reached: list[list[int]] = []
+        for path in frontier:
+            for t in path:
+                m.accept(t)  # taken from this state before
+            m.fill_mask(row, 0)
+            for tok in allowed_subset(row[0], vocab.singles).tolist():
+                if budget[0] <= 0:
+                    break
+                if not m.accept(tok):
+                    continue
+                budget[0] -= 1
+                m.fill_mask(row, 0)
+                if allowed_subset(row[0], vocab.quoted).numel():
+                    m.rollback(1 + len(path))
+                    return (path + [tok])[0]
+                sig = _signature(row[0], m)
+                if sig not in seen:
+                    seen.add(sig)
+                    reached.append(path + [tok])
+                m.rollback(1)
+            m.rollback(len(path))
+        frontier = reached
+        if not frontier or budget[0] <= 0:
+            break
+    return None
+
+
+def _spelled(m: PlanMatcher, after: torch.Tensor) -> int | None:
+    """Accept and return the first character of a required name the grammar takes here (see
+    grammar/checks/plan_names.py), if the matcher has the hint and one fits."""
+    names = m.names()
+    tail = names.tail if names is not None else None
+    if tail is None:
+        return None
+    took = names.hint.spell(m, tail)
+    if not took:
+        return None
+    m.rollback(len(took) - 1)
+    m.fill_mask(after, 0)
+    return took[0]
+
+
 def _step(
     m: PlanMatcher,
     vocab: ClosingVocab,
@@ -199,12 +266,14 @@ def _step(
     taken: dict[bytes, set[int]],
     branches: dict[bytes, set[int]] | None = None,
     looped: dict[bytes, set[int]] | None = None,
+    search: list[int] | None = None,
 ) -> int | None:
     """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
     in class order that makes progress, else the first one not yet taken from a state like this.
     `branches` holds what the plan took from each state so far (kept across forced text): a state
     met again means the plan went round (a tool-call section whose end marker shares its start with
     the next call's), so a candidate taken there before comes last, and is noted in `looped`.
+    `search`: what is left of the plan's budget for searching a string's end (`_way_out`).
     Leaves `after[0]` holding the new state's mask. None if the grammar allows no candidate."""
     here = _State(mask[0], m, vocab)
     seen.add(here.sig)
@@ -216,6 +285,14 @@ def _step(
         if tok is not None:
             done.add(tok)
             m.fill_mask(after, 0)
+            return tok
+    if not allowed_subset(mask[0], vocab.quoted).numel():
+        # a string that cannot end here (a name, even where its next letters are few): spell a
+        # required name if one fits
+        tok = _spelled(m, after)
+        if tok is not None:
+            done.add(tok)
+            went.add(tok)
             return tok
     fallback = first = again = None
     tries = 0
@@ -243,6 +320,11 @@ def _step(
                 fallback = tok
             if j == 0 and ids is vocab.fillers:
                 break  # `0` leads nowhere: neither will `false` (inside text, all are characters)
+    if again is None and here.in_text and not allowed_subset(mask[0], vocab.quoted).numel():
+        # nothing makes progress inside a string that cannot end yet (`(.+)\.(ya?ml)` after a
+        # space): the first character of the shortest run after which it may end
+        out = _way_out(m, vocab, search if search is not None else [MAX_WAY_OUT_TRIES])
+        fallback = out if out is not None else fallback
     tok = again if again is not None else fallback if fallback is not None else first
     if tok is None:
         return None
@@ -298,6 +380,7 @@ def _walk_plan(
     taken: dict[bytes, set[int]] = {}
     branches = {sig: set(toks) for sig, toks in avoid.items()}
     have_mask = False
+    search = [MAX_WAY_OUT_TRIES]
     while len(plan) <= limit:
         if m.is_completed():
             return plan
@@ -310,7 +393,7 @@ def _walk_plan(
             continue
         if not have_mask:
             m.fill_mask(mask, 0)
-        tok = _step(m, vocab, mask, after, seen, taken, branches, looped)
+        tok = _step(m, vocab, mask, after, seen, taken, branches, looped, search)
         if tok is None:
             return None
         plan.append(tok)

@@ -172,6 +172,17 @@ class ValueCheck:
         earlier ones)? Names alone never lengthen a plan by more than the repair of one token."""
         return any(type(f) is ArrayFrame and f.rule is not None for f in self._stack)
 
+    def scan_state(self) -> tuple | None:
+        """Where the output is, as grammar/checks/plan_names.py's `scan` follows it (None: unknown)."""
+        if self.broken or self._armed is not True:
+            return None
+        stack = "".join("{" if type(f) is ObjectFrame else "[" for f in self._stack)
+        if self._mode == STRING:
+            name = self._role == KEY
+            return stack, True, name, self._esc == -1, False, self._buf if name else None
+        top = self._stack[-1] if self._stack else None
+        return stack, False, False, False, type(top) is ObjectFrame and top.want_key, None
+
     def violates(self, token_id: int) -> bool:
         return self.first_violation([token_id]) == 0
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from grammar.checks.canonical import canonical
 from grammar.checks.object_items import OBJECT_ITEM_KEYWORDS, SCALAR_KINDS, Field, ItemRule, ObjectItems
+from grammar.checks.plan_names import required_names
 from grammar.rewrites.listed_values import fitting_values
 from grammar.schema.keyword_sets import ALL_VALIDATION_KEYWORDS
 from grammar.schema.walk import ANNOTATION_KEYWORDS, resolve_local_ref
@@ -66,6 +67,10 @@ class SchemaNavigator:
         self._strict = strict  # strict grammars close every object that declares properties
         self._memo: dict[int, tuple[dict, ...]] = {}
         self._rules: dict[tuple[int, ...], ItemRule | None] = {}
+
+    def required_names(self) -> frozenset[str]:
+        """Every name some object of the schema requires (the completion planner's name hint)."""
+        return required_names(self._root)
 
     def root_nodes(self) -> tuple[dict, ...]:
         return self.expand(self._root)

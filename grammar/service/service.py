@@ -42,6 +42,7 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.checks.closing import ClosingVocab
+from grammar.checks.plan_names import name_hint
 from grammar.checks.rollback import (
     DEFAULT_VALUE_RETRIES,
     RollbackCheck,
@@ -108,8 +109,9 @@ class CompiledGrammarHandle:
             else None
         )
         rechecks = RollbackCheck(self.rollback_rules) if self.rollback_rules is not None else None
+        names = name_hint(self._memo, self.navigator, self.value_check, self._closing)
         return XGrammarMatcher(
-            self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values, rechecks
+            self.compiled, self._encode, self._special_ids, self._closing, self._splitter, values, rechecks, names
         )
 
     def without_value_check(self) -> CompiledGrammarHandle:

@@ -33,6 +33,7 @@ import llguidance
 import numpy as np
 
 from grammar.checks.closing import ClosingVocab
+from grammar.checks.plan_names import NameHint, NameTail, name_hint
 from grammar.checks.rollback import RollbackCheck, RollbackRules
 from grammar.checks.strict import StrictMethods
 from grammar.checks.value_check import ValueCheck, without_repeats
@@ -86,6 +87,7 @@ class LLGuidanceHandle:
             self.encode,
             rechecks,
             self._memo.setdefault("forced_path", ForcedPath()),
+            name_hint(self._memo, self.navigator, self.value_check, self.closing),
         )
 
     @property
@@ -113,29 +115,45 @@ class LLGuidanceHandle:
         return 64 * 1024 + 16 * len(self.grammar) + rows
 
 
+def _no_name() -> None:
+    return None
+
+
 class LLGuidancePlanMatcher:
     """grammar/checks/closing.py's `PlanMatcher` over one llguidance matcher (never given a stop token)."""
 
-    __slots__ = ("_m", "_stop_ids", "_encode")
+    __slots__ = ("_m", "_stop_ids", "_encode", "_names")
 
-    def __init__(self, matcher: llguidance.LLMatcher, stop_ids: frozenset[int], encode: Encode) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, stop_ids: frozenset[int], encode: Encode, names: NameTail | None = None
+    ) -> None:
         self._m = matcher
         self._stop_ids = stop_ids
         self._encode = encode
+        self._names = names  # the planner's name hint (grammar/checks/plan_names.py), or None
 
     def fork(self) -> LLGuidancePlanMatcher:
-        return LLGuidancePlanMatcher(self._m.deep_copy(), self._stop_ids, self._encode)
+        names = self._names.fork() if self._names is not None else None
+        return LLGuidancePlanMatcher(self._m.deep_copy(), self._stop_ids, self._encode, names)
 
     def fill_mask(self, bitmask, row: int) -> None:
         self._m.unsafe_compute_mask_ptr(*row_address(bitmask, row))
 
     def accept(self, token_id: int) -> bool:
         token_id = int(token_id)
-        return token_id not in self._stop_ids and self._m.try_consume_tokens([token_id]) == 1
+        ok = token_id not in self._stop_ids and self._m.try_consume_tokens([token_id]) == 1
+        if ok and self._names is not None:
+            self._names.accepted(token_id)
+        return ok
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
             self._m.rollback(num_tokens)
+            if self._names is not None:
+                self._names.rolled_back(num_tokens)
+
+    def names(self) -> NameTail | None:
+        return self._names
 
     def is_completed(self) -> bool:
         return self._m.is_accepting()
@@ -207,6 +225,7 @@ class LLGuidanceMatcher(StrictMethods):
         encode: Encode | None = None,
         rechecks: RollbackCheck | None = None,
         forced_path: ForcedPath | None = None,
+        names: NameHint | None = None,
     ) -> None:
         self._matcher = start.deep_copy()
         self._forced = forced_path
@@ -222,7 +241,9 @@ class LLGuidanceMatcher(StrictMethods):
         # means it) is the stop token having been accepted.
         self._terminated = False
         self._closing = closing if encode is not None else None
-        self._plan = LLGuidancePlanMatcher(self._matcher, stop_ids, encode)  # the planner's view of this state
+        # the planner's view of this state; the name written so far, for its hint, is the value check's
+        live = NameTail(names, live=values.scan_state if values is not None else _no_name) if names else None
+        self._plan = LLGuidancePlanMatcher(self._matcher, stop_ids, encode, live)
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout)."""

@@ -29,6 +29,7 @@ import re
 import xgrammar as xgr
 
 from grammar.checks.closing import ClosingVocab
+from grammar.checks.plan_names import NameHint, NameTail
 from grammar.checks.rollback import RollbackCheck
 from grammar.checks.strict import StrictMethods
 from grammar.checks.value_check import ValueCheck, without_repeats
@@ -41,23 +42,32 @@ _POSITIONS = re.compile(r"rule_start_pos=-?\d+")
 class XGrammarPlanMatcher:
     """grammar/checks/closing.py's `PlanMatcher` over one xgrammar matcher."""
 
-    __slots__ = ("_m", "_encode")
+    __slots__ = ("_m", "_encode", "_names")
 
-    def __init__(self, matcher: xgr.GrammarMatcher, encode: Encode) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, encode: Encode, names: NameTail | None = None) -> None:
         self._m = matcher
         self._encode = encode
+        self._names = names  # the planner's name hint (grammar/checks/plan_names.py), or None
 
     def fork(self) -> XGrammarPlanMatcher:
-        return XGrammarPlanMatcher(self._m.fork(), self._encode)
+        return XGrammarPlanMatcher(self._m.fork(), self._encode, self._names.fork() if self._names else None)
 
     def fill_mask(self, bitmask, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
-        return self._m.accept_token(token_id)
+        ok = self._m.accept_token(token_id)
+        if ok and self._names is not None:
+            self._names.accepted(token_id)
+        return ok
 
     def rollback(self, num_tokens: int) -> None:
         self._m.rollback(num_tokens)
+        if self._names is not None:
+            self._names.rolled_back(num_tokens)
+
+    def names(self) -> NameTail | None:
+        return self._names
 
     def is_completed(self) -> bool:
         return self._m.is_completed()
@@ -77,6 +87,10 @@ class XGrammarPlanMatcher:
         except Exception:  # a debugging aid, not an API: planning works without it
             return b""
         return _POSITIONS.sub("", state).encode()
+
+
+def _no_name() -> None:
+    return None
 
 
 class XGrammarMatcher(StrictMethods):
@@ -101,11 +115,14 @@ class XGrammarMatcher(StrictMethods):
         splitter: DraftSplitter | None = None,
         values: ValueCheck | None = None,
         rechecks: RollbackCheck | None = None,
+        names: NameHint | None = None,
     ) -> None:
         # Rollback is unlimited in xgrammar >= 0.2 (max_rollback_tokens is deprecated), which
         # jump-forward verification relies on.
         self._matcher = xgr.GrammarMatcher(compiled)
-        self._plan = XGrammarPlanMatcher(self._matcher, encode)  # the planner's view of this state
+        # the planner's view of this state; the name written so far, for its hint, is the value check's
+        live = NameTail(names, live=values.scan_state if values is not None else _no_name) if names else None
+        self._plan = XGrammarPlanMatcher(self._matcher, encode, live)
         self._encode = encode
         self._special_ids = special_ids
         self._closing = closing

@@ -69,7 +69,7 @@ CASES = {
             ["items"],
         ),
         '{"items":[{"name":"apples","sku":"A-1"},{"sku":"B","id":"x"}]}',
-        '{"items":[{"name":"","sku":""}]}',
+        '{"items":[{"sku":"","id":""}]}',  # required names spelled shortest first (plan_names.py)
     ),
     "pattern_with_maxLength": (
         closed({"word": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}}, ["word"]),
@@ -82,10 +82,10 @@ CASES = {
         '{"code":"abcdefgfalse"}',
     ),
     "counted_repetition": (  # `[0-9]{5}`: states whose masks are equal (llguidance shows no more),
-        # walked by taking a digit not yet taken from such a state
+        # walked by the shortest run of characters after which the string may end
         closed({"zip": {"type": "string", "pattern": "^[0-9]{5}-[a-z]+$", "maxLength": 20}}, ["zip"]),
         '{"zip":"12345-abc"}',
-        '{"zip":"01230-a"}',
+        '{"zip":"01234-a"}',
     ),
     "unique_items_beside_multipleOf": (  # the value check repairs the plan's second "" to "x"
         closed(

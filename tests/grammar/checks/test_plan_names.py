@@ -1,0 +1,96 @@
+"""The completion planner's name hint (grammar/checks/plan_names.py through grammar/checks/closing.py):
+where an object still misses a required name, the plan spells that name instead of the first
+optional one a letter leads to, so schemas with many optional properties before their required
+ones get a completion plan (and strict mode a closing and a minimum); and a plan stuck in a
+pattern's free part searches for the run of characters that ends it. With the real SmolLM2
+tokenizer and both engines; SchemaStore's schemas where check-jsonschema is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from grammar import GrammarSpec
+from grammar.checks.plan_names import required_names, scan
+from tests.grammar.checks.plan_cases import FAR_REQUIRED
+
+START = ("", False, False, False, False, None)
+
+
+def plan_text(service, tokenizer, schema) -> str | None:
+    plan = service.compile(GrammarSpec.json_schema(schema)).new_matcher().completion_plan()
+    return None if plan is None else tokenizer.decode(plan)
+
+
+def test_required_names_are_every_objects_required_list():
+    schema = {
+        "required": ["a"],
+        "properties": {"b": {"items": {"required": ["c", 1]}}},
+        "$defs": {"d": {"required": []}},
+    }
+    assert required_names(schema) == {"a", "c"}
+
+
+def test_the_scan_tells_names_from_string_values():
+    state = scan(START, b'{"ab')
+    assert state[2] and state[5] == b"ab"  # inside a name
+    assert scan(START, b'{"ab":"cd')[2] is False  # a value, not a name
+    assert scan(START, b'{"ab":"c\\"d",')[4] is True  # the next string is a name
+    assert scan(START, b'["ab')[2] is False  # an array item
+    assert scan(START, b'{"a":["x",')[4] is False
+
+
+def test_a_required_name_after_large_optional_ones_gets_a_short_plan(service, tokenizer):
+    text = plan_text(service, tokenizer, FAR_REQUIRED)
+    assert text is not None and json.loads(text).keys() == {"title"}
+
+
+def test_the_plan_is_the_smallest_accepted_budget(service, tokenizer):
+    handle = service.compile(GrammarSpec.json_schema(FAR_REQUIRED))
+    assert handle.min_completion_tokens() is not None and handle.min_completion_tokens() < 16
+
+
+def test_a_pattern_whose_end_is_a_literal_is_planned_to_that_literal(service, tokenizer):
+    uses = {"type": "string", "pattern": "^(.+\\/)+(.+)\\.(ya?ml)(@.+)?$"}  # github-workflows' `uses`
+    schema = {"type": "object", "properties": {"uses": uses}, "required": ["uses"]}
+    text = plan_text(service, tokenizer, schema)
+    assert text is not None
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_llguidance_plans_with_the_hint_too(service, tokenizer):
+    # a pattern beside a maxLength routes the schema to llguidance (xgrammar would drop one)
+    word = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}
+    schema = {**FAR_REQUIRED, "properties": {**FAR_REQUIRED["properties"], "title": word}}
+    handle = service.compile(GrammarSpec.json_schema(schema))
+    assert handle.fidelity.engine == "llguidance"
+    plan = handle.new_matcher().completion_plan()
+    assert plan is not None and json.loads(tokenizer.decode(plan)).keys() == {"title"}
+
+
+def _schemastore(name: str):
+    spec = importlib.util.find_spec("check_jsonschema")
+    if spec is None:
+        pytest.skip("check-jsonschema is not installed (the corpus extra)")
+    path = Path(spec.origin).parent / "builtin_schemas" / "vendor" / f"{name}.json"
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("name", ["citation-file-format", "github-workflows"])
+def test_schemastore_schemas_that_had_no_plan_have_a_short_one(service, tokenizer, name):
+    schema = _schemastore(name)
+    plan = service.compile(GrammarSpec.json_schema(schema)).new_matcher().completion_plan()
+    assert plan is not None and len(plan) <= 64  # before: none within 1,024 tokens (or 1,226)
+    jsonschema.validators.validator_for(schema)(schema).validate(json.loads(tokenizer.decode(plan)))
+
+
+@pytest.mark.parametrize("text", ['{"ti', '{"title":"a', '{"a0":{"field_', '{"a0":{"field_number_00":"x",'])
+def test_the_live_state_is_the_scan_of_the_output(service, tokenizer, text):
+    """A fork starts from the live matcher's state, read from its value check: the same as the scan."""
+    matcher = service.compile(GrammarSpec.json_schema(FAR_REQUIRED)).new_matcher()
+    assert all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    assert matcher.values.scan_state() == scan(START, text.encode())
