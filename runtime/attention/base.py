@@ -2,7 +2,9 @@
 
 Attention runs over the slot-based KV pool: each request's new tokens attend to all of its slots
 (cached prefix + themselves), causally and bottom-right aligned, so new token i of a request with
-`prefix` cached tokens sees positions <= prefix + i.
+`prefix` cached tokens sees positions <= prefix + i. A sliding-window layer passes `window` (> 0): a token at
+position i then sees positions j with i - window < j <= i only (transformers' sliding mask); 0 is
+every position. The window is per call (per layer), the rest of the pass's metadata is shared.
 
 Per forward pass the model calls `prepare(batch)` once, then `forward` once per layer; `prepare`
 builds the gather indices and masks that every layer reuses. When `forward` runs, this pass's K/V
@@ -43,15 +45,16 @@ class AttentionBackend(ABC):
         """Precompute per-pass metadata (called once before the layers run)."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """q: [T, H, D]; caches: [num_slots, KVH, D] (this pass's K/V already written) -> [T, H, D]."""
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
+        """q: [T, H, D]; caches: [num_slots, KVH, D] (this pass's K/V already written) -> [T, H, D].
+        `window` > 0: a sliding-window layer (see the module docstring)."""
 
     def forward_as(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype, window: int = 0
     ) -> torch.Tensor:
         """`forward`'s result in `dtype` (the next layer's input dtype); a backend that can write it
         so directly saves the conversion pass."""
-        return self.forward(q, k_cache, v_cache).to(dtype)
+        return self.forward(q, k_cache, v_cache, window).to(dtype)
 
     def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool] | None:
         """(slots, meta, tiles, bf16 products) of the prepared pass, what the cpu kernel takes, for a caller that

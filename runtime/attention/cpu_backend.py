@@ -36,6 +36,12 @@ it (TILE_FORMATS), and once on, every pass takes it. Long prompts prefill faster
 shared blocks cost less; a decode's few rows per block pay the K/V preparation alone, so decoding
 long unshared contexts costs more (figures in docs/perf-log.md).
 
+Sliding windows (`window` > 0, a layer's; base.py): a row of visible length n folds only the
+blocks that hold keys n - window .. n - 1, the keys before n - window in its first block scored
+-inf, the blocks still aligned to position 0 and folded in the same order, so the invariance holds
+under a window too (a prefix group's rows each skip their own blocks). Windowed calls take the
+vector path: the AMX path has no window.
+
 The pool is read in place, head-major (`kv_head_major`: each KV head's slots in one run of
 memory, runtime/kvcache/pool.py), and `forward_as` writes the output straight in bf16 when the next
 layer takes bf16.
@@ -106,14 +112,14 @@ class CpuPagedAttentionBackend(AttentionBackend):
             first_slot += seq
         self.meta = torch.tensor(meta, dtype=torch.int64).reshape(n, 6)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
         if q.dtype != torch.float32 or k_cache.dtype != torch.float32:
             if self.fallback is None:
                 self.fallback = TorchAttentionBackend()
                 self.fallback.prepare(self.batch)
-            return self.fallback.forward(q, k_cache, v_cache)
+            return self.fallback.forward(q, k_cache, v_cache, window)
         return self.ext.paged_attention(
-            q, k_cache, v_cache, self.slots, self.meta, self.tiles, False, self.bf16_products
+            q, k_cache, v_cache, self.slots, self.meta, self.tiles, False, self.bf16_products, window
         )
 
     def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
@@ -121,11 +127,11 @@ class CpuPagedAttentionBackend(AttentionBackend):
         return self.slots, self.meta, self.tiles, self.bf16_products
 
     def forward_as(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype, window: int = 0
     ) -> torch.Tensor:
         if dtype == torch.bfloat16 and q.dtype == torch.float32 and k_cache.dtype == torch.float32:
             # written as bf16 by the kernel: the same values as float32 then .to(bfloat16)
             return self.ext.paged_attention(
-                q, k_cache, v_cache, self.slots, self.meta, self.tiles, True, self.bf16_products
+                q, k_cache, v_cache, self.slots, self.meta, self.tiles, True, self.bf16_products, window
             )
-        return super().forward_as(q, k_cache, v_cache, dtype)
+        return super().forward_as(q, k_cache, v_cache, dtype, window)

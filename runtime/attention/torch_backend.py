@@ -1,5 +1,10 @@
 """The torch attention backend: SDPA over gathered slots (CPU, and CUDA without Triton), with
-shared-prefix (cascade) attention for groups of requests that share a cached prefix."""
+shared-prefix (cascade) attention for groups of requests that share a cached prefix.
+
+A sliding-window layer (`forward(..., window)`) runs its own plan of the pass, built on its first
+call and kept for the pass's other layers of that window: the same SDPA calls with the window in
+their masks, a long extend reading only the keys its rows can see, and no cascade (every row
+attends its own slots; a shared prefix mostly lies outside a short window anyway)."""
 
 from __future__ import annotations
 
@@ -34,8 +39,9 @@ class SharedPrefix:
     token_rows: torch.Tensor  # [N] rows of q of all members' new tokens
 
 
-def pad_rows(rows: list[tuple[int, int, torch.Tensor]], device: torch.device) -> PaddedRows:
-    """rows: (offset of its first new token, new tokens, slots to attend to)."""
+def pad_rows(rows: list[tuple[int, int, torch.Tensor]], device: torch.device, window: int = 0) -> PaddedRows:
+    """rows: (offset of its first new token, new tokens, slots to attend to); `window` > 0: each
+    token sees only the last `window` positions up to its own."""
     b = len(rows)
     max_q = max(ext for _, ext, _ in rows)
     max_len = max(s.numel() for _, _, s in rows)
@@ -52,11 +58,14 @@ def pad_rows(rows: list[tuple[int, int, torch.Tensor]], device: torch.device) ->
         table[i, :n] = slots
         table[i, n:] = slots[0]
         q_index[i, :ext] = torch.arange(start, start + ext)
-        mask[i, 0, :ext] = positions.unsqueeze(0) <= torch.arange(n - ext, n).unsqueeze(1)
+        q_pos = torch.arange(n - ext, n).unsqueeze(1)
+        mask[i, 0, :ext] = positions.unsqueeze(0) <= q_pos
+        if window > 0:
+            mask[i, 0, :ext] &= positions.unsqueeze(0) > q_pos - window
         dst.extend(range(start, start + ext))
         src.extend(range(i * max_q, i * max_q + ext))
     # one token each over equal lengths needs no mask (the common steady decode batch)
-    uniform = max_q == 1 and all(s.numel() == max_len for _, _, s in rows)
+    uniform = max_q == 1 and all(s.numel() == max_len for _, _, s in rows) and not 0 < window < max_len
     one_each = max_q == 1 and dst == list(range(rows[0][0], rows[0][0] + b))
     return PaddedRows(
         table.to(device),
@@ -94,6 +103,8 @@ class TorchAttentionBackend(AttentionBackend):
     max_short_extend = 65
 
     def prepare(self, batch: ForwardBatch) -> None:
+        self.batch = batch
+        self.windowed: dict[int, TorchAttentionBackend] = {}  # a window's own plan (module docstring)
         # Indices and masks live where the model runs (SDPA wants its mask on q's device).
         device = batch.input_ids.device
         shared_len = {i: g.shared_len for g in batch.prefix_groups for i in g.members}
@@ -129,7 +140,31 @@ class TorchAttentionBackend(AttentionBackend):
                 )
             )
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def prepare_window(self, batch: ForwardBatch, window: int) -> None:
+        """The plan of a sliding-window layer: no cascade, the window in every mask, and a long
+        extend's keys cut to those its first row can see."""
+        device = batch.input_ids.device
+        self.batch, self.windowed, self.shared, self.suffix = batch, {}, [], None
+        self.extends, short, offset = [], [], 0
+        for ext, seq, slots in zip(batch.extend_lens, batch.seq_lens, batch.slot_rows):
+            if ext <= self.max_short_extend:
+                short.append((offset, ext, slots))
+            else:
+                first = max(0, seq - ext - window + 1)  # the first position any of its rows sees
+                q_pos = torch.arange(seq - ext, seq, device=device).unsqueeze(1)
+                k_pos = torch.arange(first, seq, device=device).unsqueeze(0)
+                mask = (k_pos <= q_pos) & (k_pos > q_pos - window)
+                self.extends.append((offset, ext, slots[first:].to(device), mask))
+            offset += ext
+        self.short = pad_rows(short, device, window) if short else None
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
+        if window > 0:
+            plan = self.windowed.get(window)
+            if plan is None:
+                plan = self.windowed[window] = TorchAttentionBackend()
+                plan.prepare_window(self.batch, window)
+            return plan.forward(q, k_cache, v_cache)
         out = torch.empty_like(q)
         for start, ext, slots, mask in self.extends:
             qe = q[start : start + ext].transpose(0, 1)  # [H, E, D]

@@ -14,6 +14,7 @@ import triton
 
 from runtime.attention.base import AttentionBackend
 from runtime.attention.triton_kernels import (
+    NO_WINDOW,
     decode_merge_kernel,
     decode_split_kernel,
     extend_kernel,
@@ -156,8 +157,10 @@ def extend_attention(
     meta: ExtendMetadata,
     block_m: int | None = None,
     block_n: int | None = None,
+    window: int = 0,
 ) -> None:
-    """Write the extend rows of `out` ([T, H, D], like q). Caches: [num_slots, KVH, D]."""
+    """Write the extend rows of `out` ([T, H, D], like q). Caches: [num_slots, KVH, D]. `window`
+    > 0: a sliding-window layer's."""
     batch = meta.ext_lens.shape[0]
     if batch == 0:
         return
@@ -183,6 +186,7 @@ def extend_attention(
         out.stride(0),
         out.stride(1),
         meta.slot_table.stride(0),
+        window if window > 0 else NO_WINDOW,
         **cfg,
     )
 
@@ -442,13 +446,29 @@ class TritonAttentionBackend(AttentionBackend):
         d.prefix = PrefixTasks(torch.tensor(plan.members, dtype=torch.int32).to(device), ints[0], ints[1], most)
         d.prefix_splits = torch.tensor(plan.request_splits, dtype=torch.int32).to(device)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
         out = torch.empty_like(q)
         if self.extend is not None:
             bm, bn = self.extend_blocks
-            extend_attention(q, k_cache, v_cache, out, self.extend, bm, bn)
+            extend_attention(q, k_cache, v_cache, out, self.extend, bm, bn, window)
         if self.decode is not None:
             if self.decode.num_splits is None:
                 self._size_splits(q.shape[1], k_cache.shape[1], q.shape[2], q.dtype, q.device)
-            decode_attention(q, k_cache, v_cache, out, self.decode, self.decode_block_n)
+            meta = self.decode if window <= 0 else self._windowed_decode(window)
+            decode_attention(q, k_cache, v_cache, out, meta, self.decode_block_n)
         return out
+
+    def _windowed_decode(self, window: int) -> DecodeMetadata:
+        """A sliding-window layer's decode metadata: each request's own positions start at
+        seq - window, no shared-prefix tasks. Device ops on the pass's tensors only."""
+        d = self.decode
+        kv_start = torch.clamp(d.seq_lens - window, min=0).to(torch.int32)
+        return DecodeMetadata(
+            d.q_rows,
+            d.seq_lens,
+            d.slot_table,
+            num_kv_splits(d.seq_lens - kv_start, d.max_splits, self.min_split_tokens),
+            d.max_splits,
+            kv_start,
+            torch.zeros_like(kv_start),
+        )

@@ -6,7 +6,8 @@ request b's position i), so no request ever has a contiguous copy of its KV:
 
 - extend: the new tokens of a request (packed back to back in `q`, as in `ForwardBatch`) attend to
   the request's cached prefix and to themselves, causally, bottom-right aligned: new token i sees
-  positions <= prefix + i. One program per (request, query head, block of new tokens); key blocks
+  positions <= prefix + i (and, in a sliding-window layer, > prefix + i - window; key blocks
+  before the block's first row's window are skipped). One program per (request, query head, block of new tokens); key blocks
   past the block's last position are never visited.
 - decode: one new token per request. One program per (request, block of query heads that share a
   KV head, KV split): grouped-query heads share each K/V tile they load, and long contexts are split
@@ -18,7 +19,9 @@ request b's position i), so no request ever has a contiguous copy of its KV:
   that KV head by each prefix K/V tile it loads; the split-K decode kernel then covers only each
   member's own positions, and the merge kernel folds the prefix partials in with the rest (the
   same log-sum-exp merge as split-K, so no extra pass). Extends in a group (jump-forward drafts,
-  prompt chunks) take the extend kernel over their whole row.
+  prompt chunks) take the extend kernel over their whole row. A sliding-window layer's decode takes
+  no prefix kernel: each request's own positions start at seq - window (KvStart), which the split
+  and merge kernels already honour.
 
 The K/V of this pass are already in the pool when `forward` runs (the model writes them first), so
 the extend kernel reads every key, cached or new, from the pool.
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+NO_WINDOW = 1 << 30  # the extend kernel's window for a global layer: more positions than any row sees
 
 
 @triton.jit
@@ -167,6 +172,7 @@ def extend_kernel(
     stride_ot,
     stride_oh,
     stride_tb,
+    window,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -204,20 +210,24 @@ def extend_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         q_pos = prefix + offs_m  # absolute position of each query row
         kv_end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)  # causal: nothing past the block's last row
-        for start_n in range(0, kv_end, BLOCK_N):
+        # nothing before the block's first row's window (`window`: the layer's, or NO_WINDOW)
+        kv_first = tl.maximum(prefix + mblk * BLOCK_M - window + 1, 0)
+        for start_n in range((kv_first // BLOCK_N) * BLOCK_N, kv_end, BLOCK_N):
             offs_n = start_n + offs_n0
             mask_n = offs_n < kv_end
             slot, k = _load_keys(
                 K, Table, req, offs_n, mask_n, kv_head, offs_d, mask_d, stride_tb, stride_kt, stride_kh, UPCAST
             )
             s = _dot(q, k.to(q.dtype), IEEE) * sm_scale
-            keep = (q_pos[:, None] >= offs_n[None, :]) & mask_n[None, :]
+            keep = (q_pos[:, None] >= offs_n[None, :]) & (offs_n[None, :] > q_pos[:, None] - window) & mask_n[None, :]
             s = tl.where(keep, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # Padded query rows see only -inf: keep them finite so no NaN is ever produced.
             m_new = tl.where(mask_m, m_new, 0.0)
+            # A row whose window starts past this tile sees none of it: its sums stay 0 (exp(-inf)).
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             acc, l_i = _accumulate(
-                acc, l_i, m_i, m_new, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt, stride_vh, UPCAST, IEEE
+                acc, l_i, m_i, m_use, s, V, slot, mask_n, kv_head, offs_d, mask_d, stride_vt, stride_vh, UPCAST, IEEE
             )
             m_i = m_new
         out = acc / tl.where(mask_m, l_i, 1.0)[:, None]

@@ -111,6 +111,7 @@ struct Args {
   int64_t slot_stride, head_stride;  // of the caches, in floats: slot-major or head-major (KVPool)
   int64_t heads, group, dim;
   float scale;
+  int64_t window;  // a sliding-window layer's window (a row of visible length n sees keys n - window ..); 0: all
 };
 
 // Output element `at` of the [T, H, D] result: `lanes` values (W, or a head's last chunk).
@@ -174,11 +175,17 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
   // One block for the rows of one segment: state index of its first row, keys base.. it sees.
   // Three passes over the segment's states (scores, softmax, values), so that each state's short
   // dependent chains overlap with the next state's work instead of stalling the core.
+  // Under a window, row i (visible length n0 + i) sees keys from n0 + i - window on: the rows that
+  // see none of the block (its last rows) skip it, and a row's keys before its first are scored -inf.
   auto fold = [&](const Seg& sg, int64_t st0, int64_t base) {
     const int64_t i0 = std::max<int64_t>(0, base - sg.n0 + 1);
+    const int64_t i1 = a.window > 0 ? std::clamp<int64_t>(base + BLK + a.window - sg.n0, 0, sg.rows) : sg.rows;
     auto valid_keys = [&](int64_t i) { return static_cast<int>(std::min<int64_t>(BLK, sg.n0 + i - base)); };
-    for (int64_t i = i0; i < sg.rows; ++i) {
-      const int valid = valid_keys(i);
+    auto first_key = [&](int64_t i) {
+      return a.window > 0 ? static_cast<int>(std::clamp<int64_t>(sg.n0 + i - a.window - base, 0, BLK)) : 0;
+    };
+    for (int64_t i = i0; i < i1; ++i) {
+      const int valid = valid_keys(i), first = first_key(i);
       for (int64_t g = 0; g < G; ++g) {
         const vf* qv = &qb[(st0 + i * G + g) * NC];
         float* s = sbuf + ((i - i0) * G + g) * BLK;
@@ -192,10 +199,11 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
           }
           store(s + j0, reduce_lanes(dots) * a.scale);
         }
+        for (int j = 0; j < first; ++j) s[j] = -std::numeric_limits<float>::infinity();  // out of the window
         for (int j = valid; j < BLK; ++j) s[j] = -std::numeric_limits<float>::infinity();  // weight 0
       }
     }
-    for (int64_t i = i0; i < sg.rows; ++i)
+    for (int64_t i = i0; i < i1; ++i)
       for (int64_t g = 0; g < G; ++g) {
         const int64_t st = st0 + i * G + g, k = (i - i0) * G + g;
         float* s = sbuf + k * BLK;
@@ -214,15 +222,15 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
         alphas[k] = alpha;
         m[st] = m_new;
       }
-    for (int64_t i = i0; i < sg.rows; ++i) {
-      const int valid = valid_keys(i);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int valid = valid_keys(i), first = first_key(i);
       for (int64_t g = 0; g < G; ++g) {
         const int64_t st = st0 + i * G + g, k = (i - i0) * G + g;
         const float* p = sbuf + k * BLK;
         const float alpha = alphas[k];
         vf av[NC];
         for (int c = 0; c < NC; ++c) av[c] = alpha == 1.f ? acc[st * NC + c] : acc[st * NC + c] * alpha;
-        for (int j = 0; j < valid; ++j) {
+        for (int j = first; j < valid; ++j) {
           const float pj = p[j];
           for (int c = 0; c < NC; ++c) av[c] = av[c] + pj * ld(vp[j], c);
         }
@@ -230,11 +238,18 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       }
     }
   };
-  for (int64_t b = 0, base = 0; base < n_max; ++b, base += BLK) {
+  // Under a window the first blocks no row sees are skipped; the blocks stay aligned to position 0.
+  int64_t b0 = 0;
+  if (a.window > 0) {
+    b0 = std::numeric_limits<int64_t>::max();
+    for (int64_t sg = 0; sg < t.num_segs; ++sg) b0 = std::min(b0, std::max<int64_t>(0, segs[sg].n0 - a.window) / BLK);
+  }
+  for (int64_t b = b0, base = b0 * BLK; base < n_max; ++b, base += BLK) {
     if (b < t.shared_blocks) address(segs[0], base, base + BLK);  // every row sees all of it
     for (int64_t sg = 0, st0 = 0; sg < t.num_segs; st0 += segs[sg].rows * G, ++sg) {
       const int64_t end = segs[sg].n0 + segs[sg].rows - 1;
       if (end <= base) continue;
+      if (a.window > 0 && base + BLK + a.window <= segs[sg].n0) continue;  // the block is before its window
       if (b >= t.shared_blocks) address(segs[sg], base, end);
       fold(segs[sg], st0, base);
     }
@@ -275,9 +290,13 @@ TileFn pick(int nc, bool full) {
 // conversion pass per layer; the same values as float32 output then .to(bfloat16).
 // bf16_products: the AMX path at bf16 precision (q, k and the softmax weights rounded once to bf16:
 // paged_attention_bf16.h), else at float32 precision (each split into two bf16 words).
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out,
-                              bool bf16_products) {
+// window: a sliding-window layer's window (row of visible length n sees keys n - window .. n - 1, as
+// transformers' sliding mask: query i sees key j where i - window < j <= i); 0: every key. A windowed
+// call takes the vector path (the AMX path has no window).
+torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out,
+                                     bool bf16_products, int64_t window) {
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_attention: shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "paged_attention: float32 only");
@@ -293,7 +312,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const int nc = static_cast<int>((D + W - 1) / W);
   TileFn fn = pick<1>(nc, D % W == 0);
   TORCH_CHECK(fn != nullptr, "paged_attention: head_dim above ", MAX_CHUNKS * W);
-  const bool amx = use_tiles && D % 32 == 0 && amx_usable();
+  const bool amx = use_tiles && window == 0 && D % 32 == 0 && amx_usable();
   TileFn amx_fn = fn;
 #if defined(JUMPGATE_AMX)
   if (amx) amx_fn = bf16_products ? &run_tile_amx<false> : &run_tile_amx<true>;
@@ -303,7 +322,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
          slots.data_ptr<int64_t>(), bf16_out ? nullptr : out.data_ptr<float>(),
          bf16_out ? out.data_ptr<c10::BFloat16>() : nullptr, k_cache.stride(0), k_cache.stride(1), H, H / KVH, D,
-         static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+         static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), window};
   const int64_t* mt = meta.data_ptr<int64_t>();
   std::vector<Seg> segs;
   std::vector<Tile> tiles;
@@ -373,9 +392,15 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   return out;
 }
 
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                              torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out,
+                              bool bf16_products) {
+  return paged_attention_window(q, k_cache, v_cache, slots, meta, use_tiles, bf16_out, bf16_products, 0);
+}
+
 // A dispatcher op (not a pybind function), so torch.profiler sees it by name.
 TORCH_LIBRARY(jumpgate_cpu, m) {
   m.def("tiles_min_keys() -> int", []() -> int64_t { return TILES_MIN_KEYS; });
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False, bool bf16_products=False) -> Tensor",
-        &paged_attention);
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False, bool bf16_products=False, int window=0) -> Tensor",
+        &paged_attention_window);
 }

@@ -84,9 +84,16 @@ class _StaticDecodeAttention(AttentionBackend):
             prefix=self.prefix,
         )
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
         out = torch.empty_like(q)
-        decode_attention(q, k_cache, v_cache, out, self.meta)
+        meta = self.meta
+        if window > 0:  # a sliding-window layer: own positions from seq - window, no prefix tasks (device ops)
+            kv_start = torch.clamp(self.seq_lens - window, min=0).to(torch.int32)
+            splits = num_kv_splits(self.seq_lens - kv_start, self.max_splits, self.min_split_tokens)
+            meta = DecodeMetadata(
+                self.q_rows, self.seq_lens, self.table, splits, self.max_splits, kv_start, torch.zeros_like(kv_start)
+            )
+        decode_attention(q, k_cache, v_cache, out, meta)
         return out
 
 
