@@ -3,6 +3,10 @@ prefill and decode speed of our runtime per weight format, side by side in one r
 as the reference. A format written `auto+tiles` (or `q4+tiles`, ...) runs with `--attention-tiles on`,
 `auto+vector` with `--attention-tiles off` (the float32 vector code), `+attn-bf16` / `+attn-float32`
 with that `--attention-precision` (`q4+tiles+attn-float32`); a plain format with the engine's defaults.
+`q4k`: q4 over the default model rewritten as llama.cpp's Q4_K_M mix (runtime/model/gguf_requantize.py,
+made once into the cache folder; SmolLM2's 576-wide rows are not whole 256-weight super-blocks, so as
+in llama.cpp most of its matrices fall back to Q5_0 and Q8_0, its 1536-wide ffn_down are Q4_K/Q6_K).
+Each line says `linear_bytes`, the bytes of the linear and logits layers' weights a decode step reads.
 
 One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens, the
 ratios to fp32 from the same run, and the split of a batch-1 decode step into linear layers,
@@ -27,7 +31,9 @@ no decode runs: the attention kernel's share of a prefill as prompts grow.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -70,6 +76,39 @@ LINEAR_OPS = {
     "jumpgate_cpu::int4_linear_i8",
 }
 ATTENTION_OPS = {"aten::scaled_dot_product_attention", "jumpgate_cpu::paged_attention"}
+
+
+def _q4_k_m_model() -> Path:
+    """The default model as a Q4_K_M file, written once into the cache (from its Q4_1 blocks dequantized)."""
+    from runtime.model.gguf_requantize import write_q4_k_m
+    from runtime.model.loader import cache_root, default_model_path
+
+    src = default_model_path()
+    out = cache_root() / "models" / src.name.replace(".Q4_1.gguf", ".Q4_K_M.gguf")
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}")
+        write_q4_k_m(src, tmp)
+        os.replace(tmp, out)
+    return out
+
+
+# formats that run another file of the default model: name -> (weight format, the file)
+MODEL_FORMATS = {"q4k": ("q4", _q4_k_m_model)}
+
+
+def _model_for(fmt: str) -> tuple[str, str | None]:
+    """(weight format, model file or None for the default) of a requested format."""
+    if fmt not in MODEL_FORMATS:
+        return fmt, None
+    weights, make = MODEL_FORMATS[fmt]
+    return weights, str(make())
+
+
+def _linear_bytes(model) -> int:
+    """Bytes of the linear and logits layers' weights (what a batch-1 decode step streams)."""
+    layers = [lin for layer in model.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    return sum(lin.nbytes for lin in layers if lin is not None) + model.lm_head.nbytes
 
 
 def _prompt(tok, topic: str) -> list[int]:
@@ -203,8 +242,9 @@ def parse_format(requested: str) -> tuple[str, dict[str, str]]:
     return fmt, settings
 
 
-def _engine(fmt: str, threads: int | None, settings: dict[str, str]) -> Engine:
+def _engine(fmt: str, threads: int | None, settings: dict[str, str], model: str | None = None) -> Engine:
     return Engine(
+        model=model,
         device="cpu",
         kv_pool_tokens=16384,
         radix_cache=False,
@@ -217,7 +257,8 @@ def _engine(fmt: str, threads: int | None, settings: dict[str, str]) -> Engine:
 
 def _prefill_only(fmt: str, threads: int | None, settings: dict[str, str], lengths: list[int]) -> list[dict]:
     """The prefill split alone at each prompt length (`--prefill-only`)."""
-    engine = _engine(fmt, threads, settings)
+    weights, model_file = _model_for(fmt)
+    engine = _engine(weights, threads, settings, model_file)
     model, tok = engine.runner.model, engine.tokenizer
     text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 1000, add_special_tokens=False)
     attn, lines = engine.runner.attn, []
@@ -244,9 +285,11 @@ def _prefill_only(fmt: str, threads: int | None, settings: dict[str, str], lengt
     return lines
 
 
-def _measure(fmt: str, quick: bool, threads: int | None, settings: dict[str, str] | None = None) -> dict:
+def _measure(
+    fmt: str, quick: bool, threads: int | None, settings: dict[str, str] | None = None, model_file: str | None = None
+) -> dict:
     new_tokens = 16 if quick else 64
-    engine = _engine(fmt, threads, settings or {})
+    engine = _engine(fmt, threads, settings or {}, model_file)
     model, tok = engine.runner.model, engine.tokenizer
     greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     text_ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)
@@ -259,6 +302,7 @@ def _measure(fmt: str, quick: bool, threads: int | None, settings: dict[str, str
         "attention": engine.info.attention_backend,
         "model": engine.model_name,
         "threads": torch.get_num_threads(),
+        "linear_bytes": _linear_bytes(model),
     }
     for n in (1024,) if quick else (1024, 3072):
         out[f"prefill_tok_s_{n // 1024}k"] = _prefill_rate(engine, text_ids[:n])
@@ -315,7 +359,7 @@ def run(quick: bool = False, argv=None) -> None:
     ap.add_argument(
         "--formats",
         default="fp32,auto,bf16,q8,q4",  # CPU formats; the bench runs on CPU
-        help="weight formats, the first the reference (default: fp32,auto,bf16,q8,q4)",
+        help="weight formats, the first the reference (default: fp32,auto,bf16,q8,q4; also q4k: a Q4_K_M file)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument(
@@ -346,13 +390,14 @@ def run(quick: bool = False, argv=None) -> None:
     cpu = torch.device("cpu")
     invariant = make_attention_backend("auto", cpu).batch_invariant  # what the engines will use
     for requested, fmt, settings in formats:
-        resolved, reason = resolve_format(resolve_model_dir(None), fmt, cpu, torch.float32, invariant)
-        key = (resolved, tuple(sorted(settings.items())))
+        fmt, model_file = _model_for(fmt)
+        resolved, reason = resolve_format(resolve_model_dir(model_file), fmt, cpu, torch.float32, invariant)
+        key = (resolved, model_file, tuple(sorted(settings.items())))
         if key in done:  # auto chose a format measured already: report the choice only
             emit({"bench": "engine", "requested": requested, "weights": resolved, "weights_reason": reason})
             continue
         done.add(key)
-        res = _measure(fmt, quick, args.threads, settings)
+        res = _measure(fmt, quick, args.threads, settings, model_file)
         res["requested"] = requested
         ref = ref or res
         for key in [k for k in res if k.startswith(("prefill_tok_s", "decode_tok_s"))]:

@@ -1,7 +1,8 @@
 // y = x @ W.T for group-wise quantized weights (groups of 32 inputs), bf16 activations and bf16
 // outputs: the GGUF's own codes, run on CPUs with AVX512-BF16 (runtime/model/linear.py says when).
 //   int4_linear: w = q * scale + offset, q in 0..15 (Q4_1 blocks: the q4 format's layers);
-//   int8_linear: w = q * scale, q in -128..127 (Q8_0 blocks: q4's logits layer).
+//   int8_linear: w = q * scale (+ offset), q in -128..127 (Q8_0 blocks: q4's logits layer; the
+//   wider GGUF codes, Q5_0, Q5_K and Q6_K, the last in groups of 16: a template's G).
 //
 // Why our own kernel: aten's _weight_int4pack_mm_for_cpu dequantizes every weight to fp32 for
 // every row and multiplies with fp32 FMAs, so its cost grows with the row count at fp32 speed
@@ -49,8 +50,7 @@ namespace {
 
 using jumpgate::amx_usable;
 
-constexpr int64_t GROUP = 32;         // inputs per (scale, offset)
-constexpr int64_t QUADS = GROUP / 4;  // a 32-byte load holds 4 inputs of 16 columns
+constexpr int GROUP = 32;             // inputs per (scale, offset); int8_linear also takes 16 (G)
 constexpr int64_t COLS = 16;          // output columns a vector holds
 constexpr int ROWS = 8;               // rows a tile step runs together (8 timed faster than 6, 10, 12)
 constexpr int64_t EXPAND_ROWS = 6;    // up to this many rows, codes are expanded at each use
@@ -141,7 +141,7 @@ inline void scale_and_offset(const ScaleHalf* so, __m512& d, __m512& o) {
 // rows' per-group input sums (stride groups; unused without offsets); scale_offset:
 // [C][groups][S][16] (the tile's column vectors' scales, then offsets where S = 2); out: bf16
 // rows (stride ldy).
-template <int R, int C, int S, typename Weights, typename Scale>
+template <int R, int C, int S, int G, typename Weights, typename Scale>
 void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* sums, int64_t groups,
                const Scale* scale_offset, uint16_t* out, int64_t ldy) {
   __m512 y[R][C];
@@ -151,7 +151,7 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t j = g * QUADS; j < (g + 1) * QUADS; ++j) {
+    for (int64_t j = g * (G / 4); j < (g + 1) * (G / 4); ++j) {
       __m512i first[C], second[C];
       for (int c = 0; c < C; ++c) w.get(j, c, first[c], second[c]);
       for (int r = 0; r < R; ++r) {
@@ -177,12 +177,12 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
 }
 
 // Every row over one tile's weights, ROWS at a time, the rest in one smaller step.
-template <int C, int S, typename Weights, typename Scale>
+template <int C, int S, int G, typename Weights, typename Scale>
 void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float* sums, const Scale* scale_offset,
           int64_t N, uint16_t* out) {
-  const int64_t groups = K / GROUP;
+  const int64_t groups = K / G;
   auto step = [&](auto rows, int64_t m) {
-    tile_rows<decltype(rows)::value, C, S>(w, x + m * K, K, sums + m * groups, groups, scale_offset, out + m * N, N);
+    tile_rows<decltype(rows)::value, C, S, G>(w, x + m * K, K, sums + m * groups, groups, scale_offset, out + m * N, N);
   };
   int64_t m = 0;
   for (; m + ROWS <= M; m += ROWS) step(std::integral_constant<int, ROWS>{}, m);
@@ -200,11 +200,11 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
 
 // The codes (Packed4 or Packed8 over the whole weight) and scale_offset entries (S a group) of the
 // column tile that starts at column n0.
-template <int S, typename Packed, typename Scale>
+template <int S, int G, typename Packed, typename Scale>
 std::pair<Packed, const Scale*> column_tile(const Packed& all, int64_t n0, int64_t K, const Scale* scale_offset) {
   const int64_t quads = K / 4;
   return {Packed{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads},
-          scale_offset + (n0 / COLS) * (K / GROUP) * S * COLS};
+          scale_offset + (n0 / COLS) * (K / G) * S * COLS};
 }
 
 // A column tile's codes (C vectors of the weights `p`, `quads` quads deep) expanded once into
@@ -230,20 +230,22 @@ inline int tile_rows_for(int64_t M) { return M <= 1 ? 1 : M <= 4 ? 4 : M <= 8 ? 
 // vector's codes) and 4 (its sums).
 // Each thread loads this before its tiles.
 // R: rows of the sums and activation tiles (1, 4, 8 or 16: a short call multiplies few zero rows).
-template <int R>
+// G: inputs a group (the activations tile's columns, twice the codes tiles' rows).
+template <int R, int G>
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64};
-  uint8_t rows[16] = {R, R, 16, 16, R};
+  uint16_t colsb[16] = {64, 2 * G, 64, 64, 64};
+  uint8_t rows[16] = {R, R, G / 2, G / 2, R};
 };
 
-// One tile configuration per row count (a call sets it on each of its threads).
+// One tile configuration per row count and group size (a call sets it on each of its threads).
+template <int G>
 inline void configure_tiles(int64_t M) {
-  static const TileConfig<1> rows1;
-  static const TileConfig<4> rows4;
-  static const TileConfig<8> rows8;
-  static const TileConfig<AMX_ROWS> rows16;
+  static const TileConfig<1, G> rows1;
+  static const TileConfig<4, G> rows4;
+  static const TileConfig<8, G> rows8;
+  static const TileConfig<AMX_ROWS, G> rows16;
   const int r = tile_rows_for(M);
   _tile_loadconfig(r == 1 ? static_cast<const void*>(&rows1) : r == 4 ? static_cast<const void*>(&rows4)
                    : r == 8 ? static_cast<const void*>(&rows8) : static_cast<const void*>(&rows16));
@@ -253,18 +255,18 @@ inline void configure_tiles(int64_t M) {
 // (Expanded<C>'s layout: input pair p of vector c at (p * C + c) * WORDS, so a group's 16 pairs are
 // one tile at a stride of C vectors), R rows at a time (R: the configured tile rows). Per group
 // and R rows: one tile product from zero, then the same scale and offset steps as tile_rows.
-template <int R, int C, int S, typename Scale>
+template <int R, int C, int S, int G, typename Scale>
 void amx_rows(const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t K, const float* sums,
               const Scale* scale_offset, uint16_t* out, int64_t ldy) {
-  const int64_t groups = K / GROUP;
+  const int64_t groups = K / G;
   alignas(64) float part[R * COLS];
   for (int c = 0; c < C; ++c)
     for (int64_t m0 = 0; m0 < M; m0 += R) {
       __m512 y[R];
       for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
       for (int64_t g = 0; g < groups; ++g) {
-        _tile_loadd(1, xpad + m0 * K + g * GROUP, K * sizeof(uint16_t));
-        _tile_loadd(2, expanded + (g * (GROUP / 2) * C + c) * WORDS, C * WORDS * sizeof(uint16_t));
+        _tile_loadd(1, xpad + m0 * K + g * G, K * sizeof(uint16_t));
+        _tile_loadd(2, expanded + (g * (G / 2) * C + c) * WORDS, C * WORDS * sizeof(uint16_t));
         _tile_zero(0);
         _tile_dpbf16ps(0, 1, 2);
         _tile_stored(0, part, COLS * sizeof(float));
@@ -288,15 +290,15 @@ void amx_rows(const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t
 // tile stores (neither forwards). Here, while group g's products run, group g+1's codes are
 // expanded into the other half of a double buffer and group g-1's sums are read back.
 // The same products and the same scale and offset steps, group after group: amx_rows' bits.
-template <int R, int C, int S, typename Packed, typename Scale>
+template <int R, int C, int S, int G, typename Packed, typename Scale>
 void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, const float* sums,
                   const Scale* scale_offset, uint16_t* out, int64_t ldy) {
   static_assert(C == 1 || C == 2);
   // Column vectors per pass: 16 rows of sums for two vectors would need all 32 vector registers.
   constexpr int V = R * C <= 16 ? C : 1;
-  constexpr int64_t TILE_WORDS = GROUP / 2 * WORDS;  // one group's codes of one column vector
+  constexpr int64_t TILE_WORDS = G / 2 * WORDS;  // one group's codes of one column vector
   constexpr int64_t BYTES = WORDS * sizeof(uint16_t);
-  const int64_t groups = K / GROUP;
+  const int64_t groups = K / G;
   alignas(64) uint16_t codes[2][V][TILE_WORDS];  // [buffer][vector of the pass]
   alignas(64) float part[2][V][R * COLS];        // [buffer][vector of the pass]
   for (int c0 = 0; c0 < C; c0 += V) {
@@ -305,9 +307,9 @@ void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, cons
       for (int r = 0; r < R; ++r) y[v][r] = _mm512_setzero_ps();
     const auto expand = [&](int64_t g, uint16_t (*into)[TILE_WORDS]) {
       for (int v = 0; v < V; ++v)
-        for (int64_t j = 0; j < QUADS; ++j) {
+        for (int64_t j = 0; j < G / 4; ++j) {
           __m512i first, second;
-          p.get(g * QUADS + j, c0 + v, first, second);
+          p.get(g * (G / 4) + j, c0 + v, first, second);
           _mm512_store_si512(into[v] + 2 * j * WORDS, first);
           _mm512_store_si512(into[v] + (2 * j + 1) * WORDS, second);
         }
@@ -326,7 +328,7 @@ void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, cons
     for (int64_t g = 0; g < groups; ++g) {
       const int b = g & 1;
       // Tiles: activations 1; codes 2 and 3 (the pass's vectors 0 and 1); sums 0 and 4.
-      _tile_loadd(1, x + g * GROUP, K * sizeof(uint16_t));
+      _tile_loadd(1, x + g * G, K * sizeof(uint16_t));
       _tile_loadd(2, codes[b][0], BYTES);
       _tile_zero(0);
       _tile_dpbf16ps(0, 1, 2);
@@ -351,47 +353,47 @@ void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, cons
 // The C column vectors from column n0 on, for every row, on tiles: a call of up to 16 rows expands
 // each group's codes where it is used; more rows expand the column tile's codes once into `buffer`
 // (Expanded<C>'s layout) and run every 16 rows over them. `xpad`: x with zero rows up to whole tiles.
-template <int C, int S, typename Packed, typename Scale>
+template <int C, int S, int G, typename Packed, typename Scale>
 void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* xpad, int64_t M,
                   int64_t K, const float* sums, const Scale* scale_offset, int64_t N, uint16_t* out) {
-  const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
+  const auto [p, so] = column_tile<S, G>(all, n0, K, scale_offset);
   switch (tile_rows_for(M)) {
-    case 1: return amx_streamed<1, C, S>(p, xpad, M, K, sums, so, out + n0, N);
-    case 4: return amx_streamed<4, C, S>(p, xpad, M, K, sums, so, out + n0, N);
-    case 8: return amx_streamed<8, C, S>(p, xpad, M, K, sums, so, out + n0, N);
+    case 1: return amx_streamed<1, C, S, G>(p, xpad, M, K, sums, so, out + n0, N);
+    case 4: return amx_streamed<4, C, S, G>(p, xpad, M, K, sums, so, out + n0, N);
+    case 8: return amx_streamed<8, C, S, G>(p, xpad, M, K, sums, so, out + n0, N);
     default: break;
   }
-  if (M <= AMX_ROWS) return amx_streamed<AMX_ROWS, C, S>(p, xpad, M, K, sums, so, out + n0, N);
+  if (M <= AMX_ROWS) return amx_streamed<AMX_ROWS, C, S, G>(p, xpad, M, K, sums, so, out + n0, N);
   expand_all<C>(p, K / 4, buffer);
-  amx_rows<AMX_ROWS, C, S>(buffer.data(), xpad, M, K, sums, so, out + n0, N);
+  amx_rows<AMX_ROWS, C, S, G>(buffer.data(), xpad, M, K, sums, so, out + n0, N);
 }
 #endif
 
 // The C column vectors from column n0 on, for every row. `Packed`: Packed4 or Packed8 over the
 // whole weight; S: scale_offset entries per group.
-template <int C, int S, typename Packed, typename Scale>
+template <int C, int S, int G, typename Packed, typename Scale>
 void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
               int64_t K, const float* sums, const Scale* scale_offset, int64_t N, uint16_t* out) {
-  const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
-  if (M <= EXPAND_ROWS) return tile<C, S>(p, x, M, K, sums, so, N, out + n0);
+  const auto [p, so] = column_tile<S, G>(all, n0, K, scale_offset);
+  if (M <= EXPAND_ROWS) return tile<C, S, G>(p, x, M, K, sums, so, N, out + n0);
   expand_all<C>(p, K / 4, buffer);
-  tile<C, S>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
+  tile<C, S, G>(Expanded<C>{buffer.data()}, x, M, K, sums, so, N, out + n0);
 }
 
 // One row (a decode) over four column vectors (64 columns) instead of two: four independent
 // accumulation chains instead of two, so the vdpbf16ps latency is hidden, where a decode's task has
 // little else to overlap it with. Each output's arithmetic is tile_rows' for any C, so the bits are
 // those of the two-vector tiles.
-template <int S, typename Packed, typename Scale>
+template <int S, int G, typename Packed, typename Scale>
 void run_one_row_wide(const Packed& all, int64_t n0, const uint16_t* x, int64_t K, const float* sums,
                       const Scale* scale_offset, int64_t N, uint16_t* out) {
-  const auto [p, so] = column_tile<S>(all, n0, K, scale_offset);
-  tile_rows<1, 4, S>(p, x, K, sums, K / GROUP, so, out + n0, N);
+  const auto [p, so] = column_tile<S, G>(all, n0, K, scale_offset);
+  tile_rows<1, 4, S, G>(p, x, K, sums, K / G, so, out + n0, N);
 }
 
 // Checks, per-row group sums (int4 only), then one task per tile of 32 columns (16 where N is an
 // odd number of vectors; 64 for a single row where N is a multiple of 64).
-template <int S, typename Packed, typename Scale>
+template <int S, int G, typename Packed, typename Scale>
 torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
   const bool amx = amx_usable();
   constexpr at::ScalarType code_type = Packed::DTYPE;
@@ -399,13 +401,14 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x [M, K], bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == code_type && packed.size(2) == WORDS, name,
               ": packed codes [N/16, K/", inputs_per_row, ", 32], ", c10::toString(code_type));
-  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / GROUP;
-  TORCH_CHECK(K % GROUP == 0 && packed.size(1) * inputs_per_row == K, name,
-              ": K must be a multiple of 32 and match the weights");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / G;
+  TORCH_CHECK(K % G == 0 && packed.size(1) * inputs_per_row == K, name, ": K must be a multiple of ", G,
+              " and match the weights");
   constexpr at::ScalarType scale_type = std::is_same_v<Scale, float> ? at::kFloat : at::kHalf;
   TORCH_CHECK(scale_offset.scalar_type() == scale_type && scale_offset.dim() == 4 &&
               scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == S &&
-              scale_offset.size(3) == COLS, name, ": scale_offset [N/16, K/32, ", S, ", 16], ", c10::toString(scale_type));
+              scale_offset.size(3) == COLS, name, ": scale_offset [N/16, K/", G, ", ", S, ", 16], ",
+              c10::toString(scale_type));
   x = x.contiguous();
   packed = packed.contiguous();
   scale_offset = scale_offset.contiguous();
@@ -432,8 +435,9 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
     at::parallel_for(0, M, 16, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r)
         for (int64_t g = 0; g < groups; ++g) {
-          const auto* row = reinterpret_cast<const c10::BFloat16*>(xp + r * K + g * GROUP);
-          sums[r * groups + g] = jumpgate::hsum(jumpgate::load_bf16(row, 16) + jumpgate::load_bf16(row + 16, 16));
+          const auto* row = reinterpret_cast<const c10::BFloat16*>(xp + r * K + g * G);
+          sums[r * groups + g] = G == 16 ? jumpgate::hsum(jumpgate::load_bf16(row, 16))
+                                         : jumpgate::hsum(jumpgate::load_bf16(row, 16) + jumpgate::load_bf16(row + 16, 16));
         }
     });
 
@@ -443,19 +447,19 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
     std::vector<uint16_t> buffer;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (amx) {
-      configure_tiles(M);
+      configure_tiles<G>(M);
       for (int64_t t = b; t < e; ++t) {
-        if (wide == 2) run_tile_amx<2, S>(all, t * 2 * COLS, buffer, xtiles, M, K, sums.data(), so, N, yp);
-        else run_tile_amx<1, S>(all, t * COLS, buffer, xtiles, M, K, sums.data(), so, N, yp);
+        if (wide == 2) run_tile_amx<2, S, G>(all, t * 2 * COLS, buffer, xtiles, M, K, sums.data(), so, N, yp);
+        else run_tile_amx<1, S, G>(all, t * COLS, buffer, xtiles, M, K, sums.data(), so, N, yp);
       }
       _tile_release();
       return;
     }
 #endif
     for (int64_t t = b; t < e; ++t) {
-      if (wide == 4) run_one_row_wide<S>(all, t * 4 * COLS, xp, K, sums.data(), so, N, yp);
-      else if (wide == 2) run_tile<2, S>(all, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
-      else run_tile<1, S>(all, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+      if (wide == 4) run_one_row_wide<S, G>(all, t * 4 * COLS, xp, K, sums.data(), so, N, yp);
+      else if (wide == 2) run_tile<2, S, G>(all, t * 2 * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
+      else run_tile<1, S, G>(all, t * COLS, buffer, xp, M, K, sums.data(), so, N, yp);
     }
   });
   return out;
@@ -468,14 +472,21 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 // codes 128 + q, float32; or float16, a Q4_1 block's own d then m (w = d q + m; scale_and_offset).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
   if (scale_offset.scalar_type() == at::kHalf)
-    return quant_linear<2, Packed4, ScaleHalf>("int4_linear", x, packed, scale_offset);
-  return quant_linear<2, Packed4, float>("int4_linear", x, packed, scale_offset);
+    return quant_linear<2, GROUP, Packed4, ScaleHalf>("int4_linear", x, packed, scale_offset);
+  return quant_linear<2, GROUP, Packed4, float>("int4_linear", x, packed, scale_offset);
 }
 
-// x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/32, 1, 16]
-// (w = q * scale).
+// x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/G, S, 16]:
+// groups of G = 32 inputs (Q8_0, Q5_0, Q5_K) or 16 (Q6_K's sub-blocks, and layers that stack Q6_K
+// with other blocks), S = 1 (w = q * scale) or 2 (scales then offsets: w = q * scale + offset).
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scales) {
-  return quant_linear<1, Packed8, float>("int8_linear", x, packed, scales);
+  const bool g16 = x.dim() == 2 && scales.dim() == 4 && scales.size(1) * 16 == x.size(1);
+  const bool offsets = scales.dim() == 4 && scales.size(2) == 2;
+  if (g16)
+    return offsets ? quant_linear<2, 16, Packed8, float>("int8_linear", x, packed, scales)
+                   : quant_linear<1, 16, Packed8, float>("int8_linear", x, packed, scales);
+  return offsets ? quant_linear<2, GROUP, Packed8, float>("int8_linear", x, packed, scales)
+                 : quant_linear<1, GROUP, Packed8, float>("int8_linear", x, packed, scales);
 }
 
 bool int4_linear_available() { return true; }

@@ -10,7 +10,10 @@
   `aten._weight_int4pack_mm_for_cpu` elsewhere.
 - `Int8GroupLinear`: GGUF Q8_0 blocks (w = q * d, groups of 32) as they are, through the same
   file's int8 kernel: q4's logits layer, the tied embedding's own codes, and q8's layers (the float
-  weights quantized the same way).
+  weights quantized the same way). Also a GGUF's wider layer codes (`make_wide_linear`: Q5_0,
+  Q5_1, Q5_K, Q6_K in groups of 16, Q8_0), one int8 code a weight, with per-group offsets where
+  the blocks have mins. A K-quant file's Q4_K layers are 4-bit `Int4Codes` (scale d * sc, min
+  -dmin * m, fp32) on the int4 kernels.
 - `CodesLinearF32`: the same Q4_1 or Q8_0 codes with float32 activations, through
   runtime/cpu_kernels/quant_linear_f32.cpp (AVX2 + FMA), dequantized in registers to exactly the
   float32 reference's weights: q4's logits layer on CPUs without native bf16
@@ -214,24 +217,37 @@ def pack_int8_tiles(codes: torch.Tensor) -> torch.Tensor:
 class Int8GroupLinear:
     """GGUF Q8_0 weights as they are, through quant_linear.cpp's int8_linear (bf16 activations, the
     codes exact in bf16 dot products, the scales fp32). `make_int8_group_linear` falls back to a
-    bf16 copy where the kernel is not built."""
+    bf16 copy where the kernel is not built. Groups of 32 or 16 inputs (Q6_K's sub-blocks);
+    `offsets` [N, K / group]: w = q * scale + offset (the kernel's S = 2)."""
 
     kernel = "jumpgate_cpu.int8_linear"
     act_dtype = torch.bfloat16
 
-    def __init__(self, w: Int8Codes, ops):
+    def __init__(self, w: Int8Codes, ops, offsets: torch.Tensor | None = None, bias: torch.Tensor | None = None):
         n, k = w.codes.shape
+        if w.group not in (16, INT4_GROUP) or k % w.group or n % TILE:
+            raise ValueError(
+                f"int8 codes [{n}, {k}]: {self.kernel} takes groups of 16 or 32, whole tiles of 16 columns"
+            )
         self.shape = (n, k)
         self._ops = ops
         self.packed = pack_int8_tiles(w.codes)
-        # [N / 16, K / group, 1, 16]: a column vector's scales group after group
-        self.scales = w.scales.float().reshape(n // TILE, TILE, -1).permute(0, 2, 1).unsqueeze(2).contiguous()
+        parts = [w.scales] if offsets is None else [w.scales, offsets]
+        # [N / 16, K / group, parts, 16]: a column vector's scales (then offsets) group after group
+        self.scales = (
+            torch.stack([p.float() for p in parts])
+            .reshape(len(parts), n // TILE, TILE, -1)
+            .permute(1, 3, 0, 2)
+            .contiguous()
+        )
+        self.bias = None if bias is None else bias.to(torch.bfloat16)
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
-        return self._ops.int8_linear(x, self.packed, self.scales)
+        y = self._ops.int8_linear(x, self.packed, self.scales)
+        return y if self.bias is None else y + self.bias
 
     def loop_spec(self):
-        return LOOP_KINDS[self.kernel], self.packed, self.scales, None
+        return LOOP_KINDS[self.kernel], self.packed, self.scales, self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x.to(torch.bfloat16)).to(x.dtype)
@@ -245,14 +261,15 @@ class Int8GroupLinear:
 
 
 def make_int8_group_linear(w: Int8Codes):
-    """The int8 kernel over `w` where it runs (AVX512-BF16, group 32, whole vectors of 16 columns),
-    else the float32-activation one (AVX2 + FMA); elsewhere a bf16 copy of the dequantized weights."""
+    """The int8 kernel over `w` where it runs (AVX512-BF16, group 32 or 16, whole vectors of 16
+    columns), else the float32-activation one (AVX2 + FMA, group 32); elsewhere a bf16 copy of the
+    dequantized weights."""
     n, k = w.codes.shape
-    fits = w.group == INT4_GROUP and n % TILE == 0 and k % w.group == 0
+    fits = w.group in (16, INT4_GROUP) and n % TILE == 0 and k % w.group == 0
     ops = quant_kernels() if fits else None
     if ops is not None:
         return Int8GroupLinear(w, ops)
-    ops = f32_quant_kernels() if fits else None
+    ops = f32_quant_kernels() if fits and w.group == INT4_GROUP else None
     if ops is not None:
         return CodesLinearF32(w, None, ops)
     return DenseLinear(w.dequantize(), None, torch.bfloat16)
@@ -273,10 +290,33 @@ def make_q8_linear(w: torch.Tensor, bias: torch.Tensor | None):
 
 def make_q4_linear(w: Int4Codes, bias: torch.Tensor | None):
     """A q4 layer: the bf16 int4 kernel where it is built (AVX512-BF16), else the integer one (AVX2 +
-    FMA), else aten's int4 kernel."""
+    FMA), else aten's int4 kernel. Codes wider than 4 bits (a GGUF's Q5_0/Q5_K/Q6_K/Q8_0 layers):
+    `make_wide_linear`."""
+    if w.bits > 4:
+        return make_wide_linear(w, bias)
     n, k = w.codes.shape
     ops = None if quant_kernels() is not None or w.group != INT4_GROUP or n % TILE else i8_quant_kernels()
     return Int4LinearI8(w, bias, ops) if ops is not None else Int4Linear(w, bias)
+
+
+def make_wide_linear(w: Int4Codes, bias: torch.Tensor | None):
+    """Codes of 5 to 8 bits (w = q * scale + min, groups of 32 or 16) on the int8 kernel, widened
+    losslessly to one int8 code a weight: q - 2^(bits-1) with no offset where every min is
+    -2^(bits-1) * scale (Q5_0, Q6_K, Q8_0: the kernel's S = 1), else q with the blocks' own mins
+    (Q5_1, Q5_K, layers stacking them; 8-bit codes less 128, the offset rounded once). Where the
+    AVX512-BF16 kernels are not built, a dense copy of the dequantized weights, in the activation
+    dtype of that CPU's q4 layers."""
+    n, k = w.codes.shape
+    ops = quant_kernels() if w.group in (16, INT4_GROUP) and k % w.group == 0 and n % TILE == 0 else None
+    if ops is None:
+        return DenseLinear(w.dequantize(), bias, torch.float32 if i8_quant_kernels() is not None else torch.bfloat16)
+    center = 1 << (w.bits - 1)
+    mins = w.offsets().float()
+    symmetric = torch.equal(mins, -center * w.scales.float())
+    shift = center if symmetric or w.bits == 8 else 0
+    codes = (w.codes.to(torch.int16) - shift).to(torch.int8)
+    offsets = None if symmetric else mins + shift * w.scales.float()
+    return Int8GroupLinear(Int8Codes(codes, w.scales, w.group), ops, offsets, bias)
 
 
 class PackedCodesLinear:

@@ -6,8 +6,9 @@ file's architecture picks the model family (runtime/model/families/registry.py),
 A Llama 3.x GGUF carries its rope scaling as llama.cpp's `rope_freqs.weight` divisors, which the
 folder's config.json keeps as `rope_scaling: {"rope_type": "rope_freqs", "freq_factors": [...]}`
 (a Jumpgate reading, runtime/model/rope.py; transformers does not read it).
-The folder also names its source GGUF (`SOURCE_FILE`), whose Q4_1 blocks a q4 model reads as they
-are (`read_gguf_codes`, with its Q8_0 blocks) instead of re-quantizing the dequantized copy.
+The folder also names its source GGUF (`SOURCE_FILE`), whose quantized blocks (Q4_1, Q8_0, Q5_0,
+Q5_1 and the K-quants Q4_K, Q5_K, Q6_K) a q4 model reads as they are (`read_gguf_codes`) instead of
+re-quantizing the dequantized copy.
 Nothing is ever fetched from a model hub.
 """
 
@@ -271,11 +272,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 
 def read_gguf_codes(gguf_path: Path) -> dict:
-    """The GGUF's own quantized codes by Hugging Face name: Q4_1 tensors as `Int4Codes` (Q/K rows
-    unpermuted like the dequantized copy where the family's are permuted), Q8_0 tensors as `Int8Codes`; other types are not in the
-    result. A stacked experts tensor gives each expert's codes (`mlp.experts.{e}.gate_proj.weight`, ...)."""
+    """The GGUF's own quantized codes by Hugging Face name (runtime/model/gguf_blocks.py reads the
+    blocks): a decoder layer's matrix of any type read there (Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+    Q6_K) as `Int4Codes` (w = q * scale + min, its `bits`), with Q/K rows unpermuted like the
+    dequantized copy where the family's are permuted; the embedding or output matrix as `Int8Codes`
+    where its type is symmetric (Q8_0, Q5_0, Q6_K). Other types are not in the result. A stacked
+    experts tensor gives each expert's codes (`mlp.experts.{e}.gate_proj.weight`, ...)."""
     import numpy as np
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGUFReader
+
+    from runtime.model.gguf_blocks import READ_TYPES, layer_codes, symmetric_codes
 
     reader = GGUFReader(str(gguf_path))
     arch, family = _gguf_family(gguf_path, reader)
@@ -287,16 +293,20 @@ def read_gguf_codes(gguf_path: Path) -> dict:
     out = {}
     for t in reader.tensors:
         name = _hf_name(t.name, names)
-        if name is None or t.tensor_type not in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
+        if name is None or t.tensor_type not in READ_TYPES:
             continue
-        q8 = t.tensor_type == GGMLQuantizationType.Q8_0
         rows = int(t.shape[1])  # GGUF lists dims innermost first: (K, N), stacked experts (K, N, E)
         experts = int(t.shape[2]) if len(t.shape) == 3 else 1
         blocks = np.asarray(t.data, dtype=np.uint8).reshape(experts, rows, -1)  # [E, N, bytes of a row]
         if len(t.shape) == 3:  # each expert's codes under its own name (runtime/model/moe.py's split)
             base, proj, _ = name.rsplit(".", 2)
             for e, part in enumerate(blocks):
-                out[f"{base}.{e}.{proj}.weight"] = _block_codes(part, q8)
+                out[f"{base}.{e}.{proj}.weight"] = layer_codes(t.tensor_type, part)
+            continue
+        if not name.startswith("model.layers."):
+            codes = symmetric_codes(t.tensor_type, blocks[0])
+            if codes is not None:
+                out[name] = codes
             continue
         heads = (
             None
@@ -307,44 +317,9 @@ def read_gguf_codes(gguf_path: Path) -> dict:
             if name.endswith("k_proj.weight")
             else None
         )
-        out[name] = _block_codes(blocks[0], q8, heads)
+        rows = None if heads is None else lambda a, heads=heads: _unpermute_rope(a, heads)
+        out[name] = layer_codes(t.tensor_type, blocks[0], rows)
     return out
-
-
-def _block_codes(blocks, q8: bool, heads: int | None = None):
-    """One matrix's Q8_0 (`q8`) or Q4_1 blocks, uint8 [rows, bytes], as `Int8Codes` / `Int4Codes`,
-    its rows unpermuted for rope where `heads` is given."""
-    import numpy as np
-    import torch
-
-    from runtime.model.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
-
-    rows = blocks.shape[0]
-    if q8:
-        blocks = blocks.reshape(rows, -1, 2 + INT4_GROUP)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-        if heads is not None:
-            codes, d = (_unpermute_rope(a, heads) for a in (codes, d))
-        # float32 in numpy: a torch conversion of the 49k-row embedding's scales would run on
-        # this (the caller's) thread's OpenMP team, a second team beside the engine thread's
-        return Int8Codes(
-            torch.from_numpy(np.ascontiguousarray(codes)),
-            torch.from_numpy(np.ascontiguousarray(d, dtype=np.float32)),
-        )
-    blocks = blocks.reshape(rows, -1, 4 + INT4_GROUP // 2)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-    qs = blocks[..., 4:]
-    # Low nibbles hold a block's first 16 values, high nibbles its last 16.
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
-    if heads is not None:
-        codes, d, m = (_unpermute_rope(a, heads) for a in (codes, d, m))
-    return Int4Codes.from_q4_1(
-        torch.from_numpy(np.ascontiguousarray(d)),
-        torch.from_numpy(np.ascontiguousarray(m)),
-        torch.from_numpy(np.ascontiguousarray(codes)),
-    )
 
 
 def load_tokenizer(model_dir: Path):

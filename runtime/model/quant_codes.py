@@ -12,15 +12,20 @@ INT4_GROUP = 32  # GGUF Q4_0/Q4_1/Q8_0 block size, and a group size the int4 ker
 
 @dataclass
 class Int4Codes:
-    """Group-wise asymmetric int4 before packing: codes [N, K] in 0..15, scales and zeros [N, K / group];
+    """Group-wise asymmetric codes before packing: codes [N, K] in 0..15, scales and zeros [N, K / group];
     w = (codes - 8) * scale + zero. `mins` [N, K / group]: the blocks' own offsets, w = codes * scale + min
-    (Q4_1's m, which zero = m + 8 scale rounds); the float32 kernel takes them."""
+    (Q4_1's m, which zero = m + 8 scale rounds); the float32 kernel takes them.
+    A decoder layer's GGUF codes of every other type too (runtime/model/gguf_blocks.py: Q4_K; and
+    wider, `bits` 5 to 8, codes in 0..2^bits - 1: Q5_0, Q5_1, Q5_K, Q6_K in groups of 16, Q8_0), so
+    that the q4 format takes each layer's codes as stored: 4-bit ones run the int4 kernels, wider
+    ones the int8 kernel (runtime/model/linear.py's `make_q4_linear`)."""
 
     codes: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     group: int = INT4_GROUP
     mins: torch.Tensor | None = None
+    bits: int = 4
 
     @classmethod
     def from_q4_1(cls, d: torch.Tensor, m: torch.Tensor, codes: torch.Tensor) -> Int4Codes:
@@ -39,14 +44,33 @@ class Int4Codes:
 
     @staticmethod
     def cat(parts: list[Int4Codes]) -> Int4Codes:
-        """Row-stacked weights with the same inputs (fused QKV, gate/up)."""
+        """Row-stacked weights with the same inputs (fused QKV, gate/up). Parts of different groups or
+        widths (a Q4_K_M file's Q4_K q and k beside a Q6_K v) are stacked in the finest group and the
+        widest codes, each group's scale and min repeated: the same weights."""
+        group, bits = min(p.group for p in parts), max(p.bits for p in parts)
+        parts = [p.regrouped(group) for p in parts]
         mins = None if any(p.mins is None for p in parts) else torch.cat([p.mins for p in parts])
+        if mins is None and bits > 4:
+            mins = torch.cat([p.offsets() for p in parts])
         return Int4Codes(
             torch.cat([p.codes for p in parts]),
             torch.cat([p.scales for p in parts]),
             torch.cat([p.zeros for p in parts]),
-            parts[0].group,
+            group,
             mins,
+            bits,
+        )
+
+    def regrouped(self, group: int) -> Int4Codes:
+        """The same weights in groups of `group` (a divisor of this one's): scales and mins repeated."""
+        if group == self.group:
+            return self
+        if self.group % group:
+            raise ValueError(f"codes in groups of {self.group} cannot be regrouped by {group}")
+        r = self.group // group
+        mins = None if self.mins is None else self.mins.repeat_interleave(r, 1)
+        return Int4Codes(
+            self.codes, self.scales.repeat_interleave(r, 1), self.zeros.repeat_interleave(r, 1), group, mins, self.bits
         )
 
     def offsets(self) -> torch.Tensor:
@@ -54,14 +78,19 @@ class Int4Codes:
         return self.mins if self.mins is not None else self.zeros - 8 * self.scales
 
     def dequantize(self) -> torch.Tensor:
+        """The float32 weights; from the blocks' own mins, q * scale + min, exactly as gguf's
+        dequantization computes them (the products are exact: an fp16 scale times sc and q)."""
         n, k = self.codes.shape
-        w = (self.codes.float().reshape(n, k // self.group, self.group) - 8) * self.scales[..., None]
-        return (w + self.zeros[..., None]).reshape(n, k)
+        q = self.codes.float().reshape(n, k // self.group, self.group)
+        if self.mins is not None:
+            return (q * self.scales[..., None] + self.mins[..., None]).reshape(n, k)
+        return ((q - 8) * self.scales[..., None] + self.zeros[..., None]).reshape(n, k)
 
 
 @dataclass
 class Int8Codes:
-    """GGUF Q8_0 blocks: codes [N, K] int8, scales [N, K / 32]; w = codes * scale."""
+    """GGUF Q8_0 blocks: codes [N, K] int8, scales [N, K / group]; w = codes * scale. Also a logits
+    layer's other symmetric blocks (Q5_0; Q6_K in groups of 16), runtime/model/gguf_blocks.py."""
 
     codes: torch.Tensor
     scales: torch.Tensor

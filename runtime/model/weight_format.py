@@ -4,7 +4,9 @@
 kernels are fast) or else AVX2 + FMA (where q4's layers run runtime/cpu_kernels/quant_linear_i8.cpp:
 the GGUF's 4-bit codes times activations coded as two int8 digits, on integer dot products, and its
 logits layer quant_linear_f32.cpp: the Q8_0 codes, float32 activations), the source is a GGUF with
-Q4_1 blocks, the engine dtype is float32 and the attention backend is batch-invariant (the cpu backend, runtime/attention/cpu_backend.py); fp32
+quantized layer blocks q4 runs as stored (Q4_1; the K-quants Q4_K, Q5_K, Q6_K of a Q4_K_M file and
+its Q5_0/Q5_1/Q8_0 fallbacks, runtime/model/gguf_blocks.py; wider than 4 bits on the int8 kernel
+where AVX512-BF16 is, else as dense copies), the engine dtype is float32 and the attention backend is batch-invariant (the cpu backend, runtime/attention/cpu_backend.py); fp32
 elsewhere. q4 is the GGUF's own Q4_1 weights through the int4 kernel (nothing re-quantized; a
 decode step reads 1/8 of the fp32 bytes) with the tied embedding's own Q8_0 codes as the logits layer; `python -m bench engine`
 measures it against fp32, tests/runtime/model/test_weight_formats.py bounds its drift from fp32 (greedy top-1
@@ -57,14 +59,15 @@ AMX_TILES = ("amx_tile", "amx_bf16")  # CPU flags under which the bf16 kernels r
 def choose_format(
     requested: str, device: torch.device, dtype: torch.dtype, gguf_q4: bool, invariant_attention: bool = False
 ) -> tuple[str, str]:
-    """(format, reason). `gguf_q4`: the source has GGUF Q4_1 blocks for the linear layers.
+    """(format, reason). `gguf_q4`: the source has GGUF blocks for the linear layers that q4 runs as
+    stored (Q4_1, K-quants, ...; runtime/model/loader.py's `read_gguf_codes`).
     `invariant_attention`: the attention backend's rows do not depend on the rest of the pass."""
     if requested not in WEIGHT_FORMATS:
         raise ModelLoadError(f"weights: unknown format {requested!r} (one of: {', '.join(WEIGHT_FORMATS)})")
     if requested != "auto":
         if requested in QUANTIZED and device.type != "cpu":
             raise ModelLoadError(f"weights: {requested} runs on CPU kernels only; on {device.type} use fp32 or bf16")
-        source = " (the GGUF's own Q4_1 blocks)" if requested == "q4" and gguf_q4 else ""
+        source = " (the GGUF's own blocks)" if requested == "q4" and gguf_q4 else ""
         return requested, f"requested{source}"
     if device.type != "cpu":
         fmt = DTYPE_FORMATS.get(dtype, str(dtype))
@@ -74,9 +77,9 @@ def choose_format(
     if gguf_q4 and (native or avx2_kernels) and invariant_attention and dtype == torch.float32:
         tiles = " on AMX tiles" if all(f in cpu_flags() for f in AMX_TILES) else ""
         kernel = (
-            f"cpu with native bf16: the GGUF's own Q4_1 blocks through the bf16 int4 kernel{tiles}"
+            f"cpu with native bf16: the GGUF's own blocks through the bf16 int4 kernel{tiles} (wider codes: int8)"
             if native
-            else "cpu without native bf16 (AVX2 + FMA): the GGUF's own Q4_1 blocks on integer dot products, "
+            else "cpu without native bf16 (AVX2 + FMA): the GGUF's own 4-bit blocks on integer dot products, "
             "activations coded as two int8 digits (15 bits)"
         )
         return "q4", (
@@ -84,7 +87,7 @@ def choose_format(
             f"the output; --weights fp32 is the unquantized reference ({cpu_summary()})"
         )
     why = (
-        "the source has no Q4_1 blocks"
+        "the source has no GGUF blocks q4 runs as stored (Q4_1, Q4_K, Q5_K, Q6_K, ...)"
         if not gguf_q4
         else "neither native bf16 nor AVX2 + FMA on this CPU"
         if not (native or avx2_kernels)

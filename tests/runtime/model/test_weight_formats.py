@@ -113,7 +113,7 @@ def test_format_choice_and_its_reason(monkeypatch):
     assert fmt == "q4" and "AVX2 + FMA" in reason and "integer dot products" in reason
     for flags, gguf_q4, invariant, dtype, why in (
         ({"avx2"}, True, True, torch.float32, "neither native bf16 nor AVX2 + FMA"),
-        ({"avx512_bf16"}, False, True, torch.float32, "no Q4_1 blocks"),
+        ({"avx512_bf16"}, False, True, torch.float32, "no GGUF blocks q4 runs as stored"),
         ({"avx512_bf16"}, True, False, torch.float32, "not batch-invariant"),
         ({"avx512_bf16"}, True, True, torch.bfloat16, "engine dtype"),
     ):
