@@ -103,6 +103,28 @@ struct Packed4 {
   }
 };
 
+// 5-bit codes (Q5_0, Q5_1, Q5_K): Packed4's 32 bytes of low nibbles, then the fifth bits as two
+// 32-bit masks, bit w of mask o for word w of operand o (pack_int5_tiles' layout [K/4][40 bytes]):
+// the code 128 + q is the bf16 word 0x4300 | q for q < 128, so the bit is one masked add of 16.
+struct Packed5 {
+  using Code = uint8_t;
+  static constexpr at::ScalarType DTYPE = at::kByte;
+  static constexpr int64_t INPUTS_PER_ROW = 4;
+  static constexpr int64_t QUAD_BYTES = WORDS + 8;
+  const uint8_t* p;
+  int64_t quads;
+  void get(int64_t j, int c, __m512i& first, __m512i& second) const {
+    const uint8_t* at = p + (c * quads + j) * QUAD_BYTES;
+    _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH, _MM_HINT_T0);
+    expand(at, first, second);
+    uint32_t high[2];
+    std::memcpy(high, at + WORDS, sizeof high);
+    const __m512i sixteen = _mm512_set1_epi16(16);
+    first = _mm512_mask_add_epi16(first, high[0], first, sixteen);
+    second = _mm512_mask_add_epi16(second, high[1], second, sixteen);
+  }
+};
+
 struct Packed8 {
   using Code = int8_t;
   static constexpr at::ScalarType DTYPE = at::kChar;
@@ -399,8 +421,9 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   constexpr at::ScalarType code_type = Packed::DTYPE;
   constexpr int64_t inputs_per_row = Packed::INPUTS_PER_ROW;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x [M, K], bfloat16");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == code_type && packed.size(2) == WORDS, name,
-              ": packed codes [N/16, K/", inputs_per_row, ", 32], ", c10::toString(code_type));
+  constexpr int64_t row_bytes = Packed::QUAD_BYTES * inputs_per_row / 4;  // a [.., row_bytes] row holds inputs_per_row
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == code_type && packed.size(2) == row_bytes, name,
+              ": packed codes [N/16, K/", inputs_per_row, ", ", row_bytes, "], ", c10::toString(code_type));
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / G;
   TORCH_CHECK(K % G == 0 && packed.size(1) * inputs_per_row == K, name, ": K must be a multiple of ", G,
               " and match the weights");
@@ -470,10 +493,14 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 // x bf16 [M, K]; packed uint8 [N/16, K/4, 32] (runtime/model/linear.py's pack_int4_tiles); scale_offset
 // [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets for the kernel's
 // codes 128 + q, float32; or float16, a Q4_1 block's own d then m (w = d q + m; scale_and_offset).
+// packed [N/16, K/4, 40] (pack_int5_tiles): 5-bit codes, the same scales and offsets.
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
-  if (scale_offset.scalar_type() == at::kHalf)
-    return quant_linear<2, GROUP, Packed4, ScaleHalf>("int4_linear", x, packed, scale_offset);
-  return quant_linear<2, GROUP, Packed4, float>("int4_linear", x, packed, scale_offset);
+  const bool half = scale_offset.scalar_type() == at::kHalf;
+  if (packed.dim() == 3 && packed.size(2) == Packed5::QUAD_BYTES)
+    return half ? quant_linear<2, GROUP, Packed5, ScaleHalf>("int4_linear", x, packed, scale_offset)
+                : quant_linear<2, GROUP, Packed5, float>("int4_linear", x, packed, scale_offset);
+  return half ? quant_linear<2, GROUP, Packed4, ScaleHalf>("int4_linear", x, packed, scale_offset)
+              : quant_linear<2, GROUP, Packed4, float>("int4_linear", x, packed, scale_offset);
 }
 
 // x bf16 [M, K]; packed int8 [N/16, K/2, 32] (pack_int8_tiles); scales float32 [N/16, K/G, S, 16]:

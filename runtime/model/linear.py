@@ -13,7 +13,8 @@
   weights quantized the same way). Also a GGUF's wider layer codes (`make_wide_linear`: Q5_0,
   Q5_1, Q5_K, Q6_K in groups of 16, Q8_0), one int8 code a weight, with per-group offsets where
   the blocks have mins. A K-quant file's Q4_K layers are 4-bit `Int4Codes` (scale d * sc, min
-  -dmin * m, fp32) on the int4 kernels.
+  -dmin * m, fp32) on the int4 kernels; its 5-bit ones (Q5_0, Q5_1, Q5_K) on `Int4Linear` too,
+  read as stored (`pack_int5_tiles`) where the AVX512-BF16 kernels are built.
 - `CodesLinearF32`: the same Q4_1 or Q8_0 codes with float32 activations, through
   runtime/cpu_kernels/quant_linear_f32.cpp (AVX2 + FMA), dequantized in registers to exactly the
   float32 reference's weights: q4's logits layer on CPUs without native bf16
@@ -136,9 +137,11 @@ class Int4Linear:
         self.shape = (n, k)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
         self._ops = quant_kernels() if kernels and w.group == INT4_GROUP and n % TILE == 0 else None
+        if w.bits > 4 and (self._ops is None or w.bits > 5):
+            raise ValueError(f"{w.bits}-bit codes: the int4 kernel takes 5-bit ones where it is built, in groups of 32")
         if self._ops is not None:
             self.kernel = "jumpgate_cpu.int4_linear"
-            self.packed = pack_int4_tiles(w.codes)
+            self.packed = pack_int4_tiles(w.codes) if w.bits == 4 else pack_int5_tiles(w.codes)
             # the kernel's codes are 128 + q: w = (q - 8) * scale + zero = (128 + q) * scale + (zero - 136 * scale)
             if _q4_1_halves(w):
                 # a GGUF's Q4_1 blocks: their own fp16 (d, m), half the bytes a decode streams with
@@ -204,6 +207,19 @@ def pack_int4_tiles(codes: torch.Tensor) -> torch.Tensor:
     c = codes.to(torch.uint8).reshape(n // TILE, TILE, k // 4, 2, 2)  # [tile, col, j, h, e]
     quads = c[:, :, :, 0, :] | (c[:, :, :, 1, :] << 4)  # [tile, col, j, e]
     return quads.permute(0, 2, 1, 3).reshape(n // TILE, k // 4, 2 * TILE).contiguous()
+
+
+def pack_int5_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..31 -> uint8 [N / 16, K / 4, 40], quant_linear.cpp's Packed5: per tile and 4
+    inputs, `pack_int4_tiles`' 32 bytes of low nibbles, then two little-endian 32-bit masks of the
+    fifth bits, bit 2c + e of mask h for column c's code of input 4j + 2h + e."""
+    n, k = codes.shape
+    low = pack_int4_tiles(codes & 15)
+    high = ((codes >> 4) & 1).to(torch.int64).reshape(n // TILE, TILE, k // 4, 2, 2)  # [tile, col, j, h, e]
+    words = high.permute(0, 2, 3, 1, 4).reshape(n // TILE, k // 4, 2, 2 * TILE)  # [tile, j, h, word]
+    masks = (words << torch.arange(2 * TILE)).sum(-1)  # [tile, j, h]
+    le = torch.stack([(masks >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8)  # [tile, j, h, 4]
+    return torch.cat([low, le.reshape(n // TILE, k // 4, 8)], -1).contiguous()
 
 
 def pack_int8_tiles(codes: torch.Tensor) -> torch.Tensor:
@@ -290,17 +306,19 @@ def make_q8_linear(w: torch.Tensor, bias: torch.Tensor | None):
 
 def make_q4_linear(w: Int4Codes, bias: torch.Tensor | None):
     """A q4 layer: the bf16 int4 kernel where it is built (AVX512-BF16), else the integer one (AVX2 +
-    FMA), else aten's int4 kernel. Codes wider than 4 bits (a GGUF's Q5_0/Q5_K/Q6_K/Q8_0 layers):
-    `make_wide_linear`."""
+    FMA), else aten's int4 kernel. 5-bit codes (Q5_0, Q5_1, Q5_K) on the bf16 int4 kernel too, their
+    fifth bits beside the nibbles; wider ones (Q6_K, Q8_0, stacked mixes): `make_wide_linear`."""
+    n, k = w.codes.shape
+    if w.bits == 5 and w.group == INT4_GROUP and n % TILE == 0 and quant_kernels() is not None:
+        return Int4Linear(w, bias)  # 5-bit codes as stored (Q5_0, Q5_1, Q5_K)
     if w.bits > 4:
         return make_wide_linear(w, bias)
-    n, k = w.codes.shape
     ops = None if quant_kernels() is not None or w.group != INT4_GROUP or n % TILE else i8_quant_kernels()
     return Int4LinearI8(w, bias, ops) if ops is not None else Int4Linear(w, bias)
 
 
 def make_wide_linear(w: Int4Codes, bias: torch.Tensor | None):
-    """Codes of 5 to 8 bits (w = q * scale + min, groups of 32 or 16) on the int8 kernel, widened
+    """Codes of 5 to 8 bits (5: where `make_q4_linear` cannot give them to the int4 kernel) (w = q * scale + min, groups of 32 or 16) on the int8 kernel, widened
     losslessly to one int8 code a weight: q - 2^(bits-1) with no offset where every min is
     -2^(bits-1) * scale (Q5_0, Q6_K, Q8_0: the kernel's S = 1), else q with the blocks' own mins
     (Q5_1, Q5_K, layers stacking them; 8-bit codes less 128, the offset rounded once). Where the

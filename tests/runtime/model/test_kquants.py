@@ -95,7 +95,8 @@ def test_the_kernel_equals_x_times_the_dequantized_weights(bf16_kernels, kind, n
     b = blocks(kind, n, k)
     codes = layer_codes(kind, b)
     lin = make_q4_linear(codes, None)
-    assert isinstance(lin, Int4Linear if codes.bits == 4 else Int8GroupLinear)
+    # 4- and 5-bit codes on the int4 kernel (the fifth bit beside the nibbles), wider ones on int8
+    assert isinstance(lin, Int4Linear if codes.bits <= 5 else Int8GroupLinear)
     x = activations(m, k)
     exact = x.double() @ reference(kind, b, n).double().t()
     got = lin.native(x)
@@ -112,6 +113,13 @@ def test_a_q4_k_m_fallback_width_runs_from_its_blocks_too(bf16_kernels):
         exact = x.double() @ reference(kind, b, 64).double().t()
         got = make_q4_linear(codes, None).native(x)
         assert ((got.double() - exact).abs() <= bound(codes, x, exact)).all()
+
+
+def test_5_bit_codes_stream_5_bits_and_q5_0_keeps_its_fp16_scales(bf16_kernels):
+    q5_0 = make_q4_linear(layer_codes(T.Q5_0, blocks(T.Q5_0, 64, 576)), None)
+    q5_k = make_q4_linear(layer_codes(T.Q5_K, blocks(T.Q5_K, 64, 512)), None)
+    assert q5_0.packed.nbytes * 8 == 5 * 64 * 576 and q5_0.scale_offset.dtype == torch.float16  # d and -16d
+    assert q5_k.packed.nbytes * 8 == 5 * 64 * 512 and q5_k.scale_offset.dtype == torch.float32  # d * sc
 
 
 def test_layers_stacking_different_types_run_as_one(bf16_kernels):
