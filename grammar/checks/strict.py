@@ -104,6 +104,13 @@ class StrictMethods:
             return False
         if token_id in self._closing.expanding:
             return True
+        if not self.is_terminated():
+            forced = self._plan.forced_tokens()
+            if forced:
+                # the text is forced, but not its tokens: a marker that is one token in the
+                # tokenizer (`<｜tool▁call▁begin｜>`) may also be spelled in a dozen pieces, more
+                # than the plan counted
+                return token_id != forced[0]
         return self._chooses_branch()
 
     def _chooses_branch(self) -> bool:

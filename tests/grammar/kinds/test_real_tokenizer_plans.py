@@ -94,3 +94,20 @@ def test_the_think_blocks_markers_are_the_real_tokens(family):
         t for t in encode(markers.begin + markers.end) if tok.convert_ids_to_tokens(t) in markers.begin + markers.end
     }
     assert specials and specials <= set(plan)  # <think>/</think>, harmony's <|channel|> <|message|> <|end|>
+
+
+def test_a_marker_spelled_in_pieces_is_checked_against_the_budget(family):
+    """Forced text is not forced tokens: where the format's next marker is one token, spelling it
+    in pieces costs more than the plan counted, so such a token has its bound checked (a DeepSeek
+    call spelled this way ended 'length' at max_tokens 96)."""
+    tok, svc, fmt, markers = family
+    if fmt == "harmony":
+        pytest.skip("harmony's first marker follows a choice (its two header layouts): nothing is forced")
+    payload = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": True, "format": fmt}
+    m = svc.compile(GrammarSpec.of("tool_calls", payload, True)).new_matcher()
+    forced = m.completion_plan()[0]
+    assert not m.may_expand(forced)  # the tokenizer's own first token of the forced text
+    spelled = tok.encode(tok.decode([forced]), add_special_tokens=False, split_special_tokens=True)[0]
+    if spelled != forced and m.accept(spelled):
+        m.rollback(1)
+        assert m.may_expand(spelled)
