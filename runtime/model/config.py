@@ -13,6 +13,9 @@ class ModelLoadError(RuntimeError):
     """A model folder or file that cannot be served; the message names the file and the problem."""
 
 
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")  # the MLP gate activations the decoder runs
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int
@@ -38,12 +41,32 @@ class ModelConfig:
     norm_topk_prob: bool = True  # renormalize the top-k router probabilities to sum to 1
     dense_layers: tuple[int, ...] = ()  # layers with a dense MLP (intermediate_size) in a MoE model
     shared_expert_intermediate_size: int = 0  # an always-on expert beside the routed ones (0: none)
+    # Sliding-window attention (Gemma 3): per layer, a window (> 0: a token sees the last `window`
+    # positions up to its own) or 0 (every position); () is every layer global
+    layer_windows: tuple[int, ...] = ()
+    local_rope_theta: float | None = None  # windowed layers' own rope base, unscaled; None: the global rope
+    hidden_act: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh (Gemma)
+    embed_scale: float = 1.0  # the embeddings are multiplied by it (Gemma: sqrt(hidden_size))
+    sandwich_norms: bool = False  # Gemma: an RMSNorm on the attention's and the MLP's output before each add
+    norm_weight_offset: float = 0.0  # added to every norm weight at load (Gemma's norms scale by 1 + w)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not head_dim's (Gemma)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap) (Gemma)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if self.rotary_dim is None:
             self.rotary_dim = self.head_dim
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ModelLoadError(
+                f"config.json: hidden activation {self.hidden_act!r} is not supported (one of: {', '.join(HIDDEN_ACTS)})"
+            )
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ModelLoadError(f"config: {len(self.layer_windows)} layer windows for {self.num_layers} layers")
+
+    def window(self, layer: int) -> int:
+        """The layer's sliding window (0: global attention)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers

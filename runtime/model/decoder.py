@@ -21,12 +21,22 @@ the bit-for-bit reference. A model with q/k norms (Qwen3) runs the fused ops lay
 norms between the qkv matmul and rope in torch: the one-call layer loop has no step for them.
 A MoE layer (Qwen3-MoE, Mixtral) runs routed experts (runtime/model/moe.py) in place of gate_up and
 down; the loop has no routing step either, so a MoE model runs the fused ops layer by layer too.
+
+Gemma 3 (runtime/model/families/gemma3.py) adds: sliding-window layers (`cfg.layer_windows`, passed
+to the attention backend per layer) with their own rope base (`local_rope_theta`), a norm on the
+attention's and the MLP's outputs (`sandwich_norms`), a GeLU-tanh MLP, the embeddings scaled and
+the logits soft-capped. The fused ops have no step for the extra norms or GeLU, so such a model runs
+the plain torch ops in every weight format (the linear layers still in theirs); a model with
+windows but neither (Mistral's `sliding_window`) keeps the fused ops layer by layer, not the
+one-call loop, which has no window.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -45,6 +55,8 @@ from runtime.model.rope import RotaryEmbedding
 from runtime.model.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
 
 SMALL_GEMM_ROWS = 4
+# config hidden_act -> the MLP's gate activation (gelu_pytorch_tanh: Gemma's GeLU, tanh approximation)
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh")}
 FUSED_FORMATS = frozenset({"q4", "q8", "bf16"})  # linear layers with bf16 activations
 
 
@@ -98,6 +110,10 @@ class DecoderLayer:
         self.down = None if self.moe else linear(["mlp.down_proj.weight"])
         self.q_norm = w["self_attn.q_norm.weight"] if cfg.qk_norm else None  # over each head's dims
         self.k_norm = w["self_attn.k_norm.weight"] if cfg.qk_norm else None
+        self.window = cfg.window(index)  # > 0: a sliding-window layer
+        # Gemma's norms of the attention's and the MLP's output, before each residual add
+        self.attn_out_norm = w["attn_output_norm.weight"] if cfg.sandwich_norms else None
+        self.mlp_out_norm = w["mlp_output_norm.weight"] if cfg.sandwich_norms else None
 
 
 def _moe_mlp(w: dict[str, torch.Tensor], cfg: ModelConfig, linear) -> MoEMLP:
@@ -174,9 +190,15 @@ class DecoderModel:
         except KeyError as e:
             raise ModelLoadError(f"weights: missing tensor {e}") from e
         self.rope = RotaryEmbedding(cfg, cfg.max_position_embeddings, device, dtype)
+        self.local_rope = None  # the windowed layers' own rope (Gemma 3: another base, no scaling)
+        if cfg.local_rope_theta is not None:
+            local = replace(cfg, rope_theta=cfg.local_rope_theta, rope_scaling=None)
+            self.local_rope = RotaryEmbedding(local, cfg.max_position_embeddings, device, dtype)
+        self.act = ACTIVATIONS[cfg.hidden_act]  # one of config.HIDDEN_ACTS (ModelConfig checks it)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         fusable = device.type == "cpu" and dtype == torch.float32 and self.weights in FUSED_FORMATS
+        fusable = fusable and cfg.hidden_act == "silu" and not cfg.sandwich_norms  # no fused op for these
         self.fused_ops = load_cpu_kernels() if fusable else None  # None: plain torch (or no compiler)
         if self.fused_ops is not None:  # the linear layers' activations: bf16, or float32 (q4's AVX2 kernels)
             self._act = self.layers[0].qkv.act_dtype
@@ -215,6 +237,8 @@ class DecoderModel:
         another activation dtype)."""
         if self.fused_ops is None or self.cfg.qk_norm:  # the C++ loop has no q/k norm step
             return None
+        if any(layer.window for layer in self.layers) or self.local_rope is not None:  # nor a window
+            return None
         if any(layer.moe is not None for layer in self.layers):  # nor a routing step (MoEMLP.loop_spec)
             return None
         kinds, params = [], []
@@ -236,14 +260,33 @@ class DecoderModel:
         cfg = self.cfg
         attn.prepare(batch)
         h = F.embedding(batch.input_ids, self.embed)
+        if cfg.embed_scale != 1.0:  # in the embeddings' dtype, as transformers' Gemma3TextScaledWordEmbedding
+            h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
         cos, sin = self.rope.tables(batch.positions)  # once per pass, not per layer
+        if self.local_rope is not None:
+            local = self.local_rope.tables(batch.positions)
+            tables = [local if layer.window else (cos, sin) for layer in self.layers]
+        else:
+            tables = [(cos, sin)] * len(self.layers)
         if self.fused_ops is not None:
-            return self._fused_forward(h, cos, sin, batch, kv, attn)
+            return self._softcap(self._fused_forward(h, tables, batch, kv, attn))
         for li, layer in enumerate(self.layers):
-            self._torch_layer(li, layer, h, cos, sin, batch, kv, attn)
+            self._torch_layer(li, layer, h, *tables[li], batch, kv, attn)
         h = self._pad_small(batch.logits_rows(h))
         logits = self.lm_head(rms_norm(h, self.norm, cfg.rms_norm_eps))
-        return logits[: batch.logits_index.shape[0]].float()
+        return self._softcap(logits[: batch.logits_index.shape[0]].float())
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.cfg.final_logit_softcapping
+        return logits if not cap else torch.tanh(logits / cap) * cap
+
+    @staticmethod
+    def _attend(attn: AttentionBackend, layer, q, k_cache, v_cache, dtype=None) -> torch.Tensor:
+        """The layer's attention (its window passed only where it has one); in `dtype` where given."""
+        extra = (layer.window,) if layer.window else ()
+        if dtype is None:
+            return attn.forward(q, k_cache, v_cache, *extra)
+        return attn.forward_as(q, k_cache, v_cache, dtype, *extra)
 
     @staticmethod
     def _pad_small(x: torch.Tensor) -> torch.Tensor:
@@ -254,9 +297,10 @@ class DecoderModel:
             x = torch.cat([x, x.new_zeros(SMALL_GEMM_ROWS - rows, x.shape[1])])
         return x
 
-    def _fused_forward(self, h, cos, sin, batch, kv, attn) -> torch.Tensor:
+    def _fused_forward(self, h, rope, batch, kv, attn) -> torch.Tensor:
         """Each residual add runs with the norm after it (the next layer's input norm, the last
-        one's the final norm) as one op; a zero pad row normalizes to zeros, as before."""
+        one's the final norm) as one op; a zero pad row normalizes to zeros, as before. `rope`: each
+        layer's (cos, sin) tables."""
         eps = self.cfg.rms_norm_eps
         x = self._norm(h, self.layers[0].input_norm, eps)
         tables = attn.paged_tables() if self._loop is not None else None
@@ -265,8 +309,7 @@ class DecoderModel:
             x = self.fused_ops.decoder_layers(
                 h,
                 x,
-                cos,
-                sin,
+                *rope[0],
                 batch.out_slots,
                 kv.k,
                 kv.v,
@@ -281,7 +324,7 @@ class DecoderModel:
         else:
             after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
             for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
-                x = self._fused_layer(li, layer, h, x, next_norm, cos, sin, batch, kv, attn)
+                x = self._fused_layer(li, layer, h, x, next_norm, *rope[li], batch, kv, attn)
         logits = self.lm_head.native(self._pad_small(batch.logits_rows(x)).to(self.lm_head.act_dtype))
         return logits[: batch.logits_index.shape[0]].float()
 
@@ -296,14 +339,20 @@ class DecoderModel:
             q, k = rms_norm(q, layer.q_norm, cfg.rms_norm_eps), rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q, k = self.rope.rotate(q, cos, sin), self.rope.rotate(k, cos, sin)
         kv.write(li, batch.out_slots, k, v)
-        o = attn.forward(q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
-        h += layer.o_proj(o)  # in place: no new residual tensor per layer
+        o = self._attend(attn, layer, q, kv.k[li], kv.v[li]).reshape(t, self.q_size)
+        delta = layer.o_proj(o)
+        if layer.attn_out_norm is not None:
+            delta = rms_norm(delta, layer.attn_out_norm, cfg.rms_norm_eps)
+        h += delta  # in place: no new residual tensor per layer
         x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
         if layer.moe is not None:
             h += layer.moe(x)  # float32 sums of the experts' rows
             return
         gate, up = layer.gate_up(x).chunk(2, dim=-1)
-        h += layer.down(F.silu(gate) * up)
+        delta = layer.down(self.act(gate) * up)
+        if layer.mlp_out_norm is not None:
+            delta = rms_norm(delta, layer.mlp_out_norm, cfg.rms_norm_eps)
+        h += delta
 
     def _fused_layer(self, li, layer, h, x, next_norm, cos, sin, batch, kv, attn) -> torch.Tensor:
         """x: this layer's normed input (in the activation dtype); h grows in place; returns
@@ -313,7 +362,7 @@ class DecoderModel:
         if layer.q_norm is not None:
             qkv = self._qk_norm(layer, qkv)
         q = ops.rope_store(qkv, cos, sin, batch.out_slots, kv.k[li], kv.v[li], cfg.num_heads)
-        o = attn.forward_as(q, kv.k[li], kv.v[li], self._act).reshape(t, self.q_size)  # o_proj's input dtype
+        o = self._attend(attn, layer, q, kv.k[li], kv.v[li], self._act).reshape(t, self.q_size)  # o_proj's input
         # a bf16 delta into the float32 stream is an exact widening
         x = self._add_norm(h, layer.o_proj.native(o), layer.post_norm, cfg.rms_norm_eps)
         if layer.moe is not None:

@@ -5,13 +5,14 @@ width `intermediate_size`, the top `num_experts_per_tok` per token, always renor
 llama.cpp writes Mixtral as GGUF arch `llama` (Q/K rows permuted) with `llama.expert_count` set,
 which is how the registry tells it from a dense Llama; its experts stacked (`ffn_gate_exps`) or, in
 files written before April 2024, one tensor each (`ffn_gate.{e}`).
-`sliding_window` is not applied (no released Mixtral sets one); as for Mistral, attention is full."""
+`sliding_window`, where set (no released Mixtral sets one), windows every layer, as for Mistral."""
 
 from __future__ import annotations
 
 import re
 
 from runtime.model.families.family import MOE_GGUF_NAMES, Family, GGUFField, GGUFTensor, Weights
+from runtime.model.families.llama import sliding_window_fields
 from runtime.model.moe import check_experts, split_stacked_experts
 
 _EXPERT = re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
@@ -26,7 +27,7 @@ def _config(hf: dict) -> dict:
             "moe_intermediate_size": int(hf["intermediate_size"]),
             "norm_topk_prob": True,
         }
-    )
+    ) | sliding_window_fields(hf)
 
 
 def _gguf_config(field: GGUFField, _tensor: GGUFTensor) -> dict:

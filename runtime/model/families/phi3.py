@@ -8,6 +8,7 @@ so the q and k rows of each head are reordered at load as [rot[:r/2], pass[:p/2]
 pass[p/2:]]: each rotated pair (j, j + r/2) lands head_dim/2 apart, and the pass-through dims get
 frequency 0 (cos 1, sin 0). q.k is a sum over dims, the same under one reordering of both, and v is
 untouched, so attention's output is unchanged; every backend and fused kernel runs as it is.
+A config.json `sliding_window` (Phi-3-mini-4k: 2047) windows every layer, as transformers' Phi3Attention does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from runtime.model.config import ModelLoadError
 from runtime.model.families.family import Family, GGUFField, GGUFTensor, Weights
+from runtime.model.families.llama import sliding_window_fields
 
 
 def _config(hf: dict) -> dict:
@@ -29,7 +31,7 @@ def _config(hf: dict) -> dict:
             f"config.json: partial_rotary_factor {factor} gives {rotary_dim} of {head_dim} "
             "head dims: both parts must be even"
         )
-    out: dict = {"rotary_dim": rotary_dim}
+    out: dict = {"rotary_dim": rotary_dim, **sliding_window_fields(hf)}  # Phi-3-mini-4k: 2047
     kind = rope.get("rope_type") or rope.get("type") or "default"
     if kind in ("su", "yarn"):  # Phi-3's early names for longrope (transformers' Phi3Config maps them too)
         kind = "longrope"
@@ -74,6 +76,9 @@ def _gguf_config(field: GGUFField, tensor: GGUFTensor) -> dict:
     """llama.cpp's phi3 metadata: rotary dims, and longrope's factors as two global tensors with
     the original context and the attention factor as fields (convert_hf_to_gguf Phi3MiniModel)."""
     out: dict = {}
+    window = field("attention.sliding_window", None)  # convert_hf_to_gguf Phi3MiniModel writes it
+    if window:
+        out["sliding_window"] = int(window)
     head_dim = int(field("embedding_length", 0)) // int(field("attention.head_count", 1))
     rot = field("rope.dimension_count", None)
     if rot is not None and head_dim and int(rot) != head_dim:

@@ -153,11 +153,18 @@ def write_gguf(
         writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
         writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
+    if arch_name == "gemma3":  # convert_hf_to_gguf Gemma3Model.set_gguf_parameters
+        writer.add_sliding_window(max(cfg.layer_windows))
+        if cfg.rope_scaling:
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(cfg.rope_scaling["factor"])
     weights = load_file(str(hf_dir / "model.safetensors"))
     for name, w in (_stack_experts(weights) if stack else weights).items():
         target = _per_expert_name(name) or names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert target is not None, name
         w = w.float().numpy()
+        if arch_name == "gemma3" and name.endswith("norm.weight"):  # Gemma3Model.modify_tensors: 1 + w
+            w = w + 1
         if arch_name == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = _llama_permute(w, cfg.num_heads if "q_proj" in name else cfg.num_kv_heads)
         if experts_type is not None and w.ndim == 3:
@@ -200,6 +207,22 @@ def _build(kind: str, out: Path, tokenizer_dir: Path) -> Path:
             original_max_position_embeddings=16,
             rope_scaling=longrope(6, 2),
         )
+    if kind == "gemma3":  # as llama.cpp reads gemma3: every 6th layer global, local rope base 10000,
+        # scores scaled by head_dim (query_pre_attn_scalar); the global layers' rope linearly scaled
+        return save_tiny(
+            out,
+            tokenizer_dir,
+            tf.Gemma3TextConfig,
+            tf.Gemma3ForCausalLM,
+            num_hidden_layers=6,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        )
     if kind == "qwen3_moe":
         return qwen3_moe(out, tokenizer_dir, vocab_size=VOCAB)
     if kind == "mixtral":
@@ -217,7 +240,9 @@ GGUF_ARCH = {
 }  # llama.cpp's arch of each kind
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "llama3", "phi3", "qwen3_moe", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize(
+    "kind", ["qwen3", "qwen2", "llama", "llama3", "phi3", "qwen3_moe", "mixtral", "qwen2_moe", "gemma3"]
+)
 def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
     folder = _build(kind, tmp_path / "hf", smollm_dir)
     gguf_path = write_gguf(folder, tmp_path / f"tiny-{kind}.gguf", GGUF_ARCH.get(kind, kind), smollm_dir)
@@ -227,6 +252,7 @@ def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
     fields = ("model_type", "qk_norm", "attention_bias", "head_dim", "rotary_dim")
     moe = ("num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob", "dense_layers")
     moe += ("shared_expert_intermediate_size",)
+    fields += ("layer_windows", "local_rope_theta", "hidden_act", "query_pre_attn_scalar")
     assert [getattr(cfg, f) for f in fields + moe] == [getattr(want, f) for f in fields + moe]
     ours = run_ours(DecoderModel(cfg, load_weights(converted), CPU, torch.float32), cfg, IDS, len(IDS) - 4)
     ref = run_ours(DecoderModel(want, load_weights(folder), CPU, torch.float32), want, IDS, len(IDS) - 4)
@@ -234,6 +260,8 @@ def test_gguf_loads_as_its_folder(kind, tmp_path, cache_dir, smollm_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(converted))  # the GGUF's tokenizer, rebuilt and saved
+    if kind == "gemma3":  # rebuilt as a GemmaTokenizer (sentencepiece spaces), which this BPE slice is not:
+        return  # Gemma's own GGUFs carry its sentencepiece vocabulary; the weights and config are checked above
     assert len(tok) == VOCAB and tok.decode(tok.encode(PROMPT)) == PROMPT
 
 
@@ -250,7 +278,7 @@ def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cac
     writer.close()
     with pytest.raises(
         ModelLoadError,
-        match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen2moe, qwen3moe\)",
+        match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen2moe, qwen3moe, gemma3\)",
     ):
         resolve_model_dir(path)
 
