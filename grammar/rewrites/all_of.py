@@ -77,7 +77,7 @@ def merged_all_of(node: Any, root: Any) -> dict | None:
         return None if merged is None else {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, **merged}
     naming = [p for p in parts if "properties" in p or OPEN_KEYWORDS & set(p)]
     opened = [p for p in naming if OPEN_KEYWORDS & set(p)]
-    if opened and len(naming) > 1:
+    if opened and len(naming) > 1 and not _within(opened, naming):
         return None
     merged = _merge(parts, root)
     if merged is not None and opened:
@@ -85,6 +85,20 @@ def merged_all_of(node: Any, root: Any) -> dict | None:
     if merged is None:
         return None
     return {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, **merged}
+
+
+def _within(opened: list[dict], naming: list[dict]) -> bool:
+    """One part says what its other names are, and every other part declares only names it
+    declares too: its `additionalProperties` (patterns, `propertyNames`) then mean the same for
+    the merged object (dependabot's update and a `oneOf` branch requiring one of its names)."""
+    if len(opened) != 1 or not isinstance(opened[0].get("properties", {}), dict):
+        return False
+    declared = set(opened[0].get("properties", {}))
+    return all(
+        isinstance(p.get("properties", {}), dict) and set(p.get("properties", {})) <= declared
+        for p in naming
+        if p is not opened[0]
+    )
 
 
 def _closed_union(parts: list[dict], root: Any) -> dict | None:
@@ -227,7 +241,31 @@ def partly_merged_all_of(node: Any, root: Any) -> dict | None:
     own = {k: v for k, v in node.items() if k != "allOf"}
     if not set(own) - _PARENT_ONLY - ANNOTATION_KEYWORDS and len(kept) < 2:
         return None
+    alternatives = _alternatives(branches, kept, root)
+    if alternatives is not None:
+        # one left-out branch is a choice between mergeable parts: the mask takes each with the
+        # rest (a oneOf as the anyOf it implies; check-and-roll-back keeps "only one")
+        merged = [merged_all_of({**own, "allOf": kept + [alt]}, root) for alt in alternatives]
+        if all(m is not None for m in merged):
+            return {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, "anyOf": merged}
     return merged_all_of({**own, "allOf": kept or [{}]}, root)
+
+
+def _alternatives(branches: list, kept: list, root: Any) -> list | None:
+    """The branches of the first left-out `allOf` branch that is only a `oneOf` or `anyOf` of
+    mergeable parts (dependabot's update: `directory` or `directories`), or None."""
+    for branch in branches:
+        if any(branch is k for k in kept):
+            continue
+        target = follow_local_refs(branch, root, only_bare=True)
+        if not isinstance(target, dict):
+            continue
+        choice = [k for k in target if k not in ANNOTATION_KEYWORDS]
+        if len(choice) == 1 and choice[0] in ("oneOf", "anyOf") and isinstance(target[choice[0]], list):
+            alternatives = target[choice[0]]
+            if alternatives and all(mergeable_part(follow_local_refs(a, root, only_bare=True)) for a in alternatives):
+                return alternatives
+    return None
 
 
 def distributed_any_of(node: Any, root: Any) -> dict | None:

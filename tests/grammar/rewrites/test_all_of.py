@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from grammar import GrammarSpec
-from grammar.rewrites.all_of import distributed_any_of, lower_all_of, merged_all_of
+from grammar.rewrites.all_of import distributed_any_of, lower_all_of, merged_all_of, partly_merged_all_of
 from grammar.validation.fidelity import ENFORCED, spec_fidelity
 
 BASE = {"type": "object", "properties": {"name": {"type": "string"}, "uid": {"type": "integer"}}, "required": ["name"]}
@@ -289,3 +289,45 @@ def test_unevaluated_properties_beside_an_all_of_close_the_union_of_its_parts():
 )
 def test_a_part_that_evaluates_names_its_own_way_is_left_as_written(part):
     assert merged_all_of({"allOf": [CONTAINER, part], "unevaluatedProperties": False}, {}) is None
+
+
+# dependabot's update: a closed object, required names chosen by a oneOf of parts naming its own
+# properties, and a conditional (left to check-and-roll-back)
+UPDATE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"eco": {"type": "string"}, "dir": {"type": "string"}, "dirs": {"type": "array"}},
+    "required": ["eco"],
+    "allOf": [
+        {"if": {"not": {"required": ["group"]}}, "then": {"required": ["eco"]}},
+        {
+            "oneOf": [
+                {"properties": {"dirs": {"$ref": "#/properties/dirs"}}, "required": ["dirs"]},
+                {"properties": {"dir": {"$ref": "#/properties/dir"}}, "required": ["dir"]},
+            ]
+        },
+    ],
+}
+
+
+def test_a_part_naming_only_a_closed_parts_properties_merges_with_it():
+    node = {"allOf": [{**UPDATE["properties"]["dir"]}], **{k: v for k, v in UPDATE.items() if k != "allOf"}}
+    node["allOf"] = [{"properties": {"dir": {"minLength": 1}}, "required": ["dir"]}]
+    merged = merged_all_of(node, node)
+    assert merged["additionalProperties"] is False and merged["required"] == ["eco", "dir"]
+    assert merged["properties"]["dir"] == {"type": "string", "minLength": 1}
+    for value in [{"eco": "a", "dir": "x"}, {"eco": "a", "dir": ""}, {"eco": "a"}, {"eco": "a", "dir": "x", "o": 1}]:
+        assert jsonschema.Draft202012Validator(node).is_valid(value) == jsonschema.Draft202012Validator(
+            merged
+        ).is_valid(value), value
+
+
+def test_the_mask_takes_a_left_out_one_of_as_the_any_of_of_its_merged_branches():
+    masked = partly_merged_all_of(UPDATE, UPDATE)
+    assert [b["required"] for b in masked["anyOf"]] == [["eco", "dirs"], ["eco", "dir"]]
+    assert all(b["additionalProperties"] is False for b in masked["anyOf"])
+    # sound: whatever the allOf accepts, the mask's schema accepts
+    for value in [{"eco": "a", "dir": "x"}, {"eco": "a", "dirs": []}, {"eco": "a"}, {"dir": "x"}, {"eco": "a", "o": 1}]:
+        if jsonschema.Draft202012Validator(UPDATE).is_valid(value):
+            assert jsonschema.Draft202012Validator({**masked, "properties": UPDATE["properties"]}).is_valid(value)
+        assert not jsonschema.Draft202012Validator(masked).is_valid({"eco": "a"})  # a directory is required now
