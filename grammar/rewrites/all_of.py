@@ -244,10 +244,12 @@ def partly_merged_all_of(node: Any, root: Any) -> dict | None:
     alternatives = _alternatives(branches, kept, root)
     if alternatives is not None:
         # one left-out branch is a choice between mergeable parts: the mask takes each with the
-        # rest (a oneOf as the anyOf it implies; check-and-roll-back keeps "only one")
+        # rest (a oneOf as the anyOf it implies; check-and-roll-back keeps "only one"). The node's
+        # own keywords stay beside it (xgrammar compiles only the anyOf), so that references into
+        # them (`#/definitions/update/properties/...`) still resolve
         merged = [merged_all_of({**own, "allOf": kept + [alt]}, root) for alt in alternatives]
         if all(m is not None for m in merged):
-            return {**{k: v for k, v in own.items() if k in _PARENT_ONLY}, "anyOf": merged}
+            return {**own, "anyOf": merged}
     return merged_all_of({**own, "allOf": kept or [{}]}, root)
 
 
