@@ -262,7 +262,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       }
 }
 
-#include "paged_attention_tiles.h"  // run_tile_amx: the same contract on AMX tiles
+#include "paged_attention_tile_loop.h"  // run_tile_amx: the same contract on AMX tiles
 
 using TileFn = void (*)(const Args&, const Seg*, const Tile&, int64_t);
 

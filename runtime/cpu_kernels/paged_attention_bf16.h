@@ -1,4 +1,4 @@
-// The AMX path's bf16 precision (paged_attention_tiles.h includes it, inside paged_attention.cpp's
+// The AMX path's bf16 precision (paged_attention_tile_loop.h includes it, inside paged_attention.cpp's
 // anonymous namespace): Q and K rounded once to bf16 (nearest even), a score one bf16 tile product
 // with float32 sums, where the float32 precision splits both into two words (three products). The
 // softmax weights P stay two words (hi + lo, two products a value sum, as at float32 precision):
@@ -24,6 +24,8 @@
 // fused multiply-adds, and O = P V multiplies the same word pairs as O^T = V^T P^T in the same
 // order (tests/runtime/attention/test_cpu_attention.py: a row alone and in a batch, bitwise).
 #pragma once
+
+#include "paged_attention_tiles.h"  // BlockKV, States, the tile registers: the float32 precision's parts
 
 #if defined(JUMPGATE_AMX)
 
