@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from grammar.schema.keyword_sets import ARRAY_KEYWORDS, NUMBER_KEYWORDS, OBJECT_KEYWORDS, STRING_KEYWORDS
 from grammar.schema.walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_bottom_up
 
 # A value's JSON type, with numbers split: "fraction" is a number that is not an integer.
@@ -47,44 +48,10 @@ CLASSES = ("null", "boolean", "object", "array", "string", "integer", "fraction"
 _TYPE_CLASSES = {"number": {"integer", "fraction"}, **{t: {t} for t in CLASSES if t != "fraction"}}
 # keywords that only constrain values of some types (JSON Schema ignores them for the others)
 _ONLY_FOR = {
-    **{
-        k: {"string"}
-        for k in ("minLength", "maxLength", "pattern", "format", "contentEncoding", "contentMediaType", "contentSchema")
-    },
-    **{
-        k: {"integer", "fraction"} for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-    },
-    **{
-        k: {"array"}
-        for k in (
-            "items",
-            "prefixItems",
-            "additionalItems",
-            "minItems",
-            "maxItems",
-            "uniqueItems",
-            "contains",
-            "minContains",
-            "maxContains",
-            "unevaluatedItems",
-        )
-    },
-    **{
-        k: {"object"}
-        for k in (
-            "properties",
-            "required",
-            "additionalProperties",
-            "minProperties",
-            "maxProperties",
-            "patternProperties",
-            "propertyNames",
-            "dependentRequired",
-            "dependentSchemas",
-            "dependencies",
-            "unevaluatedProperties",
-        )
-    },
+    **{k: {"string"} for k in STRING_KEYWORDS + ("contentEncoding", "contentMediaType", "contentSchema")},
+    **{k: {"integer", "fraction"} for k in NUMBER_KEYWORDS},
+    **{k: {"array"} for k in ARRAY_KEYWORDS + ("additionalItems",)},
+    **{k: {"object"} for k in OBJECT_KEYWORDS},
 }
 # annotations (grammar/schema/walk.py) constrain no value; any keyword not named there or above is
 # taken to constrain values of every type, which can only keep a proof from being found
