@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import APIError, bad_request, not_found, overloaded
 from gateway.pipeline import grammar_adapter
@@ -35,6 +35,10 @@ from gateway.protocol import (
     ToolDefinition,
 )
 
+if TYPE_CHECKING:  # types only: importing grammar's service pulls in xgrammar
+    from grammar import GrammarService, GrammarSpec
+    from runtime.constraint import CompiledConstraint
+
 
 @dataclass
 class ConstraintPlan:
@@ -48,7 +52,7 @@ class ConstraintPlan:
     strict: bool = False
 
     @property
-    def spec(self) -> Any:
+    def spec(self) -> GrammarSpec | None:
         return None if self.kind is None else grammar_adapter.make_spec(self.kind, self.payload, self.strict)
 
 
@@ -289,7 +293,7 @@ def _plan_from_sources(sources: list[tuple[str, str, Any, str, bool]]) -> Constr
     return plan
 
 
-async def compile_plan(plan: ConstraintPlan, service: Any, timeout_s: float) -> Any:
+async def compile_plan(plan: ConstraintPlan, service: GrammarService | None, timeout_s: float) -> CompiledConstraint:
     """The compiled constraint for the engine (None for free text); spec errors become 400s."""
     if plan.kind is None:
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grammar import (
     HERMES_TOOL_CALL_FORMAT,
@@ -35,6 +35,10 @@ from grammar.schema.canonical import canonical_json, canonical_tool
 from grammar.schema.limits import check_json_limits
 from grammar.spec import tokenizer_fingerprint
 from grammar.validation.fidelity import FidelityReport, KeywordFidelity, schema_fidelity, tools_fidelity
+
+if TYPE_CHECKING:  # types only: importing grammar's service pulls in xgrammar
+    from grammar import GrammarService
+    from runtime.constraint import CompiledConstraint
 
 # The tool-call format shown to (and parsed from) the model, and its reasoning format: set once at
 # start-up from the model's chat template (`use_formats`); one process serves one model.
@@ -135,7 +139,7 @@ def prompt_instructions(kind: str, payload: Any, param: str | None = None) -> st
     return known.prompt_instructions(payload)
 
 
-async def compile_spec(service: Any, spec: GrammarSpec) -> Any:
+async def compile_spec(service: GrammarService, spec: GrammarSpec) -> CompiledConstraint:
     """Compile (or fetch from the grammar cache) on the service's workers; returns the handle the
     engine takes as `GenerateRequest.constraint`."""
     compile_async = getattr(service, "compile_async", None)
@@ -144,7 +148,7 @@ async def compile_spec(service: Any, spec: GrammarSpec) -> Any:
     return await asyncio.to_thread(service.compile, spec)
 
 
-def grammar_stats(service: Any) -> dict[str, Any]:
+def grammar_stats(service: GrammarService | None) -> dict[str, Any]:
     if service is None or not hasattr(service, "stats"):
         return {}
     try:

@@ -28,6 +28,7 @@ from gateway.pipeline.reasoning import (
 from gateway.pipeline.schema_registry import SchemaRegistry
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.settings import Settings
+from grammar import GrammarService  # a real import: msgspec reads the services' field types
 from runtime.api import EngineClient, GenerateRequest
 from runtime.decode.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -39,7 +40,7 @@ class PreparationServices:
     """What preparing a request reads (`GatewayServices` is one; a bench passes just these)."""
 
     engine: EngineClient  # its limits (context, KV pool) and model name
-    grammar: Any  # grammar.GrammarService, or None: structured output unavailable
+    grammar: GrammarService | None  # None: structured output unavailable
     renderer: PromptRenderer
     registry: SchemaRegistry | None  # the tenants' uploaded schemas (None: no schema_id resolves)
     settings: Settings

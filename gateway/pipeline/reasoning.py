@@ -18,7 +18,7 @@ to be written by the model. While there is a block:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -27,6 +27,10 @@ from gateway.pipeline import grammar_adapter
 from grammar.reasoning.markers import CLOSED, TO_COME, ThinkMarkers, block_state, think_markers, think_tag
 from grammar.reasoning.sequence import ThinkThenConstraint
 from grammar.reasoning.split import ReasoningSplitter
+
+if TYPE_CHECKING:  # types only: importing grammar's service pulls in xgrammar
+    from grammar import GrammarService
+    from runtime.constraint import CompiledConstraint
 
 EFFORT_SHARE = {"none": 0.0, "minimal": 0.125, "low": 0.25, "medium": 0.5, "high": 0.75}
 CONSTRAINED_SHARE = EFFORT_SHARE["medium"]  # a constrained request that names no budget
@@ -104,7 +108,13 @@ def plan_reasoning(
     return ReasoningPlan(markers, state, budget, asked)
 
 
-async def reasoning_constraint(plan: ReasoningPlan, answer: Any, service: Any, tokenizer: Any, max_new: int) -> Any:
+async def reasoning_constraint(
+    plan: ReasoningPlan,
+    answer: CompiledConstraint | None,
+    service: GrammarService | None,
+    tokenizer: Any,
+    max_new: int,
+) -> CompiledConstraint | None:
     """The request's constraint with the think block before it (`answer` None: free text after
     the block; the block then needs a grammar only for a budget)."""
     if answer is None and plan.budget is None:
