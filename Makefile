@@ -37,7 +37,7 @@ run: setup
 	$(VENV)/bin/jumpgate serve --host 127.0.0.1 --port 8000 $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -ra $(ARGS)
+	$(PY) -m pytest -q -ra --durations=30 $(ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not e2e" $(ARGS)
