@@ -151,6 +151,23 @@ class EngineConfig:
         flag="--max-number-digits",
         min=1,
     )
+    tensor_parallel_size: int = setting(
+        1,
+        "processes one replica's model is split across (1, 2 or 4; runtime/parallel/): column/row-parallel "
+        "linear layers, the KV heads split; gloo between CPU processes, NCCL between GPUs",
+        flag="--tensor-parallel-size",
+        min=1,
+        max=4,
+    )
+    rank_memory_budget_mb: int | None = setting(
+        None,
+        "the most MiB of weights one process (one tensor-parallel rank) may hold; a model above it is refused at load",
+        flag="--rank-memory-budget-mb",
+        type=int,
+        min=1,
+        optional=True,
+        default_text="none",
+    )
     num_threads: int | None = setting(
         None, "torch intra-op threads", flag="--num-threads", type=int, min=1, optional=True, default_text="torch's"
     )
@@ -209,6 +226,14 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        tp = flag_of(self, "tensor_parallel_size")
+        if self.tensor_parallel_size not in (1, 2, 4):
+            raise ValueError(f"{tp}: must be 1, 2 or 4, not {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.host_pool_tokens:
+            raise ValueError(
+                f"{tp} {self.tensor_parallel_size}: the host and disk KV tiers ({flag_of(self, 'host_pool_tokens')}) "
+                "copy only rank 0's KV heads; run them with one rank"
+            )
         if self.disk_cache_dir and not self.host_pool_tokens:
             raise ValueError(
                 f"{flag_of(self, 'disk_cache_dir')} needs the host tier: set "
