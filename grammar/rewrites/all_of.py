@@ -23,9 +23,11 @@ xgrammar does with keywords put together (it drops `minLength` beside `pattern`)
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
+from grammar.rewrites.conditionals import discriminator
 from grammar.schema.walk import ANNOTATION_KEYWORDS, follow_local_refs, rewrite_bottom_up
 
 # bounds merge to the tightest; the other value keywords only where one part says them (or all the same)
@@ -186,13 +188,28 @@ def _merge(parts: list[dict], root: Any) -> dict | None:
         if not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds):
             return None  # draft-4's boolean exclusiveMinimum belongs with its minimum
         out[keyword] = max(bounds) if keyword in LOWER_BOUNDS else min(bounds)
-    for keyword in SAID_ONCE:
+    listed = [p["enum"] for p in parts if isinstance(p.get("enum"), list)]
+    if len(listed) > 1:  # several listings: the values all of them list (in the first one's order)
+        common = [v for v in listed[0] if all(any(_same(v, w) for w in other) for other in listed[1:])]
+        if not common:
+            return None
+        out["enum"] = common
+    for keyword in SAID_ONCE - ({"enum"} if len(listed) > 1 else set()):
         said = {json.dumps(p[keyword], sort_keys=True): p[keyword] for p in parts if keyword in p}
         if len(said) > 1:
             return None
         for value in said.values():
             out[keyword] = value
     return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality (1 and true differ; 1 and 1.0 do not)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or (
+        isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b
+    )
 
 
 def _classes(written: Any) -> set[str] | None:
@@ -231,7 +248,13 @@ def partly_merged_all_of(node: Any, root: Any) -> dict | None:
     mask then admits more than the schema, and check-and-roll-back keeps the branches left out
     (grammar/validation/fidelity.py reports the `allOf` checked), where xgrammar alone would compile the
     whole node as any JSON value (dependabot's root, woodpecker-ci's steps). None where all
-    branches merge (`merged_all_of`) or nothing would be kept."""
+    branches merge (`merged_all_of`) or nothing would be kept.
+
+    A left-out branch that is a choice between mergeable parts (`_choice`: a `oneOf`/`anyOf`, or
+    a conditional on a name's presence or listed values) is taken into the mask as the `anyOf` of
+    the rest merged with each alternative (with several such branches, with each combination, up to
+    MAX_ALTERNATIVES): dependabot's update then requires `directory` or `directories` (not both)
+    and `schedule` unless `multi-ecosystem-group` is written."""
     branches = node.get("allOf") if isinstance(node, dict) else None
     if not isinstance(branches, list) or not branches:
         return None
@@ -241,33 +264,187 @@ def partly_merged_all_of(node: Any, root: Any) -> dict | None:
     own = {k: v for k, v in node.items() if k != "allOf"}
     if not set(own) - _PARENT_ONLY - ANNOTATION_KEYWORDS and len(kept) < 2:
         return None
-    alternatives = _alternatives(branches, kept, root)
-    if alternatives is not None:
-        # one left-out branch is a choice between mergeable parts: the mask takes each with the
-        # rest (a oneOf as the anyOf it implies; check-and-roll-back keeps "only one"). The node's
-        # own keywords stay beside it (xgrammar compiles only the anyOf), so that references into
-        # them (`#/definitions/update/properties/...`) still resolve
-        merged = [merged_all_of({**own, "allOf": kept + [alt]}, root) for alt in alternatives]
-        if all(m is not None for m in merged):
+    choices = _choices(branches, kept, own, root)
+    while choices:  # a choice whose parts do not merge is left to the check with the rest
+        merged = _combined(own, kept, choices, root)
+        if merged:
+            # the node's own keywords stay beside the anyOf (xgrammar compiles only the anyOf), so
+            # that references into them (`#/definitions/update/properties/...`) still resolve
             return {**own, "anyOf": merged}
+        choices = choices[:-1]
     return merged_all_of({**own, "allOf": kept or [{}]}, root)
 
 
-def _alternatives(branches: list, kept: list, root: Any) -> list | None:
-    """The branches of the first left-out `allOf` branch that is only a `oneOf` or `anyOf` of
-    mergeable parts (dependabot's update: `directory` or `directories`), or None."""
+def _combined(own: dict, kept: list, choices: list, root: Any) -> list[dict] | None:
+    """The rest merged with each combination of the choices' alternatives (those no value fits
+    left out); None where one does not merge."""
+    merged = []
+    for combination in itertools.product(*choices):
+        one = merged_all_of({**own, "allOf": kept + [part for part, _ in combination]}, root)
+        if one is None:
+            return None
+        one = _without_names(one, {n for _, absent in combination for n in absent})
+        if one is not None:
+            merged.append(one)
+    return merged
+
+
+MAX_ALTERNATIVES = 8  # merged objects one allOf becomes in xgrammar's mask (each a copy of the object)
+Alternative = tuple[dict, frozenset]  # a part to merge, and names it leaves out (absent in that alternative)
+
+
+def _choices(branches: list, kept: list, own: dict, root: Any) -> list[list[Alternative]]:
+    """The alternatives of each left-out branch that is a choice (`_choice`), while their
+    combinations stay within MAX_ALTERNATIVES."""
+    found: list[list[Alternative]] = []
+    total = 1
     for branch in branches:
         if any(branch is k for k in kept):
             continue
         target = follow_local_refs(branch, root, only_bare=True)
-        if not isinstance(target, dict):
-            continue
-        choice = [k for k in target if k not in ANNOTATION_KEYWORDS]
-        if len(choice) == 1 and choice[0] in ("oneOf", "anyOf") and isinstance(target[choice[0]], list):
-            alternatives = target[choice[0]]
-            if alternatives and all(mergeable_part(follow_local_refs(a, root, only_bare=True)) for a in alternatives):
-                return alternatives
-    return None
+        alternatives = _choice(target, own, root) if isinstance(target, dict) else None
+        if alternatives and total * len(alternatives) <= MAX_ALTERNATIVES:
+            found.append(alternatives)
+            total *= len(alternatives)
+    return found
+
+
+def _choice(target: dict, own: dict, root: Any) -> list[Alternative] | None:
+    """The alternatives a left-out `allOf` branch chooses between, each a mergeable part and the
+    names absent with it, where together they admit exactly what the branch does (given the
+    object's own keywords), or None:
+
+    - a `oneOf`/`anyOf` of mergeable parts: each part. A `oneOf` of parts that each only require
+      their own name, as dependabot's `directory` or `directories`: each part with the others'
+      names absent (only one passes, so the others' names are missing);
+    - `if` a name is present (or absent), `then` T, `else` E, as dependabot's "schedule unless
+      multi-ecosystem-group": the name required with the passing body, the name absent with the
+      other; `if` a name takes one of its listed values: that name held to the passing values with
+      T, to the others with E (conditionals.py `discriminator`). T and E must be mergeable."""
+    keywords = [k for k in target if k not in ANNOTATION_KEYWORDS]
+    if len(keywords) == 1 and keywords[0] in ("oneOf", "anyOf") and isinstance(target[keywords[0]], list):
+        parts = [follow_local_refs(a, root, only_bare=True) for a in target[keywords[0]]]
+        if not parts or not all(mergeable_part(p) for p in parts):
+            return None
+        parts = [_plain(p, own, root) for p in parts]
+        alone = [_only_requires(p) for p in parts]
+        if keywords[0] == "oneOf" and all(alone) and len(set(alone)) == len(alone):
+            return [(p, frozenset(alone) - {n}) for p, n in zip(parts, alone)]
+        return [(p, frozenset()) for p in parts]
+    if not set(keywords) <= {"if", "then", "else"} or "if" not in keywords:
+        return None
+    then, otherwise = (follow_local_refs(target.get(k, {}), root, only_bare=True) for k in ("then", "else"))
+    if not mergeable_part(then) or not mergeable_part(otherwise):
+        return None
+    then, otherwise = _plain(then, own, root), _plain(otherwise, own, root)
+    presence = _presence(target["if"])
+    if presence is not None:
+        name, present_passes = presence
+        first, second = (then, otherwise) if present_passes else (otherwise, then)
+        return [
+            ({**first, "required": list(first.get("required", [])) + [name]}, frozenset()),
+            (second, frozenset({name})),
+        ]
+    found = discriminator(target, own, root)
+    if found is None:
+        return None
+    name, passing, failing, absent_passes = found
+    out: list[Alternative] = []
+    for values, body, absent in ((passing, then, absent_passes), (failing, otherwise, not absent_passes)):
+        if values:
+            out.append((_with_value(body, name, values, required=not absent), frozenset()))
+        elif absent:
+            out.append((body, frozenset({name})))
+    return out or None
+
+
+def _presence(test: Any) -> tuple[str, bool] | None:
+    """(name, whether its presence passes) for an `if` that only tests one name's presence
+    (`required: [name]`, or its `not`; declaring the name as `{}` says nothing more)."""
+    negated = False
+    for _ in range(2):
+        if not isinstance(test, dict):
+            return None
+        test = {k: v for k, v in test.items() if k not in ANNOTATION_KEYWORDS}
+        if set(test) != {"not"}:
+            break
+        test, negated = test["not"], not negated
+    required = test.get("required")
+    if set(test) - {"required", "properties"} or not isinstance(required, list) or len(required) != 1:
+        return None
+    name = required[0]
+    if not isinstance(name, str) or test.get("properties", {}) not in ({}, {name: {}}, {name: True}):
+        return None
+    return name, not negated
+
+
+def _plain(part: Any, own: dict, root: Any) -> dict:
+    """`part` as a dict, without the properties that say nothing beyond the object's own: `{}`,
+    and a bare `$ref` to this very object's declaration of the name (dependabot's branches write
+    `{"$ref": "#/definitions/update/properties/directory"}` inside update)."""
+    if part is True:
+        return {}
+    props = part.get("properties")
+    if not isinstance(props, dict):
+        return dict(part)
+    kept = {n: s for n, s in props.items() if not (s in ({}, True) or _self_declared(s, n, own, root))}
+    out = {k: v for k, v in part.items() if k != "properties"}
+    return {**out, "properties": kept} if kept else out
+
+
+def _self_declared(sub: Any, name: str, own: dict, root: Any) -> bool:
+    """Is `sub` a bare `$ref` to `<object>/properties/<name>`, that object being the one `own`
+    describes (the same declared names, required names and additionalProperties)?"""
+    ref = sub.get("$ref") if isinstance(sub, dict) else None
+    if not isinstance(ref, str) or any(k != "$ref" and k not in ANNOTATION_KEYWORDS for k in sub):
+        return False
+    tail = "/properties/" + name.replace("~", "~0").replace("/", "~1")
+    if not ref.endswith(tail) or not isinstance(own.get("properties"), dict) or name not in own["properties"]:
+        return False
+    holder = follow_local_refs({"$ref": ref[: -len(tail)]}, root)
+    return (
+        isinstance(holder, dict)
+        and isinstance(holder.get("properties"), dict)
+        and list(holder["properties"]) == list(own["properties"])
+        and all(holder.get(k) == own.get(k) for k in ("required", "additionalProperties", "type"))
+    )
+
+
+def _with_value(body: dict, name: str, values: list, *, required: bool) -> dict:
+    """`body` with `name` held to `values` (and required)."""
+    out = dict(body)
+    props = dict(out.get("properties", {}))
+    if name in props:
+        return out  # cannot say both in one part: left as the body (the mask admits more)
+    props[name] = {"enum": values}
+    out["properties"] = props
+    if required:
+        out["required"] = list(out.get("required", [])) + [name]
+    return out
+
+
+def _only_requires(part: dict) -> str | None:
+    """The one name `part` requires, where that is all it says (its own declarations stripped by
+    `_plain`): it then passes exactly when the name is written."""
+    rest = {k: v for k, v in part.items() if k not in ANNOTATION_KEYWORDS}
+    required = rest.get("required")
+    if set(rest) != {"required"} or not isinstance(required, list) or len(required) != 1:
+        return None
+    return required[0] if isinstance(required[0], str) else None
+
+
+def _without_names(merged: dict, absent: set) -> dict | None:
+    """`merged` with the `absent` names no longer allowed; None where no value fits (it requires
+    one of them, or a closed object requires a name it does not declare). Only a closed object
+    without patterns can leave a name out; any other is left as it is (the mask admits more)."""
+    closed = merged.get("additionalProperties") is False and "patternProperties" not in merged
+    required = merged.get("required", [])
+    if any(n in required for n in absent) or (closed and any(n not in merged.get("properties", {}) for n in required)):
+        return None
+    if not absent or not closed:
+        return merged
+    props = {n: s for n, s in merged.get("properties", {}).items() if n not in absent}
+    return {**merged, "properties": props}
 
 
 def distributed_any_of(node: Any, root: Any) -> dict | None:

@@ -15,12 +15,13 @@ from grammar.kinds import kind_for
 
 # Bump when the way specs are compiled changes: it is part of the cache key, so grammars
 # compiled under an older policy are never loaded from disk.
-COMPILE_POLICY_VERSION = 8  # 2: length-bounded JSON strings refuse raw control characters; 3: the exact
+COMPILE_POLICY_VERSION = 9  # 2: length-bounded JSON strings refuse raw control characters; 3: the exact
 # rewrites of grammar/rewrites/lowering.py; 4: optional regex groups as {0,1} (grammar/validation/regex_check.py);
 # 5: an allOf of object schemas as one object, keywords beside an anyOf in its branches (grammar/rewrites/all_of.py);
 # 6: unevaluatedProperties false beside an allOf closes the union of its parts (all_of.py `_closed_union`)
 # 7: xgrammar's mask narrows a property both branches of an if declare (conditionals.py `narrow_by_branches`)
 # 8: an allOf part naming only a closed part's properties merges; xgrammar's mask distributes a left-out oneOf
+# 9: xgrammar's mask also takes a presence/listed conditional and an exclusive oneOf as alternatives; listings intersect
 
 
 def compile_spec(compiler: xgr.GrammarCompiler, spec: Any) -> xgr.CompiledGrammar:

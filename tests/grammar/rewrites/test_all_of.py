@@ -4,13 +4,17 @@ rewrites on `true`, `false`, `null`...)."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import json
+from pathlib import Path
 
 import jsonschema
 import pytest
 
 from grammar import GrammarSpec
 from grammar.rewrites.all_of import distributed_any_of, lower_all_of, merged_all_of, partly_merged_all_of
+from grammar.rewrites.lowering import lower_for_masks
 from grammar.validation.fidelity import ENFORCED, spec_fidelity
 
 BASE = {"type": "object", "properties": {"name": {"type": "string"}, "uid": {"type": "integer"}}, "required": ["name"]}
@@ -331,3 +335,149 @@ def test_the_mask_takes_a_left_out_one_of_as_the_any_of_of_its_merged_branches()
         if jsonschema.Draft202012Validator(UPDATE).is_valid(value):
             assert jsonschema.Draft202012Validator({**masked, "properties": UPDATE["properties"]}).is_valid(value)
         assert not jsonschema.Draft202012Validator(masked).is_valid({"eco": "a"})  # a directory is required now
+
+
+# dependabot's update as written: schedule required unless a group is named, and exactly one of
+# directory / directories; each branch names the object's own declarations by `$ref`
+REAL_UPDATE = {
+    "definitions": {
+        "update": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "dirs": {"type": "array", "items": {"type": "string"}},
+                "dir": {"type": "string"},
+                "eco": {"type": "string"},
+                "schedule": {"type": "object", "properties": {"interval": {"type": "string"}}},
+                "group": {"type": "string", "minLength": 1},
+            },
+            "required": ["eco"],
+            "allOf": [
+                {
+                    "if": {"not": {"properties": {"group": {}}, "required": ["group"]}},
+                    "then": {
+                        "properties": {"schedule": {"$ref": "#/definitions/update/properties/schedule"}},
+                        "required": ["schedule"],
+                    },
+                },
+                {
+                    "oneOf": [
+                        {
+                            "properties": {"dirs": {"$ref": "#/definitions/update/properties/dirs"}},
+                            "required": ["dirs"],
+                        },
+                        {"properties": {"dir": {"$ref": "#/definitions/update/properties/dir"}}, "required": ["dir"]},
+                    ]
+                },
+            ],
+        }
+    },
+    "$ref": "#/definitions/update",
+}
+UPDATE_VALUES = {"dirs": [["a"], [1]], "dir": ["/", 2], "eco": ["npm"], "schedule": [{}, 3], "group": ["g", ""]}
+
+
+def _every_update() -> list:
+    names = list(UPDATE_VALUES) + ["other"]
+    values = {**UPDATE_VALUES, "other": [1]}
+    return [
+        dict(zip(keys, combo))
+        for r in range(len(names) + 1)
+        for keys in itertools.combinations(names, r)
+        for combo in itertools.product(*(values[k] for k in keys))
+    ]
+
+
+def test_the_mask_takes_a_presence_conditional_and_an_exclusive_one_of_exactly():
+    node = REAL_UPDATE["definitions"]["update"]
+    masked = partly_merged_all_of(node, REAL_UPDATE)
+    # schedule or a group, times directory or directories (each leaving the other out)
+    assert sorted(sorted(b["required"]) for b in masked["anyOf"]) == [
+        ["dir", "eco", "group"],
+        ["dir", "eco", "schedule"],
+        ["dirs", "eco", "group"],
+        ["dirs", "eco", "schedule"],
+    ]
+    assert all(("dir" in b["properties"]) != ("dirs" in b["properties"]) for b in masked["anyOf"])
+    original = jsonschema.Draft7Validator(REAL_UPDATE)
+    mask = jsonschema.Draft7Validator({"anyOf": masked["anyOf"]})
+    values = _every_update()
+    assert len(values) == 324
+    for value in values:
+        assert original.is_valid(value) == mask.is_valid(value), value
+
+
+def test_a_conditional_on_listed_values_becomes_the_mask_s_alternatives():
+    schedule = {
+        "type": "object",
+        "properties": {"interval": {"enum": ["daily", "cron"]}, "at": {"type": "string"}},
+        "required": ["interval"],
+        "allOf": [
+            {
+                "if": {"properties": {"interval": {"const": "cron"}}},
+                "then": {"properties": {"cronjob": {"type": "string"}}, "required": ["cronjob"]},
+            },
+            {"not": {"required": ["at", "cronjob"]}},  # left out: no choice, checked
+        ],
+    }
+    masked = partly_merged_all_of(schedule, schedule)
+    assert [b["properties"]["interval"] for b in masked["anyOf"]] == [{"enum": ["cron"]}, {"enum": ["daily"]}]
+    assert masked["anyOf"][0]["required"] == ["interval", "cronjob"]
+    original = jsonschema.Draft7Validator(schedule)
+    mask = jsonschema.Draft7Validator({"anyOf": masked["anyOf"]})
+    for interval in ["daily", "cron", "weekly", None]:
+        for extra in [{}, {"cronjob": "* * * * *"}, {"cronjob": 1}, {"at": "x"}]:
+            value = {**({"interval": interval} if interval else {}), **extra}
+            if original.is_valid(value):
+                assert mask.is_valid(value), value  # sound
+            elif "at" not in value:
+                assert not mask.is_valid(value), value  # and exact where the left-out part says nothing
+
+
+def test_listings_in_several_parts_merge_to_the_values_all_list():
+    assert merged_all_of({"allOf": [{"enum": [1, "a", True]}, {"enum": [True, 1.0, "b"]}]}, {}) == {"enum": [1, True]}
+    assert merged_all_of({"allOf": [{"enum": [1]}, {"enum": [2]}]}, {}) is None
+
+
+# the update as an item of a closed root, compiled for real (xgrammar: the conditional keeps llguidance out)
+UPDATES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"u": {"type": "array", "items": {"$ref": "#/definitions/update"}}},
+    "required": ["u"],
+    "definitions": REAL_UPDATE["definitions"],
+}
+
+
+def test_the_mask_requires_a_schedule_unless_a_group_and_one_directory(service, tokenizer):
+    handle = service.compile(GrammarSpec("json_schema", UPDATES, True))
+
+    def writes(text: str) -> bool:
+        matcher = handle.new_matcher()
+        return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert writes('{"u":[{"dir":"/","eco":"npm","schedule":{}},{"dirs":["a"],"eco":"pip","group":"g"}]}')
+    assert not writes('{"u":[{"dir":"/","eco":"npm"}')  # before: closed without its schedule
+    assert not writes('{"u":[{"dirs":["a"],"dir":')  # before: both directories
+    assert writes('{"u":[{"dir":"/","eco":"npm","group":"g"}')  # a group instead of a schedule
+
+
+def _vendored(name: str):
+    """A SchemaStore schema check-jsonschema vendors (the fidelity corpus' own source), or skip."""
+    spec = importlib.util.find_spec("check_jsonschema")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("check-jsonschema is not installed (pip install --no-deps check-jsonschema)")
+    path = Path(spec.submodule_search_locations[0]) / "builtin_schemas" / "vendor" / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_dependabot_s_update_is_masked_with_its_schedule_rule_and_one_directory():
+    lowered = lower_for_masks(_vendored("dependabot"), strict=True, partial_all_of=True)
+    branches = lowered["definitions"]["update"]["anyOf"]
+    assert sorted(sorted(set(b["required"]) - {"package-ecosystem"}) for b in branches) == [
+        ["directories", "multi-ecosystem-group"],
+        ["directories", "schedule"],
+        ["directory", "multi-ecosystem-group"],
+        ["directory", "schedule"],
+    ]
+    assert all(("directory" in b["properties"]) != ("directories" in b["properties"]) for b in branches)
