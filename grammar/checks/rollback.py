@@ -28,7 +28,9 @@ violation
 4. a value rewritten from its start is also held to the family of values the keyword it broke
    still allows there (grammar/checks/value_family.py: the listed values of an `enum` or `const`,
    the opening of a `type`), where the grammar allows any of them: so a rewrite does not write the
-   next value of the same failing kind, it converges.
+   next value of the same failing kind, it converges. Inside an array item the family is held at
+   that place in every item (`updates[*].package-ecosystem`): the items written after the
+   rollback are held too, not mended one rewrite each.
 
 At most `max_retries` rewrites per output; after that the verdict is `EXHAUSTED` and the output is
 left as it is (the runtime fails a strict request rather than send a value that breaks its
@@ -49,7 +51,15 @@ from typing import Any
 import jsonschema
 import numpy as np
 
-from grammar.checks.value_family import Family, combine, error_family, family_candidates
+from grammar.checks.value_family import (
+    Family,
+    combine,
+    error_family,
+    family_candidates,
+    item_pattern,
+    matches,
+    open_value,
+)
 from grammar.engines.token_mask import allowed_among, allowed_ids
 
 DEFAULT_VALUE_RETRIES = 4  # rewrites per output (`--value-retries`)
@@ -114,6 +124,8 @@ Checked = tuple[int, int, "tuple | None", "Family | None"]
 class RollbackRules:
     """What every output of one schema is checked against (shared by its matchers)."""
 
+    item_places = True  # the output is one JSON value: a family is held at every item's place
+
     def __init__(self, schema: Any, vocab: RollbackVocab, max_retries: int) -> None:
         self.validator = schema_validator(schema)
         self.vocab = vocab
@@ -140,6 +152,8 @@ class RollbackRules:
 class ToolCallRollbackRules(RollbackRules):
     """The same for tool calls: each call's arguments (`<tool_call>{"name":…,"arguments":{…}}`) are
     checked against its function's parameters, the calls' values told apart by the call's index."""
+
+    item_places = False  # paths count calls, not places in one JSON text
 
     def __init__(self, parameters: dict[str, Any], call_begin: str, vocab: RollbackVocab, max_retries: int) -> None:
         self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
@@ -173,6 +187,8 @@ class TagCallRollbackRules(RollbackRules):
     `header` is a bytes regex of a call's header, each alternative naming the tool in a group,
     ending where the arguments object starts."""
 
+    item_places = False
+
     def __init__(
         self, parameters: dict[str, Any], header: re.Pattern[bytes], vocab: RollbackVocab, max_retries: int
     ) -> None:
@@ -204,7 +220,7 @@ class TagCallRollbackRules(RollbackRules):
 class RollbackCheck:
     """The check's state for one output (one per request, beside its grammar matcher)."""
 
-    __slots__ = ("_rules", "_text", "_starts", "failed", "retries", "_reopened", "held")
+    __slots__ = ("_rules", "_text", "_starts", "failed", "retries", "_reopened", "held", "held_items")
 
     def __init__(self, rules: RollbackRules) -> None:
         self._rules = rules
@@ -215,6 +231,7 @@ class RollbackCheck:
         self._reopened: set[tuple] = set()  # containers already rewritten from their closing bracket
         # (where its rewrite began, the text before a rewritten value, the family it is held to)
         self.held: list[tuple[int, bytes, Family]] = []
+        self.held_items: dict[tuple, Family] = {}  # item places (value_family.item_pattern) and their family
 
     # -- following the output ------------------------------------------------------------
 
@@ -259,7 +276,18 @@ class RollbackCheck:
             family = combine(c[3] for c in candidates if c[:2] == (start, end) and c[3] is not None)
             if family:
                 self.held.append((self._starts[first], data[:start], family))
+        if self._rules.item_places:
+            self._hold_items(candidates)
         return len(self._starts) - first
+
+    def _hold_items(self, candidates: list[Checked]) -> None:
+        """Hold every failing item value's family at its place in every item (module docstring)."""
+        for _, _, path, family in candidates:
+            pattern = item_pattern(path) if path is not None and family else None
+            if pattern is not None:
+                both = combine([self.held_items[pattern], family]) if pattern in self.held_items else family
+                if both:
+                    self.held_items[pattern] = both
 
     # -- the mask ------------------------------------------------------------------------
 
@@ -289,9 +317,13 @@ class RollbackCheck:
         needs no ban of its own (which would also ban a listed value sharing its first letters)."""
         held: set[int] = set()
         text = bytes(self._text)
-        for cut, prefix, family in self.held:
-            if len(text) < cut:
-                continue  # rolled back before this rewrite began: the text may take another way
+        places = [(cut, prefix, family) for cut, prefix, family in self.held if len(text) >= cut]
+        # (a held value rolled back before its rewrite began: the text may take another way)
+        located = open_value(text) if self.held_items else None
+        if located is not None:
+            path, before = located
+            places += [(0, before, f) for pattern, f in self.held_items.items() if matches(pattern, path)]
+        for _, prefix, family in places:
             ids = family_candidates(prefix, family, text, self._rules.vocab, words)
             if ids is None or not len(ids):
                 continue

@@ -120,3 +120,89 @@ def family_candidates(prefix: bytes, family: Family, text: bytes, vocab, words: 
     if not live:
         return None
     return np.unique(np.array(found, dtype=np.int64))
+
+
+# -- the same family for every item of an array (the same schema place) ----------------------
+# A value that broke its keyword inside an array item (dependabot's `updates[9].package-ecosystem`,
+# an enum its root `else` imposes) is one of many written by the same schema: the rewrite holds its
+# family at every such place (`["updates", *, "package-ecosystem"]`), not only at the one it
+# rewrote, so the items written after a rollback do not break it one by one.
+
+Pattern = tuple  # an instance path with each array index as None (any item)
+_QUOTE, _BACKSLASH, _SPACE = 0x22, 0x5C, frozenset(b" \t\n\r")
+
+
+def item_pattern(path: tuple) -> Pattern | None:
+    """`path` with its array indexes as None; None where it holds no index (one place only)."""
+    if not any(isinstance(p, int) for p in path):
+        return None
+    return tuple(None if isinstance(p, int) else p for p in path)
+
+
+def matches(pattern: Pattern, path: tuple) -> bool:
+    return len(pattern) == len(path) and all(
+        isinstance(p, int) if want is None else p == want for want, p in zip(pattern, path)
+    )
+
+
+def open_value(text: bytes) -> tuple[tuple, bytes] | None:
+    """(instance path, the text before it) of the JSON value being written at the end of `text`:
+    a string or scalar begun, or a value about to begin (after `:`, `[`, an array's `,`, or at
+    the very start; right after a name, `text` and the colon, since one token may write `":"x`);
+    None elsewhere (inside a name, after a value)."""
+    stack: list[list] = []  # per open container: [is an object, name or index, a name comes next]
+    mode, start, escaped, expect = 0, -1, False, True  # mode: 0 between, 1 string, 2 name, 3 scalar
+    named = False  # a name is written, its colon not yet
+    for i, c in enumerate(text):
+        if mode in (1, 2):
+            if escaped:
+                escaped = False
+            elif c == _BACKSLASH:
+                escaped = True
+            elif c == _QUOTE:
+                if mode == 2:
+                    named = True
+                    try:
+                        stack[-1][1] = json.loads(text[start : i + 1])
+                    except ValueError:
+                        stack[-1][1] = text[start + 1 : i].decode("utf-8", "replace")
+                mode, expect = 0, False
+            continue
+        if mode == 3:
+            if c in SCALAR:
+                continue
+            mode, expect = 0, False
+        if c in _SPACE:
+            continue
+        top = stack[-1] if stack else None
+        if c == _QUOTE:
+            if top is not None and top[0] and top[2]:
+                mode, top[2] = 2, False
+            else:
+                mode = 1
+            start = i
+        elif c == 0x7B:  # {
+            stack.append([True, None, True])
+            expect = False
+        elif c == 0x5B:  # [
+            stack.append([False, 0, False])
+            expect = True
+        elif c == 0x3A:  # :
+            expect, named = True, False
+        elif c == 0x2C and top is not None:  # ,
+            if top[0]:
+                top[2], expect = True, False
+            else:
+                top[1] += 1
+                expect = True
+        elif c in b"}]" and top is not None:
+            stack.pop()
+            expect = False
+        elif c in SCALAR:
+            mode, start = 3, i
+    path = tuple(f[1] for f in stack)
+    if mode in (1, 3):
+        return path, text[:start]
+    if mode == 0 and expect:
+        return path, text
+    return (path, text + b":") if mode == 0 and named else None

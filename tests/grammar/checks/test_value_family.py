@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from grammar.checks.rollback import RollbackCheck, RollbackRules, RollbackVocab
-from grammar.checks.value_family import combine, error_family, spellings
+from grammar.checks.rollback import RollbackCheck, RollbackRules, RollbackVocab, ToolCallRollbackRules
+from grammar.checks.value_family import combine, error_family, item_pattern, matches, open_value, spellings
 
 BYTES = RollbackVocab([bytes([b]) for b in range(256)] + [b"", b'"np', b'"pip', b'"pip3"', b"2}", b"23"])
 ID = {t: i for i, t in enumerate(BYTES.texts)}
@@ -107,3 +107,53 @@ def test_spellings_cover_what_a_grammar_may_write():
     assert spellings("é") == ['"é"'.encode(), b'"\\u00e9"']
     assert spellings(2.0) == [b"2.0", b"2"]
     assert spellings({"a": [1, None]}) == [b'{"a":[1,null]}']
+
+
+# dependabot's shape: every item of `updates` is held to the root `else`'s list
+ITEMS = {
+    "type": "object",
+    "properties": {"beta": {"type": "boolean"}, "updates": {"type": "array", "items": {"type": "object"}}},
+    "if": {"properties": {"beta": {"const": True}}, "required": ["beta"]},
+    "then": {},
+    "else": {"properties": {"updates": {"items": {"properties": {"eco": {"enum": ["npm", "pip"]}}}}}},
+}
+
+
+def test_open_value_finds_the_place_being_written():
+    assert open_value(b'{"u":[{"eco":"pi') == (("u", 0, "eco"), b'{"u":[{"eco":')
+    assert open_value(b'{"u":[{"a":1},{"eco":') == (("u", 1, "eco"), b'{"u":[{"a":1},{"eco":')
+    assert open_value(b'{"u":[{"a":1},{"eco"') == (("u", 1, "eco"), b'{"u":[{"a":1},{"eco":')  # `":"x` in one token
+    assert open_value(b'{"u":[1,2') == (("u", 1), b'{"u":[1,')
+    assert open_value(b'{"a":"x"') is None  # a value written, not a name
+    assert open_value(b'{"a\\"b') is None  # inside a name
+    assert open_value(b"") == ((), b"")
+    assert item_pattern(("u", 3, "eco")) == ("u", None, "eco") and item_pattern(("u", "eco")) is None
+    assert matches(("u", None, "eco"), ("u", 7, "eco")) and not matches(("u", None, "eco"), ("u", "x", "eco"))
+
+
+def test_a_family_broken_in_one_item_is_held_in_every_item():
+    # two items break the list; the last one is rewritten first (held there), and from then on the
+    # same place of any item is held: the first item's rewrite writes the second item listed too
+    c = written(ITEMS, b'{"updates":[{"eco":"x"},{"eco":"y"}]}')
+    c.rollback(c.verdict())
+    assert c.text == b'{"updates":[{"eco":"x"},{"eco":'
+    for piece in b'"pip"}]}':
+        c.accept(ID[bytes([piece])])
+    c.accept(STOP)
+    c.rollback(c.verdict())  # the first item now
+    assert c.text == b'{"updates":[{"eco":'
+    for piece in b'"npm"},{"eco":':
+        c.accept(ID[bytes([piece])])
+    # the second item, written again after the rollback, is held to the list (before: free again)
+    assert allowed(c, FREE) == {b'"', b'"np', b'"pip'}
+    # and right after a name, a token that would write the colon and the value at once is held too
+    d = written(ITEMS, b'{"updates":[{"eco":"x"}]}')
+    d.rollback(d.verdict())
+    d.rollback(len(b'":'))
+    assert d.text == b'{"updates":[{"eco'
+    d.accept(ID[b'"'])
+    assert allowed(d, [b":", b"x"]) == {b":"}
+
+
+def test_tool_call_checks_hold_no_item_places():
+    assert RollbackRules.item_places and not ToolCallRollbackRules.item_places

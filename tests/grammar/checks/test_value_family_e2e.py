@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
+import httpx
 import jsonschema
 import pytest
 
+from bench.fidelity.client import chat_body
+from bench.fidelity.corpus import build_corpus
+from bench.harness.server_process import JumpgateServer
 from grammar import GrammarSpec
 from runtime.api import GenerateRequest
 from runtime.decode.sampling import SamplingParams
@@ -64,3 +69,21 @@ def test_a_listed_value_is_rewritten_into_the_list(engine_idle_check, service, t
     jsonschema.validate(json.loads(checked.text), UPDATES)
     assert json.loads(checked.text)["package-ecosystem"] in ECOSYSTEMS
     assert engine_idle_check.stats().value_rewrites - before == 1  # one rewrite, into the list
+
+
+# JUMPGATE_CORPUS_E2E=1: SchemaStore's dependabot through a real server, as
+# `python -m bench.probes.corpus_answers dependabot` asks it (minutes on a shared 2-core host: not CI's)
+@pytest.mark.skipif(not os.environ.get("JUMPGATE_CORPUS_E2E"), reason="JUMPGATE_CORPUS_E2E=1 runs it (minutes)")
+def test_dependabot_answers_whole_and_valid(tmp_path):
+    """Its updates items each broke the ecosystem enum (a root `else`), the schedule rule (unless a
+    group) or one-of-two directories, one rewrite mending one item: 422 value_retries_exhausted."""
+    entries, _ = build_corpus(["schemastore"])
+    entry = next((e for e in entries if e.name == "dependabot"), None)
+    if entry is None:
+        pytest.skip("check-jsonschema is not installed (pip install --no-deps check-jsonschema)")
+    with JumpgateServer(tmp_path, kv_pool_tokens=32768) as server:
+        resp = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body(entry, 384), timeout=1800)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    jsonschema.validate(json.loads(choice["message"]["content"]), entry.schema)
