@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from bench.harness.common import emit
 from bench.harness.workloads import ROOT
+from grammar.schema.keyword_sets import DEPENDENCIES_KEYWORD, NAMED_SCHEMA_MAPS, SCHEMA_KEYWORDS, SCHEMA_LIST_KEYWORDS
 
 SOURCES = ("handmade", "kubernetes", "schemastore", "bfcl")
 PACKAGES = {
@@ -267,21 +268,6 @@ BFCL_TYPES = {
     "HashMap": "object",
     "Hashtable": "object",
 }
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = (
-    "items",
-    "additionalProperties",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "additionalItems",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-)
 
 
 def _bfcl_type(value: Any) -> Any:
@@ -307,11 +293,11 @@ def normalise_bfcl(node: Any) -> Any:
             mapped = _bfcl_type(value)
             if mapped is not None:
                 out[key] = mapped
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+        elif (key in NAMED_SCHEMA_MAPS or key == DEPENDENCIES_KEYWORD) and isinstance(value, dict):
             out[key] = {name: normalise_bfcl(sub) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
+        elif key in SCHEMA_LIST_KEYWORDS and isinstance(value, list):
             out[key] = [normalise_bfcl(sub) for sub in value]
-        elif key in _SCHEMA_ONE:
+        elif key in SCHEMA_KEYWORDS:
             out[key] = [normalise_bfcl(s) for s in value] if isinstance(value, list) else normalise_bfcl(value)
         else:
             out[key] = value

@@ -8,6 +8,7 @@ replica's own GrammarService (registered with `use_replica_grammar`).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 _replica_grammar: Any = None  # this process's GrammarService, in a replica
@@ -48,13 +49,15 @@ class SharedConstraint:
 class ClusterGrammarService:
     """The gateway's GrammarService, returning handles that can be sent to a replica."""
 
-    compile_async = None  # the gateway then compiles through `compile` on a worker thread
-
     def __init__(self, inner: Any):
         self.inner = inner
 
     def compile(self, spec: Any) -> SharedConstraint:
         return SharedConstraint(spec, self.inner.compile(spec))
+
+    async def compile_async(self, spec: Any) -> SharedConstraint:
+        """`compile` on a worker thread (what the gateway awaits)."""
+        return await asyncio.to_thread(self.compile, spec)
 
     def __getattr__(self, name: str) -> Any:  # stats, key, get_cached, close, ...
         if name == "inner":

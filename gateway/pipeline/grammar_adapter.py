@@ -6,7 +6,6 @@ a change here only.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -142,10 +141,7 @@ def prompt_instructions(kind: str, payload: Any, param: str | None = None) -> st
 async def compile_spec(service: GrammarService, spec: GrammarSpec) -> CompiledConstraint:
     """Compile (or fetch from the grammar cache) on the service's workers; returns the handle the
     engine takes as `GenerateRequest.constraint`."""
-    compile_async = getattr(service, "compile_async", None)
-    if compile_async is not None:
-        return await compile_async(spec)
-    return await asyncio.to_thread(service.compile, spec)
+    return await service.compile_async(spec)
 
 
 def grammar_stats(service: GrammarService | None) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from grammar.schema.keyword_sets import DEPENDENCIES_KEYWORD, NAMED_SCHEMA_MAPS, SCHEMA_KEYWORDS, SCHEMA_LIST_KEYWORDS
+
 FULL, TRIMMED, STRUCTURE, NAMES, TOOL_NAMES = range(5)
 LEVELS = (FULL, TRIMMED, STRUCTURE, NAMES, TOOL_NAMES)
 LEVEL_NAMES = ("full", "trimmed", "structure", "names", "tool_names")
@@ -23,24 +25,6 @@ LEVEL_NAMES = ("full", "trimmed", "structure", "names", "tool_names")
 DESCRIPTION_CHARS = 80
 ENUM_SHOWN = 8
 
-# keywords whose value is a sub-schema, a list of them, or a name -> sub-schema map
-_SUBSCHEMA = frozenset(
-    {
-        "items",
-        "additionalProperties",
-        "not",
-        "if",
-        "then",
-        "else",
-        "contains",
-        "propertyNames",
-        "unevaluatedItems",
-        "unevaluatedProperties",
-        "additionalItems",
-    }
-)
-_SUBSCHEMA_LIST = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
-_SUBSCHEMA_MAP = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 # what the structure level drops: text for people, not shape
 _ANNOTATIONS = frozenset(
     {
@@ -66,11 +50,13 @@ def _walk(schema: Any, local: Callable[[dict[str, Any]], dict[str, Any]]) -> Any
         return schema
     out: dict[str, Any] = {}
     for keyword, value in schema.items():
-        if keyword in _SUBSCHEMA_MAP and isinstance(value, dict):
+        if keyword in NAMED_SCHEMA_MAPS and isinstance(value, dict):
             out[keyword] = {name: _walk(sub, local) for name, sub in value.items()}
-        elif keyword in _SUBSCHEMA_LIST and isinstance(value, list):
+        elif keyword == DEPENDENCIES_KEYWORD and isinstance(value, dict):  # name -> schema or names
+            out[keyword] = {name: _walk(sub, local) for name, sub in value.items()}
+        elif keyword in SCHEMA_LIST_KEYWORDS and isinstance(value, list):
             out[keyword] = [_walk(sub, local) for sub in value]
-        elif keyword in _SUBSCHEMA and isinstance(value, (dict, list)):
+        elif keyword in SCHEMA_KEYWORDS and isinstance(value, (dict, list)):
             out[keyword] = [_walk(s, local) for s in value] if isinstance(value, list) else _walk(value, local)
         else:
             out[keyword] = value

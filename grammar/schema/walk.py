@@ -1,4 +1,5 @@
-"""Where the sub-schemas of a JSON schema live, by keyword (one table used by every walker).
+"""Walking the sub-schemas of a JSON schema, by keyword (the table of where they live is
+grammar/schema/keyword_sets.py, used by every walker).
 
 Canonicalization, `$ref` checks and semantic checks all need to know which values are schemas
 (to recurse into), which are maps of named schemas, and which are plain data (enum, const, ...).
@@ -13,32 +14,15 @@ from urllib.parse import unquote
 
 from grammar.errors import join_pointer
 
-# keyword -> value is one schema
-SCHEMA_KEYWORDS = frozenset(
-    {
-        "additionalProperties",
-        "additionalItems",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "contains",
-        "propertyNames",
-        "not",
-        "if",
-        "then",
-        "else",
-        "items",
-    }
+# where sub-schemas live, by keyword: the one table is grammar/schema/keyword_sets.py, re-exported here
+from grammar.schema.keyword_sets import (
+    DEPENDENCIES_KEYWORD,
+    NAMED_SCHEMA_MAPS,
+    ORDERED_SCHEMA_MAP_KEYWORD,
+    SCHEMA_KEYWORDS,
+    SCHEMA_LIST_KEYWORDS,
+    SCHEMA_MAP_KEYWORDS,
 )
-# keyword -> value is a list of schemas ("items" may also be a list in drafts 4-7)
-SCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-# keyword -> value maps names to schemas; the names' order carries no meaning
-SCHEMA_MAP_KEYWORDS = frozenset({"$defs", "definitions", "patternProperties", "dependentSchemas"})
-# `properties` maps names to schemas too, but its order is the order in which fields are
-# generated (xgrammar follows it), so it is kept as written.
-ORDERED_SCHEMA_MAP_KEYWORD = "properties"
-# draft-7 `dependencies`: name -> schema or list of names
-DEPENDENCIES_KEYWORD = "dependencies"
-
 
 # Keywords that constrain no value (annotations): every walker that asks "does this node say
 # anything but X" ignores these.
@@ -93,8 +77,7 @@ def follow_local_refs(node: Any, root: Any, *, only_bare: bool = False, limit: i
 
 
 # The schema lowerings (conditionals, one_of, formats, listed values, llguidance's rewrite) walk every
-# value below a node: these keywords' values are maps of named schemas, these are plain data.
-NAMED_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+# value below a node: NAMED_SCHEMA_MAPS' values are maps of named schemas, these are plain data.
 DATA_KEYWORDS = ("const", "enum", "default", "examples")
 
 

@@ -86,6 +86,12 @@ def test_bfcl_types_normalised_to_json_schema():
     }
 
 
+def test_bfcl_types_are_normalised_wherever_the_keyword_table_puts_a_schema():
+    # grammar/schema/keyword_sets.py: draft-7 `dependencies` of schemas too (a name list is data)
+    out = normalise_bfcl({"type": "dict", "dependencies": {"a": {"type": "float"}, "b": ["a"]}})
+    assert out == {"type": "object", "dependencies": {"a": {"type": "number"}, "b": ["a"]}}
+
+
 def test_kubernetes_kind_gets_the_closure_of_its_definitions():
     defs = K8sDefinitions(
         {

@@ -3,6 +3,7 @@ imports Ray), grammars travelling as their spec, stats aggregation, replica erro
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import subprocess
 import sys
@@ -147,7 +148,10 @@ def test_a_constraint_travels_as_its_spec_and_is_rebuilt_by_the_replicas_service
     gateway_side = grammar_bridge.ClusterGrammarService(FakeGrammarService())
     constraint = gateway_side.compile("spec-1")
     assert constraint.new_matcher() == "matcher of spec-1" and constraint.min_completion_tokens() == 3
-    assert gateway_side.stats() == "stats" and gateway_side.compile_async is None
+    assert gateway_side.stats() == "stats"
+    # what the gateway awaits: the same compile, on a worker thread
+    awaited = asyncio.run(gateway_side.compile_async("spec-0"))
+    assert awaited.new_matcher() == "matcher of spec-0" and awaited.spec == "spec-0"
     replica_side = FakeGrammarService()
     try:
         grammar_bridge.use_replica_grammar(None)  # a process that is not a replica

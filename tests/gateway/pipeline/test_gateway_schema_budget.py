@@ -154,6 +154,23 @@ def test_structure_level_keeps_a_property_named_description():
     }
 
 
+def test_compaction_reaches_every_sub_schema_the_keyword_table_names():
+    # one table (grammar/schema/keyword_sets.py) for every walker: draft-7 `dependencies` and
+    # `additionalItems` hold schemas too (a name list under `dependencies` is left as it is)
+    schema = {
+        "type": "object",
+        "dependencies": {"a": {"description": "dropped", "required": ["b"]}, "c": ["d"]},
+        "items": [{"type": "string"}],
+        "additionalItems": {"type": "integer", "title": "dropped"},
+    }
+    assert compact_schema(schema, STRUCTURE) == {
+        "type": "object",
+        "dependencies": {"a": {"required": ["b"]}, "c": ["d"]},
+        "items": [{"type": "string"}],
+        "additionalItems": {"type": "integer"},
+    }
+
+
 # ------------------------------------------------------------------ over HTTP (fake engine)
 
 
