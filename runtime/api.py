@@ -31,6 +31,8 @@ class EngineError(Exception):
 # The error of a strict request whose output kept breaking a keyword only the check of the finished
 # value enforces (check-and-roll-back), every rewrite spent: "value_retries_exhausted: <why>".
 VALUE_RETRIES_EXHAUSTED = "value_retries_exhausted"
+# the error text a request in flight ends with when the engine stops under it (a 503, not a 500)
+ENGINE_STOPPED = "engine stopped"
 
 BACKGROUND_PRIORITY = 1  # GenerateRequest.priority of work that yields to online requests (batches)
 

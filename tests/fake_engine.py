@@ -55,6 +55,7 @@ class FakeEngine:
         self.finish_reason = finish_reason
         self.cached_tokens = cached_tokens
         self.closed_at_budget = False  # the final event's flag (strict closing completed the value)
+        self.error: str | None = None  # the final event's error (with finish_reason "error")
         self.pin_budget = pin_budget  # None: this engine cannot pin (no prefix cache)
         self.refuse: EngineError | None = None  # raised from submit
         self.submitted: list[GenerateRequest] = []
@@ -109,6 +110,7 @@ class FakeEngine:
                     cached_tokens=min(self.cached_tokens, len(req.prompt_ids)),
                     completion_tokens=i + 1,
                     closed_at_budget=done and self.closed_at_budget,
+                    error=self.error if done else None,
                 )
         finally:
             if not done:

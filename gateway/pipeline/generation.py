@@ -15,7 +15,15 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 from gateway.errors import SERVER_ERROR, APIError, ClientDisconnected, from_engine_error, overloaded
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.logprobs import TokenTexts, token_texts
-from runtime.api import VALUE_RETRIES_EXHAUSTED, EngineClient, EngineError, GenerateRequest, StreamEvent, TokenLogprob
+from runtime.api import (
+    ENGINE_STOPPED,
+    VALUE_RETRIES_EXHAUSTED,
+    EngineClient,
+    EngineError,
+    GenerateRequest,
+    StreamEvent,
+    TokenLogprob,
+)
 
 T = TypeVar("T")
 
@@ -204,6 +212,10 @@ class EngineStream:
                 o.error.partition(": ")[2] + ". Raise max_tokens, send a temperature above 0, or send "
                 '"schema_mode": "best_effort" to receive the last value with its schema errors.',
                 code=VALUE_RETRIES_EXHAUSTED,
+            )
+        if o.error and o.error.startswith(ENGINE_STOPPED):  # stopped under it (shutdown, a lost tensor-parallel rank)
+            raise APIError(
+                503, f"The engine stopped: {o.error}. Retry the request.", type=SERVER_ERROR, code="engine_stopped"
             )
         if o.finish_reason == "error" or o.error:
             raise APIError(

@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from runtime.api import (
+    ENGINE_STOPPED,
     EngineError,
     EngineInfo,
     EngineStats,
@@ -91,6 +92,8 @@ class Engine:
             self._load(cfg)
         except BaseException:  # a model that cannot load: nothing is left running, nothing to shut down at exit
             self._closed = True
+            if hasattr(self, "runner"):  # its tensor-parallel workers
+                self.runner.close()
             self._torch.close()
             if hasattr(self, "cache"):
                 self.cache.close()
@@ -183,6 +186,7 @@ class Engine:
             except concurrent.futures.TimeoutError:
                 log.error("engine loop did not stop within 30 s")
             self._loop_future = None
+        self.runner.close()  # tensor-parallel workers, if any
         self._torch.close()
         self.cache.close()
 
@@ -214,6 +218,8 @@ class Engine:
         """Queue `spec`; `emit` gets its events on the engine thread. Refusals raise EngineError
         here, before anything is queued (for callers with their own event plumbing: benches)."""
         spec = self.validate(spec)
+        if self._stop.is_set():  # stopped on its own (a tensor-parallel rank lost): nothing would run it
+            raise EngineError(f"{ENGINE_STOPPED}; retry the request on another server", code="engine_stopped")
         if not self.counts.try_submit():
             raise EngineError("server overloaded: the waiting queue is full; retry later", code="overloaded")
         self._post(Add(spec, emit))
@@ -332,10 +338,13 @@ class Engine:
                 self._timed_step()
             except Exception as e:  # never leave callers hanging: fail what was in flight, keep serving
                 log.exception("engine step failed")
+                fatal = getattr(e, "fatal", False)  # a tensor-parallel rank lost: stop (runtime/parallel/launch.py)
                 for r in self.scheduler.running + self.scheduler.waiting:
-                    self._finish(r, "error", error=f"engine error: {e}")
+                    self._finish(r, "error", error=f"{ENGINE_STOPPED}: {e}" if fatal else f"engine error: {e}")
+                if fatal:
+                    self._stop.set()
         for r in self.scheduler.running + self.scheduler.waiting:
-            self._finish(r, "error", error="engine stopped")
+            self._finish(r, "error", error=ENGINE_STOPPED)
         self._drain_inbox(stopping=True)
 
     def _drain_inbox(self, stopping: bool = False) -> None:
@@ -373,7 +382,7 @@ class Engine:
             )
             return
         if stopping:
-            self._finish(req, "error", error="engine stopped")
+            self._finish(req, "error", error=ENGINE_STOPPED)
         else:
             self.scheduler.add(req)
 

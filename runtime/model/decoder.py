@@ -158,8 +158,8 @@ class DecoderModel:
         fmt: str | None = None,
         reason: str = "the engine dtype",
         codes: dict[str, Int4Codes | Int8Codes] | None = None,
+        shard=None,
     ):
-        self.cfg = cfg
         self.device = device
         self.dtype = dtype
         self.weights = fmt or DTYPE_FORMATS.get(dtype, str(dtype))
@@ -167,7 +167,11 @@ class DecoderModel:
         family = family_for_model_type(cfg.model_type)
         if family is None:  # models.registry.model_config refuses these; a hand-made config may not
             raise ModelLoadError(f"model_type {cfg.model_type!r}: no model family")
-        w = {k: v.to(device=device, dtype=dtype) for k, v in family.weights(weights, cfg).items()}
+        w = family.weights(weights, cfg)
+        if shard is not None:  # a tensor-parallel rank: its slices, heads and MLP columns (runtime/parallel/)
+            w, cfg = shard(w, cfg)
+        self.cfg = cfg
+        w = {k: v.to(device=device, dtype=dtype) for k, v in w.items()}
         codes = codes or {}
         try:
             self.embed = w["model.embed_tokens.weight"]
@@ -259,7 +263,7 @@ class DecoderModel:
         for the rows in `batch.logits_index`."""
         cfg = self.cfg
         attn.prepare(batch)
-        h = F.embedding(batch.input_ids, self.embed)
+        h = self.embed_tokens(batch.input_ids)
         if cfg.embed_scale != 1.0:  # in the embeddings' dtype, as transformers' Gemma3TextScaledWordEmbedding
             h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
         cos, sin = self.rope.tables(batch.positions)  # once per pass, not per layer
@@ -275,6 +279,10 @@ class DecoderModel:
         h = self._pad_small(batch.logits_rows(h))
         logits = self.lm_head(rms_norm(h, self.norm, cfg.rms_norm_eps))
         return self._softcap(logits[: batch.logits_index.shape[0]].float())
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings (a tensor-parallel rank's own: runtime/parallel/model.py)."""
+        return F.embedding(ids, self.embed)
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.cfg.final_logit_softcapping

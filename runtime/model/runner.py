@@ -26,6 +26,7 @@ from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool, ReqToTokenTable
 from runtime.model.config import ModelConfig
 from runtime.model.decoder import load_model
+from runtime.parallel.budget import check_weight_budget
 from runtime.request import Req
 
 log = logging.getLogger("jumpgate.engine")
@@ -91,14 +92,33 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         # before the model: `auto` weights are q4 only under batch-invariant attention (runtime/model/weight_format.py)
         self.attn = make_attention_backend(cfg.attention_backend, device)
-        self.model = load_model(
-            model_dir,
-            mc,
-            cfg.weights,
-            device,
-            dtype,  # .weights / .weights_reason: which, why
-            invariant_attention=self.attn.batch_invariant,
-        )
+        self.tp = None  # rank 0 of a tensor-parallel group (runtime/parallel/): its workers
+        if cfg.tensor_parallel_size > 1:
+            from runtime.parallel.launch import TensorParallel
+
+            self.tp = TensorParallel(cfg, model_dir, mc, device, dtype)
+        try:
+            self._build(cfg, model_dir, mc, device, dtype, max_context)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cfg, model_dir, mc, device, dtype, max_context) -> None:
+        if self.tp is None:
+            self.model = load_model(
+                model_dir,
+                mc,
+                cfg.weights,
+                device,
+                dtype,  # .weights / .weights_reason: which, why
+                invariant_attention=self.attn.batch_invariant,
+            )
+        else:
+            from runtime.parallel.model import load_sharded_model
+
+            self.model = load_sharded_model(model_dir, mc, cfg.weights, device, dtype, self.tp.group)
+        size = cfg.tensor_parallel_size
+        check_weight_budget(self.model, cfg.rank_memory_budget_mb, 0, size)
         # the kernel's float32 passes only (other dtypes go through torch)
         tiles = (
             cfg.attention_tiles != "off"
@@ -113,12 +133,13 @@ class ModelRunner:
                 self.model.weights,
                 dtype,
             )
-        bpt = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
+        kv_heads = mc.num_kv_heads // size  # under tensor parallelism each rank holds its heads' K/V
+        bpt = KVPool.bytes_per_token(mc.num_layers, kv_heads, mc.head_dim, dtype)
         self.kv_pool_tokens = cfg.kv_pool_tokens or default_pool_tokens(bpt, device)
         self.kv = KVPool(
             mc.num_layers,
             self.kv_pool_tokens,
-            mc.num_kv_heads,
+            kv_heads,
             mc.head_dim,
             dtype,
             device,
@@ -127,8 +148,11 @@ class ModelRunner:
         self.req_table = ReqToTokenTable(cfg.max_running_requests, max_context + cfg.max_jump_forward_tokens + 2)
         # shared-prefix groups are built only for a backend that reads them
         self.cascade = cfg.cascade_attention and self.attn.supports_prefix_groups
-        self.cuda_graphs = None  # decode passes replayed from CUDA graphs (CUDA + triton only)
-        if cfg.cuda_graphs and device.type == "cuda" and self.attn.name == "triton" and self.model.graph_capturable:
+        if self.tp is not None:
+            self.tp.start(self.kv_pool_tokens)  # the workers' pools: the same slots, their heads
+        self.cuda_graphs = None  # decode passes replayed from CUDA graphs (CUDA + triton only, one rank)
+        graphs = cfg.cuda_graphs and self.tp is None and self.attn.name == "triton" and self.model.graph_capturable
+        if graphs and device.type == "cuda":
             from runtime.model.cuda_graphs import DecodeCudaGraphs
 
             self.cuda_graphs = DecodeCudaGraphs(
@@ -176,11 +200,21 @@ class ModelRunner:
             )
         # Always run the pass, even when no row's logits are wanted (a pass of only mid-prompt
         # prefill chunks): the forward is what writes this pass's K/V into the pool.
+        return PassOutput(self.forward(batch), rows)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The logits of one pass (its K/V written into the pool): a CUDA graph's replay where one
+        fits, on every tensor-parallel rank where there are several, else this model's forward."""
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
-            logits = self.cuda_graphs.run(batch)
-        else:
-            logits = self.model.forward(batch, self.kv, self.attn)
-        return PassOutput(logits, rows)
+            return self.cuda_graphs.run(batch)
+        if self.tp is not None:  # the workers run the same pass on their shards
+            return self.tp.run_pass(batch, lambda: self.model.forward(batch, self.kv, self.attn))
+        return self.model.forward(batch, self.kv, self.attn)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent)."""
+        if self.tp is not None:
+            self.tp.close()
 
     @staticmethod
     def rows_to_host(out: PassOutput, chosen: dict[str, int]) -> tuple[torch.Tensor | None, dict[str, int]]:

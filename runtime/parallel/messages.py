@@ -1,4 +1,5 @@
-"""What rank 0 sends its workers over their pipes: start-up settings, then one message per pass.
+"""What rank 0 sends its workers over their pipes: the start-up settings (a `WorkerSpec`), the pool
+size, then one message per pass.
 
 A pass's `ForwardBatch` travels as numpy arrays and lists (plain pickling; torch's tensor pickling
 in multiprocessing would pass shared-memory handles), and is rebuilt on the worker's device.
@@ -21,7 +22,8 @@ POOL = "pool"  # ("pool", kv_pool_tokens): build the KV pool, then answer READY
 PASS = "pass"  # ("pass", encoded batch): run one forward pass
 STOP = "stop"  # ("stop", None): leave
 # worker -> rank 0
-READY = "ready"  # ("ready", None)
+UP = "up"  # ("up", None): started, joining the group
+READY = "ready"  # ("ready", None): shard and pool built
 FAILED = "failed"  # ("failed", one line): the worker could not start or run a pass, and exits
 
 

@@ -89,7 +89,7 @@ def load_sharded_model(
     model_dir: Path, mc: ModelConfig, weights: str, device: torch.device, dtype: torch.dtype, group: TPGroup
 ) -> ShardedDecoderModel:
     """This rank's shard in a dense format (runtime/parallel/sharding.py says which)."""
-    check_shardable(mc, group.size, device)
+    check_shardable(mc, group.size, device, weights)
     fmt, reason = resolve_format(model_dir, weights, device, dtype)
     fmt, reason = split_format(weights, fmt, reason, dtype, group.size)
     reason = f"{reason}; split across {group.size} tensor-parallel ranks ({group.backend})"  # the banner says so

@@ -23,8 +23,10 @@ ROW = ("o_proj", "down_proj")  # input columns split
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
-def check_shardable(mc: ModelConfig, size: int, device: torch.device) -> None:
-    """One clear ModelLoadError for a model or place that `size` ranks cannot split."""
+def check_shardable(mc: ModelConfig, size: int, device: torch.device, weights: str = "auto") -> None:
+    """One clear ModelLoadError for a model, weight format or place that `size` ranks cannot split."""
+    if weights not in ("auto", *SPLIT_FORMATS):
+        raise ModelLoadError(f"--weights {weights}: not split across ranks ({FLAG} {size} takes fp32 or bf16)")
     if mc.num_experts > 0:
         raise ModelLoadError(
             f"{FLAG} {size}: mixture-of-experts models ({mc.model_type}) are not split across ranks; "

@@ -11,18 +11,31 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
+from multiprocessing.connection import Connection
 
 import torch
 
-from runtime.parallel.messages import FAILED, PASS, POOL, READY, STOP, WorkerSpec, decode_batch
+from runtime.parallel.messages import FAILED, PASS, POOL, READY, STOP, UP, WorkerSpec, decode_batch
 
 log = logging.getLogger("jumpgate.tp")
 
 
-def worker_main(conn, spec: WorkerSpec) -> None:
-    """The spawned process's entry (multiprocessing target)."""
+def main() -> None:
+    """`python -m runtime.parallel.worker FD`: FD is this worker's end of rank 0's socket pair."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches rank 0, which stops us in turn
+    conn = Connection(int(sys.argv[1]))
     try:
+        spec = conn.recv()
+    except (EOFError, OSError):
+        return
+    worker_main(conn, spec)
+
+
+def worker_main(conn, spec: WorkerSpec) -> None:
+    """Join, build, serve; every way out closes the pipe."""
+    try:
+        conn.send((UP, None))
         state = _start(conn, spec)
         if state is not None:
             _serve(conn, *state)
@@ -86,3 +99,7 @@ def _tell(conn, line: str) -> None:
         conn.send((FAILED, line))
     except OSError:
         pass
+
+
+if __name__ == "__main__":
+    main()

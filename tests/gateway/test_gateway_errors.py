@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.api import EngineError
+from runtime.api import ENGINE_STOPPED, EngineError
 from tests.conftest import MODEL, USER, WEATHER_TOOL, chat
 
 
@@ -244,6 +244,14 @@ def test_gateway_concurrency_guard_is_503(gateway_client, fake_engine):
 def test_engine_stopped_is_503(gateway_client, fake_engine):
     fake_engine.refuse = EngineError("engine stopped", code="engine_stopped")
     assert_error(chat(gateway_client()), 503, None, "engine_stopped")
+
+
+def test_a_request_the_engine_stopped_under_is_503(gateway_client, fake_engine):
+    """A lost tensor-parallel rank (or a shutdown) ends the requests in flight with ENGINE_STOPPED:
+    a 503 engine_stopped that says why, not a 500."""
+    fake_engine.finish_reason, fake_engine.error = "error", f"{ENGINE_STOPPED}: tensor-parallel rank 1 exited (code -9)"
+    err = assert_error(chat(gateway_client()), 503, None, "engine_stopped")
+    assert "tensor-parallel rank 1 exited" in err["message"]
 
 
 def test_stream_refusal_is_http_error_not_sse(gateway_client, fake_engine):

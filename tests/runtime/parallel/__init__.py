@@ -1,0 +1,1 @@
+"""Tests of runtime/parallel/: tensor parallelism across CPU processes (gloo)."""
