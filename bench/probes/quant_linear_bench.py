@@ -14,6 +14,10 @@ kernels (runtime/cpu_kernels/quant_linear.cpp) against what they replaced, side 
 
 One JSON line per (part, rows): milliseconds of each and the ratio.
 
+`--q6k` instead runs SmolLM2's 30 ffn_down shapes (576 x 1536) as Q6_K blocks through the int4
+kernel reading their 6-bit codes as stored (`packed6_ms`) against the same codes widened to int8
+(`int8_ms`, how Q6_K ran before).
+
 `--stream` instead measures what limits a one-row decode: the bytes a second our int4 kernel
 streams over working sets too large for the caches, as a few large calls or many small ones, with
 one thread and with two, against fp32 `F.linear` (MKL's GEMV) over the same bytes in the same
@@ -38,6 +42,8 @@ from runtime.model.linear import (
     f32_quant_kernels,
     i8_quant_kernels,
     make_int8_group_linear,
+    make_q4_linear,
+    make_wide_linear,
     quant_kernels,
 )
 from runtime.model.quant_codes import Int4Codes
@@ -60,10 +66,13 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,16,64,512")
     ap.add_argument("--stream", action="store_true", help="bytes a second at one row over large working sets")
+    ap.add_argument("--q6k", action="store_true", help="Q6_K layers: 6-bit codes as stored against int8 codes")
     args = ap.parse_args(argv)
     if args.stream:
         return stream()
     torch.set_num_threads(args.threads)
+    if args.q6k:
+        return q6k([int(r) for r in args.rows.split(",")], args.threads)
     from runtime.model.loader import read_gguf_codes, resolve_model_dir, source_gguf
 
     embed = read_gguf_codes(source_gguf(resolve_model_dir()))["model.embed_tokens.weight"]
@@ -165,6 +174,36 @@ def compare(
             ),
             flush=True,
         )
+
+
+def q6k(rows: list[int], threads: int) -> None:
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+
+    from runtime.model.gguf_blocks import layer_codes, quantize
+
+    if quant_kernels() is None:
+        print(json.dumps({"bench": "quant_linear", "part": "q6k", "skipped": "no AVX512-BF16 kernels here"}))
+        return
+    rng = np.random.default_rng(0)
+    codes = [
+        layer_codes(T.Q6_K, quantize(rng.standard_normal((576, 1536)).astype(np.float32) * 0.05, T.Q6_K))
+        for _ in range(LAYERS)
+    ]
+    packed6 = [make_q4_linear(c, None) for c in codes]
+    int8 = [make_wide_linear(c, None) for c in codes]
+    print(
+        json.dumps(
+            {
+                "bench": "quant_linear",
+                "part": "q6k",
+                "packed6_bytes": sum(x.nbytes for x in packed6),
+                "int8_bytes": sum(x.nbytes for x in int8),
+            }
+        ),
+        flush=True,
+    )
+    compare(rows, threads, "q6k", "packed6_ms", packed6, "int8_ms", int8, torch.bfloat16)
 
 
 # (calls, output columns) of K = 576 inputs: ~85 MB of int4 codes and float32 scales and offsets

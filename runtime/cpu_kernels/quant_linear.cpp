@@ -1,8 +1,10 @@
 // y = x @ W.T for group-wise quantized weights (groups of 32 inputs), bf16 activations and bf16
 // outputs: the GGUF's own codes, run on CPUs with AVX512-BF16 (runtime/model/linear.py says when).
-//   int4_linear: w = q * scale + offset, q in 0..15 (Q4_1 blocks: the q4 format's layers);
+//   int4_linear: w = q * scale + offset, q in 0..15 (Q4_1 and Q4_K blocks: the q4 format's layers),
+//   or 5-bit codes as stored (Q5_0, Q5_1, Q5_K: Packed5), or 6-bit ones (Q6_K, in groups of 16:
+//   Packed6, the group a template's G);
 //   int8_linear: w = q * scale (+ offset), q in -128..127 (Q8_0 blocks: q4's logits layer; the
-//   wider GGUF codes, Q5_0, Q5_K and Q6_K, the last in groups of 16: a template's G).
+//   other codes where a layer's shape or a CPU keeps them off int4_linear).
 //
 // Why our own kernel: aten's _weight_int4pack_mm_for_cpu dequantizes every weight to fp32 for
 // every row and multiplies with fp32 FMAs, so its cost grows with the row count at fp32 speed
@@ -36,6 +38,7 @@
 #include "ops.h"
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -49,6 +52,10 @@
 namespace {
 
 using jumpgate::amx_usable;
+
+// Whether these kernels may take AMX tiles where the CPU has them: only tests turn it off, to run the
+// vector path on an AMX CPU (quant_linear_use_amx); a serving process keeps one path throughout.
+std::atomic<bool> amx_allowed{true};
 
 constexpr int GROUP = 32;             // inputs per (scale, offset); int8_linear also takes 16 (G)
 constexpr int64_t COLS = 16;          // output columns a vector holds
@@ -125,6 +132,29 @@ struct Packed5 {
   }
 };
 
+// 6-bit codes (Q6_K): Packed5's layout with a second plane, the sixth bits as two more 32-bit masks
+// (pack_int6_tiles' layout [K/4][48 bytes]): masked adds of 16 and of 32 make the words 0x4300 | q.
+struct Packed6 {
+  using Code = uint8_t;
+  static constexpr at::ScalarType DTYPE = at::kByte;
+  static constexpr int64_t INPUTS_PER_ROW = 4;
+  static constexpr int64_t QUAD_BYTES = WORDS + 16;
+  const uint8_t* p;
+  int64_t quads;
+  void get(int64_t j, int c, __m512i& first, __m512i& second) const {
+    const uint8_t* at = p + (c * quads + j) * QUAD_BYTES;
+    _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH, _MM_HINT_T0);
+    expand(at, first, second);
+    uint32_t high[4];  // fifth bits of both operands, then sixth bits
+    std::memcpy(high, at + WORDS, sizeof high);
+    const __m512i sixteen = _mm512_set1_epi16(16), thirty_two = _mm512_set1_epi16(32);
+    first = _mm512_mask_add_epi16(first, high[0], first, sixteen);
+    second = _mm512_mask_add_epi16(second, high[1], second, sixteen);
+    first = _mm512_mask_add_epi16(first, high[2], first, thirty_two);
+    second = _mm512_mask_add_epi16(second, high[3], second, thirty_two);
+  }
+};
+
 struct Packed8 {
   using Code = int8_t;
   static constexpr at::ScalarType DTYPE = at::kChar;
@@ -158,6 +188,21 @@ inline void scale_and_offset(const ScaleHalf* so, __m512& d, __m512& o) {
   const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(so + COLS)));
   o = _mm512_fnmadd_ps(_mm512_set1_ps(136.0f), d, _mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, m));
 }
+// Q6_K's scales alone (Centered6, stored as float32): w = (q - 32) d, so the offset for the codes
+// 128 + q is -160 d, made here instead of streamed (2 bits a weight in groups of 16, not 4); exact,
+// as d (an fp16 d times an int8 sc) has at most 18 significant bits: the bits of a stored offset.
+struct Centered6 {
+  float d;
+};
+// scale_offset entries stored per group: S, but one for Centered6 (its offset is made, not read)
+template <int S, typename Scale>
+constexpr int64_t STORED = std::is_same_v<Scale, Centered6> ? 1 : S;
+template <int S>
+inline void scale_and_offset(const Centered6* so, __m512& d, __m512& o) {
+  static_assert(S == 2, "Centered6 makes an offset");
+  d = _mm512_loadu_ps(reinterpret_cast<const float*>(so));
+  o = _mm512_mul_ps(_mm512_set1_ps(-160.0f), d);
+}
 
 // R rows x C column vectors over every group. x: R rows of bf16 inputs (stride ldx); sums: the
 // rows' per-group input sums (stride groups; unused without offsets); scale_offset:
@@ -186,7 +231,7 @@ void tile_rows(const Weights& w, const uint16_t* x, int64_t ldx, const float* su
     }
     for (int c = 0; c < C; ++c) {
       __m512 d, o;
-      scale_and_offset<S>(scale_offset + ((c * groups + g) * S) * COLS, d, o);
+      scale_and_offset<S>(scale_offset + (c * groups + g) * STORED<S, Scale> * COLS, d, o);
       for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(acc[r][c], d, y[r][c]);
       if constexpr (S == 2) {
         for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[r][c]);
@@ -220,13 +265,13 @@ void tile(const Weights& w, const uint16_t* x, int64_t M, int64_t K, const float
   }
 }
 
-// The codes (Packed4 or Packed8 over the whole weight) and scale_offset entries (S a group) of the
+// The codes (Packed4/5/6 or Packed8 over the whole weight) and scale_offset entries (S a group) of the
 // column tile that starts at column n0.
 template <int S, int G, typename Packed, typename Scale>
 std::pair<Packed, const Scale*> column_tile(const Packed& all, int64_t n0, int64_t K, const Scale* scale_offset) {
   const int64_t quads = K / 4;
   return {Packed{all.p + (n0 / COLS) * quads * Packed::QUAD_BYTES, quads},
-          scale_offset + (n0 / COLS) * (K / G) * S * COLS};
+          scale_offset + (n0 / COLS) * (K / G) * STORED<S, Scale> * COLS};
 }
 
 // A column tile's codes (C vectors of the weights `p`, `quads` quads deep) expanded once into
@@ -293,7 +338,7 @@ void amx_rows(const uint16_t* expanded, const uint16_t* xpad, int64_t M, int64_t
         _tile_dpbf16ps(0, 1, 2);
         _tile_stored(0, part, COLS * sizeof(float));
         __m512 d, o;
-        scale_and_offset<S>(scale_offset + ((c * groups + g) * S) * COLS, d, o);
+        scale_and_offset<S>(scale_offset + (c * groups + g) * STORED<S, Scale> * COLS, d, o);
         for (int r = 0; r < R; ++r) y[r] = _mm512_fmadd_ps(_mm512_load_ps(part + r * COLS), d, y[r]);
         if constexpr (S == 2) {
           for (int r = 0; r < R; ++r)
@@ -339,7 +384,7 @@ void amx_streamed(const Packed& p, const uint16_t* x, int64_t M, int64_t K, cons
     const auto accumulate = [&](int64_t g, const float (*from)[R * COLS]) {
       for (int v = 0; v < V; ++v) {
         __m512 d, o;
-        scale_and_offset<S>(scale_offset + (((c0 + v) * groups + g) * S) * COLS, d, o);
+        scale_and_offset<S>(scale_offset + ((c0 + v) * groups + g) * STORED<S, Scale> * COLS, d, o);
         for (int r = 0; r < R; ++r) y[v][r] = _mm512_fmadd_ps(_mm512_load_ps(from[v] + r * COLS), d, y[v][r]);
         if constexpr (S == 2) {
           for (int r = 0; r < R; ++r) y[v][r] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[v][r]);
@@ -391,7 +436,7 @@ void run_tile_amx(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, 
 }
 #endif
 
-// The C column vectors from column n0 on, for every row. `Packed`: Packed4 or Packed8 over the
+// The C column vectors from column n0 on, for every row. `Packed`: Packed4/5/6 or Packed8 over the
 // whole weight; S: scale_offset entries per group.
 template <int C, int S, int G, typename Packed, typename Scale>
 void run_tile(const Packed& all, int64_t n0, std::vector<uint16_t>& buffer, const uint16_t* x, int64_t M,
@@ -417,7 +462,7 @@ void run_one_row_wide(const Packed& all, int64_t n0, const uint16_t* x, int64_t 
 // odd number of vectors; 64 for a single row where N is a multiple of 64).
 template <int S, int G, typename Packed, typename Scale>
 torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
-  const bool amx = amx_usable();
+  const bool amx = amx_usable() && amx_allowed.load(std::memory_order_relaxed);
   constexpr at::ScalarType code_type = Packed::DTYPE;
   constexpr int64_t inputs_per_row = Packed::INPUTS_PER_ROW;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, name, ": x [M, K], bfloat16");
@@ -427,10 +472,11 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * COLS, groups = K / G;
   TORCH_CHECK(K % G == 0 && packed.size(1) * inputs_per_row == K, name, ": K must be a multiple of ", G,
               " and match the weights");
-  constexpr at::ScalarType scale_type = std::is_same_v<Scale, float> ? at::kFloat : at::kHalf;
+  constexpr at::ScalarType scale_type = std::is_same_v<Scale, ScaleHalf> ? at::kHalf : at::kFloat;
+  constexpr int64_t stored = STORED<S, Scale>;
   TORCH_CHECK(scale_offset.scalar_type() == scale_type && scale_offset.dim() == 4 &&
-              scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == S &&
-              scale_offset.size(3) == COLS, name, ": scale_offset [N/16, K/", G, ", ", S, ", 16], ",
+              scale_offset.size(0) == N / COLS && scale_offset.size(1) == groups && scale_offset.size(2) == stored &&
+              scale_offset.size(3) == COLS, name, ": scale_offset [N/16, K/", G, ", ", stored, ", 16], ",
               c10::toString(scale_type));
   x = x.contiguous();
   packed = packed.contiguous();
@@ -494,8 +540,14 @@ torch::Tensor quant_linear(const char* name, torch::Tensor x, torch::Tensor pack
 // [N/16, K/32, 2, 16]: per column vector and group, 16 scales then 16 offsets for the kernel's
 // codes 128 + q, float32; or float16, a Q4_1 block's own d then m (w = d q + m; scale_and_offset).
 // packed [N/16, K/4, 40] (pack_int5_tiles): 5-bit codes, the same scales and offsets.
+// packed [N/16, K/4, 48] (pack_int6_tiles): 6-bit codes in groups of 16, scale_offset float32
+// [N/16, K/16, 2, 16], or [N/16, K/16, 1, 16] for Q6_K's scales alone (w = (q - 32) * scale).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor scale_offset) {
   const bool half = scale_offset.scalar_type() == at::kHalf;
+  if (packed.dim() == 3 && packed.size(2) == Packed6::QUAD_BYTES)
+    return scale_offset.dim() == 4 && scale_offset.size(2) == 1
+               ? quant_linear<2, 16, Packed6, Centered6>("int4_linear", x, packed, scale_offset)
+               : quant_linear<2, 16, Packed6, float>("int4_linear", x, packed, scale_offset);
   if (packed.dim() == 3 && packed.size(2) == Packed5::QUAD_BYTES)
     return half ? quant_linear<2, GROUP, Packed5, ScaleHalf>("int4_linear", x, packed, scale_offset)
                 : quant_linear<2, GROUP, Packed5, float>("int4_linear", x, packed, scale_offset);
@@ -518,6 +570,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 
 bool int4_linear_available() { return true; }
 bool int4_linear_amx() { return amx_usable(); }
+bool quant_linear_use_amx(bool on) { return amx_allowed.exchange(on); }
 
 #else  // no AVX512-BF16: runtime/model/linear.py keeps aten's int4 kernel and a bf16 logits layer
 
@@ -531,6 +584,7 @@ torch::Tensor int8_linear(torch::Tensor, torch::Tensor, torch::Tensor) {
 
 bool int4_linear_available() { return false; }
 bool int4_linear_amx() { return false; }
+bool quant_linear_use_amx(bool) { return false; }
 
 #endif
 
@@ -539,4 +593,6 @@ TORCH_LIBRARY_FRAGMENT(jumpgate_cpu, m) {
   m.def("int8_linear(Tensor x, Tensor packed, Tensor scales) -> Tensor", &int8_linear);
   m.def("int4_linear_available() -> bool", &int4_linear_available);
   m.def("int4_linear_amx() -> bool", &int4_linear_amx);
+  // tests: whether int4_linear and int8_linear may use AMX (where usable); returns the setting before
+  m.def("quant_linear_use_amx(bool on) -> bool", &quant_linear_use_amx);
 }

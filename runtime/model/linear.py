@@ -10,11 +10,11 @@
   `aten._weight_int4pack_mm_for_cpu` elsewhere.
 - `Int8GroupLinear`: GGUF Q8_0 blocks (w = q * d, groups of 32) as they are, through the same
   file's int8 kernel: q4's logits layer, the tied embedding's own codes, and q8's layers (the float
-  weights quantized the same way). Also a GGUF's wider layer codes (`make_wide_linear`: Q5_0,
-  Q5_1, Q5_K, Q6_K in groups of 16, Q8_0), one int8 code a weight, with per-group offsets where
-  the blocks have mins. A K-quant file's Q4_K layers are 4-bit `Int4Codes` (scale d * sc, min
-  -dmin * m, fp32) on the int4 kernels; its 5-bit ones (Q5_0, Q5_1, Q5_K) on `Int4Linear` too,
-  read as stored (`pack_int5_tiles`) where the AVX512-BF16 kernels are built.
+  weights quantized the same way). Also a GGUF's Q8_0 layer codes (`make_wide_linear`), one int8
+  code a weight, with per-group offsets where the blocks have mins. A K-quant file's Q4_K layers
+  are 4-bit `Int4Codes` (scale d * sc, min -dmin * m, fp32) on the int4 kernels; its 5- and 6-bit
+  ones (Q5_0, Q5_1, Q5_K; Q6_K in groups of 16) on `Int4Linear` too, read as stored
+  (`pack_int5_tiles`, `pack_int6_tiles`) where the AVX512-BF16 kernels are built.
 - `CodesLinearF32`: the same Q4_1 or Q8_0 codes with float32 activations, through
   runtime/cpu_kernels/quant_linear_f32.cpp (AVX2 + FMA), dequantized in registers to exactly the
   float32 reference's weights: q4's logits layer on CPUs without native bf16
@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from runtime.model.quant_codes import INT4_GROUP, Int4Codes, Int8Codes
 
 TILE = 16  # output columns per vector in cpu_kernels/quant_linear.cpp
+_GROUPS = {4: INT4_GROUP, 5: INT4_GROUP, 6: 16}  # code bits -> the group int4_linear takes them in
 # How runtime/cpu_kernels/decoder_layers.cpp runs a layer (its LinearKind values): a kernel by name,
 # or aten's int8 and dense matmuls. A layer's `loop_spec()` is (kind, a, b, bias), what that call
 # takes, or None where only Python can run it.
@@ -136,14 +137,23 @@ class Int4Linear:
         self.group = w.group
         self.shape = (n, k)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
-        self._ops = quant_kernels() if kernels and w.group == INT4_GROUP and n % TILE == 0 else None
-        if w.bits > 4 and (self._ops is None or w.bits > 5):
-            raise ValueError(f"{w.bits}-bit codes: the int4 kernel takes 5-bit ones where it is built, in groups of 32")
+        self._ops = quant_kernels() if kernels and w.group == _GROUPS.get(w.bits) and n % TILE == 0 else None
+        if w.bits > 4 and self._ops is None:
+            raise ValueError(
+                f"{w.bits}-bit codes in groups of {w.group}: the int4 kernel takes 5-bit ones in groups of 32 and"
+                " 6-bit ones in groups of 16, where it is built"
+            )
         if self._ops is not None:
             self.kernel = "jumpgate_cpu.int4_linear"
-            self.packed = pack_int4_tiles(w.codes) if w.bits == 4 else pack_int5_tiles(w.codes)
+            self.packed = {4: pack_int4_tiles, 5: pack_int5_tiles, 6: pack_int6_tiles}[w.bits](w.codes)
             # the kernel's codes are 128 + q: w = (q - 8) * scale + zero = (128 + q) * scale + (zero - 136 * scale)
-            if _q4_1_halves(w):
+            if w.bits == 6:
+                # w = q * scale + min = (128 + q) * scale + (min - 128 * scale); Q6_K's scales alone
+                # (min = -32 * scale) where the kernel's own -160 * scale gives the same bits
+                scales, mins = w.scales.float(), w.offsets().float()
+                offsets = mins - 128 * scales
+                pair = [scales] if torch.equal(offsets, -160 * scales) else [scales, offsets]
+            elif _q4_1_halves(w):
                 # a GGUF's Q4_1 blocks: their own fp16 (d, m), half the bytes a decode streams with
                 # the codes; the kernel forms zero - 136 * scale = (m + 8d) - 136d with the same
                 # float32 roundings as the line below
@@ -152,7 +162,9 @@ class Int4Linear:
                 scales = w.scales.float()
                 pair = [scales, w.zeros.float() - 136 * scales]
             # [N / 16, K / group, 2, 16]: a column vector's scales and offsets group after group
-            self.scale_offset = torch.stack(pair).reshape(2, n // TILE, TILE, -1).permute(1, 3, 0, 2).contiguous()
+            self.scale_offset = (
+                torch.stack(pair).reshape(len(pair), n // TILE, TILE, -1).permute(1, 3, 0, 2).contiguous()
+            )
             self.scales_zeros = None
         else:
             self.kernel = "aten._weight_int4pack_mm_for_cpu"
@@ -209,17 +221,27 @@ def pack_int4_tiles(codes: torch.Tensor) -> torch.Tensor:
     return quads.permute(0, 2, 1, 3).reshape(n // TILE, k // 4, 2 * TILE).contiguous()
 
 
-def pack_int5_tiles(codes: torch.Tensor) -> torch.Tensor:
-    """codes [N, K] in 0..31 -> uint8 [N / 16, K / 4, 40], quant_linear.cpp's Packed5: per tile and 4
-    inputs, `pack_int4_tiles`' 32 bytes of low nibbles, then two little-endian 32-bit masks of the
-    fifth bits, bit 2c + e of mask h for column c's code of input 4j + 2h + e."""
+def _bit_masks(codes: torch.Tensor, bit: int) -> torch.Tensor:
+    """Bit `bit` of codes [N, K] -> uint8 [N / 16, K / 4, 8]: per tile and 4 inputs, two little-endian
+    32-bit masks, bit 2c + e of mask h for column c's code of input 4j + 2h + e."""
     n, k = codes.shape
-    low = pack_int4_tiles(codes & 15)
-    high = ((codes >> 4) & 1).to(torch.int64).reshape(n // TILE, TILE, k // 4, 2, 2)  # [tile, col, j, h, e]
+    high = ((codes >> bit) & 1).to(torch.int64).reshape(n // TILE, TILE, k // 4, 2, 2)  # [tile, col, j, h, e]
     words = high.permute(0, 2, 3, 1, 4).reshape(n // TILE, k // 4, 2, 2 * TILE)  # [tile, j, h, word]
     masks = (words << torch.arange(2 * TILE)).sum(-1)  # [tile, j, h]
     le = torch.stack([(masks >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8)  # [tile, j, h, 4]
-    return torch.cat([low, le.reshape(n // TILE, k // 4, 8)], -1).contiguous()
+    return le.reshape(n // TILE, k // 4, 8)
+
+
+def pack_int5_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..31 -> uint8 [N / 16, K / 4, 40], quant_linear.cpp's Packed5: per tile and 4
+    inputs, `pack_int4_tiles`' 32 bytes of low nibbles, then the fifth bits' two masks (`_bit_masks`)."""
+    return torch.cat([pack_int4_tiles(codes & 15), _bit_masks(codes, 4)], -1).contiguous()
+
+
+def pack_int6_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in 0..63 -> uint8 [N / 16, K / 4, 48], quant_linear.cpp's Packed6: `pack_int5_tiles`'
+    40 bytes, then the sixth bits' two masks."""
+    return torch.cat([pack_int4_tiles(codes & 15), _bit_masks(codes, 4), _bit_masks(codes, 5)], -1).contiguous()
 
 
 def pack_int8_tiles(codes: torch.Tensor) -> torch.Tensor:
@@ -279,10 +301,14 @@ class Int8GroupLinear:
 def make_int8_group_linear(w: Int8Codes):
     """The int8 kernel over `w` where it runs (AVX512-BF16, group 32 or 16, whole vectors of 16
     columns), else the float32-activation one (AVX2 + FMA, group 32); elsewhere a bf16 copy of the
-    dequantized weights."""
+    dequantized weights. Q6_K's codes (groups of 16, -32..31: a Q4_K_M file's output or tied
+    embedding) as 6-bit ones on the int4 kernel: 8 bits a weight streamed instead of 10."""
     n, k = w.codes.shape
     fits = w.group in (16, INT4_GROUP) and n % TILE == 0 and k % w.group == 0
     ops = quant_kernels() if fits else None
+    if ops is not None and w.group == 16 and -32 <= int(w.codes.min()) and int(w.codes.max()) < 32:
+        s = w.scales.float()
+        return Int4Linear(Int4Codes((w.codes.to(torch.int16) + 32).to(torch.uint8), s, -24 * s, 16, -32 * s, 6), None)
     if ops is not None:
         return Int8GroupLinear(w, ops)
     ops = f32_quant_kernels() if fits and w.group == INT4_GROUP else None
@@ -306,11 +332,12 @@ def make_q8_linear(w: torch.Tensor, bias: torch.Tensor | None):
 
 def make_q4_linear(w: Int4Codes, bias: torch.Tensor | None):
     """A q4 layer: the bf16 int4 kernel where it is built (AVX512-BF16), else the integer one (AVX2 +
-    FMA), else aten's int4 kernel. 5-bit codes (Q5_0, Q5_1, Q5_K) on the bf16 int4 kernel too, their
-    fifth bits beside the nibbles; wider ones (Q6_K, Q8_0, stacked mixes): `make_wide_linear`."""
+    FMA), else aten's int4 kernel. 5-bit codes (Q5_0, Q5_1, Q5_K) and 6-bit ones in groups of 16
+    (Q6_K, and layers stacking it with 4- or 5-bit parts) on the bf16 int4 kernel too, their high bits
+    beside the nibbles; wider ones (Q8_0 and layers stacking it): `make_wide_linear`."""
     n, k = w.codes.shape
-    if w.bits == 5 and w.group == INT4_GROUP and n % TILE == 0 and quant_kernels() is not None:
-        return Int4Linear(w, bias)  # 5-bit codes as stored (Q5_0, Q5_1, Q5_K)
+    if w.bits in (5, 6) and w.group == _GROUPS[w.bits] and n % TILE == 0 and quant_kernels() is not None:
+        return Int4Linear(w, bias)  # 5- and 6-bit codes as stored (Q5_0, Q5_1, Q5_K; Q6_K)
     if w.bits > 4:
         return make_wide_linear(w, bias)
     ops = None if quant_kernels() is not None or w.group != INT4_GROUP or n % TILE else i8_quant_kernels()
@@ -318,7 +345,8 @@ def make_q4_linear(w: Int4Codes, bias: torch.Tensor | None):
 
 
 def make_wide_linear(w: Int4Codes, bias: torch.Tensor | None):
-    """Codes of 5 to 8 bits (5: where `make_q4_linear` cannot give them to the int4 kernel) (w = q * scale + min, groups of 32 or 16) on the int8 kernel, widened
+    """Codes of 5 to 8 bits (5 and 6: where `make_q4_linear` cannot give them to the int4 kernel)
+    (w = q * scale + min, groups of 32 or 16) on the int8 kernel, widened
     losslessly to one int8 code a weight: q - 2^(bits-1) with no offset where every min is
     -2^(bits-1) * scale (Q5_0, Q6_K, Q8_0: the kernel's S = 1), else q with the blocks' own mins
     (Q5_1, Q5_K, layers stacking them; 8-bit codes less 128, the offset rounded once). Where the

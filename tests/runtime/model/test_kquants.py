@@ -16,7 +16,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from runtime.model.gguf_blocks import layer_codes, quantize, symmetric_codes
 from runtime.model.gguf_requantize import q4_k_m_type, use_more_bits
-from runtime.model.linear import Int4Linear, Int8GroupLinear, make_int8_group_linear, make_q4_linear
+from runtime.model.linear import Int4Linear, Int8GroupLinear, make_int8_group_linear, make_q4_linear, make_wide_linear
 from runtime.model.quant_codes import Int4Codes
 
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
@@ -95,8 +95,8 @@ def test_the_kernel_equals_x_times_the_dequantized_weights(bf16_kernels, kind, n
     b = blocks(kind, n, k)
     codes = layer_codes(kind, b)
     lin = make_q4_linear(codes, None)
-    # 4- and 5-bit codes on the int4 kernel (the fifth bit beside the nibbles), wider ones on int8
-    assert isinstance(lin, Int4Linear if codes.bits <= 5 else Int8GroupLinear)
+    # 4- to 6-bit codes on the int4 kernel (the high bits beside the nibbles), Q8_0's on int8
+    assert isinstance(lin, Int4Linear if codes.bits <= 6 else Int8GroupLinear)
     x = activations(m, k)
     exact = x.double() @ reference(kind, b, n).double().t()
     got = lin.native(x)
@@ -122,9 +122,58 @@ def test_5_bit_codes_stream_5_bits_and_q5_0_keeps_its_fp16_scales(bf16_kernels):
     assert q5_k.packed.nbytes * 8 == 5 * 64 * 512 and q5_k.scale_offset.dtype == torch.float32  # d * sc
 
 
+def test_6_bit_codes_stream_8_bits_with_their_scales_alone(bf16_kernels):
+    """Q6_K: 6-bit codes as stored and one fp32 scale per 16 (the kernel makes the offset -160 * scale)."""
+    lin = make_q4_linear(layer_codes(T.Q6_K, blocks(T.Q6_K, 64, 512)), None)
+    assert lin.packed.nbytes * 8 == 6 * 64 * 512 and lin.scale_offset.shape == (4, 32, 1, 16)
+    assert lin.nbytes * 8 == 8 * 64 * 512
+
+
+@pytest.fixture(params=["amx", "vector"])
+def path(request, bf16_kernels):
+    """Runs a test on the AMX path (where the CPU has it) and on the vector path."""
+    if request.param == "amx" and not bf16_kernels.int4_linear_amx():
+        pytest.skip("no AMX tiles on this CPU")
+    before = bf16_kernels.quant_linear_use_amx(request.param == "amx")
+    yield request.param
+    bf16_kernels.quant_linear_use_amx(before)
+
+
+@pytest.mark.parametrize("n,k", [(48, 256), (96, 768), (576, 1536)])
+def test_6_bit_codes_on_both_paths(path, bf16_kernels, n, k):
+    """Q6_K on the int4 kernel's AMX and vector paths: x @ dequantize(W).T within output rounding for
+    1, 5 and 17 rows (odd and even numbers of column vectors), a row's bits the same alone and in a
+    batch, and the made offset's bits those of the same offsets stored."""
+    b = blocks(T.Q6_K, n, k)
+    codes = layer_codes(T.Q6_K, b)
+    lin = make_q4_linear(codes, None)
+    x = activations(17, k)
+    exact = x.double() @ reference(T.Q6_K, b, n).double().t()
+    stored = torch.cat([lin.scale_offset, -160 * lin.scale_offset], 2)
+    alone = torch.cat([lin.native(x[i : i + 1]) for i in range(17)])
+    for m in (1, 5, 17):
+        got = lin.native(x[:m])
+        assert ((got.double() - exact[:m]).abs() <= bound(codes, x[:m], exact[:m])).all(), m
+        assert torch.equal(got, alone[:m]), m
+        assert torch.equal(bf16_kernels.int4_linear(x[:m], lin.packed, stored), got), m
+
+
+def test_the_int4_kernel_refuses_bad_6_bit_inputs(bf16_kernels):
+    lin = make_q4_linear(layer_codes(T.Q6_K, blocks(T.Q6_K, 16, 256)), None)
+    x = activations(1, 256)
+    with pytest.raises(RuntimeError, match=r"int4_linear: scale_offset \[N/16, K/16, 1, 16\], Float"):
+        bf16_kernels.int4_linear(x, lin.packed, lin.scale_offset.half())
+    with pytest.raises(RuntimeError, match="int4_linear: K must be a multiple of 16"):
+        bf16_kernels.int4_linear(activations(1, 258), lin.packed, lin.scale_offset)
+    c = layer_codes(T.Q6_K, blocks(T.Q6_K, 16, 256))
+    in_32 = Int4Codes(c.codes, c.scales[:, ::2], c.zeros[:, ::2], 32, c.mins[:, ::2], 6)
+    with pytest.raises(ValueError, match="6-bit codes in groups of 32"):
+        Int4Linear(in_32, None)
+
+
 def test_layers_stacking_different_types_run_as_one(bf16_kernels):
-    """A fused qkv of Q4_K q and k beside a Q6_K v (Q4_K_M's more-bits layers): one int8 layer in
-    groups of 16, each part's own weights."""
+    """A fused qkv of Q4_K q and k beside a Q6_K v (Q4_K_M's more-bits layers): one 6-bit layer in
+    groups of 16 with stored offsets, each part's own weights."""
     parts = [(T.Q4_K, 64), (T.Q4_K, 32), (T.Q6_K, 32)]
     k = 256
     raw = [blocks(kind, n, k, seed=i) for i, (kind, n) in enumerate(parts)]
@@ -134,6 +183,7 @@ def test_layers_stacking_different_types_run_as_one(bf16_kernels):
     assert torch.equal(codes.dequantize(), want)
     bias = torch.randn(128)
     lin = make_q4_linear(codes, bias)
+    assert isinstance(lin, Int4Linear) and lin.packed.shape[2] == 48 and lin.scale_offset.shape[2] == 2
     x = activations(9, k)
     product = x.double() @ want.double().t()
     exact = product + bias.bfloat16().double()
@@ -154,7 +204,7 @@ def test_a_row_is_bitwise_the_same_alone_and_in_any_batch(bf16_kernels, kind):
 def test_a_q6_k_logits_layer_runs_its_codes(bf16_kernels):
     b = blocks(T.Q6_K, 64, 256)
     lin = make_int8_group_linear(symmetric_codes(T.Q6_K, b))
-    assert isinstance(lin, Int8GroupLinear)
+    assert isinstance(lin, Int4Linear) and lin.nbytes * 8 == 8 * 64 * 256  # 6-bit codes, fp32 scales per 16
     x = activations(2, 256)
     exact = x.double() @ reference(T.Q6_K, b, 64).double().t()
     assert ((lin.native(x).double() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-5).all()
@@ -162,7 +212,7 @@ def test_a_q6_k_logits_layer_runs_its_codes(bf16_kernels):
 
 def test_the_int8_kernel_refuses_a_bad_group(bf16_kernels):
     codes = layer_codes(T.Q6_K, blocks(T.Q6_K, 16, 256))
-    lin = make_q4_linear(codes, None)
+    lin = make_wide_linear(codes, None)
     with pytest.raises(RuntimeError, match="int8_linear"):
         bf16_kernels.int8_linear(activations(1, 256), lin.packed, lin.scales[:, :5])
 
@@ -223,8 +273,9 @@ def test_a_q4_k_m_llama_serves_from_its_blocks(tmp_path, cache_dir, smollm_dir, 
     assert model.weights == "q4", model.weights_reason
     if cpu_ops.int4_linear_available():
         kinds = {type(lin).__name__ for layer in model.layers for lin in (layer.qkv, layer.down)}
-        assert kinds == {"Int4Linear", "Int8GroupLinear"}
-        assert isinstance(model.lm_head, Int8GroupLinear)  # the Q6_K embedding's own codes
+        assert kinds == {"Int4Linear"}  # Q4_K, Q6_K and qkv stacking both: codes as stored
+        assert model.layers[3].down.packed.shape[2] == 48  # Q6_K: 6-bit codes
+        assert isinstance(model.lm_head, Int4Linear)  # the Q6_K embedding's own codes
     ref = DecoderModel(cfg, weights, torch.device("cpu"), torch.float32)
     ids = list(range(20, 44))
     for _ in range(40):  # float32's greedy continuation
