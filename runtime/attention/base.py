@@ -5,6 +5,10 @@ Attention runs over the slot-based KV pool: each request's new tokens attend to 
 `prefix` cached tokens sees positions <= prefix + i. A sliding-window layer passes `window` (> 0): a token at
 position i then sees positions j with i - window < j <= i only (transformers' sliding mask); 0 is
 every position. The window is per call (per layer), the rest of the pass's metadata is shared.
+Attention sinks (gpt-oss; `sinks`, a float32 logit per query head, per call): each row's softmax
+denominator gains exp(sink), with no value, so the row's weights sum to less than 1
+(transformers' eager_attention_forward with `s_aux`). A backend without them says so
+(`supports_sinks`), and the engine refuses such a model on it at start-up.
 
 Per forward pass the model calls `prepare(batch)` once, then `forward` once per layer; `prepare`
 builds the gather indices and masks that every layer reuses. When `forward` runs, this pass's K/V
@@ -33,6 +37,7 @@ class AttentionBackend(ABC):
     batch_invariant = False
     # the KV pool's layout this backend reads fastest (runtime/kvcache/pool.py)
     kv_head_major = False
+    supports_sinks = False  # True: `forward` takes attention sinks (module docstring)
 
     def enable_tiles(self, weights: str, precision: str = "float32") -> bool:
         """Run the products on matrix tiles for a model with `weights` (--attention-tiles), at
@@ -45,16 +50,37 @@ class AttentionBackend(ABC):
         """Precompute per-pass metadata (called once before the layers run)."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        window: int = 0,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """q: [T, H, D]; caches: [num_slots, KVH, D] (this pass's K/V already written) -> [T, H, D].
-        `window` > 0: a sliding-window layer (see the module docstring)."""
+        `window` > 0: a sliding-window layer; `sinks` [H]: attention sinks (see the module docstring)."""
 
     def forward_as(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype, window: int = 0
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        dtype: torch.dtype,
+        window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`forward`'s result in `dtype` (the next layer's input dtype); a backend that can write it
         so directly saves the conversion pass."""
-        return self.forward(q, k_cache, v_cache, window).to(dtype)
+        return self.forward(q, k_cache, v_cache, window, sinks).to(dtype)
+
+
+def refuse_sinks(backend: AttentionBackend, sinks: torch.Tensor | None) -> None:
+    """One clear line where a backend without attention sinks is handed them."""
+    if sinks is not None:
+        raise ValueError(
+            f"attention backend {backend.name!r} has no attention sinks (gpt-oss); use --attention-backend torch or cpu"
+        )
 
     def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool] | None:
         """(slots, meta, tiles, bf16 products) of the prepared pass, what the cpu kernel takes, for a caller that

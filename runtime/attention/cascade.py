@@ -62,11 +62,16 @@ def find_prefix_groups(
 
 
 def attention_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: [B, 1, Q, L] bool (True = attend) or None ->
     (out [B, H, Q, D] in q's dtype, lse [B, H, Q] float32). Query head h uses KV head
-    h // (H // KVH), as SDPA's enable_gqa does; scores and softmax run in float32."""
+    h // (H // KVH), as SDPA's enable_gqa does; scores and softmax run in float32. `sinks` [H]
+    (gpt-oss): a logit per head in each softmax's denominator, with no value (the lse includes it)."""
     b, h, nq, d = q.shape
     kvh = k.shape[1]
     group = h // kvh
@@ -76,6 +81,9 @@ def attention_with_lse(
         scores = scores.view(b, kvh, group, nq, -1).masked_fill(~mask.unsqueeze(1), float("-inf"))
         scores = scores.view(b, kvh, group * nq, -1)
     lse = torch.logsumexp(scores, dim=-1)
+    if sinks is not None:  # [H] -> the scores' row order (kv head, group, query)
+        sink = sinks.float().view(kvh, group, 1).expand(kvh, group, nq).reshape(1, kvh, group * nq)
+        lse = torch.logaddexp(lse, sink)
     probs = torch.exp(scores - lse.unsqueeze(-1)).to(v.dtype)
     out = torch.matmul(probs, v)
     return out.reshape(b, h, nq, d), lse.reshape(b, h, nq)

@@ -42,6 +42,10 @@ blocks that hold keys n - window .. n - 1, the keys before n - window in its fir
 under a window too (a prefix group's rows each skip their own blocks). Windowed calls take the
 vector path: the AMX path has no window.
 
+Attention sinks (gpt-oss, `sinks`): each row's fold starts from its head's sink as the running max
+with sum 1 (exp(sink - sink)), no value: one fixed starting point, whatever the batch, tile or
+thread split, so the invariance holds. Calls with sinks take the vector path too.
+
 The pool is read in place, head-major (`kv_head_major`: each KV head's slots in one run of
 memory, runtime/kvcache/pool.py), and `forward_as` writes the output straight in bf16 when the next
 layer takes bf16.
@@ -77,6 +81,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
     max_short_extend = TorchAttentionBackend.max_short_extend  # longest extend that joins a group
     batch_invariant = True  # for float32 passes; other dtypes go through torch
     kv_head_major = True  # a KV head's slots in one run: each block's K/V reads stream
+    supports_sinks = True
 
     def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext
@@ -112,14 +117,21 @@ class CpuPagedAttentionBackend(AttentionBackend):
             first_slot += seq
         self.meta = torch.tensor(meta, dtype=torch.int64).reshape(n, 6)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        window: int = 0,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if q.dtype != torch.float32 or k_cache.dtype != torch.float32:
             if self.fallback is None:
                 self.fallback = TorchAttentionBackend()
                 self.fallback.prepare(self.batch)
-            return self.fallback.forward(q, k_cache, v_cache, window)
+            return self.fallback.forward(q, k_cache, v_cache, window, sinks)
         return self.ext.paged_attention(
-            q, k_cache, v_cache, self.slots, self.meta, self.tiles, False, self.bf16_products, window
+            q, k_cache, v_cache, self.slots, self.meta, self.tiles, False, self.bf16_products, window, _f32(sinks)
         )
 
     def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
@@ -127,11 +139,21 @@ class CpuPagedAttentionBackend(AttentionBackend):
         return self.slots, self.meta, self.tiles, self.bf16_products
 
     def forward_as(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype, window: int = 0
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        dtype: torch.dtype,
+        window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if dtype == torch.bfloat16 and q.dtype == torch.float32 and k_cache.dtype == torch.float32:
             # written as bf16 by the kernel: the same values as float32 then .to(bfloat16)
             return self.ext.paged_attention(
-                q, k_cache, v_cache, self.slots, self.meta, self.tiles, True, self.bf16_products, window
+                q, k_cache, v_cache, self.slots, self.meta, self.tiles, True, self.bf16_products, window, _f32(sinks)
             )
-        return super().forward_as(q, k_cache, v_cache, dtype, window)
+        return super().forward_as(q, k_cache, v_cache, dtype, window, sinks)
+
+
+def _f32(sinks: torch.Tensor | None) -> torch.Tensor | None:
+    return None if sinks is None else sinks.to(torch.float32).contiguous()

@@ -4,7 +4,9 @@ shared-prefix (cascade) attention for groups of requests that share a cached pre
 A sliding-window layer (`forward(..., window)`) runs its own plan of the pass, built on its first
 call and kept for the pass's other layers of that window: the same SDPA calls with the window in
 their masks, a long extend reading only the keys its rows can see, and no cascade (every row
-attends its own slots; a shared prefix mostly lies outside a short window anyway)."""
+attends its own slots; a shared prefix mostly lies outside a short window anyway). A layer with
+attention sinks (gpt-oss) runs such a plan too (windowed or not), each call through
+cascade.attention_with_lse, whose softmax takes the sinks: SDPA has no term for them."""
 
 from __future__ import annotations
 
@@ -98,13 +100,15 @@ class TorchAttentionBackend(AttentionBackend):
 
     name = "torch"
     supports_prefix_groups = True
+    supports_sinks = True
     # Extends up to this many tokens join the padded call (a draft is at most
     # EngineConfig.max_jump_forward_tokens + 1 tokens; prompt chunks are longer).
     max_short_extend = 65
 
     def prepare(self, batch: ForwardBatch) -> None:
         self.batch = batch
-        self.windowed: dict[int, TorchAttentionBackend] = {}  # a window's own plan (module docstring)
+        # a (window, sinks) layer kind's own plan (module docstring)
+        self.windowed: dict[tuple[int, bool], TorchAttentionBackend] = {}
         # Indices and masks live where the model runs (SDPA wants its mask on q's device).
         device = batch.input_ids.device
         shared_len = {i: g.shared_len for g in batch.prefix_groups for i in g.members}
@@ -141,8 +145,8 @@ class TorchAttentionBackend(AttentionBackend):
             )
 
     def prepare_window(self, batch: ForwardBatch, window: int) -> None:
-        """The plan of a sliding-window layer: no cascade, the window in every mask, and a long
-        extend's keys cut to those its first row can see."""
+        """The plan of a sliding-window layer (or, window 0, of a global layer with sinks): no
+        cascade, the window in every mask, and a long extend's keys cut to those its first row can see."""
         device = batch.input_ids.device
         self.batch, self.windowed, self.shared, self.suffix = batch, {}, [], None
         self.extends, short, offset = [], [], 0
@@ -150,39 +154,47 @@ class TorchAttentionBackend(AttentionBackend):
             if ext <= self.max_short_extend:
                 short.append((offset, ext, slots))
             else:
-                first = max(0, seq - ext - window + 1)  # the first position any of its rows sees
+                first = max(0, seq - ext - window + 1) if window > 0 else 0  # the first position any row sees
                 q_pos = torch.arange(seq - ext, seq, device=device).unsqueeze(1)
                 k_pos = torch.arange(first, seq, device=device).unsqueeze(0)
-                mask = (k_pos <= q_pos) & (k_pos > q_pos - window)
+                mask = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window > 0 else True)
                 self.extends.append((offset, ext, slots[first:].to(device), mask))
             offset += ext
         self.short = pad_rows(short, device, window) if short else None
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
-        if window > 0:
-            plan = self.windowed.get(window)
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        window: int = 0,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if window > 0 or sinks is not None:
+            plan = self.windowed.get((window, sinks is not None))
             if plan is None:
-                plan = self.windowed[window] = TorchAttentionBackend()
+                plan = self.windowed[(window, sinks is not None)] = TorchAttentionBackend()
                 plan.prepare_window(self.batch, window)
-            return plan.forward(q, k_cache, v_cache)
+            return plan.run(q, k_cache, v_cache, sinks)
+        return self.run(q, k_cache, v_cache)
+
+    def run(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """This plan's attention (`sinks`: only in a plan without cascade, prepare_window's)."""
         out = torch.empty_like(q)
         for start, ext, slots, mask in self.extends:
             qe = q[start : start + ext].transpose(0, 1)  # [H, E, D]
             k = k_cache[slots].transpose(0, 1)  # [KVH, L, D]
             v = v_cache[slots].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                qe.unsqueeze(0),
-                k.unsqueeze(0),
-                v.unsqueeze(0),
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=True,
-            )
+            if mask is None and sinks is not None:  # a whole prompt: plain causal
+                mask = torch.ones(ext, ext, dtype=torch.bool, device=q.device).tril()
+            o = _attention(qe.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, mask is None, sinks)
             out[start : start + ext] = o[0].transpose(0, 1)
         if self.short is not None:
             p = self.short
             qs, k, v = self.gather(p, q, k_cache, v_cache)
-            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=p.mask, enable_gqa=True)
+            o = _attention(qs, k, v, p.mask, False, sinks)
             if p.one_each:  # a decode batch: row i of the output is token row first_row + i
                 out[p.first_row : p.first_row + o.shape[0]] = o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
             else:
@@ -223,3 +235,13 @@ class TorchAttentionBackend(AttentionBackend):
             out[g.token_rows] = merge_by_lse(
                 o[0].transpose(0, 1), lse[0].transpose(0, 1), suffix_out[g.token_rows], suffix_lse[g.token_rows]
             )
+
+
+def _attention(q, k, v, mask: torch.Tensor | None, causal: bool, sinks: torch.Tensor | None) -> torch.Tensor:
+    """SDPA ([B, H, Q, D] against [B, KVH, L, D]; `mask` [Q, L] or [B, 1, Q, L]), or with `sinks`
+    the same attention through attention_with_lse, whose softmax takes them."""
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    if mask is not None and mask.dim() == 2:
+        mask = mask.view(1, 1, *mask.shape)
+    return attention_with_lse(q, k, v, mask, sinks)[0]

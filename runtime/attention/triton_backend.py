@@ -158,9 +158,10 @@ def extend_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Write the extend rows of `out` ([T, H, D], like q). Caches: [num_slots, KVH, D]. `window`
-    > 0: a sliding-window layer's."""
+    > 0: a sliding-window layer's; `sinks` [H] float32: attention sinks."""
     batch = meta.ext_lens.shape[0]
     if batch == 0:
         return
@@ -176,6 +177,7 @@ def extend_attention(
         meta.ext_lens,
         meta.seq_lens,
         meta.slot_table,
+        q if sinks is None else sinks,  # not read without sinks
         1.0 / math.sqrt(dim),
         q.stride(0),
         q.stride(1),
@@ -187,6 +189,7 @@ def extend_attention(
         out.stride(1),
         meta.slot_table.stride(0),
         window if window > 0 else NO_WINDOW,
+        HAS_SINKS=sinks is not None,
         **cfg,
     )
 
@@ -198,6 +201,7 @@ def decode_attention(
     out: torch.Tensor,
     meta: DecodeMetadata,
     block_n: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Write the decode rows of `out`. Launches a fixed grid with no host sync, so it can be
     captured in a CUDA graph when the metadata tensors are static buffers."""
@@ -270,10 +274,12 @@ def decode_attention(
         meta.kv_start,
         meta.num_splits,
         meta.prefix_splits,
+        q if sinks is None else sinks,  # not read without sinks
         splits,
         *mid_strides,
         out.stride(0),
         out.stride(1),
+        HAS_SINKS=sinks is not None,
         **merge_cfg,
     )
 
@@ -368,6 +374,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
     supports_prefix_groups = True
+    supports_sinks = True
     max_short_extend = 1  # only decode requests join a prefix group (see the module docstring)
     # On the H200 (bench/results/gpu_h200_*, docs/perf-log.md) 64 decodes under a 512-token
     # prefix (32k reads saved) ran 10% slower with groups than without, the step's host work of
@@ -446,16 +453,17 @@ class TritonAttentionBackend(AttentionBackend):
         d.prefix = PrefixTasks(torch.tensor(plan.members, dtype=torch.int32).to(device), ints[0], ints[1], most)
         d.prefix_splits = torch.tensor(plan.request_splits, dtype=torch.int32).to(device)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
+    def forward(self, q, k_cache, v_cache, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        sinks = None if sinks is None else sinks.to(device=q.device, dtype=torch.float32).contiguous()
         out = torch.empty_like(q)
         if self.extend is not None:
             bm, bn = self.extend_blocks
-            extend_attention(q, k_cache, v_cache, out, self.extend, bm, bn, window)
+            extend_attention(q, k_cache, v_cache, out, self.extend, bm, bn, window, sinks)
         if self.decode is not None:
             if self.decode.num_splits is None:
                 self._size_splits(q.shape[1], k_cache.shape[1], q.shape[2], q.dtype, q.device)
             meta = self.decode if window <= 0 else self._windowed_decode(window)
-            decode_attention(q, k_cache, v_cache, out, meta, self.decode_block_n)
+            decode_attention(q, k_cache, v_cache, out, meta, self.decode_block_n, sinks)
         return out
 
     def _windowed_decode(self, window: int) -> DecodeMetadata:

@@ -22,6 +22,7 @@ request b's position i), so no request ever has a contiguous copy of its KV:
   prompt chunks) take the extend kernel over their whole row. A sliding-window layer's decode takes
   no prefix kernel: each request's own positions start at seq - window (KvStart), which the split
   and merge kernels already honour.
+- attention sinks (gpt-oss, HAS_SINKS): each extend row's and each decode merge's start (max = sink, sum = 1).
 
 The K/V of this pass are already in the pool when `forward` runs (the model writes them first), so
 the extend kernel reads every key, cached or new, from the pool.
@@ -162,6 +163,7 @@ def extend_kernel(
     ExtLen,
     SeqLen,
     Table,
+    Sinks,
     sm_scale,
     stride_qt,
     stride_qh,
@@ -180,6 +182,7 @@ def extend_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -205,8 +208,12 @@ def extend_kernel(
         if UPCAST:
             q = q.to(tl.float32)
 
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if HAS_SINKS:  # the head's sink: each row's first score, with no value
+            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sinks + head)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+        else:
+            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         q_pos = prefix + offs_m  # absolute position of each query row
         kv_end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)  # causal: nothing past the block's last row
@@ -441,6 +448,7 @@ def decode_merge_kernel(
     KvStart,
     NumSplits,
     PrefixSplits,
+    Sinks,
     prefix_col,
     stride_mb,
     stride_mh,
@@ -452,6 +460,7 @@ def decode_merge_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -464,6 +473,9 @@ def decode_merge_kernel(
     mask_d = offs_d < HEAD_DIM
     m = -float("inf")
     total = 0.0
+    if HAS_SINKS:  # the head's sink joins the merge first: weight exp(sink), no value
+        m = tl.load(Sinks + head).to(tl.float32)
+        total = 1.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     o_base = req * stride_mb + head * stride_mh
     l_base = req * stride_lb + head * stride_lh

@@ -112,6 +112,10 @@ struct Args {
   int64_t heads, group, dim;
   float scale;
   int64_t window;  // a sliding-window layer's window (a row of visible length n sees keys n - window ..); 0: all
+  // gpt-oss's attention sinks: per query head, a logit in the softmax's denominator with no value;
+  // null: none. A row's fold starts from it (running max = sink, sum = exp(0) = 1), the same fixed
+  // point for any batch, tile or thread split, so the invariance holds with sinks too.
+  const float* sinks;
 };
 
 // Output element `at` of the [T, H, D] result: `lanes` values (W, or a head's last chunk).
@@ -157,6 +161,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       for (int64_t g = 0; g < G; ++g, ++st) {
         const float* src = a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head;
         for (int c = 0; c < NC; ++c) qb[st * NC + c] = ld(src, c);
+        if (a.sinks != nullptr) m[st] = a.sinks[kvh * G + g], l[st] = 1.f;  // the sink's exp(sink - m)
       }
   const float* kp[BLK];
   const float* vp[BLK];
@@ -293,10 +298,18 @@ TileFn pick(int nc, bool full) {
 // window: a sliding-window layer's window (row of visible length n sees keys n - window .. n - 1, as
 // transformers' sliding mask: query i sees key j where i - window < j <= i); 0: every key. A windowed
 // call takes the vector path (the AMX path has no window).
+// sinks: [H] float32 per-head logits that join each row's softmax denominator (gpt-oss), or none;
+// a call with sinks takes the vector path too.
 torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out,
-                                     bool bf16_products, int64_t window) {
+                                     bool bf16_products, int64_t window, c10::optional<torch::Tensor> sinks) {
   TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0");
+  torch::Tensor sink;
+  if (sinks.has_value() && sinks->defined()) {
+    sink = sinks->contiguous();
+    TORCH_CHECK(sink.scalar_type() == at::kFloat && sink.dim() == 1 && sink.size(0) == q.size(1),
+                "paged_attention: sinks must be float32 [heads]");
+  }
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "paged_attention: shapes");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "paged_attention: float32 only");
@@ -312,7 +325,7 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
   const int nc = static_cast<int>((D + W - 1) / W);
   TileFn fn = pick<1>(nc, D % W == 0);
   TORCH_CHECK(fn != nullptr, "paged_attention: head_dim above ", MAX_CHUNKS * W);
-  const bool amx = use_tiles && window == 0 && D % 32 == 0 && amx_usable();
+  const bool amx = use_tiles && window == 0 && !sink.defined() && D % 32 == 0 && amx_usable();
   TileFn amx_fn = fn;
 #if defined(JUMPGATE_AMX)
   if (amx) amx_fn = bf16_products ? &run_tile_amx<false> : &run_tile_amx<true>;
@@ -322,7 +335,8 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
   Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
          slots.data_ptr<int64_t>(), bf16_out ? nullptr : out.data_ptr<float>(),
          bf16_out ? out.data_ptr<c10::BFloat16>() : nullptr, k_cache.stride(0), k_cache.stride(1), H, H / KVH, D,
-         static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), window};
+         static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), window,
+         sink.defined() ? sink.data_ptr<float>() : nullptr};
   const int64_t* mt = meta.data_ptr<int64_t>();
   std::vector<Seg> segs;
   std::vector<Tile> tiles;
@@ -395,12 +409,12 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor slots, torch::Tensor meta, bool use_tiles, bool bf16_out,
                               bool bf16_products) {
-  return paged_attention_window(q, k_cache, v_cache, slots, meta, use_tiles, bf16_out, bf16_products, 0);
+  return paged_attention_window(q, k_cache, v_cache, slots, meta, use_tiles, bf16_out, bf16_products, 0, c10::nullopt);
 }
 
 // A dispatcher op (not a pybind function), so torch.profiler sees it by name.
 TORCH_LIBRARY(jumpgate_cpu, m) {
   m.def("tiles_min_keys() -> int", []() -> int64_t { return TILES_MIN_KEYS; });
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False, bool bf16_products=False, int window=0) -> Tensor",
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False, bool bf16_products=False, int window=0, Tensor? sinks=None) -> Tensor",
         &paged_attention_window);
 }

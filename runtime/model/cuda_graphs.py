@@ -28,6 +28,7 @@ import time
 import torch
 
 from runtime.attention import AttentionBackend
+from runtime.attention.base import refuse_sinks
 from runtime.attention.triton_backend import (
     DecodeMetadata,
     PrefixTasks,
@@ -84,7 +85,8 @@ class _StaticDecodeAttention(AttentionBackend):
             prefix=self.prefix,
         )
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0) -> torch.Tensor:
+    def forward(self, q, k_cache, v_cache, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        refuse_sinks(self, sinks)  # a MoE model (gpt-oss) is never captured: graph_capturable
         out = torch.empty_like(q)
         meta = self.meta
         if window > 0:  # a sliding-window layer: own positions from seq - window, no prefix tasks (device ops)
