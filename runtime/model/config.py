@@ -41,10 +41,16 @@ class ModelConfig:
     norm_topk_prob: bool = True  # renormalize the top-k router probabilities to sum to 1
     dense_layers: tuple[int, ...] = ()  # layers with a dense MLP (intermediate_size) in a MoE model
     shared_expert_intermediate_size: int = 0  # an always-on expert beside the routed ones (0: none)
+    # gpt-oss: the router picks the top-k logits and softmaxes those alone (else softmax, then top-k);
+    # its experts' SwiGLU clamped at `swiglu_limit` (None: plain SiLU gate) with sigmoid gain `swiglu_alpha`
+    moe_softmax_after_topk: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
     # Sliding-window attention (Gemma 3): per layer, a window (> 0: a token sees the last `window`
     # positions up to its own) or 0 (every position); () is every layer global
     layer_windows: tuple[int, ...] = ()
     local_rope_theta: float | None = None  # windowed layers' own rope base, unscaled; None: the global rope
+    attention_sinks: bool = False  # gpt-oss: a learned logit per head in each softmax (`self_attn.sinks`)
     hidden_act: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh (Gemma)
     embed_scale: float = 1.0  # the embeddings are multiplied by it (Gemma: sqrt(hidden_size))
     sandwich_norms: bool = False  # Gemma: an RMSNorm on the attention's and the MLP's output before each add

@@ -29,6 +29,10 @@ the logits soft-capped. The fused ops have no step for the extra norms or GeLU, 
 the plain torch ops in every weight format (the linear layers still in theirs); a model with
 windows but neither (Mistral's `sliding_window`) keeps the fused ops layer by layer, not the
 one-call loop, which has no window.
+
+gpt-oss (runtime/model/families/gpt_oss.py) adds attention sinks (`self_attn.sinks`, passed to the
+attention backend per layer), an o_proj bias, and experts with biases and a clamped SwiGLU
+(runtime/model/moe.py); as a MoE model it runs layer by layer.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from runtime.kvcache.pool import KVPool
 from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.families.registry import family_for_model_type
 from runtime.model.linear import DenseLinear, make_int8_group_linear, make_q4_linear, make_q8_linear
-from runtime.model.moe import MoEMLP
+from runtime.model.moe import MoEMLP, clamped_swiglu
 from runtime.model.quant_codes import Int4Codes, Int8Codes
 from runtime.model.rope import RotaryEmbedding
 from runtime.model.weight_format import DTYPE_FORMATS, FORMAT_DTYPES, choose_format
@@ -104,13 +108,18 @@ class DecoderLayer:
         self.qkv = linear(
             ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], cfg.attention_bias
         )
-        self.o_proj = linear(["self_attn.o_proj.weight"])
+        self.o_proj = linear(["self_attn.o_proj.weight"], "self_attn.o_proj.bias" in w)  # gpt-oss has one
         self.moe = _moe_mlp(w, cfg, linear) if cfg.is_moe_layer(index) else None  # routed experts instead
         self.gate_up = None if self.moe else linear(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
         self.down = None if self.moe else linear(["mlp.down_proj.weight"])
         self.q_norm = w["self_attn.q_norm.weight"] if cfg.qk_norm else None  # over each head's dims
         self.k_norm = w["self_attn.k_norm.weight"] if cfg.qk_norm else None
         self.window = cfg.window(index)  # > 0: a sliding-window layer
+        self.sinks = w["self_attn.sinks"].float() if cfg.attention_sinks else None  # gpt-oss, per query head
+        if self.sinks is not None and tuple(self.sinks.shape) != (cfg.num_heads,):
+            raise ModelLoadError(
+                f"weights: layer {index} has sinks of shape {tuple(self.sinks.shape)}, not ({cfg.num_heads},)"
+            )
         # Gemma's norms of the attention's and the MLP's output, before each residual add
         self.attn_out_norm = w["attn_output_norm.weight"] if cfg.sandwich_norms else None
         self.mlp_out_norm = w["mlp_output_norm.weight"] if cfg.sandwich_norms else None
@@ -120,12 +129,14 @@ def _moe_mlp(w: dict[str, torch.Tensor], cfg: ModelConfig, linear) -> MoEMLP:
     """A MoE layer's experts (`mlp.experts.{e}.*`, `mlp.gate` the router), each in the model's format."""
 
     def pair(prefix: str) -> tuple:
-        return linear([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"]), linear(
-            [f"{prefix}.down_proj.weight"]
+        bias = f"{prefix}.down_proj.bias" in w  # gpt-oss's experts have biases
+        return linear([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"], bias), linear(
+            [f"{prefix}.down_proj.weight"], bias
         )
 
     experts = [pair(f"mlp.experts.{e}") for e in range(cfg.num_experts)]
     shared = pair("mlp.shared_expert") if cfg.shared_expert_intermediate_size else None
+    glu = None if cfg.swiglu_limit is None else partial(clamped_swiglu, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
     return MoEMLP(
         w["mlp.gate.weight"],
         experts,
@@ -133,6 +144,9 @@ def _moe_mlp(w: dict[str, torch.Tensor], cfg: ModelConfig, linear) -> MoEMLP:
         cfg.norm_topk_prob,
         shared,
         w.get("mlp.shared_expert_gate.weight") if shared else None,
+        w.get("mlp.gate.bias"),  # gpt-oss's router bias
+        cfg.moe_softmax_after_topk,
+        glu,
     )
 
 
@@ -243,6 +257,8 @@ class DecoderModel:
             return None
         if any(layer.window for layer in self.layers) or self.local_rope is not None:  # nor a window
             return None
+        if any(layer.sinks is not None for layer in self.layers):  # nor attention sinks
+            return None
         if any(layer.moe is not None for layer in self.layers):  # nor a routing step (MoEMLP.loop_spec)
             return None
         kinds, params = [], []
@@ -290,8 +306,10 @@ class DecoderModel:
 
     @staticmethod
     def _attend(attn: AttentionBackend, layer, q, k_cache, v_cache, dtype=None) -> torch.Tensor:
-        """The layer's attention (its window passed only where it has one); in `dtype` where given."""
+        """The layer's attention (its window and sinks passed only where it has them); in `dtype` where given."""
         extra = (layer.window,) if layer.window else ()
+        if layer.sinks is not None:
+            extra = (layer.window, layer.sinks)
         if dtype is None:
             return attn.forward(q, k_cache, v_cache, *extra)
         return attn.forward_as(q, k_cache, v_cache, dtype, *extra)

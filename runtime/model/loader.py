@@ -258,17 +258,41 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
 
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    except Exception as e:  # transformers raises many kinds for a tokenizer it cannot rebuild
-        raise ModelLoadError(f"{gguf_path}: cannot read its tokenizer ({type(e).__name__}: {e})") from e
+    tok = _gguf_tokenizer(gguf_path, reader, arch, out_dir)
     tok.save_pretrained(str(out_dir))
     (out_dir / "generation_config.json").write_text(
         json.dumps({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]})
     )
     log.info("converted %s -> %s", gguf_path, out_dir)
+
+
+def _gguf_tokenizer(gguf_path: Path, reader, arch: str, out_dir: Path):
+    """The GGUF's tokenizer, rebuilt by transformers. transformers (5.x) fails on a gpt-oss file's
+    rope.scaling fields (it reads each key's length as its value), so for that arch the tokenizer
+    is read from a copy holding the tokenizer's fields alone."""
+    from transformers import AutoTokenizer
+
+    source = gguf_path
+    if arch == "gpt-oss":
+        import gguf
+
+        source = out_dir / "tokenizer-only.gguf"
+        writer = gguf.GGUFWriter(str(source), "llama")
+        for key, f in reader.fields.items():
+            if key.startswith("tokenizer."):
+                sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+                writer.add_key_value(key, f.contents(), f.types[0], sub)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    try:
+        return AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    except Exception as e:  # transformers raises many kinds for a tokenizer it cannot rebuild
+        raise ModelLoadError(f"{gguf_path}: cannot read its tokenizer ({type(e).__name__}: {e})") from e
+    finally:
+        if source != gguf_path:
+            source.unlink(missing_ok=True)
 
 
 def read_gguf_codes(gguf_path: Path) -> dict:

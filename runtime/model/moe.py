@@ -11,11 +11,14 @@ layers; the C++ one-call layer loop (runtime/cpu_kernels/decoder_layers.cpp) has
 so a MoE model runs the per-layer Python loop (`loop_spec()` is None).
 A shared expert (Qwen2-MoE's, where a config has one) runs on every token, scaled by a sigmoid gate
 (its gate product in float64 too).
+gpt-oss's differ (runtime/model/families/gpt_oss.py): the router has a bias and softmaxes the top k
+logits alone (`softmax_after_topk`), and its experts' gate is a clamped SwiGLU (`clamped_swiglu`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +72,9 @@ class MoEMLP:
         norm_topk_prob: bool,
         shared: tuple | None = None,
         shared_gate: torch.Tensor | None = None,
+        router_bias: torch.Tensor | None = None,
+        softmax_after_topk: bool = False,
+        glu: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         if not 0 < top_k <= len(experts) or router.shape[0] != len(experts):
             raise ValueError(f"moe: top {top_k} of {len(experts)} experts, router rows {router.shape[0]}")
@@ -80,6 +86,9 @@ class MoEMLP:
         self.norm_topk_prob = norm_topk_prob
         self.shared = shared
         self.shared_gate = None if shared_gate is None else shared_gate.double().reshape(1, -1)  # [1, hidden]
+        self.router_bias = None if router_bias is None else router_bias.double()
+        self.softmax_after_topk = softmax_after_topk
+        self.glu = glu or silu_glu  # the experts' gate: gate_up's output -> down's input
 
     @staticmethod
     def loop_spec():
@@ -92,7 +101,13 @@ class MoEMLP:
         depends on the row count, and in float32 those last-bit differences could pick another
         expert or weight once the batch changes; in float64 they stay far below float32's rounding,
         so a row routes the same whatever else is in the pass (the q4/q8 formats' batch invariance)."""
-        logits = (x.double() @ self.router).float()
+        logits = x.double() @ self.router
+        if self.router_bias is not None:
+            logits = logits + self.router_bias
+        logits = logits.float()
+        if self.softmax_after_topk:  # gpt-oss: the softmax of the chosen logits
+            top, ids = logits.topk(self.top_k, dim=-1)
+            return top.softmax(dim=-1), ids
         probs = logits.softmax(dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
@@ -105,7 +120,7 @@ class MoEMLP:
         weights, ids = self.route(x)
         out = self._one_row(x, weights, ids) if t == 1 else self._grouped(x, weights, ids)
         if self.shared is not None:
-            shared = _mlp(self.shared, x)
+            shared = _mlp(self.shared, x, self.glu)
             if self.shared_gate is not None:
                 shared = shared * torch.sigmoid(F.linear(x.double(), self.shared_gate)).float()
             out += shared
@@ -116,7 +131,7 @@ class MoEMLP:
         in the same (expert) order as `_grouped`, so the same bits where the kernels' rows are."""
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e, w in sorted(zip(ids[0].tolist(), weights[0].tolist())):
-            out += _mlp(self.experts[e], x) * w
+            out += _mlp(self.experts[e], x, self.glu) * w
         return out
 
     def _grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -130,13 +145,26 @@ class MoEMLP:
         start = 0
         for e, n in enumerate(counts):
             if n:
-                ys[start : start + n] = _mlp(self.experts[e], xs[start : start + n])
+                ys[start : start + n] = _mlp(self.experts[e], xs[start : start + n], self.glu)
                 start += n
         ys *= weights.flatten()[order].unsqueeze(1)
         return torch.zeros(t, hidden, dtype=torch.float32, device=x.device).index_add_(0, token, ys)
 
 
-def _mlp(pair: tuple, x: torch.Tensor) -> torch.Tensor:
+def silu_glu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's gate (transformers' GptOssExperts._apply_gate, gate rows first here): gate clamped
+    above at `limit`, up at +-limit, (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def _mlp(pair: tuple, x: torch.Tensor, glu: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     gate_up, down = pair
-    gate, up = gate_up(x).chunk(2, dim=-1)
-    return down(F.silu(gate) * up).float()
+    return down(glu(gate_up(x))).float()

@@ -1,5 +1,5 @@
 """Rotary position embeddings, including the scaling variants the families' configs use (linear,
-Llama 3.x `llama3`, Phi-3 `longrope`) and partial rotary."""
+Llama 3.x `llama3`, Phi-3 `longrope`, gpt-oss `yarn`) and partial rotary."""
 
 from __future__ import annotations
 
@@ -66,10 +66,46 @@ def _rotary_inv_freq(cfg: ModelConfig, dim: int) -> tuple[torch.Tensor, float]:
                 f"config.json: longrope factors have {ext.shape[0]} entries, the rotary dims need {inv_freq.shape[0]}"
             )
         return inv_freq / ext, float(attention_factor)
+    if kind == "yarn":
+        return _yarn(cfg, scaling, inv_freq, dim)
     raise ModelLoadError(
         f"config.json: unsupported rope_scaling type {kind!r} "
-        "(supported: default, linear, llama3, longrope, rope_freqs)"
+        "(supported: default, linear, llama3, longrope, rope_freqs, yarn)"
     )
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(cfg: ModelConfig, scaling: dict, inv_freq: torch.Tensor, dim: int) -> tuple[torch.Tensor, float]:
+    """YaRN (gpt-oss; transformers' _compute_yarn_parameters): frequencies blended between the
+    original (high ones) and divided by `factor` (low ones) over a ramp of dims set by beta_fast /
+    beta_slow rotations in the original context, the tables scaled by the attention factor."""
+    orig = float(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor") or cfg.max_position_embeddings / orig
+    factor = float(factor)
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+        else:
+            attention_factor = _yarn_mscale(factor)
+    beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp  # the share of each frequency kept as it was
+    return inv_freq / factor * ramp + inv_freq * extrapolation, float(attention_factor)
 
 
 class RotaryEmbedding:

@@ -24,7 +24,7 @@ from runtime.attention.cpu_backend import tile_precision
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool, ReqToTokenTable
-from runtime.model.config import ModelConfig
+from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.decoder import load_model
 from runtime.parallel.budget import check_weight_budget
 from runtime.request import Req
@@ -92,6 +92,11 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         # before the model: `auto` weights are q4 only under batch-invariant attention (runtime/model/weight_format.py)
         self.attn = make_attention_backend(cfg.attention_backend, device)
+        if mc.attention_sinks and not self.attn.supports_sinks:  # gpt-oss
+            raise ModelLoadError(
+                f"{model_dir}: {mc.model_type} needs attention sinks, which the {self.attn.name} attention backend "
+                "does not have; use --attention-backend torch"
+            )
         self.tp = None  # rank 0 of a tensor-parallel group (runtime/parallel/): its workers
         if cfg.tensor_parallel_size > 1:
             from runtime.parallel.launch import TensorParallel

@@ -7,6 +7,7 @@ from typing import Any
 from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.families.family import Family
 from runtime.model.families.gemma3 import GEMMA3
+from runtime.model.families.gpt_oss import GPT_OSS
 from runtime.model.families.llama import LLAMA, QWEN2
 from runtime.model.families.mixtral import MIXTRAL
 from runtime.model.families.phi3 import PHI3
@@ -14,7 +15,7 @@ from runtime.model.families.qwen2_moe import QWEN2_MOE
 from runtime.model.families.qwen3 import QWEN3
 from runtime.model.families.qwen3_moe import QWEN3_MOE
 
-FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, GEMMA3)
+FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, GEMMA3, GPT_OSS)
 
 
 def family_for_model_type(model_type: str) -> Family | None:

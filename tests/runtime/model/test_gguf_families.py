@@ -158,6 +158,11 @@ def write_gguf(
         if cfg.rope_scaling:
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(cfg.rope_scaling["factor"])
+    if arch_name == "gpt-oss":  # convert_hf_to_gguf GptOssModel.set_gguf_parameters
+        writer.add_sliding_window(max(cfg.layer_windows))
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(cfg.rope_scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope_scaling["original_max_position_embeddings"])
     weights = load_file(str(hf_dir / "model.safetensors"))
     for name, w in (_stack_experts(weights) if stack else weights).items():
         target = _per_expert_name(name) or names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -278,7 +283,8 @@ def test_an_unsupported_gguf_architecture_names_the_supported_ones(tmp_path, cac
     writer.close()
     with pytest.raises(
         ModelLoadError,
-        match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen2moe, qwen3moe, gemma3\)",
+        match=r"unsupported GGUF architecture 'gemma' \(supported: llama, qwen2, qwen3, phi3, qwen2moe, qwen3moe, gemma3, "
+        r"gpt-oss\)",
     ):
         resolve_model_dir(path)
 
