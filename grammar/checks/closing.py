@@ -352,7 +352,12 @@ def completion_plan(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_
     `<|tool_call` begins both the next call and the section end) is walked again, once per state it
     went round (the last first), taking the other way there from the first visit; the shortest walk
     is the plan, and one that goes round nothing ends the search (it closes the section instead of
-    writing one more call)."""
+    writing one more call). The plain walk comes first and is the plan when it finds one: an
+    ordinary JSON value meets its states again all the time (array items, text), and walking it
+    again per state cost 17x a plan and about 20% of a strict request's decode."""
+    plan = _walk_plan(matcher, vocab, limit, None, None)
+    if plan is not None:
+        return plan
     looped: dict[bytes, set[int]] = {}
     plan = _walk_plan(matcher, vocab, limit, {}, looped)
     for sig, toks in list(reversed(looped.items()))[:MAX_LOOP_WALKS]:
@@ -369,16 +374,18 @@ def _walk_plan(
     matcher: PlanMatcher,
     vocab: ClosingVocab,
     limit: int,
-    avoid: dict[bytes, set[int]],
+    avoid: dict[bytes, set[int]] | None,
     looped: dict[bytes, set[int]] | None,
 ) -> list[int] | None:
+    """One greedy walk; `avoid` None walks plainly, else it also notes what each state took
+    (`_step`'s branches), taking the tokens in `avoid` there last."""
     m = matcher.fork()
     mask = new_bitmask(vocab.vocab_size)
     after = new_bitmask(vocab.vocab_size)
     plan: list[int] = []
     seen: set[bytes] = set()
     taken: dict[bytes, set[int]] = {}
-    branches = {sig: set(toks) for sig, toks in avoid.items()}
+    branches = None if avoid is None else {sig: set(toks) for sig, toks in avoid.items()}
     have_mask = False
     search = [MAX_WAY_OUT_TRIES]
     while len(plan) <= limit:
