@@ -13,14 +13,15 @@ loop has no collective step: a split model runs the Python layer loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from runtime.model.config import ModelConfig
-from runtime.model.decoder import DecoderModel, load_weights, resolve_format
+from runtime.model.config import ModelConfig, ModelLoadError
+from runtime.model.decoder import DecoderModel, resolve_format
 from runtime.parallel.group import TPGroup
 from runtime.parallel.sharding import check_shardable, shard_weights, split_format, vocab_shard_rows
 
@@ -93,4 +94,35 @@ def load_sharded_model(
     fmt, reason = resolve_format(model_dir, weights, device, dtype)
     fmt, reason = split_format(weights, fmt, reason, dtype, group.size)
     reason = f"{reason}; split across {group.size} tensor-parallel ranks ({group.backend})"  # the banner says so
-    return ShardedDecoderModel(mc, load_weights(model_dir), device, dtype, fmt, reason, group)
+    return ShardedDecoderModel(mc, LazyWeights(model_dir), device, dtype, fmt, reason, group)
+
+
+class LazyWeights(Mapping):
+    """A model folder's safetensors read one tensor at a time, when asked: the sharding keeps a
+    slice of each and lets the whole tensor go, so a rank's peak at load is its shard plus the
+    largest single tensor, not the whole model (for a family whose `weights` passes the tensors
+    through, as Llama, Mistral, Qwen2 and Qwen3 do; one that rebuilds them all, Phi-3's split or
+    Gemma's norms, still holds every tensor once)."""
+
+    def __init__(self, model_dir: Path):
+        from safetensors import SafetensorError, safe_open
+
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise ModelLoadError(f"{model_dir}: no *.safetensors weight files")
+        self._where = {}
+        for path in files:
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ModelLoadError(f"{path}: corrupt or unreadable safetensors file ({e})") from e
+            self._where.update({name: handle for name in handle.keys()})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._where[name].get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)

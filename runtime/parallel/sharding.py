@@ -73,9 +73,9 @@ def shard_weights(
         kind = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
         if name in VOCAB:
             rows = vocab_shard_rows(t.shape[0], size)
-            padded = torch.zeros(rows * size, *t.shape[1:], dtype=t.dtype)
-            padded[: t.shape[0]] = t
-            out[name] = padded[rank * rows : (rank + 1) * rows].clone()
+            mine = t[rank * rows : (rank + 1) * rows]  # the last rank's is short by the padding
+            out[name] = torch.zeros(rows, *t.shape[1:], dtype=t.dtype)
+            out[name][: mine.shape[0]] = mine
         elif kind in COLUMN or name.endswith("self_attn.sinks"):  # sinks: one per query head
             out[name] = _slice(t, 0, rank, size)
         elif kind in ROW and name.endswith(".weight"):
