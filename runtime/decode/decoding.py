@@ -36,6 +36,33 @@ Finish = tuple[str, "str | None"]  # (finish_reason, error)
 REWIND = "rewind"
 
 
+def top_suffices(r: Req) -> bool:
+    """Whether a row's choice for `r` is its masked argmax and nothing else needs the masked row:
+    greedy, without penalties or biases, without logprobs."""
+    p = r.spec.sampling
+    return p.greedy and not p.adjusts_logits and p.logprobs is None
+
+
+def allows_bit(mask: torch.Tensor, row: int, token: int) -> bool:
+    """Whether bit `token` of `mask[row]` is set (the grammar allows it)."""
+    return bool((int(mask[row, token >> 5]) >> (token & 31)) & 1)
+
+
+def gather_rows(logits: torch.Tensor, index: list[int]) -> torch.Tensor:
+    """A copy of `logits[index]`. On the CPU through numpy, single-threaded: torch's OpenMP team
+    stalls for milliseconds on a machine whose cores are busy (see sampler.apply_bitmask_)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(logits.numpy()[index])
+    return logits[torch.tensor(index, device=logits.device)]
+
+
+def rows_argmax(rows: torch.Tensor) -> list[int]:
+    """Each row's first maximal index (numpy's argmax and torch's agree: the first maximum)."""
+    if rows.device.type == "cpu" and rows.dtype == torch.float32:
+        return rows.numpy().argmax(axis=-1).tolist()
+    return rows.argmax(dim=-1).tolist()
+
+
 class Decoder:
     def __init__(
         self,
@@ -52,6 +79,8 @@ class Decoder:
         self.free_positions = free_positions
         # logprob records of the last `first_choices` call (requests that asked), by rid
         self.first_logprobs: dict[str, TokenLogprob] = {}
+        # the unmasked argmax of each greedy request's draft rows in the last pass, by rid
+        self.draft_tops: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ choosing
 
@@ -60,17 +89,33 @@ class Decoder:
     ) -> dict[str, int]:
         """Batched choice for greedy requests at their first logits row (the common decode path),
         on the device where the logits live. A request whose matcher raises is left out and its
-        error put in `failed`. Records of requests asking for logprobs go to `first_logprobs`."""
+        error put in `failed`. Records of requests asking for logprobs go to `first_logprobs`.
+
+        One argmax over every greedy row of the pass (first rows and draft rows) before any mask:
+        a mask only removes tokens, so where it allows a row's unmasked argmax that token is the
+        masked argmax too (ties: the first maximal index either way). Such a first row is never
+        masked (vetting masks it only if it must re-choose), and a draft row's verification
+        (`choose` with `top`) needs only its mask's bit (`draft_tops`)."""
         self.first_logprobs = {}
+        self.draft_tops = {}
         greedy = [(r, row) for r, row in reqs if r.spec.sampling.greedy]
         if logits is None or not greedy:
             return {}
-        sel = logits[torch.tensor([row for _, row in greedy], device=logits.device)]
+        drafted = [(r, row) for r, row in greedy if r.draft and top_suffices(r)]
+        index = [row for _, row in greedy] + [row + 1 + k for r, row in drafted for k in range(len(r.draft))]
+        picked = gather_rows(logits, index)
+        tops = rows_argmax(picked)
+        sel = picked[: len(greedy)]  # a view: the in-place changes below touch only these rows
+        at = len(greedy)
+        for r, _ in drafted:
+            self.draft_tops[r.rid] = tops[at : at + len(r.draft)]
+            at += len(r.draft)
         adjusted = [i for i, (r, _) in enumerate(greedy) if r.spec.sampling.adjusts_logits]
         for i in adjusted:
             r = greedy[i][0]
             adjust_logits_(sel[i], r.spec.sampling, r.prompt_ids, r.output_ids)
         constrained = [i for i, (r, _) in enumerate(greedy) if r.matcher is not None]
+        mask, masked = None, []
         if constrained:
             mask = torch.full((len(greedy), (sel.shape[-1] + 31) // 32), -1, dtype=torch.int32)
             for i in constrained:
@@ -78,16 +123,23 @@ class Decoder:
                     self.fill_mask(greedy[i][0], mask, i)
                 except Exception as e:
                     failed[greedy[i][0].rid] = e
-            apply_token_bitmask(sel, mask, torch.tensor(constrained))
+            masked = [i for i in constrained if not top_suffices(greedy[i][0]) or not allows_bit(mask, i, tops[i])]
+            if masked:
+                apply_token_bitmask(sel, mask, torch.tensor(masked))
         for i in adjusted:
             hold_stop_(sel[i], greedy[i][0].spec.sampling, len(greedy[i][0].output_ids), self.eos_ids)
         asking = [i for i, (r, _) in enumerate(greedy) if r.spec.sampling.logprobs is not None]
         # before vetting, which changes rows of `sel` in place
         logp = masked_log_softmax(sel[torch.tensor(asking, device=sel.device)]) if asking else None
-        choices = sel.argmax(dim=-1).tolist()
+        choices = tops[: len(greedy)]
+        changed = sorted(set(masked) | set(adjusted)) if constrained else adjusted
+        if changed:  # the rows the mask or the adjustments changed: their argmax again
+            for i, t in zip(changed, rows_argmax(gather_rows(sel, changed))):
+                choices[i] = t
         for i, (r, _) in enumerate(greedy):
             if r.guard is not None and r.rid not in failed:
-                choices[i] = self.vetted(r, sel[i], int(choices[i]))
+                unmasked = mask is not None and i not in masked
+                choices[i] = self.vetted(r, sel[i], int(choices[i]), mask if unmasked else None, i)
         if logp is not None:
             records = token_logprobs(
                 logp, [int(choices[i]) for i in asking], [greedy[i][0].spec.sampling.logprobs for i in asking]
@@ -95,13 +147,19 @@ class Decoder:
             self.first_logprobs = {greedy[i][0].rid: rec for i, rec in zip(asking, records)}
         return {r.rid: int(t) for (r, _), t in zip(greedy, choices) if r.rid not in failed}
 
-    def vetted(self, r: Req, row: torch.Tensor, tok: int) -> int:
+    def vetted(self, r: Req, row: torch.Tensor, tok: int, mask: torch.Tensor | None = None, mask_row: int = 0) -> int:
         """Strict requests: re-choose (from the same masked `row`, changed in place) while the
-        choice would commit the output to more than the remaining budget can complete."""
+        choice would commit the output to more than the remaining budget can complete. `mask`:
+        the row's grammar mask where `row` is not masked yet (its argmax was allowed); the row is
+        then copied and masked before the first re-choice, so every re-choice draws from it."""
         remaining = r.spec.sampling.max_new_tokens - len(r.output_ids)
         for _ in range(MAX_VETTED_CHOICES):
             if r.guard.allows(r.matcher, tok, remaining):
                 return tok
+            if mask is not None:
+                row = row.clone()
+                apply_token_bitmask(row.unsqueeze(0), mask[mask_row : mask_row + 1])
+                mask = None
             row[tok] = float("-inf")
             if not torch.isfinite(row).any():
                 break
@@ -119,15 +177,27 @@ class Decoder:
         r.guard.before_choice(r.matcher, len(r.output_ids), r.spec.sampling.max_new_tokens)
         r.guard.fill_mask(r.matcher, mask, row)
 
-    def choose(self, r: Req, logits_row: torch.Tensor) -> tuple[int, TokenLogprob | None]:
-        """The next token from one row, with its logprob record if the request asked for one."""
+    def choose(self, r: Req, logits_row: torch.Tensor, top: int | None = None) -> tuple[int, TokenLogprob | None]:
+        """The next token from one row, with its logprob record if the request asked for one.
+        `top`: the row's unmasked argmax (`draft_tops`, only where `top_suffices`); where the
+        mask allows it, it is the choice without masking the row (see `first_choices`)."""
+        if top is not None:
+            mask = None
+            if r.matcher is not None:
+                mask = torch.full((1, (logits_row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
+                self.fill_mask(r, mask, 0)
+            if mask is None or allows_bit(mask, 0, top):
+                if r.guard is None:
+                    return top, None
+                return self.vetted(r, logits_row if mask is not None else logits_row.clone(), top, mask), None
         row = logits_row.clone().unsqueeze(0)
         p = r.spec.sampling
         if p.adjusts_logits:
             adjust_logits_(row[0], p, r.prompt_ids, r.output_ids)
         if r.matcher is not None:
-            mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
-            self.fill_mask(r, mask, 0)
+            if top is None:
+                mask = torch.full((1, (row.shape[-1] + 31) // 32), -1, dtype=torch.int32)
+                self.fill_mask(r, mask, 0)
             apply_token_bitmask(row, mask)
         if p.adjusts_logits:
             hold_stop_(row[0], p, len(r.output_ids), self.eos_ids)
@@ -155,6 +225,7 @@ class Decoder:
         since every position draws once, as it would without drafts, a seed gives the same output
         whatever was drafted."""
         draft, r.draft = r.draft, []
+        tops = self.draft_tops.get(r.rid)  # the draft rows' unmasked argmax (greedy requests)
         looked_up = r.lookup.last_len if r.lookup is not None and draft else 0  # the draft's lookup tail
         kv_before = r.kv_len
         r.kv_len += fed - len(draft)  # real tokens now have KV; drafts count only once accepted
@@ -164,7 +235,7 @@ class Decoder:
             if i == 0 and first_choice is not None:
                 tok, record = first_choice, self.first_logprobs.get(r.rid)
             else:  # a draft position's record is its verified logprob
-                tok, record = self.choose(r, rows[i])
+                tok, record = self.choose(r, rows[i], tops[i - 1] if tops and i > 0 else None)
             finish = self.accept_token(r, tok, record)
             if i < len(draft) and tok == draft[i]:
                 accepted_draft += 1
