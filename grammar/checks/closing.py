@@ -207,9 +207,8 @@ def _way_out(m: PlanMatcher, vocab: ClosingVocab, budget: list[int]) -> int | No
     """The first character of the shortest run of single characters from `m`'s state (unchanged)
     after which a string closer is allowed: a breadth-first search over the states those runs
     reach (told apart as the plan tells them), at most MAX_WAY_OUT_DEPTH deep, each character tried
-    taken off `budget[0]` (one plan's searches share it). Without it the walk's "first candidate
-    not yet taken" goes through the alphabet in a pattern's free part and never writes the
-    literal that ends it."""
+    taken off `budget[0]` (one plan's searches share it). Without it a plan goes through the
+    alphabet in a pattern's free part and never writes the literal that ends it."""
     row = new_bitmask(vocab.vocab_size)
     m.fill_mask(row, 0)
     seen = {_signature(row[0], m)}
@@ -348,18 +347,13 @@ def _accept_forced(m: PlanMatcher, vocab: ClosingVocab) -> list[int]:
 
 def completion_plan(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> list[int] | None:
     """The tokens of the greedy plan from `matcher`'s state (not changed) to a complete value;
-    None if no plan was found within `limit` tokens. A plan that went round a state (kimi's
-    `<|tool_call` begins both the next call and the section end) is walked again, once per state it
-    went round (the last first), taking the other way there from the first visit; the shortest walk
-    is the plan, and one that goes round nothing ends the search (it closes the section instead of
-    writing one more call). The plain walk comes first and is the plan when it finds one: an
-    ordinary JSON value meets its states again all the time (array items, text), and walking it
-    again per state cost 17x a plan and about 20% of a strict request's decode."""
+    None if none within `limit` tokens. Where the plain walk finds none, a walk that went round a
+    state (kimi's `<|tool_call` begins both the next call and the section end) is walked again per
+    such state, taking the other way there; the shortest walk is the plan. (Not always: JSON values
+    revisit states all the time, and those walks cost a plan 17x.)"""
     plan = _walk_plan(matcher, vocab, limit, None, None)
-    if plan is not None:
-        return plan
     looped: dict[bytes, set[int]] = {}
-    plan = _walk_plan(matcher, vocab, limit, {}, looped)
+    plan = plan if plan is not None else _walk_plan(matcher, vocab, limit, {}, looped)
     for sig, toks in list(reversed(looped.items()))[:MAX_LOOP_WALKS]:
         again: dict[bytes, set[int]] = {}
         other = _walk_plan(matcher, vocab, limit, {sig: toks}, again)
@@ -377,8 +371,7 @@ def _walk_plan(
     avoid: dict[bytes, set[int]] | None,
     looped: dict[bytes, set[int]] | None,
 ) -> list[int] | None:
-    """One greedy walk; `avoid` None walks plainly, else it also notes what each state took
-    (`_step`'s branches), taking the tokens in `avoid` there last."""
+    """One greedy walk; with `avoid` (not None) a state's tokens in it are taken there last."""
     m = matcher.fork()
     mask = new_bitmask(vocab.vocab_size)
     after = new_bitmask(vocab.vocab_size)
