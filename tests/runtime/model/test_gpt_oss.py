@@ -4,10 +4,12 @@ default (factor 32 over 4096 positions: the ramp falls inside a 16-dim head), at
 router, expert and attention biases and a SwiGLU limit all made large enough here that each one
 moves the logits. A prefill and decode steps, a mixed pass, a cached prefix longer than the
 window, under the torch backend and the cpu kernel; the quantized formats' greedy tokens against
-float32's; `jumpgate serve` on the folder answering a strict json_schema request."""
+float32's (behind JUMPGATE_GPT_OSS_FORMATS=1); a GGUF of it; `jumpgate serve` on the folder
+answering a strict json_schema request."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,14 @@ def fp32_greedy(gpt_oss_dir, tokenizer) -> tuple[list[int], int, torch.Tensor]:
     return ids, n_prompt, run_ours(ref, cfg, ids, n_prompt, attn)
 
 
+# The formats' agreement costs ~25 s on the shared 2-core host (the float32 reference and three
+# models): measured and logged (docs/perf-log.md), run again with JUMPGATE_GPT_OSS_FORMATS=1.
+FORMATS = pytest.mark.skipif(
+    os.environ.get("JUMPGATE_GPT_OSS_FORMATS") != "1", reason="set JUMPGATE_GPT_OSS_FORMATS=1 (about 25 s)"
+)
+
+
+@FORMATS
 @pytest.mark.parametrize("fmt", ["bf16", "q8", "q4"])
 def test_gpt_oss_quantized_formats_agree_with_float32(gpt_oss_dir, fmt, fp32_greedy, cpu_ops):
     """Top-1 agreement with float32 at every row of a prefill and of decode steps, teacher-forced
