@@ -74,6 +74,12 @@ class AttentionBackend(ABC):
         so directly saves the conversion pass."""
         return self.forward(q, k_cache, v_cache, window, sinks).to(dtype)
 
+    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool] | None:
+        """(slots, meta, tiles, bf16 products) of the prepared pass, what the cpu kernel takes, for a caller that
+        runs every layer in C++ (runtime/cpu_kernels/decoder_layers.cpp); None where this backend
+        is not that kernel."""
+        return None
+
 
 def refuse_sinks(backend: AttentionBackend, sinks: torch.Tensor | None) -> None:
     """One clear line where a backend without attention sinks is handed them."""
@@ -81,9 +87,3 @@ def refuse_sinks(backend: AttentionBackend, sinks: torch.Tensor | None) -> None:
         raise ValueError(
             f"attention backend {backend.name!r} has no attention sinks (gpt-oss); use --attention-backend torch or cpu"
         )
-
-    def paged_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool, bool] | None:
-        """(slots, meta, tiles, bf16 products) of the prepared pass, what the cpu kernel takes, for a caller that
-        runs every layer in C++ (runtime/cpu_kernels/decoder_layers.cpp); None where this backend
-        is not that kernel."""
-        return None

@@ -194,3 +194,27 @@ def test_bad_tables_raise_instead_of_running(cpu_ops, smollm_dir):
             cfg.num_heads,
             1e-5,
         )
+
+
+def test_a_one_call_model_runs_its_layers_in_python_under_the_torch_backend(cpu_ops, tmp_path, smollm_dir):
+    """A model built with the one-call loop (bf16) handed the torch backend, which has no paged
+    tables for the kernel: the pass runs the Python layer loop, with the same logits."""
+    from runtime.attention import TorchAttentionBackend
+
+    model_dir = make_tiny_llama(tmp_path / "tiny", smollm_dir)
+    cfg = read_config(model_dir)
+    model = load_model(model_dir, cfg, "bf16", CPU, torch.float32)
+    assert model.layer_loop is not None
+    attn = TorchAttentionBackend()
+    assert attn.paged_tables() is None
+    prompt = torch.randint(0, 49152, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    n = len(prompt)
+    out = []
+    for loop in ("one call", "python"):
+        kv = KVPool(cfg.num_layers, n + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU)
+        batch = ForwardBatch(
+            torch.tensor(prompt), torch.arange(n), torch.arange(n), [n], [n], [torch.arange(n)], torch.tensor([n - 1])
+        )
+        with model.python_layer_loop() if loop == "python" else contextlib.nullcontext():
+            out.append(model.forward(batch, kv, attn))
+    assert torch.isfinite(out[0]).all() and torch.equal(out[0], out[1])
