@@ -70,7 +70,13 @@ def build_services(
     settings.validate()
     tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
     # before the renderer reads the template: --chat-template, and the model's tool-call format
-    formats = configure_formats(tokenizer, settings.tool_call_format, settings.reasoning_format, settings.chat_template)
+    formats = configure_formats(
+        tokenizer,
+        settings.tool_call_format,
+        settings.reasoning_format,
+        settings.chat_template,
+        stop_token_ids=engine.info.eos_token_ids,
+    )
     return GatewayServices(
         engine=engine,
         grammar=grammar_service,

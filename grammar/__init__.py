@@ -7,7 +7,8 @@ Public API (everything else is internal):
 - errors:     GrammarError, GrammarSpecError, GrammarCompileTimeout, GrammarCompileMemoryError,
               GrammarServiceBusy
 - checks:     validate_spec, validate_json_schema, validate_regex
-- compiling:  GrammarService, CompiledGrammarHandle, GrammarServiceStats, build_tokenizer_info
+- compiling:  GrammarService, CompiledGrammarHandle, GrammarServiceStats, build_tokenizer_info,
+              output_markers
 - decoding:   XGrammarMatcher
 - tool calls: ToolCallFormat, HERMES_TOOL_CALL_FORMAT, render_tools_prompt, get_tool_call_format,
               tool_call_format_names, detect_tool_call_format, detect_reasoning_format, stream_parser,
@@ -30,6 +31,7 @@ _EXPORTS = {
     "GrammarSpec": "grammar.spec",
     "tokenizer_fingerprint": "grammar.spec",
     "build_tokenizer_info": "grammar.engines.xgrammar.tokenizer",
+    "output_markers": "grammar.engines.xgrammar.tokenizer",
     "validate_json_schema": "grammar.validation.json_schema_check",
     "KINDS": "grammar.kinds",
     "ConstraintKind": "grammar.kinds",

@@ -53,6 +53,9 @@ class GenerateRequest:
     # admission class: waiting requests of a lower value are admitted first (0 online traffic,
     # BACKGROUND_PRIORITY the Batch API's lines), and a background request is retracted first
     priority: int = 0
+    # special tokens whose text the output keeps (skip_special_tokens drops the others): the
+    # markers the request's output format writes as special tokens, for the caller's parser
+    keep_special_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

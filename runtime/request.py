@@ -106,7 +106,7 @@ class Req:
 
     def restart_text(self) -> None:
         """Text and logprobs again from the kept output (after a rewind; nothing was sent yet)."""
-        self.detok = IncrementalDetokenizer(self.detok.tok, self.detok.stop)
+        self.detok = self.detok.restarted()
         self.pending_text = self.detok.add(list(self.output_ids)) if self.output_ids else ""
         self.unsent_ids = list(self.output_ids)
         del self.unsent_logprobs[len(self.output_ids) :]

@@ -79,8 +79,11 @@ def chat_choice(
     tools: list | None = None,
 ) -> ChatChoice:
     """`tools`: the request's, to type arguments a model format writes as markup."""
+    text = outcome.text
     if parse_tools:
         content, calls = grammar_adapter.parse_tool_calls(outcome.text, tools)
+        # no call: the content as the parser reads it (harmony's channel markers dropped), as streamed
+        text = content if content is not None else text
         answers = [c for c in calls if c.name == answer_tool]  # the final answer, as content
         if answers:
             content = (content or "") + "".join(c.arguments for c in answers)
@@ -105,7 +108,7 @@ def chat_choice(
             )
     return ChatChoice(
         index=index,
-        message=ChatMessage(content=outcome.text, reasoning_content=reasoning_field(outcome)),
+        message=ChatMessage(content=text, reasoning_content=reasoning_field(outcome)),
         logprobs=chat_logprobs(outcome.logprobs, outcome.token_texts),
         finish_reason=finish_reason(outcome.finish_reason),  # type: ignore[arg-type]
         jumpgate=choice_validity(check, outcome, False) or UNSET,

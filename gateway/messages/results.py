@@ -14,6 +14,7 @@ from typing import Any
 from gateway.messages.protocol import ContentBlock, Message, StopReason, TextOut, ThinkingOut, ToolUseOut, Usage
 from gateway.pipeline import grammar_adapter
 from gateway.pipeline.generation import Outcome
+from runtime.decode.detokenizer import IncrementalDetokenizer
 
 
 def message_id() -> str:
@@ -43,8 +44,13 @@ def matched_stop(tokenizer: Any, outcome: Outcome, stop_sequences: list[str] | N
     string, so the stop string is the one that starts where the emitted text ends."""
     if not stop_sequences or outcome.finish_reason != "stop" or not outcome.token_ids:
         return None
-    decoded = tokenizer.decode(outcome.token_ids, skip_special_tokens=True)
-    if not decoded.startswith(outcome.text):
+    # the text as the engine decoded it: special tokens left out, or a format's markers kept
+    # (GenerateRequest.keep_special_ids) where the output was parsed
+    for keep in (frozenset(), grammar_adapter.marker_ids()):
+        decoded = IncrementalDetokenizer(tokenizer, keep=keep).decode(outcome.token_ids)
+        if decoded.startswith(outcome.text):
+            break
+    else:
         return None
     tail = decoded[len(outcome.text) :]
     found = [(tail.find(s), -len(s), s) for s in stop_sequences if s and s in tail]

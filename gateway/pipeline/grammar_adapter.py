@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # types only: importing grammar's service pulls in xgrammar
 FORMAT: Any = HERMES_TOOL_CALL_FORMAT
 REASONING_FORMAT = "none"
 REASONING_FORMATS = ("none", "qwen_3", "deepseek_r1", "harmony")
+# The served model's special tokens that its formats write (gpt-oss's <|channel|>, Mistral's
+# [TOOL_CALLS]): the engine keeps their text in an output the gateway parses (`use_markers`).
+MARKER_IDS: frozenset[int] = frozenset()
 
 __all__ = [
     "arguments_schema",
@@ -70,6 +73,8 @@ __all__ = [
     "tokenizer_fingerprint",
     "valid_tool_name",
     "use_formats",
+    "use_markers",
+    "marker_ids",
     "detect_formats",
     "tool_call_format_name",
     "reasoning_format_name",
@@ -179,6 +184,29 @@ def use_formats(tool_call_format: str, reasoning_format: str) -> None:
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"--reasoning-format {reasoning_format!r}: unknown; known: {', '.join(REASONING_FORMATS)}")
     FORMAT, REASONING_FORMAT = fmt, reasoning_format
+
+
+def use_markers(tokenizer: Any, stop_token_ids: Any = ()) -> frozenset[int]:
+    """Set (and return) the ids of the special tokens the model's formats write as markers
+    (grammar's `output_markers`: the grammar takes them as text too), less its stop tokens, which
+    end the output and are never text."""
+    global MARKER_IDS
+    from grammar import output_markers  # xgrammar: loaded at start-up, not at import
+
+    markers = output_markers(tokenizer)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    stops = {int(i) for i in stop_token_ids or ()}
+    MARKER_IDS = frozenset(
+        int(i)
+        for i, tok in added.items()
+        if getattr(tok, "special", False) and str(tok) in markers and int(i) not in stops
+    )
+    return MARKER_IDS
+
+
+def marker_ids() -> frozenset[int]:
+    """The special tokens a parsed output keeps as text (`GenerateRequest.keep_special_ids`)."""
+    return MARKER_IDS
 
 
 def tool_call_format_name() -> str:

@@ -20,6 +20,7 @@ class ModelFormats:
     tool_call: str
     reasoning: str
     detected: bool  # False: a flag chose at least one of them
+    marker_ids: frozenset[int] = frozenset()  # special tokens kept as text in parsed outputs
 
 
 def load_chat_template(tokenizer: Any, path: str) -> None:
@@ -49,19 +50,18 @@ def configure_formats(
     tool_call_format: str | None = None,
     reasoning_format: str | None = None,
     chat_template: str | None = None,
+    stop_token_ids: Any = (),
 ) -> ModelFormats:
     """Load `chat_template`, detect, apply the overrides, and set them for the gateway
-    (ValueError naming the flag on a bad value)."""
+    (ValueError naming the flag on a bad value), with the special tokens the formats write
+    (`stop_token_ids`, the model's, are not among them)."""
     if chat_template:
         load_chat_template(tokenizer, chat_template)
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, (str, type(None))):  # a dict of named templates
         template = "\n".join(str(v) for v in dict(template).values())
     found_tools, found_reasoning = grammar_adapter.detect_formats(template, special_tokens(tokenizer))
-    formats = ModelFormats(
-        tool_call_format or found_tools,
-        reasoning_format or found_reasoning,
-        detected=tool_call_format is None and reasoning_format is None,
-    )
-    grammar_adapter.use_formats(formats.tool_call, formats.reasoning)
-    return formats
+    tool_call, reasoning = tool_call_format or found_tools, reasoning_format or found_reasoning
+    grammar_adapter.use_formats(tool_call, reasoning)
+    markers = grammar_adapter.use_markers(tokenizer, stop_token_ids)
+    return ModelFormats(tool_call, reasoning, tool_call_format is None and reasoning_format is None, markers)

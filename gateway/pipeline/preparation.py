@@ -15,6 +15,7 @@ from typing import Any, Callable
 import anyio
 
 from gateway.errors import bad_request, context_length_exceeded, model_not_found
+from gateway.pipeline import grammar_adapter
 from gateway.pipeline.constraints import ConstraintPlan, compile_plan, plan_chat, plan_completion
 from gateway.pipeline.output_validation import STRICT, OutputCheck, build_output_check
 from gateway.pipeline.prompt import PromptRenderer, RenderedPrompt
@@ -60,6 +61,8 @@ class Prepared:
     namespace: str
     output_check: OutputCheck | None = None  # validates structured outputs before their final chunk
     reasoning: ReasoningPlan | None = None  # the think block the output opens with (None: none)
+    # special tokens whose text the output keeps: the format's markers, where the output is parsed
+    keep_special_ids: frozenset[int] = frozenset()
 
     def engine_requests(self, n: int, jump_forward: str | None, rid_prefix: str | None = None) -> list[GenerateRequest]:
         """n engine requests; with a seed, choice i uses seed + i (distinct yet reproducible)."""
@@ -85,6 +88,7 @@ class Prepared:
                     refuse_unfit=self.output_check is not None and self.output_check.mode == STRICT,
                     namespace=self.namespace,
                     rid=f"{rid_prefix or self.request_id}-{i}",
+                    keep_special_ids=self.keep_special_ids,
                 )
             )
         return requests
@@ -360,6 +364,9 @@ async def prepare_chat(
         namespace=cache_namespace(tenant, req.cache_salt),
         output_check=check,
         reasoning=reasoning,
+        # the parsers (tool calls, think block) read the markers and strip them; elsewhere
+        # special tokens stay out of the text as before
+        keep_special_ids=grammar_adapter.marker_ids() if plan.parse_tool_calls or reasoning else frozenset(),
     )
 
 

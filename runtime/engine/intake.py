@@ -51,7 +51,11 @@ def validate(spec: GenerateRequest, limits: Limits) -> GenerateRequest:
         raise EngineError(f"speculative: must be one of {', '.join(SPECULATIVE_MODES)}", param="speculative")
     if not all(0 <= t < limits.vocab_size for t in spec.prompt_ids):
         raise EngineError("prompt holds token ids outside the vocabulary", param="prompt")
-    for param, ids in (("logit_bias", spec.sampling.logit_bias), ("stop_token_ids", spec.sampling.stop_token_ids)):
+    for param, ids in (
+        ("logit_bias", spec.sampling.logit_bias),
+        ("stop_token_ids", spec.sampling.stop_token_ids),
+        ("keep_special_ids", spec.keep_special_ids),
+    ):
         outside = [t for t in ids if not 0 <= t < limits.vocab_size]
         if outside:
             raise EngineError(
@@ -93,7 +97,7 @@ def new_request(
     return Req(
         spec=spec,
         emit=emit,
-        detok=IncrementalDetokenizer(tokenizer, spec.sampling.stop),
+        detok=IncrementalDetokenizer(tokenizer, spec.sampling.stop, spec.keep_special_ids),
         matcher=matcher,
         guard=guard,
         jump_forward=(spec.jump_forward or default_jump_forward) if spec.constraint is not None else "off",

@@ -318,3 +318,30 @@ def test_harmony_reads_each_header_variant_and_required_needs_a_call(compiler):
     assert not grammar_accepts(grammar_of(compiler, fmt, {"type": "function", "function": {"name": "add"}}), "")
     final = "<|channel|>final<|message|>It is sunny.<|return|>"
     assert parse_tool_calls(final, fmt) == ("It is sunny.", [])
+
+
+def test_the_special_tokens_a_format_writes_are_the_markers_kept(tokenizer):
+    """SmolLM2 has none (its output decodes as before); a tokenizer whose `[TOOL_CALLS]` and
+    `[ARGS]` are special keeps those, not its other special tokens nor a stop token."""
+    from copy import deepcopy
+
+    from tokenizers import AddedToken
+
+    assert configure_formats(tokenizer).marker_ids == frozenset() == grammar_adapter.marker_ids()
+    tok = deepcopy(tokenizer)
+    tok.add_tokens([AddedToken(t, special=True) for t in ("[TOOL_CALLS]", "[ARGS]", "[NOT_A_MARKER]")], True)
+    tok.chat_template = (TEMPLATES / "mistral.jinja").read_text(encoding="utf-8")
+    calls, args = tok.convert_tokens_to_ids("[TOOL_CALLS]"), tok.convert_tokens_to_ids("[ARGS]")
+    formats = configure_formats(tok)
+    assert formats.tool_call == "mistral" and formats.marker_ids == {calls, args} == grammar_adapter.marker_ids()
+    assert configure_formats(tok, stop_token_ids=[args]).marker_ids == {calls}  # a stop token is never text
+
+
+def test_the_markers_are_kept_only_where_the_output_is_parsed(fake_engine, gateway_client, monkeypatch):
+    client = gateway_client()
+    monkeypatch.setattr(grammar_adapter, "MARKER_IDS", frozenset({7}))
+    body = {"model": fake_engine.info.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    assert client.post("/v1/chat/completions", json={**body, "tools": TOOLS}).status_code == 200
+    assert fake_engine.submitted[-1].keep_special_ids == {7}  # tool calls: the parser reads the markers
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert fake_engine.submitted[-1].keep_special_ids == frozenset()  # free text: special tokens stay out

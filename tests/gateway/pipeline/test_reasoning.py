@@ -218,3 +218,11 @@ def test_harmonys_analysis_streams_as_reasoning_and_final_as_content(harmony_rea
     assert choice.message.reasoning_content == "Paris, 3 days" and choice.message.content == '{"a":1}'
     items = output_items(outcome.text, False, None, "completed", reasoning=outcome.reasoning)
     assert isinstance(items[0], OutputReasoning) and items[0].content[0].text == "Paris, 3 days"
+
+
+def test_an_auto_answer_without_calls_shows_harmonys_final_channel_without_its_markers(harmony_reasoning):
+    # with tools the block's way out stops at <|start|>assistant: the final channel's markers reach
+    # the tool parser, which reads them as content (the whole answer as the streamed one)
+    outcome = Outcome(text="<|channel|>final<|message|>Sunny in Paris.", completion_tokens=5)
+    assert chat_choice(0, outcome, True).message.content == "Sunny in Paris."
+    assert chat_choice(0, Outcome(text="", completion_tokens=1), True).message.content == ""
