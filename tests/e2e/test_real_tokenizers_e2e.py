@@ -1,23 +1,27 @@
 """Tool calls and reasoning with real tokenizers and real chat templates, end to end: tiny
-random-weight models whose tokenizers are Qwen3's, DeepSeek's and gpt-oss's own (registry packages
-and vendored ranks, see real_tokenizer_models.py) and whose templates are the families' originals,
-served by a real `jumpgate serve` and driven by the official openai client. The formats are
-detected from the template (qwen_3 with `<think>`; deepseek_r1 calls with its template's opened
-`<think>`; harmony with its analysis channel), every marker is one token,
+random-weight models whose tokenizers are Qwen3's, DeepSeek's, gpt-oss's and Mistral's (Tekken) own
+(registry packages and vendored ranks, see real_tokenizer_models.py) and whose templates are the
+families' originals, served by a real `jumpgate serve` and driven by the official openai client.
+The formats are detected from the template (qwen_3 with `<think>`; deepseek_r1 calls with its
+template's opened `<think>`; harmony with its analysis channel; mistral), every marker is one token,
 calls (auto, required, named, single, streamed) parse and validate, the think block is sent apart
 and strict JSON after it is valid inside max_tokens, and a second request with the same tools finds
-its prefix cached. gpt-oss's markers are special tokens: the engine keeps their text for the
-parsers (GenerateRequest.keep_special_ids), and the answers show none of them.
+its prefix cached. gpt-oss's and Mistral's markers are special tokens: the engine keeps their text
+for the parsers (GenerateRequest.keep_special_ids), and the answers show none of them.
+
+Mistral runs only with JUMPGATE_TOOL_FORMATS_E2E=all (as the per-format e2e's other formats): its
+131k-token Tekken vocabulary makes its server slow to start for CI's budget.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import jsonschema
 import pytest
 
-from tests.e2e.real_tokenizer_models import tiny_deepseek_llama, tiny_harmony_llama, tiny_qwen3
+from tests.e2e.real_tokenizer_models import tiny_deepseek_llama, tiny_harmony_llama, tiny_mistral, tiny_qwen3
 
 openai = pytest.importorskip("openai")
 
@@ -63,6 +67,14 @@ FAMILIES = {
         ["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "</think>"],
     ),
 }
+# JUMPGATE_TOOL_FORMATS_E2E=all: Mistral's Tekken too (minutes; not CI's)
+if os.environ.get("JUMPGATE_TOOL_FORMATS_E2E") == "all":
+    FAMILIES["mistral"] = (
+        tiny_mistral,
+        "mistral",
+        "none",
+        ["[TOOL_CALLS]", "[ARGS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[INST]", "[/INST]", "</s>"],
+    )
 MAX_TOKENS = 96
 # markers no answer may show (the parsers strip them)
 MARKERS = (
