@@ -210,6 +210,8 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
                     types = dict(
                         Q=p, K=p, V=p, O=p, QStart="*i32", ExtLen="*i32", SeqLen="*i32", Table="*i32", sm_scale="fp32"
                     )
+                    types["Sinks"] = "*fp32"  # compiled with its attention-sink branch (gpt-oss)
+                    ext = {**ext, "HAS_SINKS": True}
                     jobs.append((f"extend {tname[dtype]} d{dim} h{heads}/{kvh}", ta.extend_kernel, types, ext))
                     _, split, merge = ta.decode_config(heads, kvh, dim, dtype, on_gpu=True)
                     types = dict(
@@ -251,7 +253,9 @@ def aot_compile(archs: list[int], quick: bool = False) -> bool:
                             KvStart="*i32",
                             NumSplits="*i32",
                             PrefixSplits="*i32",
+                            Sinks="*fp32",
                         )
+                        merge = {**merge, "HAS_SINKS": True}  # with its attention-sink branch (gpt-oss)
                         jobs.append((f"merge {tname[dtype]} d{dim}", ta.decode_merge_kernel, types, merge))
             jobs.append(
                 (
