@@ -3,11 +3,12 @@ which tokens lead there fastest.
 
 The plan is greedy over token classes, tried in order at each state:
 1. text the grammar forces (jump-forward) is followed as is;
-2. *structural closers*: tokens made only of `]` and `}` (an array or object ends);
-3. *string closers*: `"` optionally followed by `]` / `}` (a string ends, maybe its containers);
-4. closers that also carry a comma (a number ends; the next array item or property begins);
-5. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
-6. any single-character token the grammar allows (a pattern, an enum, a minLength).
+2. outside text, a model format's *markers* (gpt-oss's `<|constrain|>`): the one token the model writes;
+3. *structural closers*: tokens made only of `]` and `}` (an array or object ends);
+4. *string closers*: `"` optionally followed by `]` / `}` (a string ends, maybe its containers);
+5. closers that also carry a comma (a number ends; the next array item or property begins);
+6. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
+7. any single-character token the grammar allows (a pattern, an enum, a minLength).
 In free text outside a JSON string (a regex, an EBNF rule) a single character that completes the
 match is taken first. Inside a string that cannot end yet (an object name just opened), a required
 name of the schema that the grammar takes here is spelled first, where the matcher carries a
@@ -25,12 +26,10 @@ apart by their token mask plus whatever else the engine shows of its state (`sta
 xgrammar's parser states; llguidance shows nothing, so there the mask alone tells states apart,
 and a counted repetition is walked by the "first candidate not yet taken" rule above).
 
-The planner drives a matcher only through `PlanMatcher`, a small interface each engine implements
-over its own matcher (grammar/engines/xgrammar/matcher.py for xgrammar, grammar/engines/llguidance/matcher.py for llguidance); the
-strict methods built on it are shared by both engines' matchers (grammar/checks/strict.py).
+The planner drives a matcher only through `PlanMatcher`, which each engine's matcher implements
+(grammar/engines/*/matcher.py); the strict methods on it are shared (grammar/checks/strict.py).
 
-Counting the path on a forked matcher gives an upper bound on the tokens needed; the plan itself is
-what a request follows token for token once its budget is tight.
+A plan walked on a forked matcher bounds the tokens needed; a request with a tight budget follows it.
 """
 
 from __future__ import annotations
@@ -92,7 +91,7 @@ def new_bitmask(vocab_size: int) -> torch.Tensor:
 class ClosingVocab:
     """Token classes of one vocabulary, computed once per tokenizer."""
 
-    def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: list[int], special_ids: frozenset[int]):
+    def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: list[int], special_ids: frozenset, markers=()):
         self.vocab_size = vocab_size
         self.special_ids = frozenset(special_ids)
         self.stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.int64)
@@ -120,7 +119,8 @@ class ClosingVocab:
         first = [vocab[c] for c in ("\u010a", "\u0120") if c in vocab]
         self.singles = _ids(first + [i for i in singles if i not in first])
         self.letters = _ids([vocab[c] for c in _LETTERS if c in vocab])
-        self.classes = [self.structural, self.quoted, self.comma_closers, self.fillers, self.singles]
+        self.markers = _ids(sorted(i for i in markers if i < vocab_size and i not in special_ids))  # outside text
+        self.classes = [self.markers, self.structural, self.quoted, self.comma_closers, self.fillers, self.singles]
         # inside text `]`, `}`, `,` and `0` are just characters: a quote ends a JSON string, a
         # newline or a space an item of a pattern
         self.text_classes = [self.quoted, self.singles, self.comma_closers, self.fillers]

@@ -65,7 +65,7 @@ from grammar.engines.llguidance.matcher import LLGuidanceHandle, compile_llguida
 from grammar.engines.llguidance.schema import llguidance_grammar
 from grammar.engines.llguidance.tokenizer import LLGuidanceTokenizer
 from grammar.engines.xgrammar.matcher import XGrammarMatcher
-from grammar.engines.xgrammar.tokenizer import build_tokenizer_info, make_encoder, special_token_ids
+from grammar.engines.xgrammar.tokenizer import build_tokenizer_info, make_encoder, marker_token_ids, special_token_ids
 from grammar.errors import GrammarCompileMemoryError, GrammarCompileTimeout, GrammarSpecError, GrammarUnserializable
 from grammar.kinds.tool_calls.format import HERMES_TOOL_CALL_FORMAT, get_tool_call_format
 from grammar.kinds.tool_calls.grammar import arguments_schema
@@ -158,7 +158,8 @@ class GrammarService:
         self._encode = make_encoder(hf_tokenizer)
         self._special_ids = frozenset(special_token_ids(hf_tokenizer))
         # Token classes for strict-mode closing (grammar/checks/closing.py), shared by every grammar.
-        self._closing_vocab = ClosingVocab(hf_tokenizer, vocab_size, self.stop_token_ids, self._special_ids)
+        markers = frozenset(marker_token_ids(hf_tokenizer))
+        self._closing_vocab = ClosingVocab(hf_tokenizer, vocab_size, self.stop_token_ids, self._special_ids, markers)
         # How the model splits forced text, learned while it writes (grammar/engines/draft_split.py);
         # shared by every grammar: the preference is the model's.
         self.draft_splitter = DraftSplitter(self._encode, self.tokenizer_info.decoded_vocab)

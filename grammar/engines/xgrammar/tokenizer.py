@@ -67,6 +67,13 @@ def output_markers(hf_tokenizer: Any) -> set[str]:
     return {str(tok) for tok in added.values() if len(str(tok)) > 1 and str(tok) in text}
 
 
+def marker_token_ids(hf_tokenizer: Any) -> list[int]:
+    """Ids of the added tokens whose text some model format writes (`output_markers`)."""
+    markers = output_markers(hf_tokenizer)
+    added = getattr(hf_tokenizer, "added_tokens_decoder", None) or {}
+    return sorted(int(i) for i, tok in added.items() if str(tok) in markers)
+
+
 def default_stop_token_ids(hf_tokenizer: Any) -> list[int]:
     eos = getattr(hf_tokenizer, "eos_token_id", None)
     if eos is None:

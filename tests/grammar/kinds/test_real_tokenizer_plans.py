@@ -2,10 +2,9 @@
 tests/e2e/real_tokenizer_models.py): each marker the grammar forces is the tokenizer's one special
 token in the shortest completion, as in the model's own output, and the think block's way out is
 the real `</think>` token. gpt-oss's markers are special tokens in its tokenizer: the grammar takes
-them as the tokens (grammar/engines/xgrammar/tokenizer.py's `output_markers`). (A marker the plan
-chooses at a branch, DeepSeek's `<｜tool▁calls▁end｜>` after a call, harmony's `<|constrain|>`,
-is spelled in plain pieces: the planner's token classes hold no added tokens. The text, and so the
-parse, is the same.)"""
+them as the tokens (grammar/engines/xgrammar/tokenizer.py's `output_markers`). A marker the plan
+chooses at a branch (DeepSeek's `<｜tool▁calls▁end｜>` after a call, harmony's `<|constrain|>`) is
+the one token too: the planner tries a format's markers first outside text."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import json
 
 import pytest
 
-from grammar import GrammarSpec
+from grammar import GrammarSpec, output_markers
 from grammar.kinds.tool_calls.format import get_tool_call_format
 from grammar.kinds.tool_calls.parser import parse_tool_calls
 from grammar.reasoning.markers import TO_COME, think_markers, think_tag
@@ -72,6 +71,9 @@ def test_each_marker_of_the_plan_is_one_special_token(family):
     assert ids <= set(plan), tok.decode(plan)
     _, calls = parse_tool_calls(tok.decode(plan), get_tool_call_format(fmt))
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 0})]
+    text = tok.decode(plan)
+    for marker in output_markers(tok):  # every marker in the plan, forced or chosen, as its one token
+        assert text.count(marker) == plan.count(tok.convert_tokens_to_ids(marker)), (marker, text)
 
 
 REASONING = {"qwen_3": "qwen_3", "deepseek_r1": "deepseek_r1", "harmony": "harmony"}  # tool format -> think format
