@@ -426,10 +426,7 @@ class Engine:
         failed: dict[str, Exception] = {}
         # greedy choices from the device logits: the grammar mask is applied where they live
         first_choices = self.decoder.first_choices(out.logits if with_logits else None, with_logits, failed)
-        if out.logits.device.type == "cpu":  # on the host already: each request's rows are a slice
-            host_logits, host_at = out.logits, {w.req.rid: w.first_row for w in out.rows if w.first_row >= 0}
-        else:
-            host_logits, host_at = self.runner.rows_to_host(out, first_choices)
+        host_logits, host_at = self.runner.rows_to_host(out, first_choices)
         for w in out.rows:
             r = w.req
             if r.finished:  # aborted meanwhile cannot happen inside a step, but keep it safe

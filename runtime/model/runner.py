@@ -226,7 +226,10 @@ class ModelRunner:
         """The logits rows still to be read one by one (draft verification, sampling: requests
         not in `chosen`, the greedy choices already made on the device), on the host, and where
         each request's rows start there. A greedy decode batch copies nothing (on CUDA the whole
-        [B, vocab] logits would be megabytes per step)."""
+        [B, vocab] logits would be megabytes per step). On the CPU nothing is copied: each request's
+        rows are read in place, a slice of the pass's logits."""
+        if out.logits.device.type == "cpu":
+            return out.logits, {w.req.rid: w.first_row for w in out.rows if w.first_row >= 0}
         at: dict[str, int] = {}
         index: list[int] = []
         for w in out.rows:
@@ -234,8 +237,6 @@ class ModelRunner:
                 at[w.req.rid] = len(index)
                 index.extend(range(w.first_row, w.first_row + w.num_rows))
         logits = out.logits
-        if len(index) == logits.shape[0] and logits.device.type == "cpu":
-            return logits, at  # every row, in order, already on the host
         if index:
             return logits[torch.tensor(index, device=logits.device)].cpu(), at
         return None, at
