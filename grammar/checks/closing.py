@@ -10,21 +10,15 @@ The plan is greedy over token classes, tried in order at each state:
 6. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
 7. any single-character token the grammar allows (a pattern, an enum, a minLength).
 In free text outside a JSON string (a regex, an EBNF rule) a single character that completes the
-match is taken first. Inside a string that cannot end yet (an object name just opened), a required
-name of the schema that the grammar takes here is spelled first, where the matcher carries a
-`NameHint` (grammar/checks/plan_names.py): the first letter in vocabulary order would rather start
-an optional name, and its value, and the next, so that a large schema's plan found no end.
-Inside text (a string, a regex: where plain letters are allowed) `]`, `}`, `,` and `0` are just
-characters, so there the order is string closers, single characters (newline and space first),
-then the rest. A candidate is taken only if it makes progress: a `"` that may be followed by
-another `"` opened a string rather than closing one; a string closer that leads back to the same
-state was a character; a comma, a minimal value or a character counts only if it leads to a
-state the plan has not met since the last forced text (`0` after `1` in an integer is just a
-digit). When nothing makes progress (a counted repetition such as `[0-9]{5}`), the first
-candidate not yet taken from such a state is taken, so the plan keeps moving. States are told
-apart by their token mask plus whatever else the engine shows of its state (`state_detail`:
-xgrammar's parser states; llguidance shows nothing, so there the mask alone tells states apart,
-and a counted repetition is walked by the "first candidate not yet taken" rule above).
+match is taken first; inside a string that cannot end yet, a required name the grammar takes is
+spelled first (`NameHint`, grammar/checks/plan_names.py), else, where nothing makes progress, the
+shortest run of characters after which the string may end (`_way_out`, its
+answers kept per request). Inside text `]`, `}`, `,` and `0` are just characters, so there the
+order is string closers, single characters, then the rest. A candidate is taken only if it makes
+progress (a `"` that opens a string, a closer that leads back to the same state, or a value leading
+to a state met since the last forced text do not); when nothing does (`[0-9]{5}`), the first
+candidate not yet taken from such a state is taken. States are told apart by their token mask plus
+what the engine shows of its state (`state_detail`: xgrammar's parser states; llguidance: none).
 
 The planner drives a matcher only through `PlanMatcher`, which each engine's matcher implements
 (grammar/engines/*/matcher.py); the strict methods on it are shared (grammar/checks/strict.py).
@@ -73,14 +67,16 @@ class PlanMatcher(Protocol):
         """Whether the value may end here (the stop token would be allowed)."""
 
     def forced_tokens(self) -> list[int]:
-        """The text the grammar forces from here in the model tokenizer's tokens, not accepted
-        (empty when there is a choice); the caller accepts as many as the grammar takes."""
+        """The forced text from here in the model's tokens, not accepted ([] at a choice)."""
 
     def state_detail(self) -> bytes:
         """What tells apart two states with the same mask, beyond the mask (b"" if nothing)."""
 
     def names(self) -> NameTail | None:
         """The schema's required names and the name written so far here (None: no hint)."""
+
+    def way_outs(self) -> dict[bytes, int | None]:
+        """`_way_out`'s answers by state, shared by forks (one grammar, one request)."""
 
 
 def new_bitmask(vocab_size: int) -> torch.Tensor:
@@ -204,15 +200,22 @@ def _completing_single(m: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tens
 
 
 def _way_out(m: PlanMatcher, vocab: ClosingVocab, budget: list[int]) -> int | None:
-    """The first character of the shortest run of single characters from `m`'s state (unchanged)
-    after which a string closer is allowed: a breadth-first search over the states those runs
-    reach (told apart as the plan tells them), at most MAX_WAY_OUT_DEPTH deep, each character tried
-    taken off `budget[0]` (one plan's searches share it). Without it a plan goes through the
-    alphabet in a pattern's free part and never writes the literal that ends it."""
+    """The first character of the shortest run of characters after which a string closer is allowed
+    (breadth-first, MAX_WAY_OUT_DEPTH deep, each try off `budget[0]`, shared by one plan's searches);
+    else a plan goes through the alphabet in a pattern's free part, never ending it."""
     row = new_bitmask(vocab.vocab_size)
     m.fill_mask(row, 0)
-    seen = {_signature(row[0], m)}
-    frontier: list[list[int]] = [[]]
+    start, memo = _signature(row[0], m), m.way_outs()  # a request's plans meet the same states again
+    if start in memo:
+        return memo[start]
+    out = _search_way_out(m, vocab, budget, row, start)
+    if out is not None or budget[0] > 0:  # not a search this plan's budget cut short
+        memo[start] = out
+    return out
+
+
+def _search_way_out(m: PlanMatcher, vocab: ClosingVocab, budget: list[int], row: torch.Tensor, start: bytes):
+    seen, frontier = {start}, [[]]  # the states met; the runs to go on from
     for _ in range(MAX_WAY_OUT_DEPTH):
         reached: list[list[int]] = []
         for path in frontier:
@@ -242,8 +245,7 @@ def _way_out(m: PlanMatcher, vocab: ClosingVocab, budget: list[int]) -> int | No
 
 
 def _spelled(m: PlanMatcher, after: torch.Tensor) -> int | None:
-    """Accept and return the first character of a required name the grammar takes here (see
-    grammar/checks/plan_names.py), if the matcher has the hint and one fits."""
+    """Accept and return the first character of a required name that fits here (plan_names.py)."""
     names = m.names()
     tail = names.tail if names is not None else None
     if tail is None:
@@ -267,13 +269,11 @@ def _step(
     looped: dict[bytes, set[int]] | None = None,
     search: list[int] | None = None,
 ) -> int | None:
-    """Accept the plan's next token from `m`'s state, whose mask is `mask[0]`: the first candidate
-    in class order that makes progress, else the first one not yet taken from a state like this.
-    `branches` holds what the plan took from each state so far (kept across forced text): a state
-    met again means the plan went round (a tool-call section whose end marker shares its start with
-    the next call's), so a candidate taken there before comes last, and is noted in `looped`.
-    `search`: what is left of the plan's budget for searching a string's end (`_way_out`).
-    Leaves `after[0]` holding the new state's mask. None if the grammar allows no candidate."""
+    """Accept the plan's next token from `m`'s state (mask `mask[0]`): the first candidate in class
+    order that makes progress, else the first not yet taken from a state like this. `branches`: what
+    each state took (a state met again: the plan went round, so those come last, noted in `looped`).
+    `search`: the plan's budget left for `_way_out`. Leaves `after[0]` the new state's mask; None if
+    the grammar allows no candidate."""
     here = _State(mask[0], m, vocab)
     seen.add(here.sig)
     done = taken.setdefault(here.sig, set())

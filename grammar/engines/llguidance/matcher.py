@@ -155,6 +155,9 @@ class LLGuidancePlanMatcher:
     def names(self) -> NameTail | None:
         return self._names
 
+    def way_outs(self) -> dict:
+        return {}  # none kept: llguidance shows only its mask, which a counted repetition's states share
+
     def is_completed(self) -> bool:
         return self._m.is_accepting()
 

@@ -42,15 +42,22 @@ _POSITIONS = re.compile(r"rule_start_pos=-?\d+")
 class XGrammarPlanMatcher:
     """grammar/checks/closing.py's `PlanMatcher` over one xgrammar matcher."""
 
-    __slots__ = ("_m", "_encode", "_names")
+    __slots__ = ("_m", "_encode", "_names", "_way_outs")
 
-    def __init__(self, matcher: xgr.GrammarMatcher, encode: Encode, names: NameTail | None = None) -> None:
+    def __init__(
+        self, matcher: xgr.GrammarMatcher, encode: Encode, names: NameTail | None = None, way_outs: dict | None = None
+    ) -> None:
         self._m = matcher
         self._encode = encode
         self._names = names  # the planner's name hint (grammar/checks/plan_names.py), or None
+        self._way_outs = {} if way_outs is None else way_outs  # shared by forks: one grammar's states
 
     def fork(self) -> XGrammarPlanMatcher:
-        return XGrammarPlanMatcher(self._m.fork(), self._encode, self._names.fork() if self._names else None)
+        names = self._names.fork() if self._names else None
+        return XGrammarPlanMatcher(self._m.fork(), self._encode, names, self._way_outs)
+
+    def way_outs(self) -> dict:
+        return self._way_outs
 
     def fill_mask(self, bitmask, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import xgrammar as xgr
 
 from grammar import GrammarSpec
 from grammar.checks.plan_names import required_names, scan
@@ -60,6 +61,29 @@ def test_a_pattern_whose_end_is_a_literal_is_planned_to_that_literal(service, to
     text = plan_text(service, tokenizer, schema)
     assert text is not None
     jsonschema.validate(json.loads(text), schema)
+
+
+def test_a_requests_plans_reuse_the_way_out_found_once(service, tokenizer):
+    """The way out of a pattern's free part is searched once per state of a request's matcher (its
+    forks share the answers): plans from the same state, and from the states after it, are the
+    same whole-valid paths with the answers kept as with none."""
+    from grammar.engines.xgrammar.matcher import XGrammarPlanMatcher
+
+    uses = {"type": "string", "pattern": "^(.+\\/)+(.+)\\.(ya?ml)(@.+)?$"}
+    schema = {"type": "object", "properties": {"uses": uses}, "required": ["uses"]}
+    handle = service.compile(GrammarSpec.json_schema(schema))
+    matcher = handle.new_matcher()
+    for t in tokenizer.encode('{"uses":"a/b', add_special_tokens=False):
+        assert matcher.accept(t)
+    first, again = matcher.completion_plan(), matcher.completion_plan()
+    assert first is not None and first == again
+    cold = handle.new_matcher()  # a fresh request: nothing kept
+    for t in tokenizer.encode('{"uses":"a/b', add_special_tokens=False):
+        assert cold.accept(t)
+    assert cold.completion_plan() == first
+    jsonschema.validate(json.loads('{"uses":"a/b' + tokenizer.decode(first)), schema)
+    plan = XGrammarPlanMatcher(xgr.GrammarMatcher(handle.compiled), None)
+    assert plan.fork().way_outs() is plan.way_outs()
 
 
 def test_llguidance_plans_with_the_hint_too(service, tokenizer):
