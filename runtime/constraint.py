@@ -42,11 +42,12 @@ class TokenMatcher(Protocol):
         """Whether nothing of the output may be sent before it is whole (its check may roll
         some of it back: `output_verdict`)."""
 
-    def output_verdict(self) -> int | None:
+    def output_verdict(self, room: int | None = None) -> int | None:
         """Once the output is whole (stop token accepted, or complete at the budget): None if it
         stands; n > 0 if the matcher found a value breaking a keyword it checks and rolled back
         its last n tokens (the runtime drops them and decodes on); < 0 if it still fails with
-        every rewrite spent."""
+        every rewrite spent. `room` (strict requests): the budget left after the output; the
+        rollback then leaves the rewrite's completion room in the budget."""
 
     # -- strict requests only (see runtime/decode/completeness.py) ---------------------------------
     @property

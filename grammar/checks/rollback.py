@@ -56,6 +56,7 @@ from grammar.checks.value_family import (
     combine,
     error_family,
     family_candidates,
+    held_open,
     item_pattern,
     matches,
     open_value,
@@ -249,6 +250,17 @@ class RollbackCheck:
     def text(self) -> bytes:
         return bytes(self._text)
 
+    @property
+    def tokens(self) -> int:  # how many accepted tokens a rollback may take back
+        return len(self._starts)
+
+    def spelled(self, token_id: int) -> bytes:
+        return self._rules.vocab.texts[token_id]
+
+    @property
+    def holds(self) -> bool:  # some value is held to a family (completion plans then honour it)
+        return bool(self.held or self.held_items)
+
     # -- the verdict ---------------------------------------------------------------------
 
     def verdict(self) -> int | None:
@@ -283,7 +295,8 @@ class RollbackCheck:
     def _hold_items(self, candidates: list[Checked]) -> None:
         """Hold every failing item value's family at its place in every item (module docstring)."""
         for _, _, path, family in candidates:
-            pattern = item_pattern(path) if path is not None and family else None
+            # outside arrays at its own path: a rollback past its start (strict.py's room) keeps it
+            pattern = (item_pattern(path) or path) if path is not None and family else None
             if pattern is not None:
                 both = combine([self.held_items[pattern], family]) if pattern in self.held_items else family
                 if both:
@@ -310,20 +323,29 @@ class RollbackCheck:
             return 0
         return len(ids)
 
-    def _hold(self, words: np.ndarray) -> set[int]:
-        """Keep in `words` only the tokens that write a held value as its family allows (where any
-        allowed token does: else the grammar cannot write the family there, and the mask stands).
-        Returns the start offsets of the values so held: their failed text, outside the family,
-        needs no ban of its own (which would also ban a listed value sharing its first letters)."""
-        held: set[int] = set()
-        text = bytes(self._text)
-        places = [(cut, prefix, family) for cut, prefix, family in self.held if len(text) >= cut]
+    def _places(self, text: bytes) -> list[tuple[bytes, Family]]:
+        """(text before the value, family) of each held value that may be open at the end of `text`."""
         # (a held value rolled back before its rewrite began: the text may take another way)
+        places = [(prefix, f) for cut, prefix, f in self.held if len(text) >= cut]
         located = open_value(text) if self.held_items else None
         if located is not None:
             path, before = located
-            places += [(0, before, f) for pattern, f in self.held_items.items() if matches(pattern, path)]
-        for _, prefix, family in places:
+            places += [(before, f) for pattern, f in self.held_items.items() if matches(pattern, path)]
+        return places
+
+    def may_hold(self, text: bytes) -> bool:
+        """Whether a held family may narrow the mask after `text` (no mask needed)."""
+        return self.holds and held_open(text, self.held, self.held_items)
+
+    def _hold(self, words: np.ndarray, text: bytes | None = None) -> set[int]:
+        """Keep in `words` only the tokens that write a held value as its family allows (where any
+        allowed token does: else the grammar cannot write the family there, and the mask stands).
+        Returns the start offsets of the values so held: their failed text, outside the family,
+        needs no ban of its own (which would also ban a listed value sharing its first letters).
+        `text`: the output the mask follows (a plan's, strict.py), the accepted text by default."""
+        held: set[int] = set()
+        text = bytes(self._text) if text is None else text
+        for prefix, family in self._places(text):
             ids = family_candidates(prefix, family, text, self._rules.vocab, words)
             if ids is None or not len(ids):
                 continue
@@ -333,6 +355,10 @@ class RollbackCheck:
                 np.bitwise_or.at(words, ids >> 5, np.uint32(1) << (ids & 31).astype(np.uint32))
                 held.add(len(prefix))
         return held
+
+    def hold(self, words: np.ndarray, text: bytes) -> bool:
+        """`_hold` after `text` (a completion plan's way, strict.py): whether it narrowed `words`."""
+        return bool(self._hold(words, text))
 
     def _repeating(self, start: int, failed: bytes, words: np.ndarray) -> np.ndarray:
         """The allowed tokens after which the text would still run along `failed` past `start`, or

@@ -22,6 +22,8 @@ accepted budget hold for outputs whose next items must differ from the earlier o
 
 from __future__ import annotations
 
+import numpy as np
+
 from grammar.checks.closing import (
     allowed_subset,
     completion_bound,
@@ -32,9 +34,12 @@ from grammar.checks.closing import (
     fill_value_closing_bitmask,
     new_bitmask,
 )
+from grammar.engines.token_mask import allowed_ids
 
 MAX_PLAN_REPAIRS = 4  # repeats replaced in one completion plan before it is given up
 MAX_REPAIR_CHOICES = 8  # other tokens tried in place of one that would write a repeat
+MAX_HELD_REPAIRS = 32  # plan tokens replaced by a held family's own (a listed value is a few tokens)
+MAX_ROOM_STEPS = 8  # further rollbacks after a rewrite's (1, 2, 4... tokens at least), to leave its plan room
 
 
 class StrictMethods:
@@ -54,7 +59,7 @@ class StrictMethods:
         if self.is_terminated():
             return 0
         bound = completion_bound(self._plan, self._closing)
-        if bound is None or self.values is None:
+        if bound is None or (self.values is None and not self._holds()):
             return bound
         plan = self.completion_plan()
         return bound if plan is None else max(bound, len(plan))
@@ -66,7 +71,48 @@ class StrictMethods:
         if self.is_terminated():
             return []
         plan = completion_plan(self._plan, self._closing)
-        return plan if plan is None or self.values is None else self._repaired(plan)
+        if plan is not None and self.values is not None:
+            plan = self._repaired(plan)
+        return self._held_plan(plan) if plan is not None and self._holds() else plan
+
+    def _holds(self) -> bool:
+        return self.rechecks is not None and self.rechecks.holds
+
+    def _held_plan(self, plan: list[int]) -> list[int]:
+        """`plan` with each token that a held value's family refuses (grammar/checks/value_family.py:
+        dependabot's ecosystem, which only a root `else` lists) replaced by the family's longest
+        allowed token, re-planned from there. Else the plan, and so the budget's closing, writes
+        the grammar's shortest value (`""`), which the check refuses again, at the budget's edge."""
+        checks, fork, text, at, repairs = self.rechecks, self._plan.fork(), self.rechecks.text, 0, 0
+        while at < len(plan):
+            token = plan[at]
+            if checks.may_hold(text):
+                mask = new_bitmask(self._closing.vocab_size)
+                fork.fill_mask(mask, 0)
+                words = mask[0].numpy().view(np.uint32)
+                if checks.hold(words, text) and not (words[token >> 5] >> np.uint32(token & 31)) & 1:
+                    repairs += 1
+                    if repairs > MAX_HELD_REPAIRS:
+                        return plan
+                    choices = sorted(allowed_ids(words).tolist(), key=lambda t: -len(checks.spelled(t)))
+                    for token in choices[:MAX_REPAIR_CHOICES]:
+                        if token in self._closing.special_ids or not fork.accept(token):
+                            continue
+                        rest = completion_plan(fork, self._closing)
+                        if rest is not None:
+                            plan = plan[:at] + [token] + rest
+                            break
+                        fork.rollback(1)
+                    else:
+                        return plan  # no way through the family: it stands aside, as the mask's does
+                    text += checks.spelled(token)
+                    at += 1
+                    continue
+            if not fork.accept(token):
+                return plan
+            text += checks.spelled(token)
+            at += 1
+        return plan
 
     def _repaired(self, plan: list[int]) -> list[int] | None:
         """`plan` with each token that would repeat a name or an item replaced by another the
@@ -137,16 +183,20 @@ class StrictMethods:
         if token_id in self._closing.special_ids:
             return None  # no grammar writes a special token as text
         bound = completion_bound_after(self._plan, self._closing, token_id)
-        if bound is None or self.values is None or not self.values.may_steer():
+        steers = self.values is not None and self.values.may_steer()
+        if bound is None or not (steers or self._holds()):
             return bound
         if not self._plan.accept(token_id):
             return None
-        self.values.accept(token_id)
+        follow = [c for c in (self.values, self.rechecks) if c is not None]
+        for check in follow:
+            check.accept(token_id)
         try:
             plan = self.completion_plan()
         finally:
             self._plan.rollback(1)
-            self.values.rollback(1)
+            for check in follow:
+                check.rollback(1)
         return bound if plan is None else max(bound, len(plan))
 
     def fill_plan_bitmask(self, bitmask, row: int, token_id: int) -> None:
@@ -192,16 +242,37 @@ class StrictMethods:
         """Whether the output must not be sent before it is whole (a check may roll some back)."""
         return self.rechecks is not None
 
-    def output_verdict(self) -> int | None:
+    def output_verdict(self, room: int | None = None) -> int | None:
         """For a whole output: None if it stands; n > 0 when a value broke a checked keyword and
         this matcher rolled back its last n tokens to write it again; EXHAUSTED (< 0) when the
-        rewrites are spent."""
+        rewrites are spent. `room`: the budget left after the output (strict requests): the
+        rollback then goes back until the completion plan, held family included, fits in it."""
         if self.rechecks is None:
             return None
         verdict = self.rechecks.verdict()
         if verdict is not None and verdict > 0:
             self.rollback(verdict)
+            if room is not None:
+                verdict += self._make_room(room + verdict)
         return verdict
+
+    def _make_room(self, left: int) -> int:
+        """Roll back further while the plan from here needs more than `left` tokens; returns how
+        many more. A value the budget's closing wrote at the budget's edge (the grammar's shortest,
+        `""`) is rewritten as a listed value only where the budget has room for one: without this
+        each rewrite had the same few tokens and wrote `""` again until the rewrites ran out."""
+        extra = 0
+        for step in range(MAX_ROOM_STEPS):
+            bound = self.completion_bound()
+            if bound is None or bound <= left + extra:
+                break
+            # back through forced text (a name) the bound grows by what is freed: go back further
+            more = min(max(bound - left - extra, 1 << step), self.rechecks.tokens)
+            if more <= 0:
+                break
+            self.rollback(more)
+            extra += more
+        return extra
 
     def closes_value(self, token_id: int) -> bool:
         return self._closing is not None and self._closing.is_closer(token_id)

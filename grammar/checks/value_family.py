@@ -206,3 +206,13 @@ def open_value(text: bytes) -> tuple[tuple, bytes] | None:
     if mode == 0 and expect:
         return path, text
     return (path, text + b":") if mode == 0 and named else None
+
+
+def held_open(text: bytes, held: list[tuple[int, bytes, Family]], items: dict[Pattern, Family]) -> bool:
+    """Whether a value held at a place (`RollbackCheck.held`: (cut, text before it, family)) or at
+    an item place (`items`) is open at the end of `text`, or `text` is on its way to one."""
+    located = open_value(text)
+    if located is not None and any(matches(p, located[0]) for p in items):
+        return True
+    before = None if located is None else located[1]
+    return any(len(text) >= cut and (prefix.startswith(text) or prefix == before) for cut, prefix, _ in held)

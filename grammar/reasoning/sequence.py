@@ -154,8 +154,8 @@ class ThinkThenMatcher:
     def withholds_output(self) -> bool:
         return self.answer is not None and self.answer.withholds_output
 
-    def output_verdict(self) -> int | None:
-        return None if self.answer is None else self.answer.output_verdict()
+    def output_verdict(self, room: int | None = None) -> int | None:
+        return None if self.answer is None else self.answer.output_verdict(room)
 
     # -- strict requests -------------------------------------------------------------------------
     @property

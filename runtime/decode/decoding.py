@@ -310,7 +310,8 @@ class Decoder:
         invalid; another finishes, for validation after generation to flag)."""
         if r.matcher is None:
             return "stop", None
-        verdict = r.matcher.output_verdict()
+        room = r.spec.sampling.max_new_tokens - len(r.output_ids) if r.guard is not None else None
+        verdict = r.matcher.output_verdict(room)
         if verdict is None:
             return "stop", None
         if verdict > 0:

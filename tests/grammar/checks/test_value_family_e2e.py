@@ -87,3 +87,83 @@ def test_dependabot_answers_whole_and_valid(tmp_path):
     choice = resp.json()["choices"][0]
     assert choice["finish_reason"] == "stop", choice
     jsonschema.validate(json.loads(choice["message"]["content"]), entry.schema)
+
+
+# dependabot's shape, small: each item's `allow` list comes first, and its `package-ecosystem`
+# (a free string to the grammar; the root `else` lists it) is written by the budget's closing
+ALLOW_FIRST = {
+    "type": "object",
+    "required": ["updates"],
+    "additionalProperties": False,
+    "properties": {
+        "enable-beta-ecosystems": {"type": "boolean"},
+        "updates": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["allow", "package-ecosystem"],
+                "additionalProperties": False,
+                "properties": {
+                    "allow": {"type": "array", "items": {"type": "string"}},
+                    "package-ecosystem": {"type": "string"},
+                    "target-branch": UPDATES["properties"]["target-branch"],
+                },
+            },
+        },
+    },
+    "if": UPDATES["if"],
+    "then": {},
+    "else": {"properties": {"updates": {"items": {"properties": {"package-ecosystem": {"enum": ECOSYSTEMS}}}}}},
+}
+AT_THE_EDGE = '{"updates":[{"allow":["requests","numpy"],"package-ecosystem":""}]}'
+
+
+def at_the_edge(service, tokenizer):
+    """A matcher that has written AT_THE_EDGE, and its tokens."""
+    handle = service.compile(GrammarSpec.json_schema(ALLOW_FIRST))
+    assert handle.rollback_rules is not None
+    matcher = handle.new_matcher()
+    ids = tokenizer.encode(AT_THE_EDGE, add_special_tokens=False)
+    assert all(matcher.accept(t) for t in ids) and matcher.is_completed()
+    return matcher, ids
+
+
+def tokens_over(tokenizer, ids: list[int], tail: str) -> int:
+    """How many of the last `ids` a rollback to the start of `tail` takes back."""
+    n = 1
+    while len(tokenizer.decode(ids[-n:])) < len(tail):
+        n += 1
+    return n
+
+
+def follow(matcher, tokenizer, ids: list[int], back: int) -> str:
+    """The output once `matcher` (rolled back `back` of `ids`) follows its completion plan."""
+    plan = matcher.completion_plan()
+    assert plan is not None
+    assert all(matcher.accept(t) for t in plan) and matcher.is_completed()
+    return tokenizer.decode(ids[: len(ids) - back] + plan)
+
+
+def test_the_completion_plan_writes_a_held_value_from_its_family(service, tokenizer):
+    """Rolled back to the ecosystem, the plan (what the budget's closing follows) writes a listed
+    value; before, it wrote the grammar's shortest, `""`, again."""
+    matcher, ids = at_the_edge(service, tokenizer)
+    back = matcher.output_verdict()
+    assert back == tokens_over(tokenizer, ids, '""}]}')
+    text = follow(matcher, tokenizer, ids, back)
+    jsonschema.validate(json.loads(text), ALLOW_FIRST)
+    assert matcher.output_verdict() is None
+
+
+def test_a_value_closed_at_the_budgets_edge_is_rewritten_with_room_for_a_listed_one(service, tokenizer):
+    """The output ends on the budget (`room` 0) with the grammar's shortest ecosystem, `""`: the
+    rewrite goes back until the plan, held to the list, fits in what it freed (before: back only
+    over `""}]}`, where no listed value fits, so each rewrite wrote `""` again until
+    `value_retries_exhausted`: dependabot at 8f62a1d)."""
+    matcher, ids = at_the_edge(service, tokenizer)
+    back = matcher.output_verdict(room=0)
+    assert back > tokens_over(tokenizer, ids, '""}]}')
+    assert len(matcher.completion_plan()) <= back  # the rewrite's completion fits the budget
+    text = follow(matcher, tokenizer, ids, back)
+    jsonschema.validate(json.loads(text), ALLOW_FIRST)
+    assert matcher.output_verdict(room=0) is None

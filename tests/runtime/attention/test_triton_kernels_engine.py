@@ -188,7 +188,7 @@ class _ThreeTokens:
 
     withholds_output = False
 
-    def output_verdict(self) -> int | None:
+    def output_verdict(self, room: int | None = None) -> int | None:
         return None
 
 
