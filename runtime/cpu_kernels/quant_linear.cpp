@@ -2,7 +2,7 @@
 // outputs: the GGUF's own codes, run on CPUs with AVX512-BF16 (runtime/model/linear.py says when).
 //   int4_linear: w = q * scale + offset, q in 0..15 (Q4_1 and Q4_K blocks: the q4 format's layers),
 //   or 5-bit codes as stored (Q5_0, Q5_1, Q5_K: Packed5), or 6-bit ones (Q6_K, in groups of 16:
-//   Packed6, the group a template's G);
+//   Packed6, the group a template's G), both PackedHigh over their bit planes beyond the nibble;
 //   int8_linear: w = q * scale (+ offset), q in -128..127 (Q8_0 blocks: q4's logits layer; the
 //   other codes where a layer's shape or a CPU keeps them off int4_linear).
 //
@@ -110,50 +110,34 @@ struct Packed4 {
   }
 };
 
-// 5-bit codes (Q5_0, Q5_1, Q5_K): Packed4's 32 bytes of low nibbles, then the fifth bits as two
-// 32-bit masks, bit w of mask o for word w of operand o (pack_int5_tiles' layout [K/4][40 bytes]):
-// the code 128 + q is the bf16 word 0x4300 | q for q < 128, so the bit is one masked add of 16.
-struct Packed5 {
+// 5- and 6-bit codes (Q5_0, Q5_1, Q5_K: PLANES 1; Q6_K: PLANES 2): Packed4's 32 bytes of low
+// nibbles, then each higher bit plane as two 32-bit masks, bit w of mask o for word w of operand o
+// (pack_int5_tiles' layout [K/4][40 bytes], pack_int6_tiles' [K/4][48 bytes]): the code 128 + q is
+// the bf16 word 0x4300 | q for q < 128, so plane b's bit is one masked add of 16 << b.
+template <int PLANES>
+struct PackedHigh {
+  static_assert(PLANES == 1 || PLANES == 2, "5- or 6-bit codes");
   using Code = uint8_t;
   static constexpr at::ScalarType DTYPE = at::kByte;
   static constexpr int64_t INPUTS_PER_ROW = 4;
-  static constexpr int64_t QUAD_BYTES = WORDS + 8;
+  static constexpr int64_t QUAD_BYTES = WORDS + 8 * PLANES;
   const uint8_t* p;
   int64_t quads;
   void get(int64_t j, int c, __m512i& first, __m512i& second) const {
     const uint8_t* at = p + (c * quads + j) * QUAD_BYTES;
     _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH, _MM_HINT_T0);
     expand(at, first, second);
-    uint32_t high[2];
+    uint32_t high[2 * PLANES];  // plane by plane: the first operand's mask, then the second's
     std::memcpy(high, at + WORDS, sizeof high);
-    const __m512i sixteen = _mm512_set1_epi16(16);
-    first = _mm512_mask_add_epi16(first, high[0], first, sixteen);
-    second = _mm512_mask_add_epi16(second, high[1], second, sixteen);
+    for (int b = 0; b < PLANES; ++b) {
+      const __m512i bit = _mm512_set1_epi16(static_cast<int16_t>(16 << b));
+      first = _mm512_mask_add_epi16(first, high[2 * b], first, bit);
+      second = _mm512_mask_add_epi16(second, high[2 * b + 1], second, bit);
+    }
   }
 };
-
-// 6-bit codes (Q6_K): Packed5's layout with a second plane, the sixth bits as two more 32-bit masks
-// (pack_int6_tiles' layout [K/4][48 bytes]): masked adds of 16 and of 32 make the words 0x4300 | q.
-struct Packed6 {
-  using Code = uint8_t;
-  static constexpr at::ScalarType DTYPE = at::kByte;
-  static constexpr int64_t INPUTS_PER_ROW = 4;
-  static constexpr int64_t QUAD_BYTES = WORDS + 16;
-  const uint8_t* p;
-  int64_t quads;
-  void get(int64_t j, int c, __m512i& first, __m512i& second) const {
-    const uint8_t* at = p + (c * quads + j) * QUAD_BYTES;
-    _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH, _MM_HINT_T0);
-    expand(at, first, second);
-    uint32_t high[4];  // fifth bits of both operands, then sixth bits
-    std::memcpy(high, at + WORDS, sizeof high);
-    const __m512i sixteen = _mm512_set1_epi16(16), thirty_two = _mm512_set1_epi16(32);
-    first = _mm512_mask_add_epi16(first, high[0], first, sixteen);
-    second = _mm512_mask_add_epi16(second, high[1], second, sixteen);
-    first = _mm512_mask_add_epi16(first, high[2], first, thirty_two);
-    second = _mm512_mask_add_epi16(second, high[3], second, thirty_two);
-  }
-};
+using Packed5 = PackedHigh<1>;
+using Packed6 = PackedHigh<2>;
 
 struct Packed8 {
   using Code = int8_t;
