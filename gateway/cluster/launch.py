@@ -18,6 +18,7 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from gateway.cluster import proxy_errors
 from gateway.cluster.replica import EngineReplica
 
 ROUTER_CLASS = "gateway.cluster.router:PrefixAwareRouter"  # by name: Ray imports it where the handle routes
@@ -34,9 +35,11 @@ PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 def init_ray(cluster: ClusterSettings) -> None:
     if ray.is_initialized():
         return
-    # replicas import this project: put it on their path whether it is installed or a checkout
+    # replicas import this project: put it on their path whether it is installed or a checkout;
+    # Serve's HTTP proxy (started by the controller, which inherits this job's environment) wraps
+    # its app in proxy_errors' middleware: a gateway replica lost mid-request answers a clear 503
     path = os.pathsep.join(p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": path}
+    env = {"PYTHONPATH": path, proxy_errors.ENV_VAR: proxy_errors.IMPORT_PATH}
     if cluster.ray_address:
         ray.init(address=cluster.ray_address, runtime_env={"env_vars": env}, log_to_driver=False)
     else:

@@ -6,6 +6,9 @@ streamed) and scraped for the router's decisions, which the ingress replica's ow
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -14,6 +17,7 @@ pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is no
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
+from bench.harness.replica_killer import replica_pids  # noqa: E402
 from bench.harness.server_process import MODEL, JumpgateServer  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -153,3 +157,49 @@ def test_a_client_gone_mid_stream_aborts_the_engine_request(server):
     assert m["jumpgate_running_requests"] == 0, m
     assert m["jumpgate_gateway_in_flight_requests"] == 0, m
     assert m[cancelled] == before + 1, m
+
+
+def test_a_killed_gateway_replica_fails_its_requests_with_a_clear_503(server):
+    """Last in this module: it kills the only gateway replica (Serve restarts it; no later test
+    waits for that). Its two requests in flight, one whole and one streamed, end with 503
+    `gateway_stopped` in the OpenAI shape and with that error event then `[DONE]`; before, Serve's
+    proxy answered a bare `500 Internal Server Error` and cut the stream (docs/cluster.md, "Faults").
+    Neither can end before the kill: each ignores EOS and asks for 2900 tokens."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 2900,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    out: dict = {}
+    streaming = threading.Event()
+
+    def whole() -> None:
+        out["whole"] = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+
+    def streamed() -> None:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+            lines = []
+            for line in r.iter_lines():
+                lines.append(line)
+                if line.startswith("data: "):
+                    streaming.set()
+            out["stream"] = (r.status_code, lines)
+
+    clients = [threading.Thread(target=f, daemon=True) for f in (whole, streamed)]
+    for t in clients:
+        t.start()
+    assert streaming.wait(60)
+    server.wait_metrics(lambda m: m.get("jumpgate_gateway_in_flight_requests", 0) >= 2, timeout_s=20, interval_s=0.2)
+    (pid,) = replica_pids(server.proc.pid, "gateway")
+    os.kill(pid, signal.SIGKILL)
+    for t in clients:
+        t.join(60)
+    whole_r, (status, lines) = out["whole"], out["stream"]
+    assert whole_r.status_code == 503, whole_r.text
+    assert whole_r.json()["error"]["code"] == "gateway_stopped" and whole_r.headers["retry-after"] == "1"
+    assert status == 200
+    events = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "gateway_stopped"
