@@ -81,6 +81,8 @@ ENGINE_GAUGES = (
     ("kv_slots_tree", "jumpgate_kv_slots_tree_held", "KV pool slots held by the prefix cache."),
     ("kv_slots_evictable", "jumpgate_kv_slots_evictable", "Prefix-cache slots no running request locks."),
     ("kv_slots_request_only", "jumpgate_kv_slots_request_only", "KV pool slots held only by running requests."),
+    ("kv_window_slots_total", "jumpgate_kv_window_slots", "Window-layer KV slots (sliding-window models; 0: none)."),
+    ("kv_window_slots_free", "jumpgate_kv_window_slots_free", "Window-layer KV slots free."),
 )
 ENGINE_COUNTERS = (
     ("prompt_tokens", "jumpgate_engine_prompt_tokens", "Prompt tokens admitted by the engine."),

@@ -142,6 +142,9 @@ class EngineStats:
     kv_slots_tree: int = 0  # held by the prefix cache (device tier)
     kv_slots_evictable: int = 0  # tree slots no running request locks
     kv_slots_request_only: int = 0  # held by running requests and not (yet) by the tree
+    # sliding-window models: the window layers' own slots (runtime/kvcache/window_pool.py); 0: none
+    kv_window_slots_total: int = 0
+    kv_window_slots_free: int = 0
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)  # "device"/"host"/"disk" -> tokens held now
     # counters
     prompt_tokens: int = 0

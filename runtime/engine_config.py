@@ -85,6 +85,17 @@ class EngineConfig:
         optional=True,
         default_text="sized from free memory",
     )
+    window_kv_tokens: int | None = setting(
+        None,
+        "window-layer KV slots of a sliding-window model (Gemma 3, gpt-oss): its window layers keep only "
+        "the positions still in their window (0: every layer keeps every position)",
+        flag="--window-kv-tokens",
+        type=int,
+        min=0,
+        optional=True,
+        default_text="a quarter of the KV pool, at least one request's window + 96 + one prefill chunk; 0 where "
+        "that is the whole pool, under tensor parallelism or with the host tier",
+    )
     max_running_requests: int = setting(64, "requests decoded together", flag="--max-running-requests", min=1)
     # once running + waiting requests are in the engine, submit raises EngineError(code="overloaded")
     max_waiting_requests: int = setting(

@@ -39,6 +39,9 @@ class Req:
     kv_len: int = 0
     cached_len: int = 0
     node: Any = None
+    # Sliding-window models: window KV of positions before this is released (or was never ours:
+    # the cached prefix matched at admission); runtime/kvcache/window_pool.py
+    window_from: int = 0
     # During a forward pass: the end of the positions given slots by this pass. Slots of
     # [kv_len, pass_end) are not accounted in kv_len yet; if the step fails before its bookkeeping
     # finishes, releasing the request frees them too (otherwise they would leak from the pool).

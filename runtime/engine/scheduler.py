@@ -103,6 +103,8 @@ class Scheduler:
     def schedule(self) -> Schedule:
         budget = self.chunked_prefill_tokens
         plan: list[tuple[Req, int]] = []
+        for r in self.running:  # window layers: release the window KV no later token sees
+            self.cache.trim_window(r)
         decoding = [r for r in self.running if not r.in_prefill]
         if not self.cache.ensure_free(sum(r.num_pending for r in decoding)):
             for r in decoding:  # drafts are optional: drop them before retracting anyone
@@ -125,6 +127,8 @@ class Scheduler:
             self.admit(plan, budget, reserved)
         if not plan and self.waiting and not self.running:
             return Schedule(unservable=self.waiting[0])
+        if not plan and self.retract_one():  # prefills stuck on each other's slots (a small window pool)
+            return self.schedule()
         return Schedule(plan)
 
     def admit(self, plan: list[tuple[Req, int]], budget: int, reserved: int) -> None:

@@ -19,6 +19,7 @@ from runtime.api import EngineError
 from runtime.counters import EngineCounters
 from runtime.kvcache.pool import ReqToTokenTable, SlotAllocator
 from runtime.kvcache.prefix_cache import BasePrefixCache, MatchResult, NoPrefixCache
+from runtime.kvcache.window_pool import TRIM_EVERY, TRIM_SLACK, WindowSlots
 from runtime.request import Req
 
 # Long decodes hand their KV to the prefix cache every this many tokens, so a request arriving
@@ -33,6 +34,8 @@ class CacheManager:
         self.req_table = req_table
         self.counters = counters
         self.pins: dict[tuple[str, str], tuple[Any, int]] = {}  # (namespace, name) -> (locked node, tokens)
+        # the window layers' own slots (sliding-window models), None where every layer keeps all
+        self.window: WindowSlots | None = getattr(self.allocator, "window", None)
 
     @property
     def enabled(self) -> bool:
@@ -75,6 +78,10 @@ class CacheManager:
         key = self._key(r)
         self.prefix_cache.load_back(key, r.namespace)
         m = self.prefix_cache.match_prefix(key, r.namespace)
+        if self.window is not None and m.length:  # only as far as the window KV it needs is there
+            exact = self.window.exact_length(m.slots, m.length, self.prefix_cache.page_size)
+            if exact < m.length:
+                m = self.prefix_cache.match_prefix(key[:exact], r.namespace)
         self.prefix_cache.lock(m.node)
         return m
 
@@ -84,17 +91,22 @@ class CacheManager:
     def attach(self, r: Req, m: MatchResult) -> None:
         """Give `r` a row holding its locked match; its KV starts there."""
         r.row = self.req_table.alloc_row()
-        r.node, r.kv_len, r.cached_len = m.node, m.length, m.length
+        r.node, r.kv_len, r.cached_len, r.window_from = m.node, m.length, m.length, m.length
         if m.length:
             self.req_table.write(r.row, 0, m.slots)
 
     def ensure_free(self, n: int) -> bool:
-        """At least `n` free slots, evicting unlocked prefixes if needed."""
-        if self.allocator.num_free < n:
+        """Room for `n` new tokens (full slots, and window slots where the model has window
+        layers), releasing unlocked prefixes' window KV, then evicting unlocked prefixes, if needed."""
+        a = self.allocator
+        if a.room < n:
             t0 = time.perf_counter()
-            self.prefix_cache.evict(n - self.allocator.num_free)
+            if self.window is not None and self.window.allocator.num_free < n:
+                self._release_tree_window(n - self.window.allocator.num_free)
+            if a.num_free < n:  # (evicting more could not help the window: no unlocked node holds any)
+                self.prefix_cache.evict(n - a.num_free)
             self.counters.tree_seconds += time.perf_counter() - t0
-        return self.allocator.num_free >= n
+        return a.room >= n
 
     # ------------------------------------------------------------------ running requests
 
@@ -106,13 +118,54 @@ class CacheManager:
         key = r.token_ids[: r.kv_len]
         slots = self.req_table.slots(r.row, r.kv_len).clone()
         cached = self.prefix_cache.insert(key, slots, r.namespace).cached_len
-        self.allocator.free(slots[r.cached_len : cached])
         m = self.prefix_cache.match_prefix(key, r.namespace)
+        if self.window is not None:  # the cache's copies take our window KV where theirs is released
+            self.window.adopt(m.slots[r.cached_len : cached], slots[r.cached_len : cached])
+        self.allocator.free(slots[r.cached_len : cached])
         self.req_table.write(r.row, 0, m.slots)
         self.prefix_cache.lock(m.node)
         self.prefix_cache.unlock(r.node)
         r.node, r.cached_len = m.node, m.length
         self.counters.tree_seconds += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ window layers' KV
+
+    def trim_window(self, r: Req) -> None:
+        """Release the window KV of `r`'s positions that no later token of it sees (window_pool.py):
+        its own, and those of tree nodes only it has locked; a prefix matched at admission (or
+        locked by others) keeps its window KV for other requests."""
+        w = self.window
+        if w is None or r.row is None:
+            return
+        end = r.kv_len - w.window + 1 - TRIM_SLACK
+        if end - r.window_from < TRIM_EVERY:
+            return
+        slots = self.req_table.slots(r.row, end)
+        own_from = max(r.window_from, r.cached_len)
+        if own_from < end:
+            w.release(slots[own_from:end])
+        node, node_end = r.node, r.cached_len  # r's locked path, leaf to root
+        while node is not None and node.parent is not None and node_end > r.window_from:
+            start = node_end - len(node.key)
+            lo, hi = max(start, r.window_from), min(node_end, end)
+            if lo < hi and node.lock_ref == 1:  # r's lock alone
+                w.release(slots[lo:hi])
+            node, node_end = node.parent, start
+        r.window_from = end
+
+    def _release_tree_window(self, n: int) -> None:
+        """Window KV of unlocked cached prefixes, least recently used first, until `n` window
+        slots were released (or none is left): their full-layer KV stays cached, and a match
+        through them stops where the window KV it needs is gone."""
+        nodes = getattr(self.prefix_cache, "nodes", None)
+        if nodes is None:
+            return
+        held = [x for x in nodes() if x.lock_ref == 0 and x.value is not None]
+        released = 0
+        for x in sorted(held, key=lambda x: x.last_access):
+            released += self.window.release(x.value)
+            if released >= n:
+                break
 
     def free_positions(self, r: Req, start: int, end: int) -> None:
         """Free the slots of `r`'s positions [start, end) (rejected draft tokens)."""
@@ -121,7 +174,16 @@ class CacheManager:
     def truncate(self, r: Req, length: int) -> None:
         """Keep KV only for `r`'s positions [0, length) (a rewritten value): its own slots past
         that are freed; a cached part reaching past it is re-locked at `length` (positions after
-        the match are computed again)."""
+        the match are computed again). With window layers, `length` first shrinks to where the
+        window KV its next token sees is all there."""
+        if self.window is not None and r.row is not None:
+            cut = min(length, r.kv_len)
+            row = self.req_table.slots(r.row, cut)
+            exact = self.window.exact_length(row, cut)
+            if exact < r.cached_len:  # matched again below: whole pages
+                exact = self.window.exact_length(row, exact, self.prefix_cache.page_size)
+            length = exact if exact < cut else length
+            r.window_from = min(r.window_from, length)
         own_from = max(length, r.cached_len)
         if r.kv_len > own_from:
             self.free_positions(r, own_from, r.kv_len)
@@ -201,6 +263,8 @@ class CacheManager:
             kv_slots_tree=tree,
             kv_slots_evictable=self.prefix_cache.evictable_size,
             kv_slots_request_only=a.num_slots - a.num_free - tree,
+            kv_window_slots_total=self.window.num_slots if self.window else 0,
+            kv_window_slots_free=self.window.allocator.num_free if self.window else 0,
             evicted_tokens=self.prefix_cache.evicted_tokens,
             cached_tokens_by_tier=by_tier,
             tier_counters=tier,
@@ -208,6 +272,8 @@ class CacheManager:
 
     def check_invariant(self, running_only_slots: int) -> None:
         self.prefix_cache.check_invariant(running_only_slots=running_only_slots)
+        if self.window is not None:
+            self.window.check_invariant(self.allocator)
 
     def close(self) -> None:
         self.prefix_cache.close()

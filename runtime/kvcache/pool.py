@@ -24,6 +24,11 @@ class SlotAllocator:
     def num_free(self) -> int:
         return self._num_free
 
+    @property
+    def room(self) -> int:
+        """Tokens one `alloc` can take now (a tied allocator also counts its window slots)."""
+        return self._num_free
+
     def free_slots(self) -> list[int]:
         """The free slots (a copy; for accounting checks)."""
         return self._free[: self._num_free].tolist()
@@ -72,7 +77,11 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         head_major: bool = False,
+        layer_windows: tuple[int, ...] = (),
+        window_slots: int = 0,
     ):
+        """`window_slots` > 0 (with `layer_windows`): the window layers keep their K/V in that many
+        window slots, tied to the full slots (runtime/kvcache/window_pool.py)."""
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.kv_heads = kv_heads
@@ -83,18 +92,35 @@ class KVPool:
         rows = num_slots + 1
         self.head_major = head_major
 
-        def layer() -> torch.Tensor:
+        def layer(rows: int) -> torch.Tensor:
             if head_major:
                 return torch.zeros(kv_heads, rows, head_dim, dtype=dtype, device=self.device).transpose(0, 1)
             return torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=self.device)
 
-        self.k = [layer() for _ in range(num_layers)]
-        self.v = [layer() for _ in range(num_layers)]
-        self.allocator = SlotAllocator(num_slots)
+        self.window = None  # WindowSlots where the window layers have their own pool
+        windowed = [bool(w) for w in layer_windows] if window_slots > 0 else [False] * num_layers
+        if any(windowed):
+            from runtime.kvcache.window_pool import TiedSlotAllocator, WindowSlots
+
+            self.window = WindowSlots(num_slots, window_slots, max(layer_windows))
+            self.allocator: SlotAllocator = TiedSlotAllocator(num_slots, self.window)
+        else:
+            self.allocator = SlotAllocator(num_slots)
+        self.windowed = windowed
+        sizes = [window_slots + 1 if w else rows for w in windowed]
+        self.k = [layer(n) for n in sizes]
+        self.v = [layer(n) for n in sizes]
 
     @staticmethod
     def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+    def kv_bytes(self) -> dict[str, int]:
+        """Bytes of K/V held by the full layers and by the window layers (for stats and benches)."""
+        out = {"full": 0, "window": 0}
+        for i, (k, v) in enumerate(zip(self.k, self.v)):
+            out["window" if self.windowed[i] else "full"] += k.numel() * k.element_size() + v.numel() * v.element_size()
+        return out
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer][slots] = k.to(self.dtype)

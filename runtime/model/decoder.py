@@ -274,11 +274,16 @@ class DecoderModel:
         return kinds, params
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend, window=None) -> torch.Tensor:
         """Run the new tokens, write their K/V into `batch.out_slots`, return logits [N, vocab]
-        for the rows in `batch.logits_index`."""
+        for the rows in `batch.logits_index`. `window`: (the pass over window slots, its backend)
+        where the window layers keep their own slots (runtime/kvcache/window_pool.py)."""
         cfg = self.cfg
         attn.prepare(batch)
+        plans = [(batch, attn)] * len(self.layers)
+        if window is not None:
+            window[1].prepare(window[0])
+            plans = [window if layer.window else (batch, attn) for layer in self.layers]
         h = self.embed_tokens(batch.input_ids)
         if cfg.embed_scale != 1.0:  # in the embeddings' dtype, as transformers' Gemma3TextScaledWordEmbedding
             h = h * torch.tensor(cfg.embed_scale, dtype=h.dtype)
@@ -289,9 +294,9 @@ class DecoderModel:
         else:
             tables = [(cos, sin)] * len(self.layers)
         if self.fused_ops is not None:
-            return self._softcap(self._fused_forward(h, tables, batch, kv, attn))
+            return self._softcap(self._fused_forward(h, tables, batch, kv, attn, plans))
         for li, layer in enumerate(self.layers):
-            self._torch_layer(li, layer, h, *tables[li], batch, kv, attn)
+            self._torch_layer(li, layer, h, *tables[li], *plans[li], kv)
         h = self._pad_small(batch.logits_rows(h))
         logits = self.lm_head(rms_norm(h, self.norm, cfg.rms_norm_eps))
         return self._softcap(logits[: batch.logits_index.shape[0]].float())
@@ -323,7 +328,7 @@ class DecoderModel:
             x = torch.cat([x, x.new_zeros(SMALL_GEMM_ROWS - rows, x.shape[1])])
         return x
 
-    def _fused_forward(self, h, rope, batch, kv, attn) -> torch.Tensor:
+    def _fused_forward(self, h, rope, batch, kv, attn, plans) -> torch.Tensor:
         """Each residual add runs with the norm after it (the next layer's input norm, the last
         one's the final norm) as one op; a zero pad row normalizes to zeros, as before. `rope`: each
         layer's (cos, sin) tables."""
@@ -350,11 +355,11 @@ class DecoderModel:
         else:
             after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
             for li, (layer, next_norm) in enumerate(zip(self.layers, after)):
-                x = self._fused_layer(li, layer, h, x, next_norm, *rope[li], batch, kv, attn)
+                x = self._fused_layer(li, layer, h, x, next_norm, *rope[li], *plans[li], kv)
         logits = self.lm_head.native(self._pad_small(batch.logits_rows(x)).to(self.lm_head.act_dtype))
         return logits[: batch.logits_index.shape[0]].float()
 
-    def _torch_layer(self, li, layer, h, cos, sin, batch, kv, attn) -> None:
+    def _torch_layer(self, li, layer, h, cos, sin, batch, attn, kv) -> None:
         cfg, t = self.cfg, h.shape[0]
         x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
         qkv = layer.qkv(x)
@@ -380,7 +385,7 @@ class DecoderModel:
             delta = rms_norm(delta, layer.mlp_out_norm, cfg.rms_norm_eps)
         h += delta
 
-    def _fused_layer(self, li, layer, h, x, next_norm, cos, sin, batch, kv, attn) -> torch.Tensor:
+    def _fused_layer(self, li, layer, h, x, next_norm, cos, sin, batch, attn, kv) -> torch.Tensor:
         """x: this layer's normed input (in the activation dtype); h grows in place; returns
         next_norm(h) in it."""
         ops, cfg, t = self.fused_ops, self.cfg, h.shape[0]

@@ -24,6 +24,7 @@ from runtime.attention.cpu_backend import tile_precision
 from runtime.engine_config import EngineConfig
 from runtime.forward_batch import ForwardBatch
 from runtime.kvcache.pool import KVPool, ReqToTokenTable
+from runtime.kvcache.window_pool import default_window_slots, min_window_slots, window_batch
 from runtime.model.config import ModelConfig, ModelLoadError
 from runtime.model.decoder import load_model
 from runtime.parallel.budget import check_weight_budget
@@ -50,6 +51,41 @@ def default_pool_tokens(bytes_per_token: int, device: torch.device) -> int:
     except (OSError, StopIteration):
         budget = 2 << 30
     return int(max(4096, min(65536, budget // bytes_per_token)))
+
+
+def window_kv_slots(cfg: EngineConfig, mc: ModelConfig, full_slots: int) -> int:
+    """The window layers' own KV slots (runtime/kvcache/window_pool.py); 0: every layer keeps
+    every position (no window layers, --window-kv-tokens 0, or auto where it would save nothing
+    or is not supported)."""
+    windows = [w for w in mc.layer_windows if w]
+    asked = cfg.window_kv_tokens
+    if not windows or asked == 0:
+        return 0
+    unsupported = (
+        "tensor parallelism (--tensor-parallel-size)"
+        if cfg.tensor_parallel_size > 1
+        else "the host and disk KV tiers (--host-pool-tokens)"
+        if cfg.host_pool_tokens
+        else None
+    )
+    if unsupported is not None:
+        if asked is None:
+            return 0
+        raise ModelLoadError(
+            f"--window-kv-tokens {asked}: a window-layer KV pool does not work with {unsupported} yet; set 0"
+        )
+    window = max(windows)
+    pass_tokens = max(cfg.chunked_prefill_tokens, 1 + cfg.max_jump_forward_tokens + cfg.speculative_tokens)
+    need = min_window_slots(window, pass_tokens)
+    if asked is None:
+        auto = default_window_slots(full_slots, need)
+        return auto if need <= auto < full_slots else 0  # no smaller than the full pool: nothing to save
+    if asked < need:
+        raise ModelLoadError(
+            f"--window-kv-tokens {asked}: one request needs {need} window slots "
+            f"(the window {window}, {need - window} for the slack and one pass's new tokens)"
+        )
+    return min(asked, full_slots)
 
 
 def pick_device(requested: str) -> torch.device:
@@ -149,7 +185,14 @@ class ModelRunner:
             dtype,
             device,
             head_major=self.attn.kv_head_major,
+            layer_windows=mc.layer_windows,
+            window_slots=window_kv_slots(cfg, mc, self.kv_pool_tokens),
         )
+        self.attn_window = None  # the window layers' own plan of each pass, over their window slots
+        if self.kv.window is not None:
+            self.attn_window = make_attention_backend(cfg.attention_backend, device)
+            if tiles:
+                self.attn_window.enable_tiles(self.model.weights, tile_precision(cfg.attention_precision))
         self.req_table = ReqToTokenTable(cfg.max_running_requests, max_context + cfg.max_jump_forward_tokens + 2)
         # shared-prefix groups are built only for a backend that reads them
         self.cascade = cfg.cascade_attention and self.attn.supports_prefix_groups
@@ -157,6 +200,7 @@ class ModelRunner:
             self.tp.start(self.kv_pool_tokens)  # the workers' pools: the same slots, their heads
         self.cuda_graphs = None  # decode passes replayed from CUDA graphs (CUDA + triton only, one rank)
         graphs = cfg.cuda_graphs and self.tp is None and self.attn.name == "triton" and self.model.graph_capturable
+        graphs = graphs and self.kv.window is None  # the graphs read every layer's K/V by full slot
         if graphs and device.type == "cuda":
             from runtime.model.cuda_graphs import DecodeCudaGraphs
 
@@ -214,6 +258,10 @@ class ModelRunner:
             return self.cuda_graphs.run(batch)
         if self.tp is not None:  # the workers run the same pass on their shards
             return self.tp.run_pass(batch, lambda: self.model.forward(batch, self.kv, self.attn))
+        if self.kv.window is not None:
+            return self.model.forward(
+                batch, self.kv, self.attn, (window_batch(batch, self.kv.window), self.attn_window)
+            )
         return self.model.forward(batch, self.kv, self.attn)
 
     def close(self) -> None:
