@@ -198,13 +198,14 @@ class Soak:
 
     def failed(self, what: str, status: int, code: str | None, started: float, detail: str) -> None:
         """A 5xx, an error event in a stream, or a stream cut: with --cluster, the clear 503
-        `engine_stopped` of a request a killed replica may have held is the chaos working."""
+        `engine_stopped` (an engine replica) or `gateway_stopped` (a gateway replica,
+        gateway/cluster/proxy_errors.py) of a request a killed replica may have held is the chaos working."""
         c = self.c
         kill = self.killer.kill_near(started, time.monotonic(), self.args.kill_window) if self.killer else None
         if kill is not None:
             key = f"{kill.deployment}:{status}/{code}"
             c.killed_by_status[key] = c.killed_by_status.get(key, 0) + 1
-            if status in (200, 503) and code == "engine_stopped":
+            if status in (200, 503) and code in ("engine_stopped", "gateway_stopped"):
                 c.killed_in_flight += 1
                 return
         c.server_errors += 1

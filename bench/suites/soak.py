@@ -17,7 +17,7 @@ left behind, and every acknowledged upload and stored response is read back.
 `--cluster` runs the same clients against `jumpgate serve --replicas 2` on Ray Serve (the gateway
 replicas share the registry and responses folders, the engines the grammar cache and disk tier)
 and SIGKILLs one replica every `--kill-every` seconds (`bench/harness/replica_killer.py`): a request that
-fails with the clear 503 `engine_stopped` while a replica died under it counts as
+fails with the clear 503 `engine_stopped` (`gateway_stopped` for a gateway replica) while a replica died under it counts as
 `killed_in_flight`; any other failure is a server error.
 
 One JSON line: requests, completed_ok, server_errors (5xx or an error event in a stream),
