@@ -199,13 +199,12 @@ def _completing_single(m: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tens
     return None
 
 
-def _way_out(m: PlanMatcher, vocab: ClosingVocab, budget: list[int]) -> int | None:
+def _way_out(m: PlanMatcher, vocab: ClosingVocab, budget: list[int], start: bytes, row: torch.Tensor) -> int | None:
     """The first character of the shortest run of characters after which a string closer is allowed
     (breadth-first, MAX_WAY_OUT_DEPTH deep, each try off `budget[0]`, shared by one plan's searches);
-    else a plan goes through the alphabet in a pattern's free part, never ending it."""
-    row = new_bitmask(vocab.vocab_size)
-    m.fill_mask(row, 0)
-    start, memo = _signature(row[0], m), m.way_outs()  # a request's plans meet the same states again
+    else a plan goes through the alphabet in a pattern's free part, never ending it. `start`: the
+    state's signature, which the caller holds (a kept answer costs one lookup); `row`: scratch."""
+    memo = m.way_outs()  # a request's plans meet the same states again
     if start in memo:
         return memo[start]
     out = _search_way_out(m, vocab, budget, row, start)
@@ -322,7 +321,7 @@ def _step(
     if again is None and here.in_text and not allowed_subset(mask[0], vocab.quoted).numel():
         # nothing makes progress inside a string that cannot end yet (`(.+)\.(ya?ml)` after a
         # space): the first character of the shortest run after which it may end
-        out = _way_out(m, vocab, search if search is not None else [MAX_WAY_OUT_TRIES])
+        out = _way_out(m, vocab, search if search is not None else [MAX_WAY_OUT_TRIES], here.sig, after)
         fallback = out if out is not None else fallback
     tok = again if again is not None else fallback if fallback is not None else first
     if tok is None:
