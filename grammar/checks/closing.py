@@ -9,30 +9,26 @@ The plan is greedy over token classes, tried in order at each state:
 5. closers that also carry a comma (a number ends; the next array item or property begins);
 6. *minimal values*: `0`, `false`, `true`, `null`, `[]`, `{}`, `""`;
 7. any single-character token the grammar allows (a pattern, an enum, a minLength).
-In free text outside a JSON string (a regex, an EBNF rule) a single character that completes the
-match is taken first; inside a string that cannot end yet, a required name the grammar takes is
-spelled first (`NameHint`, grammar/checks/plan_names.py), else, where nothing makes progress, the
-shortest run of characters after which the string may end (`_way_out`, its
-answers kept per request). Inside text `]`, `}`, `,` and `0` are just characters, so there the
-order is string closers, single characters, then the rest. A candidate is taken only if it makes
-progress (a `"` that opens a string, a closer that leads back to the same state, or a value leading
-to a state met since the last forced text do not); when nothing does (`[0-9]{5}`), the first
-candidate not yet taken from such a state is taken. States are told apart by their token mask plus
-what the engine shows of its state (`state_detail`: xgrammar's parser states; llguidance: none).
-
-The planner drives a matcher only through `PlanMatcher`, which each engine's matcher implements
-(grammar/engines/*/matcher.py); the strict methods on it are shared (grammar/checks/strict.py).
-
+In free text outside a JSON string (a regex, an EBNF rule) a single character that completes the match is
+taken first; inside a string that cannot end yet, a required name the grammar takes is spelled first
+(`NameHint`, grammar/checks/plan_names.py), else, where nothing makes progress, the shortest run of
+characters after which the string may end (`_way_out`, its answers kept per request). Inside text `]`,
+`}`, `,` and `0` are just characters, so there the order is string closers, single characters, then the
+rest. A candidate is taken only if it makes progress (a `"` that opens a string, a closer that leads back
+to the same state, or a value leading to a state met since the last forced text do not); when nothing
+does (`[0-9]{5}`), the first candidate not yet taken from such a state is taken. States are told apart
+by their token mask plus what the engine shows of its state (`state_detail`: xgrammar's parser states;
+llguidance: none). The planner drives a matcher only through `PlanMatcher`, which each engine's matcher
+implements (grammar/engines/*/matcher.py); the strict methods on it are shared (grammar/checks/strict.py).
 A plan walked on a forked matcher bounds the tokens needed; a request with a tight budget follows it.
+Plans are kept by exact state where the matcher knows it (grammar/checks/plan_state.py).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
-from grammar.checks.plan_names import NameTail
+from grammar.checks.plan_state import PlanMatcher, Rests, kept_plan
 from grammar.engines.token_mask import allow_only
 
 # Plans longer than this are not made (no closing): a schema with dozens of required properties
@@ -45,38 +41,6 @@ MAX_WAY_OUT_TRIES = 2048  # characters tried in those searches, in all of one pl
 MAX_LOOP_WALKS = 4  # states a plan went round, each walked again taking the other way first
 _FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
 _LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
-
-
-class PlanMatcher(Protocol):
-    """What the planner needs from an engine's matcher: one grammar state it can copy, mask,
-    advance and roll back. The stop token is never given to it (termination is the caller's)."""
-
-    def fork(self) -> PlanMatcher:
-        """An independent copy of this state."""
-
-    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (xgrammar's layout)."""
-
-    def accept(self, token_id: int) -> bool:
-        """Advance by one token; False (state unchanged) if the grammar forbids it."""
-
-    def rollback(self, num_tokens: int) -> None:
-        """Undo the last `num_tokens` accepted tokens."""
-
-    def is_completed(self) -> bool:
-        """Whether the value may end here (the stop token would be allowed)."""
-
-    def forced_tokens(self) -> list[int]:
-        """The forced text from here in the model's tokens, not accepted ([] at a choice)."""
-
-    def state_detail(self) -> bytes:
-        """What tells apart two states with the same mask, beyond the mask (b"" if nothing)."""
-
-    def names(self) -> NameTail | None:
-        """The schema's required names and the name written so far here (None: no hint)."""
-
-    def way_outs(self) -> dict[bytes, int | None]:
-        """`_way_out`'s answers by state, shared by forks (one grammar, one request)."""
 
 
 def new_bitmask(vocab_size: int) -> torch.Tensor:
@@ -142,11 +106,11 @@ def _ids(ids: list[int]) -> torch.Tensor:
 
 
 def allowed_subset(mask_row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The ids among `ids` whose bit is set in one bitmask row."""
+    """The ids among `ids` whose bit is set in one (CPU) bitmask row (numpy: 8 torch ops cost more)."""
     if ids.numel() == 0:
         return ids
-    bits = (mask_row[ids >> 5] >> (ids & 31).to(torch.int32)) & 1
-    return ids[bits.bool()]
+    at = ids.numpy()
+    return torch.from_numpy(at[((mask_row.numpy()[at >> 5] >> (at & 31)) & 1).astype(bool)])
 
 
 def _signature(mask_row: torch.Tensor, m: PlanMatcher) -> bytes:
@@ -161,11 +125,12 @@ def _bit(mask_row: torch.Tensor, token_id: int | None) -> bool:
 
 
 class _State:
-    """The state a plan step starts from: its signature and whether it is inside text."""
+    """The state a plan step starts from: its signature, whether it is in text, whether a string may close."""
 
     def __init__(self, mask_row: torch.Tensor, m: PlanMatcher, vocab: ClosingVocab):
         self.sig = _signature(mask_row, m)
         self.in_text = bool(allowed_subset(mask_row, vocab.letters).numel())
+        self.closable = bool(allowed_subset(mask_row, vocab.quoted).numel())
 
 
 def _progress(
@@ -174,17 +139,17 @@ def _progress(
     tok: int,
     here: _State,
     after_row: torch.Tensor,
-    after_sig: bytes,
+    m: PlanMatcher,
     seen: set[bytes],
 ) -> bool:
-    """Does `tok` (of class `ids`), leading to the state with mask `after_row`, make progress?"""
+    """Does `tok` (of class `ids`), leading to `m`'s state with mask `after_row`, make progress?"""
     if tok in vocab.quote_led and _bit(after_row, vocab.quote_id):
         return False  # it opened a string: a closed string is never followed by `"`
     if ids is vocab.structural:
         return not here.in_text
     if ids is vocab.quoted:
-        return after_sig != here.sig  # a `"` that is just a character of a pattern leads back here
-    return after_sig not in seen
+        return _signature(after_row, m) != here.sig  # a `"` that is just a character of a pattern leads back here
+    return _signature(after_row, m) not in seen
 
 
 def _completing_single(m: PlanMatcher, vocab: ClosingVocab, mask_row: torch.Tensor) -> int | None:
@@ -277,14 +242,14 @@ def _step(
     seen.add(here.sig)
     done = taken.setdefault(here.sig, set())
     went = branches.setdefault(here.sig, set()) if branches is not None else set()
-    if here.in_text and not allowed_subset(mask[0], vocab.quoted).numel():
+    if here.in_text and not here.closable:
         # free text of a regex or EBNF: end it if one character can
         tok = _completing_single(m, vocab, mask[0])
         if tok is not None:
             done.add(tok)
             m.fill_mask(after, 0)
             return tok
-    if not allowed_subset(mask[0], vocab.quoted).numel():
+    if not here.closable:
         # a string that cannot end here (a name, even where its next letters are few): spell a
         # required name if one fits
         tok = _spelled(m, after)
@@ -301,7 +266,7 @@ def _step(
             if not m.accept(tok):
                 continue
             m.fill_mask(after, 0)
-            if _progress(vocab, ids, tok, here, after[0], _signature(after[0], m), seen):
+            if _progress(vocab, ids, tok, here, after[0], m, seen):
                 if tok in went:  # taken from this state before: another way first
                     m.rollback(1)
                     again = tok if again is None else again
@@ -318,7 +283,7 @@ def _step(
                 fallback = tok
             if j == 0 and ids is vocab.fillers:
                 break  # `0` leads nowhere: neither will `false` (inside text, all are characters)
-    if again is None and here.in_text and not allowed_subset(mask[0], vocab.quoted).numel():
+    if again is None and here.in_text and not here.closable:
         # nothing makes progress inside a string that cannot end yet (`(.+)\.(ya?ml)` after a
         # space): the first character of the shortest run after which it may end
         out = _way_out(m, vocab, search if search is not None else [MAX_WAY_OUT_TRIES], here.sig, after)
@@ -334,8 +299,7 @@ def _step(
 
 
 def _accept_forced(m: PlanMatcher, vocab: ClosingVocab) -> list[int]:
-    """Accept the grammar's forced text in the model tokenizer's own tokens (as jump-forward
-    drafts it); returns the tokens taken."""
+    """Accept the forced text in the model tokenizer's own tokens (as jump-forward drafts it); return them."""
     took: list[int] = []
     for t in m.forced_tokens():
         if t in vocab.special_ids or not m.accept(t):
@@ -350,17 +314,22 @@ def completion_plan(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_
     state (kimi's `<|tool_call` begins both the next call and the section end) is walked again per
     such state, taking the other way there; the shortest walk is the plan. (Not always: JSON values
     revisit states all the time, and those walks cost a plan 17x.)"""
-    plan = _walk_plan(matcher, vocab, limit, None, None)
-    looped: dict[bytes, set[int]] = {}
-    plan = plan if plan is not None else _walk_plan(matcher, vocab, limit, {}, looped)
+    return kept_plan(matcher, limit, lambda: _walks(matcher, vocab, limit))
+
+
+def _walks(matcher: PlanMatcher, vocab: ClosingVocab, limit: int) -> tuple[list[int] | None, bool]:
+    """`completion_plan`'s walks: the plan, and whether no way-out search in them was cut short."""
+    budgets: list[list[int]] = []
+    plan, looped = _walk_plan(matcher, vocab, limit, None, None, budgets), {}
+    plan = plan if plan is not None else _walk_plan(matcher, vocab, limit, {}, looped, budgets)
     for sig, toks in list(reversed(looped.items()))[:MAX_LOOP_WALKS]:
         again: dict[bytes, set[int]] = {}
-        other = _walk_plan(matcher, vocab, limit, {sig: toks}, again)
+        other = _walk_plan(matcher, vocab, limit, {sig: toks}, again, budgets)
         if other is not None and (plan is None or len(other) < len(plan)):
             plan = other
             if not again:
                 break
-    return plan
+    return plan, all(b[0] > 0 for b in budgets)
 
 
 def _walk_plan(
@@ -369,19 +338,22 @@ def _walk_plan(
     limit: int,
     avoid: dict[bytes, set[int]] | None,
     looped: dict[bytes, set[int]] | None,
+    budgets: list[list[int]],
 ) -> list[int] | None:
-    """One greedy walk; with `avoid` (not None) a state's tokens in it are taken there last."""
+    """One greedy walk (its way-out budget put in `budgets`); with `avoid`, a state's tokens are taken last."""
     m = matcher.fork()
-    mask = new_bitmask(vocab.vocab_size)
-    after = new_bitmask(vocab.vocab_size)
+    mask, after = new_bitmask(vocab.vocab_size), new_bitmask(vocab.vocab_size)
     plan: list[int] = []
     seen: set[bytes] = set()
     taken: dict[bytes, set[int]] = {}
     branches = None if avoid is None else {sig: set(toks) for sig, toks in avoid.items()}
     have_mask = False
-    search = [MAX_WAY_OUT_TRIES]
+    budgets.append(search := [MAX_WAY_OUT_TRIES])
+    rests = Rests.of(m) if avoid is None else None  # after forced text, a plain walk's rest is the state's
     while len(plan) <= limit:
         if m.is_completed():
+            if rests is not None:
+                rests.keep(plan, search[0] > 0)
             return plan
         took = _accept_forced(m, vocab)
         if took:
@@ -389,6 +361,11 @@ def _walk_plan(
             seen.clear()
             taken.clear()
             have_mask = False
+            rest = None if rests is None else rests.at(len(plan))
+            if rest is not None:
+                plan += rest
+                rests.keep(plan, search[0] > 0)
+                return plan if len(plan) <= limit else None
             continue
         if not have_mask:
             m.fill_mask(mask, 0)
@@ -402,18 +379,14 @@ def _walk_plan(
 
 
 def completion_bound(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> int | None:
-    """Tokens the greedy plan needs to reach a complete value from `matcher`'s state (not changed);
-    None if no plan was found within `limit`."""
-    plan = completion_plan(matcher, vocab, limit)
-    return None if plan is None else len(plan)
+    """Tokens of the greedy plan from `matcher`'s state (not changed); None if none within `limit`."""
+    return None if (plan := completion_plan(matcher, vocab, limit)) is None else len(plan)
 
 
 def completion_bound_after(matcher: PlanMatcher, vocab: ClosingVocab, token_id: int) -> int | None:
     """The plan's length after `token_id` (None: the grammar refuses it, or no plan)."""
     m = matcher.fork()
-    if not m.accept(token_id):
-        return None
-    return completion_bound(m, vocab)
+    return completion_bound(m, vocab) if m.accept(token_id) else None
 
 
 def _progress_members(
@@ -434,7 +407,7 @@ def _progress_members(
             f = matcher.fork()
             if f.accept(t):
                 f.fill_mask(after, 0)
-                if _progress(vocab, ids, t, here, after[0], _signature(after[0], f), {here.sig}):
+                if _progress(vocab, ids, t, here, after[0], f, {here.sig}):
                     keep.append(t)
         if keep:
             return keep

@@ -37,27 +37,53 @@ from grammar.engines.draft_split import DraftSplitter, Encode, ForcedSpanWatch
 from grammar.engines.token_mask import allow_only
 
 _POSITIONS = re.compile(r"rule_start_pos=-?\d+")
+MAX_TEXTS = 256  # forced texts a request's planner keeps encoded
 
 
 class XGrammarPlanMatcher:
     """grammar/checks/closing.py's `PlanMatcher` over one xgrammar matcher."""
 
-    __slots__ = ("_m", "_encode", "_names", "_way_outs")
+    __slots__ = ("_m", "_encode", "_names", "_way_outs", "_history", "_plans", "_texts")
 
     def __init__(
-        self, matcher: xgr.GrammarMatcher, encode: Encode, names: NameTail | None = None, way_outs: dict | None = None
+        self,
+        matcher: xgr.GrammarMatcher,
+        encode: Encode,
+        names: NameTail | None = None,
+        way_outs: dict | None = None,
+        history: list[int] | None = None,
+        plans: dict | None = None,
+        texts: dict | None = None,
     ) -> None:
         self._m = matcher
         self._encode = encode
         self._names = names  # the planner's name hint (grammar/checks/plan_names.py), or None
         self._way_outs = {} if way_outs is None else way_outs  # shared by forks: one grammar's states
+        # every token accepted since the grammar's start (None: not known), which identifies the
+        # state exactly; the live matcher's list is its XGrammarMatcher's
+        self._history = history
+        self._plans = {} if plans is None else plans  # plans by exact state, shared by forks
+        self._texts = {} if texts is None else texts  # forced text -> its tokens (a plan meets the same names)
 
     def fork(self) -> XGrammarPlanMatcher:
         names = self._names.fork() if self._names else None
-        return XGrammarPlanMatcher(self._m.fork(), self._encode, names, self._way_outs)
+        history = None if self._history is None else list(self._history)
+        return XGrammarPlanMatcher(
+            self._m.fork(), self._encode, names, self._way_outs, history, self._plans, self._texts
+        )
 
     def way_outs(self) -> dict:
         return self._way_outs
+
+    def plan_key(self) -> tuple | None:
+        """The exact state a plan starts from: the tokens accepted since the grammar's start and
+        the name hint's state (None where the tokens are not known)."""
+        if self._history is None:
+            return None
+        return tuple(self._history), None if self._names is None else self._names.state()
+
+    def plans(self) -> dict:
+        return self._plans
 
     def fill_mask(self, bitmask, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
@@ -66,12 +92,16 @@ class XGrammarPlanMatcher:
         ok = self._m.accept_token(token_id)
         if ok and self._names is not None:
             self._names.accepted(token_id)
+        if ok and self._history is not None:
+            self._history.append(int(token_id))
         return ok
 
     def rollback(self, num_tokens: int) -> None:
         self._m.rollback(num_tokens)
         if self._names is not None:
             self._names.rolled_back(num_tokens)
+        if self._history is not None and num_tokens > 0:
+            del self._history[-num_tokens:]
 
     def names(self) -> NameTail | None:
         return self._names
@@ -81,7 +111,14 @@ class XGrammarPlanMatcher:
 
     def forced_tokens(self) -> list[int]:
         text = self._m.find_jump_forward_string()
-        return self._encode(text) if text else []
+        if not text:
+            return []
+        ids = self._texts.get(text)
+        if ids is None:
+            if len(self._texts) >= MAX_TEXTS:
+                self._texts.clear()
+            ids = self._texts[text] = tuple(self._encode(text))
+        return list(ids)
 
     def state_detail(self) -> bytes:
         """xgrammar's parser states (position-free), which separate e.g. the states of a counted
@@ -111,6 +148,7 @@ class XGrammarMatcher(StrictMethods):
         "_watch",
         "values",
         "rechecks",
+        "_history",
     )
 
     def __init__(
@@ -129,7 +167,8 @@ class XGrammarMatcher(StrictMethods):
         self._matcher = xgr.GrammarMatcher(compiled)
         # the planner's view of this state; the name written so far, for its hint, is the value check's
         live = NameTail(names, live=values.scan_state if values is not None else _no_name) if names else None
-        self._plan = XGrammarPlanMatcher(self._matcher, encode, live)
+        self._history: list[int] = []  # the tokens accepted (the planner's key to this exact state)
+        self._plan = XGrammarPlanMatcher(self._matcher, encode, live, history=self._history)
         self._encode = encode
         self._special_ids = special_ids
         self._closing = closing
@@ -157,6 +196,8 @@ class XGrammarMatcher(StrictMethods):
 
     def accept(self, token_id: int) -> bool:
         ok = self._matcher.accept_token(int(token_id))
+        if ok:
+            self._history.append(int(token_id))
         if ok and self.values is not None:
             self.values.accept(int(token_id))
         if ok and self.rechecks is not None:
@@ -168,6 +209,7 @@ class XGrammarMatcher(StrictMethods):
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
+            del self._history[-num_tokens:]
             if self.values is not None:
                 self.values.rollback(num_tokens)
             if self.rechecks is not None:

@@ -118,3 +118,46 @@ def test_the_live_state_is_the_scan_of_the_output(service, tokenizer, text):
     matcher = service.compile(GrammarSpec.json_schema(FAR_REQUIRED)).new_matcher()
     assert all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
     assert matcher.values.scan_state() == scan(START, text.encode())
+
+
+# -- plans kept by exact state (grammar/checks/plan_state.py): a kept plan, or a walk that takes the rest
+# kept after forced text, is the plan a fresh walk from that state makes
+
+EXTRACT = json.loads((Path(__file__).resolve().parents[2] / "data/schema_corpus/extract_12_fields.json").read_text())
+
+
+def _at(handle, tokenizer, text: str):
+    matcher = handle.new_matcher()
+    assert all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    return matcher
+
+
+def test_kept_plans_are_the_fresh_walks_from_the_same_state(service, tokenizer):
+    handle = service.compile(GrammarSpec.json_schema(EXTRACT))
+    prefix = '{"full_name":"Ada Lovelace","job_title":"Engineer","company_name":"Analytical'
+    live = _at(handle, tokenizer, prefix)
+    first = live.completion_plan()
+    assert first is not None and live.completion_plan() == first  # the second from the memo
+    assert _at(handle, tokenizer, prefix).completion_plan() == first  # a fresh request's walk
+    # a budget check walks from the state after a token (on a fork); the token taken, the re-plan
+    # there is the fresh walk's; rolled back, the kept plan of the state before
+    quote, comma = tokenizer.convert_tokens_to_ids('"'), tokenizer.convert_tokens_to_ids('",')
+    assert all(live.completion_bound_after(t) is not None for t in (quote, comma))
+    assert live.accept(comma)
+    assert live.completion_plan() == _at(handle, tokenizer, prefix + '",').completion_plan()
+    live.rollback(1)
+    assert live.completion_plan() == first
+    assert live.accept(quote) and live.completion_plan() == _at(handle, tokenizer, prefix + '"').completion_plan()
+
+
+def test_walks_through_forced_names_take_the_kept_rest_as_a_fresh_walk(service, tokenizer):
+    handle = service.compile(GrammarSpec.json_schema(EXTRACT))
+    text = '{"full_name":"Ada'
+    live = _at(handle, tokenizer, text)
+    # each token of the forced `","job_title":"` is checked from the state before it, as strict
+    # decoding checks it: a walk through the same point after the forced name each time
+    for t in tokenizer.encode('","job_title":"Eng', add_special_tokens=False):
+        assert live.completion_bound_after(t) == _at(handle, tokenizer, text).completion_bound_after(t)
+        assert live.accept(t)
+        text += tokenizer.decode([t])
+        assert live.completion_plan() == _at(handle, tokenizer, text).completion_plan()
