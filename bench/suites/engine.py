@@ -8,7 +8,8 @@ made once into the cache folder; SmolLM2's 576-wide rows are not whole 256-weigh
 in llama.cpp most of its matrices fall back to Q5_0 and Q8_0, its 1536-wide ffn_down are Q4_K/Q6_K).
 Each line says `linear_bytes`, the bytes of the linear and logits layers' weights a decode step reads.
 
-One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens, the
+One JSON line per format: decode tok/s at batch 1/16/64, prefill tok/s at 1k and 3k tokens
+(`--prefill-tokens N,...`: other lengths, keyed `prefill_tok_s_256` for 256; CI's smoke run's), the
 ratios to fp32 from the same run, and the split of a batch-1 decode step into linear layers,
 attention, the model's other ops, and the engine's share (sampling, scheduling, detokenizing).
 `forward_b16_*`: one model pass of 16 decoding requests at the decode runs' mean context, with the
@@ -285,10 +286,21 @@ def _prefill_only(fmt: str, threads: int | None, settings: dict[str, str], lengt
     return lines
 
 
+def _label(n: int) -> str:
+    """A prompt length as the keys name it: 1024 -> 1k, 256 -> 256."""
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
 def _measure(
-    fmt: str, quick: bool, threads: int | None, settings: dict[str, str] | None = None, model_file: str | None = None
+    fmt: str,
+    quick: bool,
+    threads: int | None,
+    settings: dict[str, str] | None = None,
+    model_file: str | None = None,
+    prefill: tuple[int, ...] | None = None,
 ) -> dict:
     new_tokens = 16 if quick else 64
+    prefill = prefill or ((1024,) if quick else (1024, 3072))
     engine = _engine(fmt, threads, settings or {}, model_file)
     model, tok = engine.runner.model, engine.tokenizer
     greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -304,8 +316,8 @@ def _measure(
         "threads": torch.get_num_threads(),
         "linear_bytes": _linear_bytes(model),
     }
-    for n in (1024,) if quick else (1024, 3072):
-        out[f"prefill_tok_s_{n // 1024}k"] = _prefill_rate(engine, text_ids[:n])
+    for n in prefill:
+        out[f"prefill_tok_s_{_label(n)}"] = _prefill_rate(engine, text_ids[:n])
     prompt = _prompt(tok, TOPICS[0])
     s0 = engine.stats()
     run_timed(engine, [GenerateRequest(prompt, SamplingParams(max_new_tokens=1, temperature=0.0))])
@@ -329,7 +341,7 @@ def _measure(
     split16 = engine.call(
         lambda: _forward_split(model, engine.model_config, attn, context, 3 if quick else 10, batch_size=16)
     ).result()
-    long_ids = text_ids[: 1024 if quick else 3072]
+    long_ids = text_ids[: max(prefill)]
     pre = engine.call(
         lambda: _prefill_split(model, engine.model_config, attn, long_ids, engine.config.chunked_prefill_tokens)
     ).result()
@@ -363,6 +375,13 @@ def run(quick: bool = False, argv=None) -> None:
     )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument(
+        "--prefill-tokens",
+        default=None,
+        metavar="N,N,...",
+        help="prompt lengths of the prefill runs, the longest also the prefill split's (default 1024,3072; "
+        "--quick 1024; at most 4000)",
+    )
+    ap.add_argument(
         "--prefill-only",
         default=None,
         metavar="N,N,...",
@@ -374,6 +393,12 @@ def run(quick: bool = False, argv=None) -> None:
         lengths = [int(n) for n in args.prefill_only.split(",")] if args.prefill_only else None
     except ValueError as e:
         ap.error(str(e))
+    try:
+        prefill = tuple(int(n) for n in args.prefill_tokens.split(",")) if args.prefill_tokens else None
+    except ValueError:
+        ap.error(f"--prefill-tokens: comma-separated token counts, not {args.prefill_tokens!r}")
+    if prefill is not None and not (0 < min(prefill) and max(prefill) <= 4000):
+        ap.error("--prefill-tokens: prompt lengths from 1 to 4000 tokens")
     if lengths is not None:
         if not lengths or min(lengths) < 1:
             ap.error("--prefill-only: positive prompt lengths")
@@ -397,7 +422,7 @@ def run(quick: bool = False, argv=None) -> None:
             emit({"bench": "engine", "requested": requested, "weights": resolved, "weights_reason": reason})
             continue
         done.add(key)
-        res = _measure(fmt, quick, args.threads, settings, model_file)
+        res = _measure(fmt, quick, args.threads, settings, model_file, prefill)
         res["requested"] = requested
         ref = ref or res
         for key in [k for k in res if k.startswith(("prefill_tok_s", "decode_tok_s"))]:

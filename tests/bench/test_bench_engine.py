@@ -41,7 +41,8 @@ def expected_attention(weights: str) -> str:
 @pytest.mark.e2e
 def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "engine", "--formats", "fp32,q4,auto"],
+        # 256-token prefills (--quick's are 1k): the keys and the split are the same, a fraction of the time
+        [sys.executable, "-m", "bench", "--quick", "engine", "--formats", "fp32,q4,auto", "--prefill-tokens", "256"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -60,7 +61,7 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
         "weights": expected_auto(),
         "weights_reason": auto["weights_reason"],
     }
-    for key in ("prefill_tok_s_1k", "decode_tok_s_b1", "decode_tok_s_b16"):
+    for key in ("prefill_tok_s_256", "decode_tok_s_b1", "decode_tok_s_b16"):
         assert ref[key] > 0 and chosen[key] > 0
         assert chosen[f"{key}_vs_fp32"] == pytest.approx(chosen[key] / ref[key], rel=1e-3)  # emit rounds
     parts = ("step_linear_ms", "step_attention_ms", "step_other_model_ops_ms", "step_engine_ms")
@@ -73,9 +74,19 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
         assert line["forward_b16_linear_ms"] + line["forward_b16_attention_ms"] <= line["forward_b16_ms"] * 1.001
     # the prefill split: its parts within the whole, and the ceiling is the reference over the attention
     for line in (ref, chosen):
-        assert line["prefill_split_tokens"] == 1024
+        assert line["prefill_split_tokens"] == 256
         assert 0 < line["prefill_split_linear_ms"] and 0 < line["prefill_split_attention_ms"]
         assert line["prefill_split_linear_ms"] + line["prefill_split_attention_ms"] <= line["prefill_split_ms"] * 1.001
     assert chosen["prefill_split_ceiling_vs_fp32"] == pytest.approx(
         ref["prefill_split_ms"] / chosen["prefill_split_attention_ms"], rel=1e-3
     )
+
+
+@pytest.mark.parametrize("value", ["0", "256,x", "5000"])
+def test_bad_prefill_tokens_are_refused_before_any_engine(value, capsys):
+    from bench.suites.engine import run
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(quick=True, argv=["--prefill-tokens", value])
+    assert exit_info.value.code == 2
+    assert "--prefill-tokens" in capsys.readouterr().err
