@@ -28,8 +28,10 @@ constexpr int BLK = 32;       // keys per block
 constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V block
 constexpr int GROUP_ROWS = 16;  // rows of a prefix group that share each loaded shared block
 // The AMX path's tiles of one request: a block's K/V is made into tile operands once per tile, so
-// more rows share it (a 16-row tile spent as long preparing blocks as multiplying them)
-constexpr int AMX_TILE = 128;
+// more rows share it (a 16-row tile spent as long preparing blocks as multiplying them; an 8k
+// prefill's attention took 1.24x as long at 64 rows as at 128, 0.96x at 256: docs/perf-log.md).
+// 256 rows leave a 512-row prefill chunk 2 tiles x KV heads work items, enough for two threads.
+constexpr int AMX_TILE = 256;
 // With tiles on, a row that sees at most this many keys still takes the vector path: its few
 // blocks gain nothing from tiles in a prefill (where such rows are a small share of the work),
 // and a decode over a short context runs faster on vector code. The path is a function of the
