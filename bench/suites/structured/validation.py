@@ -77,8 +77,8 @@ def _validation_seconds(schema: dict, texts: list[str], repeats: int) -> tuple[f
 
 
 def bench_cost(http: httpx.Client, quick: bool) -> None:
-    requests = 3 if quick else 8
-    for name, schema in _schemas(COST_SCHEMAS).items():
+    requests = 2 if quick else 8
+    for name, schema in _schemas(COST_SCHEMAS[:3] if quick else COST_SCHEMAS).items():
         latencies, texts = [], []
         for i in range(requests):
             body, elapsed = _chat(http, schema, seed=i, schema_mode="best_effort")
@@ -101,8 +101,8 @@ def bench_cost(http: httpx.Client, quick: bool) -> None:
 
 
 def bench_duplicates(http: httpx.Client, quick: bool) -> None:
-    samples = 4 if quick else 8
-    for name, schema in _schemas(OPEN_SCHEMAS).items():
+    samples = 2 if quick else 8
+    for name, schema in _schemas(OPEN_SCHEMAS[:3] if quick else OPEN_SCHEMAS).items():
         body, _ = _chat(http, schema, n=samples, temperature=1.0, seed=11, max_tokens=160, schema_mode="best_effort")
         verdicts = [c.get("jumpgate", {}) for c in body["choices"]]
         messages = [[e["message"] for e in v.get("schema_errors", [])] for v in verdicts]
