@@ -34,6 +34,9 @@ $(STAMP): pyproject.toml Makefile
 	# instructor itself without its dependency list (`pip check` then reports only that pin).
 	$(PIP) install -q $(INSTRUCTOR_DEPS)
 	$(PIP) install -q --no-deps $(INSTRUCTOR)
+	# Build the CPU kernels now (minutes on 2 cores), not in the first server start or test that
+	# needs them; where they cannot be built this logs one line and the torch ops serve instead.
+	$(PY) -c "from runtime.cpu_kernels import load_cpu_kernels; load_cpu_kernels()"
 	touch $(STAMP)
 
 run: setup
