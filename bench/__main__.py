@@ -55,6 +55,7 @@ PROBES = {
     "moe_bench": "one MoE layer with a pass's experts grouped (one matmul per active expert) vs per token",
     "quant_linear_bench": "the q4 linear kernels vs what they replaced; --stream: GB/s read a second",
     "think_block_cost": "a think block before a JSON answer: mask + accept per token, the strict guard's calls inside the block",
+    "window_kv_bytes": "KV bytes per token of context for a tiny Gemma 3 at 4k, window layers' own pool vs every position kept",
     "device_check": "the CUDA path: Triton kernels vs torch, CUDA graphs (bash bench/device_check.sh)",
     "device_engine": "the whole engine on a GPU, Triton + CUDA graphs vs the torch backend",
 }
