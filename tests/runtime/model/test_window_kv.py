@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime.api import GenerateRequest
-from runtime.attention import make_attention_backend
+from runtime.attention import make_attention_backend, triton_interpreter_enabled
 from runtime.decode.sampling import SamplingParams
 from runtime.engine.engine import Engine
 from runtime.engine_config import EngineConfig
@@ -84,6 +84,22 @@ def test_a_long_prompt_over_a_small_window_pool_gives_the_same_logits(gemma3_dir
     assert all(kv.k[li].shape[0] == window_slots + 1 for li in windowed)
     assert all(plain.k[li].shape[0] == len(ids) + 2 * WINDOW + 9 for li in windowed)
     assert kv.kv_bytes()["window"] * 3 < plain.kv_bytes()["full"] * len(windowed) / cfg.num_layers
+
+
+def test_the_triton_backend_reads_the_window_pool_exactly(gemma3_dir, tokenizer):  # noqa: F811
+    """The Triton kernels over the translated window slots (the interpreter on CPU): the same logits
+    as with every position kept, and as the torch backend's."""
+    if not torch.cuda.is_available() and not triton_interpreter_enabled():
+        pytest.skip("no GPU and TRITON_INTERPRET is off: Triton kernels cannot run here")
+    cfg = read_config(gemma3_dir)
+    model = DecoderModel(cfg, load_weights(gemma3_dir), CPU, torch.float32)
+    ids = chat_ids(tokenizer, LONG)
+    full, _ = run_chunks(model, cfg, ids, 32, 2 * WINDOW, 0, "triton")
+    trimmed, kv = run_chunks(model, cfg, ids, 32, 2 * WINDOW, WINDOW + 32, "triton")
+    ref, _ = run_chunks(model, cfg, ids, 32, 2 * WINDOW, 0, "torch")
+    assert kv.window is not None
+    torch.testing.assert_close(trimmed, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trimmed, ref, atol=1e-4, rtol=1e-4)
 
 
 def greedy(n: int) -> SamplingParams:
