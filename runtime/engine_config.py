@@ -94,7 +94,8 @@ class EngineConfig:
         min=0,
         optional=True,
         default_text="a quarter of the KV pool, at least one request's window + 96 + one prefill chunk; 0 where "
-        "that is the whole pool, under tensor parallelism or with the host tier",
+        "that is the whole pool, where every layer is windowed (Phi-3, Mistral v0.1), under tensor parallelism "
+        "or with the host tier",
     )
     max_running_requests: int = setting(64, "requests decoded together", flag="--max-running-requests", min=1)
     # once running + waiting requests are in the engine, submit raises EngineError(code="overloaded")

@@ -61,6 +61,10 @@ def window_kv_slots(cfg: EngineConfig, mc: ModelConfig, full_slots: int) -> int:
     asked = cfg.window_kv_tokens
     if not windows or asked == 0:
         return 0
+    if asked is None and len(windows) == mc.num_layers:
+        # every layer windowed (Mistral v0.1, Phi-3): the window pool would hold all K/V, so a quarter
+        # of the pool would cut the context held at once by 4x for every request shorter than the window
+        return 0
     unsupported = (
         "tensor parallelism (--tensor-parallel-size)"
         if cfg.tensor_parallel_size > 1

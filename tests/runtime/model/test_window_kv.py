@@ -8,6 +8,8 @@ in one line."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -149,6 +151,9 @@ def test_window_pool_settings_are_checked_in_one_line(gemma3_dir):  # noqa: F811
     assert window_kv_slots(EngineConfig(), mc, 4096) == 1024  # a quarter of the pool
     assert window_kv_slots(EngineConfig(), mc, 600) == 0  # one request's need is the whole pool: off
     assert window_kv_slots(EngineConfig(window_kv_tokens=0), mc, 4096) == 0
+    every_layer = dataclasses.replace(mc, layer_windows=(WINDOW,) * mc.num_layers)  # as Phi-3, Mistral v0.1
+    assert window_kv_slots(EngineConfig(), every_layer, 4096) == 0  # a quarter would hold 4x less context
+    assert window_kv_slots(EngineConfig(window_kv_tokens=1024), every_layer, 4096) == 1024  # asked: on
     assert window_kv_slots(EngineConfig(tensor_parallel_size=2), mc, 4096) == 0  # auto: off where unsupported
     with pytest.raises(ModelLoadError, match="one request needs 616 window slots"):
         window_kv_slots(EngineConfig(window_kv_tokens=100), mc, 4096)
