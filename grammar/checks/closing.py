@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from grammar.checks.plan_state import PlanMatcher, Rests, kept_plan
-from grammar.engines.token_mask import allow_only
+from grammar.engines.token_mask import allow_only, is_allowed
 
 # Plans longer than this are not made (no closing): a schema with dozens of required properties
 # needs several hundred tokens (44 properties at three levels: 253), so the cap sits well above that.
@@ -120,10 +120,6 @@ def _signature(mask_row: torch.Tensor, m: PlanMatcher) -> bytes:
     return mask_row.numpy().tobytes() + m.state_detail()
 
 
-def _bit(mask_row: torch.Tensor, token_id: int | None) -> bool:
-    return token_id is not None and bool((int(mask_row[token_id >> 5]) >> (token_id & 31)) & 1)
-
-
 class _State:
     """The state a plan step starts from: its signature, whether it is in text, whether a string may close."""
 
@@ -143,7 +139,7 @@ def _progress(
     seen: set[bytes],
 ) -> bool:
     """Does `tok` (of class `ids`), leading to `m`'s state with mask `after_row`, make progress?"""
-    if tok in vocab.quote_led and _bit(after_row, vocab.quote_id):
+    if tok in vocab.quote_led and is_allowed(after_row, vocab.quote_id):
         return False  # it opened a string: a closed string is never followed by `"`
     if ids is vocab.structural:
         return not here.in_text
@@ -432,7 +428,7 @@ def fill_closing_bitmask(
     forced = matcher.forced_tokens()
     if forced:
         first = [plan_token] if plan_token is not None else forced[:1]
-        if first and first[0] not in vocab.special_ids and _bit(bitmask[row], first[0]):
+        if first and first[0] not in vocab.special_ids and is_allowed(bitmask[row], first[0]):
             allow_only(bitmask, row, first)
             return
     mask = bitmask[row : row + 1].clone()

@@ -34,7 +34,7 @@ from grammar.checks.closing import (
     fill_value_closing_bitmask,
     new_bitmask,
 )
-from grammar.engines.token_mask import allowed_ids
+from grammar.engines.token_mask import allowed_ids, is_allowed
 
 MAX_PLAN_REPAIRS = 4  # repeats replaced in one completion plan before it is given up
 MAX_REPAIR_CHOICES = 8  # other tokens tried in place of one that would write a repeat
@@ -90,21 +90,15 @@ class StrictMethods:
                 mask = new_bitmask(self._closing.vocab_size)
                 fork.fill_mask(mask, 0)
                 words = mask[0].numpy().view(np.uint32)
-                if checks.hold(words, text) and not (words[token >> 5] >> np.uint32(token & 31)) & 1:
+                if checks.hold(words, text) and not is_allowed(words, token):
                     repairs += 1
                     if repairs > MAX_HELD_REPAIRS:
                         return plan
                     choices = sorted(allowed_ids(words).tolist(), key=lambda t: -len(checks.spelled(t)))
-                    for token in choices[:MAX_REPAIR_CHOICES]:
-                        if token in self._closing.special_ids or not fork.accept(token):
-                            continue
-                        rest = completion_plan(fork, self._closing)
-                        if rest is not None:
-                            plan = plan[:at] + [token] + rest
-                            break
-                        fork.rollback(1)
-                    else:
+                    tail = self._replanned(fork, choices)
+                    if tail is None:
                         return plan  # no way through the family: it stands aside, as the mask's does
+                    plan, token = plan[:at] + tail, tail[0]
                     text += checks.spelled(token)
                     at += 1
                     continue
@@ -117,7 +111,6 @@ class StrictMethods:
     def _repaired(self, plan: list[int]) -> list[int] | None:
         """`plan` with each token that would repeat a name or an item replaced by another the
         check allows (a single character that grows the name first), re-planned from there."""
-        special = self._closing.special_ids
         for _ in range(MAX_PLAN_REPAIRS):
             cut = self.values.first_violation(plan)
             if cut is None:
@@ -127,17 +120,24 @@ class StrictMethods:
                 return None
             mask = new_bitmask(self._closing.vocab_size)
             fork.fill_mask(mask, 0)
-            for choice in self.values.ban_after(plan[:cut], mask, 0)[:MAX_REPAIR_CHOICES]:
-                if choice in special or not fork.accept(choice):
-                    continue
-                rest = completion_plan(fork, self._closing)
-                if rest is not None:
-                    plan = plan[:cut] + [choice] + rest
-                    break
-                fork.rollback(1)
-            else:
+            tail = self._replanned(fork, self.values.ban_after(plan[:cut], mask, 0))
+            if tail is None:
                 return None
+            plan = plan[:cut] + tail
         return plan if self.values.first_violation(plan) is None else None
+
+    def _replanned(self, fork, choices) -> list[int] | None:
+        """The first of `choices` (at most MAX_REPAIR_CHOICES) that `fork` accepts and can complete
+        from, then that completion; `fork` is left after the chosen token. None: no choice leads
+        through (`fork` as it was)."""
+        for choice in choices[:MAX_REPAIR_CHOICES]:
+            if choice in self._closing.special_ids or not fork.accept(choice):
+                continue
+            rest = completion_plan(fork, self._closing)
+            if rest is not None:
+                return [choice] + rest
+            fork.rollback(1)
+        return None
 
     def may_expand(self, token_id: int) -> bool:
         """Whether `token_id` may commit the output to more than it needs now (so its budget is

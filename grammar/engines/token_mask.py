@@ -47,6 +47,11 @@ def row_address(bitmask: torch.Tensor, row: int) -> tuple[int, int]:
 _checked: tuple = (None, 0, None)
 
 
+def is_allowed(words: np.ndarray | torch.Tensor, token_id: int | None) -> bool:
+    """Whether the mask row `words` (uint32 or int32 words) allows `token_id` (None: no token)."""
+    return token_id is not None and bool((int(words[token_id >> 5]) >> (token_id & 31)) & 1)
+
+
 def allowed_among(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The ids among `ids` whose bit is set in the mask row `words` (uint32)."""
     return ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 != 0]
