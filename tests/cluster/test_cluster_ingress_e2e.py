@@ -122,21 +122,24 @@ def test_metrics_show_the_ingress_routers_decisions(server, client):
     assert len(replicas) == 2, text
 
 
+# A request that cannot end before the test acts on any host: it ignores EOS and asks for 2900 tokens
+# (the most this server's 3072-token KV pool leaves room for; a larger max_tokens is refused with a 400).
+LONG_STORY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Write a long story."}],
+    "max_tokens": 2900,
+    "ignore_eos": True,
+    "temperature": 0,
+}
+
+
 def test_a_client_gone_mid_stream_aborts_the_engine_request(server):
     """The proxy sees the disconnect, Serve cancels the ingress request, the gateway cancels its
-    handle call, and the replica aborts the engine request. The request cannot end before the client
-    leaves on any host: it ignores EOS and asks for 2900 tokens (the most this server's 3072-token
-    KV pool leaves room for; a larger max_tokens is refused with a 400)."""
+    handle call, and the replica aborts the engine request (LONG_STORY cannot end before the client
+    leaves)."""
     cancelled = 'jumpgate_requests_total{outcome="cancelled",route="chat"}'
     before = server.metrics().get(cancelled, 0.0)
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Write a long story."}],
-        "max_tokens": 2900,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = {**LONG_STORY, "stream": True}
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -164,14 +167,8 @@ def test_a_killed_gateway_replica_fails_its_requests_with_a_clear_503(server):
     waits for that). Its two requests in flight, one whole and one streamed, end with 503
     `gateway_stopped` in the OpenAI shape and with that error event then `[DONE]`; before, Serve's
     proxy answered a bare `500 Internal Server Error` and cut the stream (docs/cluster.md, "Faults").
-    Neither can end before the kill: each ignores EOS and asks for 2900 tokens."""
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Write a long story."}],
-        "max_tokens": 2900,
-        "ignore_eos": True,
-        "temperature": 0,
-    }
+    Neither can end before the kill (LONG_STORY)."""
+    body = LONG_STORY
     out: dict = {}
     streaming = threading.Event()
 
