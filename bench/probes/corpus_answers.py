@@ -1,7 +1,7 @@
 """`python -m bench.probes.corpus_answers NAME[,NAME...] [--sources schemastore] [--max-tokens 384]
 [--best-effort]`: named corpus schemas answered one at a time by a fresh server, strict (the fidelity
 bench's request: temperature 0, one user line), one JSON line each: status, seconds, finish reason,
-the server's validity verdict, tokens, the answer's start (or the error); with `--best-effort`, the
+the server's validity verdict, tokens, the server's mean decode step, the answer's start (or the error); with `--best-effort`, the
 schema errors of the last value. For following single schemas of `python -m bench fidelity`'s
 corpus (its packages: `pip install --no-deps kubernetes-validate check-jsonschema bfcl-eval`)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.fidelity.client import chat_body
+from bench.fidelity.client import DECODE_HEADER, chat_body
 from bench.fidelity.corpus import SOURCES, build_corpus
 from bench.harness.common import emit
 from bench.harness.server_process import JumpgateServer
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
                         finish=choice["finish_reason"],
                         valid=(choice.get("jumpgate") or {}).get("schema_valid"),
                         tokens=data["usage"]["completion_tokens"],
+                        decode_ms_per_token=float(resp.headers[DECODE_HEADER])
+                        if DECODE_HEADER in resp.headers
+                        else None,
                         answer=text[:200],
                     )
                     if args.best_effort:
