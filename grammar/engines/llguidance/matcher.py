@@ -122,19 +122,40 @@ def _no_name() -> None:
 class LLGuidancePlanMatcher:
     """grammar/checks/closing.py's `PlanMatcher` over one llguidance matcher (never given a stop token)."""
 
-    __slots__ = ("_m", "_stop_ids", "_encode", "_names")
+    __slots__ = ("_m", "_stop_ids", "_encode", "_names", "_history", "_plans")
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, stop_ids: frozenset[int], encode: Encode, names: NameTail | None = None
+        self,
+        matcher: llguidance.LLMatcher,
+        stop_ids: frozenset[int],
+        encode: Encode,
+        names: NameTail | None = None,
+        history: list[int] | None = None,
+        plans: dict | None = None,
     ) -> None:
         self._m = matcher
         self._stop_ids = stop_ids
         self._encode = encode
         self._names = names  # the planner's name hint (grammar/checks/plan_names.py), or None
+        # every token llguidance accepted since the grammar's start (None: not known), which
+        # identifies the state exactly; the live matcher's list is its LLGuidanceMatcher's
+        self._history = history
+        self._plans = {} if plans is None else plans  # plans by exact state, shared by forks
 
     def fork(self) -> LLGuidancePlanMatcher:
         names = self._names.fork() if self._names is not None else None
-        return LLGuidancePlanMatcher(self._m.deep_copy(), self._stop_ids, self._encode, names)
+        history = None if self._history is None else list(self._history)
+        return LLGuidancePlanMatcher(self._m.deep_copy(), self._stop_ids, self._encode, names, history, self._plans)
+
+    def plan_key(self) -> tuple | None:
+        """The exact state a plan starts from (grammar/checks/plan_state.py): the tokens accepted
+        since the grammar's start and the name hint's state (None where the tokens are not known)."""
+        if self._history is None:
+            return None
+        return tuple(self._history), None if self._names is None else self._names.state()
+
+    def plans(self) -> dict:
+        return self._plans
 
     def fill_mask(self, bitmask, row: int) -> None:
         self._m.unsafe_compute_mask_ptr(*row_address(bitmask, row))
@@ -144,6 +165,8 @@ class LLGuidancePlanMatcher:
         ok = token_id not in self._stop_ids and self._m.try_consume_tokens([token_id]) == 1
         if ok and self._names is not None:
             self._names.accepted(token_id)
+        if ok and self._history is not None:
+            self._history.append(token_id)
         return ok
 
     def rollback(self, num_tokens: int) -> None:
@@ -151,6 +174,8 @@ class LLGuidancePlanMatcher:
             self._m.rollback(num_tokens)
             if self._names is not None:
                 self._names.rolled_back(num_tokens)
+            if self._history is not None:
+                del self._history[-num_tokens:]
 
     def names(self) -> NameTail | None:
         return self._names
@@ -217,6 +242,7 @@ class LLGuidanceMatcher(StrictMethods):
         "_forced",
         "_consumed",
         "_on_path",
+        "_history",
     )
 
     def __init__(
@@ -246,7 +272,8 @@ class LLGuidanceMatcher(StrictMethods):
         self._closing = closing if encode is not None else None
         # the planner's view of this state; the name written so far, for its hint, is the value check's
         live = NameTail(names, live=values.scan_state if values is not None else _no_name) if names else None
-        self._plan = LLGuidancePlanMatcher(self._matcher, stop_ids, encode, live)
+        self._history: list[int] = []  # the tokens llguidance accepted (the planner's key to this exact state)
+        self._plan = LLGuidancePlanMatcher(self._matcher, stop_ids, encode, live, history=self._history)
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 CPU tensor, xgrammar layout)."""
@@ -300,7 +327,10 @@ class LLGuidanceMatcher(StrictMethods):
             return self._terminated
         # consume_token would put a refusing matcher in a permanent error state; try_consume_tokens
         # consumes the token only if it is allowed (one call, where validate + consume were two)
-        return self._try_consume([token_id]) == 1
+        if self._try_consume([token_id]) != 1:
+            return False
+        self._history.append(token_id)
+        return True
 
     @property
     def forced_path_depth(self) -> int:
@@ -321,6 +351,7 @@ class LLGuidanceMatcher(StrictMethods):
             num_tokens -= 1
         if num_tokens:
             self._matcher.rollback(num_tokens)
+            del self._history[-num_tokens:]
 
     def is_terminated(self) -> bool:
         return self._terminated

@@ -211,6 +211,36 @@ def test_the_budget_check_of_one_token_leaves_the_state_as_it_was(handles, token
     assert not matcher.is_terminated()  # the check never hands the stop token to llguidance
 
 
+def test_plans_kept_by_exact_state_follow_rollbacks_and_the_stop_token(handles, tokenizer):
+    """Plans are kept by the tokens llguidance accepted (grammar/checks/plan_state.py): after a
+    rollback, a different token, the stop token and a rollback over it, each state's plan is the
+    one a fresh matcher fed the same tokens makes (a stale key would give an earlier state's)."""
+    handle = handles["required_beside_anyOf"]
+    written = ids(tokenizer, '{"items":[{"name":"apples","sku":"A-1"}]}')
+
+    def fresh_plan(tokens: list[int]) -> list[int] | None:
+        m = handle.new_matcher()
+        assert all(m.accept(t) for t in tokens)
+        return m.completion_plan()
+
+    matcher = handle.new_matcher()
+    for t in written[:8]:
+        assert matcher.accept(t)
+    at8 = matcher.completion_plan()
+    matcher.rollback(3)
+    assert matcher.completion_plan() == fresh_plan(written[:5]) != at8
+    choices = allowed(matcher, matcher.fill_bitmask, len(tokenizer)) - {written[5], tokenizer.eos_token_id}
+    other = min(t for t in choices if matcher.completion_bound_after(t) is not None)
+    assert matcher.accept(other)
+    assert matcher.completion_plan() == fresh_plan(written[:5] + [other])
+    matcher.rollback(1)
+    for t in written[5:]:
+        assert matcher.accept(t)
+    assert matcher.completion_plan() == [] and matcher.accept(tokenizer.eos_token_id)
+    matcher.rollback(4)  # the stop token and three before it
+    assert matcher.completion_plan() == fresh_plan(written[:-3])
+
+
 # -- the runtime's guard, unchanged, on llguidance matchers ----------------------------------------
 
 
