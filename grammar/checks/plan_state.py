@@ -8,9 +8,9 @@ after that name. A walk is a function of where it starts (the grammar state and 
 and of the answers `_way_out` keeps by signature; after forced text (where a walk forgets the states it
 met) the rest of a plain walk is a function of the state there. So a matcher that knows its state
 exactly (`plan_key`: xgrammar's and llguidance's, the tokens the engine accepted since the grammar's
-start; a mask signature is not a state's identity) keeps its plans, and the rests of its plain walks after forced text: a later walk
-from the same state takes the kept one, which is the walk it would make, since the kept answers it
-would read are the ones the first walk read or stored. What a walk whose way-out search was cut short
+start; a mask signature is not a state's identity) keeps its plans, and the rests of its plain walks
+after forced text: a later walk from the same state takes the kept one, which is the walk it would
+make, since the kept answers it would read are the ones the first walk read or stored. What a walk whose way-out search was cut short
 by its budget found is not kept (a later walk, with more answers kept, may find more).
 """
 
