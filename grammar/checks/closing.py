@@ -39,6 +39,13 @@ MAX_CLASS_TESTS = 16  # closing mask: class members checked for progress
 MAX_WAY_OUT_DEPTH = 8  # characters searched ahead for the end of a string a plan is stuck in
 MAX_WAY_OUT_TRIES = 2048  # characters tried in those searches, in all of one plan's
 MAX_LOOP_WALKS = 4  # states a plan went round, each walked again taking the other way first
+# A walk that takes this many tokens in a row from states it has met before (no forced text
+# between) is going round, not on: it ends with no plan. The one such walk the corpus shows
+# (citation-file-format's `orcid`, a string that must hold an ORCID URL) wrote `!` until the
+# 1,024-token limit, about a second a walk. A counted repetition in a state whose masks look
+# alike (llguidance: `[a-z]{100}`) is written this way too, so the cap sits well above the
+# corpus's longest (`{43}`; no `minLength` over 40).
+MAX_STALE_STEPS = 128
 _FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
 _LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
 
@@ -344,6 +351,7 @@ def _walk_plan(
     taken: dict[bytes, set[int]] = {}
     branches = None if avoid is None else {sig: set(toks) for sig, toks in avoid.items()}
     have_mask = False
+    stale = 0  # tokens taken in a row from states met before
     budgets.append(search := [MAX_WAY_OUT_TRIES])
     rests = Rests.of(m) if avoid is None else None  # after forced text, a plain walk's rest is the state's
     while len(plan) <= limit:
@@ -357,6 +365,7 @@ def _walk_plan(
             seen.clear()
             taken.clear()
             have_mask = False
+            stale = 0
             rest = None if rests is None else rests.at(len(plan))
             if rest is not None:
                 plan += rest
@@ -365,8 +374,12 @@ def _walk_plan(
             continue
         if not have_mask:
             m.fill_mask(mask, 0)
+        met = len(seen)
         tok = _step(m, vocab, mask, after, seen, taken, branches, looped, search)
         if tok is None:
+            return None
+        stale = stale + 1 if len(seen) == met else 0
+        if stale > MAX_STALE_STEPS:
             return None
         plan.append(tok)
         mask, after = after, mask
