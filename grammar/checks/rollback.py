@@ -16,10 +16,11 @@ violation
    it is rewritten from its opening quote, with the same name banned there;
 2. the matcher rolls back to the token where the rewrite begins (the runtime drops those tokens
    and their KV slots), and the text up to the value's end is remembered as a failed path. An
-   object or array that fails for the first time is reopened at its closing bracket: what breaks
-   a container's keywords (`required` under `then`, `dependentRequired`, `contains`, `oneOf`
-   between object shapes) is mostly something missing, so the rewrite goes on writing it. A
-   scalar, or a container failing again, is rewritten from its first token;
+   object or array that fails for the first time is reopened at its closing bracket where the
+   grammar lets it go on there: what breaks a container's keywords (`required` under `then`,
+   `dependentRequired`, `contains`, `oneOf` between object shapes) is mostly something missing, so
+   the rewrite goes on writing it. A scalar, or a container failing again or that the grammar must
+   close there (its properties written in declared order), is rewritten from its first token;
 3. from then on the mask loses every token that would write the same value again: along a failed
    path, the tokens that stay on it (or complete the same value) are banned, unless that would
    leave no token at all (the grammar forces that text there). The rewritten value therefore
@@ -46,7 +47,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 import numpy as np
@@ -129,8 +130,7 @@ class RollbackRules:
 
     def __init__(self, schema: Any, vocab: RollbackVocab, max_retries: int) -> None:
         self.validator = schema_validator(schema)
-        self.vocab = vocab
-        self.max_retries = max_retries
+        self.vocab, self.max_retries = vocab, max_retries
 
     def failures(self, data: bytes) -> list[Failure] | None:
         """Every value of the output `data` that breaks the schema, and every repeated name; None
@@ -159,8 +159,7 @@ class ToolCallRollbackRules(RollbackRules):
     def __init__(self, parameters: dict[str, Any], call_begin: str, vocab: RollbackVocab, max_retries: int) -> None:
         self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
         self.call_begin = call_begin.encode()
-        self.vocab = vocab
-        self.max_retries = max_retries
+        self.vocab, self.max_retries = vocab, max_retries
 
     def checked(self, data: bytes) -> list[Checked] | None:
         found: list[Checked] = []
@@ -190,13 +189,10 @@ class TagCallRollbackRules(RollbackRules):
 
     item_places = False
 
-    def __init__(
-        self, parameters: dict[str, Any], header: re.Pattern[bytes], vocab: RollbackVocab, max_retries: int
-    ) -> None:
+    def __init__(self, parameters: dict[str, Any], header: re.Pattern[bytes], vocab: RollbackVocab, max_retries: int):
         self.validators = {name: schema_validator(schema) for name, schema in parameters.items()}
         self.header = header
-        self.vocab = vocab
-        self.max_retries = max_retries
+        self.vocab, self.max_retries = vocab, max_retries
 
     def checked(self, data: bytes) -> list[Checked] | None:
         found: list[Checked] = []
@@ -263,10 +259,12 @@ class RollbackCheck:
 
     # -- the verdict ---------------------------------------------------------------------
 
-    def verdict(self) -> int | None:
+    def verdict(self, extends: Callable[[int, bytes], bool] | None = None) -> int | None:
         """For a whole output: None if it fits the schema; else how many of the accepted tokens
         to roll back to rewrite the failing value (the caller rolls them back, this check's
-        included), or EXHAUSTED when the rewrites are spent (nothing is rolled back)."""
+        included), or EXHAUSTED when the rewrites are spent (nothing is rolled back). `extends(n,
+        text)`: may the grammar write anything but a bracket after rolling back n tokens and writing
+        `text`? (One it must close there is rewritten from its start at once, not reopened.)"""
         data = bytes(self._text)
         candidates = self._rules.checked(data)
         if not candidates:
@@ -279,7 +277,9 @@ class RollbackCheck:
         whole = start
         if path is not None and data[end - 1] in b"}]" and path not in self._reopened:
             self._reopened.add(path)
-            start = end - 1
+            at = _token_at(self._starts, end - 1)
+            if extends is None or extends(len(self._starts) - at, data[self._starts[at] : end - 1]):
+                start = end - 1
         self.retries += 1
         self.failed.append((start, data[:end]))
         first = _token_at(self._starts, start)

@@ -249,12 +249,28 @@ class StrictMethods:
         rollback then goes back until the completion plan, held family included, fits in it."""
         if self.rechecks is None:
             return None
-        verdict = self.rechecks.verdict()
+        verdict = self.rechecks.verdict(self._extends_at if self._closing else None)
         if verdict is not None and verdict > 0:
             self.rollback(verdict)
             if room is not None:
                 verdict += self._make_room(room + verdict)
         return verdict
+
+    def _extends_at(self, back: int, before: bytes) -> bool:
+        """After rolling back `back` tokens and writing `before` (one character a token), may the
+        grammar write anything but a closing bracket? (A failing container is reopened at its bracket
+        to write what it misses; where its properties are spent, bitbucket-pipelines' `image`
+        written in declared order, reopening only wrote the same text again.) True where unknown."""
+        fork = self._plan.fork()
+        fork.rollback(back)
+        singles = self._closing.single_bytes
+        for byte in before:
+            if byte not in singles or not fork.accept(singles[byte]):
+                return True
+        mask = new_bitmask(self._closing.vocab_size)
+        fork.fill_mask(mask, 0)
+        spelled = self.rechecks.spelled
+        return any(spelled(int(t))[:1] not in (b"}", b"]") for t in allowed_ids(mask[0].numpy().view(np.uint32)))
 
     def _make_room(self, left: int) -> int:
         """Roll back further while the plan from here needs more than `left` tokens; returns how

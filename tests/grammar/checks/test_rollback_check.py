@@ -168,6 +168,27 @@ def test_a_failing_container_is_reopened_at_its_bracket_then_rewritten_whole():
     assert c.failed[-1] == (0, text)
 
 
+def test_a_container_the_grammar_must_close_there_is_rewritten_whole_at_once():
+    schema = {
+        "type": "object",
+        "properties": {"age": {"type": "integer"}, "license": {"type": "string"}},
+        "if": {"properties": {"age": {"minimum": 18}}},
+        "then": {"required": ["license"]},
+    }
+    text = b'{"age":30}'
+    asked = []
+
+    def extends(back, before):  # the matcher's answer: nothing but `}` may follow here
+        asked.append((back, before))
+        return False
+
+    c = written(schema, text)
+    assert c.verdict(extends) == len(text) + 1  # from its `{`, in one rewrite
+    assert asked == [(2, b"")]  # the `}` and the stop token back; nothing of that token before it
+    assert c.failed == [(0, text)] and c.retries == 1
+    assert written(schema, text).verdict(lambda back, before: True) == 2  # it may go on: reopened
+
+
 def test_a_repeated_name_is_rewritten_from_its_quote_with_that_name_banned():
     schema = {"type": "object", "additionalProperties": {"type": "integer"}}
     text = b'{"a":1,"b":2,"a":3}'

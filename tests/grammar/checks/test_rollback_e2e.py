@@ -354,3 +354,47 @@ def test_a_tool_call_never_fixed_fails_the_request_and_frees_its_slots(engine_id
     with pytest.raises(EngineError, match=VALUE_RETRIES_EXHAUSTED):
         engine_idle_check.generate_many([request], timeout=600)
     assert engine_idle_check.stats().value_rewrites_exhausted == before + 1
+
+
+# SchemaStore's bitbucket-pipelines `image` (its definitions, trimmed): the grammar writes an
+# object's names in declared order, so after `username` the object must close; reopening it there
+# only wrote the same text again (a wasted rewrite each answer)
+IMAGE_BASE = {"type": "object", "properties": {"name": {"type": "string"}, "run-as-user": {"type": "integer"}}}
+IMAGE = {
+    "type": "object",
+    "required": ["image"],
+    "additionalProperties": False,
+    "properties": {
+        "image": {
+            "oneOf": [
+                {"allOf": [IMAGE_BASE, {"properties": {"password": {"not": {}}, "username": {"not": {}}}}]},
+                {
+                    "allOf": [
+                        IMAGE_BASE,
+                        {
+                            "properties": {"password": {"type": "string"}, "username": {"type": "string"}},
+                            "required": ["username", "password"],
+                        },
+                    ]
+                },
+                {"type": "string"},
+            ]
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "text,rewritten",
+    [
+        ('{"image":{"name":"a","username":"b"}}', '{"name":"a","username":"b"}}'),  # must close: whole
+        ('{"image":{"name":"a","password":"p"}}', "}}"),  # `,"username"` may follow: reopened
+    ],
+)
+def test_a_failing_container_is_reopened_only_where_the_grammar_lets_it_go_on(service, tokenizer, text, rewritten):
+    matcher = service.compile(GrammarSpec("json_schema", IMAGE, True)).new_matcher()
+    written = tokenizer.encode(text, add_special_tokens=False)
+    assert all(matcher.accept(t) for t in written) and matcher.accept(tokenizer.eos_token_id)
+    back = matcher.output_verdict()
+    assert back is not None and back > 0
+    assert tokenizer.decode(written[len(written) + 1 - back :]) == rewritten
