@@ -80,7 +80,7 @@ def schema_validator(schema: Any) -> Any:
 
 class RollbackVocab:
     """Token texts indexed by their whole text and by their leading bytes, built on first use (one
-    per vocabulary: the server builds none until a rewrite needs them)."""
+    per vocabulary: the server builds none until a schema that needs them compiles)."""
 
     def __init__(self, texts: list[bytes]) -> None:
         self.texts = texts
@@ -91,23 +91,23 @@ class RollbackVocab:
 
     def exactly(self, text: bytes) -> list[int]:
         """Ids of the tokens whose text is `text`."""
-        self._index()
+        self.index()
         return self._by_text.get(text, [])
 
     def starting_with(self, prefix: bytes) -> np.ndarray:
         """Ids of the tokens whose text starts with `prefix` (non-empty)."""
-        found = self._index().get(prefix[:_INDEXED_PREFIX])
+        found = self.index().get(prefix[:_INDEXED_PREFIX])
         if found is None:
             return np.zeros(0, dtype=np.int64)
         if len(prefix) <= _INDEXED_PREFIX:
             return found
         return np.array([i for i in found.tolist() if self.texts[i].startswith(prefix)], dtype=np.int64)
 
-    def _index(self) -> dict[bytes, np.ndarray]:
+    def index(self) -> dict[bytes, np.ndarray]:
+        """Build the index now if not yet (0.2 s for SmolLM2's 49k tokens: at compile, not mid-answer)."""
         with self._lock:
             if self._by_prefix is None:
-                lists: dict[bytes, list[int]] = {}
-                whole: dict[bytes, list[int]] = {}
+                lists, whole = {}, {}  # (text or prefix) -> ids
                 for i, text in enumerate(self.texts):
                     if text:
                         whole.setdefault(text, []).append(i)
