@@ -149,15 +149,17 @@ def test_the_rollback_starts_at_the_value_the_error_names(schema, text, path):
     assert c.verdict() == len(text) - start + 1
 
 
+ADULT_NEEDS_LICENSE = {
+    "type": "object",
+    "properties": {"age": {"type": "integer"}, "license": {"type": "string"}},
+    "if": {"properties": {"age": {"minimum": 18}}},
+    "then": {"required": ["license"]},
+}
+
+
 def test_a_failing_container_is_reopened_at_its_bracket_then_rewritten_whole():
-    schema = {
-        "type": "object",
-        "properties": {"age": {"type": "integer"}, "license": {"type": "string"}},
-        "if": {"properties": {"age": {"minimum": 18}}},
-        "then": {"required": ["license"]},
-    }
     text = b'{"age":30}'
-    c = written(schema, text)
+    c = written(ADULT_NEEDS_LICENSE, text)
     assert c.verdict() == 2  # the `}` and the stop token: the object goes on
     assert c.failed == [(len(text) - 1, text)]
     c.rollback(2)
@@ -169,12 +171,6 @@ def test_a_failing_container_is_reopened_at_its_bracket_then_rewritten_whole():
 
 
 def test_a_container_the_grammar_must_close_there_is_rewritten_whole_at_once():
-    schema = {
-        "type": "object",
-        "properties": {"age": {"type": "integer"}, "license": {"type": "string"}},
-        "if": {"properties": {"age": {"minimum": 18}}},
-        "then": {"required": ["license"]},
-    }
     text = b'{"age":30}'
     asked = []
 
@@ -182,11 +178,11 @@ def test_a_container_the_grammar_must_close_there_is_rewritten_whole_at_once():
         asked.append((back, before))
         return False
 
-    c = written(schema, text)
+    c = written(ADULT_NEEDS_LICENSE, text)
     assert c.verdict(extends) == len(text) + 1  # from its `{`, in one rewrite
     assert asked == [(2, b"")]  # the `}` and the stop token back; nothing of that token before it
     assert c.failed == [(0, text)] and c.retries == 1
-    assert written(schema, text).verdict(lambda back, before: True) == 2  # it may go on: reopened
+    assert written(ADULT_NEEDS_LICENSE, text).verdict(lambda back, before: True) == 2  # it may go on: reopened
 
 
 def test_a_repeated_name_is_rewritten_from_its_quote_with_that_name_banned():
