@@ -39,12 +39,12 @@ MAX_CLASS_TESTS = 16  # closing mask: class members checked for progress
 MAX_WAY_OUT_DEPTH = 8  # characters searched ahead for the end of a string a plan is stuck in
 MAX_WAY_OUT_TRIES = 2048  # characters tried in those searches, in all of one plan's
 MAX_LOOP_WALKS = 4  # states a plan went round, each walked again taking the other way first
-# A walk that takes this many tokens in a row from states it has met before (no forced text
-# between) is going round, not on: it ends with no plan. The one such walk the corpus shows
-# (citation-file-format's `orcid`, a string that must hold an ORCID URL) wrote `!` until the
-# 1,024-token limit, about a second a walk. A counted repetition in a state whose masks look
-# alike (llguidance: `[a-z]{100}`) is written this way too, so the cap sits well above the
-# corpus's longest (`{43}`; no `minLength` over 40).
+# A walk that has taken this many tokens in a row from states it met before (no forced text
+# between) may be going round: citation-file-format's `orcid` (a string that must hold an ORCID
+# URL somewhere) was written `!` after `!` to the 1,024-token limit, about a second a walk. From
+# there the walk's token is taken again, one accept and one mask a token, not a step's dozens of
+# tries: if the state stays until the limit, the walk ends with no plan as it would have; if not
+# (a `minLength: 200` string, whose masks look alike until its end), it is walked again in full.
 MAX_STALE_STEPS = 128
 _FILLERS = ["0", "false", "true", "null", "[]", "{}", '""']
 _LETTERS = ["x", "q", "z", "k"]  # allowed here => inside text (none can go on a number or literal)
@@ -342,8 +342,11 @@ def _walk_plan(
     avoid: dict[bytes, set[int]] | None,
     looped: dict[bytes, set[int]] | None,
     budgets: list[list[int]],
+    search: list[int] | None = None,
+    capped: bool = True,
 ) -> list[int] | None:
-    """One greedy walk (its way-out budget put in `budgets`); with `avoid`, a state's tokens are taken last."""
+    """One greedy walk (its way-out budget put in `budgets`, or `search` given: a walk made again,
+    which meets the same searches' answers kept); with `avoid`, a state's tokens are taken last."""
     m = matcher.fork()
     mask, after = new_bitmask(vocab.vocab_size), new_bitmask(vocab.vocab_size)
     plan: list[int] = []
@@ -352,7 +355,8 @@ def _walk_plan(
     branches = None if avoid is None else {sig: set(toks) for sig, toks in avoid.items()}
     have_mask = False
     stale = 0  # tokens taken in a row from states met before
-    budgets.append(search := [MAX_WAY_OUT_TRIES])
+    if search is None:
+        budgets.append(search := [MAX_WAY_OUT_TRIES])
     rests = Rests.of(m) if avoid is None else None  # after forced text, a plain walk's rest is the state's
     while len(plan) <= limit:
         if m.is_completed():
@@ -378,13 +382,28 @@ def _walk_plan(
         tok = _step(m, vocab, mask, after, seen, taken, branches, looped, search)
         if tok is None:
             return None
-        stale = stale + 1 if len(seen) == met else 0
+        stale = stale + 1 if len(seen) == met and capped else 0
         if stale > MAX_STALE_STEPS:
-            return None
+            if _stays(m, tok, after, limit - len(plan)):
+                return None
+            return _walk_plan(matcher, vocab, limit, avoid, looped, budgets, search, capped=False)
         plan.append(tok)
         mask, after = after, mask
         have_mask = True
     return None
+
+
+def _stays(m: PlanMatcher, tok: int, row: torch.Tensor, steps: int) -> bool:
+    """Does taking `tok` again and again leave `m` in the state it is in (mask `row[0]`), never
+    complete, for `steps` tokens? (Then a walk going round there ends with no plan.)"""
+    sig = _signature(row[0], m)
+    for _ in range(steps):
+        if not m.accept(tok):
+            return False
+        m.fill_mask(row, 0)
+        if m.is_completed() or _signature(row[0], m) != sig:
+            return False
+    return True
 
 
 def completion_bound(matcher: PlanMatcher, vocab: ClosingVocab, limit: int = MAX_PLAN_TOKENS) -> int | None:

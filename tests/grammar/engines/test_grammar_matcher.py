@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 
@@ -165,3 +166,15 @@ def test_valid_prefix_counts_the_tokens_the_grammar_takes_and_leaves_the_state(s
     for token in good:
         assert matcher.accept(token)
     assert matcher.is_completed()
+
+
+@pytest.mark.parametrize("length", [{"minLength": 200}, {"pattern": "^[a-z]{300}$"}])
+def test_a_long_string_whose_masks_look_alike_is_still_planned(service, tokenizer, length):
+    """A walk that has gone round MAX_STALE_STEPS states it met before (closing.py) goes on where
+    the state then changes: these strings have plans, as before the cap."""
+    schema = {"type": "object", "properties": {"c": {"type": "string", **length}}, "required": ["c"]}
+    plan = service.compile(GrammarSpec("json_schema", schema, True)).new_matcher().completion_plan()
+    assert plan is not None
+    value = json.loads(tokenizer.decode(plan))
+    jsonschema.validate(value, schema)
+    assert len(value["c"]) >= 200
