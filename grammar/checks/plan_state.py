@@ -7,11 +7,12 @@ walks from that same state; the check of each token of a forced name walks on fr
 after that name. A walk is a function of where it starts (the grammar state and the name hint's state)
 and of the answers `_way_out` keeps by signature; after forced text (where a walk forgets the states it
 met) the rest of a plain walk is a function of the state there. So a matcher that knows its state
-exactly (`plan_key`: xgrammar's and llguidance's, the tokens the engine accepted since the grammar's
-start; a mask signature is not a state's identity) keeps its plans, and the rests of its plain walks
-after forced text: a later walk from the same state takes the kept one, which is the walk it would
-make, since the kept answers it would read are the ones the first walk read or stored. What a walk whose way-out search was cut short
-by its budget found is not kept (a later walk, with more answers kept, may find more).
+exactly (`plan_key`: xgrammar's and llguidance's, `exact_key` of the tokens the engine accepted since
+the grammar's start; a mask signature is not a state's identity) keeps its plans, and the rests of its
+plain walks after forced text: a later walk from the same state takes the kept one, which is the walk
+it would make, since the kept answers it would read are the ones the first walk read or stored. What a
+walk whose way-out search was cut short by its budget found is not kept (a later walk, with more
+answers kept, may find more).
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ class PlanMatcher(Protocol):
 
     def way_outs(self) -> dict[bytes, int | None]:
         """`_way_out`'s answers by state, shared by forks (one grammar, one request)."""
+
+
+def exact_key(history: list[int] | None, names: NameTail | None) -> tuple | None:
+    """A matcher's `plan_key`: the tokens the engine accepted since the grammar's start and the name
+    hint's state (None where the tokens are not known)."""
+    if history is None:
+        return None
+    return tuple(history), None if names is None else names.state()
 
 
 def _key(m) -> tuple | None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from grammar.checks.closing import ClosingVocab
 from grammar.checks.plan_names import NameHint, NameTail, name_hint
+from grammar.checks.plan_state import exact_key
 from grammar.checks.rollback import RollbackCheck, RollbackRules
 from grammar.checks.strict import StrictMethods
 from grammar.checks.value_check import ValueCheck, without_repeats
@@ -148,11 +149,8 @@ class LLGuidancePlanMatcher:
         return LLGuidancePlanMatcher(self._m.deep_copy(), self._stop_ids, self._encode, names, history, self._plans)
 
     def plan_key(self) -> tuple | None:
-        """The exact state a plan starts from (grammar/checks/plan_state.py): the tokens accepted
-        since the grammar's start and the name hint's state (None where the tokens are not known)."""
-        if self._history is None:
-            return None
-        return tuple(self._history), None if self._names is None else self._names.state()
+        """The exact state a plan starts from (grammar/checks/plan_state.py)."""
+        return exact_key(self._history, self._names)
 
     def plans(self) -> dict:
         return self._plans

@@ -30,6 +30,7 @@ import xgrammar as xgr
 
 from grammar.checks.closing import ClosingVocab
 from grammar.checks.plan_names import NameHint, NameTail
+from grammar.checks.plan_state import exact_key
 from grammar.checks.rollback import RollbackCheck
 from grammar.checks.strict import StrictMethods
 from grammar.checks.value_check import ValueCheck, without_repeats
@@ -76,11 +77,8 @@ class XGrammarPlanMatcher:
         return self._way_outs
 
     def plan_key(self) -> tuple | None:
-        """The exact state a plan starts from: the tokens accepted since the grammar's start and
-        the name hint's state (None where the tokens are not known)."""
-        if self._history is None:
-            return None
-        return tuple(self._history), None if self._names is None else self._names.state()
+        """The exact state a plan starts from (grammar/checks/plan_state.py)."""
+        return exact_key(self._history, self._names)
 
     def plans(self) -> dict:
         return self._plans
