@@ -104,7 +104,7 @@ class RollbackVocab:
         return np.array([i for i in found.tolist() if self.texts[i].startswith(prefix)], dtype=np.int64)
 
     def index(self) -> dict[bytes, np.ndarray]:
-        """Build the index now if not yet (0.2 s for SmolLM2's 49k tokens: at compile, not mid-answer)."""
+        """Build the index now if not yet (it walks the whole vocabulary: call it at compile, not mid-answer)."""
         with self._lock:
             if self._by_prefix is None:
                 lists, whole = {}, {}  # (text or prefix) -> ids

@@ -453,7 +453,7 @@ class GrammarService:
         validation detects, with `value_retries` > 0: grammar/validation/fidelity.py's `spec_fidelity`)."""
         if spec is None or not uses_rollback(fidelity):
             return None
-        self._rollback_vocab.index()  # the first rewrite would build it, 0.2 s inside one answer's decode
+        self._rollback_vocab.index()  # else the first rewrite builds it, inside one answer's decode
         if spec.kind == "tool_calls":
             functions = [t["function"] for t in spec.payload.get("tools") or []]
             fmt = get_tool_call_format(spec.payload.get("format", HERMES_TOOL_CALL_FORMAT.name))
