@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from bench.harness.replica_killer import Kill, ReplicaKiller, replica_pids
+from bench.harness.replica_killer import Kill, ReplicaKiller, cmdline, replica_pids
 
 TREE = (
     "(exec -a ray::ServeReplica:jumpgate:engine sleep 600) & "
@@ -32,11 +32,18 @@ def test_kills_one_replica_of_the_named_deployment_inside_the_tree():
     root = subprocess.Popen(["bash", "-c", TREE], start_new_session=True)
     outsider = subprocess.Popen(["bash", "-c", "exec -a ray::ServeReplica:jumpgate:engine sleep 600"])
     try:
-        engines = wait_for(
-            lambda: len(replica_pids(root.pid, "engine")) == 2 and replica_pids(root.pid, "engine"),
-            "two engine replicas",
-        )
-        gateways = replica_pids(root.pid, "gateway")
+        # all three exec'd: until it has, a subshell's command line is bash's, which names every
+        # title (read too early, the gateway was missing or a subshell counted as a replica: CI failed once)
+        def titled():
+            engines, gateways = replica_pids(root.pid, "engine"), replica_pids(root.pid, "gateway")
+            done = len(engines) == 2 and len(gateways) == 1
+            return (
+                (engines, gateways)
+                if done and all(cmdline(p).startswith("ray::") for p in engines + gateways)
+                else None
+            )
+
+        engines, gateways = wait_for(titled, "two engine replicas and a gateway")
         assert len(gateways) == 1 and outsider.pid not in engines  # only the tree below root
         killer = ReplicaKiller(root.pid, every_s=3600, targets=("engine",))
         kill = killer.kill_one("engine")
