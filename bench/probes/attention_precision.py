@@ -1,7 +1,9 @@
 """`python -m bench.probes.attention_precision [--lengths 1024,3072,8192] [--rounds 5] [--threads 1]`:
 the cpu attention kernel alone (runtime/cpu_kernels/paged_attention.cpp), one layer of the default
 model's shape (9 query heads, 3 KV heads, head_dim 64), at each --attention-precision on AMX tiles
-and on the float32 vector code (`--attention-tiles off`).
+and on the float32 vector code (`--attention-tiles off`); on a CPU with AVX512-BF16 and no AMX, the
+bf16 precision's dot-product scores against the vector code (float32 precision is the vector code
+there).
 
 A prefill: one request's prompt in the engine's chunks of 512 rows, each chunk attending to all
 the keys before it; a decode: 16 requests of `--decode-context` keys, one row each. The modes are
@@ -62,17 +64,18 @@ def decode_case(ops, batch: int, context: int):
     return run, 20
 
 
-def measure(run, rounds: int, per: int = 1) -> dict[str, float]:
-    for tiles, bf16 in MODES.values():
+def measure(run, rounds: int, modes: dict[str, tuple[bool, bool]], per: int = 1) -> dict[str, float]:
+    for tiles, bf16 in modes.values():
         run(tiles, bf16)  # warm-up
-    times: dict[str, list[float]] = {m: [] for m in MODES}
+    times: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(rounds):
-        for mode, (tiles, bf16) in MODES.items():
+        for mode, (tiles, bf16) in modes.items():
             t0 = time.process_time()
             run(tiles, bf16)
             times[mode].append((time.process_time() - t0) / per * 1e3)
     ms = {f"{m}_ms": statistics.median(t) for m, t in times.items()}
-    ms["bf16_vs_float32"] = ms["float32_ms"] / ms["bf16_ms"]
+    if "float32" in modes:
+        ms["bf16_vs_float32"] = ms["float32_ms"] / ms["bf16_ms"]
     ms["bf16_vs_vector"] = ms["vector_ms"] / ms["bf16_ms"]
     return ms
 
@@ -86,15 +89,17 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     ops = load_cpu_kernels()
-    if ops is None or not ops.int4_linear_amx():
-        raise SystemExit("attention_precision: needs the cpu kernels on a CPU with AMX")
+    if ops is None or not (ops.int4_linear_amx() or ops.paged_attention_bf16_dot()):
+        raise SystemExit("attention_precision: needs the cpu kernels on a CPU with AMX or AVX512-BF16")
+    path = "amx" if ops.int4_linear_amx() else "bf16-dot"
+    modes = MODES if path == "amx" else {m: MODES[m] for m in ("vector", "bf16")}
     for n in (int(x) for x in args.lengths.split(",")):
-        line = {"probe": "attention_precision", "case": "prefill", "tokens": n, "chunk": CHUNK}
-        emit({**line, "threads": args.threads, **measure(prefill_case(ops, n), args.rounds)})
+        line = {"probe": "attention_precision", "case": "prefill", "tokens": n, "chunk": CHUNK, "path": path}
+        emit({**line, "threads": args.threads, **measure(prefill_case(ops, n), args.rounds, modes)})
     for c in (int(x) for x in args.decode_context.split(",")):
         run, per = decode_case(ops, 16, c)
-        line = {"probe": "attention_precision", "case": "decode", "batch": 16, "context": c}
-        emit({**line, "threads": args.threads, **measure(run, args.rounds, per)})
+        line = {"probe": "attention_precision", "case": "decode", "batch": 16, "context": c, "path": path}
+        emit({**line, "threads": args.threads, **measure(run, args.rounds, modes, per)})
 
 
 if __name__ == "__main__":

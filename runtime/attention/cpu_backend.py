@@ -36,6 +36,12 @@ it (TILE_FORMATS), and once on, every pass takes it. Long prompts prefill faster
 shared blocks cost less; a decode's few rows per block pay the K/V preparation alone, so decoding
 long unshared contexts costs more (figures in docs/perf-log.md).
 
+Without AMX, on a CPU with AVX512-BF16 (AMD Zen 4 and later), `bf16` precision runs the vector
+path with each block's scores from bf16 dot-product instructions (runtime/cpu_kernels/
+paged_attention_dot.h: q and k rounded once to bf16, float32 sums; the softmax and the value sums
+as at float32 precision), for the rows that see more than 512 keys, as the tiles above; the
+banner says `cpu-bf16-dot`. `float32` precision there is the float32 vector path itself.
+
 Sliding windows (`window` > 0, a layer's; base.py): a row of visible length n folds only the
 blocks that hold keys n - window .. n - 1, the keys before n - window in its first block scored
 -inf, the blocks still aligned to position 0 and folded in the same order, so the invariance holds
@@ -85,7 +91,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
 
     def __init__(self, ext: Any):  # torch.ops.jumpgate_cpu (runtime/cpu_kernels/)
         self.ext = ext
-        self.tiles = False  # AMX tile products: set by enable_tiles (see the module docstring)
+        self.tiles = False  # AMX tile products or bf16 dot scores: set by enable_tiles (module docstring)
         self.bf16_products = False  # their precision: q and k as bf16 (else each split in two words)
         self.batch: ForwardBatch | None = None
         self.fallback: TorchAttentionBackend | None = None  # prepared lazily, for non-fp32 passes
@@ -93,10 +99,13 @@ class CpuPagedAttentionBackend(AttentionBackend):
     def enable_tiles(self, weights: str, precision: str = "float32") -> bool:
         if precision not in PRECISIONS:
             raise ValueError(f"attention precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
-        self.tiles = weights in TILE_FORMATS and bool(self.ext.int4_linear_amx())  # the CPU grants AMX
+        amx = bool(self.ext.int4_linear_amx())  # the CPU grants AMX
+        # without AMX only bf16 precision differs from the vector path: its dot-product scores
+        dot = not amx and precision == "bf16" and bool(self.ext.paged_attention_bf16_dot())
+        self.tiles = weights in TILE_FORMATS and (amx or dot)
         self.bf16_products = self.tiles and precision == "bf16"
         if self.tiles:
-            self.name = "cpu-amx-bf16" if self.bf16_products else "cpu-amx"
+            self.name = "cpu-bf16-dot" if dot else "cpu-amx-bf16" if self.bf16_products else "cpu-amx"
         return self.tiles
 
     def prepare(self, batch: ForwardBatch) -> None:

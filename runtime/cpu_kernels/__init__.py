@@ -1,7 +1,8 @@
 """Builds and loads Jumpgate's C++ CPU kernels once per machine: `torch.ops.jumpgate_cpu`.
 
 - paged_attention.cpp: batch-invariant paged attention over the KV pool (runtime/attention/cpu_backend.py),
-  and its path on AMX tiles (paged_attention_tiles.h, _bf16.h, _tile_loop.h);
+  its path on AMX tiles (paged_attention_tiles.h, _bf16.h, _tile_loop.h) and its bf16 dot-product
+  scores without AMX (paged_attention_dot.h);
 - layer_ops.cpp: a decoder layer's small ops fused for the q4/q8/bf16 formats, in bf16 or float32
   activations (runtime/model/decoder.py);
 - quant_linear.cpp: the q4 format's linear and logits layers (the GGUF's int4 and int8 codes) on
@@ -70,6 +71,7 @@ HEADERS = (
     FOLDER / "paged_attention_tiles.h",
     FOLDER / "paged_attention_bf16.h",
     FOLDER / "paged_attention_tile_loop.h",
+    FOLDER / "paged_attention_dot.h",
     FOLDER / "ops.h",
 )
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;

@@ -19,6 +19,9 @@
 
 #include "amx.h"
 #include "vec.h"
+#if defined(__AVX512F__)
+#include <immintrin.h>  // before the namespace: paged_attention_dot.h uses it inside
+#endif
 
 namespace {
 
@@ -38,6 +41,9 @@ constexpr int AMX_TILE = 256;
 // row's own visible length, so a row gets the same bits alone, batched, or inside an extend.
 constexpr int64_t TILES_MIN_KEYS = 512;
 constexpr int MAX_CHUNKS = 256 / W;  // head_dim <= 256
+// Whether the AMX path may run where the CPU has it: only tests turn it off, to run the bf16 dot
+// path (paged_attention_dot.h) on an AMX CPU; a serving process keeps one path throughout.
+std::atomic<bool> amx_allowed{true};
 
 alignas(64) const float ZERO_ROW[MAX_CHUNKS * W] = {};
 
@@ -102,6 +108,8 @@ inline float hmax(vf v) {
   return std::max(std::max(b[0], b[2]), std::max(b[1], b[3]));
 }
 
+#include "paged_attention_dot.h"  // pack_query, pack_keys, dot_scores_n: the DOT variant's scores
+
 struct Args {
   const float* q;
   int64_t q_row, q_head;  // strides of q (head_dim is contiguous)
@@ -136,13 +144,14 @@ struct Seg {
 // first `shared_blocks` key blocks), one KV head.
 struct Tile {
   int64_t first_seg, num_segs, shared_blocks, cost;
-  bool amx;  // on the AMX path (else the vector one)
+  bool fast;  // on the AMX path or the bf16 dot one (else the float32 vector one)
 };
 
 // Folds every row of `tile` over its keys, block by block; the query heads of KV head `kvh`
 // together. Shared blocks are addressed through the first segment's slots and read once for all
-// rows; each row's arithmetic is the same as on its own. NC: W-lane chunks per head.
-template <int NC, bool FULL>
+// rows; each row's arithmetic is the same as on its own. NC: W-lane chunks per head. DOT: the
+// scores from bf16 dot products (paged_attention_dot.h; FULL, head_dim a multiple of 32).
+template <int NC, bool FULL, bool DOT = false>
 void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
   const int64_t G = a.group, D = a.dim;
   const int tail = FULL ? W : static_cast<int>(D - (NC - 1) * W);  // lanes of the last chunk
@@ -165,6 +174,16 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
         for (int c = 0; c < NC; ++c) qb[st * NC + c] = ld(src, c);
         if (a.sinks != nullptr) m[st] = a.sinks[kvh * G + g], l[st] = 1.f;  // the sink's exp(sink - m)
       }
+  // DOT: every state's q as bf16 pairs, and the block's K packed once for all of them
+  std::vector<uint32_t> q_pairs(DOT ? states * D / 2 : 0), k_columns(DOT ? D / 2 * BLK : 0);
+  bool k_packed = false;
+#if defined(JUMPGATE_BF16_DOT)
+  if constexpr (DOT)
+    for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
+      for (int64_t i = 0; i < segs[sg].rows; ++i)
+        for (int64_t g = 0; g < G; ++g, ++st)
+          pack_query(a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head, D, &q_pairs[st * D / 2]);
+#endif
   const float* kp[BLK];
   const float* vp[BLK];
   // One block's scores, then probabilities, for every state of a segment (<= MAX_TILE rows)
@@ -178,6 +197,7 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       vp[j] = a.v + off;
     }
     for (int j = kc; j < BLK; ++j) kp[j] = vp[j] = ZERO_ROW;  // scored in a group of W, never summed
+    k_packed = false;
   };
   // One block for the rows of one segment: state index of its first row, keys base.. it sees.
   // Three passes over the segment's states (scores, softmax, values), so that each state's short
@@ -191,12 +211,17 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     auto first_key = [&](int64_t i) {
       return a.window > 0 ? static_cast<int>(std::clamp<int64_t>(sg.n0 + i - a.window - base, 0, BLK)) : 0;
     };
+#if defined(JUMPGATE_BF16_DOT)
+    if constexpr (DOT) {  // every state's 32 scores (masked below like the others)
+      dot_scores(&q_pairs[(st0 + i0 * G) * D / 2], kp, k_columns.data(), k_packed, D, a.scale, sbuf, (i1 - i0) * G);
+    }
+#endif
     for (int64_t i = i0; i < i1; ++i) {
       const int valid = valid_keys(i), first = first_key(i);
       for (int64_t g = 0; g < G; ++g) {
         const vf* qv = &qb[(st0 + i * G + g) * NC];
         float* s = sbuf + ((i - i0) * G + g) * BLK;
-        for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
+        for (int j0 = 0; !DOT && j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
           vf dots[W];
           for (int jj = 0; jj < W; ++jj) {
             const float* kr = kp[j0 + jj];
@@ -273,13 +298,20 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
 
 using TileFn = void (*)(const Args&, const Seg*, const Tile&, int64_t);
 
+// dot: the bf16 dot variant (null where it is not built or head_dim is not a multiple of 32).
 template <int NC>
-TileFn pick(int nc, bool full) {
+TileFn pick(int nc, bool full, bool dot = false) {
   if constexpr (NC > MAX_CHUNKS) {
     return nullptr;
   } else {
+    if (nc == NC && dot) {
+#if defined(JUMPGATE_BF16_DOT)
+      if constexpr (NC * W % 32 == 0) return full ? &run_tile<NC, true, true> : nullptr;
+#endif
+      return nullptr;
+    }
     if (nc == NC) return full ? &run_tile<NC, true> : &run_tile<NC, false>;
-    return pick<NC + 1>(nc, full);
+    return pick<NC + 1>(nc, full, dot);
   }
 }
 
@@ -327,11 +359,16 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
   const int nc = static_cast<int>((D + W - 1) / W);
   TileFn fn = pick<1>(nc, D % W == 0);
   TORCH_CHECK(fn != nullptr, "paged_attention: head_dim above ", MAX_CHUNKS * W);
-  const bool amx = use_tiles && window == 0 && !sink.defined() && D % 32 == 0 && amx_usable();
-  TileFn amx_fn = fn;
+  const bool amx = use_tiles && window == 0 && !sink.defined() && D % 32 == 0 && amx_usable() &&
+                   amx_allowed.load(std::memory_order_relaxed);
+  // Without AMX, bf16 precision takes the vector path with bf16 dot-product scores where it is built
+  // (float32 precision there is the vector path itself).
+  const TileFn dot_fn = use_tiles && !amx && bf16_products && D % 32 == 0 ? pick<1>(nc, true, true) : nullptr;
+  TileFn fast_fn = dot_fn != nullptr ? dot_fn : fn;
 #if defined(JUMPGATE_AMX)
-  if (amx) amx_fn = bf16_products ? &run_tile_amx<false> : &run_tile_amx<true>;
+  if (amx) fast_fn = bf16_products ? &run_tile_amx<false> : &run_tile_amx<true>;
 #endif
+  const bool fast = amx || dot_fn != nullptr;
   auto out = torch::empty({T, H, D}, q.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat)
                                          .memory_format(at::MemoryFormat::Contiguous));
   Args a{q.data_ptr<float>(), q.stride(0), q.stride(1), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
@@ -345,13 +382,13 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
   std::vector<int64_t> grouped;  // requests in a group, by group then batch order
   // A request's first rows that see at most TILES_MIN_KEYS keys (none with tiles off)
   auto vector_rows = [&](const int64_t* r) {
-    return amx ? std::clamp<int64_t>(TILES_MIN_KEYS - r[2] + r[1], 0, r[1]) : int64_t{0};
+    return fast ? std::clamp<int64_t>(TILES_MIN_KEYS - r[2] + r[1], 0, r[1]) : int64_t{0};
   };
   // Rows [i0, i1) of request r, `per_tile` rows of it to a tile
-  auto add_tiles = [&](const int64_t* r, int64_t i0, int64_t i1, int64_t per_tile, bool on_amx) {
+  auto add_tiles = [&](const int64_t* r, int64_t i0, int64_t i1, int64_t per_tile, bool on_fast) {
     for (int64_t i = i0; i < i1; i += per_tile) {
       const int64_t rows = std::min<int64_t>(per_tile, i1 - i), n0 = r[2] - r[1] + i + 1;
-      tiles.push_back({static_cast<int64_t>(segs.size()), 1, 0, rows * (n0 + rows), on_amx});
+      tiles.push_back({static_cast<int64_t>(segs.size()), 1, 0, rows * (n0 + rows), on_fast});
       segs.push_back({r[0] + i, rows, n0, r[3]});
     }
   };
@@ -364,7 +401,7 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
     const int64_t few = vector_rows(r);
     add_tiles(r, 0, few, MAX_TILE, false);
     if (r[4] >= 0 && few < r[1]) { grouped.push_back(b); continue; }  // the rest joins its group
-    add_tiles(r, few, r[1], amx ? AMX_TILE : MAX_TILE, amx);
+    add_tiles(r, few, r[1], amx ? AMX_TILE : MAX_TILE, fast);
   }
   std::stable_sort(grouped.begin(), grouped.end(),
                    [mt](int64_t x, int64_t y) { return mt[6 * x + 4] < mt[6 * y + 4]; });
@@ -376,7 +413,7 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
       const int64_t rows = std::min<int64_t>(MAX_TILE, r[1] - i), n0 = r[2] - r[1] + i + 1;
       if (new_group || tile_rows + rows > GROUP_ROWS) {
         // segment 0 of each tile addresses the shared blocks (any member's slots would do)
-        tiles.push_back({static_cast<int64_t>(segs.size()), 0, r[5] / BLK, 0, amx});
+        tiles.push_back({static_cast<int64_t>(segs.size()), 0, r[5] / BLK, 0, fast});
         tile_rows = 0;
         new_group = false;
       }
@@ -397,7 +434,7 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
 #endif
     for (int64_t it; (it = next.fetch_add(1)) < items;) {
       const Tile& t = tiles[it / KVH];
-      (t.amx ? amx_fn : fn)(a, segs.data(), t, it % KVH);
+      (t.fast ? fast_fn : fn)(a, segs.data(), t, it % KVH);
     }
 #if defined(JUMPGATE_AMX)
     if (amx) _tile_release();
@@ -417,6 +454,16 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
 // A dispatcher op (not a pybind function), so torch.profiler sees it by name.
 TORCH_LIBRARY(jumpgate_cpu, m) {
   m.def("tiles_min_keys() -> int", []() -> int64_t { return TILES_MIN_KEYS; });
+  // whether bf16 precision has its dot-product path without AMX (AVX512-BF16: paged_attention_dot.h)
+  m.def("paged_attention_bf16_dot() -> bool", []() -> bool {
+#if defined(JUMPGATE_BF16_DOT)
+    return true;
+#else
+    return false;
+#endif
+  });
+  // tests only: keep the AMX path off (returns the previous setting), to run the dot path on an AMX CPU
+  m.def("paged_attention_use_amx(bool on) -> bool", [](bool on) -> bool { return amx_allowed.exchange(on); });
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor meta, bool use_tiles=False, bool bf16_out=False, bool bf16_products=False, int window=0, Tensor? sinks=None) -> Tensor",
         &paged_attention_window);
 }

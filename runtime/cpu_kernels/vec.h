@@ -97,4 +97,31 @@ inline vf exp_v(vf x) {
   return y * pow2;
 }
 
+#if defined(__AVX512F__)
+// In place: r[i][j] <- r[j][i] (16 x 16 32-bit elements), one bit of the row and column index
+// swapped per stage.
+inline void transpose16(vu* r) {
+#define JG_STAGE(d, ...)                                                                  \
+  for (int i = 0; i < 16; ++i)                                                            \
+    if (!(i & d)) {                                                                       \
+      const vu a = r[i], b = r[i + d];                                                    \
+      r[i] = __builtin_shufflevector(a, b, __VA_ARGS__);                                  \
+      r[i + d] = JG_HI_##d;                                                               \
+    }
+#define JG_HI_1 __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31)
+#define JG_HI_2 __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31)
+#define JG_HI_4 __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31)
+#define JG_HI_8 __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)
+  JG_STAGE(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+  JG_STAGE(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+  JG_STAGE(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+  JG_STAGE(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+#undef JG_STAGE
+#undef JG_HI_1
+#undef JG_HI_2
+#undef JG_HI_4
+#undef JG_HI_8
+}
+#endif
+
 }  // namespace jumpgate

@@ -14,6 +14,8 @@
   of 32, and only for formats with bf16 activations. At bf16 precision (--attention-precision
   bf16: q and k rounded once to bf16) all the same, its tile rows within 1e-4 of SDPA over the
   bf16-rounded q and k (within 3e-2 of SDPA over the float32 ones). tests/runtime/attention/test_attention_tiles.py runs the engine on them.
+- bf16 dot-product scores (bf16 precision on a CPU with AVX512-BF16; `dot`, also on an AMX CPU with
+  the AMX path turned off): the same checks as the AMX bf16 precision.
 """
 
 from __future__ import annotations
@@ -34,17 +36,32 @@ TILES_TOL = 1e-4  # products as bf16 word pairs (hi*hi + lo*hi + hi*lo): close t
 # bf16 precision: q and k rounded to bf16 (2^-9 relative) before the scores, against SDPA over the
 # float32 q and k (against SDPA over the rounded ones its tile rows are within TILES_TOL)
 BF16_TOL = 3e-2
-# the vector path, then AMX tiles where the CPU has them, at float32 and at bf16 precision
-TILES = [False, True, "bf16"]
+# the vector path, then AMX tiles where the CPU has them, at float32 and at bf16 precision, then
+# the bf16 dot-product scores where they are built (on an AMX CPU with AMX turned off for the test)
+TILES = [False, True, "bf16", "dot"]
+BF16_PATHS = ("bf16", "dot")  # q and k rounded to bf16
+
+
+@pytest.fixture(autouse=True)
+def _dot_without_amx(request, cpu_ops):
+    """The `dot` cases run with the kernel's AMX path off, so an AMX CPU runs the dot path too."""
+    if getattr(request.node, "callspec", None) is None or request.node.callspec.params.get("tiles") != "dot":
+        yield
+        return
+    if not cpu_ops.paged_attention_bf16_dot():
+        pytest.skip("no AVX512-BF16 attention path on this CPU")
+    was = cpu_ops.paged_attention_use_amx(False)
+    yield
+    cpu_ops.paged_attention_use_amx(was)
 
 
 def tol_for(tiles) -> float:
-    return BF16_TOL if tiles == "bf16" else TILES_TOL if tiles else TOL
+    return BF16_TOL if tiles in BF16_PATHS else TILES_TOL if tiles else TOL
 
 
 def reference_qk(q: torch.Tensor, k: torch.Tensor, tiles) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k as the kernel multiplies them: bf16-rounded at bf16 precision."""
-    return (q.bfloat16().float(), k.bfloat16().float()) if tiles == "bf16" else (q, k)
+    return (q.bfloat16().float(), k.bfloat16().float()) if tiles in BF16_PATHS else (q, k)
 
 
 def values_for(v: torch.Tensor, tiles: bool) -> torch.Tensor:
@@ -55,8 +72,10 @@ def values_for(v: torch.Tensor, tiles: bool) -> torch.Tensor:
 
 def backend_for(cpu_ops, tiles) -> CpuPagedAttentionBackend:
     backend = CpuPagedAttentionBackend(cpu_ops)
-    if tiles and not backend.enable_tiles("q4", "bf16" if tiles == "bf16" else "float32"):
+    if tiles in (True, "bf16") and not cpu_ops.int4_linear_amx():
         pytest.skip("no AMX tiles on this CPU")
+    if tiles and not backend.enable_tiles("q4", "bf16" if tiles in BF16_PATHS else "float32"):
+        pytest.skip("no tile or dot path on this CPU")
     return backend
 
 
@@ -131,7 +150,7 @@ def test_equals_sdpa_on_a_mixed_batch(cpu_ops, heads, kv_heads, dim, tiles):
     tol = tol_for(tiles)
     assert (out - sdpa_reference(batch, q, k, v)).abs().max().item() <= tol
     assert (out - run(TorchAttentionBackend(), batch, q, k, v)).abs().max().item() <= tol
-    if tiles == "bf16" and dim % 32 == 0:  # the tile rows: the rounded q and k's attention
+    if tiles in BF16_PATHS and dim % 32 == 0:  # the tile rows: the rounded q and k's attention
         tile_rows = rows_seeing(batch, cpu_ops.tiles_min_keys())
         rounded = sdpa_reference(batch, *reference_qk(q, k, tiles), v)
         assert (out - rounded)[tile_rows].abs().max().item() <= TILES_TOL
@@ -269,7 +288,8 @@ def grouped_specs(a_len: int, b_len: int):
 
 # With tiles, A's rows all see more than 512 keys (the AMX path), and B's members fall either side
 # (508, 516, 502 keys: a member on the vector path leaves the group, which changes no bit either)
-GROUPED = {False: grouped_specs(70, 45), True: grouped_specs(600, 500), "bf16": grouped_specs(600, 500)}
+GROUPED = {False: grouped_specs(70, 45), True: grouped_specs(600, 500)}
+GROUPED["bf16"] = GROUPED["dot"] = GROUPED[True]
 
 
 @pytest.mark.parametrize("tiles", TILES)
@@ -296,36 +316,40 @@ def test_prefix_groups_change_no_bit(cpu_ops, heads, kv_heads, dim, tiles):
     assert (grouped - sdpa_reference(batch, q, k, v)).abs().max().item() <= tol_for(tiles)
 
 
-def test_tiles_only_for_formats_with_bf16_activations_and_only_with_amx(cpu_ops):
+def test_tiles_only_for_formats_with_bf16_activations_and_only_with_amx_or_bf16_dot(cpu_ops):
     for fmt in ("fp32", "float16"):
         backend = CpuPagedAttentionBackend(cpu_ops)
         assert not backend.enable_tiles(fmt) and backend.name == "cpu" and not backend.tiles
+        assert not CpuPagedAttentionBackend(cpu_ops).enable_tiles(fmt, "bf16")
     amx = bool(cpu_ops.int4_linear_amx())
+    dot = not amx and bool(cpu_ops.paged_attention_bf16_dot())  # bf16 precision only: float32 is the vector path
     for fmt in ("q4", "q8", "bf16"):
         backend = CpuPagedAttentionBackend(cpu_ops)
         assert backend.enable_tiles(fmt) == amx and backend.name == ("cpu-amx" if amx else "cpu")
         assert not backend.bf16_products
         backend = CpuPagedAttentionBackend(cpu_ops)
-        assert backend.enable_tiles(fmt, "bf16") == amx and backend.bf16_products == amx
-        assert backend.name == ("cpu-amx-bf16" if amx else "cpu")
+        assert backend.enable_tiles(fmt, "bf16") == (amx or dot) and backend.bf16_products == (amx or dot)
+        assert backend.name == ("cpu-amx-bf16" if amx else "cpu-bf16-dot" if dot else "cpu")
     assert not TorchAttentionBackend().enable_tiles("q4")
     with pytest.raises(ValueError, match="attention precision 'fp16'"):
         CpuPagedAttentionBackend(cpu_ops).enable_tiles("q4", "fp16")
 
 
-def test_bf16_precision_takes_effect_on_the_tile_rows_only(cpu_ops):
-    """At bf16 precision the rows that take tiles get other bits than at float32 precision (nearer
-    SDPA over the bf16-rounded q and k than over the float32 ones), and the rows on the vector path
-    the same bits."""
+@pytest.mark.parametrize("tiles", BF16_PATHS)
+def test_bf16_precision_takes_effect_on_the_tile_rows_only(cpu_ops, tiles):
+    """At bf16 precision the rows that take tiles (or dot scores) get other bits than at float32
+    precision (nearer SDPA over the bf16-rounded q and k than over the float32 ones), and the rows
+    on the vector path the same bits."""
     batch = make_batch(MIXED + LONG)
     q, k, v = random_qkv(batch.num_tokens, 9, 3, 64)
     v = values_for(v, True)
-    out = run(backend_for(cpu_ops, "bf16"), batch, q, k, v)
+    out = run(backend_for(cpu_ops, tiles), batch, q, k, v)
     long = rows_seeing(batch, cpu_ops.tiles_min_keys())
-    rounded = (out - sdpa_reference(batch, *reference_qk(q, k, "bf16"), v))[long].abs().max().item()
+    rounded = (out - sdpa_reference(batch, *reference_qk(q, k, tiles), v))[long].abs().max().item()
     plain = (out - sdpa_reference(batch, q, k, v))[long].abs().max().item()
     assert rounded <= TILES_TOL < plain <= BF16_TOL
-    f32 = run(backend_for(cpu_ops, True), batch, q, k, v)
+    # float32 precision: AMX tiles, or without AMX (the dot case) the vector path itself
+    f32 = run(backend_for(cpu_ops, True) if tiles == "bf16" else CpuPagedAttentionBackend(cpu_ops), batch, q, k, v)
     assert torch.equal(out[~long], f32[~long]) and not torch.equal(out[long], f32[long])
     assert (out[long] - f32[long]).abs().max().item() <= BF16_TOL
 
