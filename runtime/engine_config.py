@@ -49,7 +49,8 @@ class EngineConfig:
     )
     attention_tiles: str = setting(
         "auto",
-        "the cpu attention kernel's products on AMX tiles (q4, q8 and bf16 weights on a CPU with AMX): "
+        "the cpu attention kernel's products on AMX tiles (q4, q8 and bf16 weights on a CPU with AMX; without "
+        "AMX, on AVX512-BF16 at bf16 precision, its scores from bf16 dot products): "
         "long prompts prefill faster and a shared prefix's decode costs less, decoding over long unshared contexts "
         "more (docs/perf-log.md); auto: on wherever it can run, on: the same but say where it cannot",
         flag="--attention-tiles",
@@ -57,7 +58,7 @@ class EngineConfig:
     )
     attention_precision: str = setting(
         "auto",
-        "the precision of those tile products: bf16 (q and k rounded to bf16, one product a score with "
+        "the precision of those tile (or dot) products: bf16 (q and k rounded to bf16, one product a score with "
         "float32 sums: the fastest), float32 (q and k each split into two bf16 words, three products a "
         "score, within 1e-4 of float32); auto: bf16 (docs/serving.md)",
         flag="--attention-precision",

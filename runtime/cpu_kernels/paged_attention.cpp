@@ -147,6 +147,28 @@ struct Tile {
   bool fast;  // on the AMX path or the bf16 dot one (else the float32 vector one)
 };
 
+// The value sums of S consecutive states of one row (one query head each) over keys first .. valid - 1
+// of a block: acc[s * NC ..] rescaled by alpha[s], then p[s * BLK + j] times V row j added in key
+// order. The states share each V load and their S * NC sums are independent chains (one state's
+// NC chains alone wait on the fused multiply-add's latency); each state's arithmetic is its own.
+template <int S, int NC, typename Load>
+inline void fold_values_of(vf* acc, const float* p, const float* alpha, const float* const* vp, int first, int valid,
+                           const Load& ld) {
+  vf av[S][NC];
+  for (int s = 0; s < S; ++s)
+    for (int c = 0; c < NC; ++c) av[s][c] = alpha[s] == 1.f ? acc[s * NC + c] : acc[s * NC + c] * alpha[s];
+  for (int j = first; j < valid; ++j) {
+    vf v[NC];
+    for (int c = 0; c < NC; ++c) v[c] = ld(vp[j], c);
+    for (int s = 0; s < S; ++s) {
+      const float pj = p[s * BLK + j];
+      for (int c = 0; c < NC; ++c) av[s][c] = av[s][c] + pj * v[c];
+    }
+  }
+  for (int s = 0; s < S; ++s)
+    for (int c = 0; c < NC; ++c) acc[s * NC + c] = av[s][c];
+}
+
 // Folds every row of `tile` over its keys, block by block; the query heads of KV head `kvh`
 // together. Shared blocks are addressed through the first segment's slots and read once for all
 // rows; each row's arithmetic is the same as on its own. NC: W-lane chunks per head. DOT: the
@@ -186,6 +208,16 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
 #endif
   const float* kp[BLK];
   const float* vp[BLK];
+  // states whose value sums run together: at most 16 vector chains (NC each), and a row's heads
+  constexpr int VALUE_STATES = NC >= 16 ? 1 : NC >= 8 ? 2 : 4;
+  const auto fold_values = [&](int n, vf* at, const float* p, const float* alpha, int first, int valid) {
+    switch (n) {
+      case 4: if constexpr (VALUE_STATES >= 4) fold_values_of<4, NC>(at, p, alpha, vp, first, valid, ld); break;
+      case 3: if constexpr (VALUE_STATES >= 4) fold_values_of<3, NC>(at, p, alpha, vp, first, valid, ld); break;
+      case 2: if constexpr (VALUE_STATES >= 2) fold_values_of<2, NC>(at, p, alpha, vp, first, valid, ld); break;
+      default: fold_values_of<1, NC>(at, p, alpha, vp, first, valid, ld);
+    }
+  };
   // One block's scores, then probabilities, for every state of a segment (<= MAX_TILE rows)
   std::vector<float> scores(static_cast<size_t>(MAX_TILE * G * BLK)), alphas(MAX_TILE * G);
   float* const sbuf = scores.data();
@@ -256,17 +288,10 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       }
     for (int64_t i = i0; i < i1; ++i) {
       const int valid = valid_keys(i), first = first_key(i);
-      for (int64_t g = 0; g < G; ++g) {
+      for (int64_t g = 0; g < G; g += VALUE_STATES) {
         const int64_t st = st0 + i * G + g, k = (i - i0) * G + g;
-        const float* p = sbuf + k * BLK;
-        const float alpha = alphas[k];
-        vf av[NC];
-        for (int c = 0; c < NC; ++c) av[c] = alpha == 1.f ? acc[st * NC + c] : acc[st * NC + c] * alpha;
-        for (int j = first; j < valid; ++j) {
-          const float pj = p[j];
-          for (int c = 0; c < NC; ++c) av[c] = av[c] + pj * ld(vp[j], c);
-        }
-        for (int c = 0; c < NC; ++c) acc[st * NC + c] = av[c];
+        const int n = static_cast<int>(std::min<int64_t>(VALUE_STATES, G - g));
+        fold_values(n, &acc[st * NC], sbuf + k * BLK, &alphas[k], first, valid);
       }
     }
   };

@@ -173,7 +173,8 @@ class ModelRunner:
         if cfg.attention_tiles == "on" and not tiles:
             log.warning(
                 "--attention-tiles: not used (it takes the cpu attention backend, q4, q8 or bf16 weights, "
-                "float32 activations and a CPU with AMX; here %s attention, %s weights, %s)",
+                "float32 activations and a CPU with AMX, or AVX512-BF16 at bf16 precision; here %s attention, "
+                "%s weights, %s)",
                 self.attn.name,
                 self.model.weights,
                 dtype,

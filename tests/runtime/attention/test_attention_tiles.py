@@ -2,7 +2,7 @@
 
 The default (`auto`) takes tiles wherever they can run, at bf16 precision (`--attention-precision
 auto`; `float32` the other run). With the real SmolLM2 in q4 on a CPU with AMX, at either
-precision, the engine keeps the equalities the batch-invariant kernel exists for: jump-forward `verify` gives `off`'s tokens, a prompt served from the prefix
+precision (or without AMX on AVX512-BF16, at bf16 precision: its dot-product scores), the engine keeps the equalities the batch-invariant kernel exists for: jump-forward `verify` gives `off`'s tokens, a prompt served from the prefix
 cache gives the tokens it gave cold, and strict outputs validate. Elsewhere `on` is refused with
 one log line, `auto` says nothing, and the engine runs as with `off` (tiny model). The kernel's own checks are in
 tests/runtime/attention/test_cpu_attention.py; its drift from fp32 in tests/runtime/model/test_weight_formats.py.
@@ -81,11 +81,13 @@ PROMPTS = {
 def tiles_engine(smollm_dir, cpu_ops, request):
     from runtime.engine.engine import Engine
 
-    if not cpu_ops.int4_linear_amx():
+    amx = cpu_ops.int4_linear_amx()
+    # without AMX the default (bf16) takes the dot-product scores; float32 there is the vector path
+    if not amx and not (request.param == "auto" and cpu_ops.paged_attention_bf16_dot()):
         pytest.skip("no AMX tiles on this CPU")
     # the default (auto: tiles at bf16 precision), then tiles at float32 precision
     engine = Engine(kv_pool_tokens=8192, debug_invariants=True, attention_precision=request.param).start()
-    banner = {"auto": "cpu-amx-bf16", "float32": "cpu-amx"}[request.param]
+    banner = {"auto": "cpu-amx-bf16", "float32": "cpu-amx"}[request.param] if amx else "cpu-bf16-dot"
     assert engine.info.weights == "q4" and engine.info.attention_backend == banner
     yield engine
     engine.shutdown()

@@ -180,11 +180,23 @@ MAX_LOGIT_DIFF = {"fp32": 1e-3, "bf16": 1.0, "q8": 2.5, "q4": 1.5}
 
 def _attention(tiles_for: str | None = None, precision: str = "float32"):
     """The engine's default backend; with `tiles_for` (a format), on AMX tiles (--attention-tiles)
-    at `precision` (--attention-precision)."""
+    at `precision` (--attention-precision), or without AMX at bf16 precision its bf16 dot scores."""
     attn = make_attention_backend("auto", CPU)
     if tiles_for is not None and not attn.enable_tiles(tiles_for, precision):
-        pytest.skip("no AMX tiles on this CPU")
+        pytest.skip("no AMX tiles (nor bf16 dot scores) on this CPU")
     return attn
+
+
+@pytest.fixture
+def dot_path(cpu_ops):
+    """The bf16 dot scores on an AMX CPU too (its AMX path off; without AMX bf16 precision takes them anyway)."""
+    if not cpu_ops.int4_linear_amx():
+        pytest.skip("without AMX, +tiles-bf16 runs the bf16 dot scores")
+    if not cpu_ops.paged_attention_bf16_dot():
+        pytest.skip("no bf16 dot scores in this build")
+    was = cpu_ops.paged_attention_use_amx(False)
+    yield
+    cpu_ops.paged_attention_use_amx(was)
 
 
 def _prefill(model, cfg, ids, attn=None):
@@ -308,6 +320,12 @@ def test_long_context_drift_from_fp32_is_bounded(long_reference, smollm_dir, fmt
     """The same after a document of ~650 tokens (long_document): every scored row on the tile path
     where tiles are on, so this is where their precision shows."""
     _check_drift(long_reference, smollm_dir, fmt, " long")
+
+
+@pytest.mark.e2e
+def test_long_context_drift_of_the_bf16_dot_scores_on_an_amx_cpu(long_reference, smollm_dir, dot_path):
+    """The bf16 dot scores (what a CPU with AVX512-BF16 and no AMX runs at bf16 precision), on an AMX CPU."""
+    _check_drift(long_reference, smollm_dir, "q4+tiles-bf16", " long (bf16 dot)")
 
 
 def _check_drift(reference, smollm_dir, fmt: str, label: str = "") -> None:
