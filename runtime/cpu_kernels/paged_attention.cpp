@@ -29,6 +29,10 @@ using namespace jumpgate;  // amx_usable; W lanes (16 or 8: vec.h) for the dot p
 
 constexpr int BLK = 32;       // keys per block
 constexpr int MAX_TILE = 16;  // rows of one request that share each loaded K/V block
+// The bf16 dot path's rows of one request a work item: each block's K packing and V loads shared
+// by more rows (every work item of a long prefill reads the whole prefix's K/V, from memory past
+// L2); 128 rows leave a 512-row chunk 4 x KV heads items for two threads (docs/perf-log.md).
+constexpr int DOT_TILE = 128;
 constexpr int GROUP_ROWS = 16;  // rows of a prefix group that share each loaded shared block
 // The AMX path's tiles of one request: a block's K/V is made into tile operands once per tile, so
 // more rows share it (a 16-row tile spent as long preparing blocks as multiplying them; an 8k
@@ -218,8 +222,10 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
       default: fold_values_of<1, NC>(at, p, alpha, vp, first, valid, ld);
     }
   };
-  // One block's scores, then probabilities, for every state of a segment (<= MAX_TILE rows)
-  std::vector<float> scores(static_cast<size_t>(MAX_TILE * G * BLK)), alphas(MAX_TILE * G);
+  // One block's scores, then probabilities, for every state of a segment
+  int64_t seg_rows = 0;
+  for (int64_t sg = 0; sg < t.num_segs; ++sg) seg_rows = std::max(seg_rows, segs[sg].rows);
+  std::vector<float> scores(static_cast<size_t>(seg_rows * G * BLK)), alphas(seg_rows * G);
   float* const sbuf = scores.data();
   auto address = [&](const Seg& sg, int64_t base, int64_t end) {
     const int kc = static_cast<int>(std::min<int64_t>(BLK, end - base));
@@ -426,7 +432,7 @@ torch::Tensor paged_attention_window(torch::Tensor q, torch::Tensor k_cache, tor
     const int64_t few = vector_rows(r);
     add_tiles(r, 0, few, MAX_TILE, false);
     if (r[4] >= 0 && few < r[1]) { grouped.push_back(b); continue; }  // the rest joins its group
-    add_tiles(r, few, r[1], amx ? AMX_TILE : MAX_TILE, fast);
+    add_tiles(r, few, r[1], amx ? AMX_TILE : fast ? DOT_TILE : MAX_TILE, fast);
   }
   std::stable_sort(grouped.begin(), grouped.end(),
                    [mt](int64_t x, int64_t y) { return mt[6 * x + 4] < mt[6 * y + 4]; });
