@@ -53,7 +53,9 @@ def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     ref, chosen, auto = lines
     assert ref["weights"] == "fp32" and chosen["weights"] == "q4" and chosen["weights_reason"]
     assert ref["attention"] == expected_attention("fp32") in ("cpu", "torch")
-    assert chosen["attention"] == expected_attention("q4") in ("cpu", "cpu-amx", "cpu-amx-bf16", "torch")
+    assert (
+        chosen["attention"] == expected_attention("q4") in ("cpu", "cpu-amx", "cpu-amx-bf16", "cpu-bf16-dot", "torch")
+    )
     # auto chose one of the two measured formats: reported, not measured again
     assert auto == {
         "bench": "engine",
