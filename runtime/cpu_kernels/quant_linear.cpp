@@ -60,7 +60,10 @@ std::atomic<bool> amx_allowed{true};
 constexpr int GROUP = 32;             // inputs per (scale, offset); int8_linear also takes 16 (G)
 constexpr int64_t COLS = 16;          // output columns a vector holds
 constexpr int ROWS = 8;               // rows a tile step runs together (8 timed faster than 6, 10, 12)
-constexpr int64_t EXPAND_ROWS = 6;    // up to this many rows, codes are expanded at each use
+// Up to this many rows, codes are expanded at each use (one or two tile steps): expanding a column
+// tile into a buffer first only paid past 16 rows (docs/perf-log.md), and a decode batch with its
+// draft rows lives in 5-16.
+constexpr int64_t EXPAND_ROWS = 16;
 constexpr int WORDS = 2 * COLS;       // bf16 words of one vdpbf16ps operand
 constexpr int64_t PREFETCH = 1024;    // bytes ahead in a stream of codes
 constexpr int64_t AMX_ROWS = 16;      // rows of a full AMX tile

@@ -103,7 +103,7 @@ def test_no_less_exact_than_aten(bf16_kernels):
 
 
 def test_a_row_is_bitwise_the_same_alone_in_any_batch_and_with_any_thread_count(bf16_kernels):
-    """Batch sizes on both sides of the expansion threshold (6 rows), in steps of 8 rows with each
+    """Batch sizes on both sides of the expansion threshold (16 rows), in steps of 8 rows with each
     remainder, and on both sides of the register block (a row alone, on the vector path, runs over
     four column vectors at once where the rest run over two: 960 columns are 60 vectors); with
     AMX, of the tile sizes (1, 4, 8 and 16 rows expanding codes per group, then several tiles over
