@@ -112,7 +112,7 @@ inline float hmax(vf v) {
   return std::max(std::max(b[0], b[2]), std::max(b[1], b[3]));
 }
 
-#include "paged_attention_dot.h"  // pack_query, pack_keys, dot_scores_n: the DOT variant's scores
+#include "paged_attention_dot.h"  // pack_query, dot_scores: the DOT variant's scores
 
 struct Args {
   const float* q;

@@ -2,13 +2,13 @@
 // it inside its anonymous namespace; run_tile's DOT variant): a block's scores from bf16 dot-product
 // instructions (vdpbf16ps), the softmax and the value sums as at float32 precision.
 //
-// Q and K are rounded once to bf16 (nearest even), as on the AMX path's bf16 precision. A block's
-// K is packed once per work item as [head-dim pair][key] 32-bit words (the instruction's operand:
-// two bf16 words of one key), so one instruction adds 2 dims x 16 keys of one state's scores,
-// in lanes by key: no per-key horizontal sums, half the instructions of the float32 path's products.
-// A state's score for a key sums its dim pairs in order, each pair in the instruction's one order,
-// float32 throughout: a function of its own q and k only, so batch invariance holds as elsewhere.
-// V stays float32 (in the formats that take this path it is the qkv layer's bf16 output, exact).
+// Q and K are rounded once to bf16 (nearest even), as on the AMX path's bf16 precision; one
+// instruction multiplies 16 pairs of dims (two bf16 words a 32-bit lane) with float32 sums, twice
+// the products of a float32 fused multiply-add. A state's score for a key is one fixed order of
+// them (dot_scores_rows' comment), computed by rows for a decode's few states and by columns from
+// a block's K packed once for a prefill's many: the same bits either way, a function of the row's
+// own q and k only, so batch invariance holds as elsewhere. V stays float32 (in the formats that
+// take this path it is the qkv layer's bf16 output, exact).
 #pragma once
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
