@@ -191,13 +191,15 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     n_max = std::max(n_max, segs[sg].n0 + segs[sg].rows - 1);
   }
   const int64_t states = rows * G;
-  std::vector<vf> qb(states * NC), acc(states * NC, splat(0.f));
+  // q as float32 vectors (DOT: its bf16 pairs below instead)
+  std::vector<vf> qb(DOT ? 0 : states * NC), acc(states * NC, splat(0.f));
   std::vector<float> m(states, -std::numeric_limits<float>::infinity()), l(states, 0.f);
   for (int64_t sg = 0, st = 0; sg < t.num_segs; ++sg)
     for (int64_t i = 0; i < segs[sg].rows; ++i)
       for (int64_t g = 0; g < G; ++g, ++st) {
         const float* src = a.q + (segs[sg].row0 + i) * a.q_row + (kvh * G + g) * a.q_head;
-        for (int c = 0; c < NC; ++c) qb[st * NC + c] = ld(src, c);
+        if constexpr (!DOT)
+          for (int c = 0; c < NC; ++c) qb[st * NC + c] = ld(src, c);
         if (a.sinks != nullptr) m[st] = a.sinks[kvh * G + g], l[st] = 1.f;  // the sink's exp(sink - m)
       }
   // DOT: every state's q as bf16 pairs, and the block's K packed once for all of them
@@ -257,17 +259,19 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     for (int64_t i = i0; i < i1; ++i) {
       const int valid = valid_keys(i), first = first_key(i);
       for (int64_t g = 0; g < G; ++g) {
-        const vf* qv = &qb[(st0 + i * G + g) * NC];
         float* s = sbuf + ((i - i0) * G + g) * BLK;
-        for (int j0 = 0; !DOT && j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
-          vf dots[W];
-          for (int jj = 0; jj < W; ++jj) {
-            const float* kr = kp[j0 + jj];
-            vf d = qv[0] * ld(kr, 0);
-            for (int c = 1; c < NC; ++c) d = d + qv[c] * ld(kr, c);
-            dots[jj] = d;
+        if constexpr (!DOT) {
+          const vf* qv = &qb[(st0 + i * G + g) * NC];
+          for (int j0 = 0; j0 < valid; j0 += W) {  // W keys' scores at once, each as hsum would give it
+            vf dots[W];
+            for (int jj = 0; jj < W; ++jj) {
+              const float* kr = kp[j0 + jj];
+              vf d = qv[0] * ld(kr, 0);
+              for (int c = 1; c < NC; ++c) d = d + qv[c] * ld(kr, c);
+              dots[jj] = d;
+            }
+            store(s + j0, reduce_lanes(dots) * a.scale);
           }
-          store(s + j0, reduce_lanes(dots) * a.scale);
         }
         for (int j = 0; j < first; ++j) s[j] = -std::numeric_limits<float>::infinity();  // out of the window
         for (int j = valid; j < BLK; ++j) s[j] = -std::numeric_limits<float>::infinity();  // weight 0
