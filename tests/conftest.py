@@ -30,6 +30,17 @@ def cpu_ops():
     return module
 
 
+@pytest.fixture
+def dot_scores_forced(cpu_ops):
+    """The attention kernel's bf16 dot-product scores for one test on any CPU built with them: its
+    AMX path off meanwhile (an AMX CPU takes AMX tiles otherwise); skips where they are not built."""
+    if not cpu_ops.paged_attention_bf16_dot():
+        pytest.skip("no bf16 dot-product attention scores (AVX512-BF16) in this build")
+    was = cpu_ops.paged_attention_use_amx(False)
+    yield
+    cpu_ops.paged_attention_use_amx(was)
+
+
 @pytest.fixture(scope="session")
 def smollm_dir() -> Path:
     from runtime.model.loader import resolve_model_dir

@@ -43,16 +43,10 @@ BF16_PATHS = ("bf16", "dot")  # q and k rounded to bf16
 
 
 @pytest.fixture(autouse=True)
-def _dot_without_amx(request, cpu_ops):
+def _dot_without_amx(request):
     """The `dot` cases run with the kernel's AMX path off, so an AMX CPU runs the dot path too."""
-    if getattr(request.node, "callspec", None) is None or request.node.callspec.params.get("tiles") != "dot":
-        yield
-        return
-    if not cpu_ops.paged_attention_bf16_dot():
-        pytest.skip("no AVX512-BF16 attention path on this CPU")
-    was = cpu_ops.paged_attention_use_amx(False)
-    yield
-    cpu_ops.paged_attention_use_amx(was)
+    if getattr(request.node, "callspec", None) is not None and request.node.callspec.params.get("tiles") == "dot":
+        request.getfixturevalue("dot_scores_forced")
 
 
 def tol_for(tiles) -> float:

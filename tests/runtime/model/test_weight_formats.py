@@ -191,15 +191,11 @@ def _attention(tiles_for: str | None = None, precision: str = "float32"):
 
 
 @pytest.fixture
-def dot_path(cpu_ops):
+def dot_path(cpu_ops, request):
     """The bf16 dot scores on an AMX CPU too (its AMX path off; without AMX bf16 precision takes them anyway)."""
     if not cpu_ops.int4_linear_amx():
         pytest.skip("without AMX, +tiles-bf16 runs the bf16 dot scores")
-    if not cpu_ops.paged_attention_bf16_dot():
-        pytest.skip("no bf16 dot scores in this build")
-    was = cpu_ops.paged_attention_use_amx(False)
-    yield
-    cpu_ops.paged_attention_use_amx(was)
+    request.getfixturevalue("dot_scores_forced")
 
 
 def _prefill(model, cfg, ids, attn=None):
