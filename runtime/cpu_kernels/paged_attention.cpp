@@ -185,10 +185,11 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     return FULL || c < NC - 1 ? load(ptr + c * W) : load_part(ptr + c * W, tail);
   };
   segs += t.first_seg;
-  int64_t rows = 0, n_max = 0;
+  int64_t rows = 0, n_max = 0, seg_rows = 0;  // seg_rows: the most rows of one segment
   for (int64_t sg = 0; sg < t.num_segs; ++sg) {
     rows += segs[sg].rows;
     n_max = std::max(n_max, segs[sg].n0 + segs[sg].rows - 1);
+    seg_rows = std::max(seg_rows, segs[sg].rows);
   }
   const int64_t states = rows * G;
   // q as float32 vectors (DOT: its bf16 pairs below instead)
@@ -225,8 +226,6 @@ void run_tile(const Args& a, const Seg* segs, const Tile& t, int64_t kvh) {
     }
   };
   // One block's scores, then probabilities, for every state of a segment
-  int64_t seg_rows = 0;
-  for (int64_t sg = 0; sg < t.num_segs; ++sg) seg_rows = std::max(seg_rows, segs[sg].rows);
   std::vector<float> scores(static_cast<size_t>(seg_rows * G * BLK)), alphas(seg_rows * G);
   float* const sbuf = scores.data();
   auto address = [&](const Seg& sg, int64_t base, int64_t end) {
