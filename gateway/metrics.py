@@ -83,6 +83,11 @@ ENGINE_GAUGES = (
     ("kv_slots_request_only", "jumpgate_kv_slots_request_only", "KV pool slots held only by running requests."),
     ("kv_window_slots_total", "jumpgate_kv_window_slots", "Window-layer KV slots (sliding-window models; 0: none)."),
     ("kv_window_slots_free", "jumpgate_kv_window_slots_free", "Window-layer KV slots free."),
+    (
+        "lookup_row_cost",
+        "jumpgate_lookup_row_cost",
+        "A draft row's cost as a share of a decode step's per output token (measured or fixed).",
+    ),
 )
 ENGINE_COUNTERS = (
     ("prompt_tokens", "jumpgate_engine_prompt_tokens", "Prompt tokens admitted by the engine."),

@@ -145,6 +145,8 @@ class EngineStats:
     # sliding-window models: the window layers' own slots (runtime/kvcache/window_pool.py); 0: none
     kv_window_slots_total: int = 0
     kv_window_slots_free: int = 0
+    # a prompt-lookup draft row's cost as a share of a decode step's per output token (row_cost.py)
+    lookup_row_cost: float = 0.0
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)  # "device"/"host"/"disk" -> tokens held now
     # counters
     prompt_tokens: int = 0

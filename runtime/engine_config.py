@@ -144,13 +144,15 @@ class EngineConfig:
     speculative_tokens: int = setting(
         8, "most prompt-lookup draft tokens a step verifies", flag="--speculative-tokens", min=1
     )
-    speculative_row_cost: float = setting(
-        0.1,
-        "cost of one more logits row, as a share of a decode step: a draft token is queued only while "
-        "its chance of being kept is higher",
+    speculative_row_cost: float | None = setting(
+        None,
+        "cost of one more logits row, as a share of what a decode step spends per output token: a draft "
+        "token is queued only while its chance of being kept is higher",
         flag="--speculative-row-cost",
         type=float,
         min=0.0,
+        optional=True,
+        default_text="measured: fitted on the engine's own decode steps (0.1 until it has seen enough)",
     )
     loop_breaking: bool = setting(
         True,

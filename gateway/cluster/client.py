@@ -36,9 +36,13 @@ def engine_error_of(exc: BaseException) -> EngineError:
     return EngineError(f"The engine replica failed: {type(exc).__name__}: {exc}", "engine_stopped")
 
 
+AVERAGED = frozenset({"lookup_row_cost"})  # per-replica shares, not amounts
+
+
 def sum_stats(snapshots: list[dict[str, Any]]) -> EngineStats:
     """Cluster totals of the replicas' EngineStats (sent as `dataclasses.asdict` dicts): numbers add,
-    per-key maps (requests by finish reason, cached tokens by tier, tier counters) add key by key."""
+    per-key maps (requests by finish reason, cached tokens by tier, tier counters) add key by key;
+    shares (AVERAGED) are the replicas' mean."""
     fields = {f.name for f in dataclasses.fields(EngineStats)}
     total: dict[str, Any] = {}
     for snap in snapshots:
@@ -51,6 +55,8 @@ def sum_stats(snapshots: list[dict[str, Any]]) -> EngineStats:
                     into[k] = into.get(k, 0) + v
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 total[key] = total.get(key, 0) + value
+    for key in AVERAGED & total.keys():
+        total[key] /= sum(1 for snap in snapshots if key in snap)
     return EngineStats(**total)
 
 

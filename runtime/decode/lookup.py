@@ -8,14 +8,16 @@ rule under sampling), so they change how many passes an output takes, never the 
 
 `LookupDraft` decides how long a draft pays for its extra logits rows: it keeps a decayed estimate
 of how often a drafted token is accepted, given the one before it was, and drafts the i-th token
-only while the chance that it is accepted beats the cost of its row (`row_cost`, a share of a
-decode step). A request whose drafts stop paying drafts nothing, but tries one token every
+only while the chance that it is accepted beats the cost of its row (`row_cost`: a share of what
+a decode step spends per output token, measured by row_cost.py or fixed). A request whose drafts stop paying drafts nothing, but tries one token every
 `PROBE_EVERY` steps, so a later stretch of copying is still found.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from runtime.decode.row_cost import RowCost
 
 MAX_NGRAM = 4
 MIN_NGRAM = 2
@@ -69,16 +71,21 @@ class NgramIndex:
 class LookupDraft:
     """One request's prompt-lookup state: its n-gram index and how well its drafts do."""
 
-    __slots__ = ("index", "accepted", "tried", "max_tokens", "row_cost", "idle_steps", "last_len")
+    __slots__ = ("index", "accepted", "tried", "max_tokens", "cost", "idle_steps", "last_len")
 
-    def __init__(self, max_tokens: int, row_cost: float) -> None:
+    def __init__(self, max_tokens: int, row_cost: float | RowCost) -> None:
         self.index = NgramIndex()
         self.accepted = PRIOR_ACCEPTED
         self.tried = PRIOR_TRIED
         self.max_tokens = max_tokens
-        self.row_cost = row_cost
+        # shared by the engine's requests, which it updates after each step (a float: fixed)
+        self.cost = row_cost if isinstance(row_cost, RowCost) else RowCost.fixed(row_cost)
         self.idle_steps = 0  # steps since the last draft while drafts do not pay
         self.last_len = 0  # tokens of the draft now awaiting verification (0: none)
+
+    @property
+    def row_cost(self) -> float:
+        return self.cost.share
 
     @property
     def rate(self) -> float:
@@ -87,8 +94,8 @@ class LookupDraft:
 
     def worth(self) -> int:
         """How many tokens a draft should have now: the i-th while rate**i > row_cost."""
-        k, p = 0, self.rate
-        while k < self.max_tokens and p > self.row_cost:
+        k, p, cost = 0, self.rate, self.cost.share
+        while k < self.max_tokens and p > cost:
             k += 1
             p *= self.rate
         if k == 0:

@@ -129,7 +129,7 @@ class Engine:
         self.decoder = Decoder(
             eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions, self.cache.truncate
         )
-        self.lookup_settings = LookupSettings(cfg.speculative, cfg.speculative_tokens, cfg.speculative_row_cost)
+        self.lookup_settings = LookupSettings.build(cfg.speculative, cfg.speculative_tokens, cfg.speculative_row_cost)
         self.info = EngineInfo(
             model_name=self.model_name,
             device=str(self.device),
@@ -266,6 +266,7 @@ class Engine:
         return EngineStats(
             running_requests=len(self.scheduler.running),
             waiting_requests=self.counts.queued,
+            lookup_row_cost=self.lookup_settings.row_cost.share,
             **self.cache.gauges(),
             **self.counters.copy_values(),
         )
@@ -387,21 +388,21 @@ class Engine:
             self.scheduler.add(req)
 
     def _timed_step(self) -> None:
-        """`step`, timed: a step that ran a pass adds its whole time to `engine_seconds`; then the
-        invariants are checked where `debug_invariants` asks."""
-        started = time.perf_counter()
-        if self.step():
-            self.counters.engine_seconds += time.perf_counter() - started
+        """`step`, timed: a step that ran a pass adds its whole time to `engine_seconds` (and a decode
+        step to the drafts' row cost); then the invariants are checked where `debug_invariants` asks."""
+        started, made = time.perf_counter(), self.lookup_settings.made(self.scheduler.running)
+        plan = self.step()
+        if plan:
+            self.counters.engine_seconds += self.lookup_settings.observe(plan, made, started)
             if self.config.debug_invariants:
                 self.check_invariant()
 
-    def step(self) -> bool:
-        """One forward pass: schedule -> run -> process; False when there was nothing to run."""
+    def step(self) -> list[tuple[Req, int]]:
+        """One forward pass: schedule -> run -> process; its plan, empty when there was nothing to run."""
         plan = self._schedule()
-        if not plan:
-            return False
-        self._process(self._run(plan))
-        return True
+        if plan:
+            self._process(self._run(plan))
+        return plan
 
     def _schedule(self) -> list[tuple[Req, int]]:
         """The next pass's (request, new tokens) rows; a request that can never fit fails here."""

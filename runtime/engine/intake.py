@@ -7,6 +7,7 @@ raise: only that request fails). Neither touches engine state.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -17,6 +18,7 @@ from runtime.decode.completeness import MAX_DIGITS, CompletionGuard
 from runtime.decode.decoding import JUMP_FORWARD_MODES, SPECULATIVE_MODES
 from runtime.decode.detokenizer import IncrementalDetokenizer
 from runtime.decode.lookup import LookupDraft
+from runtime.decode.row_cost import PRIOR_SHARE, RowCost
 from runtime.request import Req
 
 
@@ -108,13 +110,32 @@ def new_request(
 
 @dataclass(frozen=True)
 class LookupSettings:
-    """The engine's prompt-lookup defaults (engine_config.py's `speculative*` settings)."""
+    """The engine's prompt-lookup defaults (engine_config.py's `speculative*` settings) and the row
+    cost its requests' drafts share: fixed, or fitted on the engine's decode steps (row_cost.py)."""
 
     mode: str
     max_tokens: int
-    row_cost: float
+    row_cost: RowCost
+
+    @classmethod
+    def build(cls, mode: str, max_tokens: int, row_cost: float | None) -> LookupSettings:
+        cost = RowCost(PRIOR_SHARE) if row_cost is None else RowCost.fixed(row_cost)
+        return cls(mode, max_tokens, cost)
 
     def for_request(self, requested: str | None) -> LookupDraft | None:
         if (requested or self.mode) != "ngram":
             return None
         return LookupDraft(self.max_tokens, self.row_cost)
+
+    def made(self, running: list[Req]) -> dict[str, int]:
+        """Output tokens of each running request before a step (where the cost is measured)."""
+        return {r.rid: len(r.output_ids) for r in running} if self.row_cost.measured else {}
+
+    def observe(self, plan: list[tuple[Req, int]], made: dict[str, int], started: float) -> float:
+        """The step's seconds since `started`; a decode step (every request already past its
+        prompt before it) is fed to the row cost with its rows and the tokens it yielded."""
+        seconds = time.perf_counter() - started
+        if made and all(made.get(r.rid, 0) > 0 for r, _ in plan):
+            yielded = sum(len(r.output_ids) - made[r.rid] for r, _ in plan)
+            self.row_cost.observe(sum(n for _, n in plan), yielded, seconds)
+        return seconds

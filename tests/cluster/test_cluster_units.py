@@ -172,9 +172,12 @@ def test_stats_add_up_and_the_hit_rate_is_recomputed():
         [
             {"prompt_tokens": 100, "cached_prompt_tokens": 90, "requests_finished": {"stop": 2}, "x": "a"},
             {"prompt_tokens": 100, "cached_prompt_tokens": 10, "requests_finished": {"stop": 1, "length": 4}},
+            {"lookup_row_cost": 0.2},
+            {"lookup_row_cost": 0.4},
         ]
     )
     assert (total.prompt_tokens, total.cached_prompt_tokens, total.prefix_hit_rate) == (200, 100, 0.5)
+    assert total.lookup_row_cost == pytest.approx(0.3)  # a share: the replicas' mean, not their sum
     assert total.requests_finished == {"stop": 3, "length": 4}
 
 

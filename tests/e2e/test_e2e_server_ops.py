@@ -148,6 +148,7 @@ def test_metrics_text(server, client, http):
         "jumpgate_kv_slots_request_only",
         "jumpgate_kv_pool_slots",
         "jumpgate_gateway_in_flight_requests",
+        "jumpgate_lookup_row_cost",
     ):
         assert name in text, name
     for family in text_string_to_metric_families(text):  # Prometheus's own parser reads all of it
@@ -156,6 +157,7 @@ def test_metrics_text(server, client, http):
     assert m['jumpgate_requests_total{outcome="success",route="chat"}'] >= 1
     assert m["jumpgate_generation_tokens_total"] >= 1
     assert m["jumpgate_kv_pool_slots"] == 16384
+    assert 0.0 < m["jumpgate_lookup_row_cost"] < 1.0  # measured (the prior until decode steps vary)
 
 
 # --------------------------------------------------------------------------- disconnects

@@ -16,6 +16,7 @@ STATS = EngineStats(
     kv_slots_tree=30,
     kv_slots_evictable=25,
     kv_slots_request_only=10,
+    lookup_row_cost=0.25,
     cached_tokens_by_tier={"device": 30, "host": 200, "disk": 900},
     prompt_tokens=400,
     cached_prompt_tokens=100,
@@ -104,6 +105,7 @@ def test_engine_snapshot_counters_and_gauges():
         "jumpgate_kv_slots_tree_held": 30,
         "jumpgate_kv_slots_evictable": 25,
         "jumpgate_kv_slots_request_only": 10,
+        "jumpgate_lookup_row_cost": 0.25,
         "jumpgate_prefix_cache_hit_rate": 0.25,
     }
     for name, expected in gauges.items():

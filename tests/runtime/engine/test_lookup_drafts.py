@@ -8,6 +8,7 @@ import pytest
 
 from grammar import GrammarSpec
 from runtime.api import EngineError, GenerateRequest
+from runtime.decode.row_cost import MAX_SHARE, MIN_SHARE
 from runtime.decode.sampling import SamplingParams
 from tests.conftest import chat_ids
 
@@ -98,3 +99,15 @@ def test_an_unknown_mode_is_refused(engine_idle_check, tokenizer):
     with pytest.raises(EngineError) as e:
         engine_idle_check.generate(chat_ids(tokenizer, "Hi"), SamplingParams(max_new_tokens=4), speculative="eagle")
     assert e.value.param == "speculative"
+
+
+def test_decode_steps_are_fitted_into_the_drafts_row_cost(engine_idle_check, tokenizer):
+    cost = engine_idle_check.lookup_settings.row_cost
+    assert cost.measured  # the default: measured, not fixed
+    seen = cost.w
+    ids = copy_prompt(tokenizer, "Amara Okafor")
+    engine_idle_check.generate(ids, SamplingParams(max_new_tokens=32, temperature=0.0), speculative="ngram")
+    assert cost.w > seen  # its decode steps were observed
+    share = engine_idle_check.stats().lookup_row_cost
+    assert share == cost.share and MIN_SHARE <= share <= MAX_SHARE
+    print(f"measured row cost share {share:.3f} over {cost.w:.1f} decayed steps")
