@@ -126,6 +126,7 @@ ENGINE_COUNTERS = {
     "lookup_draft_tokens": "jumpgate_lookup_draft_tokens_total",
     "lookup_accepted_tokens": "jumpgate_lookup_accepted_tokens_total",
 }
+ROW_COST_GAUGE = "jumpgate_lookup_row_cost"
 
 
 async def run_http(
@@ -156,6 +157,8 @@ async def run_http(
                 for field, name in ENGINE_COUNTERS.items():
                     if name in after and name in before:
                         out[wl.name][field] = after[name] - before[name]
+                if ROW_COST_GAUGE in after:  # where the drafts' measured row cost ended the workload
+                    out[wl.name]["lookup_row_cost"] = after[ROW_COST_GAUGE]
             if cpu0 is not None:
                 used = cpu_seconds() - cpu0
                 out[wl.name]["server_cpu_s"] = used
