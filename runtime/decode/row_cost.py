@@ -25,11 +25,12 @@ MIN_SHARE, MAX_SHARE = 0.01, 0.95
 class RowCost:
     """The cost of one more decode row as a share of the step's cost per output token."""
 
-    __slots__ = ("share", "measured", "w", "sx", "sy", "sxx", "sxy", "per_token")
+    __slots__ = ("share", "measured", "steps", "w", "sx", "sy", "sxx", "sxy", "per_token")
 
     def __init__(self, share: float, measured: bool = True) -> None:
         self.share = share  # fixed, or the prior until enough steps are seen
         self.measured = measured
+        self.steps = 0  # decode steps observed (w, their decayed weight, levels off near 50)
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
         self.per_token = 0.0  # decayed mean of seconds per output token
 
@@ -51,6 +52,7 @@ class RowCost:
         """One decode step: `rows` query rows fed, `tokens` output tokens it yielded, in `seconds`."""
         if not self.measured or rows <= 0 or tokens <= 0 or seconds <= 0.0:
             return
+        self.steps += 1
         self.w = DECAY * self.w + 1.0
         self.sx = DECAY * self.sx + rows
         self.sy = DECAY * self.sy + seconds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.decode.lookup import LookupDraft
-from runtime.decode.row_cost import MAX_SHARE, MIN_SHARE, PRIOR_SHARE, RowCost
+from runtime.decode.row_cost import DECAY, MAX_SHARE, MIN_SHARE, PRIOR_SHARE, RowCost
 
 
 def feed(cost: RowCost, fixed_s: float, per_row_s: float, steps: int = 60, requests: int = 4) -> None:
@@ -18,6 +18,8 @@ def feed(cost: RowCost, fixed_s: float, per_row_s: float, steps: int = 60, reque
 def test_the_share_is_the_slope_over_the_seconds_per_token():
     cost = RowCost(PRIOR_SHARE)
     feed(cost, fixed_s=0.010, per_row_s=0.001)
+    # the decayed weight levels off at 1 / (1 - DECAY); the step count does not
+    assert cost.steps == 60 and cost.w == pytest.approx((1 - DECAY**60) / (1 - DECAY))
     # a row adds 1 ms; a step yields 4 tokens for 10 ms + 1 ms a row (8-26 ms): about 4 ms a token
     per_token = cost.per_token
     assert 0.003 < per_token < 0.006
@@ -54,11 +56,11 @@ def test_the_share_is_clamped():
 def test_a_fixed_cost_ignores_the_steps_and_bad_observations_are_dropped():
     fixed = RowCost.fixed(0.3)
     feed(fixed, 0.01, 0.001)
-    assert fixed.share == 0.3 and fixed.w == 0.0
+    assert fixed.share == 0.3 and fixed.steps == 0
     cost = RowCost(PRIOR_SHARE)
     for rows, tokens, seconds in ((0, 4, 0.01), (4, 0, 0.01), (4, 4, 0.0)):
         cost.observe(rows, tokens, seconds)
-    assert cost.w == 0.0
+    assert cost.steps == 0
 
 
 def test_drafts_follow_the_shared_cost_as_it_changes():

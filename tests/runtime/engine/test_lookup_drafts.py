@@ -104,10 +104,10 @@ def test_an_unknown_mode_is_refused(engine_idle_check, tokenizer):
 def test_decode_steps_are_fitted_into_the_drafts_row_cost(engine_idle_check, tokenizer):
     cost = engine_idle_check.lookup_settings.row_cost
     assert cost.measured  # the default: measured, not fixed
-    seen = cost.w
+    seen = cost.steps
     ids = copy_prompt(tokenizer, "Amara Okafor")
     engine_idle_check.generate(ids, SamplingParams(max_new_tokens=32, temperature=0.0), speculative="ngram")
-    assert cost.w > seen  # its decode steps were observed
+    assert cost.steps > seen  # its decode steps were observed
     share = engine_idle_check.stats().lookup_row_cost
     assert share == cost.share and MIN_SHARE <= share <= MAX_SHARE
-    print(f"measured row cost share {share:.3f} over {cost.w:.1f} decayed steps")
+    print(f"measured row cost share {share:.3f} after {cost.steps} decode steps")

@@ -36,8 +36,8 @@ def test_only_decode_steps_are_observed_with_their_rows_and_yield():
     seconds = settings.observe([(a, 4), (b, 1)], made, time.perf_counter() - 0.02)
     assert seconds >= 0.02
     cost = settings.row_cost
-    assert cost.w == 1.0 and cost.sx == 5 and cost.per_token == seconds / 4
+    assert cost.steps == 1 and cost.sx == 5 and cost.per_token == seconds / 4
     fresh = req("c", 0)  # admitted this step: its prompt chunk makes this a prefill step
     made = settings.made([a])
     settings.observe([(a, 1), (fresh, 300)], made, time.perf_counter())
-    assert cost.w == 1.0
+    assert cost.steps == 1
