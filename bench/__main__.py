@@ -53,7 +53,8 @@ PROBES = {
     "layer_loop_bench": "a decode pass with the decoder layers in one C++ call vs the Python layer loop",
     "logprobs_overhead": "a greedy decode batch without logprobs, with them, and with 20 alternatives",
     "moe_bench": "one MoE layer with a pass's experts grouped (one matmul per active expert) vs per token",
-    "quant_linear_bench": "the q4 linear kernels vs what they replaced; --stream: GB/s read a second",
+    "quant_linear_bench": "the q4 linear kernels vs what they replaced; --stream: GB/s read a second; "
+    "--tile-ceiling: the bf16 tile and an int8-activation tile vs the dot-product peaks",
     "think_block_cost": "a think block before a JSON answer: mask + accept per token, the strict guard's calls inside the block",
     "window_kv_bytes": "KV bytes per token of context for a tiny Gemma 3 at 4k, window layers' own pool vs every position kept",
     "device_check": "the CUDA path: Triton kernels vs torch, CUDA graphs (bash bench/device_check.sh)",

@@ -18,6 +18,10 @@ One JSON line per (part, rows): milliseconds of each and the ratio.
 kernel reading their 6-bit codes as stored (`packed6_ms`) against the same codes widened to int8
 (`int8_ms`, how Q6_K ran before).
 
+`--tile-ceiling` instead builds and runs tile_ceiling.cpp (g++, one thread): the 512-bit dot-product
+peaks (`vdpbf16ps`, `vpdpbusd`), the kernel's 8-row bf16 tile against that peak, and the same tile
+with int8 activations in `vpdpbusd` (what the q4 linears' arithmetic could gain; not a kernel here).
+
 `--stream` instead measures what limits a one-row decode: the bytes a second our int4 kernel
 streams over working sets too large for the caches, as a few large calls or many small ones, with
 one thread and with two, against fp32 `F.linear` (MKL's GEMV) over the same bytes in the same
@@ -30,7 +34,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -67,9 +75,14 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", default="1,16,64,512")
     ap.add_argument("--stream", action="store_true", help="bytes a second at one row over large working sets")
     ap.add_argument("--q6k", action="store_true", help="Q6_K layers: 6-bit codes as stored against int8 codes")
+    ap.add_argument(
+        "--tile-ceiling", action="store_true", help="the bf16 tile and an int8-activation tile vs the peaks"
+    )
     args = ap.parse_args(argv)
     if args.stream:
         return stream()
+    if args.tile_ceiling:
+        return tile_ceiling()
     torch.set_num_threads(args.threads)
     if args.q6k:
         return q6k([int(r) for r in args.rows.split(",")], args.threads)
@@ -253,6 +266,23 @@ def stream(sets=STREAM_SETS) -> None:
                     flush=True,
                 )
         del layers, dense
+
+
+def tile_ceiling() -> None:
+    """tile_ceiling.cpp built with this machine's instruction set and run; its JSON lines as they come."""
+    from runtime.cpu_kernels import cpu_flags
+
+    missing = {"avx512_bf16", "avx512_vnni"} - cpu_flags()
+    compiler = shutil.which("g++")
+    if missing or compiler is None:
+        why = f"this CPU lacks {sorted(missing)}" if missing else "no g++"
+        print(json.dumps({"bench": "quant_linear", "part": "tile_ceiling", "skipped": why}))
+        return
+    source = Path(__file__).with_name("tile_ceiling.cpp")
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "tile_ceiling"
+        subprocess.run([compiler, "-O3", "-march=native", str(source), "-o", str(binary)], check=True)
+        print(subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout, end="", flush=True)
 
 
 if __name__ == "__main__":
