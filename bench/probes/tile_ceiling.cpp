@@ -1,8 +1,9 @@
 // `python -m bench.probes.quant_linear_bench --tile-ceiling` builds and runs this (g++ -O3 -march=native).
 // What the q4 linears' arithmetic can reach on one core, and what int8 activations would buy:
 //   peak:  independent vdpbf16ps / vpdpbusd (512-bit) in a loop, products a second;
-//   bf16:  quant_linear.cpp's vector tile (tile_rows<8, 2>: 8 rows x 32 columns, codes expanded to
-//          bf16 words, per group of 32 inputs the scale and offset steps) over M = 512 rows;
+//   bf16:  the kernel's own vector tile (runtime/cpu_kernels/quant_linear_tile.h, tile_rows<8, 2>: 8 rows
+//          x 32 columns, codes expanded to bf16 words, per group of 32 inputs the scale and offset
+//          steps) over M = 512 rows;
 //   vnni:  the same tile with 4-bit codes as bytes times int8 activations (a scale per row and
 //          group, as llama.cpp's Q4_1 x Q8_1) in vpdpbusd: half the instructions per product, the
 //          scale steps then one conversion and three vector operations per group.
@@ -16,9 +17,13 @@
 #include <cstring>
 #include <vector>
 
+#include "../../runtime/cpu_kernels/quant_linear_tile.h"
+
 namespace {
 
-constexpr int R = 8, C = 2, COLS = 16, GROUP = 32;
+using jumpgate::quant_tile::COLS;
+using jumpgate::quant_tile::GROUP;
+constexpr int R = 8, C = 2;
 constexpr int64_t M = 512;
 
 template <typename F>
@@ -53,39 +58,6 @@ double peak(bool int8) {
   volatile float sink = total;
   (void)sink;
   return (ITERS / 12 * 12) * (int8 ? 64.0 : 32.0) / s;  // products (multiply-adds)
-}
-
-__attribute__((noinline)) void bf16_tile(const uint16_t* w, const uint16_t* x, int64_t K, const float* sums,
-                                         const float* so, uint16_t* out) {
-  const int64_t groups = K / GROUP;
-  __m512 y[R][C];
-  for (auto& row : y) for (auto& v : row) v = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512 acc[R][C];
-    for (auto& row : acc) for (auto& v : row) v = _mm512_setzero_ps();
-    for (int64_t j = g * 8; j < (g + 1) * 8; ++j) {
-      __m512i first[C], second[C];
-      for (int c = 0; c < C; ++c) {
-        first[c] = _mm512_loadu_si512(w + (2 * j * C + c) * 32);
-        second[c] = _mm512_loadu_si512(w + ((2 * j + 1) * C + c) * 32);
-      }
-      for (int r = 0; r < R; ++r) {
-        int32_t pair[2];
-        std::memcpy(pair, x + r * K + 4 * j, sizeof pair);
-        const __m512bh x0 = (__m512bh)_mm512_set1_epi32(pair[0]), x1 = (__m512bh)_mm512_set1_epi32(pair[1]);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)first[c], x0);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)second[c], x1);
-      }
-    }
-    for (int c = 0; c < C; ++c) {
-      const __m512 d = _mm512_loadu_ps(so + (c * groups + g) * 32), o = _mm512_loadu_ps(so + (c * groups + g) * 32 + 16);
-      for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(acc[r][c], d, y[r][c]);
-      for (int r = 0; r < R; ++r) y[r][c] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r * groups + g]), y[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * C * COLS + c * COLS), (__m256i)_mm512_cvtneps_pbh(y[r][c]));
 }
 
 // y += (d * xs) * sum(q * xq) + m * (xs * sum(xq)) per group: w = d q + m, x = xs xq.
@@ -135,7 +107,9 @@ int main() {
     std::vector<float> sums(M * groups, 1.f), so(C * groups * 32, 1.f);
     const double tb = best_seconds([&] {
       for (int64_t m = 0; m < M; m += R)
-        bf16_tile(wb.data(), xb.data() + m * K, K, sums.data() + m * groups, so.data(), out.data() + m * C * COLS);
+        jumpgate::quant_tile::tile_rows<R, C, 2, GROUP>(jumpgate::quant_tile::Expanded<C>{wb.data()}, xb.data() + m * K, K,
+                                                        sums.data() + m * groups, groups, so.data(),
+                                                        out.data() + m * C * COLS, C * COLS);
     }, 40);
     const double tv = best_seconds([&] {
       for (int64_t m = 0; m < M; m += R)

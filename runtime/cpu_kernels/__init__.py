@@ -73,6 +73,7 @@ HEADERS = (
     FOLDER / "paged_attention_tile_loop.h",
     FOLDER / "paged_attention_dot.h",
     FOLDER / "ops.h",
+    FOLDER / "quant_linear_tile.h",
 )
 # -fopenmp: at::parallel_for is a header template around `#pragma omp parallel`, serial without it;
 # the .so then needs libgomp.so.1, which resolves to the copy torch has already loaded (one team).
