@@ -9,8 +9,9 @@ rule under sampling), so they change how many passes an output takes, never the 
 `LookupDraft` decides how long a draft pays for its extra logits rows: it keeps a decayed estimate
 of how often a drafted token is accepted, given the one before it was, and drafts the i-th token
 only while the chance that it is accepted beats the cost of its row (`row_cost`: a share of what
-a decode step spends per output token, measured by row_cost.py or fixed). A request whose drafts stop paying drafts nothing, but tries one token every
-`PROBE_EVERY` steps, so a later stretch of copying is still found.
+a decode step spends per output token, measured by row_cost.py or fixed). A request whose drafts
+stop paying drafts nothing, but tries one token every `PROBE_EVERY` steps, so a later stretch of
+copying is still found.
 """
 
 from __future__ import annotations

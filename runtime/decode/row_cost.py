@@ -6,7 +6,7 @@ gains `p` tokens for `b` more seconds, and `(T + p) / (t + b) > T / t` exactly w
 `p > b * T / t`. `RowCost` fits each decode step's seconds against its rows (a line, decayed so it
 follows the load) and keeps `share = b / (t / T)`. On a GPU, where a row is nearly free, drafts
 run long; on a CPU whose attention is compute-bound, where a row costs a real slice of the step,
-they run only while nearly every token is kept. A fixed share (`--speculative-row-cost C`)
+they run shorter, at higher acceptance only. A fixed share (`--speculative-row-cost C`)
 replaces the measurement.
 """
 

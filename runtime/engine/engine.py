@@ -388,12 +388,12 @@ class Engine:
             self.scheduler.add(req)
 
     def _timed_step(self) -> None:
-        """`step`, timed: a step that ran a pass adds its whole time to `engine_seconds` (and a decode
-        step to the drafts' row cost); then the invariants are checked where `debug_invariants` asks."""
+        """`step`, timed: a pass's whole time goes to `engine_seconds` and a decode step's to the
+        drafts' row cost too; then the invariants are checked where `debug_invariants` asks."""
         started, made = time.perf_counter(), self.lookup_settings.made(self.scheduler.running)
-        plan = self.step()
-        if plan:
-            self.counters.engine_seconds += self.lookup_settings.observe(plan, made, started)
+        if plan := self.step():
+            self.counters.engine_seconds += (seconds := time.perf_counter() - started)
+            self.lookup_settings.observe(plan, made, seconds)
             if self.config.debug_invariants:
                 self.check_invariant()
 

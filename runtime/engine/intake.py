@@ -7,7 +7,6 @@ raise: only that request fails). Neither touches engine state.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -131,11 +130,9 @@ class LookupSettings:
         """Output tokens of each running request before a step (where the cost is measured)."""
         return {r.rid: len(r.output_ids) for r in running} if self.row_cost.measured else {}
 
-    def observe(self, plan: list[tuple[Req, int]], made: dict[str, int], started: float) -> float:
-        """The step's seconds since `started`; a decode step (every request already past its
-        prompt before it) is fed to the row cost with its rows and the tokens it yielded."""
-        seconds = time.perf_counter() - started
+    def observe(self, plan: list[tuple[Req, int]], made: dict[str, int], seconds: float) -> None:
+        """A step of `seconds`: if it was a decode step (every request already past its prompt
+        before it), its rows and the tokens it yielded go to the row cost."""
         if made and all(made.get(r.rid, 0) > 0 for r, _ in plan):
             yielded = sum(len(r.output_ids) - made[r.rid] for r, _ in plan)
             self.row_cost.observe(sum(n for _, n in plan), yielded, seconds)
-        return seconds
