@@ -12,10 +12,18 @@ only while the chance that it is accepted beats the cost of its row (`row_cost`:
 a decode step spends per output token, measured by row_cost.py or fixed). A request whose drafts
 stop paying drafts nothing, but tries one token every `PROBE_EVERY` steps, so a later stretch of
 copying is still found.
+
+`SharedOutputs` adds the outputs of the other requests whose prompts begin alike (the same first
+`SHARED_PREFIX` tokens in the same cache namespace: one agent's system prompt and tools, one
+document): an agent's tool calls and an extractor's records repeat their structure and many of
+their values from request to request, though the prompt holds none of it. A request drafts from
+whichever source matches the longer n-gram (its own on a tie), while the others still write.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from runtime.decode.row_cost import RowCost
@@ -26,6 +34,12 @@ PROBE_EVERY = 16
 # Prior of the acceptance estimate: one accepted of two tried (rate 0.5), worth this many tries.
 PRIOR_ACCEPTED, PRIOR_TRIED = 1.0, 2.0
 DECAY = 0.9  # weight of the past per verified draft: the estimate follows the current stretch
+SHARED_PREFIX = 64  # prompt tokens that place a request in a group sharing outputs (with its namespace)
+SHARED_MAX_NGRAM = 6  # longer contexts than a request's own: another output is a weaker guess than its own
+SHARED_SOURCES = 16  # a group's latest outputs kept as sources
+SHARED_KEYS = 32768  # n-grams a group holds (~200 bytes each) before it keeps fewer sources
+SOURCE_TOKENS = SHARED_KEYS // (2 * (SHARED_MAX_NGRAM - 1))  # output tokens of one source indexed, at most
+SHARED_GROUPS = 8  # groups kept, the least recently joined dropped first
 
 
 class NgramIndex:
@@ -59,23 +73,123 @@ class NgramIndex:
     def continuation(self, tokens: Sequence[int], tail: Sequence[int], limit: int) -> list[int]:
         """Up to `limit` tokens that followed the last occurrence of the longest n-gram ending
         `tokens + tail` (`tail`: a draft already queued after `tokens`, not indexed)."""
+        return self.match(tokens, tail, limit)[1]
+
+    def match(self, tokens: Sequence[int], tail: Sequence[int], limit: int) -> tuple[int, list[int]]:
+        """`continuation`, with the length of the n-gram it matched (0: none)."""
         if limit <= 0:
-            return []
+            return 0, []
         context = list(tokens[-MAX_NGRAM:]) + list(tail)
         for n in range(min(MAX_NGRAM, len(context)), MIN_NGRAM - 1, -1):
             end = self.ends.get(tuple(context[-n:]))
             if end is not None:
-                return list(tokens[end : end + limit])
-        return []
+                return n, list(tokens[end : end + limit])
+        return 0, []
+
+
+class SharedOutputs:
+    """The outputs of one group of requests (prompts that begin alike, one namespace), as n-grams
+    of up to `SHARED_MAX_NGRAM` tokens, each pointing into its source's live token list. Only the
+    engine thread touches a group; `SharedDrafts.group` (any thread) only hands it out."""
+
+    __slots__ = ("sources", "ends", "next_id")
+
+    def __init__(self) -> None:
+        # source id -> [its token list (prompt then output, growing), first output position, indexed to]
+        self.sources: OrderedDict[int, list] = OrderedDict()
+        self.ends: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (source id, position after it)
+        self.next_id = 0
+
+    def join(self, tokens: list[int], start: int) -> int:
+        """A new source whose output begins at `start` of `tokens`; the oldest beyond
+        `SHARED_SOURCES` is dropped (its n-grams then lead nowhere, and go at the next re-index)."""
+        sid, self.next_id = self.next_id, self.next_id + 1
+        self.sources[sid] = [tokens, start, start]
+        while len(self.sources) > SHARED_SOURCES:
+            self.sources.popitem(last=False)
+        return sid
+
+    def publish(self, sid: int, tokens: list[int]) -> None:
+        """Index the output tokens `sid` wrote since its last call: each with the n-grams before it."""
+        entry = self.sources.get(sid)
+        if entry is None:
+            return
+        entry[0] = tokens  # the same list, or a new one after a rewind rebuilt it
+        self._index(sid, entry)
+        if len(self.ends) > SHARED_KEYS:
+            self._reindex(sid)
+
+    def _index(self, sid: int, entry: list) -> None:
+        tokens, start, done = entry
+        upto = min(len(tokens), start + SOURCE_TOKENS)
+        for end in range(max(done, start, 1), upto):
+            for n in range(MIN_NGRAM, min(SHARED_MAX_NGRAM, end) + 1):
+                self.ends[tuple(tokens[end - n : end])] = (sid, end)
+        entry[2] = max(done, upto)
+
+    def _reindex(self, keep: int) -> None:
+        """Index anew only the newest sources (and `keep`) within half the bound, so this stays rare:
+        the n-grams of dropped sources go, and the oldest kept ones with them."""
+        budget = SHARED_KEYS // 2
+        for sid in reversed(list(self.sources)):
+            entry = self.sources[sid]
+            size = (entry[2] - entry[1]) * (SHARED_MAX_NGRAM - 1)
+            if size > budget and sid != keep:
+                del self.sources[sid]
+            else:
+                budget -= size
+        self.ends.clear()
+        for sid, entry in self.sources.items():  # oldest first: a later occurrence wins, as before
+            entry[2] = entry[1]
+            self._index(sid, entry)
+
+    def match(self, context: Sequence[int], longer_than: int, limit: int, own: int) -> tuple[int, list[int]]:
+        """The tokens after another source's latest occurrence of the longest n-gram ending
+        `context`, if longer than `longer_than` tokens."""
+        for n in range(min(SHARED_MAX_NGRAM, len(context)), max(longer_than, MIN_NGRAM - 1), -1):
+            hit = self.ends.get(tuple(context[-n:]))
+            if hit is None or hit[0] == own:
+                continue
+            entry = self.sources.get(hit[0])
+            if entry is not None and hit[1] < len(entry[0]):
+                return n, list(entry[0][hit[1] : hit[1] + limit])
+        return 0, []
+
+
+class SharedDrafts:
+    """The engine's groups of shared outputs, keyed by namespace and the prompt's first
+    `SHARED_PREFIX` tokens; the least recently joined dropped beyond `SHARED_GROUPS`."""
+
+    def __init__(self) -> None:
+        self.groups: OrderedDict[tuple, SharedOutputs] = OrderedDict()
+        self.lock = threading.Lock()  # requests arrive on the server's threads
+
+    def group(self, namespace: str, prompt_ids: Sequence[int]) -> SharedOutputs:
+        key = (namespace, tuple(prompt_ids[:SHARED_PREFIX]))
+        with self.lock:
+            found = self.groups.get(key)
+            if found is None:
+                found = self.groups[key] = SharedOutputs()
+                while len(self.groups) > SHARED_GROUPS:
+                    self.groups.popitem(last=False)
+            self.groups.move_to_end(key)
+            return found
 
 
 class LookupDraft:
     """One request's prompt-lookup state: its n-gram index and how well its drafts do."""
 
-    __slots__ = ("index", "accepted", "tried", "max_tokens", "cost", "idle_steps", "last_len")
+    __slots__ = ("index", "accepted", "tried", "max_tokens", "cost", "idle_steps", "last_len", "shared", "start", "sid")
 
-    def __init__(self, max_tokens: int, row_cost: float | RowCost) -> None:
+    def __init__(
+        self, max_tokens: int, row_cost: float | RowCost, shared: SharedOutputs | None = None, start: int = 0
+    ) -> None:
+        """`shared`: the group whose outputs this request drafts from and writes to; `start`: the
+        position of its first output token (its prompt's length)."""
         self.index = NgramIndex()
+        self.shared = shared
+        self.start = start
+        self.sid: int | None = None  # joins `shared` at its first draft (on the engine thread)
         self.accepted = PRIOR_ACCEPTED
         self.tried = PRIOR_TRIED
         self.max_tokens = max_tokens
@@ -108,11 +222,21 @@ class LookupDraft:
 
     def propose(self, tokens: Sequence[int], tail: Sequence[int], room: int) -> list[int]:
         """The draft to queue after `tokens + tail` (at most `room` tokens; may be empty)."""
+        if self.shared is not None:
+            if self.sid is None:
+                self.sid = self.shared.join(tokens, self.start)
+            self.shared.publish(self.sid, tokens)
         limit = min(room, self.worth())
         if limit <= 0:
             return []
         self.index.update(tokens)
-        return self.index.continuation(tokens, tail, limit)
+        n, draft = self.index.match(tokens, tail, limit)
+        if self.shared is not None:
+            context = list(tokens[-SHARED_MAX_NGRAM:]) + list(tail)
+            n_shared, other = self.shared.match(context, n, limit, self.sid)
+            if n_shared > n:
+                return other
+        return draft
 
     def verified(self, drafted: int, accepted: int) -> None:
         """Learn from a verified draft: `accepted` of its `drafted` tokens, in order, were kept."""

@@ -7,7 +7,7 @@ raise: only that request fails). Neither touches engine state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -16,7 +16,7 @@ from runtime.api import EngineError, GenerateRequest, StreamEvent
 from runtime.decode.completeness import MAX_DIGITS, CompletionGuard
 from runtime.decode.decoding import JUMP_FORWARD_MODES, SPECULATIVE_MODES
 from runtime.decode.detokenizer import IncrementalDetokenizer
-from runtime.decode.lookup import LookupDraft
+from runtime.decode.lookup import LookupDraft, SharedDrafts
 from runtime.decode.row_cost import PRIOR_SHARE, RowCost
 from runtime.request import Req
 
@@ -103,7 +103,7 @@ def new_request(
         guard=guard,
         jump_forward=(spec.jump_forward or default_jump_forward) if spec.constraint is not None else "off",
         generator=gen,
-        lookup=lookup.for_request(spec.speculative) if lookup is not None else None,
+        lookup=lookup.for_request(spec.speculative, spec.prompt_ids, spec.namespace) if lookup is not None else None,
     )
 
 
@@ -115,16 +115,22 @@ class LookupSettings:
     mode: str
     max_tokens: int
     row_cost: RowCost
+    shared: SharedDrafts = field(default_factory=SharedDrafts)  # outputs shared by prompts that begin alike
 
     @classmethod
     def build(cls, mode: str, max_tokens: int, row_cost: float | None) -> LookupSettings:
         cost = RowCost(PRIOR_SHARE) if row_cost is None else RowCost.fixed(row_cost)
         return cls(mode, max_tokens, cost)
 
-    def for_request(self, requested: str | None) -> LookupDraft | None:
+    def for_request(
+        self, requested: str | None, prompt_ids: list[int] | None = None, namespace: str = ""
+    ) -> LookupDraft | None:
+        """A request's draft state; with its `prompt_ids`, it also drafts from (and adds to) the
+        outputs of the requests whose prompts begin as its own does, in its cache namespace."""
         if (requested or self.mode) != "ngram":
             return None
-        return LookupDraft(self.max_tokens, self.row_cost)
+        shared = self.shared.group(namespace, prompt_ids) if prompt_ids is not None else None
+        return LookupDraft(self.max_tokens, self.row_cost, shared, len(prompt_ids or ()))
 
     def made(self, running: list[Req]) -> dict[str, int]:
         """Output tokens of each running request before a step (where the cost is measured)."""

@@ -95,7 +95,13 @@ def runs(real_engine, corpus):
     for mode in MODES:
         specs = [
             GenerateRequest(
-                ids, SamplingParams(max_new_tokens=n, temperature=0.0), constraint=h, jump_forward=mode, strict=True
+                ids,
+                SamplingParams(max_new_tokens=n, temperature=0.0),
+                constraint=h,
+                jump_forward=mode,
+                strict=True,
+                # jump-forward alone: later modes would otherwise draft the earlier modes' answers
+                speculative="off",
             )
             for _, _, h, ids, n in corpus
         ]

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.decode.lookup import MAX_NGRAM, PROBE_EVERY, LookupDraft, NgramIndex
+from runtime.decode import lookup
+from runtime.decode.lookup import (
+    MAX_NGRAM,
+    PROBE_EVERY,
+    SHARED_PREFIX,
+    LookupDraft,
+    NgramIndex,
+    SharedDrafts,
+    SharedOutputs,
+)
 
 
 def test_the_continuation_follows_the_latest_earlier_occurrence_of_the_longest_ngram():
@@ -97,3 +106,90 @@ def test_verified_counts_one_failure_at_most(drafted, accepted):
     else:
         failures = (lk.tried - 0.9 * before_t) - (lk.accepted - 0.9 * before_a)
         assert failures == pytest.approx(1 if accepted < drafted else 0)
+
+
+# ---------------------------------------------------------------- outputs shared by a group
+
+
+def test_a_request_drafts_what_another_of_its_group_wrote():
+    group = SharedOutputs()
+    prompt = [100, 101, 102]
+    first = LookupDraft(max_tokens=4, row_cost=0.0, shared=group, start=len(prompt))
+    tokens = prompt + [7, 8, 9, 10, 11]
+    first.propose(tokens, [], room=4)  # publishes its output so far
+    second = LookupDraft(max_tokens=4, row_cost=0.0, shared=group, start=len(prompt))
+    # its own prompt and output hold no [7, 8]; the first request's output does
+    assert second.propose(prompt + [7, 8], [], room=4) == [9, 10, 11]
+    # the first request writes on: the group sees it at its next propose
+    tokens += [12, 13]
+    first.propose(tokens, [], room=4)
+    assert second.propose(prompt + [7, 8, 9, 10, 11], [], room=4) == [12, 13]
+
+
+def test_a_requests_own_match_wins_a_tie_and_a_longer_shared_one_wins():
+    group = SharedOutputs()
+    other = LookupDraft(max_tokens=4, row_cost=0.0, shared=group, start=2)
+    other.propose([50, 51, 1, 2, 3, 4, 20, 21], [], room=4)
+    own = LookupDraft(max_tokens=4, row_cost=0.0, shared=group, start=6)
+    # own tokens: [3, 4] followed by 30; the group: [1, 2, 3, 4] followed by 20
+    assert own.propose([8, 3, 4, 30, 9, 9, 3, 4], [], room=2) == [30, 9]  # a 2-gram each: its own
+    assert own.propose([9, 3, 4, 30, 1, 2, 3, 4], [], room=2) == [20, 21]  # the group's 4-gram
+
+
+def test_groups_are_kept_apart_by_namespace_and_prompt_start():
+    drafts = SharedDrafts()
+    prompt = list(range(200))
+    a = drafts.group("", prompt)
+    assert drafts.group("", prompt[:SHARED_PREFIX] + [7, 7]) is a  # only the first tokens name the group
+    assert drafts.group("tenant-b", prompt) is not a
+    assert drafts.group("", [1] + prompt[1:]) is not a
+
+
+def test_the_least_recently_joined_groups_are_dropped(monkeypatch):
+    monkeypatch.setattr(lookup, "SHARED_GROUPS", 2)
+    drafts = SharedDrafts()
+    a = drafts.group("", [1])
+    drafts.group("", [2])
+    assert drafts.group("", [1]) is a  # used again: now the most recent
+    drafts.group("", [3])  # drops [2]
+    assert drafts.group("", [1]) is a
+    assert len(drafts.groups) == 2 and ("", (2,)) not in drafts.groups
+
+
+def test_dropped_sources_draft_nothing_and_the_index_is_rebuilt_past_its_bound(monkeypatch):
+    monkeypatch.setattr(lookup, "SHARED_SOURCES", 2)
+    monkeypatch.setattr(lookup, "SHARED_KEYS", 40)
+    group = SharedOutputs()
+    old = group.join([5, 6, 7, 8, 9], 0)
+    group.publish(old, [5, 6, 7, 8, 9])
+    assert group.match([5, 6], 0, 3, own=-1) == (2, [7, 8, 9])
+    for k in range(2):  # two newer sources: the first is dropped
+        sid = group.join([k, 40 + k, 41 + k, 42 + k], 0)
+        group.publish(sid, [k, 40 + k, 41 + k, 42 + k])
+    assert group.match([5, 6], 0, 3, own=-1) == (0, [])
+    big = group.join(list(range(300, 330)), 0)
+    # past SHARED_KEYS: the group keeps the newest sources within half of it (here the publisher alone)
+    group.publish(big, list(range(300, 330)))
+    assert list(group.sources) == [big]
+    assert all(sid == big for sid, _ in group.ends.values())
+    assert group.match([300, 301], 0, 2, own=-1) == (2, [302, 303])
+
+
+def test_a_long_output_is_indexed_up_to_its_cap(monkeypatch):
+    monkeypatch.setattr(lookup, "SOURCE_TOKENS", 4)
+    group = SharedOutputs()
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    sid = group.join(tokens, 2)  # output from position 2: positions 2..5 indexed
+    group.publish(sid, tokens)
+    assert group.match([4, 5], 0, 1, own=-1) == (2, [6])  # [4, 5] ends at 5
+    assert group.match([5, 6], 0, 1, own=-1) == (0, [])  # would end at 6: past the cap
+
+
+def test_a_source_that_shrank_drafts_only_what_it_still_holds():
+    group = SharedOutputs()
+    tokens = [1, 2, 3, 4, 5]
+    sid = group.join(tokens, 0)
+    group.publish(sid, tokens)
+    del tokens[3:]  # a rewind cut the live list
+    assert group.match([3, 4], 0, 3, own=-1) == (0, [])  # [3, 4] led to position 4, now gone
+    assert group.match([1, 2], 0, 3, own=-1) == (2, [3])

@@ -1,14 +1,18 @@
 """Prompt-lookup drafts through the real engine and SmolLM2: outputs identical with them off
 (greedy, sampled with a seed, under a JSON schema, batched), fewer forward passes where the answer
-copies the prompt, and a clear refusal of an unknown mode."""
+copies the prompt or an earlier answer to a prompt that begins alike, and a clear refusal of an
+unknown mode."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from grammar import GrammarSpec
 from runtime.api import EngineError, GenerateRequest
-from runtime.decode.row_cost import MAX_SHARE, MIN_SHARE
+from runtime.decode.lookup import SharedDrafts
+from runtime.decode.row_cost import MAX_SHARE, MIN_SHARE, RowCost
 from runtime.decode.sampling import SamplingParams
 from tests.conftest import chat_ids
 
@@ -111,3 +115,26 @@ def test_decode_steps_are_fitted_into_the_drafts_row_cost(engine_idle_check, tok
     share = engine_idle_check.stats().lookup_row_cost
     assert share == cost.share and MIN_SHARE <= share <= MAX_SHARE
     print(f"measured row cost share {share:.3f} after {cost.steps} decode steps")
+
+
+def test_a_request_drafts_the_answer_an_earlier_one_with_its_prompt_start_wrote(
+    engine_idle_check, service, tokenizer, monkeypatch
+):
+    # a fixed low row cost and empty groups, so the draft lengths depend on this test's requests only
+    settings = replace(engine_idle_check.lookup_settings, row_cost=RowCost.fixed(0.05), shared=SharedDrafts())
+    monkeypatch.setattr(engine_idle_check, "lookup_settings", settings)
+    handle = service.compile(GrammarSpec.json_schema(RECORD))
+    ids = chat_ids(tokenizer, "Give the record of Lukas Brenner as JSON.", system=DIRECTORY)
+    sampling = SamplingParams(max_new_tokens=96, temperature=0.0)
+
+    def spec(namespace: str) -> GenerateRequest:
+        return GenerateRequest(ids, sampling, constraint=handle, strict=True, speculative="ngram", namespace=namespace)
+
+    first, first_passes, first_kept = passes_and_output(engine_idle_check, spec(""))
+    again, again_passes, again_kept = passes_and_output(engine_idle_check, spec(""))
+    # another cache namespace is another group: it drafts from its own prompt and output only
+    apart, apart_passes, apart_kept = passes_and_output(engine_idle_check, spec("tenant-b"))
+    assert again.token_ids == first.token_ids == apart.token_ids
+    assert (apart_kept, apart_passes) == (first_kept, first_passes)
+    assert again_kept > first_kept  # (its passes are fewer anyway: its prompt is cached)
+    print(f"passes: first {first_passes}, same group again {again_passes}; drafts kept {first_kept} -> {again_kept}")
