@@ -154,6 +154,12 @@ class EngineConfig:
         optional=True,
         default_text="measured: fitted on the engine's own decode steps (0.1 until it has seen enough)",
     )
+    speculative_shared: bool = setting(
+        False,
+        "also draft from the answers of the requests whose first 64 prompt tokens and cache namespace "
+        "are the same (an agent's next tool call, the next record from one document)",
+        flag="--speculative-shared",
+    )
     loop_breaking: bool = setting(
         True,
         "do not close a strict JSON value that repeats itself (loop breaking)",

@@ -18,6 +18,7 @@ copying is still found.
 document): an agent's tool calls and an extractor's records repeat their structure and many of
 their values from request to request, though the prompt holds none of it. A request drafts from
 whichever source matches the longer n-gram (its own on a tie), while the others still write.
+Opt-in (`--speculative-shared`, runtime/engine/intake.py's `LookupSettings`).
 """
 
 from __future__ import annotations

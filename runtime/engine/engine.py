@@ -129,7 +129,7 @@ class Engine:
         self.decoder = Decoder(
             eos, cfg.max_jump_forward_tokens, self.counters, self.cache.free_positions, self.cache.truncate
         )
-        self.lookup_settings = LookupSettings.build(cfg.speculative, cfg.speculative_tokens, cfg.speculative_row_cost)
+        self.lookup_settings = LookupSettings.of(cfg)
         self.info = EngineInfo(
             model_name=self.model_name,
             device=str(self.device),

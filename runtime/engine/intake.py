@@ -7,7 +7,7 @@ raise: only that request fails). Neither touches engine state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -115,12 +115,17 @@ class LookupSettings:
     mode: str
     max_tokens: int
     row_cost: RowCost
-    shared: SharedDrafts = field(default_factory=SharedDrafts)  # outputs shared by prompts that begin alike
+    shared: SharedDrafts | None = None  # outputs shared by prompts that begin alike (--speculative-shared)
 
     @classmethod
-    def build(cls, mode: str, max_tokens: int, row_cost: float | None) -> LookupSettings:
+    def build(cls, mode: str, max_tokens: int, row_cost: float | None, shared: bool = False) -> LookupSettings:
         cost = RowCost(PRIOR_SHARE) if row_cost is None else RowCost.fixed(row_cost)
-        return cls(mode, max_tokens, cost)
+        return cls(mode, max_tokens, cost, SharedDrafts() if shared else None)
+
+    @classmethod
+    def of(cls, cfg) -> LookupSettings:
+        """From an EngineConfig's `speculative*` settings."""
+        return cls.build(cfg.speculative, cfg.speculative_tokens, cfg.speculative_row_cost, cfg.speculative_shared)
 
     def for_request(
         self, requested: str | None, prompt_ids: list[int] | None = None, namespace: str = ""
@@ -129,7 +134,9 @@ class LookupSettings:
         outputs of the requests whose prompts begin as its own does, in its cache namespace."""
         if (requested or self.mode) != "ngram":
             return None
-        shared = self.shared.group(namespace, prompt_ids) if prompt_ids is not None else None
+        shared = None
+        if self.shared is not None and prompt_ids is not None:
+            shared = self.shared.group(namespace, prompt_ids)
         return LookupDraft(self.max_tokens, self.row_cost, shared, len(prompt_ids or ()))
 
     def made(self, running: list[Req]) -> dict[str, int]:

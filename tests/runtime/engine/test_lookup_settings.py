@@ -39,3 +39,14 @@ def test_only_decode_steps_are_observed_with_their_rows_and_yield():
     made = settings.made([a])
     settings.observe([(a, 1), (fresh, 300)], made, 0.01)
     assert cost.steps == 1
+
+
+def test_shared_answers_are_opt_in_and_grouped_by_prompt_start_and_namespace():
+    prompt = list(range(100))
+    alone = LookupSettings.build("ngram", 8, None)
+    assert alone.for_request(None, prompt).shared is None  # the default: a request's own text only
+    shared = LookupSettings.build("ngram", 8, None, shared=True)
+    a, b = shared.for_request(None, prompt), shared.for_request(None, prompt + [1])
+    assert a.shared is b.shared is not None and a.start == len(prompt)
+    assert shared.for_request(None, prompt, namespace="tenant-b").shared is not a.shared
+    assert shared.for_request("off", prompt) is None
