@@ -43,6 +43,11 @@ SOURCE_TOKENS = SHARED_KEYS // (2 * (SHARED_MAX_NGRAM - 1))  # output tokens of 
 SHARED_GROUPS = 8  # groups kept, the least recently joined dropped first
 
 
+def ngrams_before(tokens: Sequence[int], end: int, max_n: int) -> list[tuple[int, ...]]:
+    """The n-grams of `MIN_NGRAM` to `max_n` tokens that end just before position `end`."""
+    return [tuple(tokens[end - n : end]) for n in range(MIN_NGRAM, min(max_n, end) + 1)]
+
+
 class NgramIndex:
     """Where each n-gram of a growing token list last ended (the position of the token after it).
 
@@ -66,9 +71,8 @@ class NgramIndex:
         self.forget_from(len(tokens))
         # the n-grams followed by a known token: those ending at positions 1 .. len - 1
         for end in range(max(self.indexed, 1), len(tokens)):
-            for n in range(MIN_NGRAM, MAX_NGRAM + 1):
-                if end >= n:
-                    self.ends[tuple(tokens[end - n : end])] = end
+            for key in ngrams_before(tokens, end, MAX_NGRAM):
+                self.ends[key] = end
         self.indexed = max(self.indexed, len(tokens))
 
     def continuation(self, tokens: Sequence[int], tail: Sequence[int], limit: int) -> list[int]:
@@ -124,8 +128,8 @@ class SharedOutputs:
         tokens, start, done = entry
         upto = min(len(tokens), start + SOURCE_TOKENS)
         for end in range(max(done, start, 1), upto):
-            for n in range(MIN_NGRAM, min(SHARED_MAX_NGRAM, end) + 1):
-                self.ends[tuple(tokens[end - n : end])] = (sid, end)
+            for key in ngrams_before(tokens, end, SHARED_MAX_NGRAM):
+                self.ends[key] = (sid, end)
         entry[2] = max(done, upto)
 
     def _reindex(self, keep: int) -> None:
