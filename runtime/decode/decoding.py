@@ -335,7 +335,7 @@ class Decoder:
         del r.token_ids[len(r.prompt_ids) + keep :]
         r.draft = []
         if r.lookup is not None:
-            r.lookup.index.forget_from(len(r.token_ids))
+            r.lookup.forget_from(len(r.token_ids))
         self.truncate_kv(r, len(r.token_ids) - 1)
         r.restart_text()
         if r.guard is not None:

@@ -124,6 +124,17 @@ class SharedOutputs:
         if len(self.ends) > SHARED_KEYS:
             self._reindex(sid)
 
+    def forget_from(self, sid: int, length: int) -> None:
+        """`sid`'s token list was cut to `length` tokens (a rewind): its n-grams ending past the cut
+        go, and the tokens written there are indexed again as they come."""
+        entry = self.sources.get(sid)
+        if entry is None or entry[2] <= length:
+            return
+        entry[2] = max(entry[1], length)
+        stale = [key for key, (owner, end) in self.ends.items() if owner == sid and end >= length]
+        for key in stale:
+            del self.ends[key]
+
     def _index(self, sid: int, entry: list) -> None:
         tokens, start, done = entry
         upto = min(len(tokens), start + SOURCE_TOKENS)
@@ -224,6 +235,13 @@ class LookupDraft:
                 self.idle_steps = 0
                 return 1
         return k
+
+    def forget_from(self, length: int) -> None:
+        """The request's tokens were cut to `length` (a rewind): its own index and its shared
+        source both forget what followed."""
+        self.index.forget_from(length)
+        if self.shared is not None and self.sid is not None:
+            self.shared.forget_from(self.sid, length)
 
     def propose(self, tokens: Sequence[int], tail: Sequence[int], room: int) -> list[int]:
         """The draft to queue after `tokens + tail` (at most `room` tokens; may be empty)."""

@@ -193,3 +193,20 @@ def test_a_source_that_shrank_drafts_only_what_it_still_holds():
     del tokens[3:]  # a rewind cut the live list
     assert group.match([3, 4], 0, 3, own=-1) == (0, [])  # [3, 4] led to position 4, now gone
     assert group.match([1, 2], 0, 3, own=-1) == (2, [3])
+
+
+def test_a_rewound_source_forgets_what_followed_the_cut_and_indexes_what_is_written_again():
+    group = SharedOutputs()
+    prompt = [100, 101]
+    writer = LookupDraft(max_tokens=4, row_cost=0.0, shared=group, start=len(prompt))
+    tokens = prompt + [1, 2, 3, 4, 5]
+    writer.propose(tokens, [], room=4)
+    assert group.match([2, 3], 0, 2, own=-1) == (2, [4, 5])
+    del tokens[5:]  # the matcher rolled back [4, 5]: the engine cuts the list, then tells the draft
+    writer.forget_from(len(tokens))
+    assert writer.index.indexed == 0  # its own index starts again, as before
+    assert group.match([2, 3], 0, 2, own=-1) == (0, [])  # [2, 3] led to position 5, past the cut
+    tokens += [8, 9]  # rewritten: the new tokens are indexed at the next propose
+    writer.propose(tokens, [], room=4)
+    assert group.match([2, 3], 0, 2, own=-1) == (2, [8, 9])
+    assert group.match([3, 8], 0, 2, own=-1) == (2, [9])  # an n-gram only the rewrite holds

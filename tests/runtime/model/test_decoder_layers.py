@@ -158,7 +158,8 @@ def test_bad_tables_raise_instead_of_running(cpu_ops, smollm_dir):
     with pytest.raises(RuntimeError, match="unknown linear kind 99"):
         weights(bad, params)
     h = torch.zeros(1, cfg.hidden_size)
-    x = torch.zeros(1, cfg.hidden_size, dtype=torch.bfloat16)
+    # the first layer's activation dtype: bf16 where its kernel takes bf16, float32 on AVX2
+    x = torch.zeros(1, cfg.hidden_size, dtype=model.layers[0].qkv.act_dtype)
     kv = KVPool(cfg.num_layers, 4, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU, head_major=True)
     cos = sin = torch.zeros(1, cfg.head_dim)
     meta = torch.tensor([[0, 1, 1, 0, -1, 0]])
