@@ -11,7 +11,7 @@ INSTRUCTOR_DEPS := 'aiohttp>=3.14.3,<4' 'click>=8.3.3' 'docstring-parser>=0.16,<
 	'jinja2>=3.1.4,<4' 'openai>=2,<4' 'pydantic>=2.8,<3' 'pydantic-core>=2.18,<3' 'regex>=2023,<2027' \
 	'requests>=2.33,<3' 'rich>=13.7,<15' 'tenacity>=8.2.3,<10' 'typer>=0.9,<1' 'urllib3>=2.7,<3'
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup run test test-slow test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -42,11 +42,17 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/jumpgate serve --host 127.0.0.1 --port 8000 $(ARGS)
 
+# Two tiers: `test` (under 30 minutes on 2 cores) and `test-slow`, the tests marked `slow`: every
+# bench suite's quick run, the Triton kernels in the interpreter, Ray clusters, more models' servers.
+# CI runs both.
 test: setup
-	$(PY) -m pytest -q -ra --durations=30 $(ARGS)
+	$(PY) -m pytest -q -ra --durations=30 -m "not slow" $(ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -q -ra --durations=30 -m slow $(ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -ra -m "not e2e" $(ARGS)
+	$(PY) -m pytest -q -ra -m "not e2e and not slow" $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

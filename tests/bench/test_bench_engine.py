@@ -39,6 +39,7 @@ def expected_attention(weights: str) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_engine_bench_quick_run_prints_the_split_and_the_ratios():
     out = subprocess.run(
         # 256-token prefills (--quick's are 1k): the keys and the split are the same, a fraction of the time

@@ -54,6 +54,7 @@ def test_every_suite_is_run_here_or_elsewhere():
     assert set(TRIM) | COVERED_ELSEWHERE == set(SUITES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite", sorted(TRIM))
 def test_suite_runs_to_its_end(suite):
     # the default cache folder: a fresh one would convert the default GGUF again for every suite

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -36,6 +38,7 @@ def _run(repo: Path, site: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_parts_are_joined_into_the_default_model_package(tmp_path):
     payload = os.urandom(100_001)
     repo, site = _scratch(tmp_path, payload), tmp_path / "site"

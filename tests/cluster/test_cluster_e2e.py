@@ -26,7 +26,7 @@ from runtime.api import EngineError, GenerateRequest  # noqa: E402
 from runtime.decode.sampling import SamplingParams  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ENGINE = EngineConfig(kv_pool_tokens=3072, num_threads=1, max_running_requests=4, max_waiting_requests=16)
 

@@ -20,7 +20,7 @@ import openai  # noqa: E402
 from bench.harness.replica_killer import replica_pids  # noqa: E402
 from bench.harness.server_process import MODEL, JumpgateServer  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 CLUSTER_ARGS = [
     "--replicas",

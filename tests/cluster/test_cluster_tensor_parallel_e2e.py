@@ -16,7 +16,7 @@ pytest.importorskip("ray", reason="the jumpgate[cluster] extra (Ray Serve) is no
 from bench.harness.server_process import JumpgateServer, session_pids  # noqa: E402
 from tests.e2e.serving.test_serve_tensor_parallel import wait_gone  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCHEMA = {
     "type": "object",

@@ -25,6 +25,9 @@ from tests.e2e.real_tokenizer_models import tiny_deepseek_llama, tiny_harmony_ll
 
 openai = pytest.importorskip("openai")
 
+# four families' servers (a minute of starts): the second tier, `make test-slow`
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 ADD = {
     "type": "object",
     "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},

@@ -11,7 +11,7 @@ import pytest
 
 from bench.harness.server_process import JumpgateServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a second model built and served: the second tier
 
 SCHEMA = {
     "type": "object",

@@ -145,6 +145,7 @@ def test_the_kernel_refuses_a_negative_window(cpu_ops):
 TRITON_SPECS = [(20, 20), (37, 1), (45, 13), (1, 1), (70, 1), (9, 3), (64, 40)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [1, 6, 16, 17, 100])
 def test_triton_kernels_equal_the_windowed_reference(kernels, window):
     from bench.harness.device_cases import attention_case
@@ -158,6 +159,7 @@ def test_triton_kernels_equal_the_windowed_reference(kernels, window):
         torch.testing.assert_close(got, want, atol=1e-4 if ON_GPU else TOL, rtol=0, msg=f"kv splits {splits}")
 
 
+@pytest.mark.slow
 def test_triton_windowed_decode_leaves_the_prefix_groups(kernels):
     """A windowed layer of a pass with shared-prefix groups: its decode takes no prefix kernel, each
     request from seq - window on; the pass's global layers keep their groups."""

@@ -4,11 +4,15 @@ the engine gives the same greedy tokens with `attention_backend="triton"` as wit
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from runtime.attention import TorchAttentionBackend
 from runtime.forward_batch import ForwardBatch
 from tests.runtime.attention.triton_helpers import DEV, ON_GPU, tiny_model
+
+# whole engines through the Triton interpreter on CPU (minutes): the second tier, `make test-slow`
+pytestmark = pytest.mark.slow
 
 # ------------------------------------------------------------------------------------------ model level
 

@@ -101,6 +101,7 @@ def _cascade_case(dtype, heads, kv_heads, dim, seed):
     return batch, q, k, v
 
 
+@pytest.mark.slow  # the Triton interpreter: the second tier (make test-slow)
 @pytest.mark.parametrize(
     "dtype,heads,kv_heads,dim,atol",
     [

@@ -314,6 +314,7 @@ def test_format_drift_from_fp32_is_bounded(reference, smollm_dir, fmt):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["q4", "q4+tiles", "q4+tiles-bf16"])
 def test_long_context_drift_from_fp32_is_bounded(long_reference, smollm_dir, fmt):
     """The same after a document of ~650 tokens (long_document): every scored row on the tile path

@@ -88,6 +88,7 @@ def test_a_long_prompt_over_a_small_window_pool_gives_the_same_logits(gemma3_dir
     assert kv.kv_bytes()["window"] * 3 < plain.kv_bytes()["full"] * len(windowed) / cfg.num_layers
 
 
+@pytest.mark.slow
 def test_the_triton_backend_reads_the_window_pool_exactly(gemma3_dir, tokenizer):  # noqa: F811
     """The Triton kernels over the translated window slots (the interpreter on CPU): the same logits
     as with every position kept, and as the torch backend's."""
