@@ -153,6 +153,7 @@ def test_loader_errors_name_the_file(tmp_path, tiny_model_dir):
         Engine(model=str(gg))
 
 
+@pytest.mark.slow  # transformers' own forward over the whole prompt: ~30 s on 2 AVX2 cores
 def test_chunked_prefill_matches_transformers(smollm_dir, tokenizer):
     """A prompt spanning several prefill chunks (steps that carry no logits at all) must still
     write every position's KV: with fp32 weights greedy output equals transformers' generate, and

@@ -323,7 +323,9 @@ def test_long_context_drift_from_fp32_is_bounded(long_reference, smollm_dir, fmt
 
 
 @pytest.mark.e2e
-def test_long_context_drift_of_the_bf16_dot_scores_on_an_amx_cpu(long_reference, smollm_dir, dot_path):
+@pytest.mark.slow
+def test_long_context_drift_of_the_bf16_dot_scores_on_an_amx_cpu(dot_path, long_reference, smollm_dir):
+    # dot_path first: without AMX it skips before the long reference is computed (14 s)
     """The bf16 dot scores (what a CPU with AVX512-BF16 and no AMX runs at bf16 precision), on an AMX CPU."""
     _check_drift(long_reference, smollm_dir, "q4+tiles-bf16", " long (bf16 dot)")
 
