@@ -12,7 +12,14 @@ from typing import Mapping, NamedTuple, Sequence
 
 from gateway.cluster.settings import ClusterSettings
 from gateway.settings import GRAMMAR_TIMEOUT_MARGIN_S, Settings, default_concurrency
-from gateway.startup import StartupError, banner, bind_listener, build_grammar_service, check_folders
+from gateway.startup import (
+    StartupError,
+    banner,
+    bind_listener,
+    build_grammar_service,
+    check_folders,
+    start_compile_fork_server,
+)
 from grammar.settings import GrammarSettings
 from runtime.engine_config import EngineConfig
 from runtime.settings_fields import add_flags, from_args
@@ -97,6 +104,7 @@ def serve(config: ServeSettings, cluster: ClusterSettings | None = None) -> int:
     check_folders(written_folders(config))
     listener = bind_listener(settings.host, settings.port)
     try:
+        start_compile_fork_server()
         try:
             engine = Engine(config.engine).start()
         except (ModelLoadError, OSError) as e:  # OSError: e.g. the GGUF's converted copy cannot be written

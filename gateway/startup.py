@@ -19,6 +19,18 @@ if TYPE_CHECKING:  # runtime.api imports torch; `jumpgate serve --help` should n
 
 log = logging.getLogger("jumpgate")
 
+# How long start-up waits for the grammar compile processes before it serves anyway (they then go
+# on starting in the background, and a compile waits for them without counting it against its limit).
+COMPILE_PROCESSES_WAIT_S = 30.0
+
+
+def start_compile_fork_server() -> None:
+    """Start the grammar compile processes' fork server now, before the model loads: its import of
+    xgrammar (and torch, ~2 CPU-seconds) then overlaps the load instead of the first requests."""
+    from grammar.service.compile_process import warm_up
+
+    warm_up()
+
 
 class StartupError(Exception):
     """A start-up that cannot succeed; the message is the one line `jumpgate serve` prints."""
@@ -70,7 +82,9 @@ def build_grammar_service(engine: EngineClient, settings: GrammarSettings) -> An
         compile_memory_bytes=settings.compile_memory_bytes,
         value_retries=settings.value_retries,
     )
-    service.start()  # the compile processes' fork server imports xgrammar now, not on the first request
+    # Ready before the server listens: children still starting in the background (an import and a
+    # tokenizer each on a 2-core machine) slowed the first requests' prefill ~2x (docs/perf-log.md).
+    service.start(wait=True, timeout_s=COMPILE_PROCESSES_WAIT_S)
     try:
         loaded = service.warm_from_disk()
         if loaded:

@@ -266,10 +266,11 @@ class GrammarService:
         snapshot.compile_processes_replaced = self._pool.processes_replaced
         return snapshot
 
-    def start(self, wait: bool = False) -> None:
+    def start(self, wait: bool = False, timeout_s: float | None = None) -> None:
         """Start the compile workers and their processes now rather than on the first compile (a
-        server does at start-up); with `wait`, return once they are ready, else at once."""
-        self._pool.start(wait=wait)
+        server does at start-up); with `wait`, return once they are ready (or `timeout_s` has
+        passed), else at once."""
+        self._pool.start(wait=wait, timeout_s=timeout_s)
 
     def compile_process_pids(self) -> list[int]:
         return self._pool.pids()

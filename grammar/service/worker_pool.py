@@ -80,9 +80,10 @@ class CompileWorkerPool:
         with self._lock:
             return [pid for pid in (p.pid for p in self._processes) if pid is not None]
 
-    def start(self, processes: bool = True, wait: bool = False) -> None:
+    def start(self, processes: bool = True, wait: bool = False, timeout_s: float | None = None) -> None:
         """Start the workers, and with `processes` their children now rather than on their first
-        compile; with `wait`, return once every child is ready (else at once)."""
+        compile; with `wait`, return once every child is ready or `timeout_s` has passed (else at
+        once; children not ready by then go on starting in the background)."""
         with self._lock:
             if not self._threads and not self._closed:
                 warm_up()
@@ -98,8 +99,9 @@ class CompileWorkerPool:
                     thread.start()
             ready_events = list(self._ready)
         if wait:
+            end = None if timeout_s is None else time.monotonic() + timeout_s
             for ready in ready_events:
-                ready.wait()
+                ready.wait(None if end is None else max(0.0, end - time.monotonic()))
 
     def submit(self, fn: Callable[[CompileFn], Any], deadline: float) -> CompileJob:
         with self._lock:

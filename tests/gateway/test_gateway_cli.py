@@ -216,8 +216,8 @@ def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
         def warm_from_disk(self):
             return 0
 
-        def start(self):
-            made["started"] = True
+        def start(self, wait=False, timeout_s=None):
+            made["started"] = (wait, timeout_s)
 
     monkeypatch.setattr("grammar.service.service.GrammarService", RecordingService)
     engine = SimpleNamespace(tokenizer=[0] * 10, info=SimpleNamespace(vocab_size=10, eos_token_ids=(2,)))
@@ -226,7 +226,10 @@ def test_grammar_cache_memory_flag_bounds_the_service(monkeypatch, tmp_path):
     assert str(made["cache_dir"]) == str(tmp_path)
     build_grammar_service(engine, load("--grammar-cache-memory-mb", "64", "--no-grammar-disk-cache").grammar)
     assert made["max_memory_bytes"] == 64 << 20 and made["cache_dir"] is None
-    assert made["compile_memory_bytes"] == 4096 << 20 and made["started"]  # compile processes start with the server
+    assert made["compile_memory_bytes"] == 4096 << 20
+    # compile processes start with the server, which waits (bounded) for them before it listens
+    wait, timeout_s = made["started"]
+    assert wait and 0 < timeout_s <= 60
     build_grammar_service(engine, load("--grammar-compile-memory-mb", "0").grammar)
     assert made["compile_memory_bytes"] is None  # 0: no limit
 

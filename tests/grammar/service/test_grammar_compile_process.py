@@ -172,3 +172,31 @@ def test_a_child_does_not_outlive_its_parent(tokenizer_json, tmp_path):
     while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(child)
+
+
+class _SlowToStart:
+    """A compile process whose start takes `seconds` (a loaded machine; a child that never comes)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.replaced, self.pid = seconds, 0, None
+
+    def wait_ready(self) -> None:
+        time.sleep(self.seconds)
+
+    def kill(self) -> None:
+        pass
+
+
+def test_waiting_for_the_children_at_start_up_is_bounded():
+    """A server waits for its compile processes before it listens (gateway/startup.py), but never
+    past `timeout_s`: a child slow to start goes on starting in the background."""
+    pool = CompileWorkerPool(1, lambda: _SlowToStart(3.0))
+    t0 = time.monotonic()
+    pool.start(wait=True, timeout_s=0.3)
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    quick = CompileWorkerPool(1, lambda: _SlowToStart(0.2))
+    t0 = time.monotonic()
+    quick.start(wait=True, timeout_s=10.0)
+    assert 0.15 <= time.monotonic() - t0 < 5.0  # returns once the child is ready, not at the bound
+    for p in (pool, quick):
+        p.shutdown(timeout_s=5.0)
